@@ -1,0 +1,36 @@
+"""flopscope: parameters, MACs, FLOPs and bytes of PyTorch models, per module and per operator.
+
+    >>> report = flopscope.count(model, x)
+    >>> report.macs, report.flops, report.params
+"""
+
+from flopscope.cost import Cost, OpCall, Phase
+from flopscope.counter import Counter, FlopscopeWarning, Inputs, ModuleRule, count
+from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
+from flopscope.params import ParamStats
+from flopscope.report import ModuleStats, OpStats, Report
+from flopscope.rules import RuleSet, default_rules
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cost",
+    "Counter",
+    "FlopscopeError",
+    "FlopscopeWarning",
+    "ForwardError",
+    "Inputs",
+    "ModuleRule",
+    "ModuleStats",
+    "OpCall",
+    "OpStats",
+    "ParamStats",
+    "Phase",
+    "Report",
+    "RuleError",
+    "RuleSet",
+    "StrictModeError",
+    "UsageError",
+    "count",
+    "default_rules",
+]

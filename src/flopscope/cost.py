@@ -1,0 +1,184 @@
+"""The two value types every rule deals in: :class:`OpCall` (what ran) and :class:`Cost` (what it cost).
+
+Costs are plain integers. ``flops`` is the *total* number of floating-point operations and already
+includes ``2 * macs``; human units (K/M/G) appear only in renderers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_iter
+
+__all__ = ["Cost", "OpCall", "Phase", "tensor_bytes"]
+
+
+class Phase(str, enum.Enum):
+    """When an operator ran: in a forward computation or inside ``backward()``."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one or more operator calls cost. All fields are integers; costs add.
+
+    Attributes:
+        macs: multiply-accumulates (sums of products only: matmul, convolution, attention products).
+        flops: every floating-point operation, including ``2 * macs``.
+        bytes_read: bytes of tensor inputs read.
+        bytes_written: bytes of tensor outputs written.
+    """
+
+    macs: int = 0
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(
+            self.macs + other.macs,
+            self.flops + other.flops,
+            self.bytes_read + other.bytes_read,
+            self.bytes_written + other.bytes_written,
+        )
+
+    def __mul__(self, times: int) -> Cost:
+        if not isinstance(times, int):
+            return NotImplemented
+        return Cost(
+            self.macs * times,
+            self.flops * times,
+            self.bytes_read * times,
+            self.bytes_written * times,
+        )
+
+    __rmul__ = __mul__
+
+    @property
+    def bytes(self) -> int:
+        """Bytes moved: read plus written."""
+        return self.bytes_read + self.bytes_written
+
+    @classmethod
+    def from_macs(cls, macs: int, extra_flops: int = 0) -> Cost:
+        """A cost of ``macs`` multiply-accumulates plus ``extra_flops`` other operations."""
+        return cls(macs=macs, flops=2 * macs + extra_flops)
+
+    def to_dict(self) -> dict[str, int]:
+        """The four integers by name."""
+        return {
+            "macs": self.macs,
+            "flops": self.flops,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+        }
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (``numel * itemsize``); works for fake and meta tensors."""
+    return t.numel() * t.element_size()
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    for leaf in tree_iter(tree):
+        if isinstance(leaf, torch.Tensor):
+            yield leaf
+
+
+class OpCall:
+    """One operator invocation, as a rule sees it.
+
+    Attributes:
+        op: the ATen (or custom) operator overload that ran, e.g. ``torch.ops.aten.mm.default``.
+        args: positional arguments as the dispatcher passed them (tensors are real, fake or meta;
+            only their metadata should be read).
+        kwargs: keyword arguments as the dispatcher passed them.
+        out: the operator's return value.
+        phase: :class:`Phase` of the call.
+    """
+
+    __slots__ = ("op", "args", "kwargs", "out", "phase", "is_view")
+
+    def __init__(
+        self,
+        op: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        phase: Phase = Phase.FORWARD,
+        is_view: bool = False,
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.out = out
+        self.phase = phase
+        self.is_view = is_view
+
+    @property
+    def name(self) -> str:
+        """The operator's qualified name, e.g. ``"aten.mm.default"``."""
+        return str(self.op)
+
+    def arg(self, index: int, name: str, default: Any = None) -> Any:
+        """An argument by position, falling back to its keyword name, then to ``default``."""
+        if index < len(self.args):
+            return self.args[index]
+        return self.kwargs.get(name, default)
+
+    @property
+    def inputs(self) -> list[torch.Tensor]:
+        """Every tensor among the arguments, flattened (lists of tensors included)."""
+        return list(_tensors((self.args, self.kwargs)))
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """Every tensor in the return value, flattened."""
+        return list(_tensors(self.out))
+
+    @property
+    def output(self) -> torch.Tensor:
+        """The first output tensor (most operators return exactly one)."""
+        for t in _tensors(self.out):
+            return t
+        raise ValueError(f"{self.name} returned no tensor")
+
+    def out_numel(self) -> int:
+        """Elements of the first output tensor."""
+        return self.output.numel()
+
+    def io_bytes(self) -> tuple[int, int]:
+        """``(bytes_read, bytes_written)``: all tensor inputs read once, all outputs written once.
+
+        A view (an output that aliases an input without writing it) moves no bytes.
+        """
+        if self.is_view:
+            return 0, 0
+        read = sum(tensor_bytes(t) for t in _tensors((self.args, self.kwargs)))
+        written = sum(tensor_bytes(t) for t in _tensors(self.out))
+        return read, written
+
+    def cost(self, macs: int = 0, flops: int | None = None) -> Cost:
+        """A :class:`Cost` for this call with the default byte traffic (see :meth:`io_bytes`).
+
+        Args:
+            macs: multiply-accumulates.
+            flops: total floating-point operations; defaults to ``2 * macs``.
+
+        Returns:
+            The cost, with ``bytes_read``/``bytes_written`` from :meth:`io_bytes`.
+        """
+        read, written = self.io_bytes()
+        return Cost(macs, 2 * macs if flops is None else flops, read, written)
+
+    def __repr__(self) -> str:
+        shapes = [tuple(t.shape) for t in self.inputs]
+        return f"OpCall({self.name}, inputs={shapes}, phase={self.phase.value})"

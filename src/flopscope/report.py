@@ -1,0 +1,355 @@
+"""The result of a count: an immutable :class:`Report` of integers, with queries and a versioned
+dict/JSON form. Rendering lives in :mod:`flopscope.render`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flopscope.cost import Cost, Phase
+from flopscope.errors import UsageError
+from flopscope.params import ParamStats
+
+__all__ = ["SCHEMA", "ModuleStats", "OpRecord", "OpStats", "Report", "RuleRecord"]
+
+SCHEMA = "flopscope.report/1"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """Calls of one operator in one module in one phase, and what they cost together."""
+
+    module: str
+    op: str
+    phase: Phase
+    calls: int
+    cost: Cost
+    counted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRecord:
+    """A module costed as a whole by a module rule, beside what its operators measured."""
+
+    module: str
+    rule: str
+    calls: int
+    cost: Cost
+    shadowed: Cost
+
+    @property
+    def differs(self) -> bool:
+        """True when the rule's MACs or FLOPs differ from the shadowed operator-level count."""
+        return (self.cost.macs, self.cost.flops) != (self.shadowed.macs, self.shadowed.flops)
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    """Calls and total cost of one operator (or one operator within one module)."""
+
+    calls: int
+    cost: Cost
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleStats:
+    """One module of the report.
+
+    Attributes:
+        path: module path (``""`` is the root).
+        type: the module's class name.
+        calls: forward calls.
+        params: parameter counts (own / inclusive / trainable / frozen / buffers).
+        self_cost: cost of operators attributed directly to this module.
+        inclusive: ``self_cost`` plus the inclusive cost of every descendant.
+    """
+
+    path: str
+    type: str
+    calls: int
+    params: ParamStats
+    self_cost: Cost
+    inclusive: Cost
+
+
+def _sum(costs: Iterable[Cost]) -> Cost:
+    total = Cost()
+    for c in costs:
+        total = total + c
+    return total
+
+
+def _phase(phase: Phase | str | None) -> Phase | None:
+    if phase is None or isinstance(phase, Phase):
+        return phase
+    try:
+        return Phase(phase)
+    except ValueError:
+        raise UsageError(
+            f"unknown phase {phase!r}: use one of {[p.value for p in Phase]} or None for all"
+        ) from None
+
+
+def is_within(path: str, ancestor: str) -> bool:
+    """True when module ``path`` is ``ancestor`` or lies below it (the root ``""`` holds all)."""
+    return ancestor == "" or path == ancestor or path.startswith(ancestor + ".")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a model (or any code run under a :class:`~flopscope.Counter`) cost.
+
+    Build one with :func:`flopscope.count` or :class:`flopscope.Counter`; all numbers are integers.
+
+    Attributes:
+        model: class name of the counted model (``""`` when none was given).
+        modules: module path -> (class name, forward calls), in model order.
+        module_params: module path -> :class:`ParamStats`.
+        records: every (module, operator, phase) with its calls and cost.
+        rules: modules costed by a module rule, with the shadowed operator-level cost.
+        opaque: paths of modules whose outputs came from allocations only (possibly a kernel
+            that bypasses the dispatcher: give it a module rule).
+        shape_only: whether the count ran on fake tensors.
+    """
+
+    model: str
+    modules: Mapping[str, tuple[str, int]]
+    module_params: Mapping[str, ParamStats]
+    records: tuple[OpRecord, ...]
+    rules: tuple[RuleRecord, ...] = ()
+    opaque: tuple[str, ...] = ()
+    shape_only: bool = False
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- totals -------------------------------------------------------------------------------
+    def total(self, phase: Phase | str | None = None) -> Cost:
+        """Total cost, of one phase or of all (``None``)."""
+        ph = _phase(phase)
+        return _sum(r.cost for r in self.records if ph is None or r.phase == ph)
+
+    @property
+    def macs(self) -> int:
+        """Total multiply-accumulates (all phases)."""
+        return self.total().macs
+
+    @property
+    def flops(self) -> int:
+        """Total floating-point operations, including ``2 * macs`` (all phases)."""
+        return self.total().flops
+
+    @property
+    def bytes_read(self) -> int:
+        """Total bytes read by operators (all phases)."""
+        return self.total().bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        """Total bytes written by operators (all phases)."""
+        return self.total().bytes_written
+
+    @property
+    def params(self) -> int:
+        """Distinct parameter elements of the model (tied weights once)."""
+        root = self.module_params.get("")
+        return root.inclusive if root else 0
+
+    @property
+    def trainable_params(self) -> int:
+        """Distinct parameter elements with ``requires_grad=True``."""
+        root = self.module_params.get("")
+        return root.trainable if root else 0
+
+    @property
+    def frozen_params(self) -> int:
+        """Distinct parameter elements with ``requires_grad=False``."""
+        root = self.module_params.get("")
+        return root.frozen if root else 0
+
+    @property
+    def buffers(self) -> int:
+        """Distinct buffer elements of the model."""
+        root = self.module_params.get("")
+        return root.buffers if root else 0
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The phases that ran, in order."""
+        seen = {r.phase for r in self.records}
+        return tuple(p for p in Phase if p in seen)
+
+    # -- breakdowns ---------------------------------------------------------------------------
+    @property
+    def uncounted(self) -> dict[str, int]:
+        """Operators that ran with no rule (counted as 0 FLOPs), with their call counts."""
+        out: dict[str, int] = {}
+        for r in self.records:
+            if not r.counted:
+                out[r.op] = out.get(r.op, 0) + r.calls
+        return dict(sorted(out.items()))
+
+    @property
+    def shadowed(self) -> dict[str, Cost]:
+        """Per ruled module: the operator-level cost its rule replaced."""
+        return {r.module: r.shadowed for r in self.rules}
+
+    def rule_mismatches(self) -> tuple[RuleRecord, ...]:
+        """Ruled modules whose rule disagrees with the shadowed operator-level count."""
+        return tuple(r for r in self.rules if r.differs)
+
+    def by_op(self, phase: Phase | str | None = None) -> dict[str, OpStats]:
+        """Calls and cost per operator, most FLOPs first."""
+        ph = _phase(phase)
+        acc: dict[str, tuple[int, Cost]] = {}
+        for r in self.records:
+            if ph is None or r.phase == ph:
+                calls, cost = acc.get(r.op, (0, Cost()))
+                acc[r.op] = (calls + r.calls, cost + r.cost)
+        items = sorted(acc.items(), key=lambda kv: (-kv[1][1].flops, kv[0]))
+        return {op: OpStats(calls, cost) for op, (calls, cost) in items}
+
+    def by_module_and_op(self, phase: Phase | str | None = None) -> dict[tuple[str, str], OpStats]:
+        """Calls and cost per (module path, operator), in model order."""
+        ph = _phase(phase)
+        acc: dict[tuple[str, str], tuple[int, Cost]] = {}
+        for r in self.records:
+            if ph is None or r.phase == ph:
+                calls, cost = acc.get((r.module, r.op), (0, Cost()))
+                acc[(r.module, r.op)] = (calls + r.calls, cost + r.cost)
+        order = {p: i for i, p in enumerate(self.modules)}
+        keys = sorted(acc, key=lambda k: (order.get(k[0], len(order)), k[0], -acc[k][1].flops, k[1]))
+        return {k: OpStats(*acc[k]) for k in keys}
+
+    def by_module(self, phase: Phase | str | None = None) -> dict[str, ModuleStats]:
+        """Per module path: calls, parameters, self and inclusive cost, in model order.
+
+        Inclusive cost is the module's own cost plus that of every module below it, so the root's
+        inclusive cost is the report's total.
+        """
+        ph = _phase(phase)
+        own: dict[str, Cost] = {}
+        for r in self.records:
+            if ph is None or r.phase == ph:
+                own[r.module] = own.get(r.module, Cost()) + r.cost
+        inclusive: dict[str, Cost] = {p: Cost() for p in self.modules}
+        for path, cost in own.items():
+            parts = path.split(".") if path else []
+            for i in range(len(parts) + 1):
+                anc = ".".join(parts[:i])
+                inclusive[anc] = inclusive.get(anc, Cost()) + cost
+        out: dict[str, ModuleStats] = {}
+        for path in list(self.modules) + [p for p in inclusive if p not in self.modules]:
+            type_name, calls = self.modules.get(path, ("", 0))
+            out[path] = ModuleStats(
+                path=path,
+                type=type_name,
+                calls=calls,
+                params=self.module_params.get(path, ParamStats()),
+                self_cost=own.get(path, Cost()),
+                inclusive=inclusive.get(path, Cost()),
+            )
+        return out
+
+    # -- serialization ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with a ``schema`` version; :meth:`from_dict` reads it back."""
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "shape_only": self.shape_only,
+            "meta": dict(self.meta),
+            "totals": {
+                "params": self.params,
+                **self.total().to_dict(),
+                **{f"{p.value}": self.total(p).to_dict() for p in self.phases},
+            },
+            "modules": [
+                {"path": p, "type": t, "calls": c, "params": self.module_params.get(p, ParamStats()).to_dict()}
+                for p, (t, c) in self.modules.items()
+            ],
+            "records": [
+                {"module": r.module, "op": r.op, "phase": r.phase.value, "calls": r.calls,
+                 "counted": r.counted, **r.cost.to_dict()}
+                for r in self.records
+            ],
+            "rules": [
+                {"module": r.module, "rule": r.rule, "calls": r.calls, "cost": r.cost.to_dict(),
+                 "shadowed": r.shadowed.to_dict()}
+                for r in self.rules
+            ],
+            "opaque": list(self.opaque),
+            "uncounted": self.uncounted,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """Rebuild a report from :meth:`to_dict` output.
+
+        Raises:
+            UsageError: the data is not a flopscope report of a known schema version.
+        """
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            found = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+            raise UsageError(f"not a flopscope report: expected schema {SCHEMA!r}, found {found!r}")
+        try:
+            def cost(d: Mapping[str, Any]) -> Cost:
+                return Cost(int(d["macs"]), int(d["flops"]), int(d["bytes_read"]), int(d["bytes_written"]))
+
+            return cls(
+                model=str(data["model"]),
+                modules={m["path"]: (m["type"], int(m["calls"])) for m in data["modules"]},
+                module_params={m["path"]: ParamStats(**m["params"]) for m in data["modules"]},
+                records=tuple(
+                    OpRecord(r["module"], r["op"], Phase(r["phase"]), int(r["calls"]), cost(r),
+                             bool(r["counted"]))
+                    for r in data["records"]
+                ),
+                rules=tuple(
+                    RuleRecord(r["module"], r["rule"], int(r["calls"]), cost(r["cost"]), cost(r["shadowed"]))
+                    for r in data["rules"]
+                ),
+                opaque=tuple(data["opaque"]),
+                shape_only=bool(data["shape_only"]),
+                meta=dict(data.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"malformed flopscope report ({type(e).__name__}: {e})") from None
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text (see :meth:`to_dict`)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """Rebuild a report from :meth:`to_json` output.
+
+        Raises:
+            UsageError: the text is not JSON or not a flopscope report.
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"not a flopscope report: invalid JSON ({e})") from None
+        return cls.from_dict(data)
+
+    # -- display ------------------------------------------------------------------------------
+    def table(self, depth: int = 2) -> str:
+        """The module tree as a plain-text table, down to ``depth`` levels below the root."""
+        from flopscope.render import render_text
+
+        return render_text(self, depth=depth)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __rich__(self) -> Any:
+        from flopscope.render import rich_table
+
+        return rich_table(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Report(model={self.model!r}, params={self.params}, macs={self.macs}, "
+            f"flops={self.flops}, uncounted={len(self.uncounted)})"
+        )

@@ -1,0 +1,73 @@
+"""Embedding, scatter/index accumulation and other gather-like operators that do arithmetic."""
+
+from __future__ import annotations
+
+from flopscope.cost import Cost, OpCall
+from flopscope.rules._shapes import named_arg
+from flopscope.rules.registry import rule
+
+
+@rule("aten::embedding")
+def embedding(call: OpCall) -> Cost:
+    """Embedding lookup is a gather: 0 FLOPs; bytes read are the gathered rows (not the whole
+    table) plus the indices."""
+    out = call.output
+    idx = call.args[1]
+    gathered = out.numel() * out.element_size()
+    return Cost(0, 0, gathered + idx.numel() * idx.element_size(), gathered)
+
+
+@rule("aten::embedding_dense_backward", "aten::embedding_backward")
+def embedding_backward(call: OpCall) -> Cost:
+    """Embedding gradient: each grad_output row is added into its table row: 1 FLOP per grad
+    element."""
+    return call.cost(flops=call.args[0].numel())
+
+
+@rule("aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::embedding_bag")
+def embedding_bag(call: OpCall) -> Cost:
+    """Embedding bag: gather each index's row (D elements) and reduce (sum/mean add, max compare):
+    1 FLOP per gathered element, +1 with per-sample weights; mean adds a divide per output."""
+    w, idx = call.args[0], call.args[1]
+    gathered = idx.numel() * w.shape[-1]
+    weighted = named_arg(call, "per_sample_weights") is not None
+    mode = named_arg(call, "mode", 0)
+    flops = gathered * (1 + int(weighted)) + (call.output.numel() if mode == 1 else 0)
+    return call.cost(flops=flops)
+
+
+@rule("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_",
+      "aten::scatter_reduce", "aten::scatter_reduce_", "aten::index_reduce", "aten::index_reduce_")
+def scatter_add(call: OpCall) -> Cost:
+    """Scatter/index accumulation: one add (or reduce op) per source element."""
+    src = named_arg(call, "src")
+    if src is None:
+        src = named_arg(call, "source")
+    n = src.numel() if hasattr(src, "numel") else call.out_numel()
+    return call.cost(flops=n)
+
+
+@rule("aten::index_put", "aten::index_put_", "aten::_index_put_impl", "aten::_index_put_impl_",
+      "aten::_unsafe_index_put")
+def index_put(call: OpCall) -> Cost:
+    """index_put: a scatter (0 FLOPs), or with accumulate=True one add per value element."""
+    if named_arg(call, "accumulate", False):
+        return call.cost(flops=named_arg(call, "values").numel())
+    return call.cost()
+
+
+@rule("aten::mkldnn_rnn_layer")
+def mkldnn_rnn_layer(call: OpCall) -> Cost:
+    """One oneDNN LSTM layer (one direction) over T steps, batch B, input I, hidden H:
+    gates = x W_ih^T + h W_hh^T (+ b): T*B*4H*(I + H) MACs; per step and hidden unit the cell does
+    3 sigmoids (4 each), 2 tanh (1 each), 3 multiplies and 1 add, plus the 2 bias adds per gate
+    (8): 24 FLOPs per (step, batch, hidden unit)."""
+    x, w_ih = call.args[0], call.args[1]
+    hidden = int(named_arg(call, "hidden_size"))
+    batch_first = bool(named_arg(call, "batch_first", False))
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    if x.dim() == 2:
+        steps, batch = x.shape[0], 1
+    gates = w_ih.shape[0]
+    macs = steps * batch * gates * (w_ih.shape[1] + hidden)
+    return call.cost(macs=macs, flops=2 * macs + 24 * steps * batch * hidden)

@@ -1,0 +1,204 @@
+"""Rule registration and lookup.
+
+A *rule* is a callable ``OpCall -> Cost``. Default rules are registered once, at import, by the
+op-family modules of this package through :func:`rule`, which rejects malformed targets and
+duplicates. Users never mutate that table: they make a new :class:`RuleSet` with
+:meth:`RuleSet.with_rules`.
+
+Operators are named the way the dispatcher names them: ``"namespace::name"`` covers every overload
+of an operator, ``"namespace::name.overload"`` a single overload (which wins over the packet).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Union
+
+import torch
+
+from flopscope.cost import Cost, OpCall
+from flopscope.errors import RuleError
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "OpTarget",
+    "Rule",
+    "RuleSet",
+    "op_key",
+    "rule",
+]
+
+Rule = Callable[[OpCall], Cost]
+OpTarget = Union[str, torch._ops.OpOverload, torch._ops.OpOverloadPacket]
+
+_NAME = re.compile(r"^(?P<ns>[A-Za-z_]\w*)(?:::|\.)(?P<op>[A-Za-z_]\w*)(?:\.(?P<ovl>\w+))?$")
+
+
+def op_key(target: object) -> str:
+    """The canonical name of an operator target: ``"ns::op"`` or ``"ns::op.overload"``.
+
+    Args:
+        target: an ``OpOverload`` (``torch.ops.aten.mm.default``), an ``OpOverloadPacket``
+            (``torch.ops.aten.mm``) or a string (``"aten::mm"``, ``"aten.mm.default"``,
+            ``"mylib::fused_attn"``).
+
+    Returns:
+        The canonical string key.
+
+    Raises:
+        RuleError: the target is not an operator or a well-formed operator name.
+    """
+    if isinstance(target, torch._ops.OpOverload):
+        ovl = target._overloadname
+        base = target._schema.name
+        return f"{base}.{ovl}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return str(target._qualified_op_name)
+    if isinstance(target, str):
+        m = _NAME.match(target.strip())
+        if m is None:
+            raise RuleError(
+                f"malformed operator name {target!r}: expected 'namespace::op' or "
+                "'namespace::op.overload', e.g. 'aten::mm' or 'mylib::fused_attn'"
+            )
+        key = f"{m['ns']}::{m['op']}"
+        return f"{key}.{m['ovl']}" if m["ovl"] else key
+    raise RuleError(
+        f"cannot use {target!r} ({type(target).__name__}) as an operator: pass an OpOverload "
+        "(torch.ops.aten.mm.default), an OpOverloadPacket (torch.ops.aten.mm) or a name "
+        "('aten::mm')"
+    )
+
+
+def _overload_keys(op: torch._ops.OpOverload) -> tuple[str, str]:
+    base = op._schema.name
+    return f"{base}.{op._overloadname}", base
+
+
+class RuleSet(Mapping[str, Rule]):
+    """An immutable mapping from operator names to rules.
+
+    Lookups by ``OpOverload`` (:meth:`find`) try the exact overload first, then the operator as a
+    whole, and are cached.
+    """
+
+    __slots__ = ("_rules", "_cache")
+
+    def __init__(self, rules: Mapping[Any, Rule] | None = None) -> None:
+        table: dict[str, Rule] = {}
+        for target, fn in (rules or {}).items():
+            key = op_key(target)
+            if not callable(fn):
+                raise RuleError(f"rule for {key} is not callable: {fn!r}")
+            table[key] = fn
+        self._rules = table
+        self._cache: dict[torch._ops.OpOverload, Rule | None] = {}
+
+    def __getitem__(self, key: str) -> Rule:
+        return self._rules[op_key(key)]
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return op_key(key) in self._rules
+        except RuleError:
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rules)
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __repr__(self) -> str:
+        return f"RuleSet({len(self._rules)} operator rules)"
+
+    def find(self, op: torch._ops.OpOverload) -> Rule | None:
+        """The rule for one operator overload, or ``None`` when no rule covers it."""
+        try:
+            return self._cache[op]
+        except KeyError:
+            pass
+        exact, packet = _overload_keys(op)
+        found = self._rules.get(exact) or self._rules.get(packet)
+        self._cache[op] = found
+        return found
+
+    def with_rules(self, rules: Mapping[Any, Rule]) -> RuleSet:
+        """A new RuleSet: this one with ``rules`` added or replacing existing entries.
+
+        Args:
+            rules: operator target -> rule (see :func:`op_key` for the accepted targets).
+
+        Returns:
+            The new RuleSet; ``self`` is unchanged.
+
+        Raises:
+            RuleError: a target is malformed or a rule is not callable.
+        """
+        merged: dict[str, Rule] = dict(self._rules)
+        merged.update(RuleSet(rules)._rules)
+        return RuleSet(merged)
+
+
+# The default table, filled by @rule at import of the op-family modules.
+DEFAULT_TABLE: dict[str, Rule] = {}
+
+
+def rule(*targets: OpTarget) -> Callable[[Rule], Rule]:
+    """Register a default rule for one or more operators.
+
+    The decorated function's docstring states the per-element convention and its derivation; it
+    is the source of ``docs/conventions.md`` and ``flopscope rules``.
+
+    Args:
+        targets: operator names (``"aten::mm"``) or overloads/packets.
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        RuleError: no target given, a target is malformed, or already has a default rule.
+    """
+    if not targets:
+        raise RuleError("@rule needs at least one operator target")
+    keys = [op_key(t) for t in targets]
+
+    def register(fn: Rule) -> Rule:
+        if not callable(fn):
+            raise RuleError(f"@rule({', '.join(keys)}) decorates a non-callable {fn!r}")
+        for key in keys:
+            if key in DEFAULT_TABLE:
+                raise RuleError(
+                    f"operator {key} already has a default rule "
+                    f"({DEFAULT_TABLE[key].__qualname__}); one rule per operator"
+                )
+            DEFAULT_TABLE[key] = fn
+        return fn
+
+    return register
+
+
+def per_element(flops_per_element: int, *, of: str = "output") -> Rule:
+    """Make a rule charging ``flops_per_element`` FLOPs per element of the output or input."""
+
+    if of == "output":
+
+        def fn(call: OpCall) -> Cost:
+            return call.cost(flops=flops_per_element * call.out_numel())
+
+    else:
+
+        def fn(call: OpCall) -> Cost:
+            return call.cost(flops=flops_per_element * call.args[0].numel())
+
+    return fn
+
+
+def register_table(table: Iterable[tuple[Iterable[str], int, str]], *, of: str = "output") -> None:
+    """Register per-element rules from ``(operators, flops_per_element, derivation)`` rows."""
+    for ops, k, why in table:
+        fn = per_element(k, of=of)
+        fn.__doc__ = why
+        fn.__qualname__ = fn.__name__ = f"per_{of}_element_{k}"
+        rule(*ops)(fn)

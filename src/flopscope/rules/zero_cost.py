@@ -1,0 +1,78 @@
+"""Operators that do no floating-point arithmetic: 0 FLOPs, 0 MACs.
+
+They still move memory: ``bytes_read``/``bytes_written`` count their tensor inputs and outputs,
+except for views (an output that aliases an input), which move nothing.
+"""
+
+from __future__ import annotations
+
+from flopscope.cost import Cost, OpCall
+from flopscope.rules.registry import rule
+
+# Views and metadata changes: the output shares the input's storage.
+VIEWS = [
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "permute",
+    "transpose", "transpose_", "t", "t_", "squeeze", "squeeze_", "unsqueeze", "unsqueeze_",
+    "slice", "select", "as_strided", "as_strided_", "alias", "detach", "detach_", "split",
+    "split_with_sizes", "unsafe_split", "unsafe_split_with_sizes", "chunk", "unsafe_chunk",
+    "unbind", "narrow", "unfold", "diagonal", "view_as_real", "view_as_complex", "lift_fresh",
+    "_conj", "conj", "resolve_conj", "resolve_neg", "_neg_view", "movedim", "flatten",
+    "unflatten", "view_as", "real", "imag", "swapaxes", "swapdims", "tensor_split", "hsplit",
+    "vsplit", "dsplit", "_nested_view_from_buffer", "alias_copy", "view_copy", "t_copy",
+    "permute_copy", "transpose_copy", "expand_copy", "slice_copy", "select_copy",
+    "unsqueeze_copy", "squeeze_copy", "split_copy", "split_with_sizes_copy", "unbind_copy",
+    "as_strided_copy", "detach_copy", "_reshape_copy", "diagonal_copy",
+]
+# Copies, layout and dtype changes: bytes move, no arithmetic.
+COPIES = [
+    "clone", "copy_", "copy", "_to_copy", "to", "contiguous", "lift_fresh_copy", "lift",
+    "_copy_from", "_copy_from_and_resize", "pin_memory", "_pin_memory", "to_mkldnn",
+    "to_dense", "_to_dense", "mkldnn_reorder_conv2d_weight",
+]
+# Indexing, gathering, concatenation, padding, reordering: data movement only.
+INDEXING = [
+    "index", "_unsafe_index", "index_select", "gather", "take", "masked_select", "scatter",
+    "scatter_", "index_fill", "index_fill_", "masked_scatter", "masked_scatter_", "cat", "stack",
+    "hstack", "vstack", "repeat", "repeat_interleave", "tile", "roll", "flip", "fliplr", "flipud",
+    "rot90", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+    "replication_pad1d", "replication_pad2d", "replication_pad3d", "_pad_circular", "pad",
+    "tril", "tril_", "triu", "triu_", "nonzero", "nonzero_static", "argwhere", "sort", "argsort",
+    "topk", "kthvalue", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
+    "bucketize", "searchsorted", "one_hot", "select_backward", "slice_backward",
+    "index_select_backward", "diagonal_backward", "as_strided_scatter", "slice_scatter",
+    "select_scatter", "diagonal_scatter", "put", "put_", "col2im", "im2col",
+    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
+    "block_diag", "diag", "diag_embed", "embedding_renorm_",
+]
+# Creation, filling and random numbers: no arithmetic on data.
+CREATION = [
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
+    "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
+    "fill", "fill_", "zero_", "arange", "linspace", "logspace", "scalar_tensor", "eye",
+    "tril_indices", "triu_indices", "rand", "randn", "randint", "randperm", "rand_like",
+    "randn_like", "randint_like", "normal", "normal_", "uniform_", "bernoulli", "bernoulli_",
+    "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "multinomial",
+    "_efficientzerotensor", "resize_", "resize_as_", "set_", "empty_permuted",
+]
+# Bookkeeping with no data at all.
+META = [
+    "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "is_same_size", "_assert_async", "_assert_scalar", "_functional_assert_async",
+    "_assert_tensor_metadata", "sym_constrain_range", "sym_constrain_range_for_size",
+    "record_stream", "_has_compatible_shallow_copy_type", "is_nonzero", "equal",
+    "_version", "_make_dep_token", "_print", "_functional_sym_constrain_range",
+    "_resize_output_", "_check_is_size", "result_type",
+]
+
+# TorchScript primitives that fake/meta tensors answer from metadata.
+PRIMS = ["prim::device", "prim::dtype", "prim::layout"]
+
+ZERO_FLOP_OPS = [f"aten::{name}" for name in VIEWS + COPIES + INDEXING + CREATION + META] + PRIMS
+
+
+@rule(*ZERO_FLOP_OPS)
+def zero_flop(call: OpCall) -> Cost:
+    """No arithmetic: views, copies and dtype casts, indexing/gather/cat/pad, tensor creation and
+    random-number filling, bookkeeping: 0 FLOPs. Bytes of inputs and outputs are counted (0 for
+    views)."""
+    return call.cost()
