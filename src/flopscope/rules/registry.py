@@ -12,6 +12,7 @@ of an operator, ``"namespace::name.overload"`` a single overload (which wins ove
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Union
 
@@ -196,9 +197,14 @@ def per_element(flops_per_element: int, *, of: str = "output") -> Rule:
 
 
 def register_table(table: Iterable[tuple[Iterable[str], int, str]], *, of: str = "output") -> None:
-    """Register per-element rules from ``(operators, flops_per_element, derivation)`` rows."""
+    """Register per-element rules from ``(operators, flops_per_element, derivation)`` rows.
+
+    The rules are attributed to the calling module (their operator family).
+    """
+    family = sys._getframe(1).f_globals.get("__name__", __name__)
     for ops, k, why in table:
         fn = per_element(k, of=of)
         fn.__doc__ = why
+        fn.__module__ = family
         fn.__qualname__ = fn.__name__ = f"per_{of}_element_{k}"
         rule(*ops)(fn)
