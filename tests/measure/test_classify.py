@@ -12,8 +12,13 @@ import pytest
 from flopscope.measure.classify import Precision, classify
 from flopscope.measure.disasm import disassemble, objdump_path
 
-D, S, H, B, X = (Precision.DOUBLE, Precision.SINGLE, Precision.HALF, Precision.BFLOAT16,
-                 Precision.X87)
+D, S, H, B, X = (
+    Precision.DOUBLE,
+    Precision.SINGLE,
+    Precision.HALF,
+    Precision.BFLOAT16,
+    Precision.X87,
+)
 
 # (hex encoding, mnemonic objdump prints, precision, register width, FLOPs per execution)
 ARITHMETIC = [
@@ -70,8 +75,9 @@ needs_objdump = pytest.mark.skipif(objdump_path() is None, reason="objdump not i
 
 @needs_objdump
 @pytest.mark.parametrize(("hexcode", "mnemonic", "precision", "width", "flops"), ARITHMETIC)
-def test_arithmetic_encodings(hexcode: str, mnemonic: str, precision: Precision, width: int,
-                              flops: int) -> None:
+def test_arithmetic_encodings(
+    hexcode: str, mnemonic: str, precision: Precision, width: int, flops: int
+) -> None:
     insn = disassemble({0x1000: bytes.fromhex(hexcode)})[0x1000]
     assert insn.mnemonic == mnemonic
     fp = classify(insn.mnemonic, insn.operands)
@@ -93,7 +99,8 @@ def test_many_instructions_in_one_run() -> None:
     code: dict[int, bytes] = {}
     expected: dict[int, str] = {}
     addr = 0x400000
-    for i, (hexcode, mnemonic, *_rest) in enumerate(ARITHMETIC + NOT_ARITHMETIC):
+    pairs = [(h, m) for h, m, *_rest in ARITHMETIC] + NOT_ARITHMETIC
+    for i, (hexcode, mnemonic) in enumerate(pairs):
         raw = bytes.fromhex(hexcode)
         code[addr] = raw
         expected[addr] = mnemonic

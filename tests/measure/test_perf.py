@@ -20,8 +20,10 @@ from flopscope.measure.perf import (
     weight_counts,
 )
 
-pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64" or os.uname().sysname != "Linux",
-                                reason="perf_event_open plumbing is x86-64 Linux only")
+pytestmark = pytest.mark.skipif(
+    os.uname().machine != "x86_64" or os.uname().sysname != "Linux",
+    reason="perf_event_open plumbing is x86-64 Linux only",
+)
 
 
 def _busy(n: int = 300_000) -> int:
@@ -102,10 +104,14 @@ def test_intel_weighting_on_recorded_counts() -> None:
 def test_intel_lane_weights() -> None:
     weights = {ev.name.split(".")[1]: ev.weight for ev in INTEL_FP_ARITH_EVENTS}
     assert weights == {
-        "SCALAR_DOUBLE": 1, "SCALAR_SINGLE": 1,
-        "128B_PACKED_DOUBLE": 2, "128B_PACKED_SINGLE": 4,
-        "256B_PACKED_DOUBLE": 4, "256B_PACKED_SINGLE": 8,
-        "512B_PACKED_DOUBLE": 8, "512B_PACKED_SINGLE": 16,
+        "SCALAR_DOUBLE": 1,
+        "SCALAR_SINGLE": 1,
+        "128B_PACKED_DOUBLE": 2,
+        "128B_PACKED_SINGLE": 4,
+        "256B_PACKED_DOUBLE": 4,
+        "256B_PACKED_SINGLE": 8,
+        "512B_PACKED_DOUBLE": 8,
+        "512B_PACKED_SINGLE": 16,
     }
     assert all(ev.config & 0xFF == 0xC7 for ev in INTEL_FP_ARITH_EVENTS)
 
@@ -113,8 +119,7 @@ def test_intel_lane_weights() -> None:
 def test_amd_weighting_on_recorded_counts() -> None:
     # AMD's counter already counts FLOPs (lanes, FMA = 2); family 17h splits precisions.
     counts17 = {AMD_FAMILY_17H_EVENTS[0].name: 123, AMD_FAMILY_17H_EVENTS[1].name: 33_554_432}
-    assert weight_counts(AMD_FAMILY_17H_EVENTS, counts17) == {"single": 123,
-                                                             "double": 33_554_432}
+    assert weight_counts(AMD_FAMILY_17H_EVENTS, counts17) == {"single": 123, "double": 33_554_432}
     counts19 = {AMD_FAMILY_19H_EVENTS[0].name: 4_227_075}
     assert weight_counts(AMD_FAMILY_19H_EVENTS, counts19) == {"any": 4_227_075}
 
@@ -127,8 +132,9 @@ def test_events_for_cpu() -> None:
     assert events_for_cpu("CentaurHauls", 6) is None
 
 
-@pytest.mark.skipif(Path("/sys/bus/event_source/devices/cpu").exists(),
-                    reason="this machine has a cpu PMU")
+@pytest.mark.skipif(
+    Path("/sys/bus/event_source/devices/cpu").exists(), reason="this machine has a cpu PMU"
+)
 def test_reason_without_pmu() -> None:
     reason = perf.unavailable_reason()
     assert reason is not None and reason.startswith("no hardware performance counters")

@@ -130,8 +130,16 @@ def _auto_note(backend: Backend, reasons: Mapping[Backend, str]) -> str:
 
 
 def _with_note(m: Measurement, note: str) -> Measurement:
-    return Measurement(m.backend, m.flops, m.flops_by_precision, m.segments, m.by_instruction,
-                       m.region_seconds, m.wall_seconds, (note, *m.notes))
+    return Measurement(
+        m.backend,
+        m.flops,
+        m.flops_by_precision,
+        m.segments,
+        m.by_instruction,
+        m.region_seconds,
+        m.wall_seconds,
+        (note, *m.notes),
+    )
 
 
 def measure(
@@ -209,8 +217,14 @@ def measure_model(
 
     chosen, _ = select_backend(backend)
     if chosen is Backend.VALGRIND:
-        return measure(torch.nn.Module.__call__, (model, *inputs), backend=backend,
-                       module=model, valgrind=valgrind, progress=progress)
+        return measure(
+            torch.nn.Module.__call__,
+            (model, *inputs),
+            backend=backend,
+            module=model,
+            valgrind=valgrind,
+            progress=progress,
+        )
     workload = build_model_workload(model, tuple(inputs))
     return measure(workload.run, backend=backend, progress=progress)
 
@@ -250,10 +264,12 @@ def measure_source(
     chosen, reasons = select_backend(backend)
     build = {"source": source, "dtype": dtype, "input_size": input_size, "batch_size": batch_size}
     if chosen is Backend.VALGRIND:
-        spec = WorkloadSpec(factory="flopscope.measure.workload:source_workload",
-                            factory_kwargs=build)
+        spec = WorkloadSpec(
+            factory="flopscope.measure.workload:source_workload", factory_kwargs=build
+        )
         m = _valgrind.measure_valgrind(spec, valgrind, progress)
         return _with_note(m, _auto_note(chosen, reasons))
-    model, inputs = resolve_source(source, dtype=dtype, input_size=input_size,
-                                   batch_size=batch_size)
+    model, inputs = resolve_source(
+        source, dtype=dtype, input_size=input_size, batch_size=batch_size
+    )
     return measure_model(model, *inputs, backend=chosen, progress=progress)

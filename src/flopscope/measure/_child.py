@@ -85,7 +85,9 @@ def capture_code(addresses: set[int], out: Path) -> int:
     """
     page = 4096
     ranges = _readable_ranges()
-    pages = sorted({a & ~(page - 1) for a in addresses} | {(a + 15) & ~(page - 1) for a in addresses})
+    pages = sorted(
+        {a & ~(page - 1) for a in addresses} | {(a + 15) & ~(page - 1) for a in addresses}
+    )
     total = 0
     with open(out, "wb") as fh:
         for p in pages:
@@ -127,6 +129,7 @@ def main(argv: list[str]) -> int:
     current = [""]
     handles: list[Any] = []
     if cfg.get("segments", True) and workload.module is not None:
+
         def make_hooks(name: str) -> tuple[Any, Any]:
             def pre(_m: Any, _a: Any) -> None:
                 client.dump_stats_at(SEGMENT_PREFIX + current[0])
@@ -157,14 +160,18 @@ def main(argv: list[str]) -> int:
     _say(f"measured region took {region:.1f} s; capturing run-time generated code")
     dumps = sorted(out_dir.glob(f"callgrind.out.{os.getpid()}.*"))
     captured = capture_code(anonymous_addresses(dumps), out_dir / CAPTURE_FILE)
-    (out_dir / RESULT_FILE).write_text(json.dumps({
-        "pid": os.getpid(),
-        "valgrind_layers": layers,
-        "region_seconds": region,
-        "captured_bytes": captured,
-        "torch_version": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }))
+    (out_dir / RESULT_FILE).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "valgrind_layers": layers,
+                "region_seconds": region,
+                "captured_bytes": captured,
+                "torch_version": torch.__version__,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
     _say("done")
     return 0
 

@@ -22,8 +22,8 @@ __all__ = [
     "CALLGRIND_START_INSTRUMENTATION",
     "CALLGRIND_STOP_INSTRUMENTATION",
     "CALLGRIND_ZERO_STATS",
-    "ClientRequests",
     "STUB_CODE",
+    "ClientRequests",
 ]
 
 _TOOL_BASE_CT = (ord("C") << 24) | (ord("T") << 16)
@@ -60,7 +60,9 @@ class ClientRequests:
 
     def __init__(self) -> None:
         if platform.machine() not in ("x86_64", "AMD64"):
-            raise OSError(f"valgrind client requests are implemented for x86-64 only, not {platform.machine()}")
+            raise OSError(
+                f"valgrind client requests are implemented for x86-64 only, not {platform.machine()}"
+            )
         self._page = mmap.mmap(
             -1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC
         )

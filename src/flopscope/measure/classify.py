@@ -65,15 +65,15 @@ _ONE_PER_LANE = re.compile(
     r"addsub|hadd|hsub)(?P<kind>[sp])(?P<elem>[sdh])$"
 )
 # Fused multiply-add family (FMA3: 132/213/231 operand orders; FMA4 without): 2 per lane.
-_FMA = re.compile(
-    r"^vf(n?madd|n?msub|maddsub|msubadd)(132|213|231)?(?P<kind>[sp])(?P<elem>[sdh])$"
-)
+_FMA = re.compile(r"^vf(n?madd|n?msub|maddsub|msubadd)(132|213|231)?(?P<kind>[sp])(?P<elem>[sdh])$")
 # Dot product with a selection mask (dpps/dppd): a multiply and an add per lane.
 _DPP = re.compile(r"^v?dpp(?P<elem>[sd])$")
 # bfloat16 pair dot products accumulated into float32: 2 multiplies + 2 adds per float32 lane.
 _BF16_DOT = re.compile(r"^vdpbf16ps$")
 # x87 arithmetic (long double and legacy code).
-_X87 = re.compile(r"^f(i?add|addp|i?sub|subp|i?subr|subrp|i?mul|mulp|i?div|divp|i?divr|divrp|sqrt)$")
+_X87 = re.compile(
+    r"^f(i?add|addp|i?sub|subp|i?subr|subrp|i?mul|mulp|i?div|divp|i?divr|divrp|sqrt)$"
+)
 
 _PREFIXES = {"lock", "rep", "repz", "repnz", "repe", "repne", "bnd", "notrack", "data16", "addr32"}
 _REGISTER_WIDTH = (("zmm", 512), ("ymm", 256), ("xmm", 128))

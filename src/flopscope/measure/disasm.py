@@ -70,9 +70,22 @@ def _run_objdump(blob: bytes) -> dict[int, Instruction]:
         path = Path(tmp) / "code.bin"
         path.write_bytes(blob)
         proc = subprocess.run(
-            [exe, "-D", "-z", "-b", "binary", "-m", "i386:x86-64", "-M", "intel",
-             "--no-show-raw-insn", str(path)],
-            capture_output=True, text=True, check=False,
+            [
+                exe,
+                "-D",
+                "-z",
+                "-b",
+                "binary",
+                "-m",
+                "i386:x86-64",
+                "-M",
+                "intel",
+                "--no-show-raw-insn",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
     if proc.returncode != 0:
         raise MeasureError(f"objdump failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}")
@@ -117,7 +130,7 @@ def disassemble(code: Mapping[int, bytes]) -> dict[int, Instruction]:
             if len(run) < off:  # hole (should not happen for contiguous code); pad with nops
                 run.extend(b"\x90" * (off - len(run)))
             if len(run) < off + len(data):
-                run.extend(data[len(run) - off:])
+                run.extend(data[len(run) - off :])
         base = len(blob)
         for k in range(i, j + 1):
             where[base + addresses[k] - start] = addresses[k]

@@ -108,8 +108,12 @@ _libc.syscall.restype = ctypes.c_long
 def _perf_event_open(attr: _PerfEventAttr, pid: int, cpu: int, group_fd: int, flags: int) -> int:
     fd = int(
         _libc.syscall(
-            ctypes.c_long(_SYS_PERF_EVENT_OPEN_X86_64), ctypes.byref(attr), ctypes.c_int(pid),
-            ctypes.c_int(cpu), ctypes.c_int(group_fd), ctypes.c_ulong(flags),
+            ctypes.c_long(_SYS_PERF_EVENT_OPEN_X86_64),
+            ctypes.byref(attr),
+            ctypes.c_int(pid),
+            ctypes.c_int(cpu),
+            ctypes.c_int(group_fd),
+            ctypes.c_ulong(flags),
         )
     )
     if fd < 0:
@@ -155,8 +159,13 @@ class PerfCounter:
         OSError: if the kernel refuses the event (errno says why).
     """
 
-    def __init__(self, type_: int, config: int, tids: Iterable[int] | None = None,
-                 exclude_kernel: bool = True) -> None:
+    def __init__(
+        self,
+        type_: int,
+        config: int,
+        tids: Iterable[int] | None = None,
+        exclude_kernel: bool = True,
+    ) -> None:
         if os.uname().machine != "x86_64":
             raise OSError(errno.ENOSYS, "perf_event_open plumbing is implemented for x86-64 only")
         attr = _PerfEventAttr()
@@ -213,7 +222,7 @@ class PerfCounter:
             os.close(fd)
         self._fds = []
 
-    def __enter__(self) -> PerfCounter:
+    def __enter__(self) -> PerfCounter:  # noqa: PYI034 - final class in practice
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -336,8 +345,7 @@ def unavailable_reason() -> str | None:
     devices = Path("/sys/bus/event_source/devices")
     if not any((devices / d).exists() for d in _PMU_DIRS):
         vm = " (this looks like a virtual machine)" if looks_like_vm() else ""
-        return (f"no hardware performance counters: the kernel has no 'cpu' PMU under "
-                f"{devices}{vm}")
+        return f"no hardware performance counters: the kernel has no 'cpu' PMU under {devices}{vm}"
     info = _cpuinfo()
     vendor = info.get("vendor_id", "?")
     family = int(info.get("cpu family", "0") or 0)
@@ -401,6 +409,10 @@ def measure_perf(fn: Callable[[], object]) -> Measurement:
         notes.append("counters were multiplexed; counts are scaled to the enabled time")
     by_precision = weight_counts(events, {k: r.scaled for k, r in readings.items()})
     return Measurement(
-        backend="perf", flops=sum(by_precision.values()), flops_by_precision=by_precision,
-        region_seconds=region, wall_seconds=time.perf_counter() - t0, notes=tuple(notes),
+        backend="perf",
+        flops=sum(by_precision.values()),
+        flops_by_precision=by_precision,
+        region_seconds=region,
+        wall_seconds=time.perf_counter() - t0,
+        notes=tuple(notes),
     )

@@ -147,7 +147,7 @@ def parse_callgrind(path: Path) -> CallgrindDump:
             elif line.startswith("calls="):
                 skip = True
             elif line.startswith("desc: Trigger: Client Request: "):
-                label = line[len("desc: Trigger: Client Request: "):].rstrip("\n")
+                label = line[len("desc: Trigger: Client Request: ") :].rstrip("\n")
             elif line.startswith("part:"):
                 part = int(line.split(":", 1)[1])
             elif line.startswith("positions:") and line.split(":", 1)[1].split() != ["instr"]:
@@ -197,7 +197,7 @@ def read_elf_bytes(path: str, addresses: list[int]) -> dict[int, bytes]:
                 for vaddr, offset, size in segments:
                     if vaddr <= a < vaddr + size:
                         start = offset + a - vaddr
-                        out[a] = bytes(data[start: min(start + MAX_INSN_BYTES, offset + size)])
+                        out[a] = bytes(data[start : min(start + MAX_INSN_BYTES, offset + size)])
                         break
             return out
     except OSError as exc:
@@ -221,7 +221,7 @@ def read_captured(path: Path) -> list[tuple[int, bytes]]:
     while pos + 12 <= len(data):
         start, length = struct.unpack_from("<QI", data, pos)
         pos += 12
-        chunks.append((start, data[pos: pos + length]))
+        chunks.append((start, data[pos : pos + length]))
         pos += length
     return chunks
 
@@ -234,7 +234,7 @@ def _captured_bytes(chunks: list[tuple[int, bytes]], addresses: list[int]) -> di
         blob = pages.get(page)
         if blob is None:
             continue
-        data = blob[a - page:]
+        data = blob[a - page :]
         if len(data) < MAX_INSN_BYTES and page + 4096 in pages:
             data += pages[page + 4096][: MAX_INSN_BYTES - len(data)]
         out[a] = data[:MAX_INSN_BYTES]
@@ -289,7 +289,7 @@ def analyze(dumps: list[CallgrindDump], captured: list[tuple[int, bytes]]) -> _A
     obj_index = {ob: idx for idx, ob in enumerate(objects)}
     cache: dict[int, tuple[str, str, int] | None] = {}
     for d in dumps:
-        path = d.label[len(_child.SEGMENT_PREFIX):]
+        path = d.label[len(_child.SEGMENT_PREFIX) :]
         seg_flops = 0
         for (ob, addr), n in d.counts.items():
             total += n
@@ -317,7 +317,9 @@ def analyze(dumps: list[CallgrindDump], captured: list[tuple[int, bytes]]) -> _A
                 by_instruction[mnemonic] += f
                 seg_flops += f
         segments[path] += seg_flops
-    return _Analysis(dict(flops_by_precision), dict(segments), dict(by_instruction), total, undecoded)
+    return _Analysis(
+        dict(flops_by_precision), dict(segments), dict(by_instruction), total, undecoded
+    )
 
 
 def _stream(proc: subprocess.Popen[str], progress: ProgressFn | None, tail: list[str]) -> None:
@@ -327,7 +329,7 @@ def _stream(proc: subprocess.Popen[str], progress: ProgressFn | None, tail: list
         tail.append(line)
         del tail[:-40]
         if progress is not None and line.startswith("[flopscope child]"):
-            progress(line[len("[flopscope child] "):])
+            progress(line[len("[flopscope child] ") :])
 
 
 def measure_valgrind(
@@ -386,15 +388,24 @@ def measure_valgrind(
             env.update(FAST_ISA_ENV)
         env.update(opts.extra_env)
         cmd = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=yes",
-            "--dump-line=no", "--compress-pos=no", "--compress-strings=no",
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--dump-instr=yes",
+            "--dump-line=no",
+            "--compress-pos=no",
+            "--compress-strings=no",
             f"--callgrind-out-file={out_dir}/callgrind.out.%p",
             f"--log-file={out_dir}/valgrind.log",
-            sys.executable, "-m", "flopscope.measure._child", str(spec_file),
+            sys.executable,
+            "-m",
+            "flopscope.measure._child",
+            str(spec_file),
         ]
         say("starting python under valgrind (start-up and import torch are not measured)")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         tail: list[str] = []
         reader = threading.Thread(target=_stream, args=(proc, say, tail), daemon=True)
         reader.start()
@@ -424,15 +435,21 @@ def measure_valgrind(
         res = analyze(region, captured)
         notes = [
             f"valgrind/callgrind: {res.instructions_total:,} instructions executed in the region",
-            f"torch {child.get('torch_version')}, {child.get('threads')} thread(s), "
-            f"{opts.warmup} unmeasured warm-up run(s)",
+            (
+                f"torch {child.get('torch_version')}, {child.get('threads')} thread(s), "
+                f"{opts.warmup} unmeasured warm-up run(s)"
+            ),
         ]
         if opts.fast_isa:
-            notes.append("MKL/oneDNN limited to SSE code paths for speed under valgrind "
-                         + ", ".join(f"{k}={v}" for k, v in FAST_ISA_ENV.items()))
+            notes.append(
+                "MKL/oneDNN limited to SSE code paths for speed under valgrind "
+                + ", ".join(f"{k}={v}" for k, v in FAST_ISA_ENV.items())
+            )
         if res.instructions_undecoded:
-            notes.append(f"{res.instructions_undecoded:,} executed instructions could not be "
-                         "read or decoded and were not classified")
+            notes.append(
+                f"{res.instructions_undecoded:,} executed instructions could not be "
+                "read or decoded and were not classified"
+            )
         flops = sum(res.flops_by_precision.values())
         segments = res.segments if opts.segments and len(res.segments) > 1 else {}
         say("done")
@@ -452,5 +469,4 @@ def measure_valgrind(
 
 
 def _dump_files(out_dir: Path, pid: int) -> Iterator[Path]:
-    for p in sorted(out_dir.glob(f"callgrind.out.{pid}.*")):
-        yield p
+    yield from sorted(out_dir.glob(f"callgrind.out.{pid}.*"))

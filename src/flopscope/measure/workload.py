@@ -71,7 +71,9 @@ class WorkloadSpec:
         Returns:
             The spec.
         """
-        return cls(data.get("factory"), dict(data.get("factory_kwargs") or {}), data.get("pickle_path"))
+        return cls(
+            data.get("factory"), dict(data.get("factory_kwargs") or {}), data.get("pickle_path")
+        )
 
 
 def parse_dtype(name: str) -> Any:
@@ -89,9 +91,13 @@ def parse_dtype(name: str) -> Any:
     import torch
 
     table = {
-        "float64": torch.float64, "double": torch.float64,
-        "float32": torch.float32, "float": torch.float32,
-        "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
+        "float64": torch.float64,
+        "double": torch.float64,
+        "float32": torch.float32,
+        "float": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "half": torch.float16,
     }
     try:
         return table[name.lower()]
@@ -99,8 +105,14 @@ def parse_dtype(name: str) -> Any:
         raise MeasureError(f"unknown dtype {name!r}; expected one of {sorted(table)}") from None
 
 
-def resolve_source(source: str, *, dtype: str = "float32", input_size: int = 224,
-                   batch_size: int = 1, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+def resolve_source(
+    source: str,
+    *,
+    dtype: str = "float32",
+    input_size: int = 224,
+    batch_size: int = 1,
+    seed: int = 0,
+) -> tuple[Any, tuple[Any, ...]]:
     """Build a model and example inputs from a source name (``torchvision:NAME``).
 
     This is the single place where :mod:`flopscope.measure` turns a name into a model; it is
@@ -125,11 +137,15 @@ def resolve_source(source: str, *, dtype: str = "float32", input_size: int = 224
     if not name:
         scheme, name = "torchvision", scheme
     if scheme != "torchvision":
-        raise MeasureError(f"unsupported source {source!r}: only 'torchvision:NAME' is supported here")
+        raise MeasureError(
+            f"unsupported source {source!r}: only 'torchvision:NAME' is supported here"
+        )
     try:
         import torchvision  # type: ignore[import-untyped]
     except ImportError:
-        raise MeasureError("torchvision is not installed (pip install 'flopscope[vision]')") from None
+        raise MeasureError(
+            "torchvision is not installed (pip install 'flopscope[vision]')"
+        ) from None
     torch.manual_seed(seed)
     try:
         model = torchvision.models.get_model(name, weights=None)
@@ -160,8 +176,9 @@ def build_model_workload(model: Any, inputs: tuple[Any, ...]) -> Workload:
     return Workload(run, model)
 
 
-def source_workload(source: str, dtype: str = "float32", input_size: int = 224,
-                    batch_size: int = 1, seed: int = 0) -> Workload:
+def source_workload(
+    source: str, dtype: str = "float32", input_size: int = 224, batch_size: int = 1, seed: int = 0
+) -> Workload:
     """Factory used by child processes: a model built by :func:`resolve_source`.
 
     Args:
@@ -174,13 +191,19 @@ def source_workload(source: str, dtype: str = "float32", input_size: int = 224,
     Returns:
         The model's forward as a workload.
     """
-    model, inputs = resolve_source(source, dtype=dtype, input_size=input_size,
-                                   batch_size=batch_size, seed=seed)
+    model, inputs = resolve_source(
+        source, dtype=dtype, input_size=input_size, batch_size=batch_size, seed=seed
+    )
     return build_model_workload(model, inputs)
 
 
-def write_pickled(path: Path, fn: Callable[..., object], args: tuple[Any, ...],
-                  kwargs: Mapping[str, Any], module: Any) -> None:
+def write_pickled(
+    path: Path,
+    fn: Callable[..., object],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    module: Any,
+) -> None:
     """Pickle a callable workload for a child process.
 
     Args:
@@ -194,7 +217,9 @@ def write_pickled(path: Path, fn: Callable[..., object], args: tuple[Any, ...],
         MeasureError: if something cannot be pickled.
     """
     try:
-        data = pickle.dumps((fn, tuple(args), dict(kwargs), module), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(
+            (fn, tuple(args), dict(kwargs), module), protocol=pickle.HIGHEST_PROTOCOL
+        )
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise MeasureError(
             "the valgrind backend runs the workload in a separate process, so the callable and "
