@@ -113,7 +113,8 @@ class _Mode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.counter._record(func, args, kwargs, out)
+        if func.namespace != "prim":  # metadata queries (prim::device ...) made by fake tensors
+            self.counter._record(func, args, kwargs, out)
         return out
 
 
@@ -563,7 +564,7 @@ def count(
         args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
     modes = {m: m.training for m in model.modules()}
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
-    if not (shape_only or on_meta):
+    if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
         with torch.no_grad():
             for m in model.modules():
                 for name, b in m._buffers.items():

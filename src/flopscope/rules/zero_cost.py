@@ -64,10 +64,11 @@ META = [
     "_resize_output_", "_check_is_size", "result_type",
 ]
 
-# TorchScript primitives that fake/meta tensors answer from metadata.
-PRIMS = ["prim::device", "prim::dtype", "prim::layout"]
+# Profiler ranges (optimizers wrap their step in one).
+PROFILER = ["profiler::_record_function_enter", "profiler::_record_function_enter_new",
+            "profiler::_record_function_exit"]
 
-ZERO_FLOP_OPS = [f"aten::{name}" for name in VIEWS + COPIES + INDEXING + CREATION + META] + PRIMS
+ZERO_FLOP_OPS = [f"aten::{name}" for name in VIEWS + COPIES + INDEXING + CREATION + META] + PROFILER
 
 
 @rule(*ZERO_FLOP_OPS)

@@ -1,0 +1,23 @@
+"""Shared pytest configuration."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import flopscope
+
+
+@pytest.fixture(autouse=True)
+def _deterministic() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def quiet() -> object:
+    """Silence flopscope's own warnings inside a test that expects them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", flopscope.FlopscopeWarning)
+        yield

@@ -1,0 +1,300 @@
+"""The counting core: attribution, phases, options, errors, and leaving the model untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope import Counter, Inputs, Phase, count
+
+
+class TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.fc2 = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+class SelfAttention(nn.Module):
+    """Functional attention: the matmuls and softmax are not modules."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return attn @ v + x
+
+
+def _snapshot(model: nn.Module) -> dict[str, object]:
+    return {
+        "dict": {name: sorted(m.__dict__) for name, m in model.named_modules()},
+        "hooks": {
+            name: [len(getattr(m, h)) for h in (
+                "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks")]
+            for name, m in model.named_modules()
+        },
+        "training": {name: m.training for name, m in model.named_modules()},
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "grads": [p.grad for p in model.parameters()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+    }
+
+
+def _global_hooks() -> list[int]:
+    from torch.nn.modules import module as m
+
+    return [len(m._global_forward_hooks), len(m._global_forward_pre_hooks)]
+
+
+def _assert_same(before: dict[str, object], model: nn.Module) -> None:
+    after = _snapshot(model)
+    assert after["dict"] == before["dict"]
+    assert after["hooks"] == before["hooks"]
+    assert after["training"] == before["training"]
+    assert after["grads"] == before["grads"]
+    assert after["requires_grad"] == before["requires_grad"]
+    state_before = before["state"]
+    assert isinstance(state_before, dict)
+    assert list(after["state"]) == list(state_before)  # type: ignore[arg-type]
+    for k, v in state_before.items():
+        assert torch.equal(after["state"][k], v), k  # type: ignore[index]
+
+
+def test_linear_model_exact_counts() -> None:
+    model = TwoLayer().eval()
+    r = count(model, torch.randn(4, 8))
+    # fc1: 4*8*16 = 512 MACs; fc2: 4*16*4 = 256 MACs
+    assert r.macs == 512 + 256
+    by = r.by_module()
+    assert by["fc1"].self_cost.macs == 512
+    assert by["fc2"].self_cost.macs == 256
+    # fc1 FLOPs = 2*512 + 4*16 bias adds; bn eval = 2 per element (4*16); relu 1 per element;
+    # fc2 = 2*256 (no bias)
+    assert by["fc1"].inclusive.flops == 2 * 512 + 64
+    assert by["bn"].inclusive.flops == 2 * 64
+    assert by[""].self_cost.flops == 64  # the functional relu belongs to the root
+    assert r.flops == 2 * 512 + 64 + 2 * 64 + 64 + 2 * 256
+    # params: fc1 8*16+16, bn 16+16, fc2 16*4
+    assert r.params == 144 + 32 + 64
+    assert by["bn"].params.buffers == 16 + 16 + 1
+    assert r.uncounted == {}
+
+
+def test_functional_attention_is_counted() -> None:
+    model = SelfAttention(dim=8)
+    r = count(model, torch.randn(2, 5, 8))
+    # qkv: 2*5*8*24 = 1920; q@k^T: 2*5*5*8 = 400; attn@v: 2*5*5*8 = 400
+    assert r.macs == 1920 + 400 + 400
+    ops = r.by_op()
+    assert ops["aten._softmax.default"].cost.flops == 5 * 2 * 5 * 5  # 5 per score element
+    assert ops["aten.add.Tensor"].cost.flops == 2 * 5 * 8  # the residual add
+
+
+def test_training_step_phases_and_backward_attribution() -> None:
+    model = TwoLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    with Counter(model) as c:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    r = c.report
+    assert r.phases == (Phase.FORWARD, Phase.BACKWARD)
+    fwd, bwd = r.by_module(Phase.FORWARD), r.by_module(Phase.BACKWARD)
+    assert fwd["fc1"].self_cost.macs == 512
+    # fc1's input needs no grad: only grad_weight = x^T @ g, 8*16*4 = 512 MACs
+    assert bwd["fc1"].self_cost.macs == 512
+    # fc2: grad_input 4*4*16 = 256 and grad_weight 256
+    assert bwd["fc2"].self_cost.macs == 2 * 256
+    assert r.total("backward").macs == 512 + 512
+    assert r.uncounted == {}
+
+
+def test_two_calls_in_one_counter_double() -> None:
+    model = TwoLayer().eval()
+    x = torch.randn(3, 8)
+    one = count(model, x)
+    with Counter(model) as c:
+        model(x)
+        model(x)
+    assert c.report.total() == one.total() * 2
+    assert c.report.by_module()["fc1"].calls == 2
+
+
+def test_backward_option_matches_counter_and_leaves_no_grads() -> None:
+    model = TwoLayer()
+    x = torch.randn(4, 8)
+    before = _snapshot(model)
+    r = count(model, x, backward=True)
+    _assert_same(before, model)
+    assert r.total("forward").macs == 768
+    # fc1 grad_weight 512; fc2 grad_input 256 + grad_weight 256
+    assert r.total("backward").macs == 1024
+
+
+def test_model_untouched_train_mode_buffers_restored() -> None:
+    model = TwoLayer().train()
+    before = _snapshot(model)
+    hooks = _global_hooks()
+    count(model, torch.randn(4, 8), train=True)
+    count(model, torch.randn(4, 8), train=False, backward=False)
+    count(model, torch.randn(4, 8), shape_only=True)
+    _assert_same(before, model)
+    assert _global_hooks() == hooks
+    assert model.bn.num_batches_tracked.item() == 0
+
+
+class Exploding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ok = nn.Linear(4, 4)
+        self.inner = nn.Sequential(nn.Linear(4, 3), nn.Linear(5, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.ok(x))
+
+
+def test_forward_error_names_module_and_leaves_model_untouched() -> None:
+    model = Exploding().train()
+    model.inner[0].eval()
+    before = _snapshot(model)
+    hooks = _global_hooks()
+    with pytest.raises(flopscope.ForwardError, match=r"in module 'inner\.1' \(Linear\)") as info:
+        count(model, torch.randn(2, 4), train=False)
+    assert info.value.module_path == "inner.1"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    _assert_same(before, model)
+    assert _global_hooks() == hooks
+
+
+def test_counter_keeps_user_exception_and_notes_path() -> None:
+    model = Exploding()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
+        with Counter(model):
+            model(torch.randn(2, 4))
+    assert "flopscope: raised in module 'inner.1'" in getattr(info.value, "__notes__", [])
+
+
+def test_strict_raises_on_uncounted_op(quiet: object) -> None:
+    model = nn.Linear(4, 4)
+    rules = flopscope.default_rules()
+    no_relu = flopscope.RuleSet({k: rules[k] for k in rules if k != "aten::relu"})
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(model(x))
+
+    r = count(M(), torch.randn(2, 4), rules=no_relu)
+    assert r.uncounted == {"aten.relu.default": 1}
+    with pytest.raises(flopscope.StrictModeError, match=r"no rule for operator aten\.relu\.default"):
+        count(M(), torch.randn(2, 4), rules=no_relu, strict=True)
+
+
+def test_uncounted_warns_once() -> None:
+    rules = flopscope.default_rules()
+    no_relu = flopscope.RuleSet({k: rules[k] for k in rules if k != "aten::relu"})
+    with pytest.warns(flopscope.FlopscopeWarning, match=r"aten\.relu\.default \(2 calls\)") as rec:
+        with Counter(rules=no_relu):
+            torch.relu(torch.randn(3))
+            torch.relu(torch.randn(3))
+    assert len([w for w in rec if issubclass(w.category, flopscope.FlopscopeWarning)]) == 1
+
+
+class TakesStrict(nn.Module):
+    def forward(self, x: torch.Tensor, strict: bool = False) -> torch.Tensor:
+        return x * 2 if strict else x + 1
+
+
+def test_option_names_never_hide_model_keywords() -> None:
+    model = TakesStrict()
+    with pytest.raises(flopscope.UsageError, match=r"flopscope\.Inputs"):
+        count(model, torch.randn(3), strict=True)
+    r = count(model, Inputs(torch.randn(3), strict=True))
+    assert list(r.by_op()) == ["aten.mul.Tensor"]
+    r = count(model, Inputs(torch.randn(3), strict=False), strict=True)
+    assert list(r.by_op()) == ["aten.add.Tensor"]
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    with pytest.raises(flopscope.UsageError, match="takes an nn.Module"):
+        count(lambda x: x, torch.randn(2))  # type: ignore[arg-type]
+    with pytest.raises(flopscope.UsageError, match="no floating-point output"):
+        with torch.no_grad():
+            count(nn.Linear(2, 2), torch.randn(1, 2), backward=True)
+
+
+def test_shape_only_and_meta_equal_real() -> None:
+    model = SelfAttention(16)
+    x = torch.randn(2, 7, 16)
+    real = count(model, x, backward=True)
+    fake = count(model, x, backward=True, shape_only=True)
+    with torch.device("meta"):
+        meta_model = SelfAttention(16)
+    meta = count(meta_model, x, backward=True)
+    assert fake.shape_only and meta.shape_only and not real.shape_only
+    assert real.records == fake.records == meta.records
+
+
+def test_shared_module_counts_calls_and_params_once() -> None:
+    shared = nn.Linear(4, 4)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = shared
+            self.b = shared
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    r = count(Twice(), torch.randn(1, 4))
+    assert r.params == 20  # 4*4 + 4, once
+    assert r.by_module()["a"].calls == 2
+    assert r.macs == 2 * 16
+
+
+def test_counter_without_model_and_modules_outside_model() -> None:
+    model = nn.Linear(3, 2)
+    loss_fn = nn.MSELoss()
+    with Counter(model) as c:
+        loss_fn(model(torch.randn(5, 3)), torch.randn(5, 2))
+    by = c.report.by_module()
+    assert "MSELoss" in by and by["MSELoss"].calls == 1
+    # mse: 3 per element + 1 for the mean
+    assert by["MSELoss"].self_cost.flops == 3 * 10 + 1
+    with Counter() as bare:
+        torch.randn(4, 4) @ torch.randn(4, 4)
+    assert bare.report.macs == 64 and bare.report.params == 0
+
+
+def test_counter_cannot_be_entered_twice() -> None:
+    c = Counter()
+    with c:
+        with pytest.raises(flopscope.UsageError, match="already active"):
+            c.__enter__()
+
+
+def test_report_json_round_trip() -> None:
+    r = count(TwoLayer(), torch.randn(2, 8), backward=True)
+    again = flopscope.Report.from_json(r.to_json())
+    assert again == r
+    with pytest.raises(flopscope.UsageError, match="not a flopscope report"):
+        flopscope.Report.from_json('{"schema": "other"}')
+
+
+def test_deepcopy_still_works_after_count() -> None:
+    model = TwoLayer()
+    count(model, torch.randn(2, 8))
+    copy.deepcopy(model)
