@@ -34,7 +34,7 @@ from flopscope.rules.registry import Rule, op_key
 
 __all__ = ["Counter", "FlopscopeWarning", "Inputs", "ModuleRule", "count"]
 
-ModuleRule = Callable[[nn.Module, tuple[Any, ...], Any], Union[Cost, int]]
+ModuleRule = Callable[[nn.Module, tuple[Any, ...], Any], Cost | int]
 RulesArg = Union[RuleSet, Mapping[Any, Any], None]
 
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
@@ -89,7 +89,8 @@ def split_rules(
     by_class: dict[type, ModuleRule] = {}
     by_instance: dict[nn.Module, ModuleRule] = {}
     by_path: dict[str, ModuleRule] = {}
-    for key, fn in rules.items():
+    entries: Mapping[Any, Any] = rules
+    for key, fn in entries.items():
         if not callable(fn):
             raise RuleError(f"the rule for {key!r} is not callable: {fn!r}")
         if isinstance(key, type) and issubclass(key, nn.Module):
@@ -105,7 +106,7 @@ def split_rules(
 
 class _Mode(TorchDispatchMode):
     def __init__(self, counter: Counter) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.counter = counter
 
     def __torch_dispatch__(
@@ -369,7 +370,7 @@ class Counter:
         ]
         self._mode = _Mode(self)
         try:
-            self._mode.__enter__()
+            self._mode.__enter__()  # type: ignore[no-untyped-call]
         except BaseException:
             self._remove_hooks()
             self._mode = None
@@ -384,7 +385,7 @@ class Counter:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             if self._mode is not None:
-                self._mode.__exit__(exc_type, exc, tb)
+                self._mode.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         finally:
             self._mode = None
             self._remove_hooks()

@@ -38,10 +38,18 @@ class RuleRecord:
     calls: int
     cost: Cost
     shadowed: Cost
+    macs_only: bool = False
 
     @property
     def differs(self) -> bool:
-        """True when the rule's MACs or FLOPs differ from the shadowed operator-level count."""
+        """True when the rule disagrees with the shadowed operator-level count.
+
+        A rule that returned a plain number of MACs (``macs_only``) is compared on MACs alone;
+        one that returned a :class:`Cost` is compared on MACs and FLOPs. Bytes are never compared
+        (rules rarely state them).
+        """
+        if self.macs_only:
+            return self.cost.macs != self.shadowed.macs
         return (self.cost.macs, self.cost.flops) != (self.shadowed.macs, self.shadowed.flops)
 
 
@@ -275,7 +283,7 @@ class Report:
             ],
             "rules": [
                 {"module": r.module, "rule": r.rule, "calls": r.calls, "cost": r.cost.to_dict(),
-                 "shadowed": r.shadowed.to_dict()}
+                 "shadowed": r.shadowed.to_dict(), "macs_only": r.macs_only}
                 for r in self.rules
             ],
             "opaque": list(self.opaque),
@@ -306,7 +314,8 @@ class Report:
                     for r in data["records"]
                 ),
                 rules=tuple(
-                    RuleRecord(r["module"], r["rule"], int(r["calls"]), cost(r["cost"]), cost(r["shadowed"]))
+                    RuleRecord(r["module"], r["rule"], int(r["calls"]), cost(r["cost"]), cost(r["shadowed"]),
+                               bool(r.get("macs_only", False)))
                     for r in data["rules"]
                 ),
                 opaque=tuple(data["opaque"]),

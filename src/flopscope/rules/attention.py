@@ -32,7 +32,7 @@ def _bhsd(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 def _forward(call: OpCall, first: int, layout: str, *, mask: bool, dropout: float) -> Cost:
-    q, k, v = call.args[first], call.args[first + 1], call.args[first + 2]
+    q, v = call.args[first], call.args[first + 2]
     b, h, s_q, d = _bhsd(tuple(q.shape), layout)
     _, _, s_k, d_v = _bhsd(tuple(v.shape), layout)
     scores = b * h * s_q * s_k

@@ -56,7 +56,7 @@ def avg_pool_backward(call: OpCall) -> Cost:
 def adaptive_windows(in_sizes: Sequence[int], out_sizes: Sequence[int]) -> int:
     """Sum over output positions of the adaptive window size (separable, so a product of per-dim sums)."""
     total = 1
-    for size_in, size_out in zip(in_sizes, out_sizes):
+    for size_in, size_out in zip(in_sizes, out_sizes, strict=True):
         per_dim = 0
         for i in range(size_out):
             start = (i * size_in) // size_out
