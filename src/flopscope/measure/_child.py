@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     spec_path = Path(argv[0])
     cfg: dict[str, Any] = json.loads(spec_path.read_text())
     out_dir = Path(cfg["out_dir"])
-    _say("importing torch")
+    _say("python started under valgrind; importing torch")
     import torch
 
     from flopscope.measure._vgclient import ClientRequests

@@ -101,7 +101,7 @@ def measure_papi(fn: Callable[[], object]) -> Measurement:
     finally:
         papi.cleanup_eventset(evs)
         papi.destroy_eventset(evs)
-    by_precision = papi_flops(dict(zip(names, values)))
+    by_precision = papi_flops(dict(zip(names, values, strict=True)))
     return Measurement(
         backend="papi",
         flops=sum(by_precision.values()),
