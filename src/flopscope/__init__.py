@@ -5,6 +5,7 @@
 """
 
 from flopscope.cost import Cost, OpCall, Phase
+from flopscope.costed import Costed, costed
 from flopscope.counter import Counter, FlopscopeWarning, Inputs, ModuleRule, count
 from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
 from flopscope.params import ParamStats
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cost",
+    "Costed",
     "Counter",
     "FlopscopeError",
     "FlopscopeWarning",
@@ -31,6 +33,7 @@ __all__ = [
     "RuleSet",
     "StrictModeError",
     "UsageError",
+    "costed",
     "count",
     "default_rules",
 ]
