@@ -8,7 +8,6 @@ forward hooks, registered on entry and removed on exit.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import numbers
 import warnings
@@ -27,7 +26,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.costed import Costed
 from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
 from flopscope.params import ParamStats, count_params
 from flopscope.report import OpRecord, Report, RuleRecord
@@ -171,10 +169,8 @@ class Counter:
         self._param_paths: dict[int, str] = {}
         if model is not None:
             self._adopt(model, "")
-            self._check_rule_paths(model)
-        self._in_rule = False
         self._acc: dict[tuple[str, str, Phase, bool], list[int]] = {}
-        self._rule_acc: dict[str, tuple[str, bool, list[int]]] = {}
+        self._rule_acc: dict[str, tuple[str, list[int]]] = {}
         self._opaque: dict[str, None] = {}
         self._stack: list[_Frame] = []
         self._shadowing: _Frame | None = None
@@ -197,24 +193,12 @@ class Counter:
             for p in sub.parameters(recurse=False):
                 self._param_paths.setdefault(id(p), name)
 
-    def _check_rule_paths(self, model: nn.Module) -> None:
-        known = set(self._paths.values())
-        for path in self._by_path:
-            if path not in known:
-                close = difflib.get_close_matches(path, [p for p in known if p], n=3)
-                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-                raise RuleError(
-                    f"module rule for path {path!r}: {type(model).__name__} has no module at that "
-                    f"path{hint} Paths are relative to the model, as in model.named_modules() "
-                    "(the root is '')."
-                )
-
     def _path_of(self, module: nn.Module) -> str:
         path = self._paths.get(module)
         if path is not None:
             return path
         parent = self._stack[-1].path if self._stack else ""
-        base = module.name if isinstance(module, Costed) else type(module).__name__
+        base = type(module).__name__
         path = f"{parent}.{base}" if parent else base
         n = 1
         while path in self._types:
@@ -224,7 +208,7 @@ class Counter:
         return path
 
     def _module_rule(self, module: nn.Module, path: str) -> ModuleRule | None:
-        if not (self._by_instance or self._by_path or self._by_class or isinstance(module, Costed)):
+        if not (self._by_instance or self._by_path or self._by_class):
             return None
         fn = self._by_instance.get(module) or self._by_path.get(path)
         if fn is None:
@@ -232,8 +216,6 @@ class Counter:
                 fn = self._by_class.get(cls)
                 if fn is not None:
                     break
-        if fn is None and isinstance(module, Costed):
-            fn = module.rule
         return fn
 
     # -- hooks --------------------------------------------------------------------------------
@@ -256,22 +238,16 @@ class Counter:
             return  # a module entered before the Counter: nothing of ours to close
         frame = self._stack.pop()
         parent = self._stack[-1] if self._stack else None
-        flagged = False
         if frame.rule is not None:
             self._shadowing = None
             self._apply_module_rule(frame, output)
-        elif (
-            self._shadowing is None  # inside a ruled module the rule covers everything
-            and frame.arithmetic == 0
-            and frame.allocations > 0
-            and any(isinstance(t, torch.Tensor) for t in tree_iter(output))
+        elif frame.arithmetic == 0 and frame.allocations > 0 and any(
+            isinstance(t, torch.Tensor) for t in tree_iter(output)
         ):
             self._opaque[frame.path] = None
-            flagged = True
         if parent is not None:
             parent.arithmetic += frame.arithmetic
-            if not flagged:  # flag the innermost module, not every ancestor of it
-                parent.allocations += frame.allocations
+            parent.allocations += frame.allocations
         self._seqs.append(torch._C._autograd._get_sequence_nr())
         self._seq_paths.append(parent.path if parent is not None else "")
 
@@ -279,30 +255,19 @@ class Counter:
         fn = frame.rule
         assert fn is not None
         where = f"module '{frame.path}' ({type(frame.module).__name__})"
-        rule_name = _rule_name(fn)
-        self._in_rule = True  # tensor arithmetic inside the rule is the rule's, not the model's
         try:
-            try:
-                result = fn(frame.module, frame.args, output)
-            except FlopscopeError:
-                raise
-            except Exception as e:
-                raise RuleError(
-                    f"module rule {rule_name} raised for {where}: {type(e).__name__}: {e}; fix "
-                    "the rule (it is called as rule(module, inputs, output), inputs being the "
-                    "positional arguments)"
-                ) from e
-            cost = _as_cost(result, f"module rule {rule_name} for {where}")
-        finally:
-            self._in_rule = False
-        if min(cost.macs, cost.flops, cost.bytes_read, cost.bytes_written) < 0:
-            raise RuleError(f"module rule {rule_name} for {where} returned a negative cost: {cost}")
+            result = fn(frame.module, frame.args, output)
+        except FlopscopeError:
+            raise
+        except Exception as e:
+            raise RuleError(f"module rule {_rule_name(fn)} raised for {where}: {type(e).__name__}: {e}") from e
+        cost = _as_cost(result, f"module rule {_rule_name(fn)} for {where}")
         name = f"module_rule:{type(frame.module).__name__}"
         calls_cost = self._rule_acc.get(frame.path)
         if calls_cost is None:
-            calls_cost = (rule_name, not isinstance(result, Cost), [0] * 9)
+            calls_cost = (name, [0] * 9)
             self._rule_acc[frame.path] = calls_cost
-        acc = calls_cost[2]
+        acc = calls_cost[1]
         acc[0] += 1
         for i, v in enumerate((cost.macs, cost.flops, cost.bytes_read, cost.bytes_written)):
             acc[1 + i] += v
@@ -344,8 +309,6 @@ class Counter:
         return self._seq_paths[i] if i >= 0 else ""
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        if self._in_rule:
-            return
         node = torch._C._current_autograd_node()
         if node is None:
             phase = Phase.FORWARD
@@ -429,7 +392,6 @@ class Counter:
             failed_in = self._stack[-1].path if self._stack else None
             self._stack.clear()
             self._shadowing = None
-            self._in_rule = False
         if exc is not None:
             if failed_in is not None and not isinstance(exc, FlopscopeError):
                 exc.__dict__.setdefault("flopscope_module_path", failed_in)
@@ -473,9 +435,8 @@ class Counter:
             for (path, name, phase, counted), a in self._acc.items()
         )
         rules = tuple(
-            RuleRecord(path, name, a[0], Cost(a[1], a[2], a[3], a[4]), Cost(a[5], a[6], a[7], a[8]),
-                       macs_only)
-            for path, (name, macs_only, a) in self._rule_acc.items()
+            RuleRecord(path, name, a[0], Cost(a[1], a[2], a[3], a[4]), Cost(a[5], a[6], a[7], a[8]))
+            for path, (name, a) in self._rule_acc.items()
         )
         return Report(
             model=type(self.model).__name__ if self.model is not None else "",
@@ -600,8 +561,6 @@ def count(
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
     on_meta = _all_meta(model)
-    if on_meta:
-        args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
     modes = {m: m.training for m in model.modules()}
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
     if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
@@ -612,20 +571,26 @@ def count(
                         saved.append((m._buffers, name, b, b.detach().clone()))
     counter = Counter(model, rules=rules, strict=strict, warn=warn)
     fake_mode = None
+    fake_params: dict[str, torch.Tensor] | None = None
     try:
         if train is not None:
             model.train(train)
-        if shape_only and not on_meta:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
-            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-            args, kwargs = tree_map_only(torch.Tensor, fake_mode.from_tensor, (args, kwargs))
+        if shape_only or on_meta:
+            fake_mode, fake_params = _fake_mode(model if on_meta else None)
+            args, kwargs = tree_map_only(
+                torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
+            )
             fake_mode.__enter__()
         with counter:
             try:
-                out = model(*args, **kwargs)
-                if backward:
-                    _backward(model, out)
+                if fake_params is None:
+                    out = model(*args, **kwargs)
+                    if backward:
+                        _backward(model, out)
+                else:
+                    out = torch.func.functional_call(model, fake_params, args, kwargs)
+                    if backward:
+                        _backward(model, out, fake_params)
             except FlopscopeError:
                 raise
             except Exception as e:
@@ -650,7 +615,41 @@ def count(
     return report
 
 
-def _backward(model: nn.Module, out: Any) -> None:
+def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    if t.is_meta:
+        return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
+            fake_mode, t, torch.device("cpu")
+        )
+    return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
+
+
+def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
+    """A FakeTensorMode for shape-only counting, and for a model on ``meta`` its fake parameters.
+
+    A model on the ``meta`` device is run as if it were on the CPU: it is called through
+    ``torch.func.functional_call`` with fake CPU tensors in place of its meta parameters and buffers
+    (put back on return; the model is not modified). On ``meta`` itself PyTorch picks other kernels
+    than on a real device (``scaled_dot_product_attention`` falls back to its unfused math form), so
+    the counts would differ from a real run.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    if meta_model is None:
+        return fake_mode, None
+    fake_params: dict[str, torch.Tensor] = {}
+    for name, t in [*meta_model.named_parameters(remove_duplicate=False),
+                    *meta_model.named_buffers(remove_duplicate=False)]:
+        fake = _to_fake(fake_mode, t)  # memoized: a tied weight stays one tensor
+        if isinstance(t, nn.Parameter) and t.requires_grad and fake.is_leaf:
+            fake.requires_grad_(True)
+        fake_params[name] = fake
+    return fake_mode, fake_params
+
+
+def _backward(
+    model: nn.Module, out: Any, fake_params: dict[str, torch.Tensor] | None = None
+) -> None:
     roots = [
         t for t in tree_iter(out)
         if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
@@ -660,7 +659,10 @@ def _backward(model: nn.Module, out: Any) -> None:
             "backward=True, but no floating-point output of the model requires grad: run in a "
             "context where autograd is enabled and with parameters that require grad"
         )
-    params = [p for p in model.parameters() if p.requires_grad]
+    if fake_params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    else:  # a meta model run on fake parameters: differentiate with respect to those
+        params = [fake_params[name] for name, p in model.named_parameters() if p.requires_grad]
     inputs = params if params else roots
     torch.autograd.grad(
         roots, inputs, grad_outputs=[torch.ones_like(t) for t in roots], allow_unused=True
