@@ -342,6 +342,77 @@ class Report:
             raise UsageError(f"not a flopscope report: invalid JSON ({e})") from None
         return cls.from_dict(data)
 
+    # -- tabular export -------------------------------------------------------------------------
+    def table_rows(self, by: str = "module") -> list[dict[str, Any]]:
+        """The report as flat rows of plain integers and strings (for CSV and pandas).
+
+        Args:
+            by: ``"module"`` -- one row per module path (every module, with its ``depth``;
+                inclusive ``macs``/``flops``/bytes and the module's own ``self_macs``/``self_flops``);
+                or ``"op"`` -- one row per operator (``counted`` is False for operators with no rule).
+
+        Returns:
+            A list of dicts with the same keys in every row.
+
+        Raises:
+            UsageError: ``by`` is neither ``"module"`` nor ``"op"``.
+        """
+        if by == "module":
+            return [
+                {
+                    "module": path,
+                    "type": s.type,
+                    "depth": 0 if path == "" else path.count(".") + 1,
+                    "calls": s.calls,
+                    "params": s.params.inclusive,
+                    "params_own": s.params.own,
+                    "macs": s.inclusive.macs,
+                    "flops": s.inclusive.flops,
+                    "bytes_read": s.inclusive.bytes_read,
+                    "bytes_written": s.inclusive.bytes_written,
+                    "self_macs": s.self_cost.macs,
+                    "self_flops": s.self_cost.flops,
+                }
+                for path, s in self.by_module().items()
+            ]
+        if by == "op":
+            uncounted = self.uncounted
+            return [
+                {
+                    "op": op,
+                    "calls": s.calls,
+                    "macs": s.cost.macs,
+                    "flops": s.cost.flops,
+                    "bytes_read": s.cost.bytes_read,
+                    "bytes_written": s.cost.bytes_written,
+                    "counted": op not in uncounted,
+                }
+                for op, s in self.by_op().items()
+            ]
+        raise UsageError(f"unknown breakdown {by!r}: use 'module' or 'op'")
+
+    def to_pandas(self, by: str = "module") -> Any:
+        """The report as a ``pandas.DataFrame`` (see :meth:`table_rows` for the columns).
+
+        Args:
+            by: ``"module"`` or ``"op"``.
+
+        Returns:
+            A DataFrame, one row per module or operator, integer columns.
+
+        Raises:
+            ImportError: pandas is not installed.
+            UsageError: ``by`` is neither ``"module"`` nor ``"op"``.
+        """
+        try:
+            import pandas as pd  # type: ignore[import-untyped]
+        except ImportError:
+            raise ImportError(
+                "Report.to_pandas() needs pandas, which is not installed: pip install pandas"
+            ) from None
+        rows = self.table_rows(by)
+        return pd.DataFrame(rows, columns=list(rows[0]) if rows else None)
+
     # -- display ------------------------------------------------------------------------------
     def table(self, depth: int = 2) -> str:
         """The module tree as a plain-text table, down to ``depth`` levels below the root."""
@@ -353,9 +424,9 @@ class Report:
         return self.table()
 
     def __rich__(self) -> Any:
-        from flopscope.render import rich_table
+        from flopscope.render import rich_report
 
-        return rich_table(self)
+        return rich_report(self)
 
     def __repr__(self) -> str:
         return (
