@@ -8,6 +8,7 @@ forward hooks, registered on entry and removed on exit.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 import warnings
@@ -26,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.cost import Cost, OpCall, Phase
+from flopscope.costed import Costed
 from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
 from flopscope.params import ParamStats, count_params
 from flopscope.report import OpRecord, Report, RuleRecord
@@ -169,8 +171,10 @@ class Counter:
         self._param_paths: dict[int, str] = {}
         if model is not None:
             self._adopt(model, "")
+            self._check_rule_paths(model)
+        self._in_rule = False
         self._acc: dict[tuple[str, str, Phase, bool], list[int]] = {}
-        self._rule_acc: dict[str, tuple[str, list[int]]] = {}
+        self._rule_acc: dict[str, tuple[str, bool, list[int]]] = {}
         self._opaque: dict[str, None] = {}
         self._stack: list[_Frame] = []
         self._shadowing: _Frame | None = None
@@ -193,12 +197,24 @@ class Counter:
             for p in sub.parameters(recurse=False):
                 self._param_paths.setdefault(id(p), name)
 
+    def _check_rule_paths(self, model: nn.Module) -> None:
+        known = set(self._paths.values())
+        for path in self._by_path:
+            if path not in known:
+                close = difflib.get_close_matches(path, [p for p in known if p], n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise RuleError(
+                    f"module rule for path {path!r}: {type(model).__name__} has no module at that "
+                    f"path{hint} Paths are relative to the model, as in model.named_modules() "
+                    "(the root is '')."
+                )
+
     def _path_of(self, module: nn.Module) -> str:
         path = self._paths.get(module)
         if path is not None:
             return path
         parent = self._stack[-1].path if self._stack else ""
-        base = type(module).__name__
+        base = module.name if isinstance(module, Costed) else type(module).__name__
         path = f"{parent}.{base}" if parent else base
         n = 1
         while path in self._types:
@@ -208,7 +224,7 @@ class Counter:
         return path
 
     def _module_rule(self, module: nn.Module, path: str) -> ModuleRule | None:
-        if not (self._by_instance or self._by_path or self._by_class):
+        if not (self._by_instance or self._by_path or self._by_class or isinstance(module, Costed)):
             return None
         fn = self._by_instance.get(module) or self._by_path.get(path)
         if fn is None:
@@ -216,6 +232,8 @@ class Counter:
                 fn = self._by_class.get(cls)
                 if fn is not None:
                     break
+        if fn is None and isinstance(module, Costed):
+            fn = module.rule
         return fn
 
     # -- hooks --------------------------------------------------------------------------------
@@ -238,16 +256,22 @@ class Counter:
             return  # a module entered before the Counter: nothing of ours to close
         frame = self._stack.pop()
         parent = self._stack[-1] if self._stack else None
+        flagged = False
         if frame.rule is not None:
             self._shadowing = None
             self._apply_module_rule(frame, output)
-        elif frame.arithmetic == 0 and frame.allocations > 0 and any(
-            isinstance(t, torch.Tensor) for t in tree_iter(output)
+        elif (
+            self._shadowing is None  # inside a ruled module the rule covers everything
+            and frame.arithmetic == 0
+            and frame.allocations > 0
+            and any(isinstance(t, torch.Tensor) for t in tree_iter(output))
         ):
             self._opaque[frame.path] = None
+            flagged = True
         if parent is not None:
             parent.arithmetic += frame.arithmetic
-            parent.allocations += frame.allocations
+            if not flagged:  # flag the innermost module, not every ancestor of it
+                parent.allocations += frame.allocations
         self._seqs.append(torch._C._autograd._get_sequence_nr())
         self._seq_paths.append(parent.path if parent is not None else "")
 
@@ -255,19 +279,30 @@ class Counter:
         fn = frame.rule
         assert fn is not None
         where = f"module '{frame.path}' ({type(frame.module).__name__})"
+        rule_name = _rule_name(fn)
+        self._in_rule = True  # tensor arithmetic inside the rule is the rule's, not the model's
         try:
-            result = fn(frame.module, frame.args, output)
-        except FlopscopeError:
-            raise
-        except Exception as e:
-            raise RuleError(f"module rule {_rule_name(fn)} raised for {where}: {type(e).__name__}: {e}") from e
-        cost = _as_cost(result, f"module rule {_rule_name(fn)} for {where}")
+            try:
+                result = fn(frame.module, frame.args, output)
+            except FlopscopeError:
+                raise
+            except Exception as e:
+                raise RuleError(
+                    f"module rule {rule_name} raised for {where}: {type(e).__name__}: {e}; fix "
+                    "the rule (it is called as rule(module, inputs, output), inputs being the "
+                    "positional arguments)"
+                ) from e
+            cost = _as_cost(result, f"module rule {rule_name} for {where}")
+        finally:
+            self._in_rule = False
+        if min(cost.macs, cost.flops, cost.bytes_read, cost.bytes_written) < 0:
+            raise RuleError(f"module rule {rule_name} for {where} returned a negative cost: {cost}")
         name = f"module_rule:{type(frame.module).__name__}"
         calls_cost = self._rule_acc.get(frame.path)
         if calls_cost is None:
-            calls_cost = (name, [0] * 9)
+            calls_cost = (rule_name, not isinstance(result, Cost), [0] * 9)
             self._rule_acc[frame.path] = calls_cost
-        acc = calls_cost[1]
+        acc = calls_cost[2]
         acc[0] += 1
         for i, v in enumerate((cost.macs, cost.flops, cost.bytes_read, cost.bytes_written)):
             acc[1 + i] += v
@@ -309,6 +344,8 @@ class Counter:
         return self._seq_paths[i] if i >= 0 else ""
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if self._in_rule:
+            return
         node = torch._C._current_autograd_node()
         if node is None:
             phase = Phase.FORWARD
@@ -392,6 +429,7 @@ class Counter:
             failed_in = self._stack[-1].path if self._stack else None
             self._stack.clear()
             self._shadowing = None
+            self._in_rule = False
         if exc is not None:
             if failed_in is not None and not isinstance(exc, FlopscopeError):
                 exc.__dict__.setdefault("flopscope_module_path", failed_in)
@@ -435,8 +473,9 @@ class Counter:
             for (path, name, phase, counted), a in self._acc.items()
         )
         rules = tuple(
-            RuleRecord(path, name, a[0], Cost(a[1], a[2], a[3], a[4]), Cost(a[5], a[6], a[7], a[8]))
-            for path, (name, a) in self._rule_acc.items()
+            RuleRecord(path, name, a[0], Cost(a[1], a[2], a[3], a[4]), Cost(a[5], a[6], a[7], a[8]),
+                       macs_only)
+            for path, (name, macs_only, a) in self._rule_acc.items()
         )
         return Report(
             model=type(self.model).__name__ if self.model is not None else "",
