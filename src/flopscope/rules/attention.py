@@ -112,14 +112,18 @@ def mha_cost(
 
     In-projection: B*L_q*E*E (q) + 2*B*L_k*E*E (k, v) MACs; the two attention products:
     2*B*L_q*L_k*E MACs; out-projection: B*L_q*E*E MACs. FLOPs = 2*MACs + biases (one add per
-    projected element) + (scale 1 + softmax 5 + mask 1) per score element + averaging the returned
-    weights over heads (one add per score element, one divide per averaged element).
+    projected element) + (softmax 5 + mask 1) per score element + the 1/sqrt(d) scaling +
+    averaging the returned weights over heads (one add per score element, one divide per averaged
+    element). The scaling is what the kernel does: with ``need_weights`` it scales q (one multiply
+    per element of q: B*L_q*E), without it calls the SDPA kernel (one multiply per score element,
+    see ``sdpa_flash_cpu``); so the fused and the unfused module give the same count.
     """
     scores = batch * heads * l_q * l_k
     macs = batch * l_q * embed * embed + 2 * batch * l_k * embed * embed
     macs += 2 * batch * l_q * l_k * embed
     macs += batch * l_q * embed * embed
-    flops = 2 * macs + (SCALE_FLOPS + SOFTMAX_FLOPS + (1 if masked else 0)) * scores
+    flops = 2 * macs + (SOFTMAX_FLOPS + (1 if masked else 0)) * scores
+    flops += SCALE_FLOPS * (batch * l_q * embed if need_weights else scores)
     if qkv_bias:
         flops += batch * (l_q + 2 * l_k) * embed
     if out_bias:
