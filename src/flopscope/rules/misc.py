@@ -62,12 +62,29 @@ def mkldnn_rnn_layer(call: OpCall) -> Cost:
     gates = x W_ih^T + h W_hh^T (+ b): T*B*4H*(I + H) MACs; per step and hidden unit the cell does
     3 sigmoids (4 each), 2 tanh (1 each), 3 multiplies and 1 add, plus the 2 bias adds per gate
     (8): 24 FLOPs per (step, batch, hidden unit)."""
+    steps_batch, macs = _lstm_layer(call)
+    hidden = int(named_arg(call, "hidden_size"))
+    return call.cost(macs=macs, flops=2 * macs + 24 * steps_batch * hidden)
+
+
+def _lstm_layer(call: OpCall) -> tuple[int, int]:
+    """(T*B, forward MACs T*B*4H*(I + H)) of one oneDNN LSTM layer call."""
     x, w_ih = call.args[0], call.args[1]
     hidden = int(named_arg(call, "hidden_size"))
-    batch_first = bool(named_arg(call, "batch_first", False))
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    if x.dim() == 2:
-        steps, batch = x.shape[0], 1
+    steps_batch = x.numel() // x.shape[-1]  # T*B for [T,B,I] / [B,T,I], T for unbatched [T,I]
     gates = w_ih.shape[0]
-    macs = steps * batch * gates * (w_ih.shape[1] + hidden)
-    return call.cost(macs=macs, flops=2 * macs + 24 * steps * batch * hidden)
+    return steps_batch, steps_batch * gates * (w_ih.shape[1] + hidden)
+
+
+@rule("aten::mkldnn_rnn_layer_backward")
+def mkldnn_rnn_layer_backward(call: OpCall) -> Cost:
+    """Gradient of one oneDNN LSTM layer: with dG the gate gradients [T*B, 4H], the four products
+    dX = dG W_ih (T*B*4H*I), dh = dG W_hh (T*B*4H*H), dW_ih = dG^T X (4H*I*T*B) and
+    dW_hh = dG^T h (4H*H*T*B) are twice the forward: 2*T*B*4H*(I + H) MACs. Per (step, batch,
+    hidden unit) the cell backward does: dh*o (1), dc += dh_tanh*(1 - tanh^2) (4), do, di, dg, df
+    and dc_prev (5 multiplies), three sigmoid' (3 each) and one tanh' (3) = 22, plus the bias
+    gradients (a sum per gate for each of the two biases, 8): 30 FLOPs."""
+    steps_batch, fwd_macs = _lstm_layer(call)
+    hidden = int(named_arg(call, "hidden_size"))
+    macs = 2 * fwd_macs
+    return call.cost(macs=macs, flops=2 * macs + 30 * steps_batch * hidden)
