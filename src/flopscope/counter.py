@@ -270,7 +270,9 @@ class Counter:
             flagged = True
         if parent is not None:
             parent.arithmetic += frame.arithmetic
-            if not flagged:  # flag the innermost module, not every ancestor of it
+            if frame.rule is not None:
+                parent.arithmetic += 1  # the rule accounts for the module's work
+            elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
         self._seqs.append(torch._C._autograd._get_sequence_nr())
         self._seq_paths.append(parent.path if parent is not None else "")
