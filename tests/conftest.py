@@ -21,3 +21,13 @@ def quiet() -> object:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", flopscope.FlopscopeWarning)
         yield
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden files in tests/golden/ from the current output instead of "
+        "comparing against them",
+    )

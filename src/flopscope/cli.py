@@ -153,6 +153,10 @@ def _cmd_count(args: argparse.Namespace) -> int:
     from flopscope.render import By, Format, render, report_warnings, rich_report
     from flopscope.report import Report
 
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise _usage_error(
+            f"cannot plot to {args.plot!r}: use a file name ending in .png, .svg or .pdf"
+        )
     specs = [sources.parse_input(text) for text in args.input]
     config = sources.parse_config(args.config)
     rules = _load_rules_file(args.rules) if args.rules else None
@@ -208,8 +212,13 @@ def _read_report(path: str) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise _usage_error(f"cannot read {path!r}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _usage_error(f"cannot read {path!r}: {e}") from None
+    except UnicodeDecodeError:
+        raise _usage_error(
+            f"{path!r} is not a flopscope report (not UTF-8 text); make one with "
+            "'flopscope count SOURCE --format json --output FILE'"
+        ) from None
+    except OSError as e:
+        raise _usage_error(f"cannot read {path!r}: {e.strerror or e}") from None
     try:
         return Report.from_json(text)
     except UsageError as e:

@@ -104,7 +104,9 @@ def plot_report(
     height = 1.6 + 0.38 * len(items)
     fig, ax = plt.subplots(figsize=(10, height), layout="constrained")
     ys = list(range(len(items)))[::-1]
-    bars = ax.barh(ys, values, color="#3b75af", height=0.7)
+    colors = ["#9a9a9a" if label.endswith(" others") or label.startswith("(root") else "#3b75af"
+              for label, _, _ in items]
+    bars = ax.barh(ys, values, color=colors, height=0.7)
     ax.set_yticks(ys, labels, fontsize=9)
     ax.set_xlabel(f"{prefix}FLOP (floating-point operations, forward"
                   f"{' + backward' if len(report.phases) > 1 else ''})")

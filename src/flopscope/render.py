@@ -124,7 +124,8 @@ def report_warnings(report: Report) -> list[ReportWarning]:
     if report.uncounted:
         out.append(ReportWarning(
             f"{len(report.uncounted)} operator(s) had no rule and count as 0 FLOPs",
-            tuple(f"{op} ({n} calls)" for op, n in report.uncounted.items()),
+            tuple(f"{op} ({n} call{'s' if n != 1 else ''})"
+                  for op, n in report.uncounted.items()),
             "add a rule (--rules file.py), or fail on them with --strict",
         ))
     if report.opaque:
@@ -171,7 +172,9 @@ def _headline(report: Report, prefix: str | None) -> str:
     total = report.total()
     p = prefix
     return (
-        f"{report.params:,} params ({human(report.params, digits=2)}) · "
+        f"{report.params:,} params"
+        + (f" ({human(report.params, digits=2)})" if report.params >= 1000 else "")
+        + " · "
         f"{human(total.macs, 'MAC', prefix=p, digits=3)} · {human(total.flops, 'FLOP', prefix=p, digits=3)}"
     )
 
@@ -311,6 +314,7 @@ def rich_report(
         parts.append(_ops_table(report, None, unit))
     panel = _warning_panel(report)
     if panel is not None:
+        parts.append(Text(""))
         parts.append(panel)
     return Group(*parts)
 

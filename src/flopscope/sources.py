@@ -287,6 +287,8 @@ def _rebatch(value: Any, batch: int) -> Any:
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return str(InputSpec(tuple(value.shape), value.dtype))
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return repr(value)
     return type(value).__name__
 
 
@@ -328,6 +330,7 @@ def _torchvision(name: str, shape_only: bool) -> LoadedModel:
             "(torchvision.models.list_models() lists them all)"
         )
     model = _build(lambda: tvm.get_model(name, weights=None), shape_only, f"torchvision:{name}")
+    model.eval()
     meta: dict[str, Any] = {}
     size: list[int] = [224, 224]
     kind = "image"
@@ -342,6 +345,10 @@ def _torchvision(name: str, shape_only: bool) -> LoadedModel:
             meta["reference_gmacs"] = float(weights.meta["_ops"])
     except Exception:  # noqa: BLE001  (no weights registered: keep the ImageNet default)
         pass
+    built_for = getattr(model, "image_size", None)  # e.g. ViT built without weights: 224
+    if isinstance(built_for, int) and [built_for, built_for] != size:
+        size = [built_for, built_for]
+        meta.pop("reference_gmacs", None)  # published for the weights' input size
     h, w = size
     if kind == "VideoClassification":
         args: tuple[torch.Tensor, ...] = (torch.randn(1, 3, 16, h, w),)
@@ -365,6 +372,7 @@ def _timm(name: str, shape_only: bool) -> LoadedModel:
             "(timm.list_models() lists them all)"
         )
     model = _build(lambda: timm.create_model(name, pretrained=False), shape_only, f"timm:{name}")
+    model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}
     size = tuple(int(d) for d in cfg.get("input_size", (3, 224, 224)))
     return LoadedModel(model, (torch.randn(1, *size),), name=name)
