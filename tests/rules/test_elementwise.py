@@ -1,0 +1,60 @@
+"""Element-wise arithmetic and activations: FLOPs per output element."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rules._util import count, leaf, op
+
+X = torch.randn(3, 4)  # 12 elements
+
+
+def test_add_broadcasts_and_alpha() -> None:
+    cost = op(count(lambda: X + torch.randn(4)), "aten.add.Tensor")
+    assert cost.flops == 12  # one add per output element
+    assert (cost.bytes_read, cost.bytes_written) == ((12 + 4) * 4, 12 * 4)
+    assert op(count(lambda: torch.add(X, X, alpha=2)), "aten.add.Tensor").flops == 2 * 12
+
+
+@pytest.mark.parametrize(
+    ("fn", "name", "per_element"),
+    [
+        (lambda x: x * x, "aten.mul.Tensor", 1),
+        (torch.relu, "aten.relu.default", 1),
+        (torch.exp, "aten.exp.default", 1),
+        (torch.sigmoid, "aten.sigmoid.default", 4),  # neg, exp, add, divide
+        (F.silu, "aten.silu.default", 5),  # sigmoid 4 + multiply
+        (F.gelu, "aten.gelu.default", 5),  # erf form
+        (lambda x: F.gelu(x, approximate="tanh"), "aten.gelu.default", 9),
+        (F.leaky_relu, "aten.leaky_relu.default", 2),
+        (lambda x: x.clamp(-1, 1), "aten.clamp.default", 2),  # one compare per bound
+        (lambda x: x.clamp(min=0), "aten.clamp.default", 1),
+    ],
+)
+def test_per_element(fn: object, name: str, per_element: int) -> None:
+    assert op(count(lambda: fn(X)), name).flops == per_element * 12  # type: ignore[operator]
+
+
+def test_where_is_zero_flops_but_moves_bytes() -> None:
+    cost = op(count(lambda: torch.where(X > 0, X, 0.0)), "aten.where.self")
+    assert cost.flops == 0
+    assert cost.bytes_written == 12 * 4
+
+
+def test_activation_backward() -> None:
+    x = leaf(3, 4)
+    report = count(lambda: torch.sigmoid(x), backward=True)
+    assert op(report, "aten.sigmoid_backward.default", "backward").flops == 3 * 12  # g*y*(1-y)
+    report = count(lambda: F.gelu(x), backward=True)
+    assert op(report, "aten.gelu_backward.default", "backward").flops == 9 * 12
+
+
+def test_dropout_train_and_eval() -> None:
+    x = torch.randn(3, 4)
+    # without autograd the CPU decomposes dropout: bernoulli_ (0), mask / (1 - p), x * mask
+    assert count(lambda: F.dropout(x, 0.5, training=True)).flops == 2 * 12
+    report = count(lambda: F.dropout(leaf(3, 4), 0.5, training=True))
+    assert report.flops == 2 * 12  # native_dropout (with autograd): the same 2 per element
+    assert count(lambda: F.dropout(x, 0.5, training=False)).flops == 0

@@ -1,0 +1,43 @@
+"""The zero-FLOP list: no arithmetic, but bytes are moved (views move none)."""
+
+from __future__ import annotations
+
+import torch
+
+from flopscope.rules import default_rules
+from rules._util import count, op
+
+X = torch.randn(3, 4)  # 48 bytes
+
+
+def test_views_move_no_bytes() -> None:
+    for fn, name in [(lambda: X.view(12), "aten.view.default"),
+                     (lambda: X.t(), "aten.t.default"),
+                     (lambda: X.transpose(0, 1), "aten.transpose.int"),
+                     (lambda: X[1:], "aten.slice.Tensor"),
+                     (lambda: X.unsqueeze(0), "aten.unsqueeze.default")]:
+        cost = op(count(fn), name)
+        assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 0, 0), name
+
+
+def test_copies_move_bytes() -> None:
+    cost = op(count(lambda: X.clone()), "aten.clone.default")
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 48, 48)
+    cost = op(count(lambda: X.to(torch.float64)), "aten._to_copy.default")
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 48, 96)  # 12 doubles out
+    cost = op(count(lambda: torch.cat([X, X])), "aten.cat.default")
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 96, 96)
+    cost = op(count(lambda: X.t().contiguous()), "aten.clone.default")
+    assert (cost.bytes_read, cost.bytes_written) == (48, 48)
+
+
+def test_creation_writes_its_output() -> None:
+    cost = op(count(lambda: torch.zeros(5, 2)), "aten.zeros.default")
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 0, 40)
+
+
+def test_zero_flop_rules_are_registered() -> None:
+    rules = default_rules()
+    for name in ("aten::view", "aten::clone", "aten::cat", "aten::index", "aten::zeros",
+                 "aten::_to_copy", "aten::constant_pad_nd"):
+        assert name in rules
