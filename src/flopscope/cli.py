@@ -380,9 +380,9 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
             start = time.perf_counter()
             row: dict[str, Any] = {"model": name}
             try:
-                loaded = sources.load_model(f"{args.library}:{name}", shape_only=True)
-                with warnings.catch_warnings():
+                with warnings.catch_warnings():  # constructors' FutureWarnings would drown the bar
                     warnings.simplefilter("ignore")
+                    loaded = sources.load_model(f"{args.library}:{name}", shape_only=True)
                     report = flopscope.count(loaded.model, loaded.inputs, shape_only=True,
                                              warn=False)
                 row.update(

@@ -249,6 +249,15 @@ def test_help_and_no_command(cli: Cli) -> None:
     assert r.code == 2 and "COMMAND" in r.err
 
 
+def test_measure_commands_wired_in_when_present(cli: Cli) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("flopscope.measure.cli") is None:
+        pytest.skip("flopscope.measure.cli is not there")
+    assert cli("measure", "--help").code == 0
+    assert cli("validate", "--help").code == 0
+
+
 def test_python_dash_m() -> None:
     done = subprocess.run([sys.executable, "-m", "flopscope", "--version"], capture_output=True,
                           text=True, timeout=120, check=False)
