@@ -23,7 +23,16 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
 )
 from flopscope.rules.registry import DEFAULT_TABLE, Rule, RuleSet, op_key, rule
 
-__all__ = ["Convention", "Rule", "RuleSet", "conventions", "default_rules", "op_key", "rule"]
+__all__ = [
+    "Convention",
+    "Rule",
+    "RuleSet",
+    "conventions",
+    "conventions_markdown",
+    "default_rules",
+    "op_key",
+    "rule",
+]
 
 _FAMILIES = ["matmul", "conv", "attention", "elementwise", "reduction", "normalization", "pooling",
              "misc", "zero_cost"]
@@ -66,3 +75,87 @@ def conventions(rules: RuleSet | None = None) -> list[Convention]:
     order = {name: i for i, name in enumerate(_FAMILIES)}
     rows.sort(key=lambda r: (order.get(r.family, len(order)), r.ops[0]))
     return rows
+
+
+GENERAL_CONVENTIONS = """\
+# Counting conventions
+
+This page is generated from the rules themselves (`flopscope.rules.conventions_markdown()`, also
+`flopscope rules --format markdown`); regenerate it with `python scripts/gen_conventions.py`. A test
+checks that it is up to date.
+
+## Units
+
+- **MACs** (multiply-accumulates) are counted only for sums of products: the matmul family (`mm`,
+  `bmm`, `addmm`, `baddbmm`, `linear`, `matmul`, `einsum`), convolution and transposed convolution,
+  and the two products inside attention (Q K^T and P V). One MAC = one multiply plus one add.
+- **FLOPs** are *every* floating-point operation, and include `2 * MACs`: a matmul of m x k by
+  k x n is m\\*n\\*k MACs and 2\\*m\\*n\\*k FLOPs; bias adds, element-wise arithmetic,
+  activations, reductions, normalization, softmax, pooling and interpolation add FLOPs (never
+  MACs), per element as listed below.
+- **Elementary functions** (exp, log, sqrt, rsqrt, erf, tanh, sin, pow ...) count as 1 FLOP each;
+  composite functions are counted by their formula in those terms (sigmoid = neg, exp, add, divide
+  = 4; softmax = max, subtract, exp, sum, divide = 5 per element).
+- **Zero FLOPs** is a deliberate, listed decision (the `zero_cost` family below: views, reshapes,
+  copies, dtype casts, indexing, `cat`, padding, tensor creation, random numbers). Those operators
+  still move memory: `bytes_read` / `bytes_written` count their tensor inputs and outputs.
+- **Views** (an output that aliases its input: `view`, `transpose`, `slice`, `expand` ...) move
+  0 bytes.
+- Bytes: by default every tensor input is read once and every output written once (`numel *
+  itemsize`); an embedding lookup reads only the gathered rows.
+- An operator with no rule is never silently zero: it is listed in `Report.uncounted` with its call
+  count (one warning; `strict=True` raises).
+- In-place (`add_`) and `out=` forms cost the same as the functional form. Backward operators have
+  their own rules (gradients of a product are two products of the same size).
+
+## Relation to other tools
+
+- torch's `torch.utils.flop_counter.FlopCounterMode` counts only matmul, convolution and
+  attention, as 2 per multiply-accumulate: its total equals flopscope's `2 * report.macs` wherever
+  it has a formula for every operator that ran (it has none for the CPU attention kernels
+  `_scaled_dot_product_flash_attention_for_cpu` and `_native_multi_head_attention`, so it misses
+  attention on the CPU).
+- torchvision's published `weights.meta["_ops"]` ("GFLOPS") are MACs of conv/matmul operators:
+  they equal flopscope's `report.macs`.
+- thop and fvcore report MACs under the name "FLOPs"; ptflops reports MACs as "MACs".
+
+## Rules by operator family
+
+Each row is one rule: the operators it covers and its convention, with the derivation (from the
+rule's docstring).
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("*", "\\*")
+
+
+def conventions_markdown(rules: RuleSet | None = None) -> str:
+    """The conventions page (``docs/conventions.md``) as Markdown: the general conventions, then one
+    table per operator family with every rule, its operators and its derivation.
+
+    Args:
+        rules: the rules to document; the defaults when ``None``.
+
+    Returns:
+        The Markdown text, ending with a newline.
+    """
+    import importlib
+
+    rows = conventions(rules)
+    out = [GENERAL_CONVENTIONS]
+    family = None
+    for row in rows:
+        if row.family != family:
+            family = row.family
+            out.append(f"\n### {family}\n")
+            if family != "user":
+                doc = importlib.import_module(f"flopscope.rules.{family}").__doc__ or ""
+                intro = " ".join(inspect.cleandoc(doc).split())
+                if intro:
+                    out.append(f"{_cell(intro)}\n")
+            out.append("| operators | convention |")
+            out.append("| :--- | :--- |")
+        ops = ", ".join(f"`{op}`" for op in row.ops)
+        out.append(f"| {ops} | {_cell(row.text)} |")
+    return "\n".join(out) + "\n"
