@@ -700,6 +700,7 @@ def _backward(
             "backward=True, but no floating-point output of the model requires grad: run in a "
             "context where autograd is enabled and with parameters that require grad"
         )
+    params: list[torch.Tensor]
     if fake_params is None:
         params = [p for p in model.parameters() if p.requires_grad]
     else:  # a meta model run on fake parameters: differentiate with respect to those
