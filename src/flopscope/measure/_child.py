@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from flopscope.measure._vgclient import ClientRequests
-    from flopscope.measure.workload import WorkloadSpec, load_workload
+    from flopscope.measure.workload import WorkloadSpec, load_workload, segment_modules
 
     torch.set_num_threads(int(cfg.get("threads", 1)))
     _say(f"imported torch ({time.perf_counter() - t_start:.1f} s); building the workload")
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
 
             return pre, post
 
-        for name, child in workload.module.named_children():
+        for name, child in segment_modules(workload.module, int(cfg.get("segment_depth", 1))):
             pre, post = make_hooks(name)
             handles.append(child.register_forward_pre_hook(pre))
             handles.append(child.register_forward_hook(post))

@@ -109,6 +109,12 @@ def _common(p: argparse.ArgumentParser, default_dtype: str = "float32") -> None:
         help="measurement backend (default: auto = perf, else papi, else valgrind)",
     )
     p.add_argument(
+        "--depth",
+        type=int,
+        default=1,
+        help="module depth of the per-module comparison (default: 1 = top-level modules)",
+    )
+    p.add_argument(
         "--input-size",
         type=int,
         default=224,
@@ -139,7 +145,7 @@ def run_measure(args: argparse.Namespace) -> int:
         import torch
 
         import flopscope
-        from flopscope.measure import measure_source, resolve_source
+        from flopscope.measure import ValgrindOptions, measure_source, resolve_source
         from flopscope.measure.validate import counted_segments
 
         chosen, why = _backend_line(args.backend)
@@ -150,7 +156,7 @@ def run_measure(args: argparse.Namespace) -> int:
         )
         with torch.no_grad():
             report = flopscope.count(model, *inputs, warn=False)
-        segments = counted_segments(report, model)
+        segments = counted_segments(report, model, args.depth)
         del model, inputs
         say(f"counted {report.flops:,} FLOPs; measuring")
         m = measure_source(
@@ -159,6 +165,7 @@ def run_measure(args: argparse.Namespace) -> int:
             input_size=args.input_size,
             batch_size=args.batch_size,
             backend=chosen,
+            valgrind=ValgrindOptions(segment_depth=args.depth),
             progress=say,
         )
     except (UsageError, BackendUnavailableError) as exc:
@@ -262,7 +269,12 @@ def run_validate(args: argparse.Namespace) -> int:
             "(counted and measured on the same input)"
         )
     results = run_validation(
-        models, dtype=args.dtype, input_size=args.input_size, backend=chosen, progress=say
+        models,
+        dtype=args.dtype,
+        input_size=args.input_size,
+        backend=chosen,
+        depth=args.depth,
+        progress=say,
     )
     out = Path(args.out)
     csv_path = out / "results.csv"
@@ -296,6 +308,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 str(args.input_size),
                 "--backend",
                 args.backend,
+                *(["--depth", str(args.depth)] if args.depth != 1 else []),
                 "--out",
                 args.out,
                 "--markdown",

@@ -61,7 +61,9 @@ class ValgrindOptions:
     Attributes:
         threads: torch intra-op threads in the child (valgrind serialises threads anyway).
         warmup: unmeasured runs before the measured one (oneDNN generates kernels on first use).
-        segments: split the result per top-level module of the workload's model.
+        segments: split the result per module of the workload's model.
+        segment_depth: module depth of the split (1 = top-level children; deeper levels give
+            finer attribution at the cost of one callgrind dump per module call).
         fast_isa: restrict MKL/oneDNN to SSE code paths (see ``FAST_ISA_ENV``).
         timeout_s: give up after this many seconds.
         keep_dir: keep the callgrind files in this directory instead of a temporary one.
@@ -71,6 +73,7 @@ class ValgrindOptions:
     threads: int = 1
     warmup: int = 1
     segments: bool = True
+    segment_depth: int = 1
     fast_isa: bool = True
     timeout_s: float = 3600.0
     keep_dir: str | None = None
@@ -377,6 +380,7 @@ def measure_valgrind(
             "threads": opts.threads,
             "warmup": opts.warmup,
             "segments": opts.segments,
+            "segment_depth": opts.segment_depth,
         }
         spec_file = out_dir / "spec.json"
         spec_file.write_text(json.dumps(cfg))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from flopscope.measure._errors import MeasureError
 from flopscope.measure.result import Comparison, Measurement
+from flopscope.measure.valgrind import ValgrindOptions
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -75,28 +77,31 @@ class ModelResult:
         return self.measurement.compare(self.counted_flops, self.counted_by_segment)
 
 
-def counted_segments(report: Any, model: Any) -> dict[str, int]:
-    """Counted FLOPs per top-level child of ``model``, and ``""`` for the root's own ops.
+def counted_segments(report: Any, model: Any, depth: int = 1) -> dict[str, int]:
+    """Counted FLOPs per segment module of ``model`` (see ``segment_modules``), and ``""`` for
+    everything outside them.
 
     Args:
         report: a :class:`flopscope.Report` of one forward of ``model``.
         model: the model.
+        depth: module depth of the split (1 = top-level children).
 
     Returns:
-        Inclusive FLOPs per top-level module path; ``""`` is the root's self cost.
+        Inclusive FLOPs per segment module path; ``""`` is the rest of the total.
     """
+    from flopscope.measure.workload import segment_modules
+
     stats = report.by_module()
     out: dict[str, int] = {}
-    for name, _child in model.named_children():
-        if name in stats:
-            out[name] = int(stats[name].inclusive.flops)
-    root = stats.get("")
-    out[""] = int(root.self_cost.flops) if root is not None else 0
+    for path, _module in segment_modules(model, depth):
+        if path in stats:
+            out[path] = int(stats[path].inclusive.flops)
+    out[""] = int(report.flops) - sum(out.values())
     return out
 
 
 def _count(
-    name: str, dtype: str, input_size: int
+    name: str, dtype: str, input_size: int, depth: int = 1
 ) -> tuple[int, int, dict[str, int], dict[str, int]]:
     import flopscope
     from flopscope.measure.workload import resolve_source
@@ -109,7 +114,7 @@ def _count(
     return (
         int(report.flops),
         int(report.macs),
-        counted_segments(report, model),
+        counted_segments(report, model, depth),
         dict(report.uncounted),
     )
 
@@ -127,6 +132,7 @@ def run_validation(
     dtype: str = "float64",
     input_size: int = 224,
     backend: str = "auto",
+    depth: int = 1,
     progress: ProgressFn | None = None,
     measure_fn: Callable[..., Measurement] | None = None,
 ) -> list[ModelResult]:
@@ -137,6 +143,7 @@ def run_validation(
         dtype: dtype of weights and inputs.
         input_size: input height and width.
         backend: measurement backend (``auto``, ``perf``, ``papi``, ``valgrind``).
+        depth: module depth of the per-module comparison (1 = top-level children).
         progress: stage messages (model name, stage, elapsed seconds).
         measure_fn: replaces :func:`flopscope.measure.measure_source` (for tests).
 
@@ -163,7 +170,7 @@ def run_validation(
         try:
             say("counting")
             res.counted_flops, res.counted_macs, res.counted_by_segment, res.uncounted = _count(
-                name, dtype, input_size
+                name, dtype, input_size, depth
             )
             say(f"counted {res.counted_flops:,} FLOPs; measuring")
             res.measurement = measure_one(
@@ -171,6 +178,7 @@ def run_validation(
                 dtype=dtype,
                 input_size=input_size,
                 backend=backend,
+                valgrind=ValgrindOptions(segment_depth=depth),
                 progress=_prefixed(say, "measure: "),
             )
             cmp = res.comparison
@@ -320,10 +328,11 @@ def _segment_section(r: ModelResult) -> list[str]:
     cmp = r.comparison
     if cmp is None or not cmp.segments:
         return []
-    total = max(r.counted_flops or 1, 1)
-    lines = [
-        f'**{r.name}** per top-level module (`""` = ops of the root module itself):',
-        "",
+    lines = [f"**{r.name}** per module ((outside) = code outside the listed modules):", ""]
+    if r.measurement is not None:
+        extra = [n for n in r.measurement.notes if n.startswith(_PER_MODEL_NOTES)]
+        lines += [f"- {n}" for n in extra] + ([""] if extra else [])
+    lines += [
         "| module | counted FLOPs | measured FLOPs | measured/counted | share of gap |",
         "|---|---:|---:|---:|---:|",
     ]
@@ -332,11 +341,25 @@ def _segment_section(r: ModelResult) -> list[str]:
         share = f"{s.difference / gap:.0%}" if gap else "-"
         ratio = f"{s.ratio:.4f}" if s.counted_flops else ("-" if not s.measured_flops else "n/a")
         lines.append(
-            f"| `{s.path}` | {s.counted_flops:,} | {s.measured_flops:,} | {ratio} | {share} |"
+            f"| {f'`{s.path}`' if s.path else '(outside)'} | {s.counted_flops:,} | "
+            f"{s.measured_flops:,} | {ratio} | {share} |"
         )
     lines.append("")
-    del total
     return lines
+
+
+_PER_MODEL_NOTES = ("valgrind/callgrind:", "counters were multiplexed")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def results_markdown(
@@ -358,26 +381,28 @@ def results_markdown(
         "",
         f"Generated by `{command}`",
         "",
-        f"Machine: {platform.machine()}, {platform.processor() or 'unknown CPU'}, "
+        f"Machine: {platform.machine()}, {_cpu_name()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}. " + (f"Backend: {first.backend}." if first else ""),
         "",
     ]
     if first is not None:
-        lines += [f"- {n}" for n in first.notes] + [""]
+        shared = [n for n in first.notes if not n.startswith(_PER_MODEL_NOTES)]
+        lines += [f"- {n}" for n in shared] + [""]
     lines += [
         (
             "| model | input | counted MACs | counted FLOPs | measured FLOPs | measured/counted |"
-            " time |"
+            " measured region | total time |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         cmp = r.comparison
         ratio = f"**{cmp.ratio:.4f}**" if cmp else "failed"
+        region = f"{r.measurement.region_seconds:.1f} s" if r.measurement else "-"
         lines.append(
             f"| {r.name} | {r.input_size}x{r.input_size} | {_fmt(r.counted_macs)} | "
             f"{_fmt(r.counted_flops)} | {_fmt(r.measurement.flops if r.measurement else None)} | "
-            f"{ratio} | {r.seconds:.0f} s |"
+            f"{ratio} | {region} | {r.seconds:.0f} s |"
         )
     lines.append("")
     failed = [r for r in results if r.error]

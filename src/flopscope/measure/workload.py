@@ -23,6 +23,7 @@ __all__ = [
     "load_workload",
     "parse_dtype",
     "resolve_source",
+    "segment_modules",
 ]
 
 
@@ -74,6 +75,29 @@ class WorkloadSpec:
         return cls(
             data.get("factory"), dict(data.get("factory_kwargs") or {}), data.get("pickle_path")
         )
+
+
+def segment_modules(model: Any, depth: int = 1) -> list[tuple[str, Any]]:
+    """The modules that delimit measurement segments: those at ``depth``, and leaves above it.
+
+    They never nest, so every op of a forward belongs to at most one of them; what runs outside
+    all of them is the ``""`` segment.
+
+    Args:
+        model: an ``nn.Module``.
+        depth: 1 = top-level children, 2 = their children, ...
+
+    Returns:
+        ``(path, module)`` pairs in registration order.
+    """
+    out: list[tuple[str, Any]] = []
+    for path, module in model.named_modules():
+        if not path:
+            continue
+        level = path.count(".") + 1
+        if level == depth or (level < depth and not any(True for _ in module.children())):
+            out.append((path, module))
+    return out
 
 
 def parse_dtype(name: str) -> Any:
