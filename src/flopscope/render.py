@@ -20,7 +20,7 @@ from rich.text import Text
 
 from flopscope.cost import Phase
 from flopscope.report import Report
-from flopscope.units import human
+from flopscope.units import PREFIXES, human
 
 __all__ = [
     "By",
@@ -83,7 +83,12 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _num(value: int, prefix: str | None) -> str:
-    return human(value, prefix=prefix)
+    """A table cell: auto prefix in the cell, or a bare number when the header names the unit."""
+    if prefix is None:
+        return human(value)
+    if value == 0:
+        return "0"
+    return f"{value / PREFIXES[prefix]:,.2f}"
 
 
 def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:

@@ -488,7 +488,10 @@ def _factory(source: str) -> LoadedModel:
     fn = getattr(module, attr, None)
     if fn is None:
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise SourceError(f"{target!r} has no factory {attr!r}{_did_you_mean(attr, names)}")
+        hint = _did_you_mean(attr, names) or (
+            f" (it has {', '.join(sorted(names)[:8])})" if names else " (it defines no functions)"
+        )
+        raise SourceError(f"{target!r} has no factory {attr!r}{hint}")
     if isinstance(fn, nn.Module):
         result: Any = fn
     elif not callable(fn):
@@ -554,6 +557,11 @@ def _import_file(target: str) -> Any:
 
 
 def _import_module(target: str, source: str) -> Any:
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # like `python -m`: modules in the working directory import
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
