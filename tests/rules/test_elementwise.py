@@ -58,3 +58,15 @@ def test_dropout_train_and_eval() -> None:
     report = count(lambda: F.dropout(leaf(3, 4), 0.5, training=True))
     assert report.flops == 2 * 12  # native_dropout (with autograd): the same 2 per element
     assert count(lambda: F.dropout(x, 0.5, training=False)).flops == 0
+
+
+def test_silu_and_mish_backward() -> None:
+    x = leaf(3, 4)  # 12 elements
+    report = count(lambda: F.silu(x), backward=True)
+    # g * s * (1 + x*(1-s)), s = sigmoid(x): sigmoid 4 (neg, exp, add, divide)
+    # + 1-s, x*(1-s), 1+..., s*(...), g*(...) 5 = 9 per element: 9 * 12 = 108
+    assert op(report, "aten.silu_backward.default", "backward").flops == 108
+    report = count(lambda: F.mish(x), backward=True)
+    # g * (t + x*s*(1 - t*t)), s = sigmoid(x) (4), t = tanh(softplus(x)) (3 + 1)
+    # + t*t, 1-..., x*s, *(...), t+..., g*(...) 6 = 14 per element: 14 * 12 = 168
+    assert op(report, "aten.mish_backward.default", "backward").flops == 168

@@ -69,9 +69,13 @@ register_table([
       "aten::log_sigmoid_backward"],
      4, "Backward of exp-based activations (elu, softplus, log_sigmoid) and hardswish: derivative "
         "(2-3) + multiply by grad: 4 FLOPs per element."),
-    (["aten::silu_backward", "aten::mish_backward"],
-     7, "silu' = s*(1 + x*(1-s)) with s = sigmoid(x): sigmoid 4 + sub, mul, add, mul, grad mul... "
-        "counted as 7 FLOPs per element (mish likewise)."),
+    (["aten::silu_backward"],
+     9, "silu' as the kernel computes it, g * s * (1 + x*(1-s)) with s = sigmoid(x): sigmoid (4) + "
+        "1-s, x*(1-s), 1+..., s*(...), g*(...) (5) = 9 FLOPs per element."),
+    (["aten::mish_backward"],
+     14, "mish' as the kernel computes it, g * (t + x*s*(1 - t*t)) with s = sigmoid(x) and "
+         "t = tanh(softplus(x)): sigmoid (4) + softplus (3) + tanh (1) + t*t, 1-..., x*s, *(...), "
+         "t+..., g*(...) (6) = 14 FLOPs per element."),
 ])
 
 
