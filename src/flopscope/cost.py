@@ -87,10 +87,37 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_Tensor = torch.Tensor
+_SCALARS = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.device,
+                      torch.layout, torch.memory_format})
+
+
+def _collect(tree: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Append every tensor in ``tree`` to ``found``, in pytree order.
+
+    The same leaves as ``tree_iter`` would give, without its per-leaf node-type lookups: operator
+    arguments are almost always flat tuples of tensors and scalars, and this runs on every call.
+    """
+    if isinstance(tree, _Tensor):
+        found.append(tree)
+        return found
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        for leaf in tree:
+            if isinstance(leaf, _Tensor):
+                found.append(leaf)
+            elif type(leaf) not in _SCALARS:
+                _collect(leaf, found)
+    elif kind is dict:
+        for leaf in tree.values():
+            _collect(leaf, found)
+    elif kind not in _SCALARS:  # any other pytree node (named tuples, torch.Size, ...)
+        found.extend(leaf for leaf in tree_iter(tree) if isinstance(leaf, _Tensor))
+    return found
+
+
 def _tensors(tree: Any) -> Iterator[torch.Tensor]:
-    for leaf in tree_iter(tree):
-        if isinstance(leaf, torch.Tensor):
-            yield leaf
+    return iter(_collect(tree, []))
 
 
 class OpCall:
@@ -137,17 +164,21 @@ class OpCall:
     @property
     def inputs(self) -> list[torch.Tensor]:
         """Every tensor among the arguments, flattened (lists of tensors included)."""
-        return list(_tensors((self.args, self.kwargs)))
+        found = _collect(self.args, [])
+        return _collect(self.kwargs, found) if self.kwargs else found
 
     @property
     def outputs(self) -> list[torch.Tensor]:
         """Every tensor in the return value, flattened."""
-        return list(_tensors(self.out))
+        return _collect(self.out, [])
 
     @property
     def output(self) -> torch.Tensor:
         """The first output tensor (most operators return exactly one)."""
-        for t in _tensors(self.out):
+        out = self.out
+        if isinstance(out, _Tensor):
+            return out
+        for t in _collect(out, []):
             return t
         raise ValueError(f"{self.name} returned no tensor")
 
@@ -162,8 +193,15 @@ class OpCall:
         """
         if self.is_view:
             return 0, 0
-        read = sum(tensor_bytes(t) for t in _tensors((self.args, self.kwargs)))
-        written = sum(tensor_bytes(t) for t in _tensors(self.out))
+        found = _collect(self.args, [])
+        if self.kwargs:
+            _collect(self.kwargs, found)
+        read = 0
+        for t in found:
+            read += t.numel() * t.element_size()
+        written = 0
+        for t in _collect(self.out, []):
+            written += t.numel() * t.element_size()
         return read, written
 
     def cost(self, macs: int = 0, flops: int | None = None) -> Cost:

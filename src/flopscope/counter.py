@@ -181,6 +181,7 @@ class Counter:
         self._seqs: list[int] = []
         self._seq_paths: list[str] = []
         self._views: dict[Any, bool] = {}
+        self._ops: dict[Any, tuple[Rule | None, str, bool, bool]] = {}
         self._mode: _Mode | None = None
         self._handles: list[Any] = []
 
@@ -345,24 +346,35 @@ class Counter:
         i = bisect_right(self._seqs, seq) - 1
         return self._seq_paths[i] if i >= 0 else ""
 
+    def _op_info(self, func: Any) -> tuple[Rule | None, str, bool, bool]:
+        """What the hot path needs to know about an operator, worked out once per operator:
+        its rule, its report name, whether it is a view, whether it is an allocation."""
+        info = (self._rules.find(func), str(func), self._is_view(func),
+                func._schema.name in _ALLOCATIONS)
+        self._ops[func] = info
+        return info
+
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if self._in_rule:
             return
+        info = self._ops.get(func)
+        fn, name, is_view, is_alloc = info if info is not None else self._op_info(func)
         node = torch._C._current_autograd_node()
         if node is None:
             phase = Phase.FORWARD
-            frame = self._stack[-1] if self._stack else None
+            stack = self._stack
+            frame = stack[-1] if stack else None
             path = frame.path if frame is not None else ""
+            shadowing = self._shadowing
         else:
             phase = Phase.BACKWARD
             frame = None
             path = self._backward_path(node)
-        call = OpCall(func, args, kwargs, out, phase, self._is_view(func))
-        fn = self._rules.find(func)
-        shadowed = phase is Phase.FORWARD and self._shadowing is not None
+            shadowing = None
+        call = OpCall(func, args, kwargs, out, phase, is_view)
         if fn is None:
             counted = False
-            if self.strict and not shadowed:
+            if self.strict and shadowing is None:
                 raise StrictModeError(
                     f"no rule for operator {func} (called in module '{path}', {phase.value}, "
                     f"inputs {[tuple(t.shape) for t in call.inputs]}); add one with "
@@ -387,17 +399,25 @@ class Counter:
         if frame is not None:
             if cost.flops or not counted:
                 frame.arithmetic += 1
-            elif func._schema.name in _ALLOCATIONS:
+            elif is_alloc:
                 frame.allocations += 1
-        if shadowed:
-            sh = self._shadowing.shadow  # type: ignore[union-attr]
+        if shadowing is not None:
+            sh = shadowing.shadow
             sh[0] += cost.macs
             sh[1] += cost.flops
             sh[2] += cost.bytes_read
             sh[3] += cost.bytes_written
             return
-        self._add(path, str(func), phase, counted, cost.macs, cost.flops,
-                  cost.bytes_read, cost.bytes_written)
+        key = (path, name, phase, counted)
+        acc = self._acc.get(key)
+        if acc is None:
+            self._acc[key] = [1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
+        else:
+            acc[0] += 1
+            acc[1] += cost.macs
+            acc[2] += cost.flops
+            acc[3] += cost.bytes_read
+            acc[4] += cost.bytes_written
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
