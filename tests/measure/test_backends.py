@@ -68,3 +68,16 @@ def test_compare_per_segment() -> None:
     assert [s.path for s in c.segments] == ["", "conv", "fc"]
     assert c.largest_gaps(1)[0].path == ""
     assert c.largest_gaps(1)[0].ratio == float("inf")
+
+
+def test_segment_modules_do_not_nest() -> None:
+    import torch.nn as nn
+
+    from flopscope.measure.workload import segment_modules
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(), nn.Sequential(nn.Linear(2, 2))), nn.ReLU()
+    )
+    assert [p for p, _ in segment_modules(model, 1)] == ["0", "1", "2"]
+    assert [p for p, _ in segment_modules(model, 2)] == ["0", "1.0", "1.1", "2"]
+    assert [p for p, _ in segment_modules(model, 3)] == ["0", "1.0", "1.1.0", "2"]
