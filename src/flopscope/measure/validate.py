@@ -330,7 +330,7 @@ def _segment_section(r: ModelResult) -> list[str]:
         return []
     lines = [f"**{r.name}** per module ((outside) = code outside the listed modules):", ""]
     if r.measurement is not None:
-        extra = [n for n in r.measurement.notes if n.startswith(_PER_MODEL_NOTES)]
+        extra = [n for n in r.measurement.notes if _per_model(n)]
         lines += [f"- {n}" for n in extra] + ([""] if extra else [])
     lines += [
         "| module | counted FLOPs | measured FLOPs | measured/counted | share of gap |",
@@ -348,7 +348,11 @@ def _segment_section(r: ModelResult) -> list[str]:
     return lines
 
 
-_PER_MODEL_NOTES = ("valgrind/callgrind:", "counters were multiplexed")
+_PER_MODEL_NOTES = ("valgrind/callgrind:", "counters were multiplexed", "could not be read")
+
+
+def _per_model(note: str) -> bool:
+    return any(marker in note for marker in _PER_MODEL_NOTES)
 
 
 def _cpu_name() -> str:
@@ -386,7 +390,7 @@ def results_markdown(
         "",
     ]
     if first is not None:
-        shared = [n for n in first.notes if not n.startswith(_PER_MODEL_NOTES)]
+        shared = [n for n in first.notes if not _per_model(n)]
         lines += [f"- {n}" for n in shared] + [""]
     lines += [
         (
