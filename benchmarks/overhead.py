@@ -1,0 +1,80 @@
+"""Overhead: time to count one forward / time of a plain forward, single thread.
+
+Every tool runs interleaved with plain forwards in one process: ``plain, tool A, plain, tool B, ...``
+for several rounds (the tool order rotates each round). A tool's ratio in a round is its time over
+the mean of the plain forwards just before and after it; the reported ratio is the median over
+rounds, so a burst of load from other processes disturbs one round, not the result. Everything runs
+under ``torch.no_grad()`` (the plain forward as an inference call, each tool as it is called).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks import tools
+from benchmarks.models import Bench
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) -> dict[str, Any]:
+    """Interleaved timings of ``bench`` for every tool; see the module docstring."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = bench.build(torch.device("cpu"))
+        inputs = bench.inputs(torch.device("cpu"))
+
+        def plain() -> None:
+            model(*inputs)
+
+        def counter(name: str) -> Callable[[], None]:
+            def run() -> None:
+                result = tools.measure(name, model, inputs, False)
+                if result.macs is None:
+                    raise RuntimeError(result.error)
+
+            return run
+
+        usable: list[str] = []
+        with torch.no_grad():
+            plain()
+            plain()
+            for name in tool_names:  # warm-up, and drop tools that fail on this model
+                try:
+                    counter(name)()
+                    usable.append(name)
+                except RuntimeError as e:
+                    log(f"  {bench.name}: {name} skipped ({e})")
+            ratios: dict[str, list[float]] = {n: [] for n in usable}
+            seconds: dict[str, list[float]] = {n: [] for n in usable}
+            plains: list[float] = []
+            for r in range(rounds):
+                order = usable[r % len(usable):] + usable[:r % len(usable)]
+                before = _timed(plain)
+                plains.append(before)
+                for name in order:
+                    t = _timed(counter(name))
+                    after = _timed(plain)
+                    plains.append(after)
+                    ratios[name].append(t / ((before + after) / 2))
+                    seconds[name].append(t)
+                    before = after
+        return {
+            "model": bench.name,
+            "rounds": rounds,
+            "plain_seconds": statistics.median(plains),
+            "tools": {n: {"ratio": statistics.median(ratios[n]), "seconds": statistics.median(seconds[n]),
+                          "ratios": [round(x, 4) for x in ratios[n]]} for n in usable},
+        }
+    finally:
+        torch.set_num_threads(threads)
