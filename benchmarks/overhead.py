@@ -15,9 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import tools
+from benchmarks.agreement import _TupleOutput
 from benchmarks.models import Bench
+
+FLOOR = "bare dispatch mode"  # a TorchDispatchMode that only forwards: the floor of such tools
+
+
+class _Bare(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -38,8 +47,18 @@ def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) 
             model(*inputs)
 
         def counter(name: str) -> Callable[[], None]:
+            if name == FLOOR:
+                def floor() -> None:
+                    with _Bare():
+                        model(*inputs)
+
+                return floor
+
+            target = _TupleOutput(model) if name == "fvcore" and bench.family != "torchvision" \
+                else model
+
             def run() -> None:
-                result = tools.measure(name, model, inputs, False)
+                result = tools.measure(name, target, inputs, False)
                 if result.macs is None:
                     raise RuntimeError(result.error)
 
@@ -49,7 +68,7 @@ def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) 
         with torch.no_grad():
             plain()
             plain()
-            for name in tool_names:  # warm-up, and drop tools that fail on this model
+            for name in [*tool_names, FLOOR]:  # warm-up, and drop tools that fail on this model
                 try:
                     counter(name)()
                     usable.append(name)
