@@ -91,6 +91,8 @@ def run_agreement(results: Path, quick: bool, fresh: bool, log: Any) -> None:
             cache.unlink()
         log(f"agreement -> {file} (load {load_average()})")
         agreement.run(benches, names, cache, no_grad=no_grad, log=log)
+        if "fvcore" in names and not no_grad:
+            agreement.fvcore_on_cpu(benches, cache, log=log)
 
 
 def run_overhead(results: Path, quick: bool, rounds: int, log: Any) -> None:

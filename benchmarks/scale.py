@@ -21,11 +21,23 @@ LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80
 SCALE_TOOLS = ("flopscope", "FlopCounterMode")
 
 
-def _rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
+def _status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS: now, VmHWM: peak of this process image).
+
+    ``ru_maxrss`` is not used: Linux carries it over from the parent across fork and exec, so a
+    child of a big benchmark process would report the parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # not Linux: best effort
+
+
+def _rss_kib() -> int:
+    return _status_kib("VmRSS")
 
 
 def worker(tool: str, tokens: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -37,7 +49,6 @@ def worker(tool: str, tokens: int, config: dict[str, Any] | None = None) -> dict
     import flopscope
 
     baseline = _rss_kib()
-    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(LlamaConfig(**(config or LLAMA_70B))).eval()
         ids = torch.zeros(1, tokens, dtype=torch.long)
@@ -52,11 +63,11 @@ def worker(tool: str, tokens: int, config: dict[str, Any] | None = None) -> dict
     else:
         raise SystemExit(f"unknown tool {tool!r}")
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _status_kib("VmHWM")
     return {"tool": tool, "tokens": tokens, "seconds": seconds, "macs": int(macs),
             "params": sum(p.numel() for p in model.parameters()),
             "import_rss_mib": baseline / 1024, "model_rss_mib": (built - baseline) / 1024,
-            "peak_above_import_mib": (max(peak, peak_before) - baseline) / 1024}
+            "peak_above_import_mib": (peak - baseline) / 1024}
 
 
 def measure(tokens: int, repeats: int = 3, config: dict[str, Any] | None = None,
