@@ -88,24 +88,23 @@ def _unit(text: str) -> str | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive(text: str) -> int:
+def _whole_number(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    if value < minimum:
+        wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _whole_number(text, 1)
 
 
 def _depth(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
+    return _whole_number(text, 0)
 
 
 def _tolerance(text: str) -> float:
