@@ -70,7 +70,7 @@ def softmax_backward(call: OpCall) -> Cost:
     return call.cost(flops=4 * call.out_numel())
 
 
-def _reduced_by(call: OpCall, index: int = 2) -> int:
+def _reduced_by(call: OpCall) -> int:
     reduction = named_arg(call, "reduction", 1)
     return 1 if reduction in (1, 2) else 0
 
