@@ -120,6 +120,41 @@ def _tensors(tree: Any) -> Iterator[torch.Tensor]:
     return iter(_collect(tree, []))
 
 
+_SINGLE = frozenset({"Tensor", "Optional[Tensor]"})
+_LISTS = frozenset({"List[Tensor]", "List[Optional[Tensor]]"})
+# id(operator overload) -> (the overload, its layout); ids, as an OpOverload's hash is Python code
+_LAYOUTS: dict[int, tuple[Any, tuple[tuple[int, ...], tuple[int, ...]] | None]] = {}
+
+
+def _layout(op: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Where an operator's positional tensor arguments are, from its schema: the indices of
+    ``Tensor``/``Tensor?`` arguments and of ``Tensor[]``/``Tensor?[]`` ones; ``None`` when some
+    argument type may hide tensors elsewhere (then arguments are searched in full). Cached per
+    operator: on the hot path this replaces walking every argument, int lists included."""
+    entry = _LAYOUTS.get(id(op))
+    if entry is not None and entry[0] is op:
+        return entry[1]
+    layout: tuple[tuple[int, ...], tuple[int, ...]] | None
+    try:
+        single: list[int] = []
+        lists: list[int] = []
+        for i, a in enumerate(op._schema.arguments):
+            if a.kwarg_only:
+                continue  # keyword-only arguments arrive in kwargs, which are searched in full
+            kind = str(a.type)
+            if kind in _SINGLE:
+                single.append(i)
+            elif kind in _LISTS:
+                lists.append(i)
+            elif "Tensor" in kind or kind in ("Any", "t", "Optional[t]"):
+                raise LookupError(kind)
+        layout = (tuple(single), tuple(lists))
+    except (AttributeError, LookupError, RuntimeError):
+        layout = None
+    _LAYOUTS[id(op)] = (op, layout)  # the overload is kept, so its id is never reused
+    return layout
+
+
 class OpCall:
     """One operator invocation, as a rule sees it.
 
@@ -193,15 +228,34 @@ class OpCall:
         """
         if self.is_view:
             return 0, 0
-        found = _collect(self.args, [])
-        if self.kwargs:
-            _collect(self.kwargs, found)
         read = 0
-        for t in found:
-            read += t.numel() * t.element_size()
+        args = self.args
+        layout = _layout(self.op)
+        if layout is None:
+            for t in _collect(args, []):
+                read += t.nbytes
+        else:
+            n = len(args)
+            single, lists = layout
+            for i in single:
+                if i < n:
+                    t = args[i]
+                    if isinstance(t, _Tensor):  # a Tensor argument can arrive as a Python number
+                        read += t.nbytes
+            for i in lists:
+                if i < n:
+                    for t in args[i] or ():
+                        if isinstance(t, _Tensor):
+                            read += t.nbytes
+        if self.kwargs:
+            for t in _collect(self.kwargs, []):
+                read += t.nbytes
+        out = self.out
+        if isinstance(out, _Tensor):
+            return read, out.nbytes
         written = 0
-        for t in _collect(self.out, []):
-            written += t.numel() * t.element_size()
+        for t in _collect(out, []):
+            written += t.nbytes
         return read, written
 
     def cost(self, macs: int = 0, flops: int | None = None) -> Cost:

@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_iter, tree_map_only
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed
 from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
-from flopscope.params import ParamStats, count_params
+from flopscope.params import ParamStats, param_table
 from flopscope.report import OpRecord, Report, RuleRecord
 from flopscope.rules import RuleSet, default_rules
 from flopscope.rules.registry import Rule, op_key
@@ -39,6 +39,9 @@ __all__ = ["Counter", "FlopscopeWarning", "Inputs", "ModuleRule", "count"]
 ModuleRule = Callable[[nn.Module, tuple[Any, ...], Any], Cost | int]
 RulesArg = Union[RuleSet, Mapping[Any, Any], None]
 
+_FORWARD = Phase.FORWARD
+_BACKWARD = Phase.BACKWARD
+_current_autograd_node = torch._C._current_autograd_node
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -110,14 +113,14 @@ class _Mode(TorchDispatchMode):
     def __init__(self, counter: Counter) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.counter = counter
+        self.record = counter._record
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.namespace != "prim":  # metadata queries (prim::device ...) made by fake tensors
-            self.counter._record(func, args, kwargs, out)
+        self.record(func, args, kwargs, out)
         return out
 
 
@@ -169,11 +172,14 @@ class Counter:
         self._calls: dict[str, int] = {}
         self._params: dict[str, ParamStats] = {}
         self._param_paths: dict[int, str] = {}
+        self._named: list[tuple[str, nn.Module]] = []
         if model is not None:
-            self._adopt(model, "")
+            self._named = self._adopt(model, "")
             self._check_rule_paths(model)
         self._in_rule = False
-        self._acc: dict[tuple[str, str, Phase, bool], list[int]] = {}
+        # (module path, id of the operator overload or a module-rule name, backward?) -> calls and
+        # cost sums
+        self._acc: dict[tuple[str, int | str, bool], list[int]] = {}
         self._rule_acc: dict[str, tuple[str, bool, list[int]]] = {}
         self._opaque: dict[str, None] = {}
         self._stack: list[_Frame] = []
@@ -181,24 +187,38 @@ class Counter:
         self._seqs: list[int] = []
         self._seq_paths: list[str] = []
         self._views: dict[Any, bool] = {}
-        self._ops: dict[Any, tuple[Rule | None, str, bool, bool]] = {}
+        # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
+        self._ops: dict[int, tuple[Rule | None, str, bool, bool, bool, Any]] = {}
         self._mode: _Mode | None = None
         self._handles: list[Any] = []
 
     # -- module bookkeeping -------------------------------------------------------------------
-    def _adopt(self, module: nn.Module, prefix: str) -> None:
-        for name, sub in module.named_modules(prefix=prefix):
+    def _adopt(self, module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+        """Learn the paths, types and parameters of ``module``'s subtree, named under ``prefix``;
+        returns ``module.named_modules()`` (unprefixed) for callers that need it too."""
+        named = list(module.named_modules())
+        stats, owners = param_table(module, named)
+        if prefix:
+            def full(name: str) -> str:
+                return f"{prefix}.{name}" if name else prefix
+        else:
+            def full(name: str) -> str:
+                return name
+        for name, sub in named:
             if sub not in self._paths:
-                self._paths[sub] = name
-                self._types.setdefault(name, type(sub).__name__)
-                self._calls.setdefault(name, 0)
-        for name, stats in count_params(module).items():
-            self._params.setdefault(f"{prefix}.{name}".strip(".") if prefix else name, stats)
-        for name, sub in module.named_modules(prefix=prefix):
-            for p in sub.parameters(recurse=False):
-                self._param_paths.setdefault(id(p), name)
+                path = full(name)
+                self._paths[sub] = path
+                self._types.setdefault(path, type(sub).__name__)
+                self._calls.setdefault(path, 0)
+        for name, st in stats.items():
+            self._params.setdefault(full(name), st)
+        for pid, name in owners.items():
+            self._param_paths.setdefault(pid, full(name))
+        return named
 
     def _check_rule_paths(self, model: nn.Module) -> None:
+        if not self._by_path:
+            return
         known = set(self._paths.values())
         for path in self._by_path:
             if path not in known:
@@ -311,22 +331,20 @@ class Counter:
             acc[1 + i] += v
         for i, v in enumerate(frame.shadow):
             acc[5 + i] += v
-        self._add(frame.path, name, Phase.FORWARD, True, cost.macs, cost.flops,
-                  cost.bytes_read, cost.bytes_written)
+        self._add(frame.path, name, cost)
 
     # -- the per-operator hot path ------------------------------------------------------------
-    def _add(self, path: str, name: str, phase: Phase, counted: bool,
-             macs: int, flops: int, read: int, written: int) -> None:
-        key = (path, name, phase, counted)
+    def _add(self, path: str, name: str, cost: Cost) -> None:
+        key = (path, name, False)
         acc = self._acc.get(key)
         if acc is None:
-            self._acc[key] = [1, macs, flops, read, written]
+            self._acc[key] = [1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
         else:
             acc[0] += 1
-            acc[1] += macs
-            acc[2] += flops
-            acc[3] += read
-            acc[4] += written
+            acc[1] += cost.macs
+            acc[2] += cost.flops
+            acc[3] += cost.bytes_read
+            acc[4] += cost.bytes_written
 
     def _is_view(self, func: Any) -> bool:
         v = self._views.get(func)
@@ -346,28 +364,32 @@ class Counter:
         i = bisect_right(self._seqs, seq) - 1
         return self._seq_paths[i] if i >= 0 else ""
 
-    def _op_info(self, func: Any) -> tuple[Rule | None, str, bool, bool]:
+    def _op_info(self, func: Any) -> tuple[Rule | None, str, bool, bool, bool, Any]:
         """What the hot path needs to know about an operator, worked out once per operator:
-        its rule, its report name, whether it is a view, whether it is an allocation."""
+        its rule, its report name, whether it is a view, whether it is an allocation, and whether
+        to ignore it (``prim::`` metadata queries such as ``prim::device``, made by fake tensors)."""
         info = (self._rules.find(func), str(func), self._is_view(func),
-                func._schema.name in _ALLOCATIONS)
-        self._ops[func] = info
+                func._schema.name in _ALLOCATIONS, func.namespace == "prim", func)
+        self._ops[id(func)] = info
         return info
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if self._in_rule:
             return
-        info = self._ops.get(func)
-        fn, name, is_view, is_alloc = info if info is not None else self._op_info(func)
-        node = torch._C._current_autograd_node()
+        info = self._ops.get(id(func))
+        fn, _, is_view, is_alloc, ignored, _ = info if info is not None else self._op_info(func)
+        if ignored:
+            return
+        node = _current_autograd_node()
         if node is None:
-            phase = Phase.FORWARD
-            stack = self._stack
-            frame = stack[-1] if stack else None
+            backward = False
+            phase = _FORWARD
+            frame = self._stack[-1] if self._stack else None
             path = frame.path if frame is not None else ""
             shadowing = self._shadowing
         else:
-            phase = Phase.BACKWARD
+            backward = True
+            phase = _BACKWARD
             frame = None
             path = self._backward_path(node)
             shadowing = None
@@ -408,7 +430,7 @@ class Counter:
             sh[2] += cost.bytes_read
             sh[3] += cost.bytes_written
             return
-        key = (path, name, phase, counted)
+        key = (path, id(func), backward)
         acc = self._acc.get(key)
         if acc is None:
             self._acc[key] = [1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
@@ -485,15 +507,20 @@ class Counter:
     def report(self) -> Report:
         """A :class:`Report` of everything counted so far."""
         paths = set(self._types)
-        for path, _, _, _ in self._acc:
+        for path, _, _ in self._acc:
             paths.add(path)
         modules = {p: (self._types.get(p, ""), self._calls.get(p, 0)) for p in self._types}
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
-        records = tuple(
-            OpRecord(path, name, phase, a[0], Cost(a[1], a[2], a[3], a[4]), counted)
-            for (path, name, phase, counted), a in self._acc.items()
-        )
+        records = []
+        for (path, op, backward), a in self._acc.items():
+            if isinstance(op, str):  # a module rule's entry
+                name, counted = op, True
+            else:
+                fn, name = self._ops[op][:2]  # op is the id of an operator overload
+                counted = fn is not None
+            records.append(OpRecord(path, name, _BACKWARD if backward else _FORWARD, a[0],
+                                    Cost(a[1], a[2], a[3], a[4]), counted))
         rules = tuple(
             RuleRecord(path, name, a[0], Cost(a[1], a[2], a[3], a[4]), Cost(a[5], a[6], a[7], a[8]),
                        macs_only)
@@ -503,7 +530,7 @@ class Counter:
             model=type(self.model).__name__ if self.model is not None else "",
             modules=modules,
             module_params=dict(self._params),
-            records=records,
+            records=tuple(records),
             rules=rules,
             opaque=tuple(self._opaque),
         )
@@ -556,9 +583,16 @@ def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
         )
 
 
-def _all_meta(model: nn.Module) -> bool:
-    tensors = list(model.parameters()) + list(model.buffers())
-    return bool(tensors) and all(t.is_meta for t in tensors)
+def _all_meta(modules: list[nn.Module]) -> bool:
+    """Whether every parameter and buffer of these modules is on ``meta`` (and there is one)."""
+    found = False
+    for m in modules:
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                if not t.is_meta:
+                    return False
+                found = True
+    return found
 
 
 def count(
@@ -621,16 +655,17 @@ def count(
                  "train": train, "warn": warn}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
-    on_meta = _all_meta(model)
-    modes = {m: m.training for m in model.modules()}
+    counter = Counter(model, rules=rules, strict=strict, warn=warn)
+    modules = [m for _, m in counter._named]
+    on_meta = _all_meta(modules)
+    modes = [(m, m.training) for m in modules]
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
     if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
         with torch.no_grad():
-            for m in model.modules():
+            for m in modules:
                 for name, b in m._buffers.items():
                     if b is not None:
                         saved.append((m._buffers, name, b, b.detach().clone()))
-    counter = Counter(model, rules=rules, strict=strict, warn=warn)
     fake_mode = None
     fake_params: dict[str, torch.Tensor] | None = None
     try:
@@ -663,8 +698,9 @@ def count(
     finally:
         if fake_mode is not None:
             fake_mode.__exit__(None, None, None)
-        for m, mode in modes.items():
-            m.training = mode
+        for m, mode in modes:
+            if m.training != mode:
+                m.training = mode
         with torch.no_grad():
             for table, name, tensor, value in saved:
                 table[name] = tensor

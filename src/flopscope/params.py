@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["ParamStats", "count_params"]
+__all__ = ["ParamStats", "count_params", "param_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,17 +50,110 @@ def count_params(model: nn.Module) -> dict[str, ParamStats]:
     Returns:
         Module path -> :class:`ParamStats`, in ``named_modules()`` order.
     """
+    return param_table(model)[0]
+
+
+def param_table(
+    model: nn.Module, named: list[tuple[str, nn.Module]] | None = None
+) -> tuple[dict[str, ParamStats], dict[int, str]]:
+    """:func:`count_params`, and the path of every parameter's owner (by ``id`` of the parameter).
+
+    Linear in the number of modules and tensors: in a plain tree (no module reachable twice, no
+    tensor registered twice) a module's inclusive counts are its own plus its children's; where
+    something is shared, each module's distinct tensors are gathered as id-keyed dicts instead.
+
+    Args:
+        model: the model.
+        named: ``list(model.named_modules())`` if the caller already has it.
+    """
+    if named is None:
+        named = list(model.named_modules())
     owner: dict[int, str] = {}
-    for path, module in model.named_modules():
-        for p in module.parameters(recurse=False):
-            owner.setdefault(id(p), path)
+    direct: dict[int, tuple[int, int, int]] = {}  # id(module) -> own trainable, frozen, buffers
+    edges = 0
+    shared = False
+    own_of: list[int] = []
+    for path, module in named:
+        own = trainable = frozen = buffers = 0
+        for p in module._parameters.values():
+            if p is None:
+                continue
+            pid = id(p)
+            if pid in owner:  # tied: the first module in named_modules() order owns it
+                shared = True
+                continue
+            owner[pid] = path
+            n = p.numel()
+            own += n
+            if p.requires_grad:
+                trainable += n
+            else:
+                frozen += n
+        for b in module._buffers.values():
+            if b is not None:
+                buffers += b.numel()
+        direct[id(module)] = (trainable, frozen, buffers)
+        own_of.append(own)
+        edges += sum(1 for c in module._modules.values() if c is not None)
+    if shared or edges != len(named) - 1 or _buffers_shared(named):
+        return _shared_table(named, owner, own_of), owner
+
+    totals: dict[int, tuple[int, int, int]] = {}
+    for _, module in reversed(named):  # children come after their parent in named_modules()
+        t, f, nb = direct[id(module)]
+        for c in module._modules.values():
+            if c is not None:
+                ct, cf, cb = totals[id(c)]
+                t, f, nb = t + ct, f + cf, nb + cb
+        totals[id(module)] = (t, f, nb)
+    stats = {}
+    for (path, module), own in zip(named, own_of, strict=True):
+        t, f, nb = totals[id(module)]
+        stats[path] = ParamStats(own=own, inclusive=t + f, trainable=t, frozen=f, buffers=nb)
+    return stats, owner
+
+
+def _buffers_shared(named: list[tuple[str, nn.Module]]) -> bool:
+    seen: set[int] = set()
+    for _, module in named:
+        for b in module._buffers.values():
+            if b is not None:
+                if id(b) in seen:
+                    return True
+                seen.add(id(b))
+    return False
+
+
+def _shared_table(
+    named: list[tuple[str, nn.Module]], owner: dict[int, str], own_of: list[int]
+) -> dict[str, ParamStats]:
+    """Per-module counts where tensors or modules are shared: each subtree's distinct tensors."""
+    subtree: dict[int, tuple[dict[int, Tensor], dict[int, Tensor]]] = {}
+
+    def gather(module: nn.Module) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+        got = subtree.get(id(module))
+        if got is None:
+            params: dict[int, Tensor] = {
+                id(p): p for p in module._parameters.values() if p is not None
+            }
+            bufs: dict[int, Tensor] = {id(b): b for b in module._buffers.values() if b is not None}
+            for child in module._modules.values():
+                if child is not None:
+                    child_params, child_bufs = gather(child)
+                    params.update(child_params)
+                    bufs.update(child_bufs)
+            got = subtree[id(module)] = (params, bufs)
+        return got
+
     stats: dict[str, ParamStats] = {}
-    for path, module in model.named_modules():
-        params = {id(p): p for p in module.parameters()}
-        bufs = {id(b): b for b in module.buffers()}
-        own = sum(p.numel() for p in module.parameters(recurse=False) if owner[id(p)] == path)
-        trainable = sum(p.numel() for p in params.values() if p.requires_grad)
-        frozen = sum(p.numel() for p in params.values() if not p.requires_grad)
+    for (path, module), own in zip(named, own_of, strict=True):
+        params, bufs = gather(module)
+        trainable = frozen = 0
+        for p in params.values():
+            if p.requires_grad:
+                trainable += p.numel()
+            else:
+                frozen += p.numel()
         stats[path] = ParamStats(
             own=own,
             inclusive=trainable + frozen,
