@@ -130,6 +130,17 @@ def costs(report: Report) -> tuple[int, int, int, int]:
     return report.macs, report.flops, report.bytes_read, report.bytes_written
 
 
+def assert_meta_matches(meta: Report, cpu: Report) -> None:
+    """A meta-device count equals a CPU count in MACs and FLOPs, module by module; bytes agree
+    within 0.1%. (Where Python assigns a number into a tensor, ``mask[i] = 3``, PyTorch's bindings
+    write it with ``fill_`` on the CPU but ``scalar_tensor`` + ``copy_`` on meta: swin's attention
+    masks.)"""
+    arith = {p: (s.inclusive.macs, s.inclusive.flops) for p, s in meta.by_module().items()}
+    assert arith == {p: (s.inclusive.macs, s.inclusive.flops) for p, s in cpu.by_module().items()}
+    assert abs(meta.bytes_read - cpu.bytes_read) <= cpu.bytes_read // 1000
+    assert abs(meta.bytes_written - cpu.bytes_written) <= cpu.bytes_written // 1000
+
+
 def fcm_blind_macs(report: Report) -> int:
     """MACs of the operators torch's FlopCounterMode has no formula for."""
     known = {str(packet) for packet in FlopCounterMode(display=False).flop_registry}
@@ -232,7 +243,7 @@ def test_real_runs_match_published_and_shape_only(name: str) -> None:
     assert costs(fake_no_grad) == costs(real_no_grad)
     assert costs(fake) == costs(real)
     # A meta model runs the autograd-enabled path: same as the real run with grad.
-    assert costs(meta) == costs(real)
+    assert_meta_matches(meta, real)
     # With or without grad the arithmetic is the same (bytes may differ: in-place ops, fused
     # kernels), also where no_grad takes a fused fast path.
     assert (real_no_grad.macs, real_no_grad.flops) == (real.macs, real.flops)
@@ -277,4 +288,4 @@ def test_shape_only_equals_meta_whole_zoo(name: str) -> None:
     assert fake.uncounted == {}
     assert gmacs(fake) == published_gmacs
     assert fake.params == published_params
-    assert costs(fake) == costs(meta)
+    assert_meta_matches(meta, fake)

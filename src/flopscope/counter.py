@@ -14,6 +14,7 @@ import numbers
 import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -26,6 +27,7 @@ from torch.nn.modules.module import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_iter, tree_map_only
 
+from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed
 from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
@@ -666,17 +668,55 @@ def count(
                 for name, b in m._buffers.items():
                     if b is not None:
                         saved.append((m._buffers, name, b, b.detach().clone()))
-    fake_mode = None
-    fake_params: dict[str, torch.Tensor] | None = None
+    # How to run: real tensors; or fake CPU tensors (shape_only, or a meta model with a module
+    # whose fast path is chosen by device); or, for other meta models, meta kernels (fastest),
+    # falling back to fake CPU tensors if the forward cannot run on meta (e.g. it reads a value,
+    # which fake tensors allow for constants and meta tensors never do).
+    if on_meta and not needs_fake_cpu(modules):
+        ways = ["meta", "fake"]
+    else:
+        ways = ["fake"] if shape_only or on_meta else ["real"]
     try:
         if train is not None:
             model.train(train)
-        if shape_only or on_meta:
+        for i, way in enumerate(ways):
+            if i:
+                counter = Counter(model, rules=rules, strict=strict, warn=warn)
+            try:
+                _run(way, counter, model, on_meta, args, kwargs, backward)
+                break
+            except ForwardError:
+                if i + 1 == len(ways):
+                    raise
+    finally:
+        for m, mode in modes:
+            if m.training != mode:
+                m.training = mode
+        with torch.no_grad():
+            for table, name, tensor, value in saved:
+                table[name] = tensor
+                if tensor.shape == value.shape:
+                    tensor.copy_(value)
+    report = counter.report
+    if shape_only or on_meta:
+        report = Report(**{**report.__dict__, "shape_only": True})
+    return report
+
+
+def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tuple[Any, ...],
+         kwargs: dict[str, Any], backward: bool) -> None:
+    """One forward (and backward) of ``model`` under ``counter``, on ``way``'s tensors."""
+    fake_params: dict[str, torch.Tensor] | None = None
+    with ExitStack() as cleanup:
+        if way == "meta":  # SDPA is made to pick the CPU's kernel
+            args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+            cleanup.enter_context(sdpa_as_cpu())
+        elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None)
             args, kwargs = tree_map_only(
                 torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
             )
-            fake_mode.__enter__()
+            cleanup.enter_context(fake_mode)
         with counter:
             try:
                 if fake_params is None:
@@ -695,21 +735,13 @@ def count(
                 raise ForwardError(
                     f"the model's forward raised{where}: {type(e).__name__}: {e}", module_path=path
                 ) from e
-    finally:
-        if fake_mode is not None:
-            fake_mode.__exit__(None, None, None)
-        for m, mode in modes:
-            if m.training != mode:
-                m.training = mode
-        with torch.no_grad():
-            for table, name, tensor, value in saved:
-                table[name] = tensor
-                if tensor.shape == value.shape:
-                    tensor.copy_(value)
-    report = counter.report
-    if shape_only or on_meta:
-        report = Report(**{**report.__dict__, "shape_only": True})
-    return report
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    """An input for a model on ``meta``: the same metadata on ``meta`` (a leaf, like the input)."""
+    if t.is_meta:
+        return t
+    return t.detach().to("meta").requires_grad_(t.requires_grad)
 
 
 def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
@@ -723,11 +755,10 @@ def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
 def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
     """A FakeTensorMode for shape-only counting, and for a model on ``meta`` its fake parameters.
 
-    A model on the ``meta`` device is run as if it were on the CPU: it is called through
-    ``torch.func.functional_call`` with fake CPU tensors in place of its meta parameters and buffers
-    (put back on return; the model is not modified). On ``meta`` itself PyTorch picks other kernels
-    than on a real device (``scaled_dot_product_attention`` falls back to its unfused math form), so
-    the counts would differ from a real run.
+    A ``meta`` model that holds a module with a device-chosen fast path (see ``flopscope._meta``)
+    is run as if it were on the CPU: it is called through ``torch.func.functional_call`` with fake
+    CPU tensors in place of its meta parameters and buffers (put back on return; the model is not
+    modified). Other ``meta`` models run on ``meta`` itself, which is faster.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 

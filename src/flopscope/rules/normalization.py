@@ -8,6 +8,8 @@ multiply by 1/std = 2; affine = multiply by weight (1) and add bias (1). Per-cha
 
 from __future__ import annotations
 
+import torch
+
 from flopscope.cost import Cost, OpCall
 from flopscope.rules._shapes import named_arg
 from flopscope.rules.registry import rule
@@ -25,12 +27,18 @@ def batch_norm(call: OpCall) -> Cost:
     """Batch norm. Training (batch statistics): statistics 4 + scale-and-shift 2 = 6 FLOPs per element.
     Eval (running statistics): y = x * a_c + b_c with a, b folded per channel = 2 FLOPs per element.
     The per-channel fold is used in both modes (scale and shift cost the same with or without
-    affine parameters)."""
+    affine parameters). With running statistics the bytes written are the output's only (the
+    saved-statistics outputs are empty on a CPU, so a count is the same on every device)."""
     training = named_arg(call, "training", True)
     if call.op._schema.name == "aten::_batch_norm_with_update" or \
             call.op._schema.name == "aten::_batch_norm_with_update_functional":
         training = True
-    return call.cost(flops=(6 if training else 2) * call.args[0].numel())
+    cost = call.cost(flops=(6 if training else 2) * call.args[0].numel())
+    if training:
+        return cost
+    # with running statistics only the output is written: the saved-statistics outputs are empty
+    # on a CPU and C long on meta, so they are left out to make the count device-independent
+    return Cost(0, cost.flops, cost.bytes_read, call.output.nbytes)
 
 
 @rule("aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_no_update")
@@ -46,7 +54,7 @@ def batch_norm_backward(call: OpCall) -> Cost:
     recompute x^ (2), g*x^ (1), two sums (2), N g - sum - x^*s (3), scale (1) = 9 FLOPs per element,
     and grad_weight/grad_bias reuse those sums. With running statistics: grad_input = g * a (1),
     grad_weight = sum(g * x^) (recompute 2 + multiply 1 + add 1 = 4), grad_bias = sum(g) (1), each
-    as asked for by output_mask."""
+    as asked for by output_mask; the saved statistics are then not read (not counted as read)."""
     n = call.args[1].numel()
     train = named_arg(call, "train", None)
     if train is None:
@@ -54,7 +62,12 @@ def batch_norm_backward(call: OpCall) -> Cost:
     mask = _mask(call)
     if train:
         return call.cost(flops=9 * n if any(mask) else 0)
-    return call.cost(flops=n * ((1 if mask[0] else 0) + (4 if mask[1] else 0) + (1 if mask[2] else 0)))
+    cost = call.cost(flops=n * ((1 if mask[0] else 0) + (4 if mask[1] else 0) + (1 if mask[2] else 0)))
+    # with running statistics the saved-statistics inputs are not read (and are empty on a CPU)
+    unread = sum(t.nbytes for t in (named_arg(call, "save_mean"), named_arg(call, "save_invstd"),
+                                          named_arg(call, "save_var"))
+                 if isinstance(t, torch.Tensor))
+    return Cost(0, cost.flops, cost.bytes_read - unread, cost.bytes_written)
 
 
 def _affine(call: OpCall) -> int:

@@ -1,0 +1,172 @@
+"""Running a model that lives on the ``meta`` device as if it were on the CPU.
+
+A model on ``meta`` is counted by calling it with ``meta`` tensors: PyTorch's meta kernels compute
+every output's shape in C++ and nothing else, which is the cheapest way to run a 70B-parameter model
+shape-only. Two kinds of code decide *which* operators run from the device, and on ``meta`` they
+would choose differently from a real CPU run:
+
+- ``scaled_dot_product_attention`` picks its backend from the device in C++: on the CPU the fused
+  flash kernel (``_scaled_dot_product_flash_attention_for_cpu``), on ``meta`` always the unfused
+  math form (two matmuls and a softmax). :func:`sdpa_as_cpu` settles that: for the duration of a
+  count it registers a kernel for the operator on the ``AutogradMeta`` dispatch key which asks the
+  CPU what it would run (by running the operator once on fake CPU tensors with the same metadata
+  and recording the operators that reach the dispatcher), then replays those operators on the meta
+  tensors, through the whole dispatcher, so autograd and the counter see exactly the CPU's calls.
+  The recording is cached per argument metadata (80 identical decoder layers probe once).
+- ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` choose their fused "fast path" in
+  Python, only for tensors on the CPU or an accelerator. :func:`needs_fake_cpu` says when a model
+  holds such a module; such models are run as fake CPU tensors instead (slower, same counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+
+__all__ = ["needs_fake_cpu", "sdpa_as_cpu"]
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+_DEVICE = object()  # in a recorded program: "the device the program runs on"
+# modules whose forward takes a fused path only for tensors on a real device (checked in Python)
+_DEVICE_CHOSEN_PATHS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
+def needs_fake_cpu(modules: list[nn.Module]) -> bool:
+    """Whether a ``meta`` model must run as fake CPU tensors to take the CPU's code paths."""
+    return any(isinstance(m, _DEVICE_CHOSEN_PATHS) for m in modules)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A tensor in a recorded program: an input of the call, or an output of an earlier step."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class _Program:
+    """The operators one call ran on the CPU, with tensors replaced by slots."""
+
+    steps: tuple[tuple[Any, Any, Any], ...]  # (operator, args template, kwargs template)
+    result: Any
+
+    def run(self, inputs: list[torch.Tensor]) -> Any:
+        values: list[Any] = list(inputs)
+
+        def get(x: Any) -> Any:
+            if isinstance(x, _Slot):
+                return values[x.index]
+            return _META if x is _DEVICE else x
+
+        for func, args, kwargs in self.steps:
+            out = func(*tree_map(get, args), **tree_map(get, kwargs))
+            values.extend(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        return tree_map(get, self.result)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.calls: list[tuple[Any, Any, Any, Any]] = []
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs, out))
+        return out
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...]:
+    sig: list[Any] = [torch.is_grad_enabled()]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            sig.append((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.requires_grad))
+        else:
+            sig.append((type(x), x))
+    return tuple(sig)
+
+
+def _record_on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Program | None:
+    """Run the operator once on fake CPU tensors like the meta ones; its calls as a program."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with _disable_current_modes():  # an active counter must not see the probe
+        fake_mode = FakeTensorMode()
+        convert = fake_mode.fake_tensor_converter
+        leaves, spec = tree_flatten((args, kwargs))
+        fakes = [convert.from_meta_and_device(fake_mode, x, _CPU)
+                 if isinstance(x, torch.Tensor) else x for x in leaves]
+        fake_args, fake_kwargs = spec.unflatten(fakes)
+        recorder = _Recorder()
+        # without grad: the recorder sits below autograd and would also record what autograd does
+        # around each call (detaching saved outputs), which the replay's own autograd does again
+        with fake_mode, recorder, torch.no_grad():
+            out = _SDPA(*fake_args, **fake_kwargs)
+    slots: dict[int, int] = {}
+    count = 0
+    for t in fakes:
+        if isinstance(t, torch.Tensor):
+            slots.setdefault(id(t), count)  # the same tensor passed twice keeps its first slot
+            count += 1
+
+    def template(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return _Slot(slots[id(x)])  # KeyError: a tensor from outside the dispatcher
+        if isinstance(x, torch.device) and x.type == "cpu":
+            return _DEVICE  # tensors the CPU made (a mask's fill value) are made on meta
+        return x
+
+    steps = []
+    try:
+        for func, a, k, o in recorder.calls:
+            if func.namespace == "prim":
+                continue  # fake tensors' metadata queries (prim::device), not the CPU's work
+            steps.append((func, tree_map(template, a), tree_map(template, k)))
+            for t in tree_flatten(o)[0]:
+                if isinstance(t, torch.Tensor):
+                    slots[id(t)] = count
+                    count += 1
+        return _Program(tuple(steps), tree_map(template, out))
+    except KeyError:
+        return None
+
+
+@contextmanager
+def sdpa_as_cpu() -> Iterator[None]:
+    """Within the block, ``scaled_dot_product_attention`` on meta tensors runs what the CPU runs.
+
+    The kernel is registered on ``AutogradMeta`` for the block only (removed on exit); under
+    ``torch.inference_mode`` autograd keys are skipped and the meta math form runs instead.
+    """
+    programs: dict[tuple[Any, ...], _Program | None] = {}
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        leaves = tree_flatten((args, kwargs))[0]
+        key = _signature(leaves)
+        if key not in programs:
+            try:
+                programs[key] = _record_on_cpu(args, kwargs)
+            except Exception:  # the probe is an optimisation of fidelity; never fail a count on it
+                programs[key] = None
+        program = programs[key]
+        if program is None:
+            return _SDPA.decompose(*args, **kwargs)
+        return program.run([x for x in leaves if isinstance(x, torch.Tensor)])
+
+    lib = torch.library.Library("aten", "IMPL")  # a temporary override, destroyed below
+    try:
+        lib.impl("scaled_dot_product_attention", kernel, "AutogradMeta")
+        yield
+    finally:
+        lib._destroy()

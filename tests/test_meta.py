@@ -1,0 +1,163 @@
+"""Models on the ``meta`` device run on meta kernels, yet count what a CPU run counts.
+
+``scaled_dot_product_attention`` would take its unfused math form on meta; during a count it runs
+the operators the CPU runs (recorded once on fake CPU tensors, replayed on meta). Models holding
+``nn.MultiheadAttention`` (a fast path chosen in Python by device) run as fake CPU tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopscope
+
+FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+class _Sdpa(nn.Module):
+    """Multi-head self-attention through F.scaled_dot_product_attention, with a choice of mask."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, mask: str = "none") -> None:
+        super().__init__()
+        self.heads = heads
+        self.mask = mask
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if self.mask == "causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif self.mask == "bool":
+            keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        elif self.mask == "float":
+            bias = torch.zeros(n, n, device=x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, n, c))  # type: ignore[no-any-return]
+
+
+def _records(report: flopscope.Report) -> dict[tuple[str, str, str], tuple[int, flopscope.Cost]]:
+    return {(r.module, r.op, r.phase.value): (r.calls, r.cost) for r in report.records}
+
+
+def _registered() -> bool:
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::scaled_dot_product_attention", "AutogradMeta"))
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_sdpa_on_meta_counts_what_the_cpu_runs(mask: str, backward: bool) -> None:
+    torch.manual_seed(0)
+    model = _Sdpa(mask=mask)
+    x = torch.randn(2, 8, 32)
+    real = flopscope.count(model, x, backward=backward)
+    meta = flopscope.count(copy.deepcopy(model).to("meta"), x, backward=backward)
+    assert _records(meta) == _records(real)
+    assert real.by_op()[FLASH].calls == 1
+    assert meta.shape_only and not real.shape_only
+    assert not _registered()  # the override lives only as long as the count
+
+
+def test_sdpa_override_removed_when_the_forward_raises() -> None:
+    class Broken(_Sdpa):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            super().forward(x)
+            raise ValueError("boom")
+
+    with torch.device("meta"):
+        model = Broken()
+    with pytest.raises(flopscope.ForwardError, match="boom"):
+        flopscope.count(model, torch.randn(2, 8, 32))
+    assert not _registered()
+    # and meta SDPA outside a count is PyTorch's own again: the unfused math form
+    q = torch.empty(1, 2, 4, 8, device="meta")
+    with flopscope.Counter() as c:
+        F.scaled_dot_product_attention(q, q, q)
+    assert FLASH not in c.report.by_op() and "aten.bmm.default" in c.report.by_op()
+
+
+def test_identical_layers_probe_the_cpu_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flopscope._meta as meta_module
+
+    probes = []
+    original = meta_module._record_on_cpu
+
+    def counting(*args: object, **kwargs: object) -> object:
+        probes.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(meta_module, "_record_on_cpu", counting)
+    with torch.device("meta"):
+        model = nn.Sequential(*[_Sdpa(mask="causal") for _ in range(6)])
+    report = flopscope.count(model, torch.randn(1, 8, 32))
+    assert report.by_op()[FLASH].calls == 6
+    assert len(probes) == 1
+
+
+def test_multihead_attention_fast_path_kept_on_meta() -> None:
+    """nn.MultiheadAttention picks its fused fast path in Python, for CPU tensors only; a meta model
+    holding one runs as fake CPU tensors, so eval + no_grad still counts the fused kernel."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        real = flopscope.count(layer, x)
+        meta = flopscope.count(copy.deepcopy(layer).to("meta"), x)
+    assert _records(meta) == _records(real)
+    assert any("transformer_encoder_layer_fwd" in op or "multi_head_attention" in op
+               for op in real.by_op())
+
+
+def test_number_assigned_into_a_tensor_differs_only_in_bookkeeping() -> None:
+    """``mask[:2] = 3`` is ``fill_`` on a CPU tensor but ``scalar_tensor`` + ``copy_`` on a meta one
+    (PyTorch's Python bindings special-case CPU scalars): no arithmetic either way."""
+
+    class Fill(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            m = x.new_zeros(4, 4)
+            m[:2] = 3
+            return x * self.scale + m
+
+    x = torch.randn(4, 4)
+    real = flopscope.count(Fill(), x)
+    meta = flopscope.count(Fill().to("meta"), x)
+    assert "aten.fill_.Tensor" in real.by_op() and "aten.copy_.default" in meta.by_op()
+    # x * scale + m: 16 multiplies + 16 adds on both devices
+    assert real.flops == meta.flops == 32 and real.macs == meta.macs == 0
+
+
+def test_forward_that_cannot_run_on_meta_falls_back_to_fake_cpu() -> None:
+    """transformers checks position ids for packed sequences with a data-dependent ``.all()`` unless
+    it sees fake tensors; on meta that raises, so the count runs again on fake CPU tensors."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=50)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 50, (1, 8))
+    with torch.device("meta"):
+        meta_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    real = flopscope.count(model, ids, use_cache=False)
+    fake = flopscope.count(model, ids, use_cache=False, shape_only=True)
+    meta = flopscope.count(meta_model, ids, use_cache=False)
+    # transformers skips the check on fake tensors, and so builds its attention mask another way
+    # than the real run (which did the check): the meta count is the fake-CPU one, with the real
+    # run's MACs (only the mask's elementwise FLOPs differ)
+    assert _records(meta) == _records(fake)
+    assert meta.macs == real.macs
+    assert meta.by_op()[FLASH].calls == 1
+    assert not _registered()
