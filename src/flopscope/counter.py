@@ -15,7 +15,7 @@ import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
@@ -44,6 +44,7 @@ RulesArg = Union[RuleSet, Mapping[Any, Any], None]
 _FORWARD = Phase.FORWARD
 _BACKWARD = Phase.BACKWARD
 _current_autograd_node = torch._C._current_autograd_node
+_sequence_nr = torch._C._autograd._get_sequence_nr
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -63,7 +64,7 @@ class _Frame:
     args: tuple[Any, ...] = ()
     arithmetic: int = 0
     allocations: int = 0
-    shadow: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    shadow: list[int] | None = None  # a ruled module's inner costs: macs, flops, read, written
 
 
 def _rule_name(fn: Callable[..., Any]) -> str:
@@ -269,9 +270,10 @@ class Counter:
             if fn is not None:
                 frame.rule = fn
                 frame.args = args
+                frame.shadow = [0, 0, 0, 0]
                 self._shadowing = frame
         self._stack.append(frame)
-        self._seqs.append(torch._C._autograd._get_sequence_nr())
+        self._seqs.append(_sequence_nr())
         self._seq_paths.append(path)
 
     def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -297,7 +299,7 @@ class Counter:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        self._seqs.append(torch._C._autograd._get_sequence_nr())
+        self._seqs.append(_sequence_nr())
         self._seq_paths.append(parent.path if parent is not None else "")
 
     def _apply_module_rule(self, frame: _Frame, output: Any) -> None:
@@ -331,7 +333,7 @@ class Counter:
         acc[0] += 1
         for i, v in enumerate((cost.macs, cost.flops, cost.bytes_read, cost.bytes_written)):
             acc[1 + i] += v
-        for i, v in enumerate(frame.shadow):
+        for i, v in enumerate(frame.shadow or ()):
             acc[5 + i] += v
         self._add(frame.path, name, cost)
 
@@ -427,6 +429,7 @@ class Counter:
                 frame.allocations += 1
         if shadowing is not None:
             sh = shadowing.shadow
+            assert sh is not None
             sh[0] += cost.macs
             sh[1] += cost.flops
             sh[2] += cost.bytes_read
