@@ -45,7 +45,11 @@ _FORWARD = Phase.FORWARD
 _BACKWARD = Phase.BACKWARD
 _current_autograd_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
-_ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
+_ACCUMULATE_GRAD_SEQ = 2**64 - 1
+# id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
+# facts that do not depend on the rules, shared by every Counter (the overload is kept alive, so
+# its id is not reused)
+_FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}  # sequence number of AccumulateGrad nodes
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -189,7 +193,6 @@ class Counter:
         self._shadowing: _Frame | None = None
         self._seqs: list[int] = []
         self._seq_paths: list[str] = []
-        self._views: dict[Any, bool] = {}
         # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
         self._ops: dict[int, tuple[Rule | None, str, bool, bool, bool, Any]] = {}
         self._mode: _Mode | None = None
@@ -350,16 +353,6 @@ class Counter:
             acc[3] += cost.bytes_read
             acc[4] += cost.bytes_written
 
-    def _is_view(self, func: Any) -> bool:
-        v = self._views.get(func)
-        if v is None:
-            v = any(
-                r.alias_info is not None and not r.alias_info.is_write
-                for r in func._schema.returns
-            )
-            self._views[func] = v
-        return v
-
     def _backward_path(self, node: Any) -> str:
         seq = node._sequence_nr()
         if seq == _ACCUMULATE_GRAD_SEQ:
@@ -372,8 +365,14 @@ class Counter:
         """What the hot path needs to know about an operator, worked out once per operator:
         its rule, its report name, whether it is a view, whether it is an allocation, and whether
         to ignore it (``prim::`` metadata queries such as ``prim::device``, made by fake tensors)."""
-        info = (self._rules.find(func), str(func), self._is_view(func),
-                func._schema.name in _ALLOCATIONS, func.namespace == "prim", func)
+        facts = _FACTS.get(id(func))
+        if facts is None or facts[-1] is not func:
+            is_view = any(r.alias_info is not None and not r.alias_info.is_write
+                          for r in func._schema.returns)
+            facts = (str(func), is_view, func._schema.name in _ALLOCATIONS,
+                     func.namespace == "prim", func)
+            _FACTS[id(func)] = facts
+        info = (self._rules.find(func), *facts)
         self._ops[id(func)] = info
         return info
 
