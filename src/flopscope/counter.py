@@ -338,11 +338,12 @@ class Counter:
             acc[1 + i] += v
         for i, v in enumerate(frame.shadow or ()):
             acc[5 + i] += v
-        self._add(frame.path, name, cost)
+        self._add((frame.path, name, False), cost)
 
     # -- the per-operator hot path ------------------------------------------------------------
-    def _add(self, path: str, name: str, cost: Cost) -> None:
-        key = (path, name, False)
+    def _add(self, key: tuple[str, int | str, bool], cost: Cost) -> None:
+        """Add one call costing ``cost`` under ``key`` (module path, operator id or module-rule
+        name, backward?)."""
         acc = self._acc.get(key)
         if acc is None:
             self._acc[key] = [1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
@@ -434,16 +435,7 @@ class Counter:
             sh[2] += cost.bytes_read
             sh[3] += cost.bytes_written
             return
-        key = (path, id(func), backward)
-        acc = self._acc.get(key)
-        if acc is None:
-            self._acc[key] = [1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written]
-        else:
-            acc[0] += 1
-            acc[1] += cost.macs
-            acc[2] += cost.flops
-            acc[3] += cost.bytes_read
-            acc[4] += cost.bytes_written
+        self._add((path, id(func), backward), cost)
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
