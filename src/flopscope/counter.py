@@ -45,11 +45,11 @@ _FORWARD = Phase.FORWARD
 _BACKWARD = Phase.BACKWARD
 _current_autograd_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
-_ACCUMULATE_GRAD_SEQ = 2**64 - 1
+_ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
 # id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
 # facts that do not depend on the rules, shared by every Counter (the overload is kept alive, so
 # its id is not reused)
-_FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}  # sequence number of AccumulateGrad nodes
+_FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -119,7 +119,6 @@ def split_rules(
 class _Mode(TorchDispatchMode):
     def __init__(self, counter: Counter) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.counter = counter
         self.record = counter._record
 
     def __torch_dispatch__(

@@ -73,6 +73,7 @@ def param_table(
     edges = 0
     shared = False
     own_of: list[int] = []
+    seen_buffers: set[int] = set()
     for path, module in named:
         own = trainable = frozen = buffers = 0
         for p in module._parameters.values():
@@ -91,12 +92,15 @@ def param_table(
                 frozen += n
         for b in module._buffers.values():
             if b is not None:
+                if id(b) in seen_buffers:  # one buffer registered on two modules
+                    shared = True
+                seen_buffers.add(id(b))
                 buffers += b.numel()
         direct[id(module)] = (trainable, frozen, buffers)
         own_of.append(own)
         edges += sum(1 for c in module._modules.values() if c is not None)
-    if shared or edges != len(named) - 1 or _buffers_shared(named):
-        return _shared_table(named, owner, own_of), owner
+    if shared or edges != len(named) - 1:
+        return _shared_table(named, own_of), owner
 
     totals: dict[int, tuple[int, int, int]] = {}
     for _, module in reversed(named):  # children come after their parent in named_modules()
@@ -113,20 +117,7 @@ def param_table(
     return stats, owner
 
 
-def _buffers_shared(named: list[tuple[str, nn.Module]]) -> bool:
-    seen: set[int] = set()
-    for _, module in named:
-        for b in module._buffers.values():
-            if b is not None:
-                if id(b) in seen:
-                    return True
-                seen.add(id(b))
-    return False
-
-
-def _shared_table(
-    named: list[tuple[str, nn.Module]], owner: dict[int, str], own_of: list[int]
-) -> dict[str, ParamStats]:
+def _shared_table(named: list[tuple[str, nn.Module]], own_of: list[int]) -> dict[str, ParamStats]:
     """Per-module counts where tensors or modules are shared: each subtree's distinct tensors."""
     subtree: dict[int, tuple[dict[int, Tensor], dict[int, Tensor]]] = {}
 
