@@ -6,13 +6,20 @@
 
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed, costed
-from flopscope.counter import Counter, FlopscopeWarning, Inputs, ModuleRule, count
-from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
+from flopscope.counter import Counter, Inputs, ModuleRule, count
+from flopscope.errors import (
+    FlopscopeError,
+    FlopscopeWarning,
+    ForwardError,
+    RuleError,
+    StrictModeError,
+    UsageError,
+)
 from flopscope.params import ParamStats
 from flopscope.report import ModuleStats, OpStats, Report
 from flopscope.rules import RuleSet, default_rules
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject reads it)
 
 __all__ = [
     "Cost",

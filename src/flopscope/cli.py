@@ -9,6 +9,7 @@ see the traceback behind it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
@@ -150,7 +151,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
     import flopscope
     from flopscope import sources
     from flopscope.render import By, Format, render, report_warnings, rich_report
-    from flopscope.report import Report
+    from flopscope.report import SourceInfo
 
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise _usage_error(
@@ -179,7 +180,7 @@ def _cmd_count(args: argparse.Namespace) -> int:
         ) from e
     except flopscope.StrictModeError as e:
         raise CheckFailed(f"--strict: {e}") from e
-    report = Report(**{**report.__dict__, "meta": {**report.meta, **loaded.meta}})
+    report = dataclasses.replace(report, meta=report.meta.merged(SourceInfo.from_dict(loaded.meta)))
 
     depth = args.depth if args.depth is not None else 2
     by = By(args.by)

@@ -8,6 +8,7 @@ forward hooks, registered on entry and removed on exit.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import numbers
@@ -30,13 +31,20 @@ from torch.utils._pytree import tree_iter, tree_map_only
 from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed
-from flopscope.errors import FlopscopeError, ForwardError, RuleError, StrictModeError, UsageError
+from flopscope.errors import (
+    FlopscopeError,
+    FlopscopeWarning,
+    ForwardError,
+    RuleError,
+    StrictModeError,
+    UsageError,
+)
 from flopscope.params import ParamStats, param_table
 from flopscope.report import OpRecord, Report, RuleRecord
 from flopscope.rules import RuleSet, default_rules
 from flopscope.rules.registry import Rule, op_key
 
-__all__ = ["Counter", "FlopscopeWarning", "Inputs", "ModuleRule", "count"]
+__all__ = ["Counter", "Inputs", "ModuleRule", "count"]
 
 ModuleRule = Callable[[nn.Module, tuple[Any, ...], Any], Cost | int]
 RulesArg = Union[RuleSet, Mapping[Any, Any], None]
@@ -54,10 +62,6 @@ _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
 })
-
-
-class FlopscopeWarning(UserWarning):
-    """Something in a count needs the user's attention (uncounted operators, opaque modules)."""
 
 
 @dataclass(slots=True)
@@ -692,7 +696,7 @@ def count(
                     tensor.copy_(value)
     report = counter.report
     if shape_only or on_meta:
-        report = Report(**{**report.__dict__, "shape_only": True})
+        report = dataclasses.replace(report, shape_only=True)
     return report
 
 

@@ -1,15 +1,32 @@
-"""The flopscope exception tree.
+"""Every error and warning flopscope raises on purpose, in one place.
 
-Every error flopscope raises on purpose derives from :class:`FlopscopeError` and, where one fits,
-from a builtin too, so ``except ValueError`` in user code keeps working.
+Each error derives from :class:`FlopscopeError` and, where one fits, from a builtin too, so
+``except ValueError`` in user code keeps working::
+
+    Exception
+     └── FlopscopeError
+          ├── UsageError (ValueError)           bad arguments: what was wrong and what to do
+          │    └── SourceError                  a SOURCE string, --input or --config is wrong
+          ├── RuleError (ValueError)            a rule is malformed, raised, or returned a non-cost
+          ├── StrictModeError (RuntimeError)    strict=True and an operator had no rule
+          ├── ForwardError (RuntimeError)       the model's own forward raised (module_path says where)
+          └── MeasureError (RuntimeError)       a measurement could not be made or read
+               └── BackendUnavailableError      the backend cannot run on this machine (says why)
+
+    UserWarning
+     └── FlopscopeWarning                       uncounted operators, opaque modules
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailableError",
     "FlopscopeError",
+    "FlopscopeWarning",
     "ForwardError",
+    "MeasureError",
     "RuleError",
+    "SourceError",
     "StrictModeError",
     "UsageError",
 ]
@@ -21,6 +38,11 @@ class FlopscopeError(Exception):
 
 class UsageError(FlopscopeError, ValueError):
     """flopscope was called with arguments that cannot work (what was wrong, and what to do)."""
+
+
+class SourceError(UsageError):
+    """A model source, an input specification or a config override is wrong; the message says
+    what to change."""
 
 
 class RuleError(FlopscopeError, ValueError):
@@ -41,3 +63,15 @@ class ForwardError(FlopscopeError, RuntimeError):
     def __init__(self, message: str, *, module_path: str | None) -> None:
         super().__init__(message)
         self.module_path = module_path
+
+
+class MeasureError(FlopscopeError, RuntimeError):
+    """A measurement could not be made or its result could not be read."""
+
+
+class BackendUnavailableError(MeasureError):
+    """The requested measurement backend cannot run on this machine (the message says why)."""
+
+
+class FlopscopeWarning(UserWarning):
+    """Something in a count needs the user's attention (uncounted operators, opaque modules)."""

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from flopscope.counter import Inputs
-from flopscope.errors import UsageError
+from flopscope.errors import SourceError
 
 __all__ = [
     "PREFIXES",
@@ -66,10 +66,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
     "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
-
-
-class SourceError(UsageError):
-    """A SOURCE string, an ``--input`` or a ``--config`` cannot be turned into a model to count."""
 
 
 @dataclass(frozen=True)

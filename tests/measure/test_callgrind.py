@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flopscope.measure._errors import MeasureError
+from flopscope.errors import MeasureError
 from flopscope.measure.disasm import objdump_path
 from flopscope.measure.valgrind import analyze, parse_callgrind, read_captured, read_elf_bytes
 

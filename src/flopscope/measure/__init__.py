@@ -25,11 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flopscope.errors import UsageError
+from flopscope.errors import BackendUnavailableError, MeasureError, UsageError
 from flopscope.measure import papi as _papi
 from flopscope.measure import perf as _perf
 from flopscope.measure import valgrind as _valgrind
-from flopscope.measure._errors import BackendUnavailableError, MeasureError
 from flopscope.measure.classify import FpInstruction, Precision, classify
 from flopscope.measure.result import Comparison, Measurement, SegmentComparison
 from flopscope.measure.valgrind import ValgrindOptions

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flopscope.errors import FlopscopeError, UsageError
-from flopscope.measure._errors import BackendUnavailableError
+from flopscope.errors import BackendUnavailableError, FlopscopeError, UsageError
 
 __all__ = ["add_subcommands", "main", "run_measure", "run_validate"]
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flopscope.measure._errors import MeasureError
+from flopscope.errors import MeasureError
 
 __all__ = ["Instruction", "disassemble", "objdump_path"]
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flopscope.measure._errors import BackendUnavailableError, MeasureError
+from flopscope.errors import BackendUnavailableError, MeasureError
 from flopscope.measure.result import Measurement
 
 __all__ = ["PAPI_EVENTS", "measure_papi", "papi_flops", "unavailable_reason"]

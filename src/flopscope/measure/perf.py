@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flopscope.measure._errors import BackendUnavailableError, MeasureError
+from flopscope.errors import BackendUnavailableError, MeasureError
 from flopscope.measure.result import Measurement
 
 __all__ = [

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flopscope.errors import BackendUnavailableError, MeasureError
 from flopscope.measure import _child
-from flopscope.measure._errors import BackendUnavailableError, MeasureError
 from flopscope.measure.classify import classify
 from flopscope.measure.disasm import MAX_INSN_BYTES, disassemble, objdump_path
 from flopscope.measure.result import Measurement

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flopscope.measure._errors import MeasureError
+from flopscope.errors import MeasureError
 from flopscope.measure.result import Comparison, Measurement
 from flopscope.measure.valgrind import ValgrindOptions
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flopscope.measure._errors import MeasureError
+from flopscope.errors import MeasureError
 
 __all__ = [
     "Workload",
