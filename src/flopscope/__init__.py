@@ -6,7 +6,7 @@
 
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed, costed
-from flopscope.counter import Counter, Inputs, ModuleRule, count
+from flopscope.counter import Counter
 from flopscope.errors import (
     FlopscopeError,
     FlopscopeWarning,
@@ -18,6 +18,8 @@ from flopscope.errors import (
 from flopscope.params import ParamStats
 from flopscope.report import ModuleStats, OpStats, Report
 from flopscope.rules import RuleSet, default_rules
+from flopscope.rules.user import ModuleRule
+from flopscope.run import Inputs, count
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject reads it)
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flopscope.counter import Inputs
+from flopscope.run import Inputs
 from flopscope.errors import SourceError
 
 __all__ = [

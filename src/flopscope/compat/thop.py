@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from flopscope.cost import Cost
-from flopscope.counter import Inputs, ModuleRule, count
 from flopscope.errors import RuleError, UsageError
 from flopscope.report import Report
+from flopscope.rules.user import ModuleRule
+from flopscope.run import Inputs, count
 
 __all__ = ["clever_format", "profile"]
 

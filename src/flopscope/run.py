@@ -1,0 +1,271 @@
+"""How a model is run for a count: :func:`count` and its strategy.
+
+One forward (and optionally backward) of the model under a :class:`~flopscope.Counter`, on real
+tensors, on fake CPU tensors (``shape_only``, or a ``meta`` model with a device-chosen fast path)
+or on meta kernels (other ``meta`` models), with the model's state saved before and restored after,
+also when the forward raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_iter, tree_map_only
+
+from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
+from flopscope.counter import Counter
+from flopscope.errors import FlopscopeError, ForwardError, UsageError
+from flopscope.report import Report
+from flopscope.rules.user import RulesArg
+
+__all__ = ["Inputs", "count"]
+
+
+class Inputs:
+    """The model's own arguments, passed verbatim to the model by :func:`count`.
+
+    Use it when a model keyword has the same name as one of :func:`count`'s options::
+
+        flopscope.count(model, flopscope.Inputs(x, strict=True), strict=False)
+    """
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+
+_OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn")
+
+
+def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return
+    clash = [name for name in _OPTIONS if name in params and name in given]
+    if clash:
+        raise UsageError(
+            f"{type(model).__name__}.forward also takes {', '.join(map(repr, clash))}, which is a "
+            "flopscope.count option too; pass the model's arguments as "
+            "flopscope.count(model, flopscope.Inputs(*args, **kwargs), ...)"
+        )
+
+
+def _all_meta(modules: list[nn.Module]) -> bool:
+    """Whether every parameter and buffer of these modules is on ``meta`` (and there is one)."""
+    found = False
+    for m in modules:
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                if not t.is_meta:
+                    return False
+                found = True
+    return found
+
+
+def count(
+    model: nn.Module,
+    /,
+    *args: Any,
+    rules: RulesArg = None,
+    strict: bool = False,
+    shape_only: bool = False,
+    backward: bool = False,
+    train: bool | None = None,
+    warn: bool = True,
+    **kwargs: Any,
+) -> Report:
+    """Count one forward call of ``model`` (and optionally its backward).
+
+    ``model(*args, **kwargs)`` is run once under a :class:`Counter`. The model's arguments pass
+    through unchanged; flopscope's own options are the keyword-only names below. If the model
+    itself takes a keyword with one of those names, wrap the model's arguments in
+    :class:`Inputs` (flopscope refuses to guess and says so).
+
+    The model is left as it was: training flags (and ``train=`` changes) are restored, buffers
+    updated by the forward (batch-norm running statistics) are put back, gradients are computed
+    with ``torch.autograd.grad`` so no ``.grad`` is touched, and no hook or attribute remains.
+
+    Args:
+        model: the model.
+        *args: positional arguments of ``model`` (or one :class:`Inputs`).
+        rules: extra operator and module rules (see :class:`Counter`).
+        strict: raise at the first operator without a rule.
+        shape_only: run on fake tensors: no arithmetic, no activation memory; same counts.
+            Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``).
+        backward: also run backward from every floating-point output that requires grad.
+        train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
+        warn: warn once about uncounted operators and opaque modules.
+        **kwargs: keyword arguments of ``model``.
+
+    Returns:
+        The :class:`Report`.
+
+    Raises:
+        UsageError: bad arguments (not a module, option/keyword clash, nothing to backward).
+        ForwardError: the model's forward raised; ``module_path`` says where.
+        StrictModeError: ``strict`` and an operator without a rule ran.
+        RuleError: a rule raised or returned something that is not a cost.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"count() takes an nn.Module as its first argument, not {type(model).__name__}"
+        )
+    if len(args) == 1 and isinstance(args[0], Inputs):
+        if kwargs:
+            raise UsageError(
+                "pass every model argument inside flopscope.Inputs(...) when you use it; got extra "
+                f"keywords {sorted(kwargs)}"
+            )
+        args, kwargs = args[0].args, dict(args[0].kwargs)
+    else:
+        given = {"rules": rules, "strict": strict, "shape_only": shape_only, "backward": backward,
+                 "train": train, "warn": warn}
+        explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
+        _check_collisions(model, {k: given[k] for k in explicit})
+    counter = Counter(model, rules=rules, strict=strict, warn=warn)
+    modules = counter.modules
+    on_meta = _all_meta(modules)
+    modes = [(m, m.training) for m in modules]
+    saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
+    if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
+        with torch.no_grad():
+            for m in modules:
+                for name, b in m._buffers.items():
+                    if b is not None:
+                        saved.append((m._buffers, name, b, b.detach().clone()))
+    # How to run: real tensors; or fake CPU tensors (shape_only, or a meta model with a module
+    # whose fast path is chosen by device); or, for other meta models, meta kernels (fastest),
+    # falling back to fake CPU tensors if the forward cannot run on meta (e.g. it reads a value,
+    # which fake tensors allow for constants and meta tensors never do).
+    if on_meta and not needs_fake_cpu(modules):
+        ways = ["meta", "fake"]
+    else:
+        ways = ["fake"] if shape_only or on_meta else ["real"]
+    try:
+        if train is not None:
+            model.train(train)
+        for i, way in enumerate(ways):
+            if i:
+                counter = Counter(model, rules=rules, strict=strict, warn=warn)
+            try:
+                _run(way, counter, model, on_meta, args, kwargs, backward)
+                break
+            except ForwardError:
+                if i + 1 == len(ways):
+                    raise
+    finally:
+        for m, mode in modes:
+            if m.training != mode:
+                m.training = mode
+        with torch.no_grad():
+            for table, name, tensor, value in saved:
+                table[name] = tensor
+                if tensor.shape == value.shape:
+                    tensor.copy_(value)
+    report = counter.report
+    if shape_only or on_meta:
+        report = dataclasses.replace(report, shape_only=True)
+    return report
+
+
+def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tuple[Any, ...],
+         kwargs: dict[str, Any], backward: bool) -> None:
+    """One forward (and backward) of ``model`` under ``counter``, on ``way``'s tensors."""
+    fake_params: dict[str, torch.Tensor] | None = None
+    with ExitStack() as cleanup:
+        if way == "meta":  # SDPA is made to pick the CPU's kernel
+            args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+            cleanup.enter_context(sdpa_as_cpu())
+        elif way == "fake":
+            fake_mode, fake_params = _fake_mode(model if on_meta else None)
+            args, kwargs = tree_map_only(
+                torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
+            )
+            cleanup.enter_context(fake_mode)
+        with counter:
+            try:
+                if fake_params is None:
+                    out = model(*args, **kwargs)
+                    if backward:
+                        _backward(model, out)
+                else:
+                    out = torch.func.functional_call(model, fake_params, args, kwargs)
+                    if backward:
+                        _backward(model, out, fake_params)
+            except FlopscopeError:
+                raise
+            except Exception as e:
+                path = counter.running
+                where = f" in module '{path}' ({counter.module_type(path)})" if path is not None else ""
+                raise ForwardError(
+                    f"the model's forward raised{where}: {type(e).__name__}: {e}", module_path=path
+                ) from e
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    """An input for a model on ``meta``: the same metadata on ``meta`` (a leaf, like the input)."""
+    if t.is_meta:
+        return t
+    return t.detach().to("meta").requires_grad_(t.requires_grad)
+
+
+def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    if t.is_meta:
+        return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
+            fake_mode, t, torch.device("cpu")
+        )
+    return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
+
+
+def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
+    """A FakeTensorMode for shape-only counting, and for a model on ``meta`` its fake parameters.
+
+    A ``meta`` model that holds a module with a device-chosen fast path (see ``flopscope._meta``)
+    is run as if it were on the CPU: it is called through ``torch.func.functional_call`` with fake
+    CPU tensors in place of its meta parameters and buffers (put back on return; the model is not
+    modified). Other ``meta`` models run on ``meta`` itself, which is faster.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    if meta_model is None:
+        return fake_mode, None
+    fake_params: dict[str, torch.Tensor] = {}
+    for name, t in [*meta_model.named_parameters(remove_duplicate=False),
+                    *meta_model.named_buffers(remove_duplicate=False)]:
+        fake = _to_fake(fake_mode, t)  # memoized: a tied weight stays one tensor
+        if isinstance(t, nn.Parameter) and t.requires_grad and fake.is_leaf:
+            fake.requires_grad_(True)
+        fake_params[name] = fake
+    return fake_mode, fake_params
+
+
+def _backward(
+    model: nn.Module, out: Any, fake_params: dict[str, torch.Tensor] | None = None
+) -> None:
+    roots = [
+        t for t in tree_iter(out)
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
+    ]
+    if not roots:
+        raise UsageError(
+            "backward=True, but no floating-point output of the model requires grad: run in a "
+            "context where autograd is enabled and with parameters that require grad"
+        )
+    params: list[torch.Tensor]
+    if fake_params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    else:  # a meta model run on fake parameters: differentiate with respect to those
+        params = [fake_params[name] for name, p in model.named_parameters() if p.requires_grad]
+    inputs = params if params else roots
+    torch.autograd.grad(
+        roots, inputs, grad_outputs=[torch.ones_like(t) for t in roots], allow_unused=True
+    )
