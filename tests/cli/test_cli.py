@@ -252,8 +252,8 @@ def test_help_and_no_command(cli: Cli) -> None:
 def test_measure_commands_wired_in_when_present(cli: Cli) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("flopscope.measure.cli") is None:
-        pytest.skip("flopscope.measure.cli is not there")
+    if importlib.util.find_spec("flopscope.cli.measure") is None:
+        pytest.skip("flopscope.cli.measure is not there")
     assert cli("measure", "--help").code == 0
     assert cli("validate", "--help").code == 0
 

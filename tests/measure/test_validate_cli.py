@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import flopscope.measure as fm
+from flopscope.cli.measure import main
 from flopscope.measure import Backend, MeasureError, Measurement
-from flopscope.measure.cli import main
 from flopscope.measure.validate import (
     MARK_BEGIN,
     MARK_END,

@@ -12,21 +12,33 @@ import argparse
 import dataclasses
 import importlib.util
 import math
-import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from flopscope.cli._options import (
+    EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    CheckFailed,
+    Parser,
+    non_negative_int,
+    one_line,
+    positive_int,
+    print_error,
+    print_traceback_if_asked,
+    tolerance,
+    unit_prefix,
+    usage_error,
+    write_output,
+)
+from flopscope.errors import UsageError
 
 __all__ = ["main", "main_entry"]
-
-PROG = "flopscope"
-
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
 
 TIMM_ZOO = (
     "resnet18", "resnet50", "resnext50_32x4d", "efficientnet_b0", "efficientnet_b3",
@@ -37,88 +49,17 @@ TIMM_ZOO = (
     "edgenext_small", "fastvit_t8", "efficientvit_b0", "ghostnet_100", "mobilevit_s",
 )
 
-
-class _Usage(Exception):
-    """A usage error found by the argument parser."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Usage(f"{message} (see '{self.prog} --help')")
-
-
-class CheckFailed(Exception):
-    """A check the user asked for did not pass (exit 1)."""
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def _one_line(text: str, limit: int = 400) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def _err(message: str) -> None:
-    print(f"{PROG}: {_one_line(message)}", file=sys.stderr)
-
-
-def _write(text: str, output: str | None) -> None:
-    if output is None or output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise _usage_error(f"cannot write --output {output!r}: {e.strerror or e}") from None
-    print(f"wrote {output}", file=sys.stderr)
-
-
-def _usage_error(message: str) -> Exception:
-    from flopscope.errors import UsageError
-
-    return UsageError(message)
-
-
-def _unit(text: str) -> str | None:
-    from flopscope.units import parse_prefix
-
-    try:
-        return parse_prefix(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _whole_number(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < minimum:
-        wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
-        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _whole_number(text, 1)
-
-
-def _depth(text: str) -> int:
-    return _whole_number(text, 0)
-
-
-def _tolerance(text: str) -> float:
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"malformed tolerance {text!r}: write a percentage like 1% or a fraction like 0.01"
-        ) from None
-    if value < 0 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"tolerance must be 0 or more, got {text!r}")
-    return value
+_Parser = Parser
+_Usage = UsageError
+_one_line = one_line
+_err = print_error
+_write = write_output
+_usage_error = usage_error
+_unit = unit_prefix
+_positive = positive_int
+_depth = non_negative_int
+_tolerance = tolerance
+_debug = print_traceback_if_asked
 
 
 def _load_rules_file(path: str) -> Mapping[Any, Any]:
@@ -527,19 +468,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_measure(sub: Any) -> None:
-    """Register ``measure`` and ``validate`` from :mod:`flopscope.measure.cli` when it exists."""
-    if importlib.util.find_spec("flopscope.measure") is None:
-        return
+    """Register ``measure`` and ``validate`` (:mod:`flopscope.cli.measure`); if that module
+    cannot load, the two commands still exist and say why they cannot run (counting is
+    unaffected)."""
     try:
-        if importlib.util.find_spec("flopscope.measure.cli") is None:
-            return
-        from flopscope.measure import cli as measure_cli
+        from flopscope.cli import measure as measure_cli
+
+        measure_cli.add_subcommands(sub)
     except Exception as e:  # noqa: BLE001  (a broken optional part must not break counting)
-        _err(f"note: measurement commands unavailable ({type(e).__name__}: {e})")
-        return
-    add = getattr(measure_cli, "add_subcommands", None)
-    if add is not None:
-        add(sub)
+        reason = f"{type(e).__name__}: {e}"
+
+        def unavailable(args: argparse.Namespace) -> int:
+            raise usage_error(f"measurement commands unavailable ({reason})")
+
+        for name in ("measure", "validate"):
+            if name not in sub.choices:
+                p = sub.add_parser(name, help="(unavailable)", add_help=False)
+                p.add_argument("rest", nargs=argparse.REMAINDER)
+                p.set_defaults(func=unavailable)
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -565,9 +511,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    except _Usage as e:
-        _err(f"error: {e}")
-        return EXIT_USAGE
     except CheckFailed as e:
         _debug()
         _err(f"check failed: {e}")
@@ -578,18 +521,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         _err("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001  (one line, never a traceback; FLOPSCOPE_TRACEBACK=1 shows it)
         _debug()
         _err(f"error: {type(e).__name__}: {e} (set FLOPSCOPE_TRACEBACK=1 to see where)")
         return EXIT_USAGE
 
 
-def _debug() -> None:
-    if os.environ.get("FLOPSCOPE_TRACEBACK"):
-        traceback.print_exc()
-
-
 def main_entry() -> None:
-    """Console-script entry point: ``sys.exit(main())``."""
-    sys.exit(main())
+    """Console-script entry point: ``sys.exit(main())``; Ctrl-C at any moment exits 130 with
+    one line."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        code = EXIT_INTERRUPTED
+    sys.exit(code)

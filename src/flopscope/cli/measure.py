@@ -1,9 +1,9 @@
-"""Command-line subcommands ``measure`` and ``validate`` (wired into ``flopscope`` by cli.py).
+"""Command-line subcommands ``measure`` and ``validate`` (wired into ``flopscope`` by cli/__init__.py).
 
 Results go to stdout, progress and diagnostics to stderr.  Exit status: 0 ok, 1 a check failed
 (a model failed or is outside ``--tolerance``), 2 usage error (bad option, unavailable backend).
 
-Also runnable on its own: ``python -m flopscope.measure.cli validate torchvision ...``.
+Also runnable on its own: ``python -m flopscope.cli.measure validate torchvision ...``.
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def _relative(target: Path, base: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m flopscope.measure.cli``).
+    """Standalone entry point (``python -m flopscope.cli.measure``).
 
     Args:
         argv: arguments (default ``sys.argv[1:]``).
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         Exit status.
     """
-    parser = argparse.ArgumentParser(prog="python -m flopscope.measure.cli")
+    parser = argparse.ArgumentParser(prog="python -m flopscope.cli.measure")
     sub = parser.add_subparsers(dest="command", required=True)
     add_subcommands(sub)
     args = parser.parse_args(argv)

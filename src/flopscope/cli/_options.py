@@ -1,0 +1,306 @@
+"""The one grammar of the command line, shared by every subcommand.
+
+Every subcommand adds its options through these helpers, so a flag means the same thing
+everywhere: ``--format table|markdown|json|csv``, ``--output FILE``, ``--input SHAPE[:DTYPE]``,
+``--batch N``, ``--seq-len N``, ``--dtype NAME``, ``--depth N``, ``--config KEY=VALUE``.
+
+Errors: a subcommand raises :func:`usage_error` (exit 2) or :class:`CheckFailed` (exit 1);
+:func:`flopscope.cli.main` prints them as one line on stderr (:func:`print_error`) and returns
+the exit code. Argument-parser errors are usage errors too, with close matches suggested for an
+unknown choice.
+
+Exit codes: :data:`EXIT_OK` 0, :data:`EXIT_CHECK_FAILED` 1, :data:`EXIT_USAGE` 2,
+:data:`EXIT_INTERRUPTED` 130 (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from flopscope._text import did_you_mean, one_line
+from flopscope.errors import UsageError
+
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "FORMATS",
+    "PROG",
+    "SOURCE_FORMS",
+    "CheckFailed",
+    "Parser",
+    "add_depth",
+    "add_format",
+    "add_output",
+    "check_output",
+    "did_you_mean",
+    "non_negative_int",
+    "one_line",
+    "positive_int",
+    "print_error",
+    "print_traceback_if_asked",
+    "tolerance",
+    "unit_prefix",
+    "usage_error",
+    "write_output",
+]
+
+PROG = "flopscope"
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+FORMATS = ("table", "markdown", "json", "csv")
+
+SOURCE_FORMS = (
+    "torchvision:NAME, timm:NAME, hf:MODEL_TYPE, hf:path/to/config.json, "
+    "path/to/file.py:factory or package.module:factory"
+)
+
+
+class CheckFailed(Exception):
+    """A check the user asked for did not pass (exit 1): the message is printed as one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`~flopscope.UsageError` (exit 2, one line),
+    with close matches suggested for an invalid choice."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the parser's complaint as a usage error.
+
+        Args:
+            message: argparse's message.
+
+        Raises:
+            UsageError: always.
+        """
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            message += did_you_mean(found.group(1), choices)
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def usage_error(message: str) -> UsageError:
+    """A usage error (exit 2) to raise: ``raise usage_error("what was wrong; what to do")``.
+
+    Args:
+        message: one sentence naming the flag and what to change.
+
+    Returns:
+        The exception.
+    """
+    return UsageError(message)
+
+
+def print_error(message: str) -> None:
+    """Print ``flopscope: MESSAGE`` as one line on stderr.
+
+    Args:
+        message: the text; newlines and runs of spaces are flattened, long text is cut.
+    """
+    print(f"{PROG}: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def print_traceback_if_asked() -> None:
+    """Print the current exception's traceback when ``FLOPSCOPE_TRACEBACK`` is set."""
+    if os.environ.get("FLOPSCOPE_TRACEBACK"):
+        traceback.print_exc()
+
+
+# -- argument types ----------------------------------------------------------------------------
+def _whole_number(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """Argument type: a whole number, at least 1 (``--batch``, ``--seq-len``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or below 1.
+    """
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """Argument type: a whole number, 0 or more (``--depth``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or negative.
+    """
+    return _whole_number(text, 0)
+
+
+def tolerance(text: str) -> float:
+    """Argument type: a relative tolerance, ``1%`` or ``0.01``.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The fraction (``0.01`` for ``1%``).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed or negative.
+    """
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"malformed tolerance {text!r}: write a percentage like 1% or a fraction like 0.01"
+        ) from None
+    if value < 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"tolerance must be 0 or more, got {text!r}")
+    return value
+
+
+def unit_prefix(text: str) -> str | None:
+    """Argument type: ``--unit auto|K|M|G|T|P``.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The SI prefix, ``None`` for automatic.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown unit.
+    """
+    from flopscope.units import parse_prefix
+
+    try:
+        return parse_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# -- shared options ----------------------------------------------------------------------------
+def add_format(
+    parser: argparse.ArgumentParser,
+    *,
+    choices: Sequence[str] = FORMATS,
+    default: str = "table",
+    help: str | None = None,  # noqa: A002  (argparse's own name)
+) -> None:
+    """Add ``--format`` (a subset of ``table|markdown|json|csv``, in that order).
+
+    Args:
+        parser: the subcommand's parser.
+        choices: the formats this subcommand writes.
+        default: the format without the flag.
+        help: the help text (default: lists the choices).
+    """
+    parser.add_argument("--format", choices=list(choices), default=default,
+                        help=help or f"output format (default {default})")
+
+
+def add_output(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:  # noqa: A002
+    """Add ``--output FILE`` (``-`` or absent: stdout). Check it with :func:`check_output` before
+    the work starts, write with :func:`write_output`.
+
+    Args:
+        parser: the subcommand's parser.
+        help: the help text.
+    """
+    parser.add_argument("--output", metavar="FILE",
+                        help=help or "write the result to FILE instead of stdout")
+
+
+def add_depth(
+    parser: argparse.ArgumentParser,
+    *,
+    default: int | None = None,
+    help: str | None = None,  # noqa: A002
+) -> None:
+    """Add ``--depth N`` (levels of the module tree, 0 or more).
+
+    Args:
+        parser: the subcommand's parser.
+        default: the depth without the flag (``None``: the subcommand decides).
+        help: the help text.
+    """
+    parser.add_argument("--depth", type=non_negative_int, default=default, metavar="N",
+                        help=help or "levels of the module tree")
+
+
+# -- output ------------------------------------------------------------------------------------
+def check_output(path: str | None, *, flag: str = "--output") -> None:
+    """Fail early (exit 2) when ``path`` cannot be written: its folder does not exist, or it is a
+    folder. Call it before any slow work. ``None`` and ``-`` mean stdout and always pass.
+
+    Args:
+        path: the user's file name.
+        flag: the flag that named it, for the message.
+
+    Raises:
+        UsageError: the file cannot be created there.
+    """
+    if path is None or path == "-":
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise usage_error(f"cannot write {flag} {path!r}: it is a directory; give a file name")
+    folder = file.parent
+    if not folder.is_dir():
+        raise usage_error(
+            f"cannot write {flag} {path!r}: the directory {str(folder)!r} does not exist; "
+            "create it first or choose another path"
+        )
+    if not os.access(folder, os.W_OK):
+        raise usage_error(f"cannot write {flag} {path!r}: the directory {str(folder)!r} "
+                          "is not writable")
+
+
+def write_output(text: str, path: str | None, *, flag: str = "--output") -> None:
+    """Write ``text`` to stdout (``path`` ``None`` or ``-``) or to the file ``path``; a file
+    written is announced on stderr. Directories are never created.
+
+    Args:
+        text: the whole result.
+        path: the user's file name, or ``None``/``-`` for stdout.
+        flag: the flag that named it, for the message.
+
+    Raises:
+        UsageError: the file cannot be written.
+    """
+    if path is None or path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise usage_error(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
+    print(f"wrote {path}", file=sys.stderr)
