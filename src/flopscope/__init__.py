@@ -4,6 +4,7 @@
     >>> report.macs, report.flops, report.params
 """
 
+from flopscope import render as _render  # noqa: F401  (registers how a Report shows itself)
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.costed import Costed, costed
 from flopscope.counter import Counter

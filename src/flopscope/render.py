@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flopscope.cost import Phase
-from flopscope.report import Report
+from flopscope.report import Report, set_display
 from flopscope.units import PREFIXES, human
 
 __all__ = [
@@ -494,3 +494,6 @@ def render(
     if fmt is Format.JSON:
         return render_json(report)
     return render_csv(report, by=by)
+
+
+set_display(lambda report, depth: render_text(report, depth=depth), rich_report)

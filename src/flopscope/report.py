@@ -3,8 +3,9 @@ dict/JSON form. Rendering lives in :mod:`flopscope.render`."""
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,10 +196,25 @@ class Report:
     meta: SourceInfo = field(default_factory=SourceInfo)
 
     # -- totals -------------------------------------------------------------------------------
-    def total(self, phase: Phase | str | None = None) -> Cost:
-        """Total cost, of one phase or of all (``None``)."""
+    def _records(self, phase: Phase | str | None, module: str | None) -> Iterator[OpRecord]:
+        """The records of one phase (or all) within one module's subtree (or the whole model)."""
         ph = _phase(phase)
-        return _sum(r.cost for r in self.records if ph is None or r.phase == ph)
+        if module is not None and module not in self.modules:
+            close = difflib.get_close_matches(module, [p for p in self.modules if p], n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise UsageError(f"the report has no module {module!r}{hint} (the root is '')")
+        for r in self.records:
+            if (ph is None or r.phase == ph) and (module is None or is_within(r.module, module)):
+                yield r
+
+    def total(self, phase: Phase | str | None = None, *, module: str | None = None) -> Cost:
+        """Total cost, of one phase or of all (``None``), of the whole report or of one module
+        (inclusive: the module and everything below it).
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
+        return _sum(r.cost for r in self._records(phase, module))
 
     @property
     def macs(self) -> int:
@@ -254,8 +270,16 @@ class Report:
     @property
     def uncounted(self) -> dict[str, int]:
         """Operators that ran with no rule (counted as 0 FLOPs), with their call counts."""
+        return self.uncounted_in()
+
+    def uncounted_in(self, module: str | None = None) -> dict[str, int]:
+        """Operators with no rule that ran in ``module`` or below it (``None``: anywhere).
+
+        Raises:
+            UsageError: unknown module path.
+        """
         out: dict[str, int] = {}
-        for r in self.records:
+        for r in self._records(None, module):
             if not r.counted:
                 out[r.op] = out.get(r.op, 0) + r.calls
         return dict(sorted(out.items()))
@@ -269,14 +293,18 @@ class Report:
         """Ruled modules whose rule disagrees with the shadowed operator-level count."""
         return tuple(r for r in self.rules if r.differs)
 
-    def by_op(self, phase: Phase | str | None = None) -> dict[str, OpStats]:
-        """Calls and cost per operator, most FLOPs first."""
-        ph = _phase(phase)
+    def by_op(
+        self, phase: Phase | str | None = None, *, module: str | None = None
+    ) -> dict[str, OpStats]:
+        """Calls and cost per operator, most FLOPs first; of one module's subtree if given.
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
         acc: dict[str, tuple[int, Cost]] = {}
-        for r in self.records:
-            if ph is None or r.phase == ph:
-                calls, cost = acc.get(r.op, (0, Cost()))
-                acc[r.op] = (calls + r.calls, cost + r.cost)
+        for r in self._records(phase, module):
+            calls, cost = acc.get(r.op, (0, Cost()))
+            acc[r.op] = (calls + r.calls, cost + r.cost)
         items = sorted(acc.items(), key=lambda kv: (-kv[1][1].flops, kv[0]))
         return {op: OpStats(calls, cost) for op, (calls, cost) in items}
 
@@ -476,23 +504,42 @@ class Report:
         rows = self.table_rows(by)
         return pd.DataFrame(rows, columns=list(rows[0]) if rows else None)
 
-    # -- display ------------------------------------------------------------------------------
+    # -- display (made by flopscope.render, which registers itself; see set_display) ---------
     def table(self, depth: int = 2) -> str:
         """The module tree as a plain-text table, down to ``depth`` levels below the root."""
-        from flopscope.render import render_text
-
-        return render_text(self, depth=depth)
+        return _display.text(self, depth)
 
     def __str__(self) -> str:
         return self.table()
 
     def __rich__(self) -> Any:
-        from flopscope.render import rich_report
-
-        return rich_report(self)
+        return _display.rich(self)
 
     def __repr__(self) -> str:
         return (
             f"Report(model={self.model!r}, params={self.params}, macs={self.macs}, "
             f"flops={self.flops}, uncounted={len(self.uncounted)})"
         )
+
+
+class _Display:
+    """How a report shows itself: set by :mod:`flopscope.render` when it is imported (the
+    package imports it), so the data path runs one way and the report never imports a renderer."""
+
+    def __init__(self) -> None:
+        self.text: Callable[[Report, int], str] = _no_renderer
+        self.rich: Callable[[Report], Any] = _no_renderer
+
+
+def _no_renderer(report: Report, *_: Any) -> Any:
+    return repr(report)
+
+
+_display = _Display()
+
+
+def set_display(text: Callable[[Report, int], str], rich: Callable[[Report], Any]) -> None:
+    """Register the functions that draw a report as text (``str(report)``, ``report.table()``)
+    and for rich (``rich.print(report)``)."""
+    _display.text = text
+    _display.rich = rich
