@@ -9,18 +9,31 @@ from flopscope.errors import UsageError
 from flopscope.report import Report
 from flopscope.units import PREFIXES, human, shared_prefix
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "require_matplotlib"]
 
 _SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def _pyplot() -> Any:
+def require_matplotlib() -> Any:
+    """Check that plotting can work, before any slow work that would end in a plot.
+
+    Returns:
+        The ``matplotlib`` module.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message says what to install).
+    """
     try:
         import matplotlib
     except ImportError:
         raise ImportError(
             "plotting needs matplotlib, which is not installed: pip install 'flopscope[plot]'"
         ) from None
+    return matplotlib
+
+
+def _pyplot() -> Any:
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 

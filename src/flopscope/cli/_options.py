@@ -23,10 +23,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from flopscope._text import did_you_mean, one_line
 from flopscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from flopscope.sources import LoadedModel
 
 __all__ = [
     "EXIT_CHECK_FAILED",
@@ -41,8 +44,11 @@ __all__ = [
     "add_depth",
     "add_format",
     "add_output",
+    "add_source_options",
     "check_output",
     "did_you_mean",
+    "dtype_name",
+    "load_source",
     "non_negative_int",
     "one_line",
     "positive_int",
@@ -206,6 +212,27 @@ def unit_prefix(text: str) -> str | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def dtype_name(text: str) -> str:
+    """Argument type: ``--dtype`` (a floating-point dtype name: ``float64``, ``double``, ``bf16``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The canonical name (``float64``).
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown or non-floating dtype (close names suggested).
+    """
+    from flopscope.errors import SourceError
+    from flopscope.sources import parse_dtype
+
+    try:
+        return str(parse_dtype(text, floating=True)).removeprefix("torch.")
+    except SourceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # -- shared options ----------------------------------------------------------------------------
 def add_format(
     parser: argparse.ArgumentParser,
@@ -304,3 +331,81 @@ def write_output(text: str, path: str | None, *, flag: str = "--output") -> None
     except OSError as e:
         raise usage_error(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
     print(f"wrote {path}", file=sys.stderr)
+
+
+# -- SOURCE and its inputs ---------------------------------------------------------------------
+def add_source_options(
+    parser: argparse.ArgumentParser,
+    *,
+    dtype_default: str | None = None,
+    source_help: str | None = None,
+) -> None:
+    """Add the positional ``SOURCE`` and every option that shapes what it loads: ``--input``,
+    ``--batch``, ``--seq-len``, ``--dtype``, ``--config``. Every subcommand that takes a SOURCE
+    calls this, so they all accept the same flags; read them back with :func:`load_source`.
+
+    Args:
+        parser: the subcommand's parser.
+        dtype_default: the ``--dtype`` without the flag (``None``: what the source builds,
+            float32 for every library model).
+        source_help: the help of the positional argument.
+    """
+    parser.add_argument("source", metavar="SOURCE",
+                        help=source_help or f"the model: {SOURCE_FORMS}")
+    parser.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                        help="an input shape such as 1x3x224x224 or 1x128:int64; repeat for "
+                             "several inputs (replaces the source's default inputs)")
+    parser.add_argument("--batch", type=positive_int, metavar="N",
+                        help="batch size (first dimension of inputs)")
+    parser.add_argument("--seq-len", type=positive_int, metavar="N",
+                        help="sequence length of hf: token inputs (default 128)")
+    parser.add_argument("--dtype", type=dtype_name, default=dtype_default, metavar="DTYPE",
+                        help="floating-point dtype of weights and floating inputs, e.g. float64 "
+                             f"(default {dtype_default or 'as built, float32'})")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an hf: config setting (repeatable)")
+
+
+def load_source(
+    args: argparse.Namespace,
+    *,
+    shape_only: bool = False,
+    require_inputs: bool = True,
+) -> LoadedModel:
+    """Load the model named by the options of :func:`add_source_options`, with errors that name
+    the flag to change.
+
+    Args:
+        args: the parsed arguments (``source``, ``input``, ``batch``, ``seq_len``, ``dtype``,
+            ``config``).
+        shape_only: build on the ``meta`` device where possible.
+        require_inputs: fail (exit 2, naming ``--input``) when the source gives no inputs.
+
+    Returns:
+        The loaded model (see :func:`flopscope.sources.load_model`).
+
+    Raises:
+        UsageError: a malformed flag, a flag that does not apply to this source, or a bad source.
+    """
+    from flopscope import sources
+
+    source: str = args.source
+    specs = [sources.parse_input(text, what="--input") for text in args.input]
+    config = sources.parse_config(args.config, what="--config")
+    is_hf = source.startswith("hf:")
+    if config and not is_hf:
+        raise usage_error("--config applies to hf: sources only; remove it or use an hf: source")
+    if args.seq_len is not None and not is_hf and not specs:
+        raise usage_error(
+            "--seq-len applies to hf: sources only; give other models their shapes with --input"
+        )
+    loaded = sources.load_model(
+        source, inputs=specs, batch=args.batch, seq_len=args.seq_len, config=config,
+        shape_only=shape_only, dtype=args.dtype, require_inputs=False,
+    )
+    if require_inputs and not loaded.args and not loaded.kwargs:
+        raise usage_error(
+            f"{source!r} gives no example inputs: pass their shapes with --input, e.g. "
+            "--input 1x3x224x224, or return (model, inputs) from the factory"
+        )
+    return loaded

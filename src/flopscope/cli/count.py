@@ -1,0 +1,175 @@
+"""``flopscope count SOURCE``: count one forward (and backward) pass and print the report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flopscope.cli._options import (
+    EXIT_OK,
+    SOURCE_FORMS,
+    CheckFailed,
+    add_depth,
+    add_format,
+    add_output,
+    add_source_options,
+    check_output,
+    load_source,
+    one_line,
+    unit_prefix,
+    usage_error,
+    write_output,
+)
+
+__all__ = ["add_subcommands", "run_count"]
+
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``count`` on an argparse subparsers object.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+    """
+    count = subparsers.add_parser(
+        "count", help="count a model and print the report",
+        description="Count one forward (and with --backward, backward) pass of a model.",
+        epilog=f"SOURCE: {SOURCE_FORMS}. Example: flopscope count hf:llama --shape-only "
+               "--config num_hidden_layers=2 --seq-len 512",
+    )
+    add_source_options(count)
+    count.add_argument("--backward", action="store_true", help="count forward + backward")
+    count.add_argument("--shape-only", action="store_true",
+                       help="no arithmetic: fake/meta tensors, same counts, little memory")
+    add_depth(count, help="levels of the module tree to show (table default 2, plot default 1)")
+    count.add_argument("--by", choices=["module", "op"], default="module",
+                       help="break down by module tree or by operator")
+    add_format(count)
+    add_output(count)
+    count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
+    count.add_argument("--strict", action="store_true",
+                       help="fail (exit 1) when an operator has no rule")
+    count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|K|M|G|T",
+                       help="fixed prefix for MACs and FLOPs (default auto)")
+    count.add_argument("--rules", metavar="FILE.py",
+                       help="a Python file defining RULES, a dict of extra rules")
+    count.set_defaults(func=run_count)
+
+
+def check_plot(path: str) -> None:
+    """Fail early (exit 2) when ``--plot`` cannot be written: a suffix other than .png, .svg or
+    .pdf, or matplotlib missing. Call before counting.
+
+    Args:
+        path: the user's ``--plot`` file name.
+
+    Raises:
+        UsageError: a bad suffix.
+        ImportError: matplotlib is not installed (the message says what to install).
+    """
+    if Path(path).suffix.lower() not in _PLOT_SUFFIXES:
+        raise usage_error(f"cannot plot to {path!r}: use a file name ending in .png, .svg or .pdf")
+    from flopscope.plot import require_matplotlib
+
+    require_matplotlib()
+
+
+def load_rules_file(path: str) -> Mapping[Any, Any]:
+    """Read a user rules file: a Python file that defines ``RULES``, a mapping for ``rules=``.
+
+    Args:
+        path: the file given to ``--rules``.
+
+    Returns:
+        Its ``RULES``.
+
+    Raises:
+        UsageError: the file is missing, does not import, or defines no mapping ``RULES``.
+    """
+    from flopscope.rules import RuleSet
+
+    file = Path(path)
+    if not file.is_file():
+        raise usage_error(f"--rules file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"flopscope_user_rules_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise usage_error(f"--rules {path!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise usage_error(f"importing --rules {path!r} raised {type(e).__name__}: {e}") from e
+    rules = getattr(module, "RULES", None)
+    if not isinstance(rules, (Mapping, RuleSet)):
+        raise usage_error(
+            f"--rules {path!r} must define RULES, a dict of operator name, module class or "
+            "module path -> rule (found "
+            f"{'nothing' if rules is None else type(rules).__name__})"
+        )
+    return rules
+
+
+def run_count(args: argparse.Namespace) -> int:
+    """``flopscope count SOURCE``: every check on the options first, then load, count, render.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit code (0; failures raise).
+
+    Raises:
+        UsageError: a bad option or source, or the model rejected its input.
+        CheckFailed: ``--strict`` and an operator had no rule.
+    """
+    import flopscope
+    from flopscope.render import By, Format, render, report_warnings, rich_report
+
+    check_output(args.output)
+    if args.plot:
+        check_plot(args.plot)
+    rules = load_rules_file(args.rules) if args.rules else None
+    loaded = load_source(args, shape_only=args.shape_only)
+    try:
+        report = flopscope.count(
+            loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
+            strict=args.strict, rules=rules, warn=False,
+        )
+    except flopscope.ForwardError as e:
+        where = f" in module '{e.module_path}'" if e.module_path else ""
+        cause = e.__cause__
+        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+        shapes = ", ".join(loaded.meta.inputs) or "the default input"
+        raise usage_error(
+            f"{args.source} rejected its input ({shapes}){where}: {one_line(reason, 240)}; "
+            "pass shapes it accepts with --input"
+        ) from e
+    except flopscope.StrictModeError as e:
+        raise CheckFailed(f"--strict: {e}") from e
+    report = dataclasses.replace(report, meta=report.meta.merged(loaded.meta))
+
+    depth = args.depth if args.depth is not None else 2
+    by = By(args.by)
+    fmt = Format(args.format)
+    if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
+        from rich.console import Console
+
+        Console().print(rich_report(report, depth=depth, by=by, unit=args.unit))
+    else:
+        write_output(render(report, fmt, depth=depth, by=by, unit=args.unit), args.output)
+    if fmt not in (Format.TABLE, Format.MARKDOWN):
+        for w in report_warnings(report):
+            print(f"warning: {w.title}: {', '.join(w.items)} ({w.advice})", file=sys.stderr)
+    if args.plot:
+        from flopscope.plot import plot_report
+
+        plot_report(report, args.plot, by=by.value,
+                    depth=args.depth if args.depth is not None else 1)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return EXIT_OK

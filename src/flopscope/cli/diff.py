@@ -1,0 +1,128 @@
+"""``flopscope diff A.json B.json``: per-module differences of two saved reports; exit 1 beyond
+``--tolerance`` (a cost guard for CI). The comparison itself is :mod:`flopscope.diff`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from flopscope.cli._options import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    add_depth,
+    tolerance,
+    usage_error,
+)
+from flopscope.report import Report
+
+__all__ = ["add_subcommands", "read_report", "run_diff"]
+
+_MAKE_ONE = "make one with 'flopscope count SOURCE --format json --output FILE'"
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``diff`` on an argparse subparsers object.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+    """
+    diff = subparsers.add_parser(
+        "diff", help="compare two saved reports (exit 1 beyond tolerance)",
+        description="Per-module differences between two reports saved with --format json.",
+    )
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument("--tolerance", type=tolerance, default=0.0,
+                      help="allowed relative change per module, e.g. 1%% (default 0)")
+    add_depth(diff, default=2, help="levels of changed modules to list (all are checked)")
+    diff.set_defaults(func=run_diff)
+
+
+def read_report(path: str) -> Report:
+    """Read a report saved with ``--format json``.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The report.
+
+    Raises:
+        UsageError: the file cannot be read or is not a flopscope report (says how to make one).
+    """
+    from flopscope.errors import UsageError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise usage_error(f"cannot read {path!r}: no such file") from None
+    except UnicodeDecodeError:
+        raise usage_error(
+            f"{path!r} is not a flopscope report (not UTF-8 text); {_MAKE_ONE}"
+        ) from None
+    except OSError as e:
+        raise usage_error(f"cannot read {path!r}: {e.strerror or e}") from None
+    try:
+        return Report.from_json(text)
+    except UsageError as e:
+        raise usage_error(f"{path!r} is not a flopscope report ({e}); {_MAKE_ONE}") from None
+
+
+def _signed_pct(a: int, b: int) -> str:
+    if a == b:
+        return "0%"
+    if a == 0:
+        return "new"
+    return f"{100 * (b - a) / abs(a):+.2f}%"
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """``flopscope diff A.json B.json``.
+
+    Args:
+        args: the parsed arguments (``a``, ``b``, ``tolerance``, ``depth``).
+
+    Returns:
+        0 when every module is within the tolerance, 1 otherwise.
+
+    Raises:
+        UsageError: a file is not a report.
+    """
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from flopscope.diff import diff_reports
+    from flopscope.units import human
+
+    result = diff_reports(read_report(args.a), read_report(args.b))
+    beyond = {c.path for c in result.beyond(args.tolerance)}
+    rows = [c for c in result.changes if c.counts_differ and c.depth <= args.depth]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  title=f"{args.a} (A) -> {args.b} (B)", title_justify="left")
+    for col in ("module", "params A", "params B", "MACs A", "MACs B", "Δ MACs", "FLOPs A",
+                "FLOPs B", "Δ FLOPs", ""):
+        table.add_column(col, justify="left" if col == "module" else "right", no_wrap=True)
+    for c in rows:
+        va, vb = c.counts_a, c.counts_b
+        over = c.path in beyond
+        table.add_row(c.path or "(root)", human(va[0]), human(vb[0]), human(va[1]), human(vb[1]),
+                      _signed_pct(va[1], vb[1]), human(va[2]), human(vb[2]),
+                      _signed_pct(va[2], vb[2]),
+                      (c.presence + " " if c.presence else "") + ("BEYOND" if over else ""))
+    console = Console(file=sys.stdout, width=160 if not sys.stdout.isatty() else None,
+                      highlight=False)
+    tol = f"{100 * args.tolerance:g}%"
+    if rows:
+        console.print(table)
+    if beyond:
+        names = [c.path or "(root)" for c in result.beyond(args.tolerance)]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        console.print(f"FAIL: {len(names)} module(s) differ by more than {tol}: {shown}")
+        return EXIT_CHECK_FAILED
+    changed = len(result.changes)
+    console.print(f"OK: every module within {tol}" + (f" ({changed} changed)" if changed else
+                                                        " (identical counts)"))
+    return EXIT_OK

@@ -1,0 +1,166 @@
+"""``flopscope zoo torchvision|timm``: count many models into one table (shape-only). The sweep
+itself is :mod:`flopscope.zoo`; this module shows progress and writes the table, keeping every
+finished row when interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from flopscope.cli._options import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    PROG,
+    add_format,
+    add_output,
+    check_output,
+    print_error,
+    usage_error,
+    write_output,
+)
+from flopscope.zoo import LIBRARIES, ZooRow, sweep, zoo_models
+
+__all__ = ["add_subcommands", "run_zoo", "zoo_table"]
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``zoo`` on an argparse subparsers object.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+    """
+    zoo = subparsers.add_parser(
+        "zoo", help="count many models of a library into one table",
+        description="Params, MACs, FLOPs and time to count of many models (shape-only).",
+    )
+    zoo.add_argument("library", choices=list(LIBRARIES))
+    zoo.add_argument("--models", nargs="+", metavar="NAME",
+                     help="model names (space or comma separated); default: every torchvision "
+                          "classification model, or a selection of timm models")
+    add_format(zoo, choices=("markdown", "csv"), default="markdown")
+    add_output(zoo)
+    zoo.set_defaults(func=run_zoo)
+
+
+def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
+    """The sweep's rows as CSV (plain numbers) or a Markdown table (M params, G MACs/FLOPs).
+
+    Args:
+        rows: the finished rows.
+        fmt: ``"csv"`` or ``"markdown"``.
+        library: the library swept (torchvision adds its published GFLOPS column).
+
+    Returns:
+        The text.
+    """
+    with_ref = library == "torchvision" and any(r.reference_gmacs for r in rows)
+    if fmt == "csv":
+        buf = io.StringIO()
+        fields = ["model", "input", "params", "macs", "flops", "uncounted_ops", "seconds"]
+        if with_ref:
+            fields.insert(5, "reference_gmacs")
+        fields.append("error")
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(_csv_row(r))
+        return buf.getvalue()
+    header = ["model", "input", "params (M)", "MACs (G)", "FLOPs (G)"]
+    if with_ref:
+        header.append("torchvision GFLOPS")
+    header += ["count time (s)"]
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join([":---", ":---"] + ["---:"] * (len(header) - 2)) + " |"]
+    for r in rows:
+        if r.error is not None:
+            cells = [f"`{r.model}`", "", "", "", f"failed: {r.error}"]
+            cells += [""] * (len(header) - len(cells) - 1) + [f"{r.seconds:.2f}"]
+        else:
+            cells = [f"`{r.model}`", r.input, f"{r.params / 1e6:.2f}",
+                     f"{r.macs / 1e9:.3f}", f"{r.flops / 1e9:.3f}"]
+            if with_ref:
+                ref = r.reference_gmacs
+                cells.append(f"{ref:.3f}" if ref is not None else "")
+            cells.append(f"{r.seconds:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _csv_row(r: ZooRow) -> dict[str, Any]:
+    """The CSV cells of a row: a failed model has only its name, time and error."""
+    if r.error is not None:
+        return {"model": r.model, "seconds": f"{r.seconds:.2f}", "error": r.error}
+    return {"model": r.model, "input": r.input, "params": r.params, "macs": r.macs,
+            "flops": r.flops, "uncounted_ops": r.uncounted_ops,
+            "reference_gmacs": r.reference_gmacs, "seconds": f"{r.seconds:.2f}"}
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    """``flopscope zoo LIBRARY``: count every model, then write the table. On Ctrl-C the rows
+    finished so far are written before the interrupt goes on (exit 130).
+
+    Args:
+        args: the parsed arguments (``library``, ``models``, ``format``, ``output``).
+
+    Returns:
+        0, or 1 when a model failed.
+
+    Raises:
+        UsageError: the library is not installed, or ``--output`` cannot be written.
+        KeyboardInterrupt: Ctrl-C, after the finished rows were written.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    check_output(args.output)
+    try:
+        names = zoo_models(args.library, args.models)
+    except ImportError:
+        raise usage_error(
+            f"zoo {args.library} needs {args.library}: pip install 'flopscope[vision]'"
+        ) from None
+    rows: list[ZooRow] = []
+    console = Console(stderr=True)
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.fields[model]}"), console=console,
+                      transient=True) as progress:
+            task = progress.add_task(f"counting {args.library}", total=len(names), model="")
+            for row in sweep(args.library, names,
+                             on_start=lambda name: progress.update(task, model=name)):
+                rows.append(row)
+                if row.error is not None:
+                    progress.console.print(f"{PROG}: zoo: {row.model}: {row.error}",
+                                           markup=False)
+                progress.advance(task)
+    except KeyboardInterrupt:
+        if rows:
+            _write_quietly(zoo_table(rows, args.format, args.library), args.output)
+        where = "stdout" if args.output in (None, "-") else args.output
+        raise KeyboardInterrupt(
+            f"zoo: {len(rows)} of {len(names)} models finished"
+            + (f", their rows written to {where}" if rows else "")
+        ) from None
+    write_output(zoo_table(rows, args.format, args.library), args.output)
+    failed = [r.model for r in rows if r.error is not None]
+    if failed:
+        print_error(f"zoo: {len(failed)} of {len(names)} model(s) failed: {', '.join(failed)}")
+        return EXIT_CHECK_FAILED
+    return EXIT_OK
+
+
+def _write_quietly(text: str, output: str | None) -> None:
+    """Write the partial table without the ``wrote FILE`` line (the interrupt's one line says
+    it); a failure to write must not hide the interrupt."""
+    import contextlib
+    import sys
+
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    with contextlib.suppress(OSError), open(output, "w", encoding="utf-8") as fh:
+        fh.write(text)

@@ -1,0 +1,163 @@
+"""Models by name: the one way a SOURCE string becomes a model and the inputs of one forward call,
+for every subcommand of the command line and for library users.
+
+Forms of SOURCE:
+
+- ``torchvision:NAME`` -- ``torchvision.models.get_model(NAME, weights=None)``; the default input
+  is one image at the crop size of the model's default weights' transforms.
+- ``timm:NAME`` -- ``timm.create_model(NAME, pretrained=False)``; the default input is one image
+  of the model's ``pretrained_cfg["input_size"]``.
+- ``hf:MODEL_TYPE`` -- a transformers model built from ``AutoConfig.for_model(MODEL_TYPE)``, and
+  ``hf:path/to/config.json``; ``config`` overrides are applied to the config. The default input is
+  token ids (batch 1, ``seq_len`` default 128), or pixel values for vision models.
+- ``path/to/file.py:factory`` and ``package.module:factory`` -- ``factory()`` returns a model, or a
+  ``(model, inputs)`` pair where ``inputs`` is a tensor, a tuple or list of positional arguments,
+  a dict of keyword arguments, or a :class:`flopscope.Inputs`.
+
+With ``shape_only=True`` library models are built on the ``meta`` device where that works, so
+neither the parameters nor the activations take memory: a 70B-parameter config counts on a laptop.
+
+Every problem with a source raises :class:`~flopscope.errors.SourceError` (a
+:class:`~flopscope.UsageError`) whose message is one line that says what to change; messages name
+``load_model``'s parameters, never command-line flags (the command line adds those).
+
+Rooms: ``_inputs`` (the input grammar, dtypes), ``_config`` (``key=value`` overrides), ``_model``
+(:class:`LoadedModel`, building on meta), one module per loader family (``_torchvision``,
+``_timm``, ``_hf``, ``_factory`` with file and module import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from flopscope.errors import SourceError
+from flopscope.sources._config import parse_config
+from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
+from flopscope.sources._hf import DEFAULT_SEQ_LEN, load_hf
+from flopscope.sources._inputs import (
+    DTYPES,
+    InputSpec,
+    cast_floating,
+    describe,
+    make_inputs,
+    parse_dtype,
+    parse_input,
+    rebatch,
+)
+from flopscope.sources._model import LoadedModel
+from flopscope.sources._timm import load_timm
+from flopscope.sources._torchvision import load_torchvision
+
+__all__ = [
+    "DEFAULT_SEQ_LEN",
+    "DTYPES",
+    "PREFIXES",
+    "SOURCE_FORMS",
+    "InputSpec",
+    "LoadedModel",
+    "SourceError",
+    "load_model",
+    "make_inputs",
+    "parse_config",
+    "parse_dtype",
+    "parse_input",
+]
+
+
+def load_model(
+    source: str,
+    *,
+    inputs: Sequence[InputSpec] | None = None,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    config: Mapping[str, Any] | None = None,
+    shape_only: bool = False,
+    dtype: torch.dtype | str | None = None,
+    require_inputs: bool = True,
+) -> LoadedModel:
+    """Turn a SOURCE string into a model and the inputs of one forward call.
+
+    This is what every ``flopscope`` subcommand uses (``count``, ``zoo``, ``measure``,
+    ``validate``); see the module docstring for the forms of ``source``.
+
+    Args:
+        source: the SOURCE string.
+        inputs: explicit input shapes; they replace the source's default inputs.
+        batch: the batch size (first dimension of every input).
+        seq_len: sequence length of the token ids of ``hf:`` models (default 128); for other
+            sources only together with ``inputs``.
+        config: overrides of an ``hf:`` config.
+        shape_only: the count will not run arithmetic, so build the model on the ``meta`` device
+            where possible (no memory for weights).
+        dtype: a floating-point dtype (or its name, ``"float64"``) for the model's floating
+            parameters and buffers and for every floating-point input; integer inputs (token ids)
+            keep theirs. ``None`` keeps what the source built.
+        require_inputs: raise when the source gives no example inputs and ``inputs`` is empty;
+            with ``False`` such a model is returned without inputs, for the caller to supply.
+
+    Returns:
+        The :class:`LoadedModel`; its ``meta`` records the source and its inputs.
+
+    Raises:
+        SourceError: the source, an input, an override or the dtype is wrong; the message says
+            what to change.
+    """
+    if batch is not None and batch < 1:
+        raise SourceError(f"batch must be at least 1, not {batch}")
+    if seq_len is not None and seq_len < 1:
+        raise SourceError(f"seq_len must be at least 1, not {seq_len}")
+    if config and not source.startswith("hf:"):
+        raise SourceError(
+            f"config overrides apply to hf: sources only, not {source!r}; drop them or use an "
+            "hf: source"
+        )
+    if seq_len is not None and not source.startswith("hf:") and not inputs:
+        raise SourceError(
+            f"seq_len applies to hf: sources only, not {source!r}; give other models their input "
+            "shapes"
+        )
+    cast = parse_dtype(dtype, floating=True) if dtype is not None else None
+    loaded = _load(source, batch=batch, seq_len=seq_len, config=config, shape_only=shape_only)
+    args, kwargs = loaded.args, loaded.kwargs
+    if inputs:
+        args, kwargs = make_inputs(inputs, batch=batch), {}
+    elif batch is not None and not source.startswith("hf:"):
+        args = tuple(rebatch(a, batch) for a in args)
+        kwargs = {k: rebatch(v, batch) for k, v in kwargs.items()}
+    if require_inputs and not args and not kwargs:
+        raise SourceError(
+            f"{source!r} gives no example inputs: give their shapes (e.g. 1x3x224x224), or "
+            "return (model, inputs) from the factory"
+        )
+    model = loaded.model
+    if cast is not None:
+        model = model.to(cast)
+        args = tuple(cast_floating(a, cast) for a in args)
+        kwargs = {k: cast_floating(v, cast) for k, v in kwargs.items()}
+    if inputs and cast is None:
+        described = tuple(str(s) for s in inputs)
+    else:
+        described = tuple(describe(a) for a in args) + tuple(
+            f"{k}={describe(v)}" for k, v in kwargs.items())
+    meta = dataclasses.replace(loaded.meta, source=source, inputs=described)
+    return dataclasses.replace(loaded, model=model, args=args, kwargs=kwargs, source=source,
+                               meta=meta)
+
+
+def _load(source: str, *, batch: int | None, seq_len: int | None,
+          config: Mapping[str, Any] | None, shape_only: bool) -> LoadedModel:
+    """The loader family of ``source``: library prefixes first, then ``target:factory``."""
+    if source.startswith("torchvision:"):
+        return load_torchvision(source.removeprefix("torchvision:"), shape_only=shape_only)
+    if source.startswith("timm:"):
+        return load_timm(source.removeprefix("timm:"), shape_only=shape_only)
+    if source.startswith("hf:"):
+        return load_hf(source.removeprefix("hf:"), overrides=config, seq_len=seq_len,
+                       batch=batch, shape_only=shape_only)
+    if ":" in source:
+        return load_factory(source)
+    raise SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")

@@ -1,0 +1,151 @@
+"""``hf:MODEL_TYPE`` and ``hf:path/to/config.json``: a transformers model built from a config
+(``AutoModelForCausalLM`` for causal language models, else ``AutoModel``), with token ids
+(or pixel values for vision models) as its input."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopscope._text import did_you_mean, one_line
+from flopscope.errors import SourceError
+from flopscope.report import SourceInfo
+from flopscope.sources._model import LoadedModel, build
+
+__all__ = ["DEFAULT_SEQ_LEN", "load_hf"]
+
+DEFAULT_SEQ_LEN = 128
+
+
+def load_hf(
+    spec: str,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    shape_only: bool = False,
+) -> LoadedModel:
+    """A transformers model from a model type or a saved config, and its default input.
+
+    Args:
+        spec: a model type (``llama``) or the path of a ``config.json``.
+        overrides: config settings to change; unknown keys are rejected with close matches.
+        seq_len: length of the token ids (default :data:`DEFAULT_SEQ_LEN`).
+        batch: batch size of the input (default 1).
+        shape_only: build on the ``meta`` device where possible.
+
+    Returns:
+        The model (eval mode) and its keyword inputs; ``meta`` records the model type and the
+        overrides.
+
+    Raises:
+        SourceError: transformers is missing, an unknown model type or setting, an unreadable
+            config file, or a config the model rejects.
+    """
+    try:
+        import transformers
+        from transformers.models.auto.configuration_auto import (  # type: ignore[attr-defined]
+            CONFIG_MAPPING_NAMES,
+        )
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        raise SourceError("hf: sources need transformers: pip install 'flopscope[hf]'") from None
+    overrides = dict(overrides or {})
+    if not spec:
+        raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or hf:config.json")
+    if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
+        model_type, saved = _read_config_file(spec, CONFIG_MAPPING_NAMES)
+        base = {**saved, **overrides}
+    else:
+        model_type = spec
+        if model_type not in CONFIG_MAPPING_NAMES:
+            raise SourceError(
+                f"unknown transformers model type {model_type!r}"
+                f"{did_you_mean(model_type, list(CONFIG_MAPPING_NAMES))}"
+            )
+        base = dict(overrides)
+    defaults = transformers.AutoConfig.for_model(model_type)
+    for key in overrides:
+        if not hasattr(defaults, key):
+            known = [k for k in defaults.to_dict() if not k.startswith("_")]
+            raise SourceError(
+                f"config override {key!r}: {type(defaults).__name__} has no such setting"
+                f"{did_you_mean(key, known)}"
+            )
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **base)
+    except Exception as e:
+        raise SourceError(
+            f"invalid config for {model_type!r}: {type(e).__name__}: {one_line(e, 200)}"
+        ) from None
+    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+
+    def construct() -> nn.Module:
+        model: nn.Module = auto.from_config(config)  # type: ignore[no-untyped-call]
+        return model
+
+    model = build(construct, shape_only, f"hf:{spec}")
+    model.eval()
+    kwargs = _default_inputs(model, config, seq_len or DEFAULT_SEQ_LEN, batch or 1)
+    meta = SourceInfo(
+        model_type=model_type,
+        config={k: v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))},
+    )
+    return LoadedModel(model, (), kwargs, name=type(model).__name__, meta=meta)
+
+
+def _read_config_file(spec: str, known_types: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    path = Path(spec)
+    if not path.is_file():
+        raise SourceError(f"config file {spec!r} does not exist; give the path to a config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"cannot read config file {spec!r}: {one_line(e, 200)}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise SourceError(f"{spec!r} is not a transformers config: it has no 'model_type' key")
+    model_type = str(data.pop("model_type"))
+    if model_type not in known_types:
+        raise SourceError(
+            f"unknown model_type {model_type!r} in {spec!r}"
+            f"{did_you_mean(model_type, list(known_types))}"
+        )
+    data.pop("transformers_version", None)
+    return model_type, data
+
+
+def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int) -> dict[str, Any]:
+    """Token ids (and decoder ids for encoder-decoders), or pixel values; ``use_cache=False``."""
+    main_input = getattr(model, "main_input_name", "input_ids")
+    kwargs: dict[str, Any] = {}
+    if main_input == "input_ids":
+        vocab = int(getattr(config, "vocab_size", 0) or 2)
+        ids = torch.randint(0, max(vocab, 1), (batch, seq_len))
+        kwargs["input_ids"] = ids
+        if getattr(config, "is_encoder_decoder", False):
+            kwargs["decoder_input_ids"] = ids
+    elif main_input == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else int(size[0])
+        channels = int(getattr(config, "num_channels", 3))
+        kwargs["pixel_values"] = torch.randn(batch, channels, size, size)
+    if main_input not in kwargs:
+        return {}
+    if "use_cache" in _forward_params(model):
+        kwargs["use_cache"] = False
+    return kwargs
+
+
+def _forward_params(model: nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
