@@ -13,12 +13,20 @@ from typing import NamedTuple
 from flopscope.rules import (  # noqa: F401  (imported for their @rule registrations)
     attention,
     conv,
+    distance,
     elementwise,
+    fft,
+    grouped,
+    linalg,
+    loss,
     matmul,
     misc,
     normalization,
     pooling,
     reduction,
+    sampling,
+    search,
+    special,
     zero_cost,
 )
 from flopscope.rules.registry import DEFAULT_TABLE, Rule, RuleSet, op_key, rule
@@ -34,7 +42,8 @@ __all__ = [
     "rule",
 ]
 
-_FAMILIES = ["matmul", "conv", "attention", "elementwise", "reduction", "normalization", "pooling",
+_FAMILIES = ["matmul", "grouped", "conv", "attention", "elementwise", "special", "reduction",
+             "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
              "misc", "zero_cost"]
 
 
@@ -59,14 +68,14 @@ def conventions(rules: RuleSet | None = None) -> list[Convention]:
     This is the single source of ``docs/conventions.md`` and of ``flopscope rules``.
     """
     table = rules if rules is not None else default_rules()
-    grouped: dict[int, list[str]] = {}
+    by_rule: dict[int, list[str]] = {}
     fns: dict[int, Rule] = {}
     for key in table:
         fn = table[key]
-        grouped.setdefault(id(fn), []).append(key)
+        by_rule.setdefault(id(fn), []).append(key)
         fns[id(fn)] = fn
     rows = []
-    for ident, ops in grouped.items():
+    for ident, ops in by_rule.items():
         fn = fns[ident]
         module = getattr(fn, "__module__", "") or ""
         family = module.rsplit(".", 1)[-1] if module.startswith("flopscope.rules.") else "user"

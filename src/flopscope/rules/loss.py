@@ -1,0 +1,65 @@
+"""Losses whose kernels have no decomposition: connectionist temporal classification (``_ctc_loss``
+and its gradient). (Margin losses decompose into counted element-wise operators; cross-entropy,
+NLL, MSE, L1 and BCE are in the reduction family.)
+
+CTC (Graves et al., 2006) runs the forward algorithm in log space over a lattice of T time steps x
+(2S + 1) extended target positions per sequence (the S labels interleaved with blanks). Each
+lattice cell is log_alpha[t, s] = logsumexp(up to 3 predecessors) + log p_t(l'_s): max (2
+compares), 3 subtracts, 3 exps, 2 adds, a log and adding the max back (12), + the emission (1) =
+13 FLOPs. Each sequence ends with the 2-term logsumexp of the last two cells and a negation (9).
+Sequence lengths are read from the ``int[]`` arguments, or from the length tensors when they are
+real; on fake/meta tensors every sequence is taken at its full padded length (T, S_max).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flopscope.cost import Cost, OpCall
+from flopscope.rules.grouped import tensor_values
+from flopscope.rules.registry import rule
+
+CELL_FLOPS = 13  # 3-term logsumexp (12) + the emission log-probability (1)
+FINISH_FLOPS = 9  # 2-term logsumexp of the last two cells (8) + negate (1)
+# gradient per lattice cell: the beta recursion (13) + alpha + beta (1) + the 2-term logsumexp that
+# accumulates it into its label's total (6); per log_probs element: exp(lp) - exp(total + nll - lp)
+# scaled by the incoming gradient: add, subtract, 2 exps, subtract, multiply (6)
+BACKWARD_CELL_FLOPS = 20
+BACKWARD_ELEMENT_FLOPS = 6
+
+
+def _lengths(arg: Any, batch: int, default: int) -> list[int]:
+    """Per-sequence lengths from an int list or a real tensor; ``default`` each when unknown."""
+    if isinstance(arg, (list, tuple)):
+        return [int(v) for v in arg]
+    values = tensor_values(arg)
+    return values if values is not None else [default] * batch
+
+
+def lattice_cells(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any) -> int:
+    """sum over sequences of T_n * (2 S_n + 1)."""
+    steps, batch = int(log_probs.shape[0]), int(log_probs.shape[1]) if log_probs.dim() == 3 else 1
+    s_max = int(targets.shape[-1]) if targets.dim() == 2 else int(targets.numel())
+    t_n = _lengths(input_lengths, batch, steps)
+    s_n = _lengths(target_lengths, batch, s_max)
+    return sum(t * (2 * s + 1) for t, s in zip(t_n, s_n, strict=False))
+
+
+@rule("aten::_ctc_loss")
+def ctc_loss(call: OpCall) -> Cost:
+    """CTC forward algorithm: 13 FLOPs per lattice cell (3-term logsumexp 12 + emission 1), over
+    sum_n T_n * (2 S_n + 1) cells, + 9 per sequence (final 2-term logsumexp and negation)."""
+    log_probs, targets = call.args[0], call.args[1]
+    cells = lattice_cells(log_probs, targets, call.args[2], call.args[3])
+    batch = int(log_probs.shape[1]) if log_probs.dim() == 3 else 1
+    return call.cost(flops=CELL_FLOPS * cells + FINISH_FLOPS * batch)
+
+
+@rule("aten::_ctc_loss_backward")
+def ctc_loss_backward(call: OpCall) -> Cost:
+    """CTC gradient: the backward (beta) recursion and the per-label accumulation of alpha + beta,
+    20 FLOPs per lattice cell, then the gradient of every log-probability, exp(lp) -
+    exp(total + nll - lp) times the incoming gradient, 6 FLOPs per element of log_probs."""
+    log_probs, targets = call.args[1], call.args[2]
+    cells = lattice_cells(log_probs, targets, call.args[3], call.args[4])
+    return call.cost(flops=BACKWARD_CELL_FLOPS * cells + BACKWARD_ELEMENT_FLOPS * log_probs.numel())
