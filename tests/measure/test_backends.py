@@ -6,13 +6,13 @@ import pytest
 
 from flopscope.errors import UsageError
 from flopscope.measure import (
-    Backend,
+    BackendName,
     BackendUnavailableError,
     Measurement,
     backend_status,
     select_backend,
 )
-from flopscope.measure._vgclient import ClientRequests
+from flopscope.measure.valgrind._client import ClientRequests
 
 
 def test_unknown_backend_is_a_usage_error() -> None:
@@ -44,11 +44,11 @@ def test_explicit_unavailable_backend_raises() -> None:
 
 def test_this_vm_picks_valgrind() -> None:
     status = backend_status()
-    if status[Backend.PERF] is None or status[Backend.VALGRIND] is not None:
+    if status[BackendName.PERF] is None or status[BackendName.VALGRIND] is not None:
         pytest.skip("not a machine without hardware counters but with valgrind")
     chosen, reasons = select_backend("auto")
-    assert chosen is Backend.VALGRIND
-    assert "no hardware performance counters" in reasons[Backend.PERF]
+    assert chosen is BackendName.VALGRIND
+    assert "no hardware performance counters" in reasons[BackendName.PERF]
 
 
 def test_client_requests_are_no_ops_natively() -> None:

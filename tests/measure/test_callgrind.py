@@ -9,7 +9,8 @@ import pytest
 
 from flopscope.errors import MeasureError
 from flopscope.measure.disasm import objdump_path
-from flopscope.measure.valgrind import analyze, parse_callgrind, read_captured, read_elf_bytes
+from flopscope.measure.valgrind.callgrind import parse_callgrind
+from flopscope.measure.valgrind.code import analyze, read_captured, read_elf_bytes
 
 DUMP = """\
 # callgrind format

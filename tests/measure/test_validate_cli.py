@@ -1,158 +1,185 @@
-"""validate/measure commands with the measurement replaced by a stub (no valgrind run)."""
+"""``flopscope measure`` / ``flopscope validate`` with a FakeBackend (no valgrind run)."""
 
 from __future__ import annotations
 
-import csv
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import flopscope.measure as fm
-from flopscope.cli.measure import main
-from flopscope.measure import Backend, MeasureError, Measurement
-from flopscope.measure.validate import (
-    MARK_BEGIN,
-    MARK_END,
-    results_markdown,
-    run_validation,
-    update_markdown,
-    write_csv,
-    write_plot,
-)
+from flopscope.cli import main
+from flopscope.measure import FakeBackend, MeasureError, Measurement, Region, counted_segments
 
-pytest.importorskip("torchvision")
+MODEL_FILE = """\
+import torch
+import torch.nn as nn
 
 
-def _fake_measure(factor: float) -> Any:
-    """A measure_source stand-in: 'measures' the counted FLOPs times ``factor``."""
+def tiny():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return model, torch.randn(2, 8)
 
-    def measure(
-        source: str, *, dtype: str, input_size: int, backend: str, **_kw: Any
-    ) -> Measurement:
-        import torch
 
-        import flopscope
-        from flopscope.measure.validate import counted_segments
+def broken():
+    raise RuntimeError("no such weights")
+"""
 
-        if source.endswith("broken"):
-            raise MeasureError("the measured process failed (exit 1)")
-        model, inputs = fm.resolve_source(source, dtype=dtype, input_size=input_size)
-        with torch.no_grad():
-            report = flopscope.count(model, *inputs, warn=False)
-        segs = {k: round(v * factor) for k, v in counted_segments(report, model).items()}
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> str:
+    path = tmp_path / "models.py"
+    path.write_text(MODEL_FILE)
+    return str(path)
+
+
+def scaled(factor: float) -> FakeBackend:
+    """A backend that 'measures' the counted FLOPs of each module times ``factor``."""
+
+    def handler(region: Region) -> Measurement:
+        assert region.report is not None
+        depth = region.depth if region.depth is not None else 1
+        segs = {k: round(v * factor) for k, v in counted_segments(region.report, depth).items()}
         total = sum(segs.values())
-        return Measurement("stub", total, {"double": total}, segments=segs, notes=("stub",))
+        return Measurement("fake", total, {"double": total}, segments=segs, notes=("fake run",))
 
-    return measure
-
-
-def test_run_validation_keeps_partial_results() -> None:
-    messages: list[str] = []
-    results = run_validation(
-        ["squeezenet1_0", "broken"],
-        dtype="float64",
-        input_size=64,
-        backend="valgrind",
-        progress=messages.append,
-        measure_fn=_fake_measure(1.01),
-    )
-    ok, bad = results
-    assert ok.comparison is not None
-    assert ok.comparison.ratio == pytest.approx(1.01, rel=1e-3)
-    assert bad.comparison is None and bad.error is not None
-    assert any("[2/2 broken]" in m and "FAILED" in m for m in messages)
-    assert any("[1/2 squeezenet1_0] counting" in m for m in messages)
+    return FakeBackend(handler)
 
 
-def test_outputs(tmp_path: Path) -> None:
-    results = run_validation(
-        ["squeezenet1_0"], dtype="float64", input_size=64, measure_fn=_fake_measure(1.0)
-    )
-    write_csv(results, tmp_path / "r.csv")
-    with open(tmp_path / "r.csv") as fh:
-        rows = list(csv.DictReader(fh))
-    assert rows[0]["model"] == "squeezenet1_0"
-    assert float(rows[0]["ratio"]) == pytest.approx(1.0)
-    pytest.importorskip("matplotlib")
-    assert write_plot(results, tmp_path / "p.png", "t") is None
-    assert (tmp_path / "p.png").stat().st_size > 1000
+def use(monkeypatch: pytest.MonkeyPatch, backend: FakeBackend) -> None:
+    monkeypatch.setattr(fm, "resolve_backend", lambda name: (backend, "backend fake"))
 
 
-def test_markdown_section_is_replaced_in_place(tmp_path: Path) -> None:
-    page = tmp_path / "validation.md"
-    page.write_text(f"# Title\n\nintro\n\n{MARK_BEGIN}\nold\n{MARK_END}\n\n## Analysis\nkept\n")
-    results = run_validation(
-        ["squeezenet1_0"], dtype="float64", input_size=64, measure_fn=_fake_measure(1.0)
-    )
-    update_markdown(
-        page, results_markdown(results, command="cmd", plot_name="p.png", csv_name="r.csv"), "T"
-    )
-    text = page.read_text()
-    assert "old" not in text and "intro" in text and "## Analysis\nkept" in text
-    assert "| squeezenet1_0 | 64x64 |" in text and "![" in text
-
-
-def test_cli_validate_with_stub(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_measure_json(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(fm, "select_backend", lambda b: (Backend.VALGRIND, {}))
-    monkeypatch.setattr(fm, "measure_source", _fake_measure(1.05))
-    rc = main(
-        [
-            "validate",
-            "torchvision",
-            "--models",
-            "squeezenet1_0",
-            "--input-size",
-            "64",
-            "--out",
-            str(tmp_path / "out"),
-            "--markdown",
-            str(tmp_path / "v.md"),
-        ]
-    )
+    use(monkeypatch, scaled(1.0))
+    rc = main(["measure", f"{model_file}:tiny", "--dtype", "float64", "--format", "json"])
     out, err = capsys.readouterr()
-    assert rc == 1  # 5 % is outside the default 3 % tolerance
-    assert "1.0500" in out and "reduced from 224" in out
-    assert "outside tolerance or failed: squeezenet1_0" in err
-    assert (tmp_path / "out" / "results.csv").exists()
-    assert "out/results.csv" in (tmp_path / "v.md").read_text()
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["backend"] == "fake"
+    # Linear(8,16): 2*2*8*16 + bias 2*16; ReLU 2*16; Linear(16,4): 2*2*16*4 + bias 2*4
+    assert doc["counted_flops"] == 512 + 32 + 32 + 256 + 8
+    assert doc["measured_flops"] == doc["counted_flops"] and doc["ratio"] == 1.0
+    assert [m["path"] for m in doc["modules"]] == ["", "0", "1", "2"]
+    assert doc["modules"][1] == {"path": "0", "counted_flops": 544, "measured_flops": 544,
+                                 "ratio": 1.0}
+    assert doc["request"]["dtype"] == "float64" and doc["notes"][0] == "backend fake"
+    assert "backend fake" in err
 
 
-def test_cli_measure_with_stub(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_measure_table_and_tolerance(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(fm, "select_backend", lambda b: (Backend.VALGRIND, {}))
-    monkeypatch.setattr(fm, "measure_source", _fake_measure(1.0))
-    rc = main(
-        [
-            "measure",
-            "torchvision:squeezenet1_0",
-            "--dtype",
-            "float64",
-            "--input-size",
-            "64",
-            "--tolerance",
-            "0.01",
-        ]
-    )
-    out, _err = capsys.readouterr()
-    assert rc == 0
-    assert "measured/counted: 1.0000" in out and "features" in out
+    use(monkeypatch, scaled(1.05))
+    rc = main(["measure", f"{model_file}:tiny", "--tolerance", "1%"])
+    out, err = capsys.readouterr()
+    assert rc == 1  # 5 % is outside 1 %
+    assert "measured/counted: 1.05" in out and "(outside)" in out
+    assert "outside the tolerance 0.01" in err
 
 
-def test_cli_errors_are_short(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_measure_input_batch_and_depth(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(fm, "select_backend", lambda b: (Backend.VALGRIND, {}))
-    rc = main(["measure", "torchvision:no_such_model"])
+    use(monkeypatch, scaled(1.0))
+    rc = main(["measure", f"{model_file}:tiny", "--input", "3x8", "--batch", "5", "--depth", "0",
+               "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["counted_flops"] == 5 * (2 * 8 * 16 + 16 + 16 + 2 * 16 * 4 + 4)
+    assert [m["path"] for m in doc["modules"]] == [""]
+
+
+def test_measure_unknown_torchvision_model_is_a_usage_error_before_any_backend_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("torchvision")
+    rc = main(["measure", "torchvision:resnet5"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert "did you mean resnet50" in err and "backend" not in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_measure_bad_options_are_usage_errors(
+    model_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["measure", f"{model_file}:tiny", "--dtype", "float65"]) == 2
+    assert "did you mean float64" in capsys.readouterr().err
+    assert main(["measure", f"{model_file}:tiny", "--input", "3by8"]) == 2
+    assert "malformed" in (err := capsys.readouterr().err) and "3by8" in err
+    assert main(["measure", f"{model_file}:tiny", "--backend", "gpu"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["measure", f"{model_file}:tiny", "--output", "/no/such/dir/x.json"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_measure_factory_error_is_a_usage_error(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use(monkeypatch, scaled(1.0))
+    rc = main(["measure", f"{model_file}:broken"])
+    _out, err = capsys.readouterr()
+    assert rc == 2
+    assert "no such weights" in err and "Traceback" not in err
+
+
+def test_measure_failure_is_a_failed_check(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(_region: Region) -> Measurement:
+        raise MeasureError("the measured process failed (exit 1)")
+
+    use(monkeypatch, FakeBackend(fail))
+    assert main(["measure", f"{model_file}:tiny"]) == 1
+    assert "measured process failed" in capsys.readouterr().err
+
+
+def test_validate_keeps_going_and_exits_1(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    use(monkeypatch, scaled(1.02))
+    rc = main(["validate", f"{model_file}:tiny", f"{model_file}:broken", "--format", "csv",
+               "--output", str(tmp_path / "r.csv")])
     _out, err = capsys.readouterr()
     assert rc == 1
-    assert "unknown torchvision model 'no_such_model'" in err and "Traceback" not in err
-    assert main(["validate", "torchvision", "--models", ","]) == 2
+    assert f"failed: {model_file}:broken" in err
+    rows = (tmp_path / "r.csv").read_text().splitlines()
+    assert rows[0].startswith("source,dtype,backend")
+    assert rows[1].startswith(f"{model_file}:tiny,float64,fake,") and ",1.020" in rows[1]
+    assert "no such weights" in rows[2]
 
 
-def test_cli_unknown_backend_is_usage_error() -> None:
-    with pytest.raises(SystemExit, match="2"):
-        main(["measure", "torchvision:resnet18", "--backend", "gpu"])
+def test_validate_table_within_tolerance(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use(monkeypatch, scaled(1.02))
+    rc = main(["validate", f"{model_file}:tiny", "--tolerance", "3%"])
+    out, _err = capsys.readouterr()
+    assert rc == 0
+    assert "1.02" in out and out.rstrip().endswith("ok")
+
+
+def test_validate_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torchvision")
+    assert main(["validate", "torchvision:resnet18", "torchvision:alexnett"]) == 2
+    assert "did you mean alexnet" in capsys.readouterr().err
+
+
+def test_no_backend_is_a_usage_error(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flopscope.errors import BackendUnavailableError
+
+    def unavailable(name: str) -> Any:
+        raise BackendUnavailableError("backend perf is unavailable: no PMU")
+
+    monkeypatch.setattr(fm, "resolve_backend", unavailable)
+    assert main(["measure", f"{model_file}:tiny", "--backend", "perf"]) == 2
+    assert "no PMU; choose another --backend" in capsys.readouterr().err

@@ -1,360 +1,257 @@
-"""Command-line subcommands ``measure`` and ``validate`` (wired into ``flopscope`` by cli/__init__.py).
+"""``flopscope measure`` and ``flopscope validate``: counted vs executed FLOPs, a thin layer over
+:mod:`flopscope.measure`.
 
-Results go to stdout, progress and diagnostics to stderr.  Exit status: 0 ok, 1 a check failed
-(a model failed or is outside ``--tolerance``), 2 usage error (bad option, unavailable backend).
-
-Also runnable on its own: ``python -m flopscope.cli.measure validate torchvision ...``.
+Both take the ``count`` grammar (``SOURCE``, ``--input``, ``--batch``, ``--seq-len``,
+``--config``, ``--dtype``, ``--depth``, ``--format``, ``--output``) plus ``--backend`` and
+``--tolerance``.  A wrong source or option is a usage error (exit 2, one line, close matches
+suggested) found before any backend starts; a measurement outside ``--tolerance``, or one that
+failed, is a failed check (exit 1).  Results go to stdout (or ``--output``), progress to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import dataclasses
+import io
 import json
-import shlex
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from flopscope.errors import BackendUnavailableError, FlopscopeError, UsageError
+from flopscope.cli._options import (
+    SOURCE_FORMS,
+    CheckFailed,
+    add_depth,
+    add_format,
+    add_output,
+    check_output,
+    positive_int,
+    tolerance,
+    usage_error,
+    write_output,
+)
+from flopscope.errors import BackendUnavailableError, MeasureError
 
-__all__ = ["add_subcommands", "main", "run_measure", "run_validate"]
+__all__ = ["add_subcommands", "run_measure", "run_validate"]
 
 _BACKENDS = ("auto", "perf", "papi", "valgrind")
+_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
-def _err(msg: str) -> None:
-    print(f"flopscope: {msg}", file=sys.stderr, flush=True)
+def _progress() -> Callable[[str], None]:
+    start = time.perf_counter()
 
-
-def _progress(start: float) -> Any:
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
     return say
 
 
+def _model_options(p: argparse.ArgumentParser, *, default_dtype: str) -> None:
+    p.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                   help="an input shape such as 1x3x224x224 or 1x128:int64; repeat for several "
+                        "inputs (replaces the source's default inputs)")
+    p.add_argument("--batch", type=positive_int, help="batch size (first dimension of inputs)")
+    p.add_argument("--seq-len", type=positive_int,
+                   help="sequence length of hf: token inputs (default 128)")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an hf: config setting (repeatable)")
+    p.add_argument("--dtype", choices=_DTYPES, default=default_dtype,
+                   help=f"dtype of weights and floating inputs (default {default_dtype})")
+    add_depth(p, default=1, help="module depth of the per-module comparison "
+                                 "(default 1 = top-level modules, 0 = whole model only)")
+    p.add_argument("--backend", choices=_BACKENDS, default="auto",
+                   help="measurement backend (default auto = perf, else papi, else valgrind)")
+
+
 def add_subcommands(subparsers: Any) -> None:
-    """Register ``measure`` and ``validate`` on an argparse subparsers object.
+    """Register ``measure`` and ``validate`` on the ``flopscope`` subparsers object.
 
     Args:
         subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
     """
     m = subparsers.add_parser(
-        "measure",
-        help="measured vs counted FLOPs of one model",
-        description="Run one forward pass of a model and compare the floating-point operations "
-        "the CPU executed with flopscope's count, per top-level module where the backend allows.",
+        "measure", help="measured vs counted FLOPs of one model",
+        description="Build a model once, count one forward pass with flopscope and measure the "
+                    "floating-point operations the CPU executed for it, overall and per module.",
+        epilog=f"SOURCE: {SOURCE_FORMS}. Example: flopscope measure torchvision:resnet18 "
+               "--dtype float64 --input 1x3x64x64 --format json",
     )
-    m.add_argument("source", help="model source, e.g. torchvision:resnet18")
-    _common(m)
-    m.add_argument("--batch-size", type=int, default=1, help="batch size (default 1)")
-    m.add_argument("--json", action="store_true", help="print the result as JSON")
-    m.add_argument(
-        "--tolerance",
-        type=float,
-        default=None,
-        help="exit 1 if |measured/counted - 1| exceeds this (e.g. 0.03)",
-    )
+    m.add_argument("source", metavar="SOURCE", help="the model (see below)")
+    _model_options(m, default_dtype="float32")
+    add_format(m, choices=("table", "json"))
+    add_output(m)
+    m.add_argument("--tolerance", type=tolerance, default=None,
+                   help="exit 1 if measured/counted is further than this from 1 (e.g. 1%%)")
     m.set_defaults(func=run_measure)
 
     v = subparsers.add_parser(
-        "validate",
-        help="counted vs measured FLOPs for a set of models (table, CSV, plot, Markdown)",
-        description="The validation experiment: count and measure torchvision models (float64 "
-        "by default) and report measured/counted per model.",
+        "validate", help="counted vs measured FLOPs for several models (exit 1 beyond tolerance)",
+        description="Count and measure each model in turn (float64 by default, as in the "
+                    "published validation study); a model that fails is reported and the others "
+                    "still run. The documented experiment (docs/validation.md, with CSV and plot) "
+                    "is regenerated by python -m benchmarks.validation.",
+        epilog=f"SOURCE: {SOURCE_FORMS}. Example: flopscope validate torchvision:resnet18 "
+               "torchvision:alexnet --input 1x3x64x64",
     )
-    v.add_argument("suite", choices=["torchvision"], help="model collection")
-    v.add_argument(
-        "--models",
-        default=",".join(_default_models()),
-        help="comma-separated model names (default: %(default)s)",
-    )
-    _common(v, default_dtype="float64")
-    v.add_argument(
-        "--out",
-        default="flopscope-validation",
-        help="directory for results.csv and the plot (default: %(default)s)",
-    )
-    v.add_argument(
-        "--markdown",
-        default=None,
-        help="update the generated section of this Markdown page (e.g. "
-        "docs/validation.md); the plot and CSV are linked relative to it",
-    )
-    v.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.03,
-        help="exit 1 if a model deviates more than this (default: %(default)s)",
-    )
+    v.add_argument("sources", metavar="SOURCE", nargs="+", help="the models")
+    _model_options(v, default_dtype="float64")
+    add_format(v, choices=("table", "json", "csv"))
+    add_output(v)
+    v.add_argument("--tolerance", type=tolerance, default=0.03,
+                   help="exit 1 if a model's measured/counted is further than this from 1 "
+                        "(default 3%%)")
     v.set_defaults(func=run_validate)
 
 
-def _default_models() -> tuple[str, ...]:
-    from flopscope.measure.validate import DEFAULT_MODELS
+def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[Any]:
+    """Requests for ``sources``, each checked before anything slow starts (exit 2 if wrong)."""
+    from flopscope import measure
+    from flopscope import sources as loader
 
-    return DEFAULT_MODELS
-
-
-def _common(p: argparse.ArgumentParser, default_dtype: str = "float32") -> None:
-    p.add_argument(
-        "--dtype", default=default_dtype, help="dtype of weights and inputs (default: %(default)s)"
-    )
-    p.add_argument(
-        "--backend",
-        choices=_BACKENDS,
-        default="auto",
-        help="measurement backend (default: auto = perf, else papi, else valgrind)",
-    )
-    p.add_argument(
-        "--depth",
-        type=int,
-        default=1,
-        help="module depth of the per-module comparison (default: 1 = top-level modules)",
-    )
-    p.add_argument(
-        "--input-size",
-        type=int,
-        default=224,
-        help="input image height and width (default: %(default)s)",
-    )
+    config = loader.parse_config(args.config)
+    requests = [
+        measure.MeasureRequest(
+            source=s, inputs=tuple(args.input), batch=args.batch, seq_len=args.seq_len,
+            config=config, dtype=args.dtype, depth=args.depth,
+        )
+        for s in sources
+    ]
+    for r in requests:
+        measure.check_request(r)
+    return requests
 
 
-def _backend_line(backend: str) -> tuple[str, str]:
-    from flopscope.measure import select_backend
+def _backend(name: str) -> tuple[Any, str]:
+    from flopscope import measure
 
-    chosen, reasons = select_backend(backend)
-    why = "; ".join(f"{b.value}: {r}" for b, r in reasons.items())
-    return chosen.value, why
+    return measure.resolve_backend(name)
+
+
+def _measure_table(result: Any) -> str:
+    r = result.request
+    m, c, report = result.measurement, result.comparison, result.report
+    shapes = ", ".join(report.meta.get("inputs", [])) if report.meta else ""
+    out = [
+        f"{r.source} ({r.dtype}" + (f", input {shapes}" if shapes else "") + f"), "
+        f"backend {result.backend}",
+        f"  counted  FLOPs: {c.counted_flops:>18,}   (MACs {report.macs:,})",
+        f"  measured FLOPs: {c.measured_flops:>18,}   "
+        + ", ".join(f"{k} {v:,}" for k, v in m.flops_by_precision.items()),
+        f"  measured/counted: {c.ratio:.4f}",
+    ]
+    if c.segments:
+        out += ["", f"  {'module':<24} {'counted':>16} {'measured':>16} {'ratio':>8}"]
+        for s in c.segments:
+            ratio = f"{s.ratio:.4f}" if s.counted_flops else "-"
+            out.append(f"  {s.path or '(outside)':<24} {s.counted_flops:>16,} "
+                       f"{s.measured_flops:>16,} {ratio:>8}")
+    if m.by_instruction:
+        top = list(m.by_instruction.items())[:8]
+        out += ["", "  top instructions by FLOPs: " + ", ".join(f"{k} {v:,}" for k, v in top)]
+    out += [f"  note: {n}" for n in result.notes]
+    return "\n".join(out) + "\n"
 
 
 def run_measure(args: argparse.Namespace) -> int:
     """``flopscope measure SOURCE``.
 
     Args:
-        args: parsed arguments (source, dtype, backend, input_size, batch_size, json, tolerance).
+        args: the parsed arguments.
 
     Returns:
-        Exit status.
+        0, or raises.
+
+    Raises:
+        UsageError: a wrong source, option or output path, or an unavailable backend (exit 2).
+        CheckFailed: the measurement failed, or is outside ``--tolerance`` (exit 1).
     """
-    start = time.perf_counter()
-    say = _progress(start)
+    from flopscope import measure
+
+    check_output(args.output)
+    (request,) = _requests(args, [args.source])
+    say = _progress()
     try:
-        import torch
-
-        import flopscope
-        from flopscope.measure import ValgrindOptions, measure_source, resolve_source
-        from flopscope.measure.validate import counted_segments
-
-        chosen, why = _backend_line(args.backend)
-        say(f"backend: {chosen}" + (f" (unavailable: {why})" if why else ""))
-        say(f"counting {args.source} ({args.dtype}, {args.input_size}x{args.input_size})")
-        model, inputs = resolve_source(
-            args.source, dtype=args.dtype, input_size=args.input_size, batch_size=args.batch_size
-        )
-        with torch.no_grad():
-            report = flopscope.count(model, *inputs, warn=False)
-        segments = counted_segments(report, model, args.depth)
-        del model, inputs
-        say(f"counted {report.flops:,} FLOPs; measuring")
-        m = measure_source(
-            args.source,
-            dtype=args.dtype,
-            input_size=args.input_size,
-            batch_size=args.batch_size,
-            backend=chosen,
-            valgrind=ValgrindOptions(segment_depth=args.depth),
-            progress=say,
-        )
-    except (UsageError, BackendUnavailableError) as exc:
-        _err(f"error: {exc}")
-        return 2
-    except FlopscopeError as exc:
-        _err(f"error: {exc}")
-        return 1
-    cmp = m.compare(report.flops, segments)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "source": args.source,
-                    "dtype": args.dtype,
-                    "input_size": args.input_size,
-                    "backend": m.backend,
-                    "counted_flops": report.flops,
-                    "counted_macs": report.macs,
-                    "measured_flops": m.flops,
-                    "ratio": cmp.ratio,
-                    "measured_by_precision": dict(m.flops_by_precision),
-                    "segments": [
-                        {
-                            "path": s.path,
-                            "counted_flops": s.counted_flops,
-                            "measured_flops": s.measured_flops,
-                        }
-                        for s in cmp.segments
-                    ],
-                    "notes": list(m.notes),
-                    "region_seconds": m.region_seconds,
-                },
-                indent=2,
-            )
-        )
+        backend, note = _backend(args.backend)
+    except BackendUnavailableError as e:
+        raise usage_error(f"{e}; choose another --backend") from None
+    say(note)
+    try:
+        result = measure.measure_request(request, backend=backend, progress=say)
+    except BackendUnavailableError as e:
+        raise usage_error(str(e)) from None
+    except MeasureError as e:
+        raise CheckFailed(f"measuring {args.source} failed: {e}") from None
+    result = dataclasses.replace(result, notes=(note, *result.notes[1:]))
+    if args.format == "json":
+        text = json.dumps(result.to_dict(), indent=2) + "\n"
     else:
-        print(
-            f"{args.source} ({args.dtype}, input {args.input_size}x{args.input_size}, "
-            f"batch {args.batch_size}), backend {m.backend}"
+        text = _measure_table(result)
+    write_output(text, args.output)
+    if args.tolerance is not None and not result.within(args.tolerance):
+        raise CheckFailed(
+            f"measured/counted = {result.ratio:.4f} is outside the tolerance {args.tolerance:g}"
         )
-        print(f"  counted  FLOPs: {report.flops:>18,}   (MACs {report.macs:,})")
-        print(
-            f"  measured FLOPs: {m.flops:>18,}   "
-            + ", ".join(f"{k} {v:,}" for k, v in m.flops_by_precision.items())
-        )
-        print(f"  measured/counted: {cmp.ratio:.4f}")
-        if cmp.segments:
-            print(f"\n  {'module':<20} {'counted':>16} {'measured':>16} {'ratio':>8}")
-            for s in cmp.segments:
-                ratio = f"{s.ratio:.4f}" if s.counted_flops else "-"
-                print(
-                    f"  {s.path or '(root)':<20} {s.counted_flops:>16,} "
-                    f"{s.measured_flops:>16,} {ratio:>8}"
-                )
-        if m.by_instruction:
-            top = list(m.by_instruction.items())[:8]
-            print("\n  top instructions by FLOPs: " + ", ".join(f"{k} {v:,}" for k, v in top))
-        for note in m.notes:
-            print(f"  note: {note}")
-    if args.tolerance is not None and not cmp.within(args.tolerance):
-        _err(f"measured/counted = {cmp.ratio:.4f} is outside the tolerance {args.tolerance}")
-        return 1
     return 0
+
+
+def _sweep_csv(entries: Sequence[Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["source", "dtype", "backend", "counted_macs", "counted_flops", "measured_flops",
+                "ratio", "seconds", "error"])
+    for e in entries:
+        r = e.result
+        w.writerow([
+            e.request.source, e.request.dtype, r.backend if r else "",
+            r.report.macs if r else "", r.comparison.counted_flops if r else "",
+            r.comparison.measured_flops if r else "", f"{r.ratio:.6f}" if r else "",
+            f"{e.seconds:.1f}", e.error or "",
+        ])
+    return buf.getvalue()
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """``flopscope validate torchvision``.
+    """``flopscope validate SOURCE [SOURCE ...]``.
 
     Args:
-        args: parsed arguments (suite, models, dtype, backend, input_size, out, markdown,
-            tolerance).
+        args: the parsed arguments.
 
     Returns:
-        Exit status: 1 if any model failed or deviates more than ``--tolerance``.
-    """
-    from flopscope.measure.validate import (
-        render_table,
-        results_markdown,
-        run_validation,
-        update_markdown,
-        write_csv,
-        write_plot,
-    )
+        0 when every model was measured within ``--tolerance``.
 
-    start = time.perf_counter()
-    say = _progress(start)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        _err("error: --models is empty")
-        return 2
+    Raises:
+        UsageError: a wrong source, option or output path, or an unavailable backend (exit 2).
+        CheckFailed: a model failed or is outside ``--tolerance`` (exit 1).
+    """
+    from flopscope import measure
+
+    check_output(args.output)
+    requests = _requests(args, args.sources)
+    say = _progress()
     try:
-        chosen, why = _backend_line(args.backend)
-    except (UsageError, BackendUnavailableError) as exc:
-        _err(f"error: {exc}")
-        return 2
-    say(f"backend: {chosen}" + (f" (unavailable: {why})" if why else ""))
-    if args.input_size != 224:
-        say(
-            f"note: input size reduced to {args.input_size}x{args.input_size} "
-            "(counted and measured on the same input)"
-        )
-    results = run_validation(
-        models,
-        dtype=args.dtype,
-        input_size=args.input_size,
-        backend=chosen,
-        depth=args.depth,
-        progress=say,
-    )
-    out = Path(args.out)
-    csv_path = out / "results.csv"
-    plot_path = out / "counted_vs_measured.png"
-    write_csv(results, csv_path)
-    title = (
-        f"torchvision, {args.dtype}, input {args.input_size}x{args.input_size}: "
-        f"counted vs measured FLOPs ({chosen})"
-    )
-    plot_problem = write_plot(results, plot_path, title)
-    if plot_problem:
-        say(f"no plot: {plot_problem}")
-    print(
-        f"torchvision models, {args.dtype}, input {args.input_size}x{args.input_size}"
-        + (" (reduced from 224)" if args.input_size != 224 else "")
-        + f", backend {chosen}"
-    )
-    print(render_table(results))
-    print(f"\nCSV: {csv_path}" + ("" if plot_problem else f"\nplot: {plot_path}"))
-    if args.markdown:
-        page = Path(args.markdown)
-        command = "flopscope validate " + " ".join(
-            shlex.quote(a)
-            for a in [
-                args.suite,
-                "--models",
-                ",".join(models),
-                "--dtype",
-                args.dtype,
-                "--input-size",
-                str(args.input_size),
-                "--backend",
-                args.backend,
-                *(["--depth", str(args.depth)] if args.depth != 1 else []),
-                "--out",
-                args.out,
-                "--markdown",
-                args.markdown,
-            ]
-        )
-        rel = _relative(out, page.parent)
-        text = results_markdown(
-            results,
-            command=command,
-            plot_name=None if plot_problem else f"{rel}/{plot_path.name}",
-            csv_name=f"{rel}/{csv_path.name}",
-        )
-        update_markdown(page, text, "Validation: counted vs measured FLOPs")
-        print(f"Markdown: {page}")
-    bad = [r for r in results if r.comparison is None or not r.comparison.within(args.tolerance)]
+        backend, note = _backend(args.backend)
+    except BackendUnavailableError as e:
+        raise usage_error(f"{e}; choose another --backend") from None
+    say(note)
+    entries = measure.measure_sources(requests, backend=backend, progress=say)
+    if args.format == "json":
+        doc = [
+            {"source": e.request.source, "seconds": round(e.seconds, 1), "error": e.error,
+             "result": e.result.to_dict() if e.result else None}
+            for e in entries
+        ]
+        text = json.dumps(doc, indent=2) + "\n"
+    elif args.format == "csv":
+        text = _sweep_csv(entries)
+    else:
+        text = measure.render_sweep(entries, args.tolerance)
+    write_output(text, args.output)
+    bad = [e.request.source for e in entries if not e.within(args.tolerance)]
     if bad:
-        _err("outside tolerance or failed: " + ", ".join(r.name for r in bad))
-        return 1
+        raise CheckFailed(
+            f"outside the tolerance {args.tolerance:g} or failed: {', '.join(bad)}"
+        )
     return 0
-
-
-def _relative(target: Path, base: Path) -> str:
-    import os
-
-    return Path(os.path.relpath(target.resolve(), base.resolve())).as_posix()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m flopscope.cli.measure``).
-
-    Args:
-        argv: arguments (default ``sys.argv[1:]``).
-
-    Returns:
-        Exit status.
-    """
-    parser = argparse.ArgumentParser(prog="python -m flopscope.cli.measure")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_subcommands(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flopscope.errors import BackendUnavailableError, MeasureError
+from flopscope.measure.backend import MeasuredRun, ProgressFn
 from flopscope.measure.result import Measurement
+from flopscope.measure.workload import Workload
 
-__all__ = ["PAPI_EVENTS", "measure_papi", "papi_flops", "unavailable_reason"]
+__all__ = ["PAPI_EVENTS", "PapiBackend", "measure_papi", "papi_flops", "unavailable_reason"]
 
 PAPI_EVENTS = {"PAPI_DP_OPS": "double", "PAPI_SP_OPS": "single"}
 
@@ -78,6 +80,10 @@ def measure_papi(fn: Callable[[], object]) -> Measurement:
     reason = unavailable_reason()
     if reason is not None:
         raise BackendUnavailableError(reason)
+    return _count_presets(fn)
+
+
+def _count_presets(fn: Callable[[], object]) -> Measurement:
     papi, events = _binding()
     t0 = time.perf_counter()
     evs = papi.create_eventset()
@@ -113,3 +119,43 @@ def measure_papi(fn: Callable[[], object]) -> Measurement:
             + (f" ({', '.join(skipped)} not supported here)" if skipped else ""),
         ),
     )
+
+
+class PapiBackend:
+    """PAPI presets ``PAPI_DP_OPS`` / ``PAPI_SP_OPS`` in this process.
+
+    The workload is built here; its region runs once between ``PAPI_start`` and ``PAPI_stop``.
+    """
+
+    name = "papi"
+
+    def __init__(self) -> None:
+        self._reason: tuple[str | None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """Returns: ``None`` if PAPI can count ``PAPI_DP_OPS`` here, else why not (checked once)."""
+        if self._reason is None:
+            self._reason = (unavailable_reason(),)
+        return self._reason[0]
+
+    def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
+        """Build ``workload`` here and count its region.
+
+        Args:
+            workload: the workload.
+            progress: called once before the region runs.
+
+        Returns:
+            The measurement and the workload's count, if any.
+
+        Raises:
+            BackendUnavailableError: if PAPI cannot count here.
+            MeasureError: if counting fails.
+        """
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        region = workload.build()
+        if progress is not None:
+            progress("measuring with PAPI")
+        return MeasuredRun(_count_presets(region.run), region.report)

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopscope.errors import BackendUnavailableError, MeasureError
+from flopscope.measure.backend import MeasuredRun, ProgressFn
 from flopscope.measure.result import Measurement
+from flopscope.measure.workload import Workload
 
 __all__ = [
     "AMD_FAMILY_17H_EVENTS",
@@ -42,6 +44,7 @@ __all__ = [
     "PERF_TYPE_RAW",
     "PERF_TYPE_SOFTWARE",
     "FpEvent",
+    "PerfBackend",
     "PerfCounter",
     "events_for_cpu",
     "measure_perf",
@@ -381,9 +384,14 @@ def measure_perf(fn: Callable[[], object]) -> Measurement:
     reason = unavailable_reason()
     if reason is not None:
         raise BackendUnavailableError(reason)
+    return _count_events(fn)
+
+
+def _count_events(fn: Callable[[], object]) -> Measurement:
     info = _cpuinfo()
     events = events_for_cpu(info.get("vendor_id", ""), int(info.get("cpu family", "0") or 0))
-    assert events is not None
+    if events is None:
+        raise BackendUnavailableError("no known floating-point events for this CPU")
     t0 = time.perf_counter()
     counters: list[tuple[FpEvent, PerfCounter]] = []
     try:
@@ -416,3 +424,43 @@ def measure_perf(fn: Callable[[], object]) -> Measurement:
         wall_seconds=time.perf_counter() - t0,
         notes=tuple(notes),
     )
+
+
+class PerfBackend:
+    """Hardware floating-point events in this process (see the module docstring).
+
+    The workload is built here; its region runs once with the counters enabled.
+    """
+
+    name = "perf"
+
+    def __init__(self) -> None:
+        self._reason: tuple[str | None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """Returns: ``None`` if the events can be opened, else why not (checked once)."""
+        if self._reason is None:
+            self._reason = (unavailable_reason(),)
+        return self._reason[0]
+
+    def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
+        """Build ``workload`` here and count its region.
+
+        Args:
+            workload: the workload.
+            progress: called once before the region runs.
+
+        Returns:
+            The measurement (no per-module segments) and the workload's count, if any.
+
+        Raises:
+            BackendUnavailableError: if the events cannot be opened here.
+            MeasureError: if reading the counters fails.
+        """
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        region = workload.build()
+        if progress is not None:
+            progress("measuring with perf_event_open")
+        return MeasuredRun(_count_events(region.run), region.report)
