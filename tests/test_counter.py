@@ -187,6 +187,12 @@ def test_counter_keeps_user_exception_and_notes_path() -> None:
     assert "flopscope: raised in module 'inner.1'" in getattr(info.value, "__notes__", [])
 
 
+# An operator with no rule and no decomposition (a CompositeExplicitAutograd kernel of its own).
+_LIB = torch.library.Library("flopscope_strict", "FRAGMENT")  # noqa: TID251
+_LIB.define("opaque(Tensor x) -> Tensor")
+_LIB.impl("opaque", lambda x: x.clone(), "CompositeExplicitAutograd")
+
+
 def test_strict_raises_on_uncounted_op(quiet: object) -> None:
     model = nn.Linear(4, 4)
     rules = flopscope.default_rules()
@@ -196,19 +202,31 @@ def test_strict_raises_on_uncounted_op(quiet: object) -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(model(x))
 
-    r = count(M(), torch.randn(2, 4), rules=no_relu)
-    assert r.uncounted == {"aten.relu.default": 1}
-    with pytest.raises(flopscope.StrictModeError, match=r"no rule for operator aten\.relu\.default"):
-        count(M(), torch.randn(2, 4), rules=no_relu, strict=True)
+    # relu without its rule is counted by its decomposition (torch._decomp's relu), so strict
+    # mode has nothing to complain about; the record says how it was counted.
+    r = count(M(), torch.randn(2, 4), rules=no_relu, strict=True)
+    assert r.uncounted == {}
+    assert r.decomposed == {"aten.relu.default": 1}
+    assert r.by_op()["aten.relu.default"].cost.flops == 8  # one compare per element: 2 x 4
+
+    # An operator with neither a rule nor a decomposition is uncounted, and fatal under strict.
+    class Opaque(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.flopscope_strict.opaque(model(x))  # type: ignore[no-any-return]
+
+    r = count(Opaque(), torch.randn(2, 4))
+    assert r.uncounted == {"flopscope_strict.opaque.default": 1}
+    with pytest.raises(flopscope.StrictModeError,
+                       match=r"no rule for operator flopscope_strict\.opaque\.default"):
+        count(Opaque(), torch.randn(2, 4), strict=True)
 
 
 def test_uncounted_warns_once() -> None:
-    rules = flopscope.default_rules()
-    no_relu = flopscope.RuleSet({k: rules[k] for k in rules if k != "aten::relu"})
-    with pytest.warns(flopscope.FlopscopeWarning, match=r"aten\.relu\.default \(2 calls\)") as rec:
-        with Counter(rules=no_relu):
-            torch.relu(torch.randn(3))
-            torch.relu(torch.randn(3))
+    with pytest.warns(flopscope.FlopscopeWarning,
+                      match=r"flopscope_strict\.opaque\.default \(2 calls\)") as rec:
+        with Counter():
+            torch.ops.flopscope_strict.opaque(torch.randn(3))
+            torch.ops.flopscope_strict.opaque(torch.randn(3))
     assert len([w for w in rec if issubclass(w.category, flopscope.FlopscopeWarning)]) == 1
 
 

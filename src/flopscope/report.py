@@ -28,6 +28,7 @@ class OpRecord:
     calls: int
     cost: Cost
     counted: bool = True
+    decomposed: bool = False  # counted as the sum of its decomposition's pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,16 @@ class Report:
         return dict(sorted(out.items()))
 
     @property
+    def decomposed(self) -> dict[str, int]:
+        """Operators with no rule of their own, counted as the sum of their decomposition's pieces
+        (see :mod:`flopscope.decompose`), with their call counts."""
+        out: dict[str, int] = {}
+        for r in self.records:
+            if r.decomposed:
+                out[r.op] = out.get(r.op, 0) + r.calls
+        return dict(sorted(out.items()))
+
+    @property
     def shadowed(self) -> dict[str, Cost]:
         """Per ruled module: the operator-level cost its rule replaced."""
         return {r.module: r.shadowed for r in self.rules}
@@ -369,7 +380,8 @@ class Report:
             ],
             "records": [
                 {"module": r.module, "op": r.op, "phase": r.phase.value, "calls": r.calls,
-                 "counted": r.counted, **r.cost.to_dict()}
+                 "counted": r.counted, **({"decomposed": True} if r.decomposed else {}),
+                 **r.cost.to_dict()}
                 for r in self.records
             ],
             "rules": [
@@ -401,7 +413,7 @@ class Report:
                 module_params={m["path"]: ParamStats(**m["params"]) for m in data["modules"]},
                 records=tuple(
                     OpRecord(r["module"], r["op"], Phase(r["phase"]), int(r["calls"]), cost(r),
-                             bool(r["counted"]))
+                             bool(r["counted"]), bool(r.get("decomposed", False)))
                     for r in data["records"]
                 ),
                 rules=tuple(
