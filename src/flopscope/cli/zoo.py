@@ -127,7 +127,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[model]}"), console=console,
-                      transient=True) as progress:
+                      transient=True, disable=not console.is_terminal) as progress:
             task = progress.add_task(f"counting {args.library}", total=len(names), model="")
             for row in sweep(args.library, names,
                              on_start=lambda name: progress.update(task, model=name)):

@@ -1,0 +1,155 @@
+"""load_model: one loader per SOURCE form, dtype casting, typed metadata, flag-free messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import flopscope
+from flopscope.errors import SourceError
+from flopscope.report import SourceInfo
+from flopscope.sources import load_model, parse_input
+
+FIXTURES = Path(__file__).resolve().parents[1] / "cli" / "fixtures"
+TINY = str(FIXTURES / "tiny_models.py")
+
+
+@pytest.fixture
+def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+# -- factories -------------------------------------------------------------------------------------
+def test_file_factory_with_inputs() -> None:
+    loaded = load_model(f"{TINY}:tiny")
+    assert loaded.name == "Tiny" and loaded.source == f"{TINY}:tiny"
+    assert isinstance(loaded.meta, SourceInfo)
+    assert loaded.meta.inputs == ("1x3x8x8",) and loaded.meta.source == f"{TINY}:tiny"
+    assert loaded.meta["inputs"] == ["1x3x8x8"]  # still readable as the JSON mapping
+
+
+@pytest.mark.usefixtures("_fixtures_importable")
+def test_module_factory_keywords_and_batch() -> None:
+    loaded = load_model("tiny_models:kwargs_inputs", batch=3)
+    assert loaded.args == () and loaded.kwargs["x"].shape == (3, 3, 8, 8)
+    assert loaded.meta.inputs == ("x=3x3x8x8",)
+
+
+def test_explicit_inputs_replace_the_factory_inputs() -> None:
+    loaded = load_model(f"{TINY}:model_only", inputs=[parse_input("2x3x8x8")])
+    assert loaded.args[0].shape == (2, 3, 8, 8) and loaded.meta.inputs == ("2x3x8x8",)
+
+
+def test_model_without_inputs() -> None:
+    with pytest.raises(SourceError, match=r"gives no example inputs") as info:
+        load_model(f"{TINY}:model_only")
+    assert "--" not in str(info.value)
+    loaded = load_model(f"{TINY}:model_only", require_inputs=False)
+    assert loaded.args == () and loaded.kwargs == {} and loaded.meta.inputs == ()
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    (f"{TINY}:tinny", r"has no factory 'tinny' \(did you mean tiny"),
+    (f"{TINY}:raises", r"raised ValueError: the factory is broken"),
+    (f"{TINY}:not_a_model", r"returned int, not a torch.nn.Module"),
+    ("nope/missing.py:f", r"does not exist"),
+    ("no_such_pkg.models:f", r"cannot import module 'no_such_pkg.models'"),
+    ("tv:resnet18", r"unknown source prefix 'tv:'"),
+    ("resnet18", r"unknown source 'resnet18'"),
+])
+def test_factory_errors(source: str, expected: str) -> None:
+    with pytest.raises(SourceError, match=expected):
+        load_model(source)
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"batch": 0}, r"^batch must be at least 1, not 0$"),
+    ({"seq_len": 0}, r"^seq_len must be at least 1, not 0$"),
+    ({"seq_len": 8}, r"^seq_len applies to hf: sources only"),
+    ({"config": {"a": 1}}, r"^config overrides apply to hf: sources only"),
+    ({"dtype": "int8"}, r"must be a floating-point type"),
+])
+def test_parameter_errors_name_parameters_not_flags(kwargs: dict[str, object],
+                                                     expected: str) -> None:
+    with pytest.raises(SourceError, match=expected) as info:
+        load_model(f"{TINY}:tiny", **kwargs)  # type: ignore[arg-type]
+    assert "--" not in str(info.value)
+
+
+# -- dtype -----------------------------------------------------------------------------------------
+def test_dtype_casts_floating_parameters_buffers_and_inputs() -> None:
+    loaded = load_model(f"{TINY}:tiny", dtype="float64")
+    assert all(p.dtype is torch.float64 for p in loaded.model.parameters())
+    buffers = dict(loaded.model.named_buffers())
+    assert buffers["features.1.running_mean"].dtype is torch.float64
+    assert buffers["features.1.num_batches_tracked"].dtype is torch.int64  # integers stay
+    assert loaded.args[0].dtype is torch.float64
+    assert loaded.meta.inputs == ("1x3x8x8:float64",)
+    with torch.no_grad():
+        assert loaded.model(*loaded.args).dtype is torch.float64
+
+
+def test_dtype_keeps_the_counts() -> None:
+    base = load_model(f"{TINY}:tiny")
+    wide = load_model(f"{TINY}:tiny", dtype=torch.float64)
+    a = flopscope.count(base.model, base.inputs, warn=False)
+    b = flopscope.count(wide.model, wide.inputs, warn=False)
+    assert (a.macs, a.flops, a.params) == (b.macs, b.flops, b.params)
+
+
+# -- torchvision, timm, hf -------------------------------------------------------------------------
+def test_torchvision_shape_only() -> None:
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18", shape_only=True)
+    assert next(loaded.model.parameters()).device.type == "meta"
+    assert loaded.meta.inputs == ("1x3x224x224",)
+    assert loaded.meta.reference_gmacs == pytest.approx(1.814, abs=1e-3)
+    assert not loaded.model.training
+
+
+def test_torchvision_unknown_name() -> None:
+    pytest.importorskip("torchvision")
+    with pytest.raises(SourceError, match=r"unknown torchvision model 'resnet5O'.*resnet50"):
+        load_model("torchvision:resnet5O")
+
+
+def test_timm() -> None:
+    pytest.importorskip("timm")
+    loaded = load_model("timm:resnet18", shape_only=True, batch=2)
+    assert loaded.meta.inputs == ("2x3x224x224",)
+    with pytest.raises(SourceError, match=r"unknown timm model.*did you mean"):
+        load_model("timm:resnet5O")
+
+
+LLAMA = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 100}
+
+
+def test_hf_model_type_and_config_file(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    overrides = LLAMA
+    loaded = load_model("hf:llama", config=overrides, seq_len=8, shape_only=True)
+    assert loaded.name == "LlamaForCausalLM"
+    assert loaded.meta.model_type == "llama" and loaded.meta.config["hidden_size"] == 32
+    assert loaded.meta.inputs == ("input_ids=1x8:int64", "use_cache=False")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", **overrides}))
+    again = load_model(f"hf:{path}", seq_len=8, batch=2, shape_only=True, dtype="float64")
+    assert again.kwargs["input_ids"].shape == (2, 8)
+    assert again.kwargs["input_ids"].dtype is torch.int64  # token ids are not cast
+
+
+def test_hf_errors(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(SourceError, match=r"unknown transformers model type 'lamma'.*llama"):
+        load_model("hf:lamma")
+    with pytest.raises(SourceError, match=r"config override 'hiden_size'.*hidden_size") as info:
+        load_model("hf:llama", config={"hiden_size": 8}, shape_only=True)
+    assert "--" not in str(info.value)
+    bad = tmp_path / "c.json"
+    bad.write_text("{}")
+    with pytest.raises(SourceError, match=r"has no 'model_type' key"):
+        load_model(f"hf:{bad}")
