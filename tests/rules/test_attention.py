@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopscope
+from flopscope.cost import OpCall
+from flopscope.rules import default_rules
 from rules._util import count, leaf, op
 
 FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -97,3 +99,54 @@ def test_transformer_encoder_layer_fast_path(activation: str) -> None:
     # attention: 4 projections T*E^2 + 2 products B*L^2*E; FFN: 2 * T*E*F
     assert fused.macs == 4 * tokens * 64**2 + 2 * 2 * 10**2 * 64 + 2 * tokens * 64 * 128
     assert (fused.macs, fused.flops) == (unfused.macs, unfused.flops)
+
+
+# -- variable-length (packed) sequences: the CUDA kernels, costed through an OpCall -------------
+# 4 sequences of 32/64/96/128 tokens packed into 320, 8 heads, d = 64
+VARLEN_STARTS = [0, 32, 96, 192, 320]
+VARLEN_PAIRS = 32**2 + 64**2 + 96**2 + 128**2  # 1,024 + 4,096 + 9,216 + 16,384 = 30,720
+
+
+def _varlen_call(name: str, device: str = "cpu") -> OpCall:
+    heads, d, total = 8, 64, 320
+    cum = torch.tensor(VARLEN_STARTS, dtype=torch.int32, device=device)
+    op_ = getattr(torch.ops.aten, name).default
+    if name == "_flash_attention_forward":
+        q = torch.empty(total, heads, d, device=device)
+        args = (q, q, q, cum, cum, 128, 128, 0.0, False, False)
+    elif name == "_efficient_attention_forward":
+        q = torch.empty(1, total, heads, d, device=device)
+        args = (q, q, q, None, cum, cum, 128, 128, 0.0, 0)
+    elif name == "_flash_attention_backward":
+        q = torch.empty(total, heads, d, device=device)
+        lse = torch.empty(heads, total, device=device)
+        args = (q, q, q, q, q, lse, cum, cum, 128, 128, 0.0, False, q, q)
+    else:  # _efficient_attention_backward
+        q = torch.empty(1, total, heads, d, device=device)
+        lse = torch.empty(1, heads, total, device=device)
+        args = (q, q, q, q, None, q, cum, cum, 128, 128, lse, 0.0, q, q, 0, False)
+    return OpCall(op_, args, {}, (torch.empty_like(q),))
+
+
+@pytest.mark.parametrize("name", ["_flash_attention_forward", "_efficient_attention_forward"])
+def test_varlen_attention_counts_each_sequence(name: str) -> None:
+    call = _varlen_call(name)
+    cost = default_rules().find(call.op)(call)
+    assert cost.macs == 8 * VARLEN_PAIRS * (64 + 64) == 31_457_280  # not 8 * 320^2 * 128
+    assert cost.flops == 2 * cost.macs + (1 + 5) * 8 * VARLEN_PAIRS
+
+
+@pytest.mark.parametrize("name", ["_flash_attention_backward", "_efficient_attention_backward"])
+def test_varlen_attention_backward(name: str) -> None:
+    call = _varlen_call(name)
+    cost = default_rules().find(call.op)(call)
+    assert cost.macs == 8 * VARLEN_PAIRS * (3 * 64 + 2 * 64)  # 78,643,200
+    assert cost.flops == 2 * cost.macs + 6 * 8 * VARLEN_PAIRS
+
+
+def test_varlen_attention_without_offset_values_is_an_upper_bound() -> None:
+    call = _varlen_call("_flash_attention_forward", device="meta")
+    cost = default_rules().find(call.op)(call)
+    # offsets unreadable: min(total_q * max_k, max_q * total_k) = 320 * 128 pairs per head
+    assert cost.macs == 8 * 320 * 128 * 128 == 41_943_040
+    assert cost.macs < 8 * 320 * 320 * 128  # one packed sequence would be 104,857,600

@@ -37,3 +37,13 @@ def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
 def numel(shape: Any) -> int:
     """Elements of a shape (``torch.Size`` or sequence of ints)."""
     return int(prod(shape))
+
+
+def tensor_values(t: Any) -> list[int] | None:
+    """The integer values of a small real tensor, or ``None`` on fake/meta tensors (no values)."""
+    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type == "meta":
+        return None
+    try:
+        return [int(v) for v in t.reshape(-1).tolist()]
+    except (RuntimeError, NotImplementedError, ValueError):
+        return None

@@ -9,8 +9,10 @@ as the dense kernel's work (no halving), as torch's FlopCounterMode does.
 
 from __future__ import annotations
 
+import torch
+
 from flopscope.cost import Cost, OpCall
-from flopscope.rules._shapes import named_arg
+from flopscope.rules._shapes import named_arg, tensor_values
 from flopscope.rules.registry import rule
 
 SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide (see reduction.softmax)
@@ -31,21 +33,55 @@ def _bhsd(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
     return b, h, s, d
 
 
-def _forward(call: OpCall, first: int, layout: str, *, mask: bool, dropout: float) -> Cost:
-    q, v = call.args[first], call.args[first + 2]
+# (cumulative query offsets, cumulative key offsets, max query length, max key length) argument
+# names of the variable-length kernels
+_FLASH_VARLEN = ("cum_seq_q", "cum_seq_k", "max_q", "max_k")
+_EFFICIENT_VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def varlen_pairs(starts_q: list[int] | None, starts_k: list[int] | None, total_q: int,
+                 total_k: int, max_q: object, max_k: object) -> int:
+    """(query, key) pairs of packed sequences, per head: sum_b L_q,b * L_k,b from the cumulative
+    offsets when their values are known; otherwise the upper bound min(total_q * max_k,
+    max_q * total_k) (each L_q,b <= max_q and L_k,b <= max_k), never more than total_q * total_k."""
+    if starts_q is not None and starts_k is not None and len(starts_q) == len(starts_k):
+        return sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in
+                   zip(starts_q, starts_q[1:], starts_k, starts_k[1:], strict=False))
+    bound = total_q * total_k
+    if isinstance(max_q, int) and isinstance(max_k, int) and max_q > 0 and max_k > 0:
+        bound = min(bound, total_q * max_k, max_q * total_k)
+    return bound
+
+
+def _scores(call: OpCall, q: torch.Tensor, k: torch.Tensor, layout: str,
+            varlen: tuple[str, str, str, str] | None) -> tuple[int, int, int]:
+    """(score elements, query head dim d, heads) of one attention call; packed variable-length
+    sequences (``cum_seq_q``/``cu_seqlens_q`` given) count each sequence's L_q x L_k block."""
     b, h, s_q, d = _bhsd(tuple(q.shape), layout)
-    _, _, s_k, d_v = _bhsd(tuple(v.shape), layout)
-    scores = b * h * s_q * s_k
+    _, _, s_k, _ = _bhsd(tuple(k.shape), layout)
+    if varlen is not None:
+        cum_q, cum_k = named_arg(call, varlen[0]), named_arg(call, varlen[1])
+        if cum_q is not None and cum_k is not None:
+            pairs = varlen_pairs(tensor_values(cum_q), tensor_values(cum_k), b * s_q, b * s_k,
+                                 named_arg(call, varlen[2]), named_arg(call, varlen[3]))
+            return h * pairs, d, h
+    return b * h * s_q * s_k, d, h
+
+
+def _forward(call: OpCall, first: int, layout: str, *, mask: bool, dropout: float,
+             varlen: tuple[str, str, str, str] | None = None) -> Cost:
+    q, k, v = call.args[first], call.args[first + 1], call.args[first + 2]
+    scores, d, _ = _scores(call, q, k, layout, varlen)
+    d_v = _bhsd(tuple(v.shape), layout)[3]
     macs = scores * (d + d_v)
     per_score = SCALE_FLOPS + SOFTMAX_FLOPS + (1 if mask else 0) + (1 if dropout > 0 else 0)
     return call.cost(macs=macs, flops=2 * macs + per_score * scores)
 
 
-def _backward(call: OpCall, layout: str) -> Cost:
-    q, v = call.args[1], call.args[3]
-    b, h, s_q, d = _bhsd(tuple(q.shape), layout)
-    _, _, s_k, d_v = _bhsd(tuple(v.shape), layout)
-    scores = b * h * s_q * s_k
+def _backward(call: OpCall, layout: str, varlen: tuple[str, str, str, str] | None = None) -> Cost:
+    q, k, v = call.args[1], call.args[2], call.args[3]
+    scores, d, _ = _scores(call, q, k, layout, varlen)
+    d_v = _bhsd(tuple(v.shape), layout)[3]
     # recompute S = Q K^T (d), dP = dO V^T (d_v), dV = P^T dO (d_v), dQ = dS K (d), dK = dS^T Q (d)
     macs = scores * (3 * d + 2 * d_v)
     return call.cost(macs=macs, flops=2 * macs + BACKWARD_SCORE_FLOPS * scores)
@@ -80,9 +116,20 @@ def sdpa_efficient(call: OpCall) -> Cost:
 
 @rule("aten::_flash_attention_forward", "aten::_efficient_attention_forward")
 def flash_forward(call: OpCall) -> Cost:
-    """As ``_scaled_dot_product_flash_attention_for_cpu``; these kernels take [B,L,H,d] layouts."""
+    """As ``_scaled_dot_product_flash_attention_for_cpu``; these kernels take [B,L,H,d] layouts.
+    Variable-length (packed) sequences, given by cumulative offsets (``cum_seq_q``/``cum_seq_k``,
+    ``cu_seqlens_q``/``cu_seqlens_k``): the sum over sequences of L_q,b * L_k,b score elements per
+    head, not one sequence of the packed length (4 sequences of 32/64/96/128 tokens, 8 heads,
+    d = 64: 8 * 30,720 * 128 = 31,457,280 MACs, not 8 * 320^2 * 128). The offsets are values:
+    read when the tensors are real; on fake/meta tensors the count is the upper bound
+    H * min(total_q * max_k, max_q * total_k) (exact when every sequence has the maximum length)."""
+    varlen = _FLASH_VARLEN if "cum_seq_q" in _names(call) else _EFFICIENT_VARLEN
     return _forward(call, 0, "bshd", mask=_has(call, "bias"),
-                    dropout=float(named_arg(call, "dropout_p", 0.0)))
+                    dropout=float(named_arg(call, "dropout_p", 0.0)), varlen=varlen)
+
+
+def _names(call: OpCall) -> frozenset[str]:
+    return frozenset(a.name for a in call.op._schema.arguments)
 
 
 @rule("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
@@ -100,8 +147,10 @@ def sdpa_backward(call: OpCall) -> Cost:
 
 @rule("aten::_flash_attention_backward", "aten::_efficient_attention_backward")
 def flash_backward(call: OpCall) -> Cost:
-    """As ``_scaled_dot_product_flash_attention_for_cpu_backward``, for [B,L,H,d] layouts."""
-    return _backward(call, "bshd")
+    """As ``_scaled_dot_product_flash_attention_for_cpu_backward``, for [B,L,H,d] layouts; packed
+    variable-length sequences count per sequence, as in ``_flash_attention_forward``."""
+    varlen = _FLASH_VARLEN if "cum_seq_q" in _names(call) else _EFFICIENT_VARLEN
+    return _backward(call, "bshd", varlen)
 
 
 def mha_cost(

@@ -19,18 +19,8 @@ from typing import Any
 import torch
 
 from flopscope.cost import Cost, OpCall
-from flopscope.rules._shapes import named_arg
+from flopscope.rules._shapes import named_arg, tensor_values
 from flopscope.rules.registry import rule
-
-
-def tensor_values(t: Any) -> list[int] | None:
-    """The integer values of a small real tensor, or ``None`` on fake/meta tensors (no values)."""
-    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type == "meta":
-        return None
-    try:
-        return [int(v) for v in t.reshape(-1).tolist()]
-    except (RuntimeError, NotImplementedError, ValueError):
-        return None
 
 
 def covered(offs: Any, size: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from flopscope.cost import Cost, OpCall
-from flopscope.rules.grouped import tensor_values
+from flopscope.rules._shapes import tensor_values
 from flopscope.rules.registry import rule
 
 CELL_FLOPS = 13  # 3-term logsumexp (12) + the emission log-probability (1)
