@@ -1,0 +1,103 @@
+"""Report: module-scoped queries, typed source facts, serialization, and how it shows itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.cost import Cost, Phase
+from flopscope.report import Report, SourceInfo
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _report() -> Report:
+    model = nn.Sequential(Block(), nn.Linear(4, 2))
+    return flopscope.count(model, torch.randn(3, 8), backward=True)
+
+
+def test_total_of_one_module_is_its_inclusive_cost() -> None:
+    r = _report()
+    # forward MACs: block.fc1 3 x 16 x 8 = 384, block.fc2 3 x 4 x 16 = 192, last 3 x 2 x 4 = 24
+    assert r.total("forward", module="0").macs == 384 + 192
+    assert r.total("forward", module="0.fc1").macs == 384
+    assert r.total("forward", module="1").macs == 24
+    assert r.total(module="") == r.total()
+    for path, stats in r.by_module().items():
+        assert r.total(module=path) == stats.inclusive
+        assert r.total(Phase.BACKWARD, module=path) == r.by_module("backward")[path].inclusive
+
+
+def test_by_op_of_one_module() -> None:
+    r = _report()
+    ops = r.by_op("forward", module="0.fc2")
+    assert ops["aten.addmm.default"].cost.macs == 192
+    assert "aten.relu.default" not in ops  # relu runs in block "0" itself, not in fc2
+    assert "aten.relu.default" in r.by_op("forward", module="0")
+
+
+def test_unknown_module_path_suggests_close_ones() -> None:
+    r = _report()
+    with pytest.raises(flopscope.UsageError, match=r"no module '0\.fc3'; did you mean '0\.fc2', '0\.fc1'"):
+        r.total(module="0.fc3")
+    with pytest.raises(flopscope.UsageError, match=r"unknown phase 'sideways'"):
+        r.total("sideways")
+
+
+def test_uncounted_per_module() -> None:
+    lib = torch.library.Library("flopscope_report", "FRAGMENT")  # noqa: TID251
+    lib.define("opaque(Tensor x) -> Tensor")
+    lib.impl("opaque", lambda x: x.clone(), "CompositeExplicitAutograd")
+
+    class Inner(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.flopscope_report.opaque(x)  # type: ignore[no-any-return]
+
+    model = nn.Sequential(nn.Linear(4, 4), Inner())
+    r = flopscope.count(model, torch.randn(2, 4), warn=False)
+    assert r.uncounted == {"flopscope_report.opaque.default": 1}
+    assert r.uncounted_in("1") == {"flopscope_report.opaque.default": 1}
+    assert r.uncounted_in("0") == {}
+
+
+def test_source_info_is_typed_and_a_mapping() -> None:
+    info = SourceInfo(source="torchvision:resnet18", inputs=("1x3x224x224",), reference_gmacs=1.814)
+    assert info.inputs == ("1x3x224x224",)
+    assert info["inputs"] == ["1x3x224x224"]  # the JSON view
+    assert dict(info) == {"reference_gmacs": 1.814, "inputs": ["1x3x224x224"],
+                          "source": "torchvision:resnet18"}
+    assert SourceInfo.from_dict(info.to_dict()) == info
+    merged = SourceInfo(inputs=("2x8",)).merged(SourceInfo(source="hf:llama"))
+    assert (merged.source, merged.inputs) == ("hf:llama", ("2x8",))
+
+
+def test_replace_and_json_round_trip_keep_everything() -> None:
+    r = dataclasses.replace(_report(), meta=SourceInfo(source="x.py:f", inputs=("3x8",)),
+                            shape_only=True)
+    back = Report.from_json(r.to_json())
+    assert back == r
+    assert back.meta.source == "x.py:f"
+
+
+def test_report_shows_itself_through_the_registered_renderer() -> None:
+    r = _report()
+    text = str(r)
+    assert text == r.table()
+    assert "Sequential" in text and "MAC" in text
+    assert r.__rich__() is not None
+
+
+def test_costs_add() -> None:
+    assert Cost(1, 2, 3, 4) + Cost(10, 20, 30, 40) == Cost(11, 22, 33, 44)
