@@ -26,7 +26,9 @@ from flopscope.cli._options import (
     add_depth,
     add_format,
     add_output,
+    add_source_options,
     check_output,
+    dtype_name,
     positive_int,
     tolerance,
     usage_error,
@@ -37,7 +39,6 @@ from flopscope.errors import BackendUnavailableError, MeasureError
 __all__ = ["add_subcommands", "run_measure", "run_validate"]
 
 _BACKENDS = ("auto", "perf", "papi", "valgrind")
-_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
 def _progress() -> Callable[[str], None]:
@@ -49,17 +50,7 @@ def _progress() -> Callable[[str], None]:
     return say
 
 
-def _model_options(p: argparse.ArgumentParser, *, default_dtype: str) -> None:
-    p.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
-                   help="an input shape such as 1x3x224x224 or 1x128:int64; repeat for several "
-                        "inputs (replaces the source's default inputs)")
-    p.add_argument("--batch", type=positive_int, help="batch size (first dimension of inputs)")
-    p.add_argument("--seq-len", type=positive_int,
-                   help="sequence length of hf: token inputs (default 128)")
-    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an hf: config setting (repeatable)")
-    p.add_argument("--dtype", choices=_DTYPES, default=default_dtype,
-                   help=f"dtype of weights and floating inputs (default {default_dtype})")
+def _measure_options(p: argparse.ArgumentParser) -> None:
     add_depth(p, default=1, help="module depth of the per-module comparison "
                                  "(default 1 = top-level modules, 0 = whole model only)")
     p.add_argument("--backend", choices=_BACKENDS, default="auto",
@@ -79,8 +70,8 @@ def add_subcommands(subparsers: Any) -> None:
         epilog=f"SOURCE: {SOURCE_FORMS}. Example: flopscope measure torchvision:resnet18 "
                "--dtype float64 --input 1x3x64x64 --format json",
     )
-    m.add_argument("source", metavar="SOURCE", help="the model (see below)")
-    _model_options(m, default_dtype="float32")
+    add_source_options(m, dtype_default="float32")
+    _measure_options(m)
     add_format(m, choices=("table", "json"))
     add_output(m)
     m.add_argument("--tolerance", type=tolerance, default=None,
@@ -97,7 +88,17 @@ def add_subcommands(subparsers: Any) -> None:
                "torchvision:alexnet --input 1x3x64x64",
     )
     v.add_argument("sources", metavar="SOURCE", nargs="+", help="the models")
-    _model_options(v, default_dtype="float64")
+    # The options of add_source_options, for several sources.
+    v.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+                   help="an input shape such as 1x3x224x224 (replaces each source's default)")
+    v.add_argument("--batch", type=positive_int, metavar="N", help="batch size")
+    v.add_argument("--seq-len", type=positive_int, metavar="N",
+                   help="sequence length of hf: token inputs (default 128)")
+    v.add_argument("--dtype", type=dtype_name, default="float64", metavar="DTYPE",
+                   help="floating-point dtype of weights and floating inputs (default float64)")
+    v.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an hf: config setting (repeatable)")
+    _measure_options(v)
     add_format(v, choices=("table", "json", "csv"))
     add_output(v)
     v.add_argument("--tolerance", type=tolerance, default=0.03,
@@ -111,7 +112,11 @@ def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[Any]:
     from flopscope import measure
     from flopscope import sources as loader
 
-    config = loader.parse_config(args.config)
+    for text in args.input:
+        loader.parse_input(text, what="--input")
+    config = loader.parse_config(args.config, what="--config")
+    if config and not all(s.startswith("hf:") for s in sources):
+        raise usage_error("--config applies to hf: sources only; remove it or use an hf: source")
     requests = [
         measure.MeasureRequest(
             source=s, inputs=tuple(args.input), batch=args.batch, seq_len=args.seq_len,

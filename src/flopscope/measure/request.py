@@ -9,10 +9,9 @@ report, the measurement and their comparison, overall and per module.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from flopscope.measure.workload import Region, WorkloadSpec, segment_paths
 
 if TYPE_CHECKING:
     from flopscope.report import Report
+    from flopscope.sources import LoadedModel
 
 __all__ = [
     "RESULT_SCHEMA",
@@ -38,21 +38,10 @@ __all__ = [
 
 RESULT_SCHEMA = "flopscope-measure/1"
 
-_DTYPES = ("float64", "float32", "bfloat16", "float16")
-_DTYPE_ALIASES = {"double": "float64", "fp64": "float64", "float": "float32", "fp32": "float32",
-                  "bf16": "bfloat16", "half": "float16", "fp16": "float16"}
-
-
 def _dtype_name(name: str) -> str:
-    low = name.strip().lower()
-    low = _DTYPE_ALIASES.get(low, low)
-    if low not in _DTYPES:
-        import difflib
+    from flopscope.sources import parse_dtype
 
-        close = difflib.get_close_matches(low, _DTYPES, n=2, cutoff=0.5)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise UsageError(f"unknown dtype {name!r}{hint}: use one of {', '.join(_DTYPES)}")
-    return low
+    return str(parse_dtype(name, floating=True)).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -126,37 +115,23 @@ class MeasureRequest:
         )
 
 
-def _load(request: MeasureRequest) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def _load(request: MeasureRequest) -> LoadedModel:
     """Load the model with the one SOURCE loader, in the request's dtype, in eval mode."""
     import torch
 
     from flopscope import sources
 
-    dtype = getattr(torch, request.dtype)
     torch.manual_seed(request.seed)
-    options: dict[str, Any] = {
-        "inputs": [sources.parse_input(s) for s in request.inputs] or None,
-        "batch": request.batch,
-        "seq_len": request.seq_len,
-        "config": dict(request.config) or None,
-    }
-    native_dtype = "dtype" in inspect.signature(sources.load_model).parameters
-    if native_dtype:
-        options["dtype"] = request.dtype
-    loaded = sources.load_model(request.source, **options)
-    model = loaded.model
-    args, kwargs = tuple(loaded.args), dict(loaded.kwargs)
-    if not native_dtype:
-
-        def cast(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                return value.to(dtype)
-            return value
-
-        model = model.to(dtype)
-        args = tuple(cast(a) for a in args)
-        kwargs = {k: cast(v) for k, v in kwargs.items()}
-    return model.eval(), args, kwargs
+    loaded = sources.load_model(
+        request.source,
+        inputs=[sources.parse_input(s) for s in request.inputs] or None,
+        batch=request.batch,
+        seq_len=request.seq_len,
+        config=dict(request.config) or None,
+        dtype=request.dtype,
+    )
+    loaded.model.eval()
+    return loaded
 
 
 _REGISTRY_PREFIXES = ("torchvision:", "timm:", "hf:")
@@ -186,6 +161,7 @@ def check_request(request: MeasureRequest) -> None:
             seq_len=request.seq_len,
             config=dict(request.config) or None,
             shape_only=True,
+            dtype=request.dtype,
         )
 
 
@@ -212,9 +188,11 @@ class SourceWorkload:
 
         import flopscope
 
-        model, args, kwargs = _load(self.request)
+        loaded = _load(self.request)
+        model, args, kwargs = loaded.model, tuple(loaded.args), dict(loaded.kwargs)
         with torch.no_grad():
             report = flopscope.count(model, flopscope.Inputs(*args, **kwargs), warn=False)
+        report = replace(report, meta=report.meta.merged(loaded.meta))
 
         def run() -> object:
             with torch.no_grad():
@@ -342,6 +320,7 @@ class MeasureResult:
             "schema": RESULT_SCHEMA,
             "request": self.request.to_dict(),
             "model": self.report.model,
+            "inputs": list(self.report.meta.inputs),
             "backend": self.backend,
             "counted_macs": int(self.report.macs),
             "counted_flops": c.counted_flops,
