@@ -43,7 +43,7 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def test_every_subcommand_with_a_source_takes_the_same_flags() -> None:
     taking_source = {name: p for name, p in _subcommands().items()
-                     if any(a.dest == "source" for a in p._actions)}
+                     if any(not a.option_strings and a.metavar == "SOURCE" for a in p._actions)}
     assert "count" in taking_source
     for name, parser in taking_source.items():
         options = _options(parser)
