@@ -123,3 +123,12 @@ def test_analyze_sums_flops_per_segment(tmp_path: Path) -> None:
     assert res.flops_by_precision == {"double": 4 * 8 + 40, "single": 8 * 8}
     assert res.by_instruction == {"vfmadd231pd": 32, "addsd": 40, "vmulps": 64}
     assert res.instructions_undecoded == 0
+
+
+def test_parse_keeps_only_the_objects_asked_for(tmp_path: Path) -> None:
+    """What the child reads: only code without a file (``ob=???``), to capture its bytes."""
+    path = tmp_path / "callgrind.out.42.3"
+    path.write_text(DUMP)
+    dump = parse_callgrind(path, {"???"})
+    assert dump.counts == {("???", 0x5000): 10}
+    assert dump.label == "flopscope:seg:layer1"

@@ -47,10 +47,8 @@ def main(argv: list[str]) -> int:
     Returns:
         Exit status (0 also when the workload failed: the result file says how).
     """
-    t_start = time.perf_counter()
     request = ChildRequest.read(Path(argv[0]) / REQUEST_FILE)
     out_dir = Path(request.out_dir)
-    _say("python started under valgrind; importing torch")
     import torch
 
     from flopscope.errors import UsageError
@@ -60,7 +58,7 @@ def main(argv: list[str]) -> int:
     from flopscope.measure.workload import segment_modules
 
     torch.set_num_threads(request.threads)
-    _say(f"imported torch ({time.perf_counter() - t_start:.1f} s); building the workload")
+    _say("python and torch started under valgrind; building (and counting) the workload")
     try:
         region = request.workload.build()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which re-raises it
