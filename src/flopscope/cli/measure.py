@@ -70,7 +70,7 @@ def add_subcommands(subparsers: Any) -> None:
         epilog=f"SOURCE: {SOURCE_FORMS}. Example: flopscope measure torchvision:resnet18 "
                "--dtype float64 --input 1x3x64x64 --format json",
     )
-    add_source_options(m, dtype_default="float32")
+    add_source_options(m, dtype_default="float64")
     _measure_options(m)
     add_format(m, choices=("table", "json"))
     add_output(m)
