@@ -53,10 +53,10 @@ def test_count_by_op_fixed_unit_golden(cli: Cli, golden: Callable[[str, str], No
 
 
 def test_count_warning_block_golden(cli: Cli, golden: Callable[[str, str], None]) -> None:
-    r = cli("count", "tiny_models:spectral")
+    r = cli("count", "tiny_models:opaque")
     assert r.code == 0, r.err
-    assert "aten._fft_r2c.default" in r.out and "no rule" in r.out
-    golden("count_spectral_table.txt", r.out)
+    assert "tinyfix.smear.default" in r.out and "no rule" in r.out
+    golden("count_opaque_table.txt", r.out)
 
 
 def test_count_json_loads_back_equal(cli: Cli) -> None:
@@ -151,9 +151,9 @@ def test_count_backward_and_shape_only(cli: Cli) -> None:
 
 
 def test_count_strict_fails_with_exit_1(cli: Cli) -> None:
-    r = cli("count", "tiny_models:spectral", "--strict")
+    r = cli("count", "tiny_models:opaque", "--strict")
     assert r.code == 1
-    assert "aten._fft_r2c" in r.err and r.err.count("\n") == 1
+    assert "tinyfix.smear" in r.err and r.err.count("\n") == 1
 
 
 def test_count_rules_file(cli: Cli) -> None:
