@@ -111,7 +111,7 @@ def test_training_step_phases_and_backward_attribution() -> None:
         loss.backward()
         opt.step()
     r = c.report
-    assert r.phases == (Phase.FORWARD, Phase.BACKWARD)
+    assert r.phases == (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)  # SGD: its own phase
     fwd, bwd = r.by_module(Phase.FORWARD), r.by_module(Phase.BACKWARD)
     assert fwd["fc1"].self_cost.macs == 512
     # fc1's input needs no grad: only grad_weight = x^T @ g, 8*16*4 = 512 MACs

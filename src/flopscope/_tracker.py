@@ -1,14 +1,28 @@
-"""Module tracking: which module is running, under which path, and, in backward, which module's
-forward built the autograd node that is running.
+"""Module tracking: which module is running, under which path, in which phase, on which thread,
+and, in backward, which module's forward built the autograd node that is running.
 
 Forward: PyTorch's *global* module forward hooks (registered while a Counter is active, removed on
-exit; nothing is stored on the user's model) keep a stack of :class:`Frame` s. Each hook also
-records the autograd sequence number at that moment, so the timeline of sequence numbers maps any
-autograd node created in a forward back to the module that was running then (``backward_path``).
+exit; nothing is stored on the user's model) keep a stack of :class:`Frame` s per thread. Each hook
+also records the autograd sequence number at that moment, so the timeline of sequence numbers maps
+any autograd node created in a forward back to the module that was running then (``backward_path``).
+
+Threads: the hooks are process-global, so every hook first asks whether this thread is counted: the
+thread that entered the Counter always is; another thread is when the Counter's dispatch mode is
+active on it (``Counter.attach()`` in a worker thread, or autograd's own worker threads, to which
+PyTorch propagates the mode during backward). Each counted thread has its own stack.
+
+Phases: a module that starts while autograd is running a backward node is a forward recomputed by
+activation checkpointing (``Phase.RECOMPUTE``); ``optimizer.step()`` of any ``torch.optim``
+optimizer pushes a frame in ``Phase.OPTIMIZER`` on the root (global optimizer step hooks); frames
+inherit their parent's phase. The post hook is registered with ``always_call=True``, so a forward
+that raises (or a checkpoint recomputation stopped early) leaves no stale frame behind.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import types
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,16 +34,28 @@ from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils._pytree import tree_iter
 
+from flopscope.cost import Phase
 from flopscope.costed import Costed
 from flopscope.params import ParamStats, param_table
 from flopscope.rules.user import ModuleRule, ModuleRules
 
-__all__ = ["Frame", "ModuleTracker", "Sums"]
+__all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_current_autograd_node = torch._C._current_autograd_node
+_get_ident = threading.get_ident
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
+_FORWARD = Phase.FORWARD
+_RECOMPUTE = Phase.RECOMPUTE
+_OPTIMIZER = Phase.OPTIMIZER
+# what a forward may return instead of its result: the work happens later, when it is consumed
+_LAZY = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter, zip)
 
 
 class Sums:
@@ -47,11 +73,12 @@ class Sums:
 
 @dataclass(slots=True)
 class Frame:
-    """One running module call.
+    """One running module call (or one running ``optimizer.step()``).
 
     Attributes:
-        module: the module.
-        path: its path in the model.
+        module: the module (the optimizer, for an optimizer step).
+        path: its path in the model (the root ``""`` for an optimizer step).
+        phase: forward, recompute (checkpointing) or optimizer.
         rule: the module rule costing this call as a whole, if any.
         args: the positional arguments (given to the module rule).
         arithmetic: operator calls with arithmetic seen inside (itself and below).
@@ -59,8 +86,9 @@ class Frame:
         shadow: a ruled module's operator-level cost, kept for comparison.
     """
 
-    module: nn.Module
+    module: Any
     path: str
+    phase: Phase = _FORWARD
     rule: ModuleRule | None = None
     args: tuple[Any, ...] = ()
     arithmetic: int = 0
@@ -68,14 +96,43 @@ class Frame:
     shadow: Sums | None = None
 
 
+def _drop_finished_steps(stack: list[Frame]) -> None:
+    """Pop optimizer frames (and what is above them) whose ``step()`` is no longer running: a
+    step that raised never calls the post hook. Only called when a module starts inside an
+    optimizer frame, which is rare, so walking the Python stack is affordable."""
+    running = set()
+    f: Any = sys._getframe(1)
+    while f is not None:
+        running.add(id(f))
+        f = f.f_back
+    for i, frame in enumerate(stack):
+        if frame.phase is _OPTIMIZER and frame.args and id(frame.args[0]) not in running:
+            del stack[i:]
+            return
+
+
+class ThreadState:
+    """What one counted thread is running: its stack of frames, the outermost running ruled module,
+    and the timeline of autograd sequence numbers of its forwards."""
+
+    __slots__ = ("seq_paths", "seqs", "shadowing", "stack")
+
+    def __init__(self) -> None:
+        self.stack: list[Frame] = []
+        self.shadowing: Frame | None = None
+        self.seqs: list[int] = []
+        self.seq_paths: list[str] = []
+
+
 class ModuleTracker:
-    """Module paths, types, calls and parameters, the stack of running modules, and the
+    """Module paths, types, calls and parameters, the per-thread stacks of running modules, and the
     forward-timeline of autograd sequence numbers used to attribute backward operators.
 
     Args:
         model: the model whose paths are used (``None``: modules are named after their class).
         module_rules: rules that cost a module as a whole.
         on_rule_exit: called with the frame and the module's output when a ruled module returns.
+        counts_here: whether the calling thread (not the one that entered the Counter) is counted.
     """
 
     def __init__(
@@ -83,24 +140,70 @@ class ModuleTracker:
         model: nn.Module | None,
         module_rules: ModuleRules,
         on_rule_exit: Callable[[Frame, Any], None],
+        counts_here: Callable[[], bool] = lambda: False,
     ) -> None:
         self.module_rules = module_rules
         self.on_rule_exit = on_rule_exit
+        self.counts_here = counts_here
+        self.has_model = model is not None
         self.paths: dict[nn.Module, str] = {}
         self.types: dict[str, str] = {}
         self.calls: dict[str, int] = {}
         self.params: dict[str, ParamStats] = {}
         self.param_paths: dict[int, str] = {}
         self.modules: list[nn.Module] = []  # the model's modules, in named_modules() order
-        self.stack: list[Frame] = []
-        self.shadowing: Frame | None = None  # the outermost running ruled module
+        self.shared: set[nn.Module] = set()  # modules registered under more than one path
+        self.main = ThreadState()  # the thread that entered the Counter
+        self.owner: int | None = None  # its id
+        self.states: dict[int, ThreadState] = {}  # other counted threads
         self.opaque: dict[str, None] = {}
-        self._seqs: list[int] = []
-        self._seq_paths: list[str] = []
+        self.scripted: dict[str, None] = {}  # TorchScript modules: their submodules are not seen
+        self.lazy: dict[str, str] = {}  # modules whose forward returned a lazy object -> its type
+        self.no_grad_calls = 0  # calls of modules with trainable parameters under no_grad
+        self.foreign_calls = 0  # calls of the model's modules in threads this Counter does not count
+        self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
         if model is not None:
             self.modules = [m for _, m in self._adopt(model, "")]
-            module_rules.check_paths(self.paths.values(), type(model).__name__)
+            for name, sub in model.named_modules(remove_duplicate=False):
+                if name and self.paths.get(sub) != name:
+                    self.shared.add(sub)
+                    self.types.setdefault(name, type(sub).__name__)
+                    self.calls.setdefault(name, 0)
+            module_rules.check_paths(self.types, type(model).__name__)
+
+    # -- compatibility: the main thread's state -------------------------------------------------
+    @property
+    def stack(self) -> list[Frame]:
+        """The stack of the thread that entered the Counter."""
+        return self.main.stack
+
+    @property
+    def shadowing(self) -> Frame | None:
+        """The outermost ruled module running in the thread that entered the Counter."""
+        return self.main.shadowing
+
+    def state(self) -> ThreadState:
+        """The calling thread's state (made on first use)."""
+        tid = _get_ident()
+        if tid == self.owner:
+            return self.main
+        st = self.states.get(tid)
+        if st is None:
+            st = self.states[tid] = ThreadState()
+        return st
+
+    def _counted_state(self) -> ThreadState | None:
+        """The calling thread's state if this thread is counted, else ``None``."""
+        tid = _get_ident()
+        if tid == self.owner:
+            return self.main
+        if not self.counts_here():
+            return None
+        st = self.states.get(tid)
+        if st is None:
+            st = self.states[tid] = ThreadState()
+        return st
 
     # -- paths --------------------------------------------------------------------------------
     def _adopt(self, module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -126,94 +229,198 @@ class ModuleTracker:
             self.param_paths.setdefault(pid, full(name))
         return named
 
-    def path_of(self, module: nn.Module) -> str:
+    def path_of(self, module: nn.Module, stack: list[Frame] | None = None) -> str:
         """The path of ``module``; a module outside the model is named after its class, below the
-        module running now (``Parent.Linear``, then ``Parent.Linear#2`` for a second one)."""
+        module running now (``Parent.Linear``, then ``Parent.Linear#2`` for a second one).
+
+        A module registered under several paths (shared) takes the path it is called through:
+        the running parent's path plus the attribute name under which the parent holds it.
+        """
+        if stack is None:
+            stack = self.main.stack
         path = self.paths.get(module)
         if path is not None:
+            if module in self.shared and stack:
+                parent = stack[-1]
+                if isinstance(parent.module, nn.Module):
+                    for name, child in parent.module._modules.items():
+                        if child is module:
+                            alias = f"{parent.path}.{name}" if parent.path else name
+                            if alias in self.types:
+                                return alias
+                            break
             return path
-        parent = self.stack[-1].path if self.stack else ""
+        parent_path = stack[-1].path if stack else ""
         base = module.name if isinstance(module, Costed) else type(module).__name__
-        path = f"{parent}.{base}" if parent else base
+        path = f"{parent_path}.{base}" if parent_path else base
         n = 1
         while path in self.types:
             n += 1
-            path = f"{parent}.{base}#{n}" if parent else f"{base}#{n}"
+            path = f"{parent_path}.{base}#{n}" if parent_path else f"{base}#{n}"
         self._adopt(module, path)
         return path
 
     @property
     def innermost(self) -> str | None:
-        """The path of the innermost running module, ``None`` when none is running."""
-        return self.stack[-1].path if self.stack else None
+        """The path of the innermost module running now in the main thread (``None``: none)."""
+        stack = self.main.stack
+        for frame in reversed(stack):
+            if isinstance(frame.module, nn.Module):
+                return frame.path
+        return None
 
     # -- backward attribution -----------------------------------------------------------------
-    def backward_path(self, node: Any) -> str:
+    def backward_path(self, node: Any, st: ThreadState | None = None) -> str:
         """The module whose forward created autograd ``node`` (a parameter's owner for an
         AccumulateGrad node; the root ``""`` when no module was running)."""
         seq = node._sequence_nr()
         if seq == _ACCUMULATE_GRAD_SEQ:
             var = getattr(node, "variable", None)
             return self.param_paths.get(id(var), "") if var is not None else ""
-        i = bisect_right(self._seqs, seq) - 1
-        return self._seq_paths[i] if i >= 0 else ""
+        if st is None or not st.seqs:
+            st = self.main
+        i = bisect_right(st.seqs, seq) - 1
+        return st.seq_paths[i] if i >= 0 else ""
 
-    # -- hooks --------------------------------------------------------------------------------
+    # -- module hooks -------------------------------------------------------------------------
     def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        path = self.path_of(module)
+        st = self._counted_state()
+        if st is None:
+            if module in self.paths:
+                self.foreign_calls += 1
+            return
+        stack = st.stack
+        if stack and stack[-1].phase is _OPTIMIZER:
+            _drop_finished_steps(stack)
+        path = self.path_of(module, stack)
         self.calls[path] = self.calls.get(path, 0) + 1
-        frame = Frame(module, path)
-        if self.shadowing is None:
+        if stack:
+            phase = stack[-1].phase
+        elif _current_autograd_node() is not None:  # a forward rerun inside backward: checkpointing
+            phase = _RECOMPUTE
+        else:
+            phase = _FORWARD
+        frame = Frame(module, path, phase)
+        if not torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
+            self.no_grad_calls += 1
+        if st.shadowing is None:
             fn = self.module_rules.find(module, path)
             if fn is not None:
                 frame.rule = fn
                 frame.args = args
                 frame.shadow = Sums()
-                self.shadowing = frame
-        self.stack.append(frame)
-        self._seqs.append(_sequence_nr())
-        self._seq_paths.append(path)
+                st.shadowing = frame
+        if not isinstance(module, torch.jit.ScriptModule):
+            pass
+        elif any(True for _ in module.children()):
+            self.scripted[path] = None
+        stack.append(frame)
+        st.seqs.append(_sequence_nr())
+        st.seq_paths.append(path)
 
     def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if not self.stack or self.stack[-1].module is not module:
-            return  # a module entered before the Counter: nothing of ours to close
-        frame = self.stack.pop()
-        parent = self.stack[-1] if self.stack else None
+        tid = _get_ident()
+        st = self.main if tid == self.owner else self.states.get(tid)
+        if st is None:
+            return
+        stack = st.stack
+        # with always_call=True this runs also when the forward raised: output is None then
+        failed = output is None and sys.exc_info()[1] is not None
+        if not stack or stack[-1].module is not module:
+            if not any(f.module is module for f in stack):
+                return  # a module entered before the Counter: nothing of ours to close
+            while stack[-1].module is not module:  # frames left by an exception: unwind them
+                self._close(st, stack.pop(), None, True)
+        frame = stack.pop()
+        if failed:
+            exc = sys.exc_info()[1]
+            assert exc is not None
+            if self.failure is None or self.failure[0] is not exc:
+                self.failure = (exc, frame.path)  # the innermost module it was raised in
+        self._close(st, frame, output, failed)
+
+    def _close(self, st: ThreadState, frame: Frame, output: Any, failed: bool) -> None:
+        stack = st.stack
+        parent = stack[-1] if stack else None
         flagged = False
         if frame.rule is not None:
-            self.shadowing = None
-            self.on_rule_exit(frame, output)
+            st.shadowing = None
+            if not failed:
+                self.on_rule_exit(frame, output)
+        elif failed:
+            pass
         elif (
-            self.shadowing is None  # inside a ruled module the rule covers everything
+            st.shadowing is None  # inside a ruled module the rule covers everything
             and frame.arithmetic == 0
             and frame.allocations > 0
             and any(isinstance(t, torch.Tensor) for t in tree_iter(output))
         ):
             self.opaque[frame.path] = None
             flagged = True
+        if not failed and isinstance(output, _LAZY):
+            self.lazy.setdefault(frame.path, type(output).__name__)
         if parent is not None:
             parent.arithmetic += frame.arithmetic
             if frame.rule is not None:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        self._seqs.append(_sequence_nr())
-        self._seq_paths.append(parent.path if parent is not None else "")
+        st.seqs.append(_sequence_nr())
+        st.seq_paths.append(parent.path if parent is not None else "")
 
+    # -- optimizer hooks ----------------------------------------------------------------------
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        st = self._counted_state()
+        if st is None:
+            return
+        # a step that raised left its frame: drop it (and anything above it)
+        while any(f.module is optimizer for f in st.stack):
+            st.stack.pop()
+        # args: the Python frame of the step wrapper, to tell later whether the step still runs
+        st.stack.append(Frame(optimizer, "", _OPTIMIZER, args=(sys._getframe(1),)))
+
+    def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        tid = _get_ident()
+        st = self.main if tid == self.owner else self.states.get(tid)
+        if st is None:
+            return
+        if any(f.module is optimizer for f in st.stack):
+            while st.stack.pop().module is not optimizer:
+                pass
+
+    # -- install / remove ---------------------------------------------------------------------
     def install(self) -> None:
-        """Register the global module hooks."""
+        """Register the global module and optimizer hooks; the calling thread is counted."""
+        self.owner = _get_ident()
+        self.failure = None
         self._handles = [
             register_module_forward_pre_hook(self._pre_hook),
-            register_module_forward_hook(self._post_hook),
+            register_module_forward_hook(self._post_hook, always_call=True),
+            register_optimizer_step_pre_hook(self._optimizer_pre_hook),
+            register_optimizer_step_post_hook(self._optimizer_post_hook),
         ]
 
-    def remove(self) -> str | None:
-        """Remove the hooks and forget running modules; returns the innermost module that was
-        still running (where an exception left the forward), or ``None``."""
+    def failed_in(self, exc: BaseException | None) -> str | None:
+        """The innermost module in which ``exc`` (or an exception it was raised from) was raised,
+        or, failing that, the innermost module still running; ``None`` when neither is known."""
+        seen: set[int] = set()
+        e = exc
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            if self.failure is not None and self.failure[0] is e:
+                return self.failure[1]
+            e = e.__cause__ or e.__context__
+        return self.innermost
+
+    def remove(self, exc: BaseException | None = None) -> str | None:
+        """Remove the hooks and forget running modules; returns the module in which ``exc`` was
+        raised (see :meth:`failed_in`), or ``None``."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        left_in = self.innermost
-        self.stack.clear()
-        self.shadowing = None
+        left_in = self.failed_in(exc) if exc is not None else None
+        self.main.stack.clear()
+        self.main.shadowing = None
+        self.states.clear()
+        self.failure = None
         return left_in

@@ -18,15 +18,31 @@ __all__ = ["Cost", "OpCall", "Phase", "tensor_bytes"]
 
 
 class Phase(str, enum.Enum):
-    """When an operator ran: in a forward computation or inside ``backward()``."""
+    """When an operator ran.
+
+    - ``FORWARD``: a forward computation (and any work outside ``backward()`` and
+      ``optimizer.step()``, such as a functional loss);
+    - ``BACKWARD``: inside ``backward()`` / ``torch.autograd.grad``, charged to the module whose
+      forward built the autograd node;
+    - ``RECOMPUTE``: a forward run again inside backward by activation checkpointing
+      (``torch.utils.checkpoint``), charged to the recomputed module. Model FLOPs leave it out;
+      hardware FLOPs include it;
+    - ``OPTIMIZER``: inside ``step()`` of a ``torch.optim.Optimizer``.
+    """
 
     FORWARD = "forward"
     BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """What one or more operator calls cost. All fields are integers; costs add.
+    """What one or more operator calls cost. All fields are non-negative integers; costs add.
+
+    Raises:
+        TypeError: a field is not an ``int`` (a ``bool``, ``float`` or string is refused).
+        ValueError: a field is negative.
 
     Attributes:
         macs: multiply-accumulates (sums of products only: matmul, convolution, attention products).
@@ -39,6 +55,21 @@ class Cost:
     flops: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+
+    def __post_init__(self) -> None:
+        # one chained identity test on the common path (about 0.1 us; see benchmarks/hotpath.py)
+        if not (type(self.macs) is type(self.flops) is type(self.bytes_read)
+                is type(self.bytes_written) is int):
+            for name in ("macs", "flops", "bytes_read", "bytes_written"):
+                value = getattr(self, name)
+                if type(value) is not int:
+                    raise TypeError(
+                        f"Cost.{name} must be an int, not {value!r} ({type(value).__name__})"
+                    )
+        if (self.macs | self.flops | self.bytes_read | self.bytes_written) < 0:  # any negative
+            for name in ("macs", "flops", "bytes_read", "bytes_written"):
+                if getattr(self, name) < 0:
+                    raise ValueError(f"Cost.{name} must not be negative, got {getattr(self, name)}")
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):

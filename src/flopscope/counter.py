@@ -8,12 +8,15 @@ Which module made a call comes from :mod:`flopscope._tracker`; what a call costs
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from flopscope._tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase
@@ -32,11 +35,15 @@ __all__ = ["Counter"]
 
 _FORWARD = Phase.FORWARD
 _BACKWARD = Phase.BACKWARD
+_RECOMPUTE = Phase.RECOMPUTE
+_get_ident = threading.get_ident
 _current_autograd_node = torch._C._current_autograd_node
 # id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
 # facts that do not depend on the rules, shared by every Counter (the overload is kept alive, so
 # its id is not reused)
 _FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}
+# id(operator overload) -> ((indices, names) of the arguments it writes to, the overload)
+_WRITES: dict[int, tuple[tuple[tuple[int, ...], tuple[str, ...]], Any]] = {}
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -70,11 +77,15 @@ class _Mode(TorchDispatchMode):
     def __init__(self, counter: Counter) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.record = counter._record
+        self.counter = counter
+        self.guard = counter._guard if counter._protected is not None else None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if self.guard is not None:  # count(): keep the model's tensors as they were
+            self.guard(func, args, kwargs)
         out = func(*args, **kwargs)
         self.record(func, args, kwargs, out)
         return out
@@ -92,9 +103,20 @@ class Counter:
         print(counter.report)
 
     Operators are attributed to the innermost module running (paths relative to ``model``; the
-    root is ``""``, and work outside the model, such as a functional loss or an optimizer step, is
-    the root's own cost). Operators run by ``backward()`` are attributed to the module whose
-    forward built them, in the backward phase. Entering the same Counter again adds to its counts.
+    root is ``""``; work outside any module, such as a functional loss, is the root's own cost,
+    and a module that is not part of the model, such as a loss module, gets a row named after its
+    class below the module running when it is called: ``CrossEntropyLoss`` at the top level,
+    forward and backward). A module registered under several paths
+    is charged under the path it was called through. Operators run by ``backward()`` are
+    attributed to the module whose forward built them, in the backward phase; a forward that
+    activation checkpointing recomputes inside backward is charged to the recomputed modules in
+    the recompute phase; work inside ``optimizer.step()`` (any ``torch.optim`` optimizer) is the
+    root's, in the optimizer phase. Entering the same Counter again adds to its counts.
+
+    Threads: a Counter counts the thread that entered it (and autograd's worker threads during a
+    backward it started). Work in other threads is not counted, and other Counters in other
+    threads never see this one's modules; to count a worker thread, run the work inside
+    ``with counter.attach():`` in that thread.
 
     Args:
         model: the model whose module paths and parameters the report uses. Modules that are not
@@ -127,11 +149,16 @@ class Counter:
         self.strict = strict
         self.warn = warn
         self._rules, module_rules = split_rules(rules)
-        self._tracker = ModuleTracker(model, module_rules, self._apply_module_rule)
-        self._stack = self._tracker.stack  # the same list, read on the hot path
+        self._tracker = ModuleTracker(model, module_rules, self._apply_module_rule,
+                                      self._active_here)
+        self._main = self._tracker.main  # the entering thread's state, read on the hot path
+        # count() only: storage pointer -> tensor of the model's parameters, and the tensors
+        # saved before an operator first wrote to them (restored by _restore)
+        self._protected: dict[int, torch.Tensor] | None = None
+        self._saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._in_rule = False
-        # (module path, id of the operator overload or a module-rule name, backward?) -> sums
-        self._acc: dict[tuple[str, int | str, bool], Sums] = {}
+        # (module path, id of the operator overload or a module-rule name, phase) -> sums
+        self._acc: dict[tuple[str, int | str, Phase], Sums] = {}
         self._rule_acc: dict[str, _RuleSums] = {}
         # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
         self._ops: dict[int, tuple[Rule | None, str, bool, bool, bool, Any]] = {}
@@ -151,6 +178,83 @@ class Counter:
     def module_type(self, path: str) -> str:
         """The class name of the module at ``path`` (``"?"`` when unknown)."""
         return self._tracker.types.get(path, "?")
+
+    def failed_in_module(self, exc: BaseException) -> str | None:
+        """The innermost module in which ``exc`` was raised while this Counter was active (also
+        after the module stack has unwound), or ``None``."""
+        return self._tracker.failed_in(exc)
+
+    # -- threads --------------------------------------------------------------------------------
+    def _active_here(self) -> bool:
+        """Whether this Counter's dispatch mode is active on the calling thread."""
+        return any(isinstance(m, _Mode) and m.counter is self
+                   for m in _get_current_dispatch_mode_stack())
+
+    @contextmanager
+    def attach(self) -> Iterator[Counter]:
+        """Count the calling thread too, while the ``with`` block runs (use it in a worker thread
+        that runs part of the work of an active Counter)::
+
+            def worker():
+                with counter.attach():
+                    model(x)
+
+        Its modules get their own stack, so threads never mix their module paths.
+
+        Yields:
+            This Counter.
+
+        Raises:
+            UsageError: the Counter is not active.
+        """
+        if self._mode is None:
+            raise UsageError("Counter.attach() needs an active Counter: call it inside its with block")
+        mode = _Mode(self)
+        with mode:
+            try:
+                yield self
+            finally:
+                self._tracker.states.pop(_get_ident(), None)
+
+    # -- model integrity (count()) --------------------------------------------------------------
+    def _protect(self, tensors: list[torch.Tensor]) -> None:
+        """Save each of ``tensors`` just before an operator first writes to it (copy on write);
+        :meth:`_restore` puts the saved values back. Used by :func:`flopscope.count` for real runs;
+        must be called before the Counter is entered."""
+        self._protected = {t.untyped_storage().data_ptr(): t for t in tensors
+                           if t.untyped_storage().nbytes()}
+        self._saved = {}
+
+    def _guard(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before ``func`` runs: save any protected tensor it is about to write to."""
+        written = _WRITES.get(id(func))
+        if written is None or written[1] is not func:
+            idx = tuple(i for i, a in enumerate(func._schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write)
+            names = tuple(func._schema.arguments[i].name for i in idx)
+            written = ((idx, names), func)
+            _WRITES[id(func)] = written
+        idx, names = written[0]
+        if not idx:
+            return
+        protected = self._protected
+        assert protected is not None
+        for i, name in zip(idx, names, strict=True):
+            t = args[i] if i < len(args) else kwargs.get(name)
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                owner = protected.get(ptr)
+                if owner is not None and ptr not in self._saved:
+                    self._saved[ptr] = (owner, owner.detach().clone())
+
+    def _restore(self) -> int:
+        """Put back every protected tensor an operator wrote to; returns how many."""
+        with torch.no_grad():
+            for tensor, value in self._saved.values():
+                tensor.copy_(value)
+        n = len(self._saved)
+        self._saved = {}
+        return n
 
     # -- module rules ---------------------------------------------------------------------------
     def _apply_module_rule(self, frame: Frame, output: Any) -> None:
@@ -183,12 +287,12 @@ class Counter:
         _add(sums.rule, cost)
         if frame.shadow is not None:
             _add(sums.shadow, _cost(frame.shadow))
-        self._add((frame.path, f"module_rule:{type(frame.module).__name__}", False), cost)
+        self._add((frame.path, f"module_rule:{type(frame.module).__name__}", frame.phase), cost)
 
     # -- the per-operator hot path ------------------------------------------------------------
-    def _add(self, key: tuple[str, int | str, bool], cost: Cost) -> None:
+    def _add(self, key: tuple[str, int | str, Phase], cost: Cost) -> None:
         """Add one call costing ``cost`` under ``key`` (module path, operator id or module-rule
-        name, backward?)."""
+        name, phase)."""
         sums = self._acc.get(key)
         if sums is None:
             sums = self._acc[key] = Sums()
@@ -220,18 +324,28 @@ class Counter:
         fn, _, is_view, is_alloc, ignored, _ = info if info is not None else self._op_info(func)
         if ignored:
             return
+        st = self._main if _get_ident() == self._tracker.owner else self._tracker.state()
+        stack = st.stack
         node = _current_autograd_node()
         if node is None:
-            backward = False
-            phase = _FORWARD
-            frame = self._stack[-1] if self._stack else None
-            path = frame.path if frame is not None else ""
-            shadowing = self._tracker.shadowing
+            if stack:
+                frame = stack[-1]
+                path = frame.path
+                phase = frame.phase
+            else:
+                frame = None
+                path = ""
+                phase = _FORWARD
+            shadowing = st.shadowing
+        elif stack and stack[-1].phase is _RECOMPUTE:  # checkpointing reruns a forward
+            frame = stack[-1]
+            path = frame.path
+            phase = _RECOMPUTE
+            shadowing = st.shadowing
         else:
-            backward = True
             phase = _BACKWARD
             frame = None
-            path = self._tracker.backward_path(node)
+            path = self._tracker.backward_path(node, st)
             shadowing = None
         call = OpCall(func, args, kwargs, out, phase, is_view)
         if fn is None:
@@ -268,13 +382,14 @@ class Counter:
             assert sh is not None
             _add(sh, cost)
             return
-        self._add((path, id(func), backward), cost)
+        self._add((path, id(func), phase), cost)
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
         if self._mode is not None:
             raise UsageError("this Counter is already active; nest a new Counter instead")
         self._tracker.install()
+        self._main = self._tracker.main
         self._mode = _Mode(self)
         self.failed_in = None
         try:
@@ -291,7 +406,7 @@ class Counter:
                 self._mode.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         finally:
             self._mode = None
-            failed_in = self._tracker.remove()
+            failed_in = self._tracker.remove(exc)
             self._in_rule = False
         if exc is not None:
             self.failed_in = failed_in
@@ -310,6 +425,33 @@ class Counter:
             warnings.warn(
                 f"flopscope: {len(report.uncounted)} operator(s) had no rule and were counted as 0 "
                 f"FLOPs: {listed}. See Report.uncounted; add rules or count with strict=True.",
+                FlopscopeWarning,
+                stacklevel=3,
+            )
+        tracker = self._tracker
+        if tracker.scripted:
+            warnings.warn(
+                "flopscope: TorchScript modules (torch.jit.script/trace) run their submodules "
+                "inside the TorchScript interpreter, so their work is charged to the scripted "
+                f"module itself and its submodules show no calls: {', '.join(tracker.scripted)}. "
+                "Count the eager (unscripted) model for a per-submodule breakdown.",
+                FlopscopeWarning,
+                stacklevel=3,
+            )
+        if tracker.lazy:
+            listed = ", ".join(f"'{p}' ({t})" for p, t in tracker.lazy.items())
+            warnings.warn(
+                f"flopscope: these modules returned a lazy object, so the work it does when it is "
+                f"consumed is not counted as theirs: {listed}. Consume it inside the forward "
+                "(e.g. return a list or tuple instead of a generator).",
+                FlopscopeWarning,
+                stacklevel=3,
+            )
+        if tracker.foreign_calls:
+            warnings.warn(
+                f"flopscope: the model's modules ran {tracker.foreign_calls} time(s) in another "
+                "thread, which this Counter does not count; run that work inside "
+                "`with counter.attach():` in the worker thread.",
                 FlopscopeWarning,
                 stacklevel=3,
             )
@@ -334,14 +476,13 @@ class Counter:
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
         records = []
-        for (path, op, backward), sums in self._acc.items():
+        for (path, op, phase), sums in self._acc.items():
             if isinstance(op, str):  # a module rule's entry
                 name, counted = op, True
             else:
                 fn, name = self._ops[op][:2]  # op is the id of an operator overload
                 counted = fn is not None
-            records.append(OpRecord(path, name, _BACKWARD if backward else _FORWARD, sums.calls,
-                                    _cost(sums), counted))
+            records.append(OpRecord(path, name, phase, sums.calls, _cost(sums), counted))
         rules = tuple(
             RuleRecord(path, r.name, r.rule.calls, _cost(r.rule), _cost(r.shadow), r.macs_only)
             for path, r in self._rule_acc.items()

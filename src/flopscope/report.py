@@ -228,6 +228,17 @@ class Report:
         return self.total().flops
 
     @property
+    def model_flops(self) -> int:
+        """FLOPs the model needs: every phase except recomputation by activation checkpointing
+        (the numerator of MFU)."""
+        return self.flops - self.total(Phase.RECOMPUTE).flops
+
+    @property
+    def hardware_flops(self) -> int:
+        """FLOPs executed, recomputation included (the numerator of HFU); equals :attr:`flops`."""
+        return self.flops
+
+    @property
     def bytes_read(self) -> int:
         """Total bytes read by operators (all phases)."""
         return self.total().bytes_read

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 from contextlib import ExitStack
 from typing import Any
 
@@ -89,9 +90,23 @@ def count(
     itself takes a keyword with one of those names, wrap the model's arguments in
     :class:`Inputs` (flopscope refuses to guess and says so).
 
-    The model is left as it was: training flags (and ``train=`` changes) are restored, buffers
-    updated by the forward (batch-norm running statistics) are put back, gradients are computed
-    with ``torch.autograd.grad`` so no ``.grad`` is touched, and no hook or attribute remains.
+    The model is left as it was, bitwise: training flags (and ``train=`` changes) are restored;
+    buffers updated by the forward (batch-norm running statistics) are put back; a parameter that
+    an operator writes to in place (``nn.Embedding(max_norm=...)`` renormalising its rows) is
+    saved just before the first write and put back (copy on write: only the parameters that are
+    written to are copied); tensors a forward stores as plain module attributes (the ``.weight``
+    of legacy ``spectral_norm`` / ``weight_norm``) and parameters or buffers it replaces are put
+    back; gradients are computed with ``torch.autograd.grad`` so no ``.grad`` is touched (with a
+    reentrant ``torch.utils.checkpoint``, which refuses ``autograd.grad``, ``backward()`` runs
+    and every ``.grad`` is put back); and no hook or attribute remains.
+
+    With ``backward=True``, gradients are computed for the parameters. A block checkpointed with
+    ``use_reentrant=True`` whose inputs do not require grad gets no backward in PyTorch (its
+    parameters would get no gradient); when a module with trainable parameters ran with grad
+    disabled and no reentrant checkpoint reached the outputs' graph, the count is made again
+    with the floating-point inputs taking part in autograd (aliases that require grad; the
+    caller's tensors are untouched), so that such a block has its backward, which then includes
+    the gradient of its input (reentrant checkpointing computes it).
 
     Args:
         model: the model.
@@ -135,6 +150,14 @@ def count(
     on_meta = _all_meta(modules)
     modes = [(m, m.training) for m in modules]
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
+    # which tensor each parameter/buffer slot and each tensor attribute held, to put back objects
+    # a forward replaced (legacy spectral_norm sets module.weight on every call)
+    eager = [m for m in modules if type(m._parameters) is dict]  # not TorchScript modules
+    slots: list[tuple[dict[str, Any], str, Any]]
+    slots = [(m._parameters, name, t) for m in eager for name, t in m._parameters.items()]
+    slots += [(m._buffers, name, t) for m in eager for name, t in m._buffers.items()]
+    slots += [(vars(m), name, t) for m in eager for name, t in vars(m).items()
+              if isinstance(t, torch.Tensor)]
     if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
         with torch.no_grad():
             for m in modules:
@@ -149,22 +172,38 @@ def count(
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
+    params: list[torch.Tensor] = [p for m in modules for p in m._parameters.values()
+              if p is not None and not p.is_meta and p.device.type != "meta"]
     try:
         if train is not None:
             model.train(train)
-        for i, way in enumerate(ways):
+        attempts = [(way, False) for way in ways]
+        i = 0
+        while i < len(attempts):
+            way, alias = attempts[i]
             if i:
+                counter._restore()  # the abandoned attempt's writes
                 counter = Counter(model, rules=rules, strict=strict, warn=warn)
+            if way == "real":
+                counter._protect(params)
             try:
-                _run(way, counter, model, on_meta, args, kwargs, backward)
-                break
+                if _run(way, counter, model, on_meta, args, kwargs, backward, alias):
+                    break
+                # a reentrant checkpoint got no input that requires grad: again, with inputs
+                # that take part in autograd (see the docstring)
+                attempts.insert(i + 1, (way, True))
             except ForwardError:
-                if i + 1 == len(ways):
+                if i + 1 == len(attempts):
                     raise
+            i += 1
     finally:
         for m, mode in modes:
             if m.training != mode:
                 m.training = mode
+        counter._restore()
+        for table, name, obj in slots:
+            if table.get(name) is not obj:
+                table[name] = obj
         with torch.no_grad():
             for table, name, tensor, value in saved:
                 table[name] = tensor
@@ -177,8 +216,10 @@ def count(
 
 
 def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tuple[Any, ...],
-         kwargs: dict[str, Any], backward: bool) -> None:
-    """One forward (and backward) of ``model`` under ``counter``, on ``way``'s tensors."""
+         kwargs: dict[str, Any], backward: bool, alias: bool = False) -> bool:
+    """One forward (and backward) of ``model`` under ``counter``, on ``way``'s tensors (with
+    floating-point inputs that require grad if ``alias``); ``False`` when the count should be
+    made again with ``alias`` (see :func:`count`)."""
     fake_params: dict[str, torch.Tensor] | None = None
     with ExitStack() as cleanup:
         if way == "meta":  # SDPA is made to pick the CPU's kernel
@@ -190,24 +231,77 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                 torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
             )
             cleanup.enter_context(fake_mode)
+        if alias:  # inputs take part in autograd, as a training step's activations do
+            args, kwargs = tree_map_only(torch.Tensor, _differentiable, (args, kwargs))
         with counter:
             try:
                 if fake_params is None:
                     out = model(*args, **kwargs)
+                    _check_lazy(model, out)
                     if backward:
-                        _backward(model, out)
+                        return _backward(model, out, None, (args, kwargs), counter, alias)
                 else:
                     out = torch.func.functional_call(model, fake_params, args, kwargs)
+                    _check_lazy(model, out)
                     if backward:
-                        _backward(model, out, fake_params)
+                        return _backward(model, out, fake_params, (args, kwargs), counter, alias)
             except FlopscopeError:
                 raise
             except Exception as e:
-                path = counter.running
+                path = counter.failed_in_module(e)
                 where = f" in module '{path}' ({counter.module_type(path)})" if path is not None else ""
+                dynamic = _data_dependent(e)
+                if dynamic is not None and way != "real":
+                    raise ForwardError(
+                        f"shape-only counting cannot run operator {dynamic}{where}: it needs the "
+                        "values of its inputs (an output shape that depends on data, or a value "
+                        "read with .item()/.tolist()), which a shape-only (fake or meta) count "
+                        "does not have. Count with real tensors (shape_only=False, and a model "
+                        "that is not on the meta device).",
+                        module_path=path,
+                    ) from e
                 raise ForwardError(
                     f"the model's forward raised{where}: {type(e).__name__}: {e}", module_path=path
                 ) from e
+    return True
+
+
+def _differentiable(t: torch.Tensor) -> torch.Tensor:
+    """A floating-point input that does not require grad, as an alias that does (a leaf)."""
+    if t.is_floating_point() and not t.requires_grad:
+        return t.detach().requires_grad_(True)
+    return t
+
+
+def _check_lazy(model: nn.Module, out: Any) -> None:
+    """Refuse a forward that returned a generator or another lazy object: nothing ran yet."""
+    if isinstance(out, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
+                        map, filter, zip)):
+        raise UsageError(
+            f"{type(model).__name__}.forward returned a {type(out).__name__}, so its work has not "
+            "run yet and would count as zero; count a wrapper whose forward consumes it, e.g. "
+            "one that returns list(model(x)) or tuple(...)"
+        )
+
+
+def _data_dependent(exc: BaseException) -> str | None:
+    """The operator whose output shape depends on data, if ``exc`` (or its cause) is fake or
+    meta tensors' way of saying so."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
+            return str(getattr(e, "func", "?"))
+        if isinstance(e, NotImplementedError) and "data-dependent" in str(e):
+            return str(e).split(" ")[0]
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -248,13 +342,50 @@ def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tenso
     return fake_mode, fake_params
 
 
+def _float_tensors(out: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor in ``out``: in any pytree (tuples, lists, dicts, named
+    tuples, registered nodes) and inside dataclasses, each tensor once."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def walk(tree: Any) -> None:
+        for leaf in tree_iter(tree):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.is_floating_point():
+                    found.setdefault(id(leaf), leaf)
+            elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+                if id(leaf) in seen:
+                    continue
+                seen.add(id(leaf))
+                walk([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)])
+
+    walk(out)
+    return list(found.values())
+
+
+def _reentrant_checkpoint(roots: list[torch.Tensor]) -> bool:
+    """Whether the autograd graph of ``roots`` holds a reentrant checkpoint (which refuses
+    ``torch.autograd.grad``)."""
+    seen: set[Any] = set()
+    todo = [t.grad_fn for t in roots if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return False
+
+
 def _backward(
-    model: nn.Module, out: Any, fake_params: dict[str, torch.Tensor] | None = None
-) -> None:
-    roots = [
-        t for t in tree_iter(out)
-        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
-    ]
+    model: nn.Module, out: Any, fake_params: dict[str, torch.Tensor] | None = None,
+    inputs: Any = (), counter: Counter | None = None, alias: bool = True,
+) -> bool:
+    """Backward from every floating-point output that requires grad; ``False`` (and nothing
+    run) when the count should be made again with inputs that require grad (see :func:`count`)."""
+    roots = [t for t in _float_tensors(out) if t.requires_grad]
     if not roots:
         raise UsageError(
             "backward=True, but no floating-point output of the model requires grad: run in a "
@@ -265,7 +396,21 @@ def _backward(
         params = [p for p in model.parameters() if p.requires_grad]
     else:  # a meta model run on fake parameters: differentiate with respect to those
         params = [fake_params[name] for name, p in model.named_parameters() if p.requires_grad]
-    inputs = params if params else roots
-    torch.autograd.grad(
-        roots, inputs, grad_outputs=[torch.ones_like(t) for t in roots], allow_unused=True
-    )
+    reentrant = _reentrant_checkpoint(roots)
+    if (not reentrant and not alias and counter is not None
+            and counter._tracker.no_grad_calls and torch.is_grad_enabled()):
+        return False
+    grads = [torch.ones_like(t) for t in roots]
+    if reentrant:
+        # backward() computes the gradient of every leaf that requires grad; put each .grad back
+        leaves = [*params, *(t for t in tree_iter(inputs) if isinstance(t, torch.Tensor))]
+        before = [(t, t.grad) for t in leaves]
+        try:
+            torch.autograd.backward(roots, grads)
+        finally:
+            for t, g in before:
+                t.grad = g
+        return True
+    wrt = params if params else roots
+    torch.autograd.grad(roots, wrt, grad_outputs=grads, allow_unused=True)
+    return True

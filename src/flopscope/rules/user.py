@@ -119,18 +119,35 @@ def split_rules(rules: RulesArg) -> tuple[RuleSet, ModuleRules]:
 def as_cost(result: Any, what: str) -> Cost:
     """A rule's return value as a :class:`Cost` (an integer is a number of MACs).
 
+    Only non-negative integers are costs: a ``bool``, a ``float`` (even a whole one such as
+    ``2.0``, and NaN), a string or a negative number is refused, so a rule's mistake surfaces
+    where it is made instead of as a wrong or unprintable total.
+
+    Args:
+        result: what the rule returned.
+        what: the rule and where it ran, for the message.
+
+    Returns:
+        The cost.
+
     Raises:
-        RuleError: the value is neither a Cost nor a whole number.
+        RuleError: the value is not a Cost and not a non-negative integer (the message names
+            ``what`` and the value).
     """
     if isinstance(result, Cost):
         return result
+    value: int | None = None
     if isinstance(result, numbers.Integral) and not isinstance(result, bool):
-        return Cost.from_macs(int(result))
-    if isinstance(result, float) and result.is_integer():
-        return Cost.from_macs(int(result))
-    if isinstance(result, torch.Tensor) and result.numel() == 1 and not result.is_floating_point():
-        return Cost.from_macs(int(result.item()))
-    raise RuleError(
-        f"{what} returned {result!r} ({type(result).__name__}); a rule returns a flopscope.Cost, or "
-        "an integer number of MACs"
-    )
+        value = int(result)
+    elif (isinstance(result, torch.Tensor) and result.numel() == 1
+          and not result.is_floating_point() and not result.is_complex()
+          and result.dtype != torch.bool):
+        value = int(result.item())
+    if value is None:
+        raise RuleError(
+            f"{what} returned {result!r} ({type(result).__name__}); a rule returns a flopscope.Cost, "
+            "or an integer number of MACs"
+        )
+    if value < 0:
+        raise RuleError(f"{what} returned a negative cost: {value}")
+    return Cost.from_macs(value)
