@@ -99,6 +99,7 @@ def test_non_reentrant_early_stop_recomputes_only_what_backward_needs() -> None:
     assert rec["blk"] == 4 * 8  # relu: 1 per element
 
 
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad=True:UserWarning")
 def test_reentrant_block_at_the_input_has_a_backward() -> None:
     # the block takes x itself; count() makes x take part in autograd (an alias), so the
     # reentrant block's parameters get their backward: 64 MACs before the fix
@@ -111,6 +112,9 @@ def test_reentrant_block_at_the_input_has_a_backward() -> None:
     assert b_ck["blk.a"].self_cost.macs == 256 + 256
     assert ck.total(Phase.BACKWARD).macs == 128 + 512 + 512
     assert X.grad is None
+    model = _net(True, first=True)
+    count(model, X, backward=True)
+    assert all(p.grad is None for p in model.parameters())  # backward() ran; .grad put back
 
 
 @pytest.mark.parametrize("reentrant", [True, False])

@@ -433,7 +433,8 @@ class Counter:
             warnings.warn(
                 "flopscope: TorchScript modules (torch.jit.script/trace) run their submodules "
                 "inside the TorchScript interpreter, so their work is charged to the scripted "
-                f"module itself and its submodules show no calls: {', '.join(tracker.scripted)}. "
+                "module itself and its submodules show no calls: "
+                f"{', '.join(repr(p) if p else repr(p) + ' (the model)' for p in tracker.scripted)}. "
                 "Count the eager (unscripted) model for a per-submodule breakdown.",
                 FlopscopeWarning,
                 stacklevel=3,
