@@ -2,27 +2,41 @@
 
     >>> report = flopscope.count(model, x)
     >>> report.macs, report.flops, report.params
+
+The public names are loaded on first use (PEP 562), so ``import flopscope`` and the command line's
+start do not import torch until something needs it (Ctrl-C while torch loads exits cleanly).
 """
 
-from flopscope import render as _render  # noqa: F401  (registers how a Report shows itself)
-from flopscope.cost import Cost, OpCall, Phase
-from flopscope.costed import Costed, costed
-from flopscope.counter import Counter
-from flopscope.errors import (
-    FlopscopeError,
-    FlopscopeWarning,
-    ForwardError,
-    RuleError,
-    StrictModeError,
-    UsageError,
-)
-from flopscope.params import ParamStats
-from flopscope.report import ModuleStats, OpStats, Report
-from flopscope.rules import RuleSet, default_rules
-from flopscope.rules.user import ModuleRule
-from flopscope.run import Inputs, count
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject reads it)
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Cost": "flopscope.cost",
+    "Costed": "flopscope.costed",
+    "Counter": "flopscope.counter",
+    "FlopscopeError": "flopscope.errors",
+    "FlopscopeWarning": "flopscope.errors",
+    "ForwardError": "flopscope.errors",
+    "Inputs": "flopscope.run",
+    "ModuleRule": "flopscope.rules.user",
+    "ModuleStats": "flopscope.report",
+    "OpCall": "flopscope.cost",
+    "OpStats": "flopscope.report",
+    "ParamStats": "flopscope.params",
+    "Phase": "flopscope.cost",
+    "Report": "flopscope.report",
+    "RuleError": "flopscope.errors",
+    "RuleSet": "flopscope.rules",
+    "StrictModeError": "flopscope.errors",
+    "UsageError": "flopscope.errors",
+    "costed": "flopscope.costed",
+    "count": "flopscope.run",
+    "default_rules": "flopscope.rules",
+}
 
 __all__ = [
     "Cost",
@@ -47,3 +61,36 @@ __all__ = [
     "count",
     "default_rules",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
+    _importlib.import_module("flopscope.render")  # registers how a Report shows itself
+    for public, where in _EXPORTS.items():
+        globals()[public] = getattr(_importlib.import_module(where), public)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if _TYPE_CHECKING:  # the same names, for type checkers
+    from flopscope.cost import Cost, OpCall, Phase
+    from flopscope.costed import Costed, costed
+    from flopscope.counter import Counter
+    from flopscope.errors import (
+        FlopscopeError,
+        FlopscopeWarning,
+        ForwardError,
+        RuleError,
+        StrictModeError,
+        UsageError,
+    )
+    from flopscope.params import ParamStats
+    from flopscope.report import ModuleStats, OpStats, Report
+    from flopscope.rules import RuleSet, default_rules
+    from flopscope.rules.user import ModuleRule
+    from flopscope.run import Inputs, count

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
@@ -15,7 +15,6 @@ from flopscope.cli._options import (
     tolerance,
     usage_error,
 )
-from flopscope.report import Report
 
 __all__ = ["add_subcommands", "read_report", "run_diff"]
 
@@ -40,6 +39,10 @@ def add_subcommands(subparsers: Any) -> None:
     diff.set_defaults(func=run_diff)
 
 
+if TYPE_CHECKING:
+    from flopscope.report import Report
+
+
 def read_report(path: str) -> Report:
     """Read a report saved with ``--format json``.
 
@@ -53,6 +56,7 @@ def read_report(path: str) -> Report:
         UsageError: the file cannot be read or is not a flopscope report (says how to make one).
     """
     from flopscope.errors import UsageError
+    from flopscope.report import Report
 
     try:
         text = Path(path).read_text(encoding="utf-8")
