@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from flopscope._tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase
+from flopscope.decompose import decomposition, runs_decomposed
 from flopscope.errors import (
     FlopscopeError,
     FlopscopeWarning,
@@ -28,6 +29,7 @@ from flopscope.errors import (
     UsageError,
 )
 from flopscope.report import OpRecord, Report, RuleRecord
+from flopscope.rules import default_rules
 from flopscope.rules.registry import Rule
 from flopscope.rules.user import RulesArg, as_cost, rule_name, split_rules
 
@@ -42,6 +44,9 @@ _current_autograd_node = torch._C._current_autograd_node
 # facts that do not depend on the rules, shared by every Counter (the overload is kept alive, so
 # its id is not reused)
 _FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}
+# rule, report name, is a view, is an allocation, is ignored, the overload, decomposition
+_OpInfo = tuple[Rule | None, str, bool, bool, bool, Any, Callable[..., Any] | None]
+_ZERO = Cost()
 # id(operator overload) -> ((indices, names) of the arguments it writes to, the overload)
 _WRITES: dict[int, tuple[tuple[tuple[int, ...], tuple[str, ...]], Any]] = {}
 _ALLOCATIONS = frozenset({
@@ -77,6 +82,9 @@ class _Mode(TorchDispatchMode):
     def __init__(self, counter: Counter) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.record = counter._record
+        self.ops = counter._ops
+        self.op_info = counter._op_info
+        self.decomposed = counter._decomposed
         self.counter = counter
         self.guard = counter._guard if counter._protected is not None else None
 
@@ -84,10 +92,15 @@ class _Mode(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
             self.guard(func, args, kwargs)
+        if info[6] is not None:  # no rule, but a decomposition: count its pieces instead
+            out = self.decomposed(self, func, info, args, kwargs)
+            if out is not NotImplemented:
+                return out
         out = func(*args, **kwargs)
-        self.record(func, args, kwargs, out)
+        self.record(func, info, args, kwargs, out)
         return out
 
 
@@ -161,7 +174,8 @@ class Counter:
         self._acc: dict[tuple[str, int | str, Phase], Sums] = {}
         self._rule_acc: dict[str, _RuleSums] = {}
         # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
-        self._ops: dict[int, tuple[Rule | None, str, bool, bool, bool, Any]] = {}
+        self._ops: dict[int, _OpInfo] = {}
+        self._pieces: list[tuple[Any, Cost, bool]] | None = None  # a decomposition's, while it runs
         self._mode: _Mode | None = None
         self.failed_in: str | None = None
 
@@ -302,10 +316,11 @@ class Counter:
         sums.bytes_read += cost.bytes_read
         sums.bytes_written += cost.bytes_written
 
-    def _op_info(self, func: Any) -> tuple[Rule | None, str, bool, bool, bool, Any]:
+    def _op_info(self, func: Any) -> _OpInfo:
         """What the hot path needs to know about an operator, worked out once per operator:
-        its rule, its report name, whether it is a view, whether it is an allocation, and whether
-        to ignore it (``prim::`` metadata queries such as ``prim::device``, made by fake tensors)."""
+        its rule, its report name, whether it is a view, whether it is an allocation, whether
+        to ignore it (``prim::`` metadata queries such as ``prim::device``, made by fake tensors),
+        the overload itself, and, for an operator with no rule, its decomposition (or None)."""
         facts = _FACTS.get(id(func))
         if facts is None or facts[-1] is not func:
             is_view = any(r.alias_info is not None and not r.alias_info.is_write
@@ -313,15 +328,60 @@ class Counter:
             facts = (str(func), is_view, func._schema.name in _ALLOCATIONS,
                      func.namespace == "prim", func)
             _FACTS[id(func)] = facts
-        info = (self._rules.find(func), *facts)
+        fn = self._rules.find(func)
+        decomp = None
+        if not facts[3]:
+            decomp = decomposition(func)
+            if fn is not None and not (runs_decomposed(func) and fn is default_rules().find(func)):
+                decomp = None  # a rule wins, except a default rule on a composite operator
+        info = (fn, *facts, decomp)
         self._ops[id(func)] = info
         return info
 
-    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    def _decomposed(
+        self, mode: _Mode, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run ``func`` as its decomposition with the pieces counted under ``func``; returns its
+        output, or ``NotImplemented`` when the decomposition does not apply here (then the
+        caller runs ``func`` itself, which is reported as uncounted)."""
+        if self._in_rule:
+            return NotImplemented
+        if self._pieces is not None:  # a piece of a decomposition: its pieces go to the outer one
+            with mode:
+                return info[6](*args, **kwargs)  # type: ignore[misc]
+        pieces: list[tuple[Any, Cost, bool]] = []
+        self._pieces = pieces
+        try:
+            with mode:
+                out = info[6](*args, **kwargs)  # type: ignore[misc]
+        except FlopscopeError:
+            raise
+        except Exception:  # e.g. a decomposition that needs values a fake tensor does not have
+            out = NotImplemented
+        finally:
+            self._pieces = None
+        if out is NotImplemented:
+            return NotImplemented
+        macs = flops = 0
+        for piece, cost, counted in pieces:
+            if counted:
+                macs += cost.macs
+                flops += cost.flops
+            else:  # nothing covers this piece: listed as uncounted under its own name
+                self._record(piece, self._ops[id(piece)], (), {}, None, (Cost(), False))
+        read, written = OpCall(func, args, kwargs, out, _FORWARD, info[2]).io_bytes()
+        self._record(func, info, args, kwargs, out, (Cost(macs, flops, read, written), True))
+        return out
+
+    def _record(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                out: Any, decomposed: tuple[Cost, bool] | None = None) -> None:
+        """Cost one operator call and add it under (module path, operator, phase).
+
+        ``decomposed`` is given by :meth:`_decomposed`: the summed cost of a decomposition's
+        pieces (``True``: counted) or an uncounted piece (``False``)."""
         if self._in_rule:
             return
-        info = self._ops.get(id(func))
-        fn, _, is_view, is_alloc, ignored, _ = info if info is not None else self._op_info(func)
+        fn, _, is_view, is_alloc, ignored, _, _ = info
         if ignored:
             return
         st = self._main if _get_ident() == self._tracker.owner else self._tracker.state()
@@ -347,31 +407,43 @@ class Counter:
             frame = None
             path = self._tracker.backward_path(node, st)
             shadowing = None
-        call = OpCall(func, args, kwargs, out, phase, is_view)
-        if fn is None:
-            counted = False
-            if self.strict and shadowing is None:
-                raise StrictModeError(
-                    f"no rule for operator {func} (called in module '{path}', {phase.value}, "
-                    f"inputs {[tuple(t.shape) for t in call.inputs]}); add one with "
-                    f"rules={{'{func._schema.name}': fn}}, or count with strict=False to list it in "
-                    "Report.uncounted"
-                )
-            read, written = call.io_bytes()
-            cost = Cost(0, 0, read, written)
+        key: int = id(func)
+        if decomposed is not None:
+            cost, counted = decomposed
+            if counted:
+                key = -key  # the decomposed operator's own record
         else:
-            counted = True
-            try:
-                cost = fn(call)
-            except FlopscopeError:
-                raise
-            except Exception as e:
-                raise RuleError(
-                    f"rule {rule_name(fn)} for operator {func} failed in module '{path}' "
-                    f"(inputs {[tuple(t.shape) for t in call.inputs]}): {type(e).__name__}: {e}"
-                ) from e
-            if type(cost) is not Cost:
-                cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func} in module '{path}'")
+            call = OpCall(func, args, kwargs, out, phase, is_view)
+            if fn is None:
+                counted = False
+                if self.strict and shadowing is None:
+                    raise StrictModeError(
+                        f"no rule for operator {func} (called in module '{path}', {phase.value}, "
+                        f"inputs {[tuple(t.shape) for t in call.inputs]}) and no decomposition; "
+                        f"add one with rules={{'{func._schema.name}': fn}}, or count with "
+                        "strict=False to list it in Report.uncounted"
+                    )
+                if self._pieces is not None:  # part of a decomposition: listed by _decomposed
+                    self._pieces.append((func, _ZERO, False))
+                    return
+                read, written = call.io_bytes()
+                cost = Cost(0, 0, read, written)
+            else:
+                counted = True
+                try:
+                    cost = fn(call)
+                except FlopscopeError:
+                    raise
+                except Exception as e:
+                    raise RuleError(
+                        f"rule {rule_name(fn)} for operator {func} failed in module '{path}' "
+                        f"(inputs {[tuple(t.shape) for t in call.inputs]}): {type(e).__name__}: {e}"
+                    ) from e
+                if type(cost) is not Cost:
+                    cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func} in module '{path}'")
+                if self._pieces is not None:  # part of a decomposition: added up by _decomposed
+                    self._pieces.append((func, cost, True))
+                    return
         if frame is not None:
             if cost.flops or not counted:
                 frame.arithmetic += 1
@@ -382,7 +454,7 @@ class Counter:
             assert sh is not None
             _add(sh, cost)
             return
-        self._add((path, id(func), phase), cost)
+        self._add((path, key, phase), cost)
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
@@ -478,12 +550,16 @@ class Counter:
             modules[p] = ("", 0)
         records = []
         for (path, op, phase), sums in self._acc.items():
+            decomposed = False
             if isinstance(op, str):  # a module rule's entry
                 name, counted = op, True
+            elif op < 0:  # minus the id of an operator counted by its decomposition
+                name, counted, decomposed = self._ops[-op][1], True, True
             else:
                 fn, name = self._ops[op][:2]  # op is the id of an operator overload
                 counted = fn is not None
-            records.append(OpRecord(path, name, phase, sums.calls, _cost(sums), counted))
+            records.append(OpRecord(path, name, phase, sums.calls, _cost(sums), counted,
+                                    decomposed))
         rules = tuple(
             RuleRecord(path, r.name, r.rule.calls, _cost(r.rule), _cost(r.shadow), r.macs_only)
             for path, r in self._rule_acc.items()
