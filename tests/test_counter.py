@@ -316,3 +316,35 @@ def test_deepcopy_still_works_after_count() -> None:
     model = TwoLayer()
     count(model, torch.randn(2, 8))
     copy.deepcopy(model)
+
+
+class _Seen:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, int]] = []
+        self.resets = 0
+
+    def on_call(self, path: str, phase: flopscope.Phase, op: str, call: object,
+                cost: flopscope.Cost) -> None:
+        self.calls.append((path, phase.value, op, cost.macs))
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.calls.clear()
+
+
+def test_observers_see_every_costed_call_once() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    seen = _Seen()
+    r = count(model, torch.randn(2, 4), observers=[seen])
+    # one addmm of 2 x 3 x 4 = 24 MACs in module "0"; the observed costs add up to the report
+    assert ("0", "forward", "aten.addmm.default", 24) in seen.calls
+    assert sum(c[3] for c in seen.calls) == r.macs == 24
+    assert len(seen.calls) == sum(rec.calls for rec in r.records)
+
+
+def test_observers_see_a_module_rule_as_one_call() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    seen = _Seen()
+    count(model, torch.randn(2, 4), rules={nn.Linear: lambda m, a, o: 100}, observers=[seen])
+    assert ("0", "forward", "module_rule:Linear", 100) in seen.calls
+    assert not [c for c in seen.calls if c[2] == "aten.addmm.default"]  # shadowed by the rule

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -53,6 +53,22 @@ _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
 })
+
+
+class CallObserver(Protocol):
+    """Sees every operator call that a :class:`Counter` adds to its totals, after it is costed.
+
+    ``path`` is the module the call is attributed to, ``phase`` its phase, ``op`` its report name
+    (``aten.mm.default``), ``call`` the :class:`OpCall` (``None`` for a module rule's cost of a
+    whole module) and ``cost`` what it cost. An operator counted by decomposition is seen once,
+    with the summed cost; calls inside a module costed by a module rule are not seen (the rule's
+    cost is). Used by :mod:`flopscope.estimate` (roofline time, peak memory). An observer may
+    also have a ``reset()`` method: :func:`flopscope.count` calls it when it abandons an attempt
+    (a meta-device forward that has to rerun on fake CPU tensors) before counting again.
+    """
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """One costed call."""
 
 
 class _RuleSums:
@@ -139,6 +155,7 @@ class Counter:
         strict: raise :class:`~flopscope.errors.StrictModeError` at the first operator with no rule.
         warn: emit one :class:`~flopscope.errors.FlopscopeWarning` on exit when operators went
             uncounted or modules look opaque.
+        observers: objects that see every costed call (:class:`CallObserver`).
 
     Raises:
         UsageError: ``model`` is not an ``nn.Module``.
@@ -152,6 +169,7 @@ class Counter:
         rules: RulesArg = None,
         strict: bool = False,
         warn: bool = True,
+        observers: Sequence[CallObserver] = (),
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise UsageError(
@@ -162,6 +180,7 @@ class Counter:
         self.strict = strict
         self.warn = warn
         self._rules, module_rules = split_rules(rules)
+        self._observers = tuple(observers)
         self._tracker = ModuleTracker(model, module_rules, self._apply_module_rule,
                                       self._active_here)
         self._main = self._tracker.main  # the entering thread's state, read on the hot path
@@ -301,7 +320,10 @@ class Counter:
         _add(sums.rule, cost)
         if frame.shadow is not None:
             _add(sums.shadow, _cost(frame.shadow))
-        self._add((frame.path, f"module_rule:{type(frame.module).__name__}", frame.phase), cost)
+        op = f"module_rule:{type(frame.module).__name__}"
+        self._add((frame.path, op, frame.phase), cost)
+        for observer in self._observers:
+            observer.on_call(frame.path, frame.phase, op, None, cost)
 
     # -- the per-operator hot path ------------------------------------------------------------
     def _add(self, key: tuple[str, int | str, Phase], cost: Cost) -> None:
@@ -455,6 +477,10 @@ class Counter:
             _add(sh, cost)
             return
         self._add((path, key, phase), cost)
+        if self._observers:
+            seen = OpCall(func, args, kwargs, out, phase, is_view)
+            for observer in self._observers:
+                observer.on_call(path, phase, info[1], seen, cost)
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:

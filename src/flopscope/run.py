@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
-from flopscope.counter import Counter
+from flopscope.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.report import Report
 from flopscope.rules.user import RulesArg
@@ -42,7 +43,7 @@ class Inputs:
         self.kwargs = kwargs
 
 
-_OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn")
+_OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn", "observers")
 
 
 def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
@@ -81,6 +82,7 @@ def count(
     backward: bool = False,
     train: bool | None = None,
     warn: bool = True,
+    observers: Sequence[CallObserver] = (),
     **kwargs: Any,
 ) -> Report:
     """Count one forward call of ``model`` (and optionally its backward).
@@ -118,6 +120,7 @@ def count(
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
         warn: warn once about uncounted operators and opaque modules.
+        observers: objects that see every costed call (see :class:`~flopscope.counter.CallObserver`).
         **kwargs: keyword arguments of ``model``.
 
     Returns:
@@ -142,10 +145,10 @@ def count(
         args, kwargs = args[0].args, dict(args[0].kwargs)
     else:
         given = {"rules": rules, "strict": strict, "shape_only": shape_only, "backward": backward,
-                 "train": train, "warn": warn}
+                 "train": train, "warn": warn, "observers": observers or None}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
-    counter = Counter(model, rules=rules, strict=strict, warn=warn)
+    counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
     modules = counter.modules
     on_meta = _all_meta(modules)
     modes = [(m, m.training) for m in modules]
@@ -183,7 +186,11 @@ def count(
             way, alias = attempts[i]
             if i:
                 counter._restore()  # the abandoned attempt's writes
-                counter = Counter(model, rules=rules, strict=strict, warn=warn)
+                for observer in observers:  # the abandoned attempt's calls do not count
+                    reset = getattr(observer, "reset", None)
+                    if reset is not None:
+                        reset()
+                counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
             if way == "real":
                 counter._protect(params)
             try:
