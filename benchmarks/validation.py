@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flopscope.measure import Backend, MeasureRequest, measure_sources, resolve_backend
+from flopscope.measure import Backend, MeasureRequest, measure_sources
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "squeezenet1_0", "alexnet", "vgg11")
 MARK_BEGIN = "<!-- flopscope-validate:begin (generated; edit outside these markers) -->"
@@ -141,10 +141,7 @@ def run(
         stored[entry.request.source] = record
 
     if todo:
-        chosen, note = resolve_backend(backend)
-        if progress is not None:
-            progress(note)
-        measure_sources(todo, backend=chosen, progress=progress, on_entry=save)
+        measure_sources(todo, backend=backend, progress=progress, on_entry=save)
     return [r for r in (stored[q.source] for q in requests) if r is not None]
 
 
@@ -162,10 +159,8 @@ def ratio(record: Record) -> float | None:
 
 
 def _input_label(record: Record) -> str:
-    req = record["request"]
-    if req.get("inputs"):
-        return ", ".join(req["inputs"])
-    return "default"
+    res = record.get("result") or {}
+    return ", ".join(res.get("inputs") or record["request"].get("inputs") or ["default"])
 
 
 def write_csv(records: Sequence[Record], path: Path) -> None:

@@ -97,7 +97,9 @@ def test_main_writes_everything_and_exits_1_on_failure(
     tmp_path: Path, sources: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = FakeBackend(Scaled(1.0, fail="m2.py"))
-    monkeypatch.setattr(validation, "resolve_backend", lambda name: (fake, "backend fake"))
+    import flopscope.measure.registry as registry
+
+    monkeypatch.setattr(registry, "resolve_backend", lambda name: (fake, "backend fake"))
     out, page = tmp_path / "out", tmp_path / "v.md"
     rc = validation.main(["--models", *sources, "--out", str(out), "--markdown", str(page)])
     assert rc == 1

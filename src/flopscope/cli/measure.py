@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import json
 import sys
@@ -189,7 +188,6 @@ def run_measure(args: argparse.Namespace) -> int:
         raise usage_error(str(e)) from None
     except MeasureError as e:
         raise CheckFailed(f"measuring {args.source} failed: {e}") from None
-    result = dataclasses.replace(result, notes=(note, *result.notes[1:]))
     if args.format == "json":
         text = json.dumps(result.to_dict(), indent=2) + "\n"
     else:
@@ -237,11 +235,10 @@ def run_validate(args: argparse.Namespace) -> int:
     requests = _requests(args, args.sources)
     say = _progress()
     try:
-        backend, note = _backend(args.backend)
+        backend, _note = _backend(args.backend)
     except BackendUnavailableError as e:
         raise usage_error(f"{e}; choose another --backend") from None
-    say(note)
-    entries = measure.measure_sources(requests, backend=backend, progress=say)
+    entries = measure.measure_sources(requests, backend=backend, progress=say)  # says `note`
     if args.format == "json":
         doc = [
             {"source": e.request.source, "seconds": round(e.seconds, 1), "error": e.error,

@@ -37,6 +37,7 @@ class BackendName(str, enum.Enum):
 
 # The order in which ``auto`` tries them: hardware counters first, valgrind as the fallback.
 _ORDER = (BackendName.PERF, BackendName.PAPI, BackendName.VALGRIND)
+_NAMES = frozenset(b.value for b in _ORDER)
 
 
 def _to_name(value: BackendName | str) -> BackendName:
@@ -126,6 +127,10 @@ def resolve_backend(requested: Backend | BackendName | str) -> tuple[Backend, st
         reason = requested.unavailable_reason()
         if reason is not None:
             raise BackendUnavailableError(f"backend {requested.name} is unavailable: {reason}")
+        if requested.name in _NAMES and backend_named(requested.name) is requested:
+            # One of ours, already chosen: the note still says why the others were not.
+            reasons = {b: r for b, r in backend_status().items() if r is not None}
+            return requested, auto_note(requested.name, reasons)
         return requested, f"backend {requested.name}"
     chosen, reasons = select_backend(requested)
     return backend_named(chosen), auto_note(chosen.value, reasons)

@@ -71,7 +71,9 @@ def measure_sources(
     """
     from flopscope.measure.registry import resolve_backend
 
-    chosen, _note = resolve_backend(backend)
+    chosen, note = resolve_backend(backend)
+    if progress is not None:
+        progress(note)
     entries: list[SweepEntry] = []
     for i, request in enumerate(requests, 1):
         t0 = time.perf_counter()
