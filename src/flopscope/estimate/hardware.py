@@ -1,0 +1,441 @@
+"""Hardware profiles: peak FLOP/s per dtype (matrix and vector units) and memory bandwidth.
+
+A :class:`Hardware` is what the roofline model needs to know about a machine. Shipped profiles
+(:data:`PROFILES`) hold dense (no structured sparsity) datasheet figures, each with its source in
+a comment; :func:`load_hardware` reads user profiles from a JSON (or, on Python >= 3.11, TOML)
+file; :func:`measure_this_machine` measures the machine it runs on with a short GEMM and a
+streaming copy (and says so: ``measured=True``).
+
+Dtype keys: ``fp64``, ``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``, ``int8``. ``matrix`` peaks
+are those of the units that only multiply matrices (tensor cores, matrix cores, AMX); ``vector``
+peaks those of the general units (CUDA cores, SIMD FMA units). A dtype a unit does not list falls
+back as :meth:`Hardware.peak` says.
+
+File format (JSON; TOML takes the same keys), one profile or ``{"profiles": [...]}``::
+
+    {"name": "my-gpu", "memory_bandwidth_gb_s": 2000,
+     "matrix_tflops": {"bf16": 500, "fp16": 500, "tf32": 250},
+     "vector_tflops": {"fp32": 60, "fp64": 30},
+     "memory_gb": 80, "description": "...", "source": "..."}
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flopscope.errors import UsageError
+
+__all__ = [
+    "DTYPE_KEYS",
+    "PROFILES",
+    "Hardware",
+    "dtype_key",
+    "get_hardware",
+    "load_hardware",
+    "measure_this_machine",
+]
+
+DTYPE_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+THIS_MACHINE = ("this", "this-machine", "this_machine", "local")
+
+_TERA = 1e12
+_GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Peak rates of one machine.
+
+    Attributes:
+        name: the profile's name (``"h100-sxm"``).
+        memory_bandwidth: main-memory (HBM/DRAM) bandwidth, bytes per second.
+        matrix: dtype key -> FLOP/s (or int ops/s) of matrix units, dense.
+        vector: dtype key -> FLOP/s of vector (general-purpose) units.
+        memory_bytes: memory capacity in bytes, when known.
+        description: a human name.
+        source: where the figures come from.
+        measured: the figures were measured on this machine (not taken from a datasheet).
+    """
+
+    name: str
+    memory_bandwidth: float
+    matrix: Mapping[str, float] = field(default_factory=dict)
+    vector: Mapping[str, float] = field(default_factory=dict)
+    memory_bytes: int | None = None
+    description: str = ""
+    source: str = ""
+    measured: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.memory_bandwidth > 0:
+            raise UsageError(f"hardware {self.name!r}: memory bandwidth must be positive")
+        for unit in (self.matrix, self.vector):
+            for key, value in unit.items():
+                if key not in DTYPE_KEYS:
+                    raise UsageError(
+                        f"hardware {self.name!r}: unknown dtype {key!r}; use one of "
+                        f"{', '.join(DTYPE_KEYS)}"
+                    )
+                if not value > 0:
+                    raise UsageError(f"hardware {self.name!r}: peak for {key} must be positive")
+        if "fp32" not in self.vector:
+            raise UsageError(f"hardware {self.name!r}: needs at least a vector fp32 peak")
+
+    def peak(self, key: str, matrix: bool) -> float:
+        """Peak rate for work of dtype ``key``.
+
+        Matrix work (sums of products) uses the matrix units when they take this dtype, else the
+        vector units; vector work uses the vector units. A dtype the vector units do not list runs
+        at their fp32 rate (fp8 and tf32 arithmetic outside matrix units is done in fp32; bf16 and
+        fp16 without a listed rate likewise).
+
+        Args:
+            key: a dtype key (:data:`DTYPE_KEYS`).
+            matrix: whether the work is a matrix product.
+
+        Returns:
+            Operations per second.
+        """
+        if matrix:
+            rate = self.matrix.get(key)
+            if rate is not None:
+                return rate
+        rate = self.vector.get(key)
+        return rate if rate is not None else self.vector["fp32"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile in the file format (TFLOP/s, GB/s), plus ``measured``."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "memory_bandwidth_gb_s": self.memory_bandwidth / _GIGA,
+            "matrix_tflops": {k: v / _TERA for k, v in self.matrix.items()},
+            "vector_tflops": {k: v / _TERA for k, v in self.vector.items()},
+            "source": self.source,
+            "measured": self.measured,
+        }
+        if self.memory_bytes is not None:
+            out["memory_gb"] = self.memory_bytes / _GIGA
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "profile") -> Hardware:
+        """Build a profile from the file format (see the module docstring).
+
+        Args:
+            data: the profile's keys.
+            where: what to name in error messages (a file name).
+
+        Returns:
+            The profile.
+
+        Raises:
+            UsageError: a missing or malformed field.
+        """
+        known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
+                 "memory_gb", "source", "measured"}
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{where}: a hardware profile is a table of keys, not "
+                             f"{type(data).__name__}")
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(known))}")
+        for key in ("name", "memory_bandwidth_gb_s", "vector_tflops"):
+            if key not in data:
+                raise UsageError(f"{where}: a hardware profile needs {key!r}")
+
+        def rates(key: str) -> dict[str, float]:
+            table = data.get(key, {})
+            if not isinstance(table, Mapping):
+                raise UsageError(f"{where}: {key} must be a table of dtype -> TFLOP/s")
+            try:
+                return {str(k): float(v) * _TERA for k, v in table.items()}
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"{where}: {key}: {e}") from e
+
+        try:
+            bandwidth = float(data["memory_bandwidth_gb_s"]) * _GIGA
+            memory = data.get("memory_gb")
+            memory_bytes = None if memory is None else int(float(memory) * _GIGA)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{where}: {e}") from e
+        return cls(
+            name=str(data["name"]),
+            memory_bandwidth=bandwidth,
+            matrix=rates("matrix_tflops"),
+            vector=rates("vector_tflops"),
+            memory_bytes=memory_bytes,
+            description=str(data.get("description", "")),
+            source=str(data.get("source", "")),
+            measured=bool(data.get("measured", False)),
+        )
+
+
+def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str | None:
+    """The profile key of a torch dtype, or ``None`` for dtypes with no arithmetic rate (bool,
+    wide integers).
+
+    Args:
+        dtype: the dtype the arithmetic is done in.
+        tf32: float32 matrix products run as TF32 (``torch.set_float32_matmul_precision("high")``).
+
+    Returns:
+        A key of :data:`DTYPE_KEYS`, or ``None``.
+    """
+    if dtype in (torch.float32, torch.complex64):
+        return "tf32" if tf32 else "fp32"
+    if dtype in (torch.float64, torch.complex128):
+        return "fp64"
+    if dtype is torch.bfloat16:
+        return "bf16"
+    if dtype in (torch.float16, torch.complex32):
+        return "fp16"
+    if dtype.is_floating_point and dtype.itemsize == 1:  # every float8 variant
+        return "fp8"
+    if dtype in (torch.int8, torch.uint8):
+        return "int8"
+    return None
+
+
+def _gpu(name: str, description: str, source: str, bandwidth_gb_s: float,
+         memory_gb: float | None, matrix: dict[str, float], vector: dict[str, float]) -> Hardware:
+    return Hardware(name, bandwidth_gb_s * _GIGA, {k: v * _TERA for k, v in matrix.items()},
+                    {k: v * _TERA for k, v in vector.items()},
+                    None if memory_gb is None else int(memory_gb * _GIGA), description, source)
+
+
+# Dense figures only (datasheets print "with sparsity" figures twice as large; those are not used).
+# Units below: TFLOP/s (TOPS for int8), GB/s, GB.
+_SHIPPED = [
+    # NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100, 2023), H100 SXM:
+    # FP64 34, FP64 Tensor Core 67, FP32 67, TF32 TC 989/2 = 494.5 dense, BF16/FP16 TC 1979/2 =
+    # 989.5, FP8 TC 3958/2 = 1979, INT8 TC 3958/2 = 1979; GPU memory 80 GB, 3.35 TB/s.
+    # FP16/BF16 on CUDA cores (non-tensor) 133.8: NVIDIA H100 Tensor Core GPU Architecture
+    # whitepaper (2022), Table 3 (SXM5).
+    _gpu("h100-sxm", "NVIDIA H100 SXM5 80 GB", "NVIDIA H100 datasheet (SXM); H100 whitepaper "
+         "Table 3 for non-tensor FP16/BF16", 3350, 80,
+         {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
+         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}),
+    # Same datasheet, H100 PCIe: FP64 26, FP64 TC 51, FP32 51, TF32 756/2 = 378, BF16/FP16
+    # 1513/2 = 756.5, FP8 3026/2 = 1513, INT8 3026/2 = 1513; 80 GB HBM2e at 2.0 TB/s.
+    # Non-tensor FP16/BF16: whitepaper Table 3 (PCIe) 102.4.
+    _gpu("h100-pcie", "NVIDIA H100 PCIe 80 GB", "NVIDIA H100 datasheet (PCIe); H100 whitepaper "
+         "Table 3 for non-tensor FP16/BF16", 2000, 80,
+         {"fp64": 51, "tf32": 378, "bf16": 756.5, "fp16": 756.5, "fp8": 1513, "int8": 1513},
+         {"fp64": 26, "fp32": 51, "bf16": 102.4, "fp16": 102.4}),
+    # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200, 2024), H200 SXM:
+    # the same compute as H100 SXM (FP64 34, FP64 TC 67, FP32 67, TF32 989/2, BF16/FP16 1979/2,
+    # FP8 3958/2, INT8 3958/2); 141 GB HBM3e at 4.8 TB/s.
+    _gpu("h200", "NVIDIA H200 SXM 141 GB", "NVIDIA H200 datasheet (SXM)", 4800, 141,
+         {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
+         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}),
+    # NVIDIA A100 Tensor Core GPU datasheet (2021), A100 SXM: FP64 9.7, FP64 TC 19.5, FP32 19.5,
+    # TF32 TC 312/2 = 156, BF16/FP16 TC 624/2 = 312, INT8 TC 1248/2 = 624 (no FP8); 40 GB HBM2 at
+    # 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s. Non-tensor FP16/BF16 78 (NVIDIA A100 Tensor Core
+    # GPU Architecture whitepaper, Table 1).
+    _gpu("a100-40gb", "NVIDIA A100 SXM4 40 GB", "NVIDIA A100 datasheet (SXM 40GB); A100 "
+         "whitepaper Table 1 for non-tensor FP16/BF16", 1555, 40,
+         {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}),
+    _gpu("a100-80gb", "NVIDIA A100 SXM4 80 GB", "NVIDIA A100 datasheet (SXM 80GB); A100 "
+         "whitepaper Table 1 for non-tensor FP16/BF16", 2039, 80,
+         {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}),
+    # NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3, TF32 TC 120/2 = 60, BF16/FP16 TC
+    # 242/2 = 121, FP8 485/2 = 242.5, INT8 485/2 = 242.5; 24 GB GDDR6 at 300 GB/s. FP64 is not
+    # in the datasheet: 1/64 of FP32 (Ada Lovelace architecture whitepaper) = 0.47.
+    _gpu("l4", "NVIDIA L4 24 GB", "NVIDIA L4 datasheet; FP64 = FP32/64 (Ada whitepaper)", 300, 24,
+         {"tf32": 60, "bf16": 121, "fp16": 121, "fp8": 242.5, "int8": 242.5},
+         {"fp64": 0.47, "fp32": 30.3}),
+    # NVIDIA L40S datasheet (2023): FP32 91.6, TF32 TC 183 (366 sparse), BF16/FP16 TC 362.05
+    # (733 sparse), FP8 733 (1466 sparse), INT8 733 (1466 sparse); 48 GB GDDR6 at 864 GB/s.
+    # FP64 is not in the datasheet: FP32/64 = 1.43.
+    _gpu("l40s", "NVIDIA L40S 48 GB", "NVIDIA L40S datasheet; FP64 = FP32/64 (Ada whitepaper)",
+         864, 48,
+         {"tf32": 183, "bf16": 362.05, "fp16": 362.05, "fp8": 733, "int8": 733},
+         {"fp64": 1.43, "fp32": 91.6}),
+    # AMD Instinct MI300X data sheet (amd.com, 2023): FP64 vector 81.7, FP64 matrix 163.4, FP32
+    # vector 163.4, FP32 matrix 163.4, TF32 653.7, FP16/BF16 1307.4, FP8 2614.9, INT8 2614.9
+    # (dense); 192 GB HBM3 at 5.3 TB/s.
+    _gpu("mi300x", "AMD Instinct MI300X 192 GB", "AMD Instinct MI300X data sheet", 5300, 192,
+         {"fp64": 163.4, "fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4,
+          "fp8": 2614.9, "int8": 2614.9},
+         {"fp64": 81.7, "fp32": 163.4}),
+    # CPUs (no capacity figure: it depends on the DIMMs): peak = cores x base clock x FLOP per cycle per core (two FMA pipes: 2 x 2 x lanes),
+    # bandwidth = memory channels x transfer rate x 8 bytes.
+    # AMD EPYC 9654 (amd.com product page): 96 cores, 2.4 GHz base, 12 channels DDR5-4800
+    # (460.8 GB/s). Zen 4 runs AVX-512 on 256-bit datapaths: 2 FMA x 4 doubles x 2 = 16 FP64
+    # FLOP/cycle, 32 FP32, and AVX512_BF16 dot products at 64 BF16 FLOP/cycle.
+    # 96 x 2.4e9 x 16 = 3.686 TFLOP/s FP64; x 32 = 7.373 FP32; x 64 = 14.75 BF16.
+    _gpu("epyc-9654", "AMD EPYC 9654 (Genoa, 96 cores, one socket)", "AMD product page: cores, "
+         "base clock, memory channels; Zen 4 FLOP/cycle", 460.8, None,
+         {"bf16": 14.75},
+         {"fp64": 3.686, "fp32": 7.373}),
+    # Intel Xeon Platinum 8480+ (ark.intel.com): 56 cores, 2.0 GHz base, 8 channels DDR5-4800
+    # (307.2 GB/s). Two AVX-512 FMA units: 2 x 2 x 8 = 32 FP64 FLOP/cycle, 64 FP32; AMX: 1024
+    # BF16 FLOP/cycle and 2048 INT8 ops/cycle per core (Intel Architecture Instruction Set
+    # Extensions reference, AMX chapter; Intel's AMX overview). 56 x 2.0e9 x 32 = 3.584 FP64,
+    # x 64 = 7.168 FP32, x 1024 = 114.7 BF16/FP16 (AMX-FP16 is Granite Rapids; BF16 only here),
+    # x 2048 = 229.4 INT8.
+    _gpu("xeon-8480", "Intel Xeon Platinum 8480+ (Sapphire Rapids, 56 cores, one socket)",
+         "ark.intel.com: cores, base clock, memory channels; AMX/AVX-512 FLOP/cycle", 307.2, None,
+         {"bf16": 114.7, "int8": 229.4},
+         {"fp64": 3.584, "fp32": 7.168}),
+    # AWS Graviton3 (aws.amazon.com/ec2/graviton; Neoverse V1 technical reference): 64 cores at
+    # 2.6 GHz, 8 channels DDR5-4800 (307.2 GB/s). Two 256-bit SVE pipes: 2 x 2 x 4 = 16 FP64
+    # FLOP/cycle, 32 FP32, BFMMLA bf16 matrix multiply 2 x 32 = 64 BF16 FLOP/cycle.
+    # 64 x 2.6e9 x 16 = 2.662 FP64; x 32 = 5.325 FP32; x 64 = 10.65 BF16.
+    _gpu("graviton3", "AWS Graviton3 (64 cores)", "AWS Graviton page; Arm Neoverse V1 TRM",
+         307.2, None,
+         {"bf16": 10.65},
+         {"fp64": 2.662, "fp32": 5.325}),
+]
+
+PROFILES: dict[str, Hardware] = {hw.name: hw for hw in _SHIPPED}
+"""The shipped profiles by name."""
+# aliases people type
+_ALIASES = {"h100": "h100-sxm", "h200-sxm": "h200", "a100": "a100-80gb", "a100-40": "a100-40gb",
+            "a100-80": "a100-80gb"}
+
+
+def load_hardware(path: str | Path) -> list[Hardware]:
+    """Read hardware profiles from a JSON file (or TOML on Python >= 3.11).
+
+    Args:
+        path: the file: one profile, or ``{"profiles": [...]}`` (TOML: ``[[profiles]]``).
+
+    Returns:
+        The profiles in file order.
+
+    Raises:
+        UsageError: the file is missing, unreadable, not JSON/TOML, or a profile is malformed.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read hardware file {str(path)!r}: {e.strerror or e}") from None
+    data: Any
+    if file.suffix.lower() == ".toml":
+        if sys.version_info < (3, 11):
+            raise UsageError(f"{path}: TOML hardware files need Python >= 3.11; use JSON")
+        tomllib: Any = importlib.import_module("tomllib")  # stdlib from 3.11 (mypy checks 3.10)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"{path}: not valid TOML: {e}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}: not valid JSON: {e}") from None
+    if isinstance(data, Mapping) and "profiles" in data:
+        items = data["profiles"]
+        if not isinstance(items, list) or not items:
+            raise UsageError(f"{path}: 'profiles' must be a non-empty list of profiles")
+        return [Hardware.from_dict(item, where=f"{path} (profile {i})")
+                for i, item in enumerate(items)]
+    return [Hardware.from_dict(data, where=str(path))]
+
+
+def get_hardware(spec: str | Hardware) -> Hardware:
+    """A profile by name (:data:`PROFILES`, case-insensitive), from a file (JSON/TOML; the
+    first profile, or ``FILE:NAME`` for a named one), or ``"this-machine"`` (measured now).
+
+    Args:
+        spec: a name, a file path, ``"this-machine"``, or a :class:`Hardware` (returned as is).
+
+    Returns:
+        The profile.
+
+    Raises:
+        UsageError: no such profile or file (close matches are suggested).
+    """
+    if isinstance(spec, Hardware):
+        return spec
+    key = spec.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in PROFILES:
+        return PROFILES[key]
+    if key in THIS_MACHINE:
+        return measure_this_machine()
+    path, _, name = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+    if Path(path).is_file():
+        profiles = load_hardware(path)
+        if not name:
+            return profiles[0]
+        for hw in profiles:
+            if hw.name.lower() == name.lower():
+                return hw
+        raise UsageError(f"{path} has no profile named {name!r}; it has "
+                         f"{', '.join(hw.name for hw in profiles)}")
+    from flopscope._text import did_you_mean
+
+    raise UsageError(
+        f"unknown hardware {spec!r}{did_you_mean(key, [*PROFILES, 'this-machine'])}; known: "
+        f"{', '.join(PROFILES)}, this-machine, or a JSON file of profiles"
+    )
+
+
+def _best_seconds(fn: Any, repeats: int) -> float:
+    fn()  # warm-up: first-touch page faults, library initialisation
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
+                         repeats: int = 3) -> Hardware:
+    """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16) and a streaming
+    copy, with torch's current thread count. Best of ``repeats`` timings (after one warm-up);
+    the figures are *attained* rates, not the vendor's peaks, and the profile says so
+    (``measured=True``).
+
+    Args:
+        gemm_size: n of the n x n x n GEMMs (2 n^3 FLOPs each).
+        copy_mib: size of the copied buffer in MiB (well beyond the last-level cache); a copy
+            moves twice that (read + write), the way flopscope counts bytes.
+        repeats: timed runs per measurement.
+
+    Returns:
+        The profile, named ``"this-machine"``.
+    """
+    n = gemm_size
+    rates: dict[str, float] = {}
+    for key, dtype in (("fp32", torch.float32), ("fp64", torch.float64),
+                       ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
+        c = torch.empty(n, n, dtype=dtype)
+        seconds = _best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), repeats)
+        rates[key] = 2 * n**3 / seconds
+    numel = copy_mib * 2**20 // 4
+    src = torch.ones(numel, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = _best_seconds(lambda: dst.copy_(src), max(repeats, 5))
+    bandwidth = 2 * numel * 4 / seconds
+    threads = torch.get_num_threads()
+    # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
+    return Hardware(
+        name="this-machine",
+        memory_bandwidth=bandwidth,
+        matrix=dict(rates),
+        vector=dict(rates),
+        description=f"this machine, measured ({threads} threads): {n}^3 GEMM, "
+                    f"{copy_mib} MiB copy",
+        source="measured by flopscope.estimate.measure_this_machine",
+        measured=True,
+    )

@@ -1,0 +1,288 @@
+"""Peak memory: tensor lifetimes as the dispatcher sees them.
+
+:class:`MemoryTracker` is a Counter observer. A tensor storage becomes live when it first appears
+as an operator's output (or, for tensors that existed before, when it is registered or first
+read); it dies when PyTorch frees it, which the tracker learns from ``weakref.finalize`` on the
+storage (PyTorch keeps one Python object per live storage, so the finalizer runs exactly when the
+storage is freed; ``torch.distributed._tools.mem_tracker`` relies on the same). Views share their
+base's storage and are counted once; an in-place operator allocates nothing; a storage that an
+operator resizes (``out=`` arguments) is charged its new size. Works the same for real, fake and
+meta tensors, so a training step can be sized without running it.
+
+What is counted: every storage an observed operator call produced or read (parameters, buffers,
+inputs, gradients, optimizer state, activations saved for backward, temporaries), at its exact
+size (``nbytes``). What is not: the allocator's rounding and caching (the CUDA caching allocator
+rounds to 512 bytes and keeps freed blocks reserved: ``torch.cuda.memory_reserved`` is larger),
+scratch memory inside a kernel (cuBLAS/cuDNN/oneDNN workspaces, a decomposition's intermediate
+results), the CUDA context and library code (hundreds of MB per process), and allocations inside
+a module costed by a module rule (its operators are not observed). Python objects and non-tensor
+memory are never seen.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flopscope.cost import Cost, OpCall, Phase
+from flopscope.estimate.roofline import ancestors
+
+__all__ = ["CATEGORIES", "MemoryProfile", "MemoryTracker"]
+
+CATEGORIES = (
+    "parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations",
+    "temporaries", "other",
+)
+"""Categories of live memory at the peak:
+
+- ``parameters``, ``buffers``, ``inputs``: registered before the run (see
+  :meth:`MemoryTracker.register`);
+- ``gradients``: parameter gradients (``.grad``, registered or found after the run);
+- ``optimizer_state``: tensors held by the optimizer (momentum, Adam moments, step counters);
+- ``activations``: storages allocated in the forward phase and live at the peak (saved for
+  backward, or the model's outputs);
+- ``temporaries``: other storages allocated during the run (backward and optimizer temporaries);
+- ``other``: storages that existed before the run and were not registered (first seen read).
+"""
+
+_PHASE_CATEGORY = {Phase.FORWARD: "activations", Phase.RECOMPUTE: "activations",
+                   Phase.BACKWARD: "temporaries", Phase.OPTIMIZER: "temporaries"}
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int, Any] | None:
+    """(key, bytes, storage object) of a tensor's storage, or ``None`` when it has none."""
+    try:
+        st = t.untyped_storage()
+        return int(st._cdata), int(st.nbytes()), st
+    except (RuntimeError, NotImplementedError, AttributeError):  # sparse, nested, functional
+        return None
+
+
+class _Alloc:
+    __slots__ = ("born", "category", "died", "key", "nbytes", "path", "phase")
+
+    def __init__(self, key: int, nbytes: int, born: int, category: str, path: str,
+                 phase: str) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.born = born
+        self.died: int | None = None
+        self.category = category
+        self.path = path
+        self.phase = phase
+
+
+class MemoryTracker:
+    """A Counter observer that follows live tensor storages and records the peak.
+
+    Example::
+
+        tracker = MemoryTracker()
+        tracker.register(model.parameters(), "parameters")
+        with torch.no_grad():
+            report = flopscope.count(model, x, observers=[tracker])
+        profile = tracker.profile()
+
+    The tracker keeps no tensor alive: it holds storage identities and finalizers only.
+    Call :meth:`close` (or :meth:`profile`, which does) when done, so the finalizers stop
+    reporting to it.
+    """
+
+    def __init__(self) -> None:
+        self._allocs: list[_Alloc] = []
+        self._live: dict[int, _Alloc] = {}
+        self._finalizers: list[weakref.finalize] = []  # type: ignore[type-arg]
+        self._event = 0
+        self.current = 0
+        self.peak = 0
+        self._peak_event = 0
+        self._peak_at: tuple[str, str, str] = ("", Phase.FORWARD.value, "")
+        self._hwm: dict[str, int] = {}  # module path -> live bytes high-water mark (own calls)
+        self._closed = False
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def _born(self, key: int, nbytes: int, st: Any, category: str, path: str, phase: str) -> None:
+        alloc = _Alloc(key, nbytes, self._event, category, path, phase)
+        self._allocs.append(alloc)
+        self._live[key] = alloc
+        self.current += nbytes
+        self._finalizers.append(weakref.finalize(st, self._died, alloc))
+
+    def _died(self, alloc: _Alloc) -> None:
+        if self._closed or alloc.died is not None:
+            return
+        self._event += 1
+        alloc.died = self._event
+        if self._live.get(alloc.key) is alloc:
+            del self._live[alloc.key]
+        self.current -= alloc.nbytes
+
+    def _note_peak(self, path: str, phase: str, op: str) -> None:
+        if self.current > self.peak:
+            self.peak = self.current
+            self._peak_event = self._event
+            self._peak_at = (path, phase, op)
+
+    def register(self, tensors: Iterable[Any], category: str) -> None:
+        """Count tensors that exist before the run (parameters, buffers, inputs, gradients,
+        optimizer state) as live from now; each storage once (a registered storage keeps its
+        first category).
+
+        Args:
+            tensors: tensors (other objects are skipped).
+            category: one of :data:`CATEGORIES`.
+
+        Raises:
+            ValueError: an unknown category.
+        """
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            found = _storage(t)
+            if found is not None and found[0] not in self._live:
+                self._born(found[0], found[1], found[2], category, "", "")
+        self._note_peak("", Phase.FORWARD.value, "")
+
+    def reset(self) -> None:
+        """Forget everything (:func:`flopscope.count` calls it when it abandons an attempt)."""
+        self.close()
+        self.__init__()  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Stop following storages (finalizers detached); the recorded figures stay."""
+        self._closed = True
+        for fin in self._finalizers:
+            fin.detach()
+        self._finalizers = []
+
+    # -- the observer ---------------------------------------------------------------------------
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """Storages the call read that were never seen become live (category ``other``); its
+        outputs' new storages become live (allocated by the call); then the peak is updated.
+
+        Args:
+            path: the module path the call is attributed to.
+            phase: its phase.
+            op: the operator's report name.
+            call: the call (``None`` for a module rule: nothing to follow).
+            cost: what it cost (unused).
+        """
+        if call is None or self._closed:
+            return
+        self._event += 1
+        live = self._live
+        for t in call.inputs:
+            found = _storage(t)
+            if found is not None and found[0] not in live:
+                self._born(found[0], found[1], found[2], "other", path, phase.value)
+        for t in call.outputs:
+            found = _storage(t)
+            if found is None:
+                continue
+            key, nbytes, st = found
+            alloc = live.get(key)
+            if alloc is None:
+                self._born(key, nbytes, st, _PHASE_CATEGORY[phase], path, phase.value)
+            elif alloc.nbytes != nbytes:  # resized in place (out= arguments, resize_)
+                self.current += nbytes - alloc.nbytes
+                alloc.nbytes = nbytes
+        hwm = self._hwm.get(path, 0)
+        if self.current > hwm:
+            self._hwm[path] = self.current
+        self._note_peak(path, phase.value, op)
+
+    # -- results --------------------------------------------------------------------------------
+    def profile(self, *, relabel: Mapping[str, Iterable[Any]] | None = None) -> MemoryProfile:
+        """The peak and what was live then, and each module's high-water mark; closes the
+        tracker.
+
+        Args:
+            relabel: category -> tensors whose storages belong to it, applied before the
+                breakdown (e.g. ``{"gradients": [p.grad ...], "optimizer_state": [...]}``
+                after a training step: those storages were allocated as temporaries).
+
+        Returns:
+            The :class:`MemoryProfile`.
+        """
+        if relabel:
+            for category, tensors in relabel.items():
+                keys = set()
+                for t in tensors:
+                    if isinstance(t, torch.Tensor):
+                        found = _storage(t)
+                        if found is not None:
+                            keys.add(found[0])
+                for alloc in self._allocs:
+                    if alloc.key in keys and (alloc.died is None or alloc.died > self._peak_event):
+                        alloc.category = category
+        self.close()
+        at_peak = {c: 0 for c in CATEGORIES}
+        peak_event = self._peak_event
+        for alloc in self._allocs:
+            if alloc.born <= peak_event and (alloc.died is None or alloc.died > peak_event):
+                at_peak[alloc.category] += alloc.nbytes
+        inclusive: dict[str, int] = {}
+        for path, value in self._hwm.items():
+            for p in ancestors(path):
+                if value > inclusive.get(p, 0):
+                    inclusive[p] = value
+        path, phase, op = self._peak_at
+        return MemoryProfile(
+            peak_bytes=self.peak,
+            peak_module=path,
+            peak_phase=phase,
+            peak_op=op,
+            at_peak={c: v for c, v in at_peak.items() if v},
+            end_bytes=self.current,
+            by_module=inclusive,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Peak memory of a counted run (see :mod:`flopscope.estimate.memory` for what is counted).
+
+    Attributes:
+        peak_bytes: the most bytes of tensor storage live at once.
+        peak_module: the module path of the call at which the peak was reached (``""`` the root).
+        peak_phase: its phase (``forward``, ``backward``, ``optimizer``...).
+        peak_op: the operator that made the peak allocation.
+        at_peak: category -> bytes live at the peak (see :data:`CATEGORIES`).
+        end_bytes: bytes live when the run ended.
+        by_module: module path -> high-water mark of live bytes during its calls (inclusive of
+            the modules below it).
+        train: whether the run was a training step.
+        note: what the run was (filled in by the helpers).
+    """
+
+    peak_bytes: int
+    peak_module: str
+    peak_phase: str
+    peak_op: str
+    at_peak: dict[str, int] = field(default_factory=dict)
+    end_bytes: int = 0
+    by_module: dict[str, int] = field(default_factory=dict)
+    train: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (integers in bytes)."""
+        return {
+            "peak_bytes": self.peak_bytes,
+            "peak_module": self.peak_module,
+            "peak_phase": self.peak_phase,
+            "peak_op": self.peak_op,
+            "at_peak": dict(self.at_peak),
+            "end_bytes": self.end_bytes,
+            "by_module": dict(self.by_module),
+            "train": self.train,
+            "note": self.note,
+            "excludes": "allocator rounding and caching, kernel workspaces (cuBLAS/cuDNN/oneDNN), "
+                        "CUDA context, allocations inside module-rule modules",
+        }

@@ -1,0 +1,373 @@
+"""Roofline time per operator call: a lower bound on how long the counted work takes on a machine.
+
+:class:`CallLog` is a Counter observer that writes down, for every operator call, what the
+roofline needs (module path, phase, operator, MACs, FLOPs, bytes, the dtype the arithmetic is
+done in, whether the operator is element-wise); it knows nothing about hardware.
+:meth:`CallLog.estimate` turns it into an :class:`Estimate` for one :class:`Hardware`:
+
+- matrix work (``2 * macs``: the sums of products of matmul, convolution and attention, the only
+  work flopscope counts as MACs) runs on the matrix units when the hardware has them for the
+  dtype (float32 products as TF32 when torch's ``float32_matmul_precision`` is not ``"highest"``);
+  the rest of the FLOPs (``flops - 2 * macs``) runs on the vector units;
+- compute time = max(matrix FLOPs / matrix peak, other FLOPs / vector peak) (the units can
+  overlap, so the larger of the two is the bound);
+- memory time = (bytes read + bytes written) / memory bandwidth;
+- time = max(compute time, memory time); the call is compute-bound when its compute time is the
+  larger, memory-bound otherwise.
+
+This is a lower bound. It ignores kernel launch and framework overhead, caches (every byte is
+assumed to come from and go to main memory once: data reused from cache makes the real traffic
+smaller, data read twice larger), the fusion a compiler does, tile and wave quantisation, and
+anything not at peak clock. The *fused* view assumes chains of element-wise operators are fused
+(what ``torch.compile`` does): when an element-wise call reads a tensor that the call right
+before it wrote, in the same phase and that call also element-wise (module boundaries are no
+fusion boundaries: a residual add in a block and the activation module after it fuse), the
+intermediate's write and read are dropped. It is an optimistic view (a fused kernel still writes
+an intermediate that is needed later, e.g. saved for backward) and shows the low end of the range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flopscope.cost import Cost, OpCall, Phase
+from flopscope.estimate.hardware import Hardware, dtype_key
+
+__all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype"]
+
+IGNORES = (
+    "kernel launch and framework overhead",
+    "caches: every byte counted once to and from main memory",
+    "fusion (see the fused view), tile/wave quantisation, clocks below peak",
+)
+
+_POINTWISE: dict[int, tuple[bool, Any]] = {}
+
+
+def _is_pointwise(op: Any) -> bool:
+    """Whether an operator overload carries torch's ``pointwise`` tag (what Inductor fuses)."""
+    entry = _POINTWISE.get(id(op))
+    if entry is None or entry[1] is not op:
+        tags = getattr(op, "tags", ())
+        entry = (torch.Tag.pointwise in tags, op)
+        _POINTWISE[id(op)] = entry
+    return entry[0]
+
+
+def call_dtype(call: OpCall | None) -> torch.dtype | None:
+    """The dtype a call computes in: its first floating-point (or complex) input's, else its first
+    floating-point output's; ``None`` when it has neither.
+
+    Args:
+        call: the call (``None`` for a module rule's whole-module cost).
+
+    Returns:
+        The dtype, or ``None``.
+    """
+    if call is None:
+        return None
+    for t in call.inputs:
+        if t.is_floating_point() or t.is_complex():
+            return t.dtype
+    for t in call.outputs:
+        if t.is_floating_point() or t.is_complex():
+            return t.dtype
+    return None
+
+
+def ancestors(path: str) -> list[str]:
+    """A module path and every module above it, root (``""``) first.
+
+    Args:
+        path: a dotted module path.
+
+    Returns:
+        ``["", "a", "a.b"]`` for ``"a.b"``.
+    """
+    if not path:
+        return [""]
+    parts = path.split(".")
+    return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, AttributeError):  # sparse, nested, functional
+        return None
+
+
+class _Record:
+    __slots__ = ("bytes", "dtype", "flops", "fused_bytes", "macs", "op", "path", "phase")
+
+    def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
+                 dtype: torch.dtype | None) -> None:
+        self.path = path
+        self.phase = phase
+        self.op = op
+        self.macs = macs
+        self.flops = flops
+        self.bytes = nbytes
+        self.fused_bytes = nbytes
+        self.dtype = dtype
+
+
+class CallLog:
+    """A Counter observer that keeps what the roofline needs of every operator call.
+
+    Example::
+
+        log = CallLog()
+        report = flopscope.count(model, x, observers=[log])
+        estimate = log.estimate(get_hardware("h100-sxm"))
+
+    The log holds no tensor (only storage identities of the last call's outputs, for the fused
+    view), so it does not change what memory is live.
+
+    Args:
+        default_dtype: the dtype of a module rule's whole-module cost (its calls are not seen);
+            ``None``: torch's default dtype.
+    """
+
+    def __init__(self, *, default_dtype: torch.dtype | None = None) -> None:
+        self.records: list[_Record] = []
+        self.default_dtype = default_dtype or torch.get_default_dtype()
+        # the previous call, for the fused view: (path, phase, element-wise, record,
+        # {storage key: bytes written})
+        self._prev: tuple[str, Phase, bool, _Record | None, dict[int, int]] = (
+            "", Phase.FORWARD, False, None, {})
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """Record one call (the :class:`flopscope.counter.CallObserver` protocol).
+
+        Args:
+            path: the module path the call is attributed to.
+            phase: its phase.
+            op: the operator's report name.
+            call: the call (``None`` for a module rule's cost).
+            cost: what it cost.
+        """
+        nbytes = cost.bytes_read + cost.bytes_written
+        if call is None:
+            rec = _Record(path, phase.value, op, cost.macs, cost.flops, nbytes, self.default_dtype)
+            self.records.append(rec)
+            self._prev = (path, phase, False, rec, {})
+            return
+        rec = _Record(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
+        self.records.append(rec)
+        pointwise = _is_pointwise(call.op)
+        _, prev_phase, prev_pointwise, prev_rec, prev_out = self._prev
+        if (pointwise and prev_pointwise and prev_rec is not None and prev_out
+                and prev_phase is phase):
+            for t in call.inputs:
+                key = _storage_key(t)
+                written = prev_out.pop(key, None) if key is not None else None
+                if written is not None:  # the intermediate stays in registers
+                    rec.fused_bytes = max(rec.fused_bytes - t.nbytes, 0)
+                    prev_rec.fused_bytes = max(prev_rec.fused_bytes - written, 0)
+        out: dict[int, int] = {}
+        if pointwise and cost.bytes_written:
+            for t in call.outputs:
+                key = _storage_key(t)
+                if key is not None:
+                    out[key] = t.nbytes
+        self._prev = (path, phase, pointwise, rec, out)
+
+    def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
+        """The roofline estimate of the recorded calls on ``hardware``.
+
+        Args:
+            hardware: the machine.
+            tf32: float32 matrix products run as TF32; ``None``: as torch is set now
+                (``torch.get_float32_matmul_precision() != "highest"``).
+
+        Returns:
+            The :class:`Estimate`.
+        """
+        if tf32 is None:
+            tf32 = torch.get_float32_matmul_precision() != "highest"
+        return Estimate.from_records(self.records, hardware, tf32=tf32)
+
+
+@dataclass
+class Row:
+    """Roofline sums over a set of calls (a module, an operator, a phase, or all).
+
+    Attributes:
+        calls: operator calls.
+        macs: multiply-accumulates.
+        flops: floating-point operations.
+        bytes: bytes read plus written.
+        time_s: estimated time (a lower bound), seconds.
+        compute_s: compute time summed over calls.
+        memory_s: memory time summed over calls.
+        compute_bound_s: time of the calls that are compute-bound.
+        memory_bound_s: time of the calls that are memory-bound.
+        fused_bytes: bytes in the fused view.
+        fused_time_s: time in the fused view.
+    """
+
+    calls: int = 0
+    macs: int = 0
+    flops: int = 0
+    bytes: int = 0
+    time_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    compute_bound_s: float = 0.0
+    memory_bound_s: float = 0.0
+    fused_bytes: int = 0
+    fused_time_s: float = 0.0
+
+    def add(self, other: Row) -> None:
+        """Add ``other``'s sums to this row."""
+        self.calls += other.calls
+        self.macs += other.macs
+        self.flops += other.flops
+        self.bytes += other.bytes
+        self.time_s += other.time_s
+        self.compute_s += other.compute_s
+        self.memory_s += other.memory_s
+        self.compute_bound_s += other.compute_bound_s
+        self.memory_bound_s += other.memory_bound_s
+        self.fused_bytes += other.fused_bytes
+        self.fused_time_s += other.fused_time_s
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity, FLOPs per byte (``None`` when no byte moves)."""
+        return self.flops / self.bytes if self.bytes else None
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which bound holds for most of the time; ``"-"`` when
+        the time is zero."""
+        if self.time_s == 0:
+            return "-"
+        return "compute" if self.compute_bound_s >= self.memory_bound_s else "memory"
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        """FLOPs / estimated time: the rate the roofline allows (0 for no time)."""
+        return self.flops / self.time_s if self.time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (integers, seconds, and the derived fields)."""
+        return {
+            "calls": self.calls, "macs": self.macs, "flops": self.flops, "bytes": self.bytes,
+            "intensity": self.intensity, "time_s": self.time_s, "compute_s": self.compute_s,
+            "memory_s": self.memory_s, "bound": self.bound,
+            "fused_bytes": self.fused_bytes, "fused_time_s": self.fused_time_s,
+        }
+
+
+def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
+    dtype = rec.dtype
+    key = dtype_key(dtype) if dtype is not None else None
+    key = key or "fp32"
+    matrix = 2 * rec.macs
+    other = max(rec.flops - matrix, 0)
+    mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
+    compute = max(matrix / hw.peak(mkey, True) if matrix else 0.0,
+                  other / hw.peak(key, False) if other else 0.0)
+    memory = rec.bytes / hw.memory_bandwidth
+    time_s = max(compute, memory)
+    fused_time = max(compute, rec.fused_bytes / hw.memory_bandwidth)
+    row = Row(1, rec.macs, rec.flops, rec.bytes, time_s, compute, memory,
+              fused_bytes=rec.fused_bytes, fused_time_s=fused_time)
+    if time_s > 0:
+        if compute >= memory:
+            row.compute_bound_s = time_s
+        else:
+            row.memory_bound_s = time_s
+    return row
+
+
+def _sorted(rows: Mapping[str, Row]) -> dict[str, Row]:
+    return dict(sorted(rows.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A roofline estimate (a lower bound on time) of counted work on one machine.
+
+    Attributes:
+        hardware: the machine.
+        tf32: whether float32 matrix products were taken as TF32.
+        total: sums over every call.
+        by_phase: phase name -> sums.
+        by_op: operator -> sums, longest first.
+        by_module: module path -> inclusive sums (the module and everything below it), in the
+            order modules were first seen.
+        by_module_self: module path -> the module's own calls.
+        by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
+    """
+
+    hardware: Hardware
+    tf32: bool
+    total: Row
+    by_phase: dict[str, Row] = field(default_factory=dict)
+    by_op: dict[str, Row] = field(default_factory=dict)
+    by_module: dict[str, Row] = field(default_factory=dict)
+    by_module_self: dict[str, Row] = field(default_factory=dict)
+    by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, records: Iterable[_Record], hardware: Hardware, *,
+                     tf32: bool = False) -> Estimate:
+        """Sum per-call roofline rows (see the module docstring).
+
+        Args:
+            records: the calls (``CallLog.records``).
+            hardware: the machine.
+            tf32: float32 matrix products as TF32.
+
+        Returns:
+            The estimate.
+        """
+        total = Row()
+        phases: dict[str, Row] = {}
+        ops: dict[str, Row] = {}
+        own: dict[str, Row] = {}
+        op_dtype: dict[tuple[str, str], Row] = {}
+        for rec in records:
+            row = _call_row(rec, hardware, tf32)
+            total.add(row)
+            phases.setdefault(rec.phase, Row()).add(row)
+            ops.setdefault(rec.op, Row()).add(row)
+            own.setdefault(rec.path, Row()).add(row)
+            key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
+            op_dtype.setdefault((rec.op, key), Row()).add(row)
+        inclusive: dict[str, Row] = {}
+        for path, row in own.items():
+            for p in ancestors(path):
+                inclusive.setdefault(p, Row()).add(row)
+        return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype)
+
+    def share(self, row: Row) -> float:
+        """A row's share of the total estimated time (0 when the total is 0)."""
+        return row.time_s / self.total.time_s if self.total.time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the hardware, what the estimate ignores, totals, per phase, per
+        operator and per module (inclusive), each with its share of the time."""
+
+        def rows(table: Mapping[str, Row]) -> dict[str, Any]:
+            return {k: {**r.to_dict(), "share": self.share(r)} for k, r in table.items()}
+
+        return {
+            "kind": "roofline lower bound",
+            "ignores": list(IGNORES),
+            "fused_view": "chains of element-wise operators fused: intermediates not written "
+                          "or read again",
+            "hardware": self.hardware.to_dict(),
+            "tf32": self.tf32,
+            "total": self.total.to_dict(),
+            "by_phase": rows(self.by_phase),
+            "by_op": rows(self.by_op),
+            "by_module": rows(self.by_module),
+        }
