@@ -50,6 +50,7 @@ __all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _current_autograd_node = torch._C._current_autograd_node
 _get_ident = threading.get_ident
+_ScriptModule = torch.jit.ScriptModule
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
 _FORWARD = Phase.FORWARD
 _RECOMPUTE = Phase.RECOMPUTE
@@ -284,7 +285,7 @@ class ModuleTracker:
 
     # -- module hooks -------------------------------------------------------------------------
     def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        st = self._counted_state()
+        st = self.main if _get_ident() == self.owner else self._counted_state()
         if st is None:
             if module in self.paths:
                 self.foreign_calls += 1
@@ -310,9 +311,7 @@ class ModuleTracker:
                 frame.args = args
                 frame.shadow = Sums()
                 st.shadowing = frame
-        if not isinstance(module, torch.jit.ScriptModule):
-            pass
-        elif any(True for _ in module.children()):
+        if isinstance(module, _ScriptModule) and module._modules:
             self.scripted[path] = None
         stack.append(frame)
         st.seqs.append(_sequence_nr())

@@ -47,8 +47,10 @@ _FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}
 # rule, report name, is a view, is an allocation, is ignored, the overload, decomposition
 _OpInfo = tuple[Rule | None, str, bool, bool, bool, Any, Callable[..., Any] | None]
 _ZERO = Cost()
-# id(operator overload) -> ((indices, names) of the arguments it writes to, the overload)
-_WRITES: dict[int, tuple[tuple[tuple[int, ...], tuple[str, ...]], Any]] = {}
+# id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
+# and the overloads themselves, kept alive so that their ids are not reused
+_WRITES: dict[int, tuple[tuple[int, str], ...]] = {}
+_WRITERS: list[Any] = []
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -110,7 +112,9 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
-            self.guard(func, args, kwargs)
+            written = _WRITES.get(id(func))
+            if written is None or written:  # unknown yet, or it writes to an argument
+                self.guard(func, args, kwargs)
         if info[6] is not None:  # no rule, but a decomposition: count its pieces instead
             out = self.decomposed(self, func, info, args, kwargs)
             if out is not NotImplemented:
@@ -184,6 +188,7 @@ class Counter:
         self._tracker = ModuleTracker(model, module_rules, self._apply_module_rule,
                                       self._active_here)
         self._main = self._tracker.main  # the entering thread's state, read on the hot path
+        self._owner: int | None = None  # the entering thread's id
         # count() only: storage pointer -> tensor of the model's parameters, and the tensors
         # saved before an operator first wrote to them (restored by _restore)
         self._protected: dict[int, torch.Tensor] | None = None
@@ -261,18 +266,15 @@ class Counter:
     def _guard(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before ``func`` runs: save any protected tensor it is about to write to."""
         written = _WRITES.get(id(func))
-        if written is None or written[1] is not func:
-            idx = tuple(i for i, a in enumerate(func._schema.arguments)
-                        if a.alias_info is not None and a.alias_info.is_write)
-            names = tuple(func._schema.arguments[i].name for i in idx)
-            written = ((idx, names), func)
+        if written is None:
+            arguments = getattr(func, "_schema", None)  # a higher-order operator has none
+            written = tuple((i, a.name) for i, a in enumerate(arguments.arguments if arguments else ())
+                            if a.alias_info is not None and a.alias_info.is_write)
+            _WRITERS.append(func)
             _WRITES[id(func)] = written
-        idx, names = written[0]
-        if not idx:
-            return
         protected = self._protected
         assert protected is not None
-        for i, name in zip(idx, names, strict=True):
+        for i, name in written:
             t = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()
@@ -406,7 +408,7 @@ class Counter:
         fn, _, is_view, is_alloc, ignored, _, _ = info
         if ignored:
             return
-        st = self._main if _get_ident() == self._tracker.owner else self._tracker.state()
+        st = self._main if _get_ident() == self._owner else self._tracker.state()
         stack = st.stack
         node = _current_autograd_node()
         if node is None:
@@ -488,6 +490,7 @@ class Counter:
             raise UsageError("this Counter is already active; nest a new Counter instead")
         self._tracker.install()
         self._main = self._tracker.main
+        self._owner = self._tracker.owner
         self._mode = _Mode(self)
         self.failed_in = None
         try:

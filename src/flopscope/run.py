@@ -153,14 +153,15 @@ def count(
     on_meta = _all_meta(modules)
     modes = [(m, m.training) for m in modules]
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
-    # which tensor each parameter/buffer slot and each tensor attribute held, to put back objects
-    # a forward replaced (legacy spectral_norm sets module.weight on every call)
+    # which tensor each parameter/buffer slot held, and each tensor attribute of a module with
+    # its own forward hooks (legacy spectral_norm / weight_norm set module.weight from one on
+    # every call), to put back objects a forward replaced
     eager = [m for m in modules if type(m._parameters) is dict]  # not TorchScript modules
     slots: list[tuple[dict[str, Any], str, Any]]
     slots = [(m._parameters, name, t) for m in eager for name, t in m._parameters.items()]
     slots += [(m._buffers, name, t) for m in eager for name, t in m._buffers.items()]
-    slots += [(vars(m), name, t) for m in eager for name, t in vars(m).items()
-              if isinstance(t, torch.Tensor)]
+    slots += [(vars(m), name, t) for m in eager if m._forward_pre_hooks or m._forward_hooks
+              for name, t in vars(m).items() if isinstance(t, torch.Tensor)]
     if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
         with torch.no_grad():
             for m in modules:
