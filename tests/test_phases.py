@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -126,3 +128,31 @@ def test_unknown_phase_is_still_a_usage_error() -> None:
     with pytest.raises(flopscope.UsageError, match="unknown phase 'optimiser'"):
         r.total("optimiser")
     assert r.total("optimizer") == flopscope.Cost()
+
+
+@pytest.mark.parametrize(
+    ("make", "per_element"),
+    [
+        (lambda ps: torch.optim.AdamW(ps, weight_decay=0.01, fused=True), 14),
+        (lambda ps: torch.optim.AdamW(ps, weight_decay=0.0, fused=True), 13),
+        (lambda ps: torch.optim.Adam(ps, weight_decay=0.1, fused=True), 15),  # grad + wd*param: 2
+        (lambda ps: torch.optim.Adam(ps, amsgrad=True, fused=True), 14),  # + maximum
+    ],
+)
+def test_fused_adam_kernels_cost_what_the_for_loop_does(make: Any, per_element: int) -> None:
+    model = TwoLayer()
+    r = _step(model, make(model.parameters()))
+    assert r.uncounted == {}
+    # the fused kernel's per-element figure, plus the step counters (a separate _foreach_add_)
+    assert r.total("optimizer").flops == per_element * ELEMENTS + TENSORS
+
+
+@pytest.mark.parametrize("kwargs", [{"weight_decay": 0.0}, {"weight_decay": 0.1},
+                                    {"amsgrad": True}, {"maximize": True}])
+def test_fused_adam_equals_the_for_loop(kwargs: dict[str, Any]) -> None:
+    def total(**extra: Any) -> int:
+        model = TwoLayer()
+        return _step(model, torch.optim.Adam(model.parameters(), **kwargs, **extra)).total(
+            "optimizer").flops
+
+    assert total(fused=True) == total(foreach=False) == total(foreach=True)

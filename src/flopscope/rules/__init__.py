@@ -22,6 +22,7 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
     matmul,
     misc,
     normalization,
+    optimizer,
     pooling,
     reduction,
     sampling,
@@ -44,7 +45,7 @@ __all__ = [
 
 _FAMILIES = ["matmul", "grouped", "conv", "attention", "elementwise", "special", "reduction",
              "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
-             "misc", "zero_cost"]
+             "optimizer", "misc", "zero_cost"]
 
 
 @cache

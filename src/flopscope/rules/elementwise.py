@@ -141,8 +141,12 @@ def _foreach_elements(call: OpCall) -> int:
     "pow", "sign", "clamp_min", "clamp_max", "log", "zero") for s in ("", "_")])
 def foreach_unary_binary(call: OpCall) -> Cost:
     """Multi-tensor (``_foreach_*``, used by optimizers) add/sub/mul/div/sqrt ...: 1 FLOP per element
-    of every tensor in the list (``_foreach_zero_``: 0). Bytes cover all tensors."""
-    per = 0 if call.op._schema.name.startswith("aten::_foreach_zero") else 1
+    of every tensor in the list; add/sub with an ``alpha`` other than 1: 2 (scale, add), as the
+    single-tensor forms (``_foreach_zero_``: 0). Bytes cover all tensors."""
+    name = call.op._schema.name
+    per = 0 if name.startswith("aten::_foreach_zero") else 1
+    if per and name.startswith(("aten::_foreach_add", "aten::_foreach_sub")):
+        per = 1 if named_arg(call, "alpha", 1) == 1 else 2
     return call.cost(flops=per * _foreach_elements(call))
 
 
