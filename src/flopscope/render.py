@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -24,6 +24,7 @@ from flopscope.units import PREFIXES, human
 
 __all__ = [
     "By",
+    "Column",
     "Format",
     "ModuleRow",
     "ReportWarning",
@@ -56,6 +57,25 @@ class Format(str, Enum):
 
 
 @dataclass(frozen=True)
+class Column:
+    """An extra column of the module and operator tables, computed elsewhere (the roofline
+    estimate adds intensity, time and bound): cells by module path and by operator, and the
+    total row's cell. A missing cell shows ``-``.
+
+    Attributes:
+        header: the column's title.
+        by_module: module path -> cell.
+        by_op: operator name -> cell.
+        total: the total row's cell.
+    """
+
+    header: str
+    by_module: Mapping[str, str]
+    by_op: Mapping[str, str]
+    total: str = ""
+
+
+@dataclass(frozen=True)
 class ModuleRow:
     """One visible row of the module tree."""
 
@@ -67,6 +87,7 @@ class ModuleRow:
     macs: int
     flops: int
     calls: int
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +133,7 @@ def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:
             continue
         name = "(root)" if path == "" else path.rsplit(".", 1)[-1]
         rows.append(ModuleRow(path, name, level, s.type, s.params.inclusive, s.inclusive.macs,
-                              s.inclusive.flops, s.calls))
+                              s.inclusive.flops, s.calls, s.inclusive.bytes))
     return rows
 
 
@@ -200,14 +221,16 @@ def _unit_header(name: str, prefix: str | None) -> str:
 
 
 # -- rich ------------------------------------------------------------------------------------------
-def rich_table(report: Report, depth: int = 2, *, unit: str | None = None) -> Table:
-    """The module tree to ``depth`` levels below the root: params, MACs, FLOPs, share, calls, and
-    a total row.
+def rich_table(report: Report, depth: int = 2, *, unit: str | None = None,
+               columns: Sequence[Column] = ()) -> Table:
+    """The module tree to ``depth`` levels below the root: params, MACs, FLOPs, bytes moved,
+    share, calls, any extra ``columns``, and a total row.
 
     Args:
         report: the report.
         depth: levels below the root.
         unit: a fixed SI prefix for MACs and FLOPs (``"G"``), or ``None`` for automatic.
+        columns: extra columns (see :class:`Column`).
 
     Returns:
         A rich table.
@@ -215,7 +238,8 @@ def rich_table(report: Report, depth: int = 2, *, unit: str | None = None) -> Ta
     total = report.total()
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("module", "type", "params", _unit_header("MACs", unit),
-                _unit_header("FLOPs", unit), "share", "calls"):
+                _unit_header("FLOPs", unit), "bytes", "share", "calls",
+                *(c.header for c in columns)):
         table.add_column(col, justify="left" if col in ("module", "type") else "right",
                          no_wrap=True)
     for row in module_rows(report, depth):
@@ -226,34 +250,40 @@ def rich_table(report: Report, depth: int = 2, *, unit: str | None = None) -> Ta
             human(row.params),
             _num(row.macs, unit),
             _num(row.flops, unit),
+            human(row.bytes, "B"),
             _pct(row.flops, total.flops),
             str(row.calls),
+            *(c.by_module.get(row.path, "-") for c in columns),
         )
     table.add_section()
     table.add_row("total", "", human(report.params), _num(total.macs, unit),
-                  _num(total.flops, unit), _pct(total.flops, total.flops), "")
+                  _num(total.flops, unit), human(total.bytes, "B"),
+                  _pct(total.flops, total.flops), "", *(c.total for c in columns))
     return table
 
 
-def _ops_table(report: Report, top: int | None, unit: str | None) -> Table:
+def _ops_table(report: Report, top: int | None, unit: str | None,
+               columns: Sequence[Column] = ()) -> Table:
     total = report.total()
     ops = list(report.by_op().items())
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("operator", "calls", _unit_header("MACs", unit), _unit_header("FLOPs", unit),
-                "share"):
+                "bytes", "share", *(c.header for c in columns)):
         table.add_column(col, justify="left" if col == "operator" else "right", no_wrap=True)
     shown = ops if top is None else ops[:top]
     uncounted = report.uncounted
     for op, s in shown:
         table.add_row(op + (" (no rule)" if op in uncounted else ""), str(s.calls),
-                      _num(s.cost.macs, unit), _num(s.cost.flops, unit),
-                      _pct(s.cost.flops, total.flops))
+                      _num(s.cost.macs, unit), _num(s.cost.flops, unit), human(s.cost.bytes, "B"),
+                      _pct(s.cost.flops, total.flops), *(c.by_op.get(op, "-") for c in columns))
     if top is not None and len(ops) > top:
         rest = ops[top:]
         table.add_row(f"... {len(rest)} more", str(sum(s.calls for _, s in rest)),
                       _num(sum(s.cost.macs for _, s in rest), unit),
                       _num(sum(s.cost.flops for _, s in rest), unit),
-                      _pct(sum(s.cost.flops for _, s in rest), total.flops))
+                      human(sum(s.cost.bytes for _, s in rest), "B"),
+                      _pct(sum(s.cost.flops for _, s in rest), total.flops),
+                      *("" for _ in columns))
     return table
 
 
@@ -280,6 +310,7 @@ def rich_report(
     by: By | str = By.MODULE,
     unit: str | None = None,
     top_ops: int = 10,
+    columns: Sequence[Column] = (),
 ) -> RenderableType:
     """The whole report as one rich renderable: headline, the table, top operators, warnings.
 
@@ -291,6 +322,7 @@ def rich_report(
         by: ``"module"`` (module tree and top operators) or ``"op"`` (every operator).
         unit: a fixed SI prefix for MACs and FLOPs, or ``None`` for automatic.
         top_ops: how many operators to list under the module tree.
+        columns: extra columns of the module and operator tables (see :class:`Column`).
 
     Returns:
         A rich renderable.
@@ -309,14 +341,14 @@ def rich_report(
     parts.append(head)
     if by is By.MODULE:
         parts.append(Text(""))
-        parts.append(rich_table(report, depth, unit=unit))
+        parts.append(rich_table(report, depth, unit=unit, columns=columns))
         if report.by_op():
             parts.append(Text(f"\ntop operators (by FLOPs, all {len(report.by_op())}: --by op)",
                               style="bold"))
-            parts.append(_ops_table(report, top_ops, unit))
+            parts.append(_ops_table(report, top_ops, unit, columns))
     else:
         parts.append(Text(""))
-        parts.append(_ops_table(report, None, unit))
+        parts.append(_ops_table(report, None, unit, columns))
     panel = _warning_panel(report)
     if panel is not None:
         parts.append(Text(""))
@@ -332,6 +364,7 @@ def render_text(
     by: By | str = By.MODULE,
     unit: str | None = None,
     top_ops: int = 10,
+    columns: Sequence[Column] = (),
 ) -> str:
     """The report (see :func:`rich_report`) as plain text without colour codes.
 
@@ -342,6 +375,7 @@ def render_text(
         by: ``"module"`` or ``"op"``.
         unit: a fixed SI prefix for MACs and FLOPs, or ``None`` for automatic.
         top_ops: how many operators to list under the module tree.
+        columns: extra table columns (see :class:`Column`).
 
     Returns:
         The text, ending in a newline.
@@ -349,7 +383,8 @@ def render_text(
     buf = io.StringIO()
     console = Console(file=buf, width=width, no_color=True, force_terminal=False,
                       color_system=None, emoji=False, highlight=False)
-    console.print(rich_report(report, depth=depth, by=by, unit=unit, top_ops=top_ops))
+    console.print(rich_report(report, depth=depth, by=by, unit=unit, top_ops=top_ops,
+                              columns=columns))
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
@@ -371,6 +406,7 @@ def render_markdown(
     by: By | str = By.MODULE,
     unit: str | None = None,
     top_ops: int = 10,
+    columns: Sequence[Column] = (),
 ) -> str:
     """The report as GitHub-flavoured markdown: headline, tables, warnings as a list.
 
@@ -380,6 +416,7 @@ def render_markdown(
         by: ``"module"`` or ``"op"``.
         unit: a fixed SI prefix for MACs and FLOPs, or ``None`` for automatic.
         top_ops: how many operators to list under the module tree.
+        columns: extra table columns (see :class:`Column`).
 
     Returns:
         Markdown text, ending in a newline.
@@ -398,28 +435,33 @@ def render_markdown(
 
     def op_rows(items: list[tuple[str, Any]]) -> list[list[str]]:
         return [[f"`{op}`" + (" (no rule)" if op in uncounted else ""), str(s.calls),
-                 _num(s.cost.macs, unit), _num(s.cost.flops, unit), _pct(s.cost.flops, total.flops)]
+                 _num(s.cost.macs, unit), _num(s.cost.flops, unit), human(s.cost.bytes, "B"),
+                 _pct(s.cost.flops, total.flops), *(c.by_op.get(op, "-") for c in columns)]
                 for op, s in items]
 
+    extra = [c.header for c in columns]
     op_header = ["operator", "calls", _unit_header("MACs", unit), _unit_header("FLOPs", unit),
-                 "share"]
+                 "bytes", "share", *extra]
+    op_align = "lrrrrr" + "r" * len(columns)
     if by is By.MODULE:
         rows = [
             ["`(root)`" if r.path == "" else f"`{r.path}`", r.type, human(r.params),
-             _num(r.macs, unit), _num(r.flops, unit), _pct(r.flops, total.flops), str(r.calls)]
+             _num(r.macs, unit), _num(r.flops, unit), human(r.bytes, "B"),
+             _pct(r.flops, total.flops), str(r.calls), *(c.by_module.get(r.path, "-") for c in columns)]
             for r in module_rows(report, depth)
         ]
         rows.append(["**total**", "", human(report.params), _num(total.macs, unit),
-                     _num(total.flops, unit), _pct(total.flops, total.flops), ""])
+                     _num(total.flops, unit), human(total.bytes, "B"),
+                     _pct(total.flops, total.flops), "", *(c.total for c in columns)])
         out.append(_md_table(
             ["module", "type", "params", _unit_header("MACs", unit), _unit_header("FLOPs", unit),
-             "share", "calls"],
-            "llrrrrr", rows))
+             "bytes", "share", "calls", *extra],
+            "llrrrrrr" + "r" * len(columns), rows))
         if ops:
             out += ["", f"Top operators (of {len(ops)}):", ""]
-            out.append(_md_table(op_header, "lrrrr", op_rows(ops[:top_ops])))
+            out.append(_md_table(op_header, op_align, op_rows(ops[:top_ops])))
     else:
-        out.append(_md_table(op_header, "lrrrr", op_rows(ops)))
+        out.append(_md_table(op_header, op_align, op_rows(ops)))
     warnings = report_warnings(report)
     if warnings:
         out += ["", "**Warnings**", ""]
@@ -469,6 +511,7 @@ def render(
     by: By | str = By.MODULE,
     unit: str | None = None,
     width: int = 120,
+    columns: Sequence[Column] = (),
 ) -> str:
     """Render ``report`` in one of the :class:`Format` s, as text without colour codes.
 
@@ -479,6 +522,7 @@ def render(
         by: ``"module"`` or ``"op"`` (table, markdown, csv).
         unit: fixed SI prefix for MACs and FLOPs, ``None`` for automatic (table, markdown).
         width: console width (table).
+        columns: extra table columns (table, markdown; see :class:`Column`).
 
     Returns:
         The text.
@@ -488,9 +532,9 @@ def render(
     """
     fmt = Format(fmt)
     if fmt is Format.TABLE:
-        return render_text(report, depth, width, by=by, unit=unit)
+        return render_text(report, depth, width, by=by, unit=unit, columns=columns)
     if fmt is Format.MARKDOWN:
-        return render_markdown(report, depth=depth, by=by, unit=unit)
+        return render_markdown(report, depth=depth, by=by, unit=unit, columns=columns)
     if fmt is Format.JSON:
         return render_json(report)
     return render_csv(report, by=by)

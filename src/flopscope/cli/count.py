@@ -59,6 +59,22 @@ def add_subcommands(subparsers: Any) -> None:
                        help="fixed prefix for MACs and FLOPs (default auto)")
     count.add_argument("--rules", metavar="FILE.py",
                        help="a Python file defining RULES, a dict of extra rules")
+    est = count.add_argument_group("time and memory estimates")
+    est.add_argument("--hardware", metavar="NAME|FILE|this-machine",
+                     help="add a roofline estimate (lower bound on time) on this hardware: a "
+                          "shipped profile (h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l4, "
+                          "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
+                          "or this-machine (measured now)")
+    est.add_argument("--tf32", action="store_true",
+                     help="with --hardware: float32 matrix products run as TF32")
+    est.add_argument("--roofline-plot", metavar="FILE",
+                     help="with --hardware: write a roofline chart (.png, .svg or .pdf)")
+    est.add_argument("--memory", action="store_true",
+                     help="add peak memory: of an inference forward (counted under no_grad), or "
+                          "with --backward of a training step with --optimizer")
+    est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adamw",
+                     help="with --memory --backward: the optimizer whose step is included "
+                          "(default adamw)")
     count.set_defaults(func=run_count)
 
 
@@ -134,13 +150,41 @@ def run_count(args: argparse.Namespace) -> int:
     check_output(args.output)
     if args.plot:
         check_plot(args.plot)
+    if args.roofline_plot:
+        if not args.hardware:
+            raise usage_error("--roofline-plot needs --hardware (the roofline's roofs)")
+        check_plot(args.roofline_plot)
+    hardware = None
+    if args.hardware:
+        from flopscope.estimate import get_hardware
+
+        hardware = get_hardware(args.hardware)  # before counting: a bad name fails fast
     rules = load_rules_file(args.rules) if args.rules else None
     loaded = load_source(args, shape_only=args.shape_only)
+    log = memory = None
     try:
-        report = flopscope.count(
-            loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
-            strict=args.strict, rules=rules, warn=False,
-        )
+        if hardware is not None or args.memory:
+            from flopscope.estimate import CallLog, peak_memory
+
+            log = CallLog() if hardware is not None else None
+            observers = [log] if log is not None else []
+            if args.memory:
+                report, memory = peak_memory(
+                    loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
+                    optimizer=None if args.optimizer == "none" else args.optimizer,
+                    strict=args.strict, rules=rules, observers=observers,
+                )
+            else:
+                report = flopscope.count(
+                    loaded.model, loaded.inputs, shape_only=args.shape_only,
+                    backward=args.backward, strict=args.strict, rules=rules, warn=False,
+                    observers=observers,
+                )
+        else:
+            report = flopscope.count(
+                loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
+                strict=args.strict, rules=rules, warn=False,
+            )
     except flopscope.ForwardError as e:
         where = f" in module '{e.module_path}'" if e.module_path else ""
         cause = e.__cause__
@@ -157,12 +201,42 @@ def run_count(args: argparse.Namespace) -> int:
     depth = args.depth if args.depth is not None else 2
     by = By(args.by)
     fmt = Format(args.format)
+    estimate = log.estimate(hardware, tf32=args.tf32 or None) if log and hardware else None
+    columns = []
+    notes: list[str] = []
+    if estimate is not None or memory is not None:
+        from flopscope.estimate.display import estimate_columns, estimate_lines, memory_lines
+
+        if estimate is not None:
+            columns = estimate_columns(estimate)
+            notes += estimate_lines(estimate)
+        if memory is not None:
+            notes += memory_lines(memory)
     if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
-        Console().print(rich_report(report, depth=depth, by=by, unit=args.unit))
+        console = Console(width=max(Console().width, 120 + 14 * len(columns)))
+        console.print(rich_report(report, depth=depth, by=by, unit=args.unit, columns=columns))
+        for line in notes:
+            console.print(line, markup=False, highlight=False)
+    elif fmt is Format.JSON and (estimate is not None or memory is not None):
+        import json
+
+        data = report.to_dict()
+        if estimate is not None:
+            data["estimate"] = estimate.to_dict()
+        if memory is not None:
+            data["memory"] = memory.to_dict()
+        write_output(json.dumps(data, indent=2) + "\n", args.output)
     else:
-        write_output(render(report, fmt, depth=depth, by=by, unit=args.unit), args.output)
+        width = 120 + 14 * len(columns)  # the estimate's columns widen the table
+        text = render(report, fmt, depth=depth, by=by, unit=args.unit, columns=columns,
+                      width=width)
+        if notes and fmt is Format.TABLE:
+            text += "\n" + "\n".join(notes) + "\n"
+        elif notes and fmt is Format.MARKDOWN:
+            text += "\n" + "\n".join(f"- {line.strip()}" for line in notes) + "\n"
+        write_output(text, args.output)
     if fmt not in (Format.TABLE, Format.MARKDOWN):
         for w in report_warnings(report):
             print(f"warning: {w.title}: {', '.join(w.items)} ({w.advice})", file=sys.stderr)
@@ -172,4 +246,9 @@ def run_count(args: argparse.Namespace) -> int:
         plot_report(report, args.plot, by=by.value,
                     depth=args.depth if args.depth is not None else 1)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if args.roofline_plot and estimate is not None:
+        from flopscope.estimate.display import plot_roofline
+
+        plot_roofline(estimate, args.roofline_plot)
+        print(f"wrote {args.roofline_plot}", file=sys.stderr)
     return EXIT_OK

@@ -48,6 +48,7 @@ __all__ = [
     "MemoryProfile",
     "MemoryTracker",
     "Row",
+    "default_loss",
     "get_hardware",
     "load_hardware",
     "measure_this_machine",
@@ -151,6 +152,7 @@ def peak_memory(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     shape_only: bool = False,
     rules: Any = None,
+    strict: bool = False,
     observers: Sequence[CallObserver] = (),
     **kwargs: Any,
 ) -> tuple[Report, MemoryProfile]:
@@ -178,6 +180,7 @@ def peak_memory(
         loss_fn: output -> scalar loss (default: the sum of floating-point outputs).
         shape_only: run on meta tensors.
         rules: extra rules, as for :func:`flopscope.count`.
+        strict: raise at the first operator without a rule, as for :func:`flopscope.count`.
         observers: more observers of the same run (a :class:`CallLog` for time).
         **kwargs: keyword arguments of the model.
 
@@ -192,13 +195,13 @@ def peak_memory(
     args, kwargs = _split_inputs(args, kwargs)
     tracker = MemoryTracker()
     if not train:
-        return _inference(model, args, kwargs, tracker, shape_only, rules, observers)
+        return _inference(model, args, kwargs, tracker, shape_only, rules, strict, observers)
     return _train_step(model, args, kwargs, tracker, optimizer, loss_fn or default_loss,
-                       shape_only, rules, observers)
+                       shape_only, rules, strict, observers)
 
 
 def _inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-               tracker: MemoryTracker, shape_only: bool, rules: Any,
+               tracker: MemoryTracker, shape_only: bool, rules: Any, strict: bool,
                observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
     from flopscope._meta import needs_fake_cpu
 
@@ -212,7 +215,7 @@ def _inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         tracker.register(tree_iter((args, kwargs)), "inputs")
     with torch.no_grad():
         report = count(model, Inputs(*args, **kwargs), shape_only=shape_only, train=False,
-                       rules=rules, warn=False, observers=[tracker, *observers])
+                       rules=rules, strict=strict, warn=False, observers=[tracker, *observers])
     profile = tracker.profile()
     return report, _noted(profile, False, "inference forward under torch.no_grad(), eval mode")
 
@@ -230,7 +233,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tracker: MemoryTracker, optimizer: OptimizerArg,
                 loss_fn: Callable[[Any], torch.Tensor], shape_only: bool, rules: Any,
-                observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
+                strict: bool, observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
     import dataclasses
 
     on_meta = _on_meta(model)
@@ -276,7 +279,7 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             tracker.register(run_model.buffers(), "buffers")
             tracker.register(state, "optimizer_state")
             tracker.register(_tensors((args, kwargs)), "inputs")
-            with Counter(run_model, rules=rules, warn=False,
+            with Counter(run_model, rules=rules, strict=strict, warn=False,
                          observers=[tracker, *observers]) as counter:
                 step()
             state = _tensors([list(s.values()) for s in opt.state.values()]) if opt else []

@@ -1,0 +1,206 @@
+"""How estimates show themselves: table columns, summary lines, and the roofline plot.
+
+The edge of the estimate package, as :mod:`flopscope.render` and :mod:`flopscope.plot` are for
+reports: units appear only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flopscope.estimate.hardware import Hardware
+from flopscope.estimate.memory import MemoryProfile
+from flopscope.estimate.roofline import Estimate, Row
+from flopscope.render import Column
+from flopscope.units import human
+
+__all__ = ["estimate_columns", "estimate_lines", "human_bytes", "human_seconds", "memory_lines",
+           "plot_roofline"]
+
+
+def human_seconds(seconds: float) -> str:
+    """``1.5e-05`` -> ``"15.0 us"``; ``0`` -> ``"0"``.
+
+    Args:
+        seconds: a duration.
+
+    Returns:
+        The duration with a unit between ns and s.
+    """
+    if seconds == 0:
+        return "0"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if seconds >= scale:
+            return f"{seconds / scale:,.3g} {unit}"
+    return f"{seconds / 1e-9:,.3g} ns"
+
+
+def human_bytes(nbytes: int) -> str:
+    """Bytes in binary units (memory sizes): ``"1.50 GiB"``.
+
+    Args:
+        nbytes: bytes.
+
+    Returns:
+        The size.
+    """
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:,.0f} B" if unit == "B" else f"{value:,.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _intensity(row: Row) -> str:
+    value = row.intensity
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def estimate_columns(estimate: Estimate) -> list[Column]:
+    """The table columns of a roofline estimate: intensity (FLOP/B), estimated time, time share,
+    and the bound.
+
+    Args:
+        estimate: the estimate.
+
+    Returns:
+        Columns for :func:`flopscope.render.render`.
+    """
+    def cells(table: dict[str, Row], fn: object) -> dict[str, str]:
+        return {k: fn(r) for k, r in table.items()}  # type: ignore[operator]
+
+    def share(row: Row) -> str:
+        return f"{100 * estimate.share(row):.1f}%"
+
+    total = estimate.total
+    return [
+        Column("FLOP/B", cells(estimate.by_module, _intensity), cells(estimate.by_op, _intensity),
+               _intensity(total)),
+        Column("est. time", cells(estimate.by_module, lambda r: human_seconds(r.time_s)),
+               cells(estimate.by_op, lambda r: human_seconds(r.time_s)),
+               human_seconds(total.time_s)),
+        Column("time share", cells(estimate.by_module, share), cells(estimate.by_op, share),
+               share(total)),
+        Column("bound", cells(estimate.by_module, lambda r: r.bound),
+               cells(estimate.by_op, lambda r: r.bound), total.bound),
+    ]
+
+
+def _describe(hw: Hardware) -> str:
+    what = "measured" if hw.measured else "datasheet"
+    return f"{hw.description or hw.name} ({what})"
+
+
+def estimate_lines(estimate: Estimate) -> list[str]:
+    """A few lines that say what the estimate is and its range.
+
+    Args:
+        estimate: the estimate.
+
+    Returns:
+        Lines of text.
+    """
+    hw = estimate.hardware
+    total = estimate.total
+    lines = [
+        f"roofline on {hw.name}: {_describe(hw)}, {human(int(hw.memory_bandwidth), 'B/s')}"
+        + (", float32 products as TF32" if estimate.tf32 else ""),
+        f"  estimated time (lower bound) {human_seconds(total.time_s)}; with element-wise chains "
+        f"fused {human_seconds(total.fused_time_s)}; {total.bound}-bound overall "
+        f"(compute-bound calls {human_seconds(total.compute_bound_s)}, memory-bound "
+        f"{human_seconds(total.memory_bound_s)})",
+    ]
+    if len(estimate.by_phase) > 1:
+        lines.append("  " + "; ".join(f"{phase}: {human_seconds(r.time_s)}"
+                                      for phase, r in estimate.by_phase.items()))
+    lines.append("  ignores kernel launch, caches, fusion (see the fused figure), clocks below "
+                 "peak: real time is longer")
+    return lines
+
+
+def memory_lines(profile: MemoryProfile) -> list[str]:
+    """A few lines about peak memory.
+
+    Args:
+        profile: the memory profile.
+
+    Returns:
+        Lines of text.
+    """
+    where = f"'{profile.peak_module}'" if profile.peak_module else "the root"
+    parts = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in profile.at_peak.items())
+    return [
+        f"peak memory {human_bytes(profile.peak_bytes)} ({profile.note}), reached in "
+        f"{profile.peak_phase} at {where} ({profile.peak_op})",
+        f"  live at the peak: {parts}",
+        "  tensor storages only: no allocator rounding or caching, kernel workspaces or CUDA "
+        "context",
+    ]
+
+
+def plot_roofline(estimate: Estimate, path: str | Path, *, top: int = 40) -> None:
+    """Write a roofline chart: each operator (per dtype) as a point at (arithmetic intensity,
+    attained FLOP/s under the estimate), its size by share of time; the roofs of the dtypes
+    that appear (matrix and vector peaks, memory bandwidth) drawn as lines.
+
+    Args:
+        estimate: the estimate.
+        path: a .png, .svg or .pdf file.
+        top: how many operators (by time) to draw and label.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    from flopscope.plot import require_matplotlib
+
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hw = estimate.hardware
+    points = sorted(((op, key, r) for (op, key), r in estimate.by_op_dtype.items()
+                     if r.flops and r.bytes and r.time_s),
+                    key=lambda p: -p[2].time_s)[:top]
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    xs = [r.intensity or 0.0 for _, _, r in points]
+    lo = min([*xs, 0.01]) / 2
+    hi = max([*xs, 1e3]) * 2
+    bw = hw.memory_bandwidth
+    keys = sorted({key for _, key, _ in points}) or ["fp32"]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    for i, key in enumerate(keys):
+        colour = colours[i % len(colours)]
+        mkey = "tf32" if key == "fp32" and estimate.tf32 else key
+        matrix, vector = hw.peak(mkey, True), hw.peak(key, False)
+        which = "matrix roof" if vector != matrix else "roof"
+        ax.plot(grid, [min(matrix, bw * x) for x in grid], color=colour, lw=1.5,
+                label=f"{mkey} {which} {human(int(matrix), 'FLOP/s')}")
+        if vector != matrix:
+            ax.plot(grid, [min(vector, bw * x) for x in grid], color=colour, lw=1, ls="--",
+                    label=f"{key} vector roof {human(int(vector), 'FLOP/s')}")
+    share_total = estimate.total.time_s or 1.0
+    for _, key, r in points:
+        colour = colours[keys.index(key) % len(colours)]
+        size = 20 + 2000 * r.time_s / share_total
+        ax.scatter([r.intensity or 0.0], [r.attained_flops_per_s], s=size, color=colour, alpha=0.5,
+                   edgecolors="black", linewidths=0.5)
+    for op, _, r in points[:10]:
+        short = op.removeprefix("aten.").removesuffix(".default")
+        ax.annotate(short, (r.intensity or 0.0, r.attained_flops_per_s), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attained FLOP/s under the roofline (upper bound)")
+    kind = "measured" if hw.measured else "datasheet peaks"
+    ax.set_title(f"roofline on {hw.name} ({kind}, {human(int(bw), 'B/s')}); "
+                 f"point area = share of estimated time", fontsize=9)
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(str(path))
+    plt.close(fig)
