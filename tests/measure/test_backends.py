@@ -81,3 +81,16 @@ def test_segment_modules_do_not_nest() -> None:
     assert [p for p, _ in segment_modules(model, 1)] == ["0", "1", "2"]
     assert [p for p, _ in segment_modules(model, 2)] == ["0", "1.0", "1.1", "2"]
     assert [p for p, _ in segment_modules(model, 3)] == ["0", "1.0", "1.1.0", "2"]
+
+
+def test_registry_backend_as_object_keeps_the_full_note() -> None:
+    from flopscope.measure import backend_named, resolve_backend
+
+    status = backend_status()
+    available = [b for b, r in status.items() if r is None]
+    if not available or len(available) == len(status):
+        pytest.skip("needs one available and one unavailable backend")
+    by_name, note = resolve_backend(available[0].value)
+    assert by_name is backend_named(available[0]) is backend_named(available[0].value)
+    assert resolve_backend(by_name) == (by_name, note)
+    assert "unavailable:" in note

@@ -48,7 +48,6 @@ def _to_name(value: BackendName | str) -> BackendName:
         raise UsageError(f"unknown measurement backend {value!r}; choose one of {names}") from None
 
 
-@functools.cache
 def backend_named(name: BackendName | str) -> Backend:
     """The default instance of a real backend (one per process, so availability is checked once).
 
@@ -61,7 +60,11 @@ def backend_named(name: BackendName | str) -> Backend:
     Raises:
         UsageError: for ``auto`` or an unknown name.
     """
-    which = _to_name(name)
+    return _instance(_to_name(name))
+
+
+@functools.cache
+def _instance(which: BackendName) -> Backend:
     if which is BackendName.PERF:
         return PerfBackend()
     if which is BackendName.PAPI:

@@ -38,6 +38,7 @@ __all__ = [
 
 RESULT_SCHEMA = "flopscope-measure/1"
 
+
 def _dtype_name(name: str) -> str:
     from flopscope.sources import parse_dtype
 
