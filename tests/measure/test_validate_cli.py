@@ -113,6 +113,8 @@ def test_measure_bad_options_are_usage_errors(
     assert "did you mean float64" in capsys.readouterr().err
     assert main(["measure", f"{model_file}:tiny", "--input", "3by8"]) == 2
     assert "malformed" in (err := capsys.readouterr().err) and "3by8" in err
+    assert main(["measure", f"{model_file}:tiny", "--seq-len", "8"]) == 2
+    assert "--seq-len applies to hf: sources only" in capsys.readouterr().err
     assert main(["measure", f"{model_file}:tiny", "--backend", "gpu"]) == 2
     assert "invalid choice" in capsys.readouterr().err
     assert main(["measure", f"{model_file}:tiny", "--output", "/no/such/dir/x.json"]) == 2

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopscope.cli._options import (
     SOURCE_FORMS,
@@ -34,6 +34,9 @@ from flopscope.cli._options import (
     write_output,
 )
 from flopscope.errors import BackendUnavailableError, MeasureError
+
+if TYPE_CHECKING:
+    from flopscope.measure import Backend, MeasureRequest, MeasureResult, SweepEntry
 
 __all__ = ["add_subcommands", "run_measure", "run_validate"]
 
@@ -106,7 +109,7 @@ def add_subcommands(subparsers: Any) -> None:
     v.set_defaults(func=run_validate)
 
 
-def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[Any]:
+def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[MeasureRequest]:
     """Requests for ``sources``, each checked before anything slow starts (exit 2 if wrong)."""
     from flopscope import measure
     from flopscope import sources as loader
@@ -116,6 +119,10 @@ def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[Any]:
     config = loader.parse_config(args.config, what="--config")
     if config and not all(s.startswith("hf:") for s in sources):
         raise usage_error("--config applies to hf: sources only; remove it or use an hf: source")
+    if args.seq_len is not None and not args.input and not all(s.startswith("hf:") for s in sources):
+        raise usage_error(
+            "--seq-len applies to hf: sources only; give other models their shapes with --input"
+        )
     requests = [
         measure.MeasureRequest(
             source=s, inputs=tuple(args.input), batch=args.batch, seq_len=args.seq_len,
@@ -128,13 +135,13 @@ def _requests(args: argparse.Namespace, sources: Sequence[str]) -> list[Any]:
     return requests
 
 
-def _backend(name: str) -> tuple[Any, str]:
+def _backend(name: str) -> tuple[Backend, str]:
     from flopscope import measure
 
     return measure.resolve_backend(name)
 
 
-def _measure_table(result: Any) -> str:
+def _measure_table(result: MeasureResult) -> str:
     r = result.request
     m, c, report = result.measurement, result.comparison, result.report
     shapes = ", ".join(report.meta.get("inputs", [])) if report.meta else ""
@@ -200,7 +207,7 @@ def run_measure(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_csv(entries: Sequence[Any]) -> str:
+def _sweep_csv(entries: Sequence[SweepEntry]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["source", "dtype", "backend", "counted_macs", "counted_flops", "measured_flops",
