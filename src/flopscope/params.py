@@ -1,9 +1,19 @@
-"""Parameter and buffer counts of a model, per module: own and inclusive, each tensor once."""
+"""Parameter and buffer counts of a model, per module: own and inclusive, each tensor once.
+
+Quantized modules (``torch.ao.nn.quantized``: ``Conv2d``, ``Linear``, ``Embedding``, their
+dynamic and fused forms) keep their weights and biases in packed-parameter objects
+(``torch.classes.quantized.*PackedParamsBase``), not in ``nn.Parameter``s; those are unpacked and
+counted as parameters of the module that holds the packed object (for ``Linear`` and
+``Embedding``, their ``_packed_params`` child), as frozen (they do not train), each packed
+object once however many modules hold it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["ParamStats", "count_params", "param_table"]
@@ -68,6 +78,7 @@ def param_table(
     """
     if named is None:
         named = list(model.named_modules())
+    unpacked: dict[int, list[Tensor]] = {}  # id(packed object) -> its weight and bias, once
     owner: dict[int, str] = {}
     direct: dict[int, tuple[int, int, int]] = {}  # id(module) -> own trainable, frozen, buffers
     edges = 0
@@ -90,6 +101,15 @@ def param_table(
                 trainable += n
             else:
                 frozen += n
+        for obj in _packed_objects(module):
+            pid = id(obj)
+            if pid in owner:
+                shared = True
+                continue
+            owner[pid] = path
+            n = sum(t.numel() for t in _unpack(obj, unpacked))
+            own += n
+            frozen += n
         for b in module._buffers.values():
             if b is not None:
                 if id(b) in seen_buffers:  # one buffer registered on two modules
@@ -100,7 +120,7 @@ def param_table(
         own_of.append(own)
         edges += sum(1 for c in module._modules.values() if c is not None)
     if shared or edges != len(named) - 1:
-        return _shared_table(named, own_of), owner
+        return _shared_table(named, own_of, unpacked), owner
 
     totals: dict[int, tuple[int, int, int]] = {}
     for _, module in reversed(named):  # children come after their parent in named_modules()
@@ -117,7 +137,41 @@ def param_table(
     return stats, owner
 
 
-def _shared_table(named: list[tuple[str, nn.Module]], own_of: list[int]) -> dict[str, ParamStats]:
+_PACKED = "__torch__.torch.classes.quantized."
+
+
+def _packed_objects(module: nn.Module) -> list[Any]:
+    """The quantized packed-parameter objects held directly by ``module`` (attributes that are
+    ``torch.classes.quantized`` script objects with an ``unpack`` method)."""
+    found = []
+    for value in module.__dict__.values():
+        if isinstance(value, torch.ScriptObject):
+            try:
+                kind = value._type().qualified_name()
+            except (AttributeError, RuntimeError):
+                continue
+            if kind.startswith(_PACKED) and value._has_method("unpack"):  # type: ignore[attr-defined]
+                found.append(value)
+    return found
+
+
+def _unpack(obj: Any, cache: dict[int, list[Tensor]]) -> list[Tensor]:
+    """The tensors of a packed-parameter object: ``unpack()`` gives (weight, bias) for convolution
+    and linear packs, the weight alone for embeddings. Unpacked once per object, with any
+    dispatch mode (a running Counter) switched off, so unpacking is never counted as the model's
+    work."""
+    got = cache.get(id(obj))
+    if got is None:
+        with torch._C._DisableTorchDispatch(), torch.no_grad():
+            value = obj.unpack()
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        got = cache[id(obj)] = [t for t in items if isinstance(t, Tensor)]
+    return got
+
+
+def _shared_table(
+    named: list[tuple[str, nn.Module]], own_of: list[int], unpacked: dict[int, list[Tensor]]
+) -> dict[str, ParamStats]:
     """Per-module counts where tensors or modules are shared: each subtree's distinct tensors."""
     subtree: dict[int, tuple[dict[int, Tensor], dict[int, Tensor]]] = {}
 
@@ -127,6 +181,8 @@ def _shared_table(named: list[tuple[str, nn.Module]], own_of: list[int]) -> dict
             params: dict[int, Tensor] = {
                 id(p): p for p in module._parameters.values() if p is not None
             }
+            for obj in _packed_objects(module):
+                params.update((id(t), t) for t in _unpack(obj, unpacked))
             bufs: dict[int, Tensor] = {id(b): b for b in module._buffers.values() if b is not None}
             for child in module._modules.values():
                 if child is not None:

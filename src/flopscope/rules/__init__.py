@@ -24,6 +24,7 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
     normalization,
     optimizer,
     pooling,
+    quantized,
     reduction,
     sampling,
     search,
@@ -45,7 +46,7 @@ __all__ = [
 
 _FAMILIES = ["matmul", "grouped", "conv", "attention", "elementwise", "special", "reduction",
              "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
-             "optimizer", "misc", "zero_cost"]
+             "quantized", "optimizer", "misc", "zero_cost"]
 
 
 @cache
