@@ -68,13 +68,16 @@ FWD_MACS = 256 + 256 + 256 + 64
 BWD_MACS = 128 + 512 + 512 + 256
 
 
+@pytest.mark.parametrize("shape_only", [False, True])
 @pytest.mark.parametrize("reentrant", [True, False])
-def test_checkpointed_model_flops_equal_the_plain_model_per_module(reentrant: bool) -> None:
-    plain = count(_net(None), X, backward=True)
+def test_checkpointed_model_flops_equal_the_plain_model_per_module(
+    reentrant: bool, shape_only: bool
+) -> None:
+    plain = count(_net(None), X, backward=True, shape_only=shape_only)
     assert plain.total(Phase.FORWARD).macs == FWD_MACS
     assert plain.total(Phase.BACKWARD).macs == BWD_MACS
     with _full_recompute():
-        ck = count(_net(reentrant), X, backward=True)
+        ck = count(_net(reentrant), X, backward=True, shape_only=shape_only)
     assert _by(ck, Phase.FORWARD) == _by(plain, Phase.FORWARD)
     assert _by(ck, Phase.BACKWARD) == _by(plain, Phase.BACKWARD)
     # exactly the block's forward again, on the block's modules (blk itself: the relu, 4*8)
@@ -139,3 +142,13 @@ def test_training_loop_under_a_counter_leaves_no_stale_frames(reentrant: bool) -
     # mse: sub, square, sum over 4*2 elements = 3 per element, + 1 for the mean
     assert _by(one.report, Phase.FORWARD)[""] == 3 * 8 + 1
     assert one.report.total(Phase.RECOMPUTE).macs == (512 if reentrant else 256)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpointed_meta_model(reentrant: bool) -> None:
+    with torch.device("meta"):
+        model = Net(reentrant)
+    r = count(model, X, backward=True)
+    assert r.total(Phase.BACKWARD).macs == BWD_MACS
+    # reentrant reruns the whole block; non-reentrant stops after a and the relu (early stop)
+    assert r.total(Phase.RECOMPUTE).macs == (512 if reentrant else 256)

@@ -146,7 +146,6 @@ class ModuleTracker:
         self.module_rules = module_rules
         self.on_rule_exit = on_rule_exit
         self.counts_here = counts_here
-        self.has_model = model is not None
         self.paths: dict[nn.Module, str] = {}
         self.types: dict[str, str] = {}
         self.calls: dict[str, int] = {}
