@@ -167,3 +167,22 @@ def test_scripted_modules_are_reported_as_unattributed(how: str) -> None:
         r = count(model, x)
     assert r.macs == 16  # 1*4*4: the total is right, charged to the scripted module itself
     assert r.by_module()["0"].calls == 0
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\..* is deprecated:FutureWarning")
+def test_scripted_submodule_of_an_eager_model_is_named() -> None:
+    class Host(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.enc(x))
+
+    with pytest.warns(flopscope.FlopscopeWarning, match=r"submodules show no calls: 'enc'\."):
+        r = count(Host(), torch.randn(1, 4))
+    by = r.by_module()
+    assert by["enc"].inclusive.macs == 16  # 1*4*4, charged to the scripted module
+    assert by["enc.0"].calls == 0
+    assert by["head"].self_cost.macs == 8
