@@ -49,6 +49,24 @@ CATEGORIES = (
 - ``other``: storages that existed before the run and were not registered (first seen read).
 """
 
+_ALIASING: dict[int, tuple[bool, Any]] = {}
+
+
+def _returns_alias(op: Any) -> bool:
+    """Whether an operator's outputs alias its inputs (views, in-place and ``out=`` forms):
+    such outputs are never new storage. (Under fake tensors a real input is converted to a fake
+    one inside the operator, so its view's storage is one the tracker never saw.)"""
+    entry = _ALIASING.get(id(op))
+    if entry is None or entry[1] is not op:
+        try:
+            aliasing = any(r.alias_info is not None for r in op._schema.returns)
+        except AttributeError:
+            aliasing = False
+        entry = (aliasing, op)
+        _ALIASING[id(op)] = entry
+    return entry[0]
+
+
 _PHASE_CATEGORY = {Phase.FORWARD: "activations", Phase.RECOMPUTE: "activations",
                    Phase.BACKWARD: "temporaries", Phase.OPTIMIZER: "temporaries"}
 
@@ -111,6 +129,16 @@ class MemoryTracker:
         self._live[key] = alloc
         self.current += nbytes
         self._finalizers.append(weakref.finalize(st, self._died, alloc))
+
+    def _alias(self, key: int, st: Any, alloc: _Alloc) -> None:
+        """Storage ``key`` holds ``alloc``'s bytes under another storage object (fake tensors
+        convert a real tensor inside an operator): known, never counted twice."""
+        self._live[key] = alloc
+        self._finalizers.append(weakref.finalize(st, self._unalias, key, alloc))
+
+    def _unalias(self, key: int, alloc: _Alloc) -> None:
+        if self._live.get(key) is alloc and alloc.key != key:
+            del self._live[key]
 
     def _died(self, alloc: _Alloc) -> None:
         if self._closed or alloc.died is not None:
@@ -181,6 +209,7 @@ class MemoryTracker:
             found = _storage(t)
             if found is not None and found[0] not in live:
                 self._born(found[0], found[1], found[2], "other", path, phase.value)
+        aliasing = _returns_alias(call.op)
         for t in call.outputs:
             found = _storage(t)
             if found is None:
@@ -188,6 +217,14 @@ class MemoryTracker:
             key, nbytes, st = found
             alloc = live.get(key)
             if alloc is None:
+                if aliasing:  # a view of a converted input: the same bytes as what it aliases
+                    for i in call.inputs:
+                        found_in = _storage(i)
+                        source = live.get(found_in[0]) if found_in is not None else None
+                        if source is not None:
+                            self._alias(key, st, source)
+                            break
+                    continue
                 self._born(key, nbytes, st, _PHASE_CATEGORY[phase], path, phase.value)
             elif alloc.nbytes != nbytes:  # resized in place (out= arguments, resize_)
                 self.current += nbytes - alloc.nbytes

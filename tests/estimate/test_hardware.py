@@ -1,0 +1,89 @@
+"""Hardware profiles: shipped figures, files, lookup, and the measured profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flopscope.errors import UsageError
+from flopscope.estimate import PROFILES, Hardware, get_hardware, load_hardware
+from flopscope.estimate.hardware import dtype_key, measure_this_machine
+
+
+def test_shipped_profiles_cover_the_issue_list() -> None:
+    for name in ("h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l4", "l40s",
+                 "mi300x", "epyc-9654", "xeon-8480", "graviton3"):
+        hw = PROFILES[name]
+        assert hw.memory_bandwidth > 0 and hw.vector["fp32"] > 0 and hw.source
+
+
+def test_h100_sxm_datasheet_figures() -> None:
+    hw = PROFILES["h100-sxm"]
+    assert hw.memory_bandwidth == 3350e9
+    assert hw.peak("bf16", True) == 989.5e12  # tensor cores, dense
+    assert hw.peak("fp8", True) == 1979e12
+    assert hw.peak("tf32", True) == 494.5e12
+    assert hw.peak("fp32", True) == 67e12  # no FP32 tensor-core rate: CUDA cores
+    assert hw.peak("fp64", True) == 67e12 and hw.peak("fp64", False) == 34e12
+    assert hw.peak("bf16", False) == 133.8 * 1e12  # element-wise bf16 on CUDA cores
+    assert hw.peak("fp8", False) == 67e12  # no vector fp8: done in fp32
+
+
+def test_aliases_and_case() -> None:
+    assert get_hardware("H100") is PROFILES["h100-sxm"]
+    assert get_hardware("A100") is PROFILES["a100-80gb"]
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(UsageError, match="unknown hardware 'h100-sx'.*h100-sxm"):
+        get_hardware("h100-sx")
+
+
+def test_dtype_keys() -> None:
+    assert dtype_key(torch.float32) == "fp32"
+    assert dtype_key(torch.float32, tf32=True) == "tf32"
+    assert dtype_key(torch.bfloat16) == "bf16"
+    assert dtype_key(torch.float8_e4m3fn) == "fp8"
+    assert dtype_key(torch.int8) == "int8"
+    assert dtype_key(torch.int64) is None
+
+
+def test_json_profile_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"profiles": [
+        {"name": "my-gpu", "memory_bandwidth_gb_s": 1000, "matrix_tflops": {"bf16": 100},
+         "vector_tflops": {"fp32": 10}, "memory_gb": 16},
+        {"name": "other", "memory_bandwidth_gb_s": 500, "vector_tflops": {"fp32": 5}},
+    ]}))
+    first, other = load_hardware(path)
+    assert first.memory_bandwidth == 1e12 and first.peak("bf16", True) == 100e12
+    assert first.memory_bytes == 16 * 10**9
+    assert get_hardware(f"{path}:other") == other
+    assert get_hardware(str(path)) == first
+    # round trip through the file format
+    assert Hardware.from_dict(first.to_dict()) == first
+
+
+def test_malformed_profiles(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"name": "x", "memory_bandwidth_gb_s": 1,
+                                "vector_tflops": {"fp33": 1}}))
+    with pytest.raises(UsageError, match="unknown dtype 'fp33'"):
+        load_hardware(path)
+    path.write_text(json.dumps({"name": "x", "vector_tflops": {"fp32": 1}}))
+    with pytest.raises(UsageError, match="needs 'memory_bandwidth_gb_s'"):
+        load_hardware(path)
+    path.write_text("{not json")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        load_hardware(path)
+    with pytest.raises(UsageError, match="cannot read hardware file"):
+        load_hardware(tmp_path / "missing.json")
+
+
+def test_measured_profile_is_labelled() -> None:
+    hw = measure_this_machine(gemm_size=128, copy_mib=8, repeats=1)
+    assert hw.measured and hw.name == "this-machine"
+    assert hw.memory_bandwidth > 0 and hw.peak("fp32", True) > 0
