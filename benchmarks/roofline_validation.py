@@ -1,0 +1,183 @@
+"""Roofline on ``this-machine``: the estimate against measured time, per operator.
+
+The machine is measured first (``measure_this_machine``: a 2048^3 GEMM per dtype and a 256 MiB
+copy) and again at the end; each rate is the better of the two (the profile must be the
+machine's best to give a lower bound, and the machine is shared). Each case is counted once
+under a Counter with a :class:`CallLog` and then timed outside flopscope (best of ``repeats``
+after a warm-up). A lower bound holds when estimate <= measured; for the large cases
+(compute-bound GEMMs and convolutions, bandwidth-bound element-wise operators) the estimate
+should come within 2x of the measured time. Small cases are listed to show what the roofline
+ignores (per-call overhead).
+
+``python -m benchmarks.roofline_validation [--out docs/roofline]`` writes
+``roofline_validation.json`` and a plot, and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import flopscope
+from flopscope.estimate import CallLog, Hardware, measure_this_machine
+
+
+def _cases() -> list[tuple[str, bool, Callable[[], Callable[[], Any]]]]:
+    """(name, large, build) where build() makes the inputs and returns the timed call."""
+
+    def mm(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> Callable[[], Any]:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        return lambda: torch.mm(a, b)
+
+    def conv(n: int, c: int, hw: int, k: int, o: int) -> Callable[[], Any]:
+        x, w = torch.randn(n, c, hw, hw), torch.randn(o, c, k, k)
+        return lambda: F.conv2d(x, w, padding=k // 2)
+
+    def binary(numel: int, op: Callable[[Any, Any], Any]) -> Callable[[], Any]:
+        a, b = torch.randn(numel), torch.randn(numel)
+        return lambda: op(a, b)
+
+    def unary(numel: int, op: Callable[[Any], Any]) -> Callable[[], Any]:
+        a = torch.randn(numel)
+        return lambda: op(a)
+
+    big = 32 * 2**20  # 128 MiB of float32 per operand
+    return [
+        ("mm 2048x2048x2048 fp32", True, lambda: mm(2048, 2048, 2048)),
+        ("mm 4096x4096x1024 fp32", True, lambda: mm(4096, 4096, 1024)),
+        ("mm 1024x1024x4096 fp32", True, lambda: mm(1024, 1024, 4096)),
+        ("mm 2048x2048x2048 fp64", True, lambda: mm(2048, 2048, 2048, torch.float64)),
+        ("mm 512x512x512 fp32", False, lambda: mm(512, 512, 512)),
+        ("mm 4096x1x4096 fp32 (GEMV)", True, lambda: mm(4096, 1, 4096)),
+        ("conv 8x64x56x56 3x3 ->64", True, lambda: conv(8, 64, 56, 3, 64)),
+        ("conv 8x256x14x14 3x3 ->256", True, lambda: conv(8, 256, 14, 3, 256)),
+        ("conv 8x128x28x28 1x1 ->512", True, lambda: conv(8, 128, 28, 1, 512)),
+        ("add 32M fp32", True, lambda: binary(big, torch.add)),
+        ("mul 32M fp32", True, lambda: binary(big, torch.mul)),
+        ("relu 32M fp32", True, lambda: unary(big, torch.relu)),
+        ("exp 32M fp32", True, lambda: unary(big, torch.exp)),
+        ("clone 32M fp32", True, lambda: unary(big, torch.clone)),
+        ("sum 32M fp32", True, lambda: unary(big, torch.sum)),
+        ("add 4K fp32", False, lambda: binary(4096, torch.add)),
+        ("gelu 1M fp32", False, lambda: unary(2**20, F.gelu)),
+    ]
+
+
+def _best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _merge(a: Hardware, b: Hardware) -> Hardware:
+    best = {k: max(a.vector[k], b.vector[k]) for k in a.vector}
+    return Hardware("this-machine", max(a.memory_bandwidth, b.memory_bandwidth), dict(best),
+                    dict(best), description=a.description, source=a.source, measured=True)
+
+
+def run(repeats: int = 5) -> tuple[Hardware, list[dict[str, Any]]]:
+    """Measure the machine, estimate and time every case.
+
+    Args:
+        repeats: timed runs per case.
+
+    Returns:
+        The profile used and one row per case.
+    """
+    first = measure_this_machine()
+    measured: list[tuple[str, bool, CallLog, float]] = []
+    for name, large, build in _cases():
+        fn = build()
+        log = CallLog()
+        with flopscope.Counter(warn=False, observers=[log]):
+            fn()
+        measured.append((name, large, log, _best(fn, repeats)))
+    hw = _merge(first, measure_this_machine())
+    rows = []
+    for name, large, log, seconds in measured:
+        est = log.estimate(hw, tf32=False).total
+        rows.append({
+            "case": name, "large": large, "flops": est.flops, "bytes": est.bytes,
+            "intensity": est.intensity, "bound": est.bound, "estimate_s": est.time_s,
+            "measured_s": seconds, "ratio": seconds / est.time_s if est.time_s else None,
+        })
+    return hw, rows
+
+
+def markdown(hw: Hardware, rows: list[dict[str, Any]]) -> str:
+    """The table of estimates against measurements."""
+    rates = ", ".join(f"{k} {v / 1e9:,.1f} GFLOP/s" for k, v in hw.vector.items())
+    lines = [f"this-machine ({hw.description}): {rates}; copy bandwidth "
+             f"{hw.memory_bandwidth / 1e9:,.2f} GB/s", "",
+             "| case | FLOP/B | bound | estimate | measured | measured / estimate | "
+             "lower bound | within 2x |",
+             "| :--- | ---: | :--- | ---: | ---: | ---: | :---: | :---: |"]
+    for r in rows:
+        ratio = r["ratio"]
+        intensity = "-" if r["intensity"] is None else f"{r['intensity']:.2f}"
+        within = ("yes" if ratio is not None and ratio <= 2 else "no") if r["large"] else "(small)"
+        lines.append(
+            f"| {r['case']} | {intensity} | {r['bound']} | {r['estimate_s'] * 1e3:.3f} ms | "
+            f"{r['measured_s'] * 1e3:.3f} ms | {ratio:.2f} | "
+            f"{'yes' if ratio is not None and ratio >= 1 else 'NO'} | {within} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Estimated against measured time, log-log, with the y = x and y = 2x lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6), dpi=120)
+    for r in rows:
+        colour = "tab:blue" if r["bound"] == "compute" else "tab:orange"
+        marker = "o" if r["large"] else "x"
+        ax.scatter(r["estimate_s"], r["measured_s"], color=colour, marker=marker)
+        ax.annotate(r["case"], (r["estimate_s"], r["measured_s"]), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    lo = min(min(r["estimate_s"], r["measured_s"]) for r in rows) / 2
+    hi = max(max(r["estimate_s"], r["measured_s"]) for r in rows) * 2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="measured = estimate")
+    ax.plot([lo, hi], [2 * lo, 2 * hi], "k--", lw=1, label="measured = 2 x estimate")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("roofline estimate on this-machine (s)")
+    ax.set_ylabel("measured (s, best of 5)")
+    ax.set_title("blue: compute-bound, orange: memory-bound; x: small cases", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="docs/roofline")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hw, rows = run(args.repeats)
+    (out / "roofline_validation.json").write_text(
+        json.dumps({"hardware": hw.to_dict(), "rows": rows}, indent=1))
+    plot(rows, out / "roofline_validation.png")
+    print(markdown(hw, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
