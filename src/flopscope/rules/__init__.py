@@ -29,6 +29,7 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
     sampling,
     search,
     special,
+    vision,
     zero_cost,
 )
 from flopscope.rules.registry import DEFAULT_TABLE, Rule, RuleSet, op_key, rule
@@ -46,7 +47,7 @@ __all__ = [
 
 _FAMILIES = ["matmul", "grouped", "conv", "attention", "elementwise", "special", "reduction",
              "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
-             "quantized", "optimizer", "misc", "zero_cost"]
+             "quantized", "vision", "optimizer", "misc", "zero_cost"]
 
 
 @cache

@@ -1,0 +1,83 @@
+"""Mixture of experts (issue 12): transformers' Mixtral under every CPU experts implementation
+counts the router plus the k routed experts' MACs; ``generate()`` lists nothing uncounted."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import flopscope
+
+transformers = pytest.importorskip("transformers")
+
+# tiny Mixtral: hidden H = 32, expert intermediate INTER = 48, E = 4 experts, top k = 2, 2 layers
+H, INTER, E, K, LAYERS, VOCAB = 32, 48, 4, 2, 2, 128
+T = 10  # tokens (batch 1)
+
+
+def _mixtral(impl: str) -> torch.nn.Module:
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=E,
+        num_experts_per_tok=K, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config).eval()
+    model.set_experts_implementation(impl)
+    assert model.config._experts_implementation == impl
+    return model
+
+
+# "deepgemm" and "sonicmoe" are CUDA kernels; these are the implementations a CPU runs (eager:
+# a Python loop over the experts hit; grouped_mm: aten._grouped_mm over tokens sorted by expert,
+# the default on torch >= 2.9; batched_mm: one bmm per (token, expert) pair)
+IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_mixtral_counts_router_and_routed_experts(impl: str) -> None:
+    model = _mixtral(impl)
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = flopscope.count(model, ids)
+    assert report.uncounted == {}
+    moe = report.by_module()
+    # per MoE block, hand formula:
+    #   router:  T * H * E                = 10 * 32 * 4          =  1,280 MACs
+    #   experts: T * k pairs, each gate_up (H -> 2I) and down (I -> H) = 3 * H * I MACs:
+    #            10 * 2 * 3 * 32 * 48     =                         92,160 MACs
+    #   total                                                       93,440 MACs
+    for layer in range(LAYERS):
+        block = f"model.layers.{layer}.mlp"
+        assert moe[f"{block}.gate"].inclusive.macs == T * H * E == 1_280
+        assert moe[f"{block}.experts"].inclusive.macs == T * K * 3 * H * INTER == 92_160
+        assert moe[block].inclusive.macs == 93_440
+    # whole model: 2 * 93,440 (MoE) + attention per layer: q (32x32), k and v (32x16 each, 2 kv
+    # heads of 8), o (32x32) = 3,072 per token -> 30,720, plus Q K^T and P V, 4 heads * 10 * 10 *
+    # 8 each = 3,200 + 3,200, so 37,120 per layer; lm_head 10 * 32 * 128 = 40,960:
+    # 186,880 + 74,240 + 40,960 = 302,080, the same for every implementation
+    assert report.macs == 302_080
+
+
+def test_generate_on_tiny_llama_counts_everything() -> None:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with flopscope.Counter(model) as counter:
+            out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 8)
+    report = counter.report
+    assert report.uncounted == {}
+    # generate() checks for stop tokens with aten.isin every step, now counted (a search)
+    assert "aten.isin.Tensor_Tensor" in report.by_op() or any(
+        name.startswith("aten.isin") for name in report.by_op())
+    # lm_head: 3 forwards (the 5-token prompt, then 1 new token twice), each computing logits
+    # for its last position only (generate() passes logits_to_keep=1): 3 * 32 * 128 = 12,288
+    assert report.by_module()["lm_head"].inclusive.macs == 3 * 32 * VOCAB
