@@ -56,7 +56,9 @@ _FORWARD = Phase.FORWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _OPTIMIZER = Phase.OPTIMIZER
 # what a forward may return instead of its result: the work happens later, when it is consumed
-_LAZY = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter, zip)
+_LAZY = frozenset({types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter,
+                   zip})
+_IS_SCRIPT: dict[type, bool] = {}  # module class -> whether it is a TorchScript module
 
 
 class Sums:
@@ -290,18 +292,22 @@ class ModuleTracker:
                 self.foreign_calls += 1
             return
         stack = st.stack
-        if stack and stack[-1].phase is _OPTIMIZER:
-            _drop_finished_steps(stack)
-        path = self.path_of(module, stack)
-        self.calls[path] = self.calls.get(path, 0) + 1
         if stack:
             phase = stack[-1].phase
+            if phase is _OPTIMIZER:
+                _drop_finished_steps(stack)
+                phase = stack[-1].phase if stack else _FORWARD
         elif _current_autograd_node() is not None:  # a forward rerun inside backward: checkpointing
             phase = _RECOMPUTE
         else:
             phase = _FORWARD
+        path = self.paths.get(module)
+        if path is None or module in self.shared:
+            path = self.path_of(module, stack)
+        self.calls[path] += 1
         frame = Frame(module, path, phase)
-        if not torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
+        if module._parameters and not torch.is_grad_enabled() and any(
+                p is not None and p.requires_grad for p in module._parameters.values()):
             self.no_grad_calls += 1
         if st.shadowing is None:
             fn = self.module_rules.find(module, path)
@@ -310,7 +316,10 @@ class ModuleTracker:
                 frame.args = args
                 frame.shadow = Sums()
                 st.shadowing = frame
-        if isinstance(module, _ScriptModule) and module._modules:
+        scripted = _IS_SCRIPT.get(type(module))
+        if scripted is None:
+            scripted = _IS_SCRIPT[type(module)] = isinstance(module, _ScriptModule)
+        if scripted and module._modules:
             self.scripted[path] = None
         stack.append(frame)
         st.seqs.append(_sequence_nr())
@@ -355,7 +364,7 @@ class ModuleTracker:
         ):
             self.opaque[frame.path] = None
             flagged = True
-        if not failed and isinstance(output, _LAZY):
+        if type(output) in _LAZY and not failed:
             self.lazy.setdefault(frame.path, type(output).__name__)
         if parent is not None:
             parent.arithmetic += frame.arithmetic
