@@ -130,7 +130,8 @@ def _image() -> list[torch.Tensor]:
 
 # published == our count of the whole forward
 EXACT = ["ssdlite320_mobilenet_v3_large", "ssd300_vgg16", "retinanet_resnet50_fpn",
-         "fcos_resnet50_fpn", "fasterrcnn_resnet50_fpn"]
+         "fcos_resnet50_fpn", "fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn_v2",
+         "fasterrcnn_resnet50_fpn_v2", "maskrcnn_resnet50_fpn_v2"]
 
 
 @pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large",
