@@ -70,7 +70,7 @@ def _cases() -> list[tuple[str, bool, Callable[[], Callable[[], Any]]]]:
         ("conv 8x128x28x28 1x1 ->512", True, lambda: conv(8, 128, 28, 1, 512)),
         ("add 32M fp32", True, lambda: binary(big, torch.add)),
         ("mul 32M fp32", True, lambda: binary(big, torch.mul)),
-        ("relu 32M fp32", True, lambda: unary(big, torch.relu)),
+        ("neg 32M fp32", True, lambda: unary(big, torch.neg)),
         ("exp 32M fp32", True, lambda: unary(big, torch.exp)),
         ("copy 32M fp32", True, lambda: copy(big)),
         ("sum 32M fp32", True, lambda: reduce(big)),

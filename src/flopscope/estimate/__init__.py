@@ -160,7 +160,8 @@ def peak_memory(
 
     Inference (``train=False``): one forward in eval mode under ``torch.no_grad()`` (through
     :func:`flopscope.count`). Training (``train=True``): a steady-state step in train mode:
-    ``zero_grad(set_to_none=True)``, forward, ``loss_fn(output).backward()``, ``step()``. One
+    ``zero_grad(set_to_none=True)``, ``loss_fn(model(*args)).backward()`` (the output is not
+    kept during ``step()``), ``step()``. One
     untracked warm-up step runs first so that the optimizer's state exists, as in every step but
     the first. The model is left as it was: parameters, buffers, ``.grad`` and training flags are
     put back (a real model's tensors are copied before the warm-up for that).
@@ -264,8 +265,9 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 stack.enter_context(sdpa_as_cpu())
 
             def step() -> None:
-                out = run_model(*args, **kwargs)
-                loss_fn(out).backward()
+                # the output and loss are released before step(), as in
+                # loss_fn(model(x)).backward(): the logits of a language model are large
+                loss_fn(run_model(*args, **kwargs)).backward()
                 if opt is not None:
                     opt.step()
 
