@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
-__all__ = ["Cost", "OpCall", "Phase", "tensor_bytes"]
+__all__ = ["Cost", "OpCall", "Phase", "nested_parts", "tensor_bytes"]
 
 
 class Phase(str, enum.Enum):
@@ -114,8 +114,27 @@ class Cost:
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of a tensor's elements (``numel * itemsize``); works for fake and meta tensors."""
+    """Bytes of a tensor's elements (``numel * itemsize``); works for fake and meta tensors. A
+    sparse tensor's bytes are those of its stored values and indices (what a kernel reads), a
+    nested tensor's those of its components; a tensor with symbolic sizes gives a symbolic
+    number (``SymInt``)."""
+    layout = t.layout
+    if layout is torch.sparse_coo:
+        return tensor_bytes(t._values()) + tensor_bytes(t._indices())
+    if layout in _COMPRESSED:
+        compressed, plain = ((t.crow_indices(), t.col_indices())
+                             if layout in (torch.sparse_csr, torch.sparse_bsr)
+                             else (t.ccol_indices(), t.row_indices()))
+        return tensor_bytes(t.values()) + tensor_bytes(compressed) + tensor_bytes(plain)
+    if t.is_nested:
+        try:
+            return sum(tensor_bytes(c) for c in t.unbind())
+        except RuntimeError:
+            return 0
     return t.numel() * t.element_size()
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
 _Tensor = torch.Tensor
@@ -255,10 +274,18 @@ class OpCall:
     def io_bytes(self) -> tuple[int, int]:
         """``(bytes_read, bytes_written)``: all tensor inputs read once, all outputs written once.
 
-        A view (an output that aliases an input without writing it) moves no bytes.
+        A view (an output that aliases an input without writing it) moves no bytes. Sparse,
+        nested and symbolically sized tensors are measured by :func:`tensor_bytes`.
         """
         if self.is_view:
             return 0, 0
+        try:
+            return self._io_bytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse / nested / symbolic
+            read = sum(tensor_bytes(t) for t in self.inputs)
+            return read, sum(tensor_bytes(t) for t in self.outputs)
+
+    def _io_bytes(self) -> tuple[int, int]:
         read = 0
         args = self.args
         layout = _layout(self.op)
@@ -305,3 +332,23 @@ class OpCall:
     def __repr__(self) -> str:
         shapes = [tuple(t.shape) for t in self.inputs]
         return f"OpCall({self.name}, inputs={shapes}, phase={self.phase.value})"
+
+
+def _part(value: Any, i: int) -> Any:
+    if isinstance(value, _Tensor) and value.is_nested:
+        return value.unbind()[i]
+    if type(value) is tuple or type(value) is list:
+        return type(value)(_part(v, i) for v in value)
+    return value
+
+
+def nested_parts(call: OpCall) -> list[OpCall] | None:
+    """A call on strided nested tensors as one call per component (the i-th component of every
+    nested argument and output, other arguments as they are), or ``None`` when no argument is
+    nested. Rules written for dense tensors cost a nested call as the sum of its parts."""
+    count = next((t.size(0) for t in call.inputs if t.is_nested), None)
+    if count is None:
+        return None
+    return [OpCall(call.op, _part(call.args, i), {k: _part(v, i) for k, v in call.kwargs.items()},
+                   _part(call.out, i), call.phase, call.is_view) for i in range(count)]
+

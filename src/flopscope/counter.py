@@ -16,10 +16,18 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+    is_traceable_wrapper_subclass_type,
+)
 
+from flopscope._compat import eager_flex_attention
 from flopscope._tracker import Frame, ModuleTracker, Sums
-from flopscope.cost import Cost, OpCall, Phase
+from flopscope.cost import Cost, OpCall, Phase, nested_parts
 from flopscope.decompose import decomposition, runs_decomposed
 from flopscope.errors import (
     FlopscopeError,
@@ -28,9 +36,10 @@ from flopscope.errors import (
     StrictModeError,
     UsageError,
 )
+from flopscope.numbers import in_real_numbers
 from flopscope.report import OpRecord, Report, RuleRecord
 from flopscope.rules import default_rules
-from flopscope.rules.registry import Rule
+from flopscope.rules.registry import ADJUSTED_RULES, Rule
 from flopscope.rules.user import RulesArg, as_cost, rule_name, split_rules
 
 __all__ = ["Counter"]
@@ -47,6 +56,9 @@ _FACTS: dict[int, tuple[str, bool, bool, bool, Any]] = {}
 # rule, report name, is a view, is an allocation, is ignored, the overload, decomposition
 _OpInfo = tuple[Rule | None, str, bool, bool, bool, Any, Callable[..., Any] | None]
 _ZERO = Cost()
+# tuple of tensor subclasses in a call -> whether the call is left to the subclass (see _defers)
+_DEFERS: dict[tuple[type, ...], bool] = {}
+_TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 # id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
 # and the overloads themselves, kept alive so that their ids are not reused
 _WRITES: dict[int, tuple[tuple[int, str], ...]] = {}
@@ -96,7 +108,41 @@ def _cost(sums: Sums) -> Cost:
     return Cost(sums.macs, sums.flops, sums.bytes_read, sums.bytes_written)
 
 
+def _shapes(tensors: list[torch.Tensor]) -> list[Any]:
+    """Shapes for messages (a strided nested tensor has none: its component count instead)."""
+    return [f"nested({t.size(0)})" if t.is_nested else tuple(t.shape) for t in tensors]
+
+
+def _summed(fn: Rule, parts: list[OpCall]) -> Cost | None:
+    """The sum of a rule's costs of the parts of a nested call; ``None`` if it fails on a part."""
+    total = Cost()
+    try:
+        for part in parts:
+            cost = fn(part)
+            total = total + (cost if type(cost) is Cost else as_cost(cost, rule_name(fn)))
+    except Exception:  # reported by the caller as the rule's failure on the whole call
+        return None
+    return total
+
+
+def _defers(types: tuple[type, ...]) -> bool:
+    """Whether a call on tensors of these subclasses is left to the subclass, so that the work
+    it does on its inner tensors reaches the counter: wrapper subclasses such as jagged nested
+    tensors and DTensor (their inner operators are what runs, on the real shapes: a nested
+    tensor's packed values, a DTensor's local shard). Fake and functional tensors are not
+    wrappers of this kind and are counted where they stand."""
+    found = _DEFERS.get(types)
+    if found is None:
+        found = any(is_traceable_wrapper_subclass_type(t) and not issubclass(t, _TRANSPARENT)
+                    for t in types)
+        _DEFERS[types] = found
+    return found
+
+
 class _Mode(TorchDispatchMode):
+    # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
+    supports_higher_order_operators = True
+
     def __init__(self, counter: Counter) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.record = counter._record
@@ -110,6 +156,8 @@ class _Mode(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if types and _defers(types):
+            return NotImplemented
         info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
             written = _WRITES.get(id(func))
@@ -347,10 +395,13 @@ class Counter:
         the overload itself, and, for an operator with no rule, its decomposition (or None)."""
         facts = _FACTS.get(id(func))
         if facts is None or facts[-1] is not func:
-            is_view = any(r.alias_info is not None and not r.alias_info.is_write
-                          for r in func._schema.returns)
-            facts = (str(func), is_view, func._schema.name in _ALLOCATIONS,
-                     func.namespace == "prim", func)
+            if isinstance(func, HigherOrderOperator):
+                facts = (f"higher_order.{func.name()}", False, False, False, func)
+            else:
+                is_view = any(r.alias_info is not None and not r.alias_info.is_write
+                              for r in func._schema.returns)
+                facts = (str(func), is_view, func._schema.name in _ALLOCATIONS,
+                         func.namespace == "prim", func)
             _FACTS[id(func)] = facts
         fn = self._rules.find(func)
         decomp = None
@@ -443,7 +494,7 @@ class Counter:
                 if self.strict and shadowing is None:
                     raise StrictModeError(
                         f"no rule for operator {func} (called in module '{path}', {phase.value}, "
-                        f"inputs {[tuple(t.shape) for t in call.inputs]}) and no decomposition; "
+                        f"inputs {_shapes(call.inputs)}) and no decomposition; "
                         f"add one with rules={{'{func._schema.name}': fn}}, or count with "
                         "strict=False to list it in Report.uncounted"
                     )
@@ -459,12 +510,20 @@ class Counter:
                 except FlopscopeError:
                     raise
                 except Exception as e:
-                    raise RuleError(
-                        f"rule {rule_name(fn)} for operator {func} failed in module '{path}' "
-                        f"(inputs {[tuple(t.shape) for t in call.inputs]}): {type(e).__name__}: {e}"
-                    ) from e
+                    parts = nested_parts(call)  # a rule written for dense tensors, on nested
+                    summed = _summed(fn, parts) if parts is not None else None
+                    if summed is not None:
+                        cost = summed
+                    else:
+                        raise RuleError(
+                            f"rule {rule_name(fn)} for operator {func} failed in module '{path}' "
+                            f"(inputs {_shapes(call.inputs)}): {type(e).__name__}: {e}"
+                        ) from e
                 if type(cost) is not Cost:
                     cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func} in module '{path}'")
+                if cost.flops and fn in ADJUSTED_RULES:  # a default rule: integer work is not
+                    # FLOPs, complex work is counted in real operations (flopscope.numbers)
+                    cost = in_real_numbers(call, cost, info[1])
                 if self._pieces is not None:  # part of a decomposition: added up by _decomposed
                     self._pieces.append((func, cost, True))
                     return
@@ -493,9 +552,12 @@ class Counter:
         self._owner = self._tracker.owner
         self._mode = _Mode(self)
         self.failed_in = None
+        self._torch_settings = eager_flex_attention()
         try:
+            self._torch_settings.__enter__()
             self._mode.__enter__()  # type: ignore[no-untyped-call]
         except BaseException:
+            self._torch_settings.__exit__(None, None, None)
             self._tracker.remove()
             self._mode = None
             raise
@@ -507,6 +569,7 @@ class Counter:
                 self._mode.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
         finally:
             self._mode = None
+            self._torch_settings.__exit__(None, None, None)
             failed_in = self._tracker.remove(exc)
             self._in_rule = False
         if exc is not None:

@@ -8,7 +8,11 @@ pieces are counted (recursively: a piece with no rule is decomposed in turn):
    ``torch.no_grad()``: there ``aten.conv2d``, ``aten.matmul``, ``aten.layer_norm`` reach the
    dispatcher undecomposed;
 2. else an entry of PyTorch's decomposition table (``torch._decomp.decomposition_table``), for
-   functional operators only (no argument is written in place).
+   functional operators only (no argument is written in place);
+3. a higher-order operator (``flex_attention``, ``cond``, ``while_loop``, ``scan``, ...) runs its
+   eager (dense) implementation, so its body is counted as it runs: a ``cond`` counts the branch
+   taken, a ``while_loop`` every iteration. Where that needs values fake tensors do not have (a
+   ``cond`` predicate in a shape-only count), the operator is listed as uncounted.
 
 A direct rule wins over a table decomposition, so fused kernels keep their own cost. A
 ``CompositeImplicitAutograd`` operator without a backend kernel has no kernel of its own -- its
@@ -41,6 +45,35 @@ _NEVER = frozenset({
     "aten::sym_stride", "aten::storage_offset", "aten::sym_storage_offset", "aten::numel",
     "aten::sym_numel", "aten::dim", "prim::layout", "prim::device",
 })
+
+
+def _cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
+          operands: Any) -> Any:
+    """``cond``: the branch taken (its eager kernel refuses to run under a dispatch mode)."""
+    return (true_fn if bool(pred) else false_fn)(*operands)
+
+
+def _while_loop(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Any,
+                additional: Any) -> Any:
+    """``while_loop``: every iteration, as it runs."""
+    carried = tuple(carried)
+    while bool(cond_fn(*carried, *additional)):
+        carried = tuple(body_fn(*carried, *additional))
+    return carried
+
+
+def _invoke_subgraph(subgraph: Callable[..., Any], identifier: Any, *operands: Any) -> Any:
+    """``invoke_subgraph``: the subgraph, called."""
+    return subgraph(*operands)
+
+
+# higher-order operator -> its body, run as it would run eagerly (used where the operator's own
+# eager kernel cannot run under a dispatch mode)
+_BODIES: dict[str, Callable[..., Any]] = {
+    "cond": _cond,
+    "while_loop": _while_loop,
+    "invoke_subgraph": _invoke_subgraph,
+}
 
 
 def _table() -> dict[Any, Callable[..., Any]]:
@@ -82,7 +115,10 @@ def decomposition(op: Any) -> Callable[..., Any] | None:
     if hit is not None and hit[0] is op:
         return hit[1]
     found: Callable[..., Any] | None = None
-    if isinstance(op, torch._ops.OpOverload) and op._schema.name not in _NEVER:
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        found = _BODIES.get(op.name()) or op.py_kernels.get(
+            torch._C.DispatchKey.CompositeExplicitAutograd)
+    elif isinstance(op, torch._ops.OpOverload) and op._schema.name not in _NEVER:
         if is_composite(op):
             found = op.decompose
         elif _functional(op):

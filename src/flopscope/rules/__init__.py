@@ -16,6 +16,7 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
     distance,
     elementwise,
     fft,
+    flex,
     grouped,
     linalg,
     loss,
@@ -28,6 +29,7 @@ from flopscope.rules import (  # noqa: F401  (imported for their @rule registrat
     reduction,
     sampling,
     search,
+    sparse,
     special,
     vision,
     zero_cost,
@@ -45,9 +47,9 @@ __all__ = [
     "rule",
 ]
 
-_FAMILIES = ["matmul", "grouped", "conv", "attention", "elementwise", "special", "reduction",
+_FAMILIES = ["matmul", "grouped", "conv", "attention", "flex", "elementwise", "special", "reduction",
              "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
-             "quantized", "vision", "optimizer", "misc", "zero_cost"]
+             "sparse", "quantized", "vision", "optimizer", "misc", "zero_cost"]
 
 
 @cache

@@ -24,6 +24,9 @@ import torch
 from flopscope.cost import Cost, OpCall
 from flopscope.rules.registry import rule
 
+# complex matrices and transforms are counted in real operations by these rules themselves
+COUNTS_REAL_NUMBERS = True
+
 
 def fft_flops(points: int, batch: int, *, real: bool) -> int:
     """FLOPs of ``batch`` transforms of ``points`` points: 5 N log2 N each (half for r2c/c2r)."""

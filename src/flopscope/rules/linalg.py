@@ -33,6 +33,9 @@ from flopscope.cost import Cost, OpCall
 from flopscope.rules._shapes import named_arg
 from flopscope.rules.registry import rule
 
+# complex matrices and transforms are counted in real operations by these rules themselves
+COUNTS_REAL_NUMBERS = True
+
 
 def _mat(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch, rows, columns) of a (batch of) matrices [..., m, n]."""

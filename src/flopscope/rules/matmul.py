@@ -6,6 +6,8 @@ operators below (``t`` + ``addmm``, ``bmm`` ...), which is what flopscope sees a
 
 from __future__ import annotations
 
+import torch
+
 from flopscope.cost import Cost, OpCall
 from flopscope.rules._shapes import named_arg, numel
 from flopscope.rules.registry import rule
@@ -21,23 +23,31 @@ def _bias_flops(call: OpCall, out_elements: int) -> int:
     return extra * out_elements
 
 
-@rule("aten::mm", "aten::_int_mm", "aten::_scaled_mm")
-def mm(call: OpCall) -> Cost:
-    """C[m,n] = A[m,k] @ B[k,n]: one MAC per (m, n, k); FLOPs = 2 * MACs."""
-    a, b = call.args[0], call.args[1]
+def _product(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """(MACs, m, n) of A[m,k] @ B[k,n]; a sparse factor multiplies only its stored entries:
+    nnz(A) * n (or nnz(B) * m)."""
     m, k = a.shape
     n = b.shape[-1]
-    return call.cost(macs=m * n * k)
+    if a.layout is not torch.strided:
+        return int(a._nnz()) * n, m, n
+    if b.layout is not torch.strided:
+        return int(b._nnz()) * m, m, n
+    return m * n * k, m, n
+
+
+@rule("aten::mm", "aten::_int_mm", "aten::_scaled_mm")
+def mm(call: OpCall) -> Cost:
+    """C[m,n] = A[m,k] @ B[k,n]: one MAC per (m, n, k); FLOPs = 2 * MACs. A sparse factor:
+    one MAC per (stored entry, column of the other factor)."""
+    macs, _, _ = _product(call.args[0], call.args[1])
+    return call.cost(macs=macs)
 
 
 @rule("aten::addmm")
 def addmm(call: OpCall) -> Cost:
     """out[m,n] = beta*bias + alpha*(A[m,k] @ B[k,n]): m*n*k MACs; FLOPs = 2*MACs + m*n bias adds
-    (+ m*n more per scale factor that is not 1)."""
-    a, b = call.args[1], call.args[2]
-    m, k = a.shape
-    n = b.shape[-1]
-    macs = m * n * k
+    (+ m*n more per scale factor that is not 1). A sparse factor: see ``mm``."""
+    macs, m, n = _product(call.args[1], call.args[2])
     return call.cost(macs=macs, flops=2 * macs + _bias_flops(call, m * n))
 
 
@@ -115,3 +125,31 @@ def linear(call: OpCall) -> Cost:
     out = numel(x.shape[:-1]) * w.shape[0]
     macs = out * w.shape[-1]
     return call.cost(macs=macs, flops=2 * macs + (out if bias is not None else 0))
+
+
+def _matmul_macs(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """MACs of torch.matmul on shapes ``a`` and ``b`` (vectors, matrices, broadcast batches)."""
+    if len(a) == 1 and len(b) == 1:
+        return a[0]
+    if len(b) == 1:  # (..., m, k) @ (k,)
+        return numel(a)
+    if len(a) == 1:  # (k,) @ (..., k, n)
+        return numel(b)
+    batch = torch.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    return numel(tuple(batch)) * a[-2] * a[-1] * b[-1]
+
+
+@rule("aten::matmul")
+def matmul(call: OpCall) -> Cost:
+    """torch.matmul: one MAC per (batch, m, n, k) after broadcasting; on nested tensors the sum
+    over their components. (Seen only where ``matmul`` is not decomposed: on nested tensors, whose
+    CPU attention fallback multiplies strided nested tensors.)"""
+    a, b = call.args[0], call.args[1]
+    if a.is_nested or b.is_nested:
+        parts_a = a.unbind() if a.is_nested else [a] * b.size(0)
+        parts_b = b.unbind() if b.is_nested else [b] * a.size(0)
+        macs = sum(_matmul_macs(tuple(x.shape), tuple(y.shape))
+                   for x, y in zip(parts_a, parts_b, strict=True))
+    else:
+        macs = _matmul_macs(tuple(a.shape), tuple(b.shape))
+    return call.cost(macs=macs)

@@ -41,8 +41,9 @@ def op_key(target: object) -> str:
 
     Args:
         target: an ``OpOverload`` (``torch.ops.aten.mm.default``), an ``OpOverloadPacket``
-            (``torch.ops.aten.mm``) or a string (``"aten::mm"``, ``"aten.mm.default"``,
-            ``"mylib::fused_attn"``).
+            (``torch.ops.aten.mm``), a higher-order operator
+            (``torch.ops.higher_order.flex_attention``: ``"higher_order::flex_attention"``) or a
+            string (``"aten::mm"``, ``"aten.mm.default"``, ``"mylib::fused_attn"``).
 
     Returns:
         The canonical string key.
@@ -54,6 +55,8 @@ def op_key(target: object) -> str:
         ovl = target._overloadname
         base = target._schema.name
         return f"{base}.{ovl}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order::{target.name()}"
     if isinstance(target, torch._ops.OpOverloadPacket):
         return str(target._qualified_op_name)
     if isinstance(target, str):
@@ -73,6 +76,9 @@ def op_key(target: object) -> str:
 
 
 def _overload_keys(op: torch._ops.OpOverload) -> tuple[str, str]:
+    if isinstance(op, torch._ops.HigherOrderOperator):  # flex_attention, cond, ...: one key
+        key = f"higher_order::{op.name()}"  # type: ignore[no-untyped-call]
+        return key, key
     base = op._schema.name
     return f"{base}.{op._overloadname}", base
 
@@ -144,6 +150,10 @@ class RuleSet(Mapping[str, Rule]):
 
 # The default table, filled by @rule at import of the op-family modules.
 DEFAULT_TABLE: dict[str, Rule] = {}
+# Default rules whose costs the counter adjusts for integer and complex numbers (see
+# flopscope.numbers): every default rule except those of a family module that counts them itself
+# (it sets COUNTS_REAL_NUMBERS = True). A user's rule is taken as it is.
+ADJUSTED_RULES: set[Rule] = set()
 
 
 def rule(*targets: OpTarget) -> Callable[[Rule], Rule]:
@@ -175,6 +185,8 @@ def rule(*targets: OpTarget) -> Callable[[Rule], Rule]:
                     f"({DEFAULT_TABLE[key].__qualname__}); one rule per operator"
                 )
             DEFAULT_TABLE[key] = fn
+        if not fn.__globals__.get("COUNTS_REAL_NUMBERS"):
+            ADJUSTED_RULES.add(fn)
         return fn
 
     return register

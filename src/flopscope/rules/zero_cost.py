@@ -22,12 +22,18 @@ VIEWS = [
     "permute_copy", "transpose_copy", "expand_copy", "slice_copy", "select_copy",
     "unsqueeze_copy", "squeeze_copy", "split_copy", "split_with_sizes_copy", "unbind_copy",
     "as_strided_copy", "detach_copy", "_reshape_copy", "diagonal_copy",
+    "values", "_nested_get_values", "_nested_view_from_jagged", "_nested_get_offsets",
+    "_nested_get_lengths", "_nested_get_ragged_idx", "_nested_get_min_seqlen",
+    "_nested_get_max_seqlen", "_nested_tensor_size", "_nested_tensor_strides",
+    "_nested_tensor_storage_offsets",
 ]
 # Copies, layout and dtype changes: bytes move, no arithmetic.
 COPIES = [
     "clone", "copy_", "copy", "_to_copy", "to", "contiguous", "lift_fresh_copy", "lift",
     "_copy_from", "_copy_from_and_resize", "pin_memory", "_pin_memory", "to_mkldnn",
-    "to_dense", "_to_dense", "mkldnn_reorder_conv2d_weight",
+    "to_dense", "_to_dense", "mkldnn_reorder_conv2d_weight", "_nested_tensor_from_tensor_list",
+    "_nested_from_padded", "_nested_from_padded_and_nested_example", "to_padded_tensor",
+    "_nested_tensor_from_mask",
 ]
 # Indexing, gathering, concatenation, padding, reordering: data movement only.
 INDEXING = [
