@@ -136,3 +136,29 @@ def test_child_errors_come_back_typed() -> None:
 
     with pytest.raises(MeasureError, match="building the workload .* RuntimeError: boom"):
         _raise_child_error({"type": "RuntimeError", "message": "boom", "usage": False})
+
+
+def test_in_process_backend_checks_once_and_counts_the_region(source: str) -> None:
+    from flopscope.measure import InProcessBackend
+
+    class Recorded(InProcessBackend):
+        """Counters that 'read' a recorded value: what perf/PAPI do with real events."""
+
+        name = "recorded"
+        checks = 0
+
+        def check(self) -> str | None:
+            Recorded.checks += 1
+            return None
+
+        def count(self, fn: object) -> Measurement:
+            assert callable(fn)
+            fn()
+            return Measurement("recorded", 1234, {"double": 1234})
+
+    backend = Recorded()
+    a = measure_request(MeasureRequest(source), backend=backend)
+    b = measure_request(MeasureRequest(source), backend=backend)
+    assert Recorded.checks == 1
+    assert a.measurement.flops == b.measurement.flops == 1234 and a.report.flops > 0
+    assert a.comparison.segments == ()  # counters cannot split per module

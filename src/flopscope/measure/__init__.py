@@ -31,7 +31,13 @@ from dataclasses import replace
 from typing import Any
 
 from flopscope.errors import BackendUnavailableError, MeasureError
-from flopscope.measure.backend import Backend, FakeBackend, MeasuredRun, ProgressFn
+from flopscope.measure.backend import (
+    Backend,
+    FakeBackend,
+    InProcessBackend,
+    MeasuredRun,
+    ProgressFn,
+)
 from flopscope.measure.classify import FpInstruction, Precision, classify
 from flopscope.measure.registry import (
     BackendName,
@@ -61,6 +67,7 @@ __all__ = [
     "Comparison",
     "FakeBackend",
     "FpInstruction",
+    "InProcessBackend",
     "MeasureError",
     "MeasureRequest",
     "MeasureResult",

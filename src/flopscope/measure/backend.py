@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "FakeBackend",
+    "InProcessBackend",
     "MeasuredRun",
     "ProgressFn",
 ]
@@ -132,3 +133,60 @@ class FakeBackend:
         if progress is not None:
             progress(f"measuring ({self._name})")
         return MeasuredRun(self._handler(region), region.report)
+
+
+class InProcessBackend:
+    """Base of the counter backends (perf, PAPI): build the workload here, count its region.
+
+    Subclasses set :attr:`name` and provide :meth:`check` (why the counters cannot be used, or
+    ``None``) and :meth:`count` (run a function with the counters on).  The answer of
+    :meth:`check` is kept: availability is checked once per instance.
+    """
+
+    name = "in-process"
+
+    def __init__(self) -> None:
+        self._reason: tuple[str | None] | None = None
+
+    def check(self) -> str | None:
+        """Returns: ``None`` if the counters can be used here, else why not."""
+        raise NotImplementedError
+
+    def count(self, fn: Callable[[], object]) -> Measurement:
+        """Run ``fn()`` once with the counters on.
+
+        Args:
+            fn: the region.
+
+        Returns:
+            The measurement.
+        """
+        raise NotImplementedError
+
+    def unavailable_reason(self) -> str | None:
+        """Returns: :meth:`check`'s answer, asked once."""
+        if self._reason is None:
+            self._reason = (self.check(),)
+        return self._reason[0]
+
+    def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
+        """Build ``workload`` in this process and count its region.
+
+        Args:
+            workload: the workload.
+            progress: called once before the region runs.
+
+        Returns:
+            The measurement (no per-module segments) and the workload's count, if any.
+
+        Raises:
+            BackendUnavailableError: if the counters cannot be used here.
+            MeasureError: if counting fails.
+        """
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        region = workload.build()
+        if progress is not None:
+            progress(f"measuring with {self.name}")
+        return MeasuredRun(self.count(region.run), region.report)

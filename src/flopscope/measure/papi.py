@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flopscope.errors import BackendUnavailableError, MeasureError
-from flopscope.measure.backend import MeasuredRun, ProgressFn
+from flopscope.measure.backend import InProcessBackend
 from flopscope.measure.result import Measurement
-from flopscope.measure.workload import Workload
 
 __all__ = ["PAPI_EVENTS", "PapiBackend", "measure_papi", "papi_flops", "unavailable_reason"]
 
@@ -121,41 +120,21 @@ def _count_presets(fn: Callable[[], object]) -> Measurement:
     )
 
 
-class PapiBackend:
-    """PAPI presets ``PAPI_DP_OPS`` / ``PAPI_SP_OPS`` in this process.
 
-    The workload is built here; its region runs once between ``PAPI_start`` and ``PAPI_stop``.
-    """
+class PapiBackend(InProcessBackend):
+    """PAPI presets ``PAPI_DP_OPS`` / ``PAPI_SP_OPS``, in this process."""
 
     name = "papi"
 
-    def __init__(self) -> None:
-        self._reason: tuple[str | None] | None = None
+    def check(self) -> str | None:
+        """Returns: ``None`` if the counters can be used here, else why not."""
+        return unavailable_reason()
 
-    def unavailable_reason(self) -> str | None:
-        """Returns: ``None`` if PAPI can count ``PAPI_DP_OPS`` here, else why not (checked once)."""
-        if self._reason is None:
-            self._reason = (unavailable_reason(),)
-        return self._reason[0]
-
-    def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
-        """Build ``workload`` here and count its region.
-
-        Args:
-            workload: the workload.
-            progress: called once before the region runs.
+    def count(self, fn: Callable[[], object]) -> Measurement:
+        """Args:
+            fn: the region.
 
         Returns:
-            The measurement and the workload's count, if any.
-
-        Raises:
-            BackendUnavailableError: if PAPI cannot count here.
-            MeasureError: if counting fails.
+            The measurement.
         """
-        reason = self.unavailable_reason()
-        if reason is not None:
-            raise BackendUnavailableError(reason)
-        region = workload.build()
-        if progress is not None:
-            progress("measuring with PAPI")
-        return MeasuredRun(_count_presets(region.run), region.report)
+        return _count_presets(fn)

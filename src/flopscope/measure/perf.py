@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flopscope.errors import BackendUnavailableError, MeasureError
-from flopscope.measure.backend import MeasuredRun, ProgressFn
+from flopscope.measure.backend import InProcessBackend
 from flopscope.measure.result import Measurement
-from flopscope.measure.workload import Workload
 
 __all__ = [
     "AMD_FAMILY_17H_EVENTS",
@@ -426,41 +425,21 @@ def _count_events(fn: Callable[[], object]) -> Measurement:
     )
 
 
-class PerfBackend:
-    """Hardware floating-point events in this process (see the module docstring).
 
-    The workload is built here; its region runs once with the counters enabled.
-    """
+class PerfBackend(InProcessBackend):
+    """Hardware floating-point events through ``perf_event_open``, in this process."""
 
     name = "perf"
 
-    def __init__(self) -> None:
-        self._reason: tuple[str | None] | None = None
+    def check(self) -> str | None:
+        """Returns: ``None`` if the counters can be used here, else why not."""
+        return unavailable_reason()
 
-    def unavailable_reason(self) -> str | None:
-        """Returns: ``None`` if the events can be opened, else why not (checked once)."""
-        if self._reason is None:
-            self._reason = (unavailable_reason(),)
-        return self._reason[0]
-
-    def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
-        """Build ``workload`` here and count its region.
-
-        Args:
-            workload: the workload.
-            progress: called once before the region runs.
+    def count(self, fn: Callable[[], object]) -> Measurement:
+        """Args:
+            fn: the region.
 
         Returns:
-            The measurement (no per-module segments) and the workload's count, if any.
-
-        Raises:
-            BackendUnavailableError: if the events cannot be opened here.
-            MeasureError: if reading the counters fails.
+            The measurement.
         """
-        reason = self.unavailable_reason()
-        if reason is not None:
-            raise BackendUnavailableError(reason)
-        region = workload.build()
-        if progress is not None:
-            progress("measuring with perf_event_open")
-        return MeasuredRun(_count_events(region.run), region.report)
+        return _count_events(fn)
