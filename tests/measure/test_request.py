@@ -141,24 +141,21 @@ def test_child_errors_come_back_typed() -> None:
 def test_in_process_backend_checks_once_and_counts_the_region(source: str) -> None:
     from flopscope.measure import InProcessBackend
 
-    class Recorded(InProcessBackend):
+    checks: list[int] = []
+
+    def check() -> str | None:
+        checks.append(1)
+        return None
+
+    def count(fn: object) -> Measurement:
         """Counters that 'read' a recorded value: what perf/PAPI do with real events."""
+        assert callable(fn)
+        fn()
+        return Measurement("recorded", 1234, {"double": 1234})
 
-        name = "recorded"
-        checks = 0
-
-        def check(self) -> str | None:
-            Recorded.checks += 1
-            return None
-
-        def count(self, fn: object) -> Measurement:
-            assert callable(fn)
-            fn()
-            return Measurement("recorded", 1234, {"double": 1234})
-
-    backend = Recorded()
+    backend = InProcessBackend("recorded", check, count)
     a = measure_request(MeasureRequest(source), backend=backend)
     b = measure_request(MeasureRequest(source), backend=backend)
-    assert Recorded.checks == 1
+    assert checks == [1]
     assert a.measurement.flops == b.measurement.flops == 1234 and a.report.flops > 0
     assert a.comparison.segments == ()  # counters cannot split per module

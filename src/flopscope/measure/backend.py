@@ -136,37 +136,29 @@ class FakeBackend:
 
 
 class InProcessBackend:
-    """Base of the counter backends (perf, PAPI): build the workload here, count its region.
+    """A counter backend (perf, PAPI): builds the workload here and counts its region.
 
-    Subclasses set :attr:`name` and provide :meth:`check` (why the counters cannot be used, or
-    ``None``) and :meth:`count` (run a function with the counters on).  The answer of
-    :meth:`check` is kept: availability is checked once per instance.
+    Args:
+        name: the backend's name.
+        check: says why the counters cannot be used here, or ``None``; asked once.
+        count: runs a function once with the counters on and returns the measurement.
     """
 
-    name = "in-process"
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        name: str,
+        check: Callable[[], str | None],
+        count: Callable[[Callable[[], object]], Measurement],
+    ) -> None:
+        self.name = name
+        self._check = check
+        self._count = count
         self._reason: tuple[str | None] | None = None
 
-    def check(self) -> str | None:
-        """Returns: ``None`` if the counters can be used here, else why not."""
-        raise NotImplementedError
-
-    def count(self, fn: Callable[[], object]) -> Measurement:
-        """Run ``fn()`` once with the counters on.
-
-        Args:
-            fn: the region.
-
-        Returns:
-            The measurement.
-        """
-        raise NotImplementedError
-
     def unavailable_reason(self) -> str | None:
-        """Returns: :meth:`check`'s answer, asked once."""
+        """Returns: ``None`` if the counters can be used here, else why not (checked once)."""
         if self._reason is None:
-            self._reason = (self.check(),)
+            self._reason = (self._check(),)
         return self._reason[0]
 
     def measure(self, workload: Workload, *, progress: ProgressFn | None = None) -> MeasuredRun:
@@ -189,4 +181,4 @@ class InProcessBackend:
         region = workload.build()
         if progress is not None:
             progress(f"measuring with {self.name}")
-        return MeasuredRun(self.count(region.run), region.report)
+        return MeasuredRun(self._count(region.run), region.report)

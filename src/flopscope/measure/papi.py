@@ -121,20 +121,9 @@ def _count_presets(fn: Callable[[], object]) -> Measurement:
 
 
 
+
 class PapiBackend(InProcessBackend):
     """PAPI presets ``PAPI_DP_OPS`` / ``PAPI_SP_OPS``, in this process."""
 
-    name = "papi"
-
-    def check(self) -> str | None:
-        """Returns: ``None`` if the counters can be used here, else why not."""
-        return unavailable_reason()
-
-    def count(self, fn: Callable[[], object]) -> Measurement:
-        """Args:
-            fn: the region.
-
-        Returns:
-            The measurement.
-        """
-        return _count_presets(fn)
+    def __init__(self) -> None:
+        super().__init__("papi", unavailable_reason, _count_presets)

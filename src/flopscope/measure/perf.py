@@ -426,20 +426,9 @@ def _count_events(fn: Callable[[], object]) -> Measurement:
 
 
 
+
 class PerfBackend(InProcessBackend):
     """Hardware floating-point events through ``perf_event_open``, in this process."""
 
-    name = "perf"
-
-    def check(self) -> str | None:
-        """Returns: ``None`` if the counters can be used here, else why not."""
-        return unavailable_reason()
-
-    def count(self, fn: Callable[[], object]) -> Measurement:
-        """Args:
-            fn: the region.
-
-        Returns:
-            The measurement.
-        """
-        return _count_events(fn)
+    def __init__(self) -> None:
+        super().__init__("perf", unavailable_reason, _count_events)
