@@ -41,3 +41,18 @@ def test_zero_flop_rules_are_registered() -> None:
     for name in ("aten::view", "aten::clone", "aten::cat", "aten::index", "aten::zeros",
                  "aten::_to_copy", "aten::constant_pad_nd"):
         assert name in rules
+
+
+def test_unsafe_view_moves_no_bytes() -> None:
+    # aten._unsafe_view's schema does not mark it as a view, but it is one: 0 bytes
+    r = count(lambda: torch.ops.aten._unsafe_view(torch.randn(4, 4), [16]))
+    assert op(r, "aten._unsafe_view.default").bytes_read == 0
+
+
+def test_in_place_scatter_writes_only_what_it_writes() -> None:
+    cache = torch.zeros(1, 8, 1024, 64)  # a static KV cache: 2 MiB
+    new = torch.randn(1, 8, 1, 64)  # one token: 8 x 64 float32 = 2,048 bytes
+    r = count(lambda: cache.index_copy_(2, torch.tensor([5]), new))
+    cost = op(r, "aten.index_copy_.default")
+    # read: the index (1 int64 = 8 bytes) and the source (2,048); written: the source's elements
+    assert (cost.bytes_read, cost.bytes_written) == (8 + 2048, 2048)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flopscope.cost import Cost, OpCall
+import torch
+
+from flopscope.cost import Cost, OpCall, tensor_bytes
 from flopscope.rules._shapes import named_arg
 from flopscope.rules.registry import rule
 
@@ -47,13 +49,34 @@ def scatter_add(call: OpCall) -> Cost:
     return call.cost(flops=n)
 
 
+def _scatter_in_place(call: OpCall, source: torch.Tensor | None, flops: int = 0) -> Cost:
+    """An in-place scatter into ``self``: the index tensors and the source are read and only the
+    positions written move bytes (a KV-cache update writes its new rows, not the whole cache).
+    The functional forms write a whole new tensor: the default bytes."""
+    if not call.name.split(".")[1].endswith("_") or source is None:
+        return call.cost(flops=flops)
+    target = call.args[0]
+    index_bytes = sum(tensor_bytes(t) for t in call.inputs[1:] if t is not source)
+    written = source.numel() * target.element_size()
+    return Cost(0, flops, index_bytes + tensor_bytes(source), written)
+
+
 @rule("aten::index_put", "aten::index_put_", "aten::_index_put_impl", "aten::_index_put_impl_",
       "aten::_unsafe_index_put")
 def index_put(call: OpCall) -> Cost:
-    """index_put: a scatter (0 FLOPs), or with accumulate=True one add per value element."""
-    if named_arg(call, "accumulate", False):
-        return call.cost(flops=named_arg(call, "values").numel())
-    return call.cost()
+    """index_put: a scatter (0 FLOPs), or with accumulate=True one add per value element. In
+    place: the indices and values are read, the values' elements written."""
+    values = named_arg(call, "values")
+    flops = values.numel() if named_arg(call, "accumulate", False) else 0
+    return _scatter_in_place(call, values if isinstance(values, torch.Tensor) else None, flops)
+
+
+@rule("aten::index_copy", "aten::index_copy_")
+def index_copy(call: OpCall) -> Cost:
+    """index_copy: copies the source's slices to the indexed positions: 0 FLOPs. In place (a
+    static KV cache's update): index and source read, the source's elements written."""
+    source = named_arg(call, "source")
+    return _scatter_in_place(call, source if isinstance(source, torch.Tensor) else None)
 
 
 @rule("aten::mkldnn_rnn_layer")

@@ -11,7 +11,7 @@ from flopscope.rules.registry import rule
 
 # Views and metadata changes: the output shares the input's storage.
 VIEWS = [
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "permute",
+    "view", "reshape", "expand", "expand_as", "permute",
     "transpose", "transpose_", "t", "t_", "squeeze", "squeeze_", "unsqueeze", "unsqueeze_",
     "slice", "select", "as_strided", "as_strided_", "alias", "detach", "detach_", "split",
     "split_with_sizes", "unsafe_split", "unsafe_split_with_sizes", "chunk", "unsafe_chunk",
@@ -83,3 +83,11 @@ def zero_flop(call: OpCall) -> Cost:
     random-number filling, bookkeeping: 0 FLOPs. Bytes of inputs and outputs are counted (0 for
     views)."""
     return call.cost()
+
+
+@rule("aten::_unsafe_view", "aten::_reshape_alias")
+def unsafe_view(call: OpCall) -> Cost:
+    """A view whose schema does not say so (``_unsafe_view`` reshapes a fresh result without a
+    copy; ``_reshape_alias`` aliases its input): 0 FLOPs and 0 bytes, like every view."""
+    return Cost()
+
