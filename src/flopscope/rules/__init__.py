@@ -117,8 +117,37 @@ checks that it is up to date.
   0 bytes.
 - Bytes: by default every tensor input is read once and every output written once (`numel *
   itemsize`); an embedding lookup reads only the gathered rows.
-- An operator with no rule is never silently zero: it is listed in `Report.uncounted` with its call
-  count (one warning; `strict=True` raises).
+- **An operator with no rule is decomposed** (`flopscope.decompose`): its
+  `CompositeImplicitAutograd` kernel, else PyTorch's decomposition table (functional operators
+  only), and the pieces are counted, recursively, under the original operator's name (its record
+  is marked `decomposed`; `Report.decomposed` lists them). A rule wins over a table
+  decomposition; a composite operator with no kernel of its own (`aten.conv2d`, `aten.linear`)
+  is counted by its decomposition, because that is what runs - so `torch.inference_mode()`, where
+  such operators reach the dispatcher undecomposed, counts exactly like `torch.no_grad()`. Bytes
+  of a decomposed operator are its own inputs and outputs. Only an operator with neither rule nor
+  decomposition is listed in `Report.uncounted` with its call count (one warning; `strict=True`
+  raises) - never silently zero.
+- **Integer work is not FLOPs** (`flopscope.numbers`): a call on integer or boolean tensors only
+  (index arithmetic, `num_batches_tracked += 1`, quantized kernels) costs 0 FLOPs and keeps its
+  bytes, and its MACs where it multiply-accumulates (MACs count sums of products whatever the
+  data type: a quantized convolution's MACs equal the float one's, as torchvision publishes them).
+  Example: `(torch.arange(1000) + 1) * 2` is 0 FLOPs; `torch.arange(1000) * 0.5` is 1,000.
+- **Complex arithmetic is counted in real operations**: a complex MAC is 4 real MACs (4
+  multiplies + 4 adds), a complex add 2 FLOPs, multiply 6, divide 11, absolute value 4, other
+  element-wise operations 2 per element (an estimate). A complex64 `nn.Linear(4, 3)` on 2 rows is
+  96 MACs, not 24. FFT and dense linear algebra rules count complex numbers themselves. A rule
+  you give is taken as it is.
+- **Higher-order operators** are counted by what they run: `cond` the branch taken,
+  `while_loop` every iteration, `flex_attention` by its rule (the blocks of its BlockMask that a
+  kernel computes; dense without one). Where the body needs values a fake tensor does not have,
+  the operator is listed as uncounted.
+- **Tensor subclasses**: wrapper subclasses (jagged nested tensors, DTensor) are counted by the
+  operators they run on their inner tensors (a nested tensor's packed rows: attention over
+  sequences of 2, 3 and 5 tokens counts 2^2 + 3^2 + 5^2 score rows per head, not 5 x 5 x 3);
+  strided nested tensors are costed component by component; sparse tensors by their stored
+  entries (a sparse-dense product is nnz x n MACs) and the bytes of their values and indices.
+- **Variable-length attention** (`cum_seq_q`/`cu_seqlens_q` offsets): the sum over sequences of
+  L_q x L_k, read from the offsets (shape-only: the bound min(total_q x max_k, max_q x total_k)).
 - In-place (`add_`) and `out=` forms cost the same as the functional form. Backward operators have
   their own rules (gradients of a product are two products of the same size).
 
