@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from flopscope import count
+from flopscope import ForwardError, count
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -70,6 +70,20 @@ class Replacer(nn.Module):
         return x * self.w + self.b
 
 
+class DataSwapper(nn.Module):
+    """Swaps the storage of a parameter and a buffer with `.data =` (no operator runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("buf", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.lin.weight.data = self.lin.weight.data * 2
+        self.buf.data = torch.zeros(5)
+        return self.lin(x)
+
+
 def _legacy_spectral() -> nn.Module:
     return nn.utils.spectral_norm(nn.Linear(4, 4))  # power iteration updates u, v and .weight
 
@@ -98,6 +112,7 @@ CASES: list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]] = [
     ("embedding_max_norm", EmbeddingMaxNorm, lambda: torch.tensor([[1, 2, 3], [3, 4, 5]])),
     ("data_writer", DataWriter, lambda: torch.randn(2, 4)),
     ("replacer", Replacer, lambda: torch.randn(2, 4)),
+    ("data_swapper", DataSwapper, lambda: torch.randn(2, 4)),
     ("spectral_norm", _legacy_spectral, lambda: torch.randn(2, 4)),
     ("weight_norm", _legacy_weight_norm, lambda: torch.randn(2, 4)),
     ("parametrized_spectral_norm", _param_spectral, lambda: torch.randn(2, 4)),
@@ -118,7 +133,13 @@ def test_count_leaves_every_tensor_as_it_was(
     model = make().train()
     x = inputs()
     before = {k: (t, t.detach().clone()) for k, t in _state(model).items()}
-    count(model, x, backward=backward, shape_only=shape_only, train=True, warn=False)
+    if name == "data_swapper" and shape_only:
+        # `.data = <fake tensor>` on a real parameter breaks a fake forward: the count fails
+        # loudly, and the model is kept as it was
+        with pytest.raises(ForwardError, match="FakeTensorDeviceMismatchError"):
+            count(model, x, backward=backward, shape_only=shape_only, train=True, warn=False)
+    else:
+        count(model, x, backward=backward, shape_only=shape_only, train=True, warn=False)
     _same(before, model)
     assert all(p.grad is None for p in model.parameters())
 

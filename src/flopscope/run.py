@@ -178,6 +178,9 @@ def count(
         ways = ["fake"] if shape_only or on_meta else ["real"]
     params: list[torch.Tensor] = [p for m in modules for p in m._parameters.values()
               if p is not None and not p.is_meta and p.device.type != "meta"]
+    # aliases (no copy) of every parameter, to undo `p.data = other`, which swaps a tensor's
+    # storage without any operator (buffers are put back from their copies below)
+    aliases = [(p, p.detach()) for p in params]
     try:
         if train is not None:
             model.train(train)
@@ -213,10 +216,16 @@ def count(
             if table.get(name) is not obj:
                 table[name] = obj
         with torch.no_grad():
+            for held, original in aliases:
+                if held.data_ptr() != original.data_ptr() or held.shape != original.shape:
+                    held.data = original
+        with torch.no_grad():
             for table, name, tensor, value in saved:
                 table[name] = tensor
-                if tensor.shape == value.shape:
+                if tensor.shape == value.shape and tensor.dtype == value.dtype:
                     tensor.copy_(value)
+                else:  # `buffer.data = other` changed its shape: take the saved copy's storage
+                    tensor.data = value
     report = counter.report
     if shape_only or on_meta:
         report = dataclasses.replace(report, shape_only=True)
