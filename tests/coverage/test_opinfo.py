@@ -54,24 +54,20 @@ def opinfos() -> dict[str, Any]:
 # their bytes. Empty today.
 ALLOWED_UNCOUNTED: dict[str, str] = {}
 
-# Known gaps of the whole database (slow tier), with the reason; the default sample avoids them.
-KNOWN_GAPS: dict[str, str] = {
-    # sparse tensors (issue 12, "Sparse tensors"): no sparse rules yet, and byte counting of a
-    # sparse output raises in OpCall.io_bytes
-    "aten._sparse_mm_reduce_impl.default": "sparse tensors",
-    "aten.sparse_sampled_addmm.default": "sparse tensors",
-    # F.linear_cross_entropy's chunked path: a Python custom op (torch.library) computing the
-    # logits, the loss and (in forward) the gradients in chunks; no formula yet
-    "torch_nn._linear_cross_entropy_batch_chunked.default": "no formula yet",
-    "torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default": "no formula yet",
-}
-KNOWN_ERRORS = {"to_sparse": "sparse tensors: nbytes is not defined for sparse outputs"}
+# Known gaps of the whole database (slow tier), with the reason. Empty today: sparse tensors have
+# rules and byte counting (rules/sparse.py), F.linear_cross_entropy's chunked custom operators
+# have a formula (rules/loss.py).
+KNOWN_GAPS: dict[str, str] = {}
+KNOWN_ERRORS: dict[str, str] = {}
 
-# One or more OpInfos per operator family (75 OpInfos, about 10 s for both grad modes).
+# One or more OpInfos per operator family (80 OpInfos, about 10 s for both grad modes).
 SAMPLE = [
     # element-wise
     "add", "mul", "div.no_rounding_mode", "exp", "sigmoid", "nn.functional.gelu",
     "nn.functional.silu", "clamp", "where", "pow", "atan2", "logaddexp", "heaviside",
+    # sparse tensors and fused linear + cross-entropy (formerly known gaps)
+    "to_sparse", "sparse.sampled_addmm", "sparse.mm.reduce", "nn.functional.linear_cross_entropy.chunked",
+    "nn.functional.linear_cross_entropy.chunked_none",
     # reductions, softmax, losses
     "sum", "mean", "var", "amax", "softmax", "log_softmax", "logsumexp", "cumsum", "norm",
     "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.ctc_loss",

@@ -63,3 +63,39 @@ def ctc_loss_backward(call: OpCall) -> Cost:
     log_probs, targets = call.args[1], call.args[2]
     cells = lattice_cells(log_probs, targets, call.args[3], call.args[4])
     return call.cost(flops=BACKWARD_CELL_FLOPS * cells + BACKWARD_ELEMENT_FLOPS * log_probs.numel())
+
+
+def _fused_linear_ce(call: OpCall, with_grads: bool) -> Cost:
+    """Shared by the two chunked linear + cross-entropy operators (see their docstrings)."""
+    x, w = call.args[0], call.args[1]
+    bias = call.args[3]
+    rows, vocab, dim = x.numel() // x.shape[-1], int(w.shape[0]), int(w.shape[-1])
+    logits = rows * vocab
+    macs = logits * dim
+    flops = 2 * macs + (logits if bias is not None else 0) + 5 * logits  # logits, log-softmax
+    if with_grads:
+        grads = [call.args[12], call.args[13], call.args[14]]  # input, weight, bias gradients
+        flops += 2 * logits  # d logits = softmax - one-hot: divide, subtract
+        for wanted, extra_macs in zip(grads[:2], (macs, macs), strict=True):
+            if wanted:
+                flops += 2 * extra_macs
+                macs += extra_macs
+        if grads[2] and bias is not None:
+            flops += logits  # bias gradient: a column sum
+    return call.cost(macs=macs, flops=flops)
+
+
+@rule("torch_nn::_linear_cross_entropy_batch_chunked")
+def linear_cross_entropy(call: OpCall) -> Cost:
+    """F.linear_cross_entropy (mean/sum reduction), chunked over the batch: logits = x W^T (+ b)
+    for N rows, V classes, D features: N*V*D MACs (+ N*V bias adds); log-softmax 5 per logit. The
+    operator computes the gradients in the same pass: d logits 2 per logit, and for each gradient
+    asked for, d input = d logits W and d W = d logits^T x, N*V*D MACs each (d b: N*V adds)."""
+    return _fused_linear_ce(call, with_grads=True)
+
+
+@rule("torch_nn::_linear_cross_entropy_batch_chunked_no_reduction")
+def linear_cross_entropy_no_reduction(call: OpCall) -> Cost:
+    """F.linear_cross_entropy with reduction='none': the logits (N*V*D MACs, + N*V bias adds) and
+    log-softmax (5 per logit); its gradients are recomputed in backward by the same operator."""
+    return _fused_linear_ce(call, with_grads=False)
