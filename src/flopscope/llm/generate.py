@@ -1,0 +1,455 @@
+"""Generation, step by step: what each forward of a decode loop costs.
+
+A *step* is one call of the model's top module (``model(...)``), delimited by a forward pre-hook
+and a forward hook on it; the step's cost is the sum of the costed calls the Counter saw between
+the two (through its observer hook), nothing estimated by hand. Work between steps (logits
+processing, sampling, stopping criteria of ``generate()``) is kept apart as ``between``.
+
+The first step, or any step that starts without a cache, is the *prefill*; the others are
+*decode* steps. With ``transformers``' ``generate(max_new_tokens=N)`` there are N forwards: the
+prefill, which yields the first new token, and N - 1 decode steps; decode step j (j = 1..N-1)
+feeds one token per sequence and attends to P + j keys.
+
+KV-cache bytes are read from the cache the step returns (``past_key_values``: a transformers
+``Cache``, or tuples of (key, value) tensors): *read* = every layer's keys and values after the
+step (what attention reads, the new entries included), *written* = the entries the step added
+(its tokens' keys and values, per layer). For a DynamicCache: read = 2 x layers x kv_heads x
+head_dim x (P + j) x dtype size x batch, written = the same with the step's token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopscope.cost import Cost, OpCall, Phase, tensor_bytes
+from flopscope.counter import Counter
+from flopscope.errors import UsageError
+from flopscope.llm.attention import AttentionFigures
+from flopscope.report import Report
+from flopscope.rules.user import RulesArg
+
+__all__ = ["GenerationReport", "Step", "StepCounter", "count_generation"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward of a generation loop.
+
+    Attributes:
+        index: 0 for the first forward.
+        kind: ``"prefill"`` or ``"decode"``.
+        tokens: query tokens processed (batch x new positions).
+        context: keys attended per sequence at the end of the step (the cache length); 0 when
+            the model returned no cache.
+        cost: MACs, FLOPs and bytes of every operator of the step (attention as counted).
+        kv_read: KV-cache bytes read (every layer's keys and values after the step).
+        kv_written: KV-cache bytes the step added.
+        attention_counted_flops: attention FLOPs as the report counts them (dense).
+        attention_executed_flops: attention FLOPs the kernels computed.
+        attention_model_flops: attention FLOPs of the visible query-key pairs.
+    """
+
+    index: int
+    kind: str
+    tokens: int
+    context: int
+    cost: Cost
+    kv_read: int = 0
+    kv_written: int = 0
+    attention_counted_flops: int = 0
+    attention_executed_flops: int = 0
+    attention_model_flops: int = 0
+
+    @property
+    def model_flops(self) -> int:
+        """The step's FLOPs with attention read as model FLOPs."""
+        return self.cost.flops - self.attention_counted_flops + self.attention_model_flops
+
+    @property
+    def executed_flops(self) -> int:
+        """The step's FLOPs with attention read as executed FLOPs."""
+        return self.cost.flops - self.attention_counted_flops + self.attention_executed_flops
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``tokens``, ``macs``, ``flops``, ``bytes_read``, ``bytes_written``, ..."""
+        return {"index": self.index, "kind": self.kind, "tokens": self.tokens,
+                "context": self.context, **self.cost.to_dict(), "kv_read": self.kv_read,
+                "kv_written": self.kv_written, "model_flops": self.model_flops,
+                "executed_flops": self.executed_flops,
+                "attention": {"counted_flops": self.attention_counted_flops,
+                              "executed_flops": self.attention_executed_flops,
+                              "model_flops": self.attention_model_flops}}
+
+
+@dataclass(frozen=True)
+class GenerationReport:
+    """Per-step costs of a generation loop.
+
+    Attributes:
+        steps: one :class:`Step` per forward, in order.
+        between: work outside the model's forwards (sampling, logits processing).
+        report: the whole run's :class:`~flopscope.Report`.
+        notes: approximations met (attention masks without values, ...).
+    """
+
+    steps: tuple[Step, ...]
+    between: Cost
+    report: Report
+    notes: tuple[str, ...] = ()
+
+    @property
+    def prefill(self) -> tuple[Step, ...]:
+        """The prefill step(s)."""
+        return tuple(s for s in self.steps if s.kind == "prefill")
+
+    @property
+    def decode(self) -> tuple[Step, ...]:
+        """The decode steps."""
+        return tuple(s for s in self.steps if s.kind == "decode")
+
+    def summary(self) -> dict[str, Any]:
+        """Prefill and decode totals, per-token averages and growth over the context.
+
+        Returns:
+            ``prefill`` / ``decode``: tokens, MACs, FLOPs, model FLOPs, bytes, KV bytes and per
+            token averages; ``growth``: per extra key of context, the change of a decode step's
+            FLOPs and KV bytes read (first to last decode step).
+        """
+        out: dict[str, Any] = {}
+        for name, steps in (("prefill", self.prefill), ("decode", self.decode)):
+            tokens = sum(s.tokens for s in steps)
+            total = sum((s.cost for s in steps), Cost())
+            part: dict[str, Any] = {"steps": len(steps), "tokens": tokens, **total.to_dict(),
+                    "model_flops": sum(s.model_flops for s in steps),
+                    "kv_read": sum(s.kv_read for s in steps),
+                    "kv_written": sum(s.kv_written for s in steps)}
+            if tokens:
+                part["per_token"] = {k: part[k] / tokens for k in
+                                     ("macs", "flops", "model_flops", "bytes_read",
+                                      "bytes_written", "kv_read")}
+            out[name] = part
+        dec = self.decode
+        if len(dec) >= 2 and dec[-1].context != dec[0].context:
+            span = dec[-1].context - dec[0].context
+            out["growth"] = {
+                "per_context_token_flops": (dec[-1].cost.flops - dec[0].cost.flops) / span,
+                "per_context_token_kv_read": (dec[-1].kv_read - dec[0].kv_read) / span,
+                "first_decode_flops": dec[0].cost.flops, "last_decode_flops": dec[-1].cost.flops,
+            }
+        out["between"] = self.between.to_dict()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"steps": [...], "summary": {...}, "notes": [...], "report": {...}}``."""
+        return {"steps": [s.to_dict() for s in self.steps], "summary": self.summary(),
+                "notes": list(self.notes), "report": self.report.to_dict()}
+
+    def table(self, *, max_rows: int = 12) -> str:
+        """A plain-text table of the steps (the first and last ones when there are many).
+
+        Args:
+            max_rows: steps shown at most.
+
+        Returns:
+            The table and a summary, as text.
+        """
+        from flopscope.units import human
+
+        head = ("step", "kind", "tokens", "context", "MACs", "FLOPs", "model FLOPs", "bytes",
+                "KV read", "KV written")
+        rows: list[tuple[str, ...]] = [head]
+        steps = list(self.steps)
+        shown: list[Step | None] = list(steps)
+        if len(steps) > max_rows:
+            half = max_rows // 2
+            shown = [*steps[:half], None, *steps[-half:]]
+        for s in shown:
+            if s is None:
+                rows.append(("...",) + ("",) * (len(head) - 1))
+                continue
+            rows.append((str(s.index), s.kind, str(s.tokens), str(s.context), human(s.cost.macs),
+                         human(s.cost.flops), human(s.model_flops), human(s.cost.bytes, "B"),
+                         human(s.kv_read, "B"), human(s.kv_written, "B")))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        summ = self.summary()
+        for name in ("prefill", "decode"):
+            part = summ[name]
+            if part.get("per_token"):
+                pt = part["per_token"]
+                lines.append(f"{name}: {part['steps']} step(s), {part['tokens']} tokens, "
+                             f"{human(part['flops'])}FLOPs; per token {human(int(pt['flops']))}"
+                             f"FLOPs ({human(int(pt['model_flops']))}FLOPs model), "
+                             f"{human(int(pt['bytes_read']), 'B')} read, "
+                             f"KV read {human(int(pt['kv_read']), 'B')}")
+        if "growth" in summ:
+            g = summ["growth"]
+            lines.append(f"decode growth per key of context: {g['per_context_token_flops']:.0f} "
+                         f"FLOPs, {g['per_context_token_kv_read']:.0f} KV bytes read")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _tokens_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    """(batch, new positions) of a forward call: from input_ids, inputs_embeds or the first
+    tensor argument."""
+    for name in ("input_ids", "inputs_embeds", "decoder_input_ids"):
+        t = kwargs.get(name)
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            return int(t.shape[0]), int(t.shape[1])
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            return int(t.shape[0]), int(t.shape[1])
+    return 1, 0
+
+
+def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer of a transformers Cache or a legacy tuple cache."""
+    layers = getattr(cache, "layers", None)
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if layers is not None:
+        for layer in layers:
+            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+                out.append((k, v))
+        return out
+    if isinstance(cache, (tuple, list)):
+        for item in cache:
+            if (isinstance(item, (tuple, list)) and len(item) >= 2
+                    and isinstance(item[0], torch.Tensor) and isinstance(item[1], torch.Tensor)):
+                out.append((item[0], item[1]))
+    return out
+
+
+def _cache_of(output: Any, kwargs: dict[str, Any]) -> Any:
+    cache = getattr(output, "past_key_values", None)
+    if cache is None and isinstance(output, dict):
+        cache = output.get("past_key_values")
+    return cache if cache is not None else kwargs.get("past_key_values")
+
+
+class StepCounter:
+    """Count a generation loop step by step: ``model.generate(...)`` or your own decode loop.
+
+    Example::
+
+        with StepCounter(model) as steps:
+            model.generate(ids, max_new_tokens=16)
+        print(steps.result.table())
+
+    Args:
+        model: the model whose top-level calls are the steps.
+        rules: extra rules, as for :class:`flopscope.Counter`.
+        warn: warn on exit about uncounted operators.
+
+    Raises:
+        UsageError: ``model`` is not an ``nn.Module``.
+    """
+
+    def __init__(self, model: nn.Module, *, rules: RulesArg = None, warn: bool = True) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"StepCounter takes an nn.Module, not {type(model).__name__}")
+        self.model = model
+        self.attention = AttentionFigures(on_call_hook=self._on_attention)
+        self.counter = Counter(model, rules=rules, warn=warn, observers=[self, self.attention])
+        self._depth = 0
+        self._steps: list[Step] = []
+        self._cur = Cost()
+        self._attn = [0, 0, 0]
+        self._between = Cost()
+        self._shape = (1, 0)
+        self._had_cache = False
+        self._handles: list[Any] = []
+        self._result: GenerationReport | None = None
+
+    # -- observer ------------------------------------------------------------------------------
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """One costed call: added to the running step, or to ``between``."""
+        if self._depth:
+            self._cur += cost
+        else:
+            self._between += cost
+
+    def reset(self) -> None:
+        """Start again (an abandoned attempt)."""
+        self._steps.clear()
+        self._cur, self._between, self._attn = Cost(), Cost(), [0, 0, 0]
+
+    def _on_attention(self, phase: Phase, counted: Cost, executed: Cost, model: Cost) -> None:
+        if self._depth:
+            self._attn[0] += counted.flops
+            self._attn[1] += executed.flops
+            self._attn[2] += model.flops
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._depth == 0:
+            self._cur, self._attn = Cost(), [0, 0, 0]
+            self._shape = _tokens_of(args, kwargs)
+            cache = kwargs.get("past_key_values")
+            self._had_cache = bool(_cache_layers(cache)) and any(
+                k.shape[-2] > 0 for k, _ in _cache_layers(cache))
+        self._depth += 1
+
+    def _post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        batch, new = self._shape
+        layers = _cache_layers(_cache_of(output, kwargs))
+        read = written = context = 0
+        for k, v in layers:
+            length = int(k.shape[-2])
+            layer_bytes = int(tensor_bytes(k) + tensor_bytes(v))
+            read += layer_bytes
+            if length:
+                written += layer_bytes * min(new, length) // length
+            context = max(context, length)
+        kind = "decode" if self._had_cache else "prefill"
+        self._steps.append(Step(len(self._steps), kind, batch * new, context, self._cur, read,
+                                written, *self._attn))
+
+    def __enter__(self) -> StepCounter:
+        self._handles = [
+            self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+            self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True),
+        ]
+        try:
+            self.counter.__enter__()
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def _remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.counter.__exit__(exc_type, exc, tb)
+        finally:
+            self._remove()
+            self._depth = 0
+        if exc_type is None:
+            notes = tuple(sorted(self.attention.total().notes))
+            self._result = GenerationReport(tuple(self._steps), self._between,
+                                            self.counter.report, notes)
+
+    @property
+    def result(self) -> GenerationReport:
+        """The :class:`GenerationReport` (after the ``with`` block).
+
+        Raises:
+            UsageError: the block has not finished.
+        """
+        if self._result is None:
+            raise UsageError("StepCounter.result is ready when its `with` block has finished")
+        return self._result
+
+
+def _on_meta(model: nn.Module) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    return bool(tensors) and all(t.is_meta for t in tensors)
+
+
+@dataclass
+class _Loop:
+    model: nn.Module
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    device: torch.device
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def steps(self) -> Iterator[None]:
+        """Prefill then new_tokens - 1 decode steps with a growing DynamicCache; token ids are
+        zeros (their values do not change shapes)."""
+        from transformers import DynamicCache
+
+        config = getattr(self.model, "config", None)
+        cache = DynamicCache(config=config)
+        ids = torch.zeros(self.batch, self.prompt_len, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                             logits_to_keep=1, **self.kwargs)
+            yield None
+            for _ in range(self.new_tokens - 1):
+                ids = torch.zeros(self.batch, 1, dtype=torch.long, device=self.device)
+                out = self.model(input_ids=ids, past_key_values=out.past_key_values,
+                                 use_cache=True, logits_to_keep=1, **self.kwargs)
+                yield None
+
+
+def count_generation(
+    model: nn.Module,
+    *,
+    prompt_len: int,
+    new_tokens: int,
+    batch: int = 1,
+    shape_only: bool | None = None,
+    rules: RulesArg = None,
+    warn: bool = False,
+) -> GenerationReport:
+    """Count a transformers causal LM generating ``new_tokens`` after a ``prompt_len`` prompt.
+
+    A model on the ``meta`` device (or ``shape_only=True``, which needs one) runs a prefill and
+    ``new_tokens - 1`` decode steps on meta tensors with a growing ``DynamicCache``, with the
+    CPU's attention kernels replayed (no arithmetic: a 70B model at 32k context in seconds). A
+    real model runs ``model.generate(max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+    do_sample=False)`` on random prompt ids. Both compute logits of the last position only
+    (``logits_to_keep=1``), as ``generate()`` does.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` (or any model whose forward takes ``input_ids``,
+            ``past_key_values``, ``use_cache`` and ``logits_to_keep``).
+        prompt_len: prompt tokens per sequence (P).
+        new_tokens: tokens to generate (N): 1 prefill + N - 1 decode steps.
+        batch: sequences (B).
+        shape_only: ``None``: shape-only exactly when the model is on ``meta``.
+        rules: extra rules, as for :func:`flopscope.count`.
+        warn: warn about uncounted operators.
+
+    Returns:
+        The :class:`GenerationReport`.
+
+    Raises:
+        UsageError: bad lengths, or ``shape_only=True`` for a model that is not on ``meta``.
+    """
+    if prompt_len < 1 or new_tokens < 1 or batch < 1:
+        raise UsageError(f"prompt_len, new_tokens and batch must be at least 1 "
+                         f"(got {prompt_len}, {new_tokens}, {batch})")
+    meta = _on_meta(model)
+    if shape_only is None:
+        shape_only = meta
+    if shape_only and not meta:
+        raise UsageError("shape-only generation runs on a model built on the meta device: build "
+                         "it under `with torch.device('meta'):` (flopscope.sources.load_model("
+                         "..., shape_only=True) does)")
+    was_training = model.training
+    model.eval()
+    try:
+        if shape_only:
+            from flopscope._meta import sdpa_as_cpu
+
+            with sdpa_as_cpu(), StepCounter(model, rules=rules, warn=warn) as counter:
+                for _ in _Loop(model, batch, prompt_len, new_tokens, torch.device("meta")).steps():
+                    pass
+            return counter.result
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 2) or 2)
+        device = next(model.parameters()).device
+        ids = torch.randint(0, vocab, (batch, prompt_len), device=device)
+        with StepCounter(model, rules=rules, warn=warn) as counter, torch.no_grad():
+            model.generate(  # type: ignore[operator]
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return counter.result
+    finally:
+        model.train(was_training)
