@@ -189,8 +189,8 @@ def _inputs_note(report: Report) -> str:
     if report.shape_only:
         notes.append("shape-only")
     phases = report.phases
-    if Phase.BACKWARD in phases:
-        notes.append("forward + backward")
+    if len(phases) > 1 or (phases and phases[0] is not Phase.FORWARD):
+        notes.append(" + ".join(ph.value for ph in phases))  # forward + backward + optimizer
     return ", ".join(notes)
 
 
