@@ -8,6 +8,7 @@ Which module made a call comes from :mod:`flopscope._tracker`; what a call costs
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,7 @@ from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass_type,
 )
+from torch.utils._pytree import tree_iter
 
 from flopscope._compat import eager_flex_attention
 from flopscope._tracker import Frame, ModuleTracker, Sums
@@ -37,8 +39,9 @@ from flopscope.errors import (
     UsageError,
 )
 from flopscope.numbers import in_real_numbers
-from flopscope.report import OpRecord, Report, RuleRecord
+from flopscope.report import CommRecord, OpRecord, Report, RuleRecord
 from flopscope.rules import default_rules
+from flopscope.rules.collectives import is_collective
 from flopscope.rules.registry import ADJUSTED_RULES, Rule
 from flopscope.rules.user import RulesArg, as_cost, rule_name, split_rules
 
@@ -59,6 +62,8 @@ _ZERO = Cost()
 # tuple of tensor subclasses in a call -> whether the call is left to the subclass (see _defers)
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+# tuple of tensor subclasses in a deferred call -> whether one is a DTensor (see _Mode._dtensor)
+_DTENSORS: dict[tuple[type, ...], bool] = {}
 # id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
 # and the overloads themselves, kept alive so that their ids are not reused
 _WRITES: dict[int, tuple[tuple[int, str], ...]] = {}
@@ -139,6 +144,60 @@ def _defers(types: tuple[type, ...]) -> bool:
     return found
 
 
+def _is_dtensor_call(types: tuple[type, ...]) -> bool:
+    """Whether a deferred call is on DTensors (its logical cost is recorded, see _Mode._dtensor)."""
+    found = _DTENSORS.get(types)
+    if found is None:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # torch built without distributed
+            found = False
+        else:
+            found = any(issubclass(t, DTensor) for t in types)
+        _DTENSORS[types] = found
+    return found
+
+
+def _shadow_codes() -> frozenset[Any]:
+    """Code objects of DTensor's sharding propagation, which runs an operator on fake tensors of
+    the *global* shapes to learn its output's metadata: work no rank does."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:
+        return frozenset()
+    return frozenset({ShardingPropagator._propagate_tensor_meta_non_cached.__code__})
+
+
+_SHADOW_CODES: list[frozenset[Any]] = []
+
+
+def _in_sharding_propagation() -> bool:
+    """Whether the calling operator is run by DTensor's sharding propagation (a few frames up)."""
+    if not _SHADOW_CODES:
+        _SHADOW_CODES.append(_shadow_codes())
+    codes = _SHADOW_CODES[0]
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _plain(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The plain tensors that hold these tensors' data: a wrapper subclass (DTensor: its local
+    shard) by its inner tensors."""
+    for t in tensors:
+        if is_traceable_wrapper_subclass_type(type(t)) and not isinstance(t, _TRANSPARENT):
+            names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            yield from _plain([getattr(t, n) for n in names
+                               if isinstance(getattr(t, n), torch.Tensor)])
+        else:
+            yield t
+
+
 class _Mode(TorchDispatchMode):
     # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
     supports_higher_order_operators = True
@@ -157,7 +216,12 @@ class _Mode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         if types and _defers(types):
+            if _is_dtensor_call(types):
+                return self._dtensor(func, args, kwargs)
             return NotImplemented
+        counter = self.counter
+        if counter._dtensor_depth and _in_sharding_propagation():
+            return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
             written = _WRITES.get(id(func))
@@ -169,6 +233,36 @@ class _Mode(TorchDispatchMode):
                 return out
         out = func(*args, **kwargs)
         self.record(func, info, args, kwargs, out)
+        return out
+
+    def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An operator on DTensors: left to DTensor (its work on the local shards, and the
+        collectives it runs to redistribute, reach this mode and are counted as this rank's), and
+        costed once more at its global shapes for the logical figure (``Report.logical``). The
+        outermost DTensor call is run again with this mode pushed, marked so that the mode leaves
+        it to DTensor when it comes back (``_passing``); the work inside it is accumulated apart,
+        as the part of the rank's work that the logical figure replaces."""
+        counter = self.counter
+        if counter._passing:
+            counter._passing = False
+            return NotImplemented
+        if counter._dtensor_depth:  # a DTensor call inside another: only the outer one is logical
+            return NotImplemented
+        outer = counter._acc
+        replicated = all(p.is_replicate() for t in tree_iter((args, kwargs))
+                         if isinstance(t, torch.Tensor) and hasattr(t, "placements")
+                         for p in t.placements)
+        counter._acc = counter._replicated_acc if replicated else counter._sharded_acc
+        counter._dtensor_depth += 1
+        counter._passing = True
+        try:
+            with self:
+                out = func(*args, **kwargs)
+        finally:
+            counter._passing = False
+            counter._dtensor_depth -= 1
+            counter._acc = outer
+        counter._record_logical(func, args, kwargs, out)
         return out
 
 
@@ -250,6 +344,14 @@ class Counter:
         self._pieces: list[tuple[Any, Cost, bool]] | None = None  # a decomposition's, while it runs
         self._mode: _Mode | None = None
         self.failed_in: str | None = None
+        # DTensor: the rank's work inside DTensor operators (apart from _acc, merged in report),
+        # the logical (global-shape) cost of those operators, nesting depth, and the re-entry mark
+        self._sharded_acc: dict[tuple[str, int | str, Phase], Sums] = {}
+        self._replicated_acc: dict[tuple[str, int | str, Phase], Sums] = {}
+        self._logical_acc: dict[tuple[str, int | str, Phase], Sums] = {}
+        self._dtensor_depth = 0
+        self._passing = False
+        self._comm: Any = None  # a flopscope.distributed.comm.CommLog once a collective ran
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -307,7 +409,7 @@ class Counter:
         """Save each of ``tensors`` just before an operator first writes to it (copy on write);
         :meth:`_restore` puts the saved values back. Used by :func:`flopscope.count` for real runs;
         must be called before the Counter is entered."""
-        self._protected = {t.untyped_storage().data_ptr(): t for t in tensors
+        self._protected = {t.untyped_storage().data_ptr(): t for t in _plain(tensors)
                            if t.untyped_storage().nbytes()}
         self._saved = {}
 
@@ -404,6 +506,11 @@ class Counter:
                          func.namespace == "prim", func)
             _FACTS[id(func)] = facts
         fn = self._rules.find(func)
+        if self._comm is None and is_collective(func):  # communication is logged from now on
+            from flopscope.distributed.comm import CommLog
+
+            self._comm = CommLog()
+            self._observers = (*self._observers, self._comm)
         decomp = None
         if not facts[3]:
             decomp = decomposition(func)
@@ -543,6 +650,51 @@ class Counter:
             for observer in self._observers:
                 observer.on_call(path, phase, info[1], seen, cost)
 
+    def _record_logical(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        out: Any) -> None:
+        """Add the logical (global-shape) cost of an operator on DTensors, under the module and
+        phase it ran in (a rule's cost on the DTensors themselves, whose shapes are global)."""
+        if self._in_rule:
+            return
+        info = self._ops.get(id(func)) or self._op_info(func)
+        fn, name, is_view, _, ignored, _, _ = info
+        if ignored:
+            return
+        st = self._main if _get_ident() == self._owner else self._tracker.state()
+        stack = st.stack
+        node = _current_autograd_node()
+        if node is None or (stack and stack[-1].phase is _RECOMPUTE):
+            path, phase = (stack[-1].path, stack[-1].phase) if stack else ("", _FORWARD)
+            if st.shadowing is not None:
+                return
+        else:
+            phase = _BACKWARD
+            path = self._tracker.backward_path(node, st)
+        call = OpCall(func, args, kwargs, out, phase, is_view)
+        key: int = id(func)
+        if fn is None:
+            read, written = call.io_bytes()
+            cost = Cost(0, 0, read, written)
+        else:
+            try:
+                cost = fn(call)
+                if type(cost) is not Cost:
+                    cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func}")
+                if cost.flops and fn in ADJUSTED_RULES:
+                    cost = in_real_numbers(call, cost, name)
+            except FlopscopeError:
+                raise
+            except Exception as e:
+                raise RuleError(
+                    f"rule {rule_name(fn)} for operator {func} failed on DTensors (global shapes "
+                    f"{_shapes(call.inputs)}) in module '{path}': {type(e).__name__}: {e}"
+                ) from e
+        sums = self._logical_acc.get((path, key, phase))
+        if sums is None:
+            sums = self._logical_acc[(path, key, phase)] = Sums()
+        sums.calls += 1
+        _add(sums, cost)
+
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
         if self._mode is not None:
@@ -635,13 +787,63 @@ class Counter:
         """A :class:`Report` of everything counted so far."""
         tracker = self._tracker
         paths = set(tracker.types)
-        for path, _, _ in self._acc:
-            paths.add(path)
+        for acc in (self._acc, self._sharded_acc, self._replicated_acc, self._logical_acc):
+            for path, _, _ in acc:
+                paths.add(path)
         modules = {p: (tracker.types.get(p, ""), tracker.calls.get(p, 0)) for p in tracker.types}
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
+        records = self._records(self._merged(self._acc, self._sharded_acc, self._replicated_acc))
+        replicated = self._records(self._replicated_acc)
+        logical: tuple[OpRecord, ...] = ()
+        if self._logical_acc:
+            logical = self._records(self._merged(self._acc, self._logical_acc))
+        rules = tuple(
+            RuleRecord(path, r.name, r.rule.calls, _cost(r.rule), _cost(r.shadow), r.macs_only)
+            for path, r in self._rule_acc.items()
+        )
+        communication: tuple[CommRecord, ...] = self._comm.records() if self._comm else ()
+        rank = world = None
+        if "torch.distributed" in sys.modules:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+        return Report(
+            model=type(self.model).__name__ if self.model is not None else "",
+            modules=modules,
+            module_params=dict(tracker.params),
+            records=records,
+            rules=rules,
+            opaque=tuple(tracker.opaque),
+            communication=communication,
+            logical=logical,
+            replicated=replicated,
+            rank=rank,
+            world_size=world,
+        )
+
+    @staticmethod
+    def _merged(
+        *accs: dict[tuple[str, int | str, Phase], Sums]
+    ) -> dict[tuple[str, int | str, Phase], Sums]:
+        """Accumulators added together (the first one itself when the others are empty)."""
+        if not any(accs[1:]):
+            return accs[0]
+        out: dict[tuple[str, int | str, Phase], Sums] = {}
+        for acc in accs:
+            for key, sums in acc.items():
+                total = out.get(key)
+                if total is None:
+                    total = out[key] = Sums()
+                total.calls += sums.calls
+                _add(total, _cost(sums))
+        return out
+
+    def _records(self, acc: dict[tuple[str, int | str, Phase], Sums]) -> tuple[OpRecord, ...]:
+        """Report records of an accumulator."""
         records = []
-        for (path, op, phase), sums in self._acc.items():
+        for (path, op, phase), sums in acc.items():
             decomposed = False
             if isinstance(op, str):  # a module rule's entry
                 name, counted = op, True
@@ -652,15 +854,4 @@ class Counter:
                 counted = fn is not None
             records.append(OpRecord(path, name, phase, sums.calls, _cost(sums), counted,
                                     decomposed))
-        rules = tuple(
-            RuleRecord(path, r.name, r.rule.calls, _cost(r.rule), _cost(r.shadow), r.macs_only)
-            for path, r in self._rule_acc.items()
-        )
-        return Report(
-            model=type(self.model).__name__ if self.model is not None else "",
-            modules=modules,
-            module_params=dict(tracker.params),
-            records=tuple(records),
-            rules=rules,
-            opaque=tuple(tracker.opaque),
-        )
+        return tuple(records)

@@ -13,7 +13,10 @@ from flopscope.cost import Cost, Phase
 from flopscope.errors import UsageError
 from flopscope.params import ParamStats
 
-__all__ = ["SCHEMA", "ModuleStats", "OpRecord", "OpStats", "Report", "RuleRecord", "SourceInfo"]
+__all__ = [
+    "SCHEMA", "CommRecord", "CommStats", "ModuleStats", "OpRecord", "OpStats", "Report", "RuleRecord",
+    "SourceInfo",
+]
 
 SCHEMA = "flopscope.report/1"
 
@@ -29,6 +32,49 @@ class OpRecord:
     cost: Cost
     counted: bool = True
     decomposed: bool = False  # counted as the sum of its decomposition's pieces
+
+
+@dataclass(frozen=True, slots=True)
+class CommRecord:
+    """Calls of one kind of collective over one group size, issued by one module in one phase,
+    and what they sent per rank together (conventions: :mod:`flopscope.rules.collectives`).
+
+    Attributes:
+        module: module path that issued the calls.
+        phase: the phase they ran in.
+        kind: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast``,
+            ``reduce``, ``gather``, ``scatter``, ``send``, ``recv`` or ``barrier``.
+        group_size: ranks in the process group.
+        calls: number of calls.
+        payload_bytes: bytes per rank, summed over the calls (NCCL tests' "size").
+        bus_bytes: ring-algorithm bytes per rank, summed over the calls.
+    """
+
+    module: str
+    phase: Phase
+    kind: str
+    group_size: int
+    calls: int
+    payload_bytes: int
+    bus_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommStats:
+    """Calls, payload bytes and bus bytes of one collective kind (or all of them)."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+    bus_bytes: int = 0
+
+    def __add__(self, other: CommStats) -> CommStats:
+        return CommStats(self.calls + other.calls, self.payload_bytes + other.payload_bytes,
+                         self.bus_bytes + other.bus_bytes)
+
+    def to_dict(self) -> dict[str, int]:
+        """The three integers by name."""
+        return {"calls": self.calls, "payload_bytes": self.payload_bytes,
+                "bus_bytes": self.bus_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +231,17 @@ class Report:
         opaque: paths of modules whose outputs came from allocations only (possibly a kernel
             that bypasses the dispatcher: give it a module rule).
         shape_only: whether the count ran on fake tensors.
+        communication: collectives issued, per module, phase, kind and group size (empty when
+            none ran); see :meth:`communication_by_kind`.
+        logical: under DTensor, the records of the logical (global, unsharded) computation: each
+            operator on DTensors costed once at its global shapes, in place of the work on the
+            local shards it ran as; operators on plain tensors as in ``records``. Empty when no
+            DTensor operator ran (the logical work is then ``records``); see
+            :meth:`logical_total`.
+        replicated: under DTensor, the records of this rank's work on DTensors replicated on
+            every mesh dimension (every rank does the same work); part of ``records``.
+        rank: the rank that made the report (``None`` outside ``torch.distributed``).
+        world_size: ranks in the job (``None`` outside ``torch.distributed``).
     """
 
     model: str
@@ -195,6 +252,11 @@ class Report:
     opaque: tuple[str, ...] = ()
     shape_only: bool = False
     meta: SourceInfo = field(default_factory=SourceInfo)
+    communication: tuple[CommRecord, ...] = ()
+    logical: tuple[OpRecord, ...] = ()
+    replicated: tuple[OpRecord, ...] = ()
+    rank: int | None = None
+    world_size: int | None = None
 
     # -- totals -------------------------------------------------------------------------------
     def _records(self, phase: Phase | str | None, module: str | None) -> Iterator[OpRecord]:
@@ -247,6 +309,64 @@ class Report:
     def bytes_written(self) -> int:
         """Total bytes written by operators (all phases)."""
         return self.total().bytes_written
+
+    # -- sharded models: logical work and communication ---------------------------------------
+    def logical_total(self, phase: Phase | str | None = None, *, module: str | None = None) -> Cost:
+        """The logical (global, unsharded) cost of the computation this rank took part in: every
+        operator on DTensors at its global shapes, plain operators as they ran. Equal to
+        :meth:`total` when no DTensor operator ran.
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
+        if not self.logical:
+            return self.total(phase, module=module)
+        self._records(phase, module)  # validates phase and module
+        ph = _phase(phase)
+        return _sum(r.cost for r in self.logical
+                    if (ph is None or r.phase == ph) and (module is None or is_within(r.module, module)))
+
+    def replicated_total(self, phase: Phase | str | None = None) -> Cost:
+        """This rank's work on fully replicated DTensors (see ``replicated``): redundant work that
+        every rank of the mesh does in full.
+
+        Raises:
+            UsageError: unknown phase.
+        """
+        ph = _phase(phase)
+        return _sum(r.cost for r in self.replicated if ph is None or r.phase == ph)
+
+    def communication_by_kind(
+        self, phase: Phase | str | None = None, *, module: str | None = None
+    ) -> dict[str, CommStats]:
+        """Calls, payload bytes and bus bytes per collective kind (sorted by name), of one phase
+        or all, of one module's subtree or the whole report.
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
+        self._records(phase, module)  # validates phase and module
+        ph = _phase(phase)
+        out: dict[str, CommStats] = {}
+        for r in self.communication:
+            if (ph is None or r.phase == ph) and (module is None or is_within(r.module, module)):
+                out[r.kind] = out.get(r.kind, CommStats()) + CommStats(
+                    r.calls, r.payload_bytes, r.bus_bytes)
+        return dict(sorted(out.items()))
+
+    def communication_total(
+        self, phase: Phase | str | None = None, *, module: str | None = None
+    ) -> CommStats:
+        """Every collective's calls, payload bytes and bus bytes together (see
+        :meth:`communication_by_kind`).
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
+        total = CommStats()
+        for stats in self.communication_by_kind(phase, module=module).values():
+            total = total + stats
+        return total
 
     @property
     def params(self) -> int:
@@ -402,7 +522,42 @@ class Report:
             ],
             "opaque": list(self.opaque),
             "uncounted": self.uncounted,
+            **self._distributed_dict(),
         }
+
+    def _distributed_dict(self) -> dict[str, Any]:
+        """The keys of a report made under ``torch.distributed`` (absent otherwise)."""
+        out: dict[str, Any] = {}
+        if self.rank is not None:
+            out["rank"] = self.rank
+            out["world_size"] = self.world_size
+        if self.communication:
+            out["communication"] = {
+                "kinds": {k: s.to_dict() for k, s in self.communication_by_kind().items()},
+                "total": self.communication_total().to_dict(),
+                "records": [
+                    {"module": r.module, "phase": r.phase.value, "kind": r.kind,
+                     "group_size": r.group_size, "calls": r.calls,
+                     "payload_bytes": r.payload_bytes, "bus_bytes": r.bus_bytes}
+                    for r in self.communication
+                ],
+            }
+        if self.logical:
+            out["logical"] = {
+                "totals": self.logical_total().to_dict(),
+                "replicated": self.replicated_total().to_dict(),
+                "records": [
+                    {"module": r.module, "op": r.op, "phase": r.phase.value, "calls": r.calls,
+                     "counted": r.counted, **r.cost.to_dict()}
+                    for r in self.logical
+                ],
+                "replicated_records": [
+                    {"module": r.module, "op": r.op, "phase": r.phase.value, "calls": r.calls,
+                     "counted": r.counted, **r.cost.to_dict()}
+                    for r in self.replicated
+                ],
+            }
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -435,6 +590,23 @@ class Report:
                 opaque=tuple(data["opaque"]),
                 shape_only=bool(data["shape_only"]),
                 meta=SourceInfo.from_dict(data.get("meta", {})),
+                communication=tuple(
+                    CommRecord(r["module"], Phase(r["phase"]), r["kind"], int(r["group_size"]),
+                               int(r["calls"]), int(r["payload_bytes"]), int(r["bus_bytes"]))
+                    for r in data.get("communication", {}).get("records", ())
+                ),
+                logical=tuple(
+                    OpRecord(r["module"], r["op"], Phase(r["phase"]), int(r["calls"]), cost(r),
+                             bool(r["counted"]))
+                    for r in data.get("logical", {}).get("records", ())
+                ),
+                replicated=tuple(
+                    OpRecord(r["module"], r["op"], Phase(r["phase"]), int(r["calls"]), cost(r),
+                             bool(r["counted"]))
+                    for r in data.get("logical", {}).get("replicated_records", ())
+                ),
+                rank=int(data["rank"]) if data.get("rank") is not None else None,
+                world_size=int(data["world_size"]) if data.get("world_size") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise UsageError(f"malformed flopscope report ({type(e).__name__}: {e})") from None

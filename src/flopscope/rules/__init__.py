@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from flopscope.rules import (  # noqa: F401  (imported for their @rule registrations)
     attention,
+    collectives,
     conv,
     distance,
     elementwise,
@@ -49,7 +50,7 @@ __all__ = [
 
 _FAMILIES = ["matmul", "grouped", "conv", "attention", "flex", "elementwise", "special", "reduction",
              "loss", "normalization", "pooling", "sampling", "distance", "fft", "linalg", "search",
-             "sparse", "quantized", "vision", "optimizer", "misc", "zero_cost"]
+             "sparse", "quantized", "vision", "optimizer", "misc", "collectives", "zero_cost"]
 
 
 @cache

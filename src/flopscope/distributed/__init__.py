@@ -1,0 +1,4 @@
+"""Sharded models: per-rank compute and communication under ``torch.distributed``.
+
+See ``docs/distributed.md``.
+"""
