@@ -286,12 +286,22 @@ class AttentionFigures:
     Args:
         on_call_hook: optional callable given each call's (phase, counted, executed, model) costs
             (used by the generation step counter).
+        assume_mask: what an explicit mask whose values cannot be read (shape-only counts) is
+            taken to be: ``None`` (nothing: model = dense, :attr:`AttentionTotals.exact` is
+            ``False``), ``"causal"`` (bottom-right causal: the queries are the last L_q
+            positions) or an int W (a causal sliding window of W keys). The assumption is
+            written in the notes.
     """
 
-    def __init__(self, on_call_hook: Callable[[Phase, Cost, Cost, Cost], None] | None = None
-                 ) -> None:
+    def __init__(self, on_call_hook: Callable[[Phase, Cost, Cost, Cost], None] | None = None,
+                 *, assume_mask: str | int | None = None) -> None:
         self.by_phase: dict[Phase, AttentionTotals] = {}
         self._hook = on_call_hook
+        if assume_mask is not None and assume_mask != "causal" and not (
+                isinstance(assume_mask, int) and assume_mask >= 1):
+            raise ValueError(f"assume_mask must be None, 'causal' or a window >= 1, not "
+                             f"{assume_mask!r}")
+        self.assume_mask = assume_mask
 
     def reset(self) -> None:
         """Forget what was seen (a count that starts again)."""
@@ -383,6 +393,13 @@ class AttentionFigures:
             if mask is not None and isinstance(mask, torch.Tensor):
                 if _readable(mask):
                     model_pairs = _mask_pairs(mask, (b, h, l_q, l_k), causal)
+                elif self.assume_mask == "causal":
+                    model_pairs = b * h * causal_pairs(l_q, l_k, align="bottom-right")
+                    totals.notes.add("explicit mask without values (shape-only): assumed causal")
+                elif isinstance(self.assume_mask, int):
+                    model_pairs = b * h * sliding_window_pairs(l_q, l_k, self.assume_mask)
+                    totals.notes.add(f"explicit mask without values (shape-only): assumed a "
+                                     f"sliding window of {self.assume_mask}")
                 else:
                     model_pairs = dense if not causal else b * h * causal_pairs(l_q, l_k)
                     totals.exact = False

@@ -1,0 +1,92 @@
+"""``flopscope generate SOURCE``: a prefill and decode steps, counted step by step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from flopscope.cli._options import (
+    EXIT_OK,
+    SOURCE_FORMS,
+    add_format,
+    add_output,
+    add_source_options,
+    check_output,
+    load_source,
+    positive_int,
+    usage_error,
+    write_output,
+)
+
+__all__ = ["add_subcommands", "run_generate"]
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``generate`` on an argparse subparsers object.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+    """
+    p = subparsers.add_parser(
+        "generate", help="count a generation loop step by step (prefill, decode)",
+        description="Count a causal language model generating --new-tokens after a "
+                    "--prompt-len prompt: one row per forward (the prefill, then N - 1 decode "
+                    "steps), with KV-cache bytes read and written.",
+        epilog=f"SOURCE: {SOURCE_FORMS} (a causal LM; hf: sources build one). Example: "
+               "flopscope generate hf:llama --shape-only --prompt-len 4096 --new-tokens 8",
+    )
+    add_source_options(p)
+    p.add_argument("--prompt-len", type=positive_int, required=True, metavar="P",
+                   help="prompt tokens per sequence")
+    p.add_argument("--new-tokens", type=positive_int, required=True, metavar="N",
+                   help="tokens to generate: 1 prefill + N - 1 decode steps")
+    p.add_argument("--shape-only", action="store_true",
+                   help="no arithmetic: the model on meta, a growing cache of meta tensors")
+    add_format(p, choices=("table", "json"))
+    add_output(p)
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``flopscope generate``: load the model, count the loop, print one row per step.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit code (0; failures raise).
+
+    Raises:
+        UsageError: a bad option or source, or a model that cannot generate.
+    """
+    from flopscope.llm import count_generation
+
+    check_output(args.output)
+    if args.input:
+        raise usage_error("generate makes its own token ids: give --prompt-len and --batch, "
+                          "not --input")
+    if args.seq_len is not None:
+        raise usage_error("generate takes --prompt-len, not --seq-len")
+    args.seq_len = args.prompt_len
+    loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)
+    try:
+        result = count_generation(loaded.model, prompt_len=args.prompt_len,
+                                  new_tokens=args.new_tokens, batch=args.batch or 1,
+                                  shape_only=args.shape_only)
+    except (TypeError, AttributeError, ValueError) as e:
+        raise usage_error(f"{args.source} cannot generate step by step: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]} (a causal LM taking input_ids, "
+                          "past_key_values and logits_to_keep is needed)") from e
+    if args.format == "json":
+        data = result.to_dict()
+        data["source"] = loaded.source
+        data["prompt_len"], data["new_tokens"] = args.prompt_len, args.new_tokens
+        data["batch"] = args.batch or 1
+        write_output(json.dumps(data, indent=2) + "\n", args.output)
+    else:
+        head = (f"{loaded.source} ({loaded.name}): batch {args.batch or 1}, prompt "
+                f"{args.prompt_len}, {args.new_tokens} new tokens"
+                f"{', shape-only' if args.shape_only else ''}\n")
+        write_output(head + result.table() + "\n", args.output)
+    return EXIT_OK

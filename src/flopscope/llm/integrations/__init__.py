@@ -1,0 +1,8 @@
+"""Training-framework callbacks that log flopscope's step figures through the framework's own
+logging: :mod:`~flopscope.llm.integrations.hf` (``transformers.TrainerCallback``) and
+:mod:`~flopscope.llm.integrations.lightning` (``lightning.Callback``). Each imports its framework
+only when used; a plain loop uses :class:`flopscope.llm.monitor.TrainingMonitor` directly."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
