@@ -1,7 +1,7 @@
 """The ``flopscope`` command line: a thin layer over the library.
 
-One module per subcommand (``count``, ``diff``, ``rules``, ``zoo``, ``measure`` with
-``validate``), all speaking one grammar (:mod:`flopscope.cli._options`): the same flag names,
+One module per subcommand (``count``, ``diff``, ``generate``, ``rules``, ``zoo``, ``measure``
+with ``validate``), all speaking one grammar (:mod:`flopscope.cli._options`): the same flag names,
 one-line errors with suggestions, the same exit codes.
 
 Results go to stdout, diagnostics to stderr. Exit codes: 0 ok, 1 a check failed (``diff`` beyond
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flopscope.cli import count, diff, rules, zoo
+from flopscope.cli import count, diff, generate, rules, zoo
 from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (count, diff, rules, zoo):
+    for module in (count, diff, generate, rules, zoo):
         module.add_subcommands(sub)
     _add_measure(sub)
     return parser
