@@ -40,6 +40,9 @@ class Phase(str, enum.Enum):
 class Cost:
     """What one or more operator calls cost. All fields are non-negative integers; costs add.
 
+    Under symbolic shapes (:mod:`flopscope.symbolic`) a field may be a ``torch.SymInt``: a formula
+    in the symbolic sizes, which adds and multiplies like an integer.
+
     Raises:
         TypeError: a field is not an ``int`` (a ``bool``, ``float`` or string is refused).
         ValueError: a field is negative.
@@ -60,12 +63,21 @@ class Cost:
         # one chained identity test on the common path (about 0.1 us; see benchmarks/hotpath.py)
         if not (type(self.macs) is type(self.flops) is type(self.bytes_read)
                 is type(self.bytes_written) is int):
+            symbolic = False
             for name in ("macs", "flops", "bytes_read", "bytes_written"):
                 value = getattr(self, name)
-                if type(value) is not int:
+                if type(value) is _SymInt:  # symbolic shapes (flopscope.symbolic): a formula
+                    symbolic = True
+                elif type(value) is not int:
                     raise TypeError(
                         f"Cost.{name} must be an int, not {value!r} ({type(value).__name__})"
                     )
+            if symbolic:  # the sign of a formula is not tested (that would add a guard)
+                for name in ("macs", "flops", "bytes_read", "bytes_written"):
+                    value = getattr(self, name)
+                    if type(value) is int and value < 0:
+                        raise ValueError(f"Cost.{name} must not be negative, got {value}")
+                return
         if (self.macs | self.flops | self.bytes_read | self.bytes_written) < 0:  # any negative
             for name in ("macs", "flops", "bytes_read", "bytes_written"):
                 if getattr(self, name) < 0:
@@ -134,6 +146,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_SymInt = torch.SymInt
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 

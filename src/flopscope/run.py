@@ -172,7 +172,9 @@ def count(
     # whose fast path is chosen by device); or, for other meta models, meta kernels (fastest),
     # falling back to fake CPU tensors if the forward cannot run on meta (e.g. it reads a value,
     # which fake tensors allow for constants and meta tensors never do).
-    if on_meta and not needs_fake_cpu(modules):
+    if _given_fake_mode(args, kwargs) is not None:  # symbolic shapes: the caller's fake mode
+        ways = ["fake"]
+    elif on_meta and not needs_fake_cpu(modules):
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
@@ -243,7 +245,8 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
             cleanup.enter_context(sdpa_as_cpu())
         elif way == "fake":
-            fake_mode, fake_params = _fake_mode(model if on_meta else None)
+            fake_mode, fake_params = _fake_mode(model if on_meta else None,
+                                                _given_fake_mode(args, kwargs))
             args, kwargs = tree_map_only(
                 torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
             )
@@ -336,7 +339,20 @@ def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
     return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
 
 
-def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
+def _given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The fake mode of the first fake tensor among the model's arguments, or ``None``: inputs
+    made by :mod:`flopscope.symbolic` (fake tensors with symbolic sizes) are counted in their own
+    mode, whose shape environment holds their symbols."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in tree_iter((args, kwargs)):
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return None
+
+
+def _fake_mode(meta_model: nn.Module | None,
+               given: Any = None) -> tuple[Any, dict[str, torch.Tensor] | None]:
     """A FakeTensorMode for shape-only counting, and for a model on ``meta`` its fake parameters.
 
     A ``meta`` model that holds a module with a device-chosen fast path (see ``flopscope._meta``)
@@ -346,7 +362,7 @@ def _fake_mode(meta_model: nn.Module | None) -> tuple[Any, dict[str, torch.Tenso
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = given if given is not None else FakeTensorMode(allow_non_fake_inputs=True)
     if meta_model is None:
         return fake_mode, None
     fake_params: dict[str, torch.Tensor] = {}

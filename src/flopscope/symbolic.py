@@ -1,0 +1,670 @@
+"""Symbolic costs: MACs, FLOPs and bytes as formulas of named input sizes (batch, sequence length,
+resolution).
+
+The model runs once on fake tensors whose named dimensions are symbols of a PyTorch
+``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``): every size an operator sees is a
+``SymInt``, every rule's integer arithmetic on sizes builds a formula, and the costs added up per
+(module, operator, phase) are sympy expressions. Nothing here propagates shapes: PyTorch's fake
+tensors and meta kernels do.
+
+The branches PyTorch takes on sizes while tracing (``if seq_len > window``) are recorded by the
+``ShapeEnv`` as guards; they are the formula's *domain* (:attr:`SymbolicReport.domain`), and
+:meth:`SymbolicReport.evaluate` refuses a point outside it unless told otherwise.
+
+Example::
+
+    rep = flopscope.count_symbolic(model, x, symbolic={"batch": (0, 0), "seq_len": (0, 1)})
+    rep.total().macs            # 6*batch*seq_len**2 + 1024*batch*seq_len ... (sympy)
+    rep.evaluate(batch=2, seq_len=128).macs   # == flopscope.count(model, x_2x128).macs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy  # type: ignore[import-untyped]
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from flopscope.cost import Cost, Phase
+from flopscope.errors import FlopscopeError, ForwardError, UsageError
+from flopscope.report import OpRecord, Report, RuleRecord, is_within
+from flopscope.rules.user import RulesArg
+from flopscope.run import Inputs, count
+
+__all__ = [
+    "DomainError",
+    "SymCost",
+    "SymbolicReport",
+    "count_symbolic",
+    "pretty",
+]
+
+DimRef = tuple[int | str, int]
+"""Where a symbolic dimension is: (positional argument index or keyword name, dimension)."""
+SymbolSpec = Mapping[str, DimRef | Sequence[DimRef]]
+
+_FIELDS = ("macs", "flops", "bytes_read", "bytes_written")
+_ZERO = sympy.Integer(0)
+
+
+class DomainError(FlopscopeError, ValueError):
+    """A symbolic report was evaluated at sizes outside the domain it was derived on (a guard
+    PyTorch recorded while tracing does not hold there)."""
+
+
+@dataclass(frozen=True)
+class SymCost:
+    """A :class:`~flopscope.cost.Cost` whose four fields are sympy expressions in the named
+    symbols (exact integers; sizes that go through floor division keep ``floor``)."""
+
+    macs: sympy.Expr = _ZERO
+    flops: sympy.Expr = _ZERO
+    bytes_read: sympy.Expr = _ZERO
+    bytes_written: sympy.Expr = _ZERO
+
+    def __add__(self, other: SymCost) -> SymCost:
+        return SymCost(*(getattr(self, f) + getattr(other, f) for f in _FIELDS))
+
+    @property
+    def bytes(self) -> sympy.Expr:
+        """Bytes moved: read plus written."""
+        return self.bytes_read + self.bytes_written
+
+    def at(self, values: Mapping[sympy.Symbol, int]) -> Cost:
+        """The concrete cost at the given symbol values (every symbol must have one).
+
+        Raises:
+            UsageError: a symbol has no value, so the result is not a number.
+        """
+        out = []
+        for f in _FIELDS:
+            v = getattr(self, f).xreplace({k: sympy.Integer(x) for k, x in values.items()})
+            if not v.is_Integer:
+                raise UsageError(f"cannot evaluate {f} = {v}: give a value for {sorted(map(str, v.free_symbols))}")
+            out.append(int(v))
+        return Cost(*out)
+
+    def to_dict(self) -> dict[str, str]:
+        """The four formulas as strings that ``sympy.sympify`` parses back."""
+        return {f: sympy.sstr(getattr(self, f)) for f in _FIELDS}
+
+
+def _sum(costs: Iterable[SymCost]) -> SymCost:
+    items = list(costs)
+    return SymCost(*(sympy.Add(*(getattr(c, f) for c in items)) for f in _FIELDS))
+
+
+@dataclass(frozen=True)
+class SymRecord:
+    """One (module, operator, phase) of a symbolic report, as :class:`~flopscope.report.OpRecord`."""
+
+    module: str
+    op: str
+    phase: Phase
+    calls: int
+    cost: SymCost
+    counted: bool = True
+    decomposed: bool = False
+
+
+class SymbolicReport:
+    """What a model costs, as formulas of named sizes. Made by :func:`count_symbolic`.
+
+    Attributes:
+        symbols: name -> sympy symbol (integer, positive).
+        hints: name -> the size the model was traced at.
+        domain: the guards (sympy relations in the named symbols) under which the formulas hold.
+        unknowns: symbols that are not input sizes (data-dependent sizes: ``nonzero``, routing),
+            with what made them.
+        records: every (module, operator, phase) with its symbolic cost.
+        report: the underlying report's structure (modules, parameters); its costs are not used.
+    """
+
+    def __init__(self, symbols: Mapping[str, sympy.Symbol], hints: Mapping[str, int],
+                 domain: Sequence[sympy.Basic], unknowns: Mapping[str, str],
+                 records: Sequence[SymRecord], rules: Sequence[tuple[RuleRecord, SymCost, SymCost]],
+                 report: Report) -> None:
+        self.symbols = dict(symbols)
+        self.hints = dict(hints)
+        self.domain = tuple(domain)
+        self.unknowns = dict(unknowns)
+        self.records = tuple(records)
+        self._rules = tuple(rules)
+        self.report = report
+
+    # -- queries ----------------------------------------------------------------------------
+    def total(self, phase: Phase | str | None = None, *, module: str | None = None) -> SymCost:
+        """The symbolic cost of one phase (all phases with ``None``), of a module's subtree."""
+        ph = Phase(phase) if phase is not None else None
+        return _sum(r.cost for r in self.records
+                    if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)))
+
+    @property
+    def macs(self) -> sympy.Expr:
+        """Total MACs, all phases."""
+        return self.total().macs
+
+    @property
+    def flops(self) -> sympy.Expr:
+        """Total FLOPs, all phases."""
+        return self.total().flops
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The phases that ran, in :class:`~flopscope.cost.Phase` order."""
+        seen = {r.phase for r in self.records}
+        return tuple(p for p in Phase if p in seen)
+
+    def by_module(self, phase: Phase | str | None = None) -> dict[str, SymCost]:
+        """Inclusive symbolic cost per module path (model order; the root is ``""``)."""
+        return {p: self.total(phase, module=p) for p in self.report.modules}
+
+    def by_op(self, phase: Phase | str | None = None, *, module: str | None = None) -> dict[str, SymCost]:
+        """Symbolic cost per operator (name order), of a module's subtree."""
+        ph = Phase(phase) if phase is not None else None
+        acc: dict[str, list[SymCost]] = {}
+        for r in self.records:
+            if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)):
+                acc.setdefault(r.op, []).append(r.cost)
+        return {op: _sum(cs) for op, cs in sorted(acc.items())}
+
+    # -- domain and evaluation ---------------------------------------------------------------
+    def _values(self, values: Mapping[str, int]) -> dict[sympy.Symbol, int]:
+        unknown = set(values) - set(self.symbols)
+        if unknown:
+            raise UsageError(f"unknown symbol(s) {sorted(unknown)}; this report's symbols are "
+                             f"{sorted(self.symbols)}")
+        missing = set(self.symbols) - set(values)
+        if missing:
+            raise UsageError(f"give a value for every symbol: missing {sorted(missing)}")
+        return {self.symbols[k]: int(v) for k, v in values.items()}
+
+    def violated(self, **values: int) -> list[str]:
+        """The domain guards that do not hold at ``values`` (empty: the formulas are valid there)."""
+        subs = {k: sympy.Integer(v) for k, v in self._values(values).items()}
+        return [_relation(g) for g in self.domain if g.xreplace(subs) is not sympy.true]
+
+    def evaluate(self, check: bool = True, **values: int) -> Report:
+        """A concrete :class:`~flopscope.report.Report` at the given sizes: the same modules,
+        operators and phases with integer costs, equal to a concrete count at those shapes.
+
+        Args:
+            check: refuse a point outside :attr:`domain`.
+            **values: a value for every symbol, e.g. ``batch=2, seq_len=128``.
+
+        Returns:
+            The concrete report.
+
+        Raises:
+            DomainError: ``check`` and a guard does not hold at ``values``.
+            UsageError: a symbol is unknown or has no value.
+        """
+        subs = self._values(values)
+        if check:
+            bad = self.violated(**values)
+            if bad:
+                raise DomainError(
+                    f"{_point(values)} is outside the domain these formulas were derived on "
+                    f"(traced at {_point(self.hints)}): {'; '.join(bad)} does not hold. Count "
+                    "again with hints inside that region, or pass check=False to extrapolate."
+                )
+        records = tuple(OpRecord(r.module, r.op, r.phase, r.calls, r.cost.at(subs), r.counted,
+                                 r.decomposed) for r in self.records)
+        rules = tuple(dataclasses.replace(r, cost=c.at(subs), shadowed=s.at(subs))
+                      for r, c, s in self._rules)
+        return dataclasses.replace(self.report, records=records, rules=rules)
+
+    def domain_text(self) -> str:
+        """The domain in words, e.g. ``valid for 2 <= seq_len, 2 <= batch``."""
+        if not self.domain:
+            return "valid for all sizes"
+        return "valid for " + ", ".join(_relation(g) for g in self.domain)
+
+    # -- derived figures ----------------------------------------------------------------------
+    def flops_per_token(self, symbol: str = "seq_len", phase: Phase | str | None = None) -> sympy.Expr:
+        """The marginal FLOPs of one more token: d(FLOPs)/d(symbol), divided by the batch symbol
+        when there is one named ``batch`` (so it is per sequence position per sample)."""
+        f = self.total(phase).flops
+        d = sympy.diff(f, self.symbols[symbol])
+        if "batch" in self.symbols and symbol != "batch":
+            d = sympy.expand(d / self.symbols["batch"])
+        return sympy.simplify(d)
+
+    def average_per_token(self, symbol: str = "seq_len", phase: Phase | str | None = None,
+                          **values: int) -> float:
+        """FLOPs per token averaged over a sequence: total FLOPs / (batch * tokens) at ``values``."""
+        subs = self._values(values)
+        tokens = values[symbol] * values.get("batch", 1)
+        total = self.total(phase).flops.xreplace({k: sympy.Integer(v) for k, v in subs.items()})
+        return float(total) / tokens
+
+    def split(self, symbol: str = "seq_len", field: str = "flops",
+              phase: Phase | str | None = None) -> tuple[sympy.Expr, sympy.Expr]:
+        """The formula split into (terms of degree >= 2 in ``symbol`` — attention's scores and
+        weighted sums —, the rest)."""
+        s = self.symbols[symbol]
+        expr = sympy.expand(getattr(self.total(phase), field))
+        high: list[sympy.Expr] = []
+        rest: list[sympy.Expr] = []
+        for term in sympy.Add.make_args(expr):
+            quadratic = term.is_polynomial(s) and sympy.degree(term, s) >= 2
+            (high if quadratic else rest).append(term)
+        return sympy.Add(*high), sympy.Add(*rest)
+
+    def crossover(self, symbol: str = "seq_len", field: str = "flops",
+                  phase: Phase | str | None = None, **values: int) -> int | None:
+        """The smallest value of ``symbol`` at which the super-linear part (attention) costs at
+        least as much as the rest, other symbols at ``values`` (default 1); ``None`` if never."""
+        high, rest = self.split(symbol, field, phase)
+        s = self.symbols[symbol]
+        others = {self.symbols[k]: sympy.Integer(values.get(k, 1)) for k in self.symbols if k != symbol}
+        h = sympy.expand(high.xreplace(others))
+        r = sympy.expand(rest.xreplace(others))
+        if h == 0:
+            return None
+        roots = [x for x in sympy.solve(sympy.Eq(h, r), s) if x.is_real and x > 0]
+        if not roots:
+            return None
+        n = int(sympy.floor(max(roots)))
+        while (h - r).xreplace({s: n}) < 0:
+            n += 1
+        while n > 1 and (h - r).xreplace({s: n - 1}) >= 0:
+            n -= 1
+        return n
+
+    # -- output -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``["symbolic"]["total"]["macs"]`` (and ``flops``, ``bytes_read``,
+        ``bytes_written``) as strings ``sympy.sympify`` parses, per phase and per module."""
+        return {
+            "schema": "flopscope.symbolic/1",
+            "model": self.report.model,
+            "params": self.report.params,
+            "symbols": {k: str(v) for k, v in self.symbols.items()},
+            "hints": dict(self.hints),
+            "domain": [_relation(g) for g in self.domain],
+            "unknowns": dict(self.unknowns),
+            "symbolic": {
+                "total": self.total().to_dict(),
+                "phases": {p.value: self.total(p).to_dict() for p in self.phases},
+                "modules": {p: c.to_dict() for p, c in self.by_module().items()},
+                "ops": {op: c.to_dict() for op, c in self.by_op().items()},
+            },
+            "uncounted": self.report.uncounted,
+        }
+
+    def table(self, depth: int = 2, digits: int = 3) -> str:
+        """A plain-text table of formulas per module (to ``depth``), then the total and domain."""
+        rows = [("module", "MACs", "FLOPs", "bytes")]
+        for path, c in self.by_module().items():
+            level = path.count(".") + 1 if path else 0
+            if level > depth or (path and c.flops == 0 and c.bytes == 0):
+                continue
+            name = "  " * level + (path.rsplit(".", 1)[-1] if path else f"{self.report.model or 'total'}")
+            rows.append((name, pretty(c.macs, digits), pretty(c.flops, digits), pretty(c.bytes, digits)))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append("")
+        lines.append(f"symbols: {', '.join(f'{k} (traced at {self.hints[k]})' for k in self.symbols)}")
+        lines.append(self.domain_text())
+        if self.unknowns:
+            lines.append("unknown sizes: " + ", ".join(f"{k}: {v}" for k, v in self.unknowns.items()))
+        return "\n".join(lines)
+
+    def markdown(self, depth: int = 2, digits: int = 3) -> str:
+        """The table as markdown (formulas in code spans), with the exact totals below."""
+        out = ["| module | MACs | FLOPs | bytes |", "| :--- | :--- | :--- | :--- |"]
+        for path, c in self.by_module().items():
+            level = path.count(".") + 1 if path else 0
+            if level > depth or (path and c.flops == 0 and c.bytes == 0):
+                continue
+            out.append(f"| `{path or '(total)'}` | `{pretty(c.macs, digits)}` | "
+                       f"`{pretty(c.flops, digits)}` | `{pretty(c.bytes, digits)}` |")
+        t = self.total()
+        out += ["", "Exact totals:", ""]
+        out += [f"- {f}: `{sympy.sstr(getattr(t, f))}`" for f in _FIELDS]
+        out += ["", self.domain_text()]
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"SymbolicReport({self.report.model}, macs={sympy.sstr(self.macs)})"
+
+
+# -- formatting -------------------------------------------------------------------------------
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _monomial(powers: Mapping[sympy.Basic, sympy.Expr]) -> str:
+    parts = []
+    for base, exp in sorted(powers.items(), key=lambda kv: str(kv[0])):
+        text = sympy.sstr(base)
+        if exp != 1:
+            text += str(exp).translate(_SUPERSCRIPT) if exp.is_Integer and exp > 0 else f"**{exp}"
+        parts.append(text)
+    return "·".join(parts)
+
+
+def _number(n: sympy.Expr, digits: int) -> str:
+    if n.is_Integer and abs(int(n)) < 10 ** (digits + 1):
+        return str(int(n))
+    return f"{float(n):.{digits - 1}e}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
+
+
+def pretty(expr: sympy.Expr | int, digits: int = 3) -> str:
+    """A formula for people: terms by decreasing degree, coefficients to ``digits`` significant
+    digits, products with ``·`` and powers as superscripts: ``2.10e6·T² + 6.74e9·T``.
+
+    Args:
+        expr: the formula (exact; see ``sympy.sstr`` for the exact text).
+        digits: significant digits of large coefficients (integers below ``10**(digits+1)`` are
+            shown exactly).
+
+    Returns:
+        The text.
+    """
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr == 0:
+        return "0"
+    terms = []
+    for term in sympy.Add.make_args(expr):
+        coeff, rest = term.as_coeff_Mul()
+        powers = rest.as_powers_dict() if rest != 1 else {}
+        degree = sum(int(e) for e in powers.values() if e.is_Integer)
+        if rest == 1:
+            text = _number(coeff, digits)
+        elif any(not b.is_Symbol for b in powers):  # floor(), FloorDiv ... : exact text
+            text = (("" if coeff == 1 else _number(coeff, digits) + "·") + sympy.sstr(rest))
+        else:
+            text = ("" if coeff == 1 else _number(coeff, digits) + "·") + _monomial(powers)
+        terms.append((degree, text))
+    terms.sort(key=lambda dt: -dt[0])
+    out = terms[0][1]
+    for _, text in terms[1:]:
+        out += " - " + text[1:] if text.startswith("-") else " + " + text
+    return out
+
+
+def _relation(g: sympy.Basic) -> str:
+    """A guard in words: ``2 <= seq_len``, ``seq_len != 1``."""
+    if isinstance(g, sympy.Ne):
+        return f"{sympy.sstr(g.lhs)} != {sympy.sstr(g.rhs)}"
+    if isinstance(g, sympy.Eq):
+        return f"{sympy.sstr(g.lhs)} == {sympy.sstr(g.rhs)}"
+    if isinstance(g, sympy.GreaterThan) and g.rhs.is_Integer:
+        return f"{int(g.rhs)} <= {sympy.sstr(g.lhs)}"
+    if isinstance(g, sympy.StrictLessThan) and g.lhs.is_Integer:  # 1 < s  ->  2 <= s
+        return f"{int(g.lhs) + 1} <= {sympy.sstr(g.rhs)}"
+    if isinstance(g, sympy.StrictGreaterThan) and g.rhs.is_Integer:
+        return f"{int(g.rhs) + 1} <= {sympy.sstr(g.lhs)}"
+    return str(sympy.sstr(g))
+
+
+def _point(values: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+# -- counting --------------------------------------------------------------------------------
+def _refs(spec: SymbolSpec) -> dict[str, list[DimRef]]:
+    out: dict[str, list[DimRef]] = {}
+    for name, where in spec.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UsageError(f"symbol name {name!r} is not an identifier (use e.g. 'batch', 'seq_len')")
+        refs = [where] if (isinstance(where, tuple) and len(where) == 2
+                           and isinstance(where[1], int)) else list(where)
+        for ref in refs:
+            if not (isinstance(ref, tuple) and len(ref) == 2 and isinstance(ref[0], (int, str))
+                    and isinstance(ref[1], int)):
+                raise UsageError(
+                    f"symbolic={{{name!r}: {where!r}}}: each place is (argument index or keyword "
+                    "name, dimension), e.g. (0, 1) or ('input_ids', 1), or a list of them"
+                )
+        out[name] = refs
+    return out
+
+
+def count_symbolic(
+    model: nn.Module,
+    /,
+    *args: Any,
+    symbolic: SymbolSpec,
+    hints: Mapping[str, int] | None = None,
+    rules: RulesArg = None,
+    strict: bool = False,
+    backward: bool = False,
+    train: bool | None = None,
+    warn: bool = True,
+    **kwargs: Any,
+) -> SymbolicReport:
+    """Count one forward (and optionally backward) of ``model`` with named input dimensions kept
+    symbolic: the costs are formulas in those names.
+
+    Args:
+        model: the model (real or on ``meta``; it is run on fake tensors either way).
+        *args: positional arguments of ``model`` (or one :class:`~flopscope.Inputs`).
+        symbolic: name -> where the dimension is: ``(argument index or keyword name, dim)`` or a
+            list of places that share the size, e.g. ``{"batch": [(0, 0)], "seq_len": [(0, 1)]}``
+            or ``{"seq_len": [("input_ids", 1), ("attention_mask", 1)]}``.
+        hints: name -> the size to trace at (default: the input's size, at least 2, distinct
+            per symbol). Branches on sizes are taken as at the hints; see
+            :attr:`SymbolicReport.domain`.
+        rules: extra operator and module rules (see :func:`flopscope.count`).
+        strict: raise at the first operator without a rule.
+        backward: also run backward.
+        train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
+        warn: warn once about uncounted operators.
+        **kwargs: keyword arguments of ``model``.
+
+    Returns:
+        The :class:`SymbolicReport`.
+
+    Raises:
+        UsageError: a bad ``symbolic`` spec (unknown argument, dimension out of range).
+        ForwardError: the model cannot run with symbolic sizes (data-dependent sizes are named).
+    """
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    if len(args) == 1 and isinstance(args[0], Inputs):
+        args, kwargs = args[0].args, {**args[0].kwargs, **kwargs}
+    refs = _refs(symbolic)
+    if not refs:
+        raise UsageError("symbolic= names no dimension; e.g. symbolic={'batch': (0, 0)}")
+
+    def tensor_at(where: int | str) -> torch.Tensor:
+        t = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(str(where))
+        if isinstance(where, int) and where >= len(args):
+            t = None
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"symbolic: argument {where!r} is not a tensor among the model's inputs "
+                             f"(positional: {len(args)}, keywords: {sorted(kwargs)})")
+        return t
+
+    sizes: dict[str, int] = {}
+    for name, places in refs.items():
+        for where, dim in places:
+            t = tensor_at(where)
+            if not -t.dim() <= dim < t.dim():
+                raise UsageError(f"symbolic {name!r}: argument {where!r} has {t.dim()} dimensions, "
+                                 f"no dimension {dim}")
+            sizes.setdefault(name, int(t.shape[dim]))
+    chosen: dict[str, int] = {}
+    for name in refs:
+        h = int((hints or {}).get(name, max(sizes[name], 2)))
+        if h < 1:
+            raise UsageError(f"hint {name}={h}: trace at a size of at least 1")
+        while h in chosen.values() and name not in (hints or {}):
+            h += 1  # distinct hints, so that no size is taken for another (duck shaping)
+        chosen[name] = h
+
+    env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    fake_mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    syms: dict[str, Any] = {}
+    for name, h in chosen.items():
+        source = ConstantSource(name)
+        s = env.create_symbol(h, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+        syms[name] = env.create_symintnode(s, hint=h, source=source)
+    dims: dict[int, dict[int, str]] = {}  # id(tensor) -> dim -> symbol name
+    for name, places in refs.items():
+        for where, dim in places:
+            t = tensor_at(where)
+            dims.setdefault(id(t), {})[dim % t.dim()] = name
+
+    def symbolic_tensor(t: torch.Tensor) -> torch.Tensor:
+        marks = dims.get(id(t))
+        if marks is None:
+            return t
+        shape = [syms[marks[i]] if i in marks else int(n) for i, n in enumerate(t.shape)]
+        with fake_mode:
+            out = torch.zeros(shape, dtype=t.dtype, device="cpu")
+        return out.requires_grad_(t.requires_grad) if t.is_floating_point() else out
+
+    args, kwargs = tree_map_only(torch.Tensor, symbolic_tensor, (args, kwargs))
+    try:
+        raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict, shape_only=True,
+                    backward=backward, train=train, warn=warn)
+    except ForwardError as e:
+        raise ForwardError(_explain(e), module_path=e.module_path) from e
+    return _symbolic_report(raw, env, syms, chosen)
+
+
+def _explain(e: ForwardError) -> str:
+    """A data-dependent failure under symbolic sizes, with the operator named where found."""
+    text = str(e)
+    cause: BaseException | None = e.__cause__
+    while cause is not None:
+        name = type(cause).__name__
+        if "DataDependent" in name or "data-dependent" in str(cause).lower():
+            op = re.search(r"(aten\.[\w.]+|torch\.ops\.[\w.]+)", str(cause))
+            return (f"symbolic counting hit a data-dependent size or value"
+                    f"{' in ' + op.group(1) if op else ''}: {text}. A size computed from tensor "
+                    "values cannot be a formula of the input sizes; count concretely, or make that "
+                    "size an input.")
+        cause = cause.__cause__ or cause.__context__
+    return f"symbolic counting failed: {text}"
+
+
+def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
+                     hints: Mapping[str, int]) -> SymbolicReport:
+    from torch.utils._sympy.functions import FloorDiv
+
+    names = {s.node.expr: name for name, s in syms.items()}
+    symbols = {name: sympy.Symbol(name, integer=True, positive=True) for name in syms}
+    rename = {expr: symbols[name] for expr, name in names.items()}
+    cache: dict[Any, sympy.Expr] = {}
+
+    def expr(v: Any) -> sympy.Expr:
+        if type(v) is int:
+            return sympy.Integer(v)
+        e = v.node.expr
+        found = cache.get(e)
+        if found is None:
+            found = env.replace(e)
+            found = found.replace(FloorDiv, lambda a, b: sympy.floor(a / b))
+            found = sympy.expand(found.xreplace(rename))
+            cache[e] = found
+        return found
+
+    def sym(c: Cost) -> SymCost:
+        return SymCost(*(expr(getattr(c, f)) for f in _FIELDS))
+
+    records = [SymRecord(r.module, r.op, r.phase, r.calls, sym(r.cost), r.counted, r.decomposed)
+               for r in raw.records]
+    rules = [(r, sym(r.cost), sym(r.shadowed)) for r in raw.rules]
+    known = set(symbols.values())
+    unknowns: dict[str, str] = {}
+    for r in records:
+        for f in _FIELDS:
+            for s in getattr(r.cost, f).free_symbols - known:
+                unknowns.setdefault(str(s), f"data-dependent size in {r.op} ('{r.module}')")
+    domain: list[sympy.Basic] = []
+    for name, s in syms.items():
+        vr = env.var_to_range.get(s.node.expr)
+        lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
+        if lo > 1:
+            domain.append(sympy.Ge(symbols[name], lo))
+        if vr is not None and vr.upper.is_Integer:
+            domain.append(sympy.Le(symbols[name], int(vr.upper)))
+    for g in env.guards:
+        e = env.simplify(env.replace(g.expr)).replace(FloorDiv, lambda a, b: sympy.floor(a / b))
+        e = e.xreplace(rename)
+        if e in (sympy.true, True) or not (e.free_symbols & known):
+            continue
+        if isinstance(e, (sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan,
+                          sympy.GreaterThan)) and len(e.free_symbols) == 1 and \
+                (e.lhs in known or e.rhs in known) and (e.lhs.is_Integer or e.rhs.is_Integer):
+            continue  # a bound: part of the range above
+        if e not in domain:
+            domain.append(e)
+    for name, s in syms.items():  # a symbol PyTorch fixed to one value
+        fixed = env.replacements.get(s.node.expr)
+        if fixed is not None and fixed.is_Integer:
+            domain.append(sympy.Eq(symbols[name], int(fixed)))
+    base = dataclasses.replace(raw, records=(), rules=())
+    return SymbolicReport(symbols, hints, _tidy(domain, symbols), unknowns, records, rules, base)
+
+
+def _tidy(domain: list[sympy.Basic], symbols: Mapping[str, sympy.Symbol]) -> list[sympy.Basic]:
+    """The guards without duplicates and without those the ranges already imply."""
+    out: list[sympy.Basic] = []
+    lows: dict[sympy.Symbol, int] = {}
+    bounds = []
+    for g in domain:
+        if isinstance(g, sympy.GreaterThan) and g.rhs.is_Integer and g.lhs.is_Symbol:
+            lows[g.lhs] = int(g.rhs)
+            bounds.append(g)
+        elif isinstance(g, sympy.LessThan) and g.lhs.is_Integer and g.rhs.is_Symbol:
+            lows[g.rhs] = int(g.lhs)
+            bounds.append(g)
+        elif isinstance(g, sympy.LessThan) and g.rhs.is_Integer and g.lhs.is_Symbol:
+            bounds.append(g)
+    for s in symbols.values():  # sizes are at least 1; Ne(k*s, k) excludes 1: then s >= 2
+        lows.setdefault(s, 1)
+        while any(isinstance(g, sympy.Ne) and g.free_symbols == {s}
+                  and lows[s] in sympy.solve(sympy.Eq(g.lhs, g.rhs), s) for g in domain):
+            lows[s] += 1
+        if lows[s] > 1 and not any(b.free_symbols == {s} and not (isinstance(b, sympy.LessThan)
+                                   and b.rhs.is_Integer) for b in bounds):
+            domain = [sympy.Ge(s, lows[s]), *domain]
+            bounds.append(domain[0])
+    for g in domain:
+        if g in out or g is sympy.true:
+            continue
+        if g not in bounds and _implied(g, lows):
+            continue
+        out.append(g)
+    return out
+
+
+def _implied(g: sympy.Basic, lows: Mapping[sympy.Symbol, int]) -> bool:
+    """Whether a guard follows from the lower bounds of its symbols (``Ne(s, 1)`` or
+    ``Ne(b*t, t)`` when every symbol is at least 2): with each symbol written as its bound plus a
+    non-negative ``t``, the difference of the two sides has one sign."""
+    if not isinstance(g, (sympy.Ne, sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan,
+                          sympy.GreaterThan)):
+        return False
+    try:
+        shifted = {s: lows.get(s, 0) + sympy.Symbol(f"_t{i}", nonnegative=True, integer=True)
+                   for i, s in enumerate(g.free_symbols)}
+        diff = sympy.expand((g.lhs - g.rhs).xreplace(shifted))
+    except (TypeError, AttributeError):
+        return False
+    if isinstance(g, sympy.Ne):
+        return bool(diff.is_positive or diff.is_negative)
+    if isinstance(g, (sympy.StrictLessThan,)):
+        return bool(diff.is_negative)
+    if isinstance(g, sympy.LessThan):
+        return bool(diff.is_nonpositive)
+    if isinstance(g, sympy.StrictGreaterThan):
+        return bool(diff.is_positive)
+    return bool(diff.is_nonnegative)
