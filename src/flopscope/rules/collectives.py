@@ -74,9 +74,12 @@ def _bytes(tree: Any) -> int:
 
 def _group_size(group: Any) -> int:
     """The size of a process group given as a group name (functional collectives) or an object."""
+    from torch.distributed import ProcessGroup, distributed_c10d
+
+    if isinstance(group, torch.ScriptObject):  # a process group as the dispatcher passes it
+        group = ProcessGroup.unbox(group)
     if hasattr(group, "size") and not isinstance(group, str):
         return int(group.size())
-    from torch.distributed import distributed_c10d
 
     resolve = getattr(distributed_c10d, "_resolve_process_group")  # noqa: B009  (not exported)
     return int(resolve(group).size())
@@ -230,3 +233,11 @@ def check_for_nan(call: OpCall) -> Cost:
     """A NaN check before a collective: 1 comparison per element (integer-free, counted as 1 FLOP
     each, like ``isnan``); reads the tensor."""
     return call.cost(flops=call.inputs[0].numel())
+
+
+@rule("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+def fsdp_copy(call: OpCall) -> Cost:
+    """FSDP2's packing and unpacking of the flat buffers it all-gathers and reduce-scatters
+    (copy-in of the local shards, copy-out of the gathered parameters, gradient concatenation):
+    copies, 0 FLOPs; bytes: tensor inputs read, outputs written."""
+    return call.cost()

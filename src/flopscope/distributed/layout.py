@@ -1,0 +1,173 @@
+"""Parallel layouts: a world of ranks split into data (FSDP2) x tensor parallel, the
+device mesh for it, and the standard plans applied with PyTorch's own APIs
+(``parallelize_module``, ``fully_shard``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from flopscope.errors import UsageError
+
+__all__ = ["Layout", "apply_layout", "llama_tp_plan"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ``world_size`` ranks are split: ``fsdp`` data-parallel (FSDP2) shards x ``tp``
+    tensor-parallel ranks (``world_size = fsdp * tp``; tensor-parallel ranks are neighbours).
+
+    Attributes:
+        world_size: ranks in the job.
+        tp: tensor-parallel degree (innermost mesh dimension).
+        fsdp: FSDP2 degree; ``None``: ``world_size // tp``.
+        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel)
+            instead of replicating them.
+        rank: the rank to describe.
+
+    Raises:
+        UsageError: the degrees do not multiply to the world size, or the rank is out of range.
+    """
+
+    world_size: int
+    tp: int = 1
+    fsdp: int | None = None
+    sequence_parallel: bool = False
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "tp"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got "
+                                 f"{getattr(self, name)}")
+        if self.world_size % self.tp:
+            raise UsageError(f"world size {self.world_size} is not a multiple of tp = {self.tp}")
+        if self.fsdp is not None and self.fsdp * self.tp != self.world_size:
+            raise UsageError(
+                f"tp x fsdp = {self.tp} x {self.fsdp} = {self.tp * self.fsdp}, not the world "
+                f"size {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise UsageError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel (FSDP2) degree."""
+        return self.fsdp if self.fsdp is not None else self.world_size // self.tp
+
+    def mesh(self) -> Any:
+        """The device mesh (``dp``, ``tp``) on the CPU (dimensions of size 1 kept).
+
+        Returns:
+            A :class:`torch.distributed.device_mesh.DeviceMesh`.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh("cpu", (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+
+
+def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str, Any]:
+    """The standard tensor-parallel plan of one Llama-style decoder layer: column-wise q/k/v and
+    gate/up projections, row-wise o and down projections (one all-reduce after attention and one
+    after the MLP in forward, the same in backward for the input gradients); with
+    ``sequence_parallel`` the two norms run on sequence shards (all-gather / reduce-scatter
+    instead of all-reduce).
+
+    Args:
+        layer: a decoder layer with ``self_attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj``.
+        sequence_parallel: shard the norms along the sequence.
+
+    Returns:
+        A plan for :func:`torch.distributed.tensor.parallel.parallelize_module`.
+
+    Raises:
+        UsageError: the layer does not have those projections.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    missing = [n for n in names if not _has(layer, n)]
+    if missing:
+        raise UsageError(
+            f"{type(layer).__name__} has no {', '.join(missing)}: the standard tensor-parallel "
+            "plan is written for Llama-style layers (q/k/v/o, gate/up/down projections)")
+    if not sequence_parallel:
+        return {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
+    seq = Shard(1)
+    return {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=seq),
+    }
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a transformers causal LM (``model.model.layers``) or base model."""
+    for path in ("model.layers", "layers", "model.decoder.layers", "transformer.h"):
+        if _has(model, path):
+            found = model.get_submodule(path)
+            if isinstance(found, nn.ModuleList):
+                return found
+    raise UsageError(
+        f"{type(model).__name__} has no list of decoder layers (model.layers): parallel layouts "
+        "are applied to transformers decoder models (Llama, Mistral, Qwen2 ...)")
+
+
+def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
+    """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
+    mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
+    on the root over the ``dp`` dimension (when dp > 1).
+
+    Args:
+        model: a transformers decoder model (on the ``meta`` device for a simulation).
+        layout: the layout.
+        mesh: its mesh (:meth:`Layout.mesh`).
+
+    Returns:
+        ``model``.
+
+    Raises:
+        UsageError: the model is not a decoder with Llama-style projections.
+    """
+    layers = _decoder_layers(model)
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        for layer in layers:
+            parallelize_module(layer, mesh["tp"], llama_tp_plan(layer, layout.sequence_parallel))
+    if layout.dp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = mesh["dp"]
+        for layer in layers:
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
