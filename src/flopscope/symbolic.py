@@ -631,7 +631,7 @@ def _tidy(domain: list[sympy.Basic], symbols: Mapping[str, sympy.Symbol]) -> lis
     for s in symbols.values():  # sizes are at least 1; Ne(k*s, k) excludes 1: then s >= 2
         lows.setdefault(s, 1)
         while any(isinstance(g, sympy.Ne) and g.free_symbols == {s}
-                  and lows[s] in sympy.solve(sympy.Eq(g.lhs, g.rhs), s) for g in domain):
+                  and g.xreplace({s: sympy.Integer(lows[s])}) is sympy.false for g in domain):
             lows[s] += 1
         if lows[s] > 1 and not any(b.free_symbols == {s} and not (isinstance(b, sympy.LessThan)
                                    and b.rhs.is_Integer) for b in bounds):

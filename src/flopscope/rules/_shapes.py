@@ -35,8 +35,10 @@ def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
 
 
 def numel(shape: Any) -> int:
-    """Elements of a shape (``torch.Size`` or sequence of ints)."""
-    return int(prod(shape))
+    """Elements of a shape (``torch.Size`` or sequence of ints); a ``SymInt`` when a size is
+    symbolic (``int()`` would fix the symbol to its traced value)."""
+    n = prod(shape)
+    return n if type(n) is int or isinstance(n, torch.SymInt) else int(n)
 
 
 def tensor_values(t: Any) -> list[int] | None:
