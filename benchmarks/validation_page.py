@@ -1,0 +1,625 @@
+"""The whole validation page from stored runs: ``python -m benchmarks.validation_page``.
+
+docs/validation.md is built from every ``runs/`` directory under ``docs/validation`` (one JSON
+per measured workload, as :mod:`benchmarks.validation` writes them):
+
+- ``zoo64/`` every torchvision classifier but the attention ones at 1x3x64x64, ``zoo224/`` the
+  attention classifiers (vit, swin, maxvit) and inception_v3 at 1x3x224x224, ``runs/`` the first
+  five CNNs at 224x224: the zoo table;
+- ``ops/``: :mod:`benchmarks.validation_ops`, one row per operator and size (the per-module split
+  of one run);
+- ``transformers/``: :mod:`benchmarks.validation_transformers`, with the attention figures
+  (counted, what the CPU flash kernel executes, what the model needs) stored beside each run.
+
+``--run`` first measures whatever is missing, group by group (resumable: a stored result with the
+same options is kept), then writes the page; without it the page, CSV and plot are rewritten from
+what is stored, in seconds.  Everything between the generated-section markers of the page is
+rewritten; the prose around them is kept.
+
+    .venv/bin/python -m benchmarks.validation_page --run      # the whole sweep, then the page
+    .venv/bin/python -m benchmarks.validation_page            # the page from stored runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.validation import Record, label_of, run, update_markdown
+
+MARK_BEGIN = "<!-- flopscope-validation-page:begin (generated; edit outside these markers) -->"
+MARK_END = "<!-- flopscope-validation-page:end -->"
+COMMAND = "python -m benchmarks.validation_page"
+DEVIATION = 0.02
+"""Deviations above this are listed, each with its cause."""
+
+ZOO_ATTENTION = ("inception_v3", "swin_t", "maxvit_t", "vit_b_16", "swin_s", "swin_b",
+                 "swin_v2_t", "swin_v2_s", "swin_v2_b", "vit_b_32", "vit_l_16", "vit_l_32",
+                 "vit_h_14")
+"""Measured at 224x224 (fixed-size attention windows, inception's minimum input)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One ``runs/`` directory of the page and how its workloads are measured.
+
+    Attributes:
+        name: the directory under the root (``zoo64``).
+        title: what its rows are.
+        kind: ``zoo``, ``ops`` or ``transformers`` (which table shows them).
+        sources: the SOURCEs ``--run`` measures (empty: only read what is stored).
+        inputs: ``--input`` shapes.
+        depth: module depth per source (default 1).
+    """
+
+    name: str
+    title: str
+    kind: str
+    sources: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    depth: tuple[tuple[str, int], ...] = ()
+
+
+def _torchvision_classifiers() -> list[str]:
+    """Every torchvision classifier with published weights metadata, smallest first."""
+    import torchvision.models as tvm
+    from torchvision.models import get_model_weights, list_models
+
+    names = []
+    for name in list_models(module=tvm):
+        weights = list(get_model_weights(name))
+        ops = weights[0].meta.get("_ops", 0.0) if weights else 0.0
+        names.append((ops, name))
+    return [n for _, n in sorted(names)]
+
+
+def groups() -> list[Group]:
+    """The page's groups, with what ``--run`` measures in each.
+
+    Returns:
+        zoo64, zoo224, the first five CNNs at 224 (``runs/``), ops, transformers.
+    """
+    from benchmarks import validation_transformers as T
+
+    try:
+        zoo = _torchvision_classifiers()
+    except ImportError:  # torchvision missing: the page is still written from stored runs
+        zoo = []
+    tf_file = "benchmarks/validation_transformers.py"
+    return [
+        Group("zoo64", "torchvision classifiers at 1x3x64x64", "zoo",
+              tuple(f"torchvision:{n}" for n in zoo if n not in ZOO_ATTENTION), ("1x3x64x64",)),
+        Group("zoo224", "attention classifiers and inception_v3 at 1x3x224x224", "zoo",
+              tuple(f"torchvision:{n}" for n in zoo if n in ZOO_ATTENTION)),
+        Group("runs", "the first five CNNs at 1x3x224x224", "zoo"),
+        Group("ops", "operator families", "ops", ("benchmarks/validation_ops.py:all_ops",)),
+        Group("transformers", "transformers at 1,024 tokens", "transformers",
+              tuple(f"{tf_file}:{m}" for m in T.MODELS),
+              depth=tuple((f"{tf_file}:{m}", d) for m, d in T.DEPTH.items())),
+    ]
+
+
+def load_runs(directory: Path) -> list[Record]:
+    """Every stored record of a ``runs/`` directory, by file name.
+
+    Args:
+        directory: ``OUT/runs``.
+
+    Returns:
+        The records (unreadable files are skipped).
+    """
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# --- families and causes ---------------------------------------------------------------------------
+
+def model_family(label: str) -> str:
+    """The family of a model for the plot's colours (``resnext50_32x4d`` -> ``resnext``).
+
+    Args:
+        label: a model label (a torchvision name or a factory name).
+
+    Returns:
+        The family.
+    """
+    name = label.rsplit(":", 1)[-1]
+    if name.startswith("wide_resnet"):
+        return "wide_resnet"
+    m = re.match(r"[a-z]+", name)
+    return m.group(0) if m else name
+
+
+CAUSES: tuple[tuple[str, str], ...] = (
+    # (regex on "family/op" or a zoo model family, cause)
+    ("max_pool", "max pooling executes compares and blends, not `maxpd`: 0 arithmetic FLOPs "
+                 "against 1 per window element counted"),
+    ("exp|softmax|gelu|silu|sigmoid|erf|tanh|log_softmax|cross_entropy|ctc",
+     "elementary functions (exp, erf, tanh, log) count as 1 FLOP by convention; their "
+     "vectorised polynomial evaluations execute 10-30"),
+    ("cumsum", "cumsum"),
+)
+
+
+def cause_of(key: str, causes: Sequence[tuple[str, str]] = CAUSES) -> str:
+    """The documented cause of a deviation, or a plain "not explained".
+
+    Args:
+        key: ``family/op`` of an operator row, or a model family.
+        causes: (regex, cause) pairs, first match wins.
+
+    Returns:
+        The cause.
+    """
+    for pattern, cause in causes:
+        if re.search(pattern, key):
+            return cause
+    return "not explained yet"
+
+
+# --- rows ------------------------------------------------------------------------------------------
+
+def _ratio(counted: int, measured: int) -> float | None:
+    return measured / counted if counted else None
+
+
+def _r(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def zoo_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """One row per zoo model.
+
+    Args:
+        records: stored records.
+
+    Returns:
+        Dicts with model, family, input, counted_macs, counted, measured, ratio, error.
+    """
+    rows = []
+    for rec in records:
+        res = rec.get("result") or {}
+        inputs = ", ".join(res.get("inputs") or rec["request"].get("inputs") or ["default"])
+        rows.append({
+            "model": label_of(rec["source"]), "family": model_family(label_of(rec["source"])),
+            "input": inputs.split(":")[0], "counted_macs": res.get("counted_macs"),
+            "counted": res.get("counted_flops"), "measured": res.get("measured_flops"),
+            "ratio": res.get("ratio"), "error": rec.get("error"),
+            "region_seconds": res.get("region_seconds"), "seconds": rec.get("seconds"),
+        })
+    return rows
+
+
+def op_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """One row per operator workload: the per-module rows of the ops runs.
+
+    Args:
+        records: stored records of :mod:`benchmarks.validation_ops` sources.
+
+    Returns:
+        Dicts with family, op, size, counted, measured, ratio, dtype.
+    """
+    rows = []
+    for rec in records:
+        res = rec.get("result")
+        if res is None:
+            continue
+        modules = [m for m in res["modules"] if m["path"].count("__") == 2]
+        if not modules and rec["source"].count("__") == 2:  # a single-op factory
+            name = rec["source"].rsplit(":", 1)[-1]
+            modules = [{"path": name, "counted_flops": res["counted_flops"],
+                        "measured_flops": res["measured_flops"]}]
+        for m in modules:
+            family, op, size = m["path"].rsplit(".", 1)[-1].split("__")
+            rows.append({"family": family, "op": op, "size": size,
+                         "dtype": "float32" if op.endswith("_f32") else rec["request"]["dtype"],
+                         "counted": m["counted_flops"], "measured": m["measured_flops"],
+                         "ratio": _ratio(m["counted_flops"], m["measured_flops"])})
+    return rows
+
+
+def transformer_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """One row per transformer run, with its attention figures.
+
+    Args:
+        records: stored records of :mod:`benchmarks.validation_transformers` sources (the
+            ``attention`` entry is added by ``--run``).
+
+    Returns:
+        Dicts with model, counted, measured, ratio, and the attention kernel's counted /
+        executed / model FLOPs, and the model total with attention as executed.
+    """
+    rows = []
+    for rec in records:
+        res = rec.get("result") or {}
+        att = rec.get("attention") or {}
+        counted = res.get("counted_flops")
+        executed_total = (counted - att["counted"] + att["executed"]
+                          if counted is not None and att else None)
+        rows.append({
+            "model": rec["source"].rsplit(":", 1)[-1], "input": ", ".join(res.get("inputs", [])),
+            "counted": counted, "measured": res.get("measured_flops"), "ratio": res.get("ratio"),
+            "attn_counted": att.get("counted"), "attn_executed": att.get("executed"),
+            "attn_model": att.get("model"), "counted_as_executed": executed_total,
+            "ratio_to_executed": (_ratio(executed_total, res["measured_flops"])
+                                  if executed_total and res else None),
+            "attn_segment_counted": _attn_segments(res, "counted_flops"),
+            "attn_segment_measured": _attn_segments(res, "measured_flops"),
+            "error": rec.get("error"),
+        })
+    return rows
+
+
+_ATTN_SEGMENT = re.compile(r"(self_attn|\.attn|attention\.self)$")
+
+
+def _attn_segments(res: dict[str, Any], key: str) -> int | None:
+    segs = [m[key] for m in res.get("modules", []) if _ATTN_SEGMENT.search(m["path"])]
+    return sum(segs) if segs else None
+
+
+# --- outputs ---------------------------------------------------------------------------------------
+
+def _n(v: Any) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def zoo_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| model | family | input | counted MACs | counted FLOPs | measured FLOPs | "
+             "measured/counted |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        shown = f"**{r['ratio']:.4f}**" if r["ratio"] is not None else (
+            "failed" if r["error"] else "not measured yet" if r.get("pending") else "-")
+        lines.append(f"| {r['model']} | {r['family']} | {r['input']} | {_n(r['counted_macs'])} | "
+                     f"{_n(r['counted'])} | {_n(r['measured'])} | {shown} |")
+    for r in rows:
+        if r["error"]:
+            lines.append(f"\n- **{r['model']} failed**: `{str(r['error']).splitlines()[0][:300]}`")
+    return lines
+
+
+def ops_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| family | operator | size | dtype | counted FLOPs | measured FLOPs | "
+             "measured/counted |", "|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        ratio = _r(r["ratio"]) if r["counted"] else ("0 / 0" if not r["measured"] else "n/a")
+        if r["ratio"] is not None and abs(r["ratio"] - 1) > 0.03:
+            ratio = f"**{ratio}**"
+        lines.append(f"| {r['family']} | `{r['op']}` | {r['size']} | {r['dtype']} | "
+                     f"{_n(r['counted'])} | {_n(r['measured'])} | {ratio} |")
+    return lines
+
+
+def transformers_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["| model | counted FLOPs | attention counted (dense) | attention executed (CPU flash "
+             "blocks) | attention model (visible pairs) | counted, attention as executed | "
+             "measured FLOPs | measured/counted | measured/(attention as executed) | attention "
+             "modules: counted / measured |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        seg = (f"{_n(r['attn_segment_counted'])} / {_n(r['attn_segment_measured'])}"
+               if r["attn_segment_counted"] is not None else "-")
+        lines.append(
+            f"| {r['model']} | {_n(r['counted'])} | {_n(r['attn_counted'])} | "
+            f"{_n(r['attn_executed'])} | {_n(r['attn_model'])} | {_n(r['counted_as_executed'])} | "
+            f"{_n(r['measured'])} | {_r(r['ratio'])} | {_r(r['ratio_to_executed'])} | {seg} |")
+    return lines
+
+
+def deviations(zoo: Sequence[dict[str, Any]], ops: Sequence[dict[str, Any]],
+               causes: Sequence[tuple[str, str]] = CAUSES,
+               threshold: float = DEVIATION) -> list[str]:
+    """Every row beyond ``threshold`` with its cause (one bullet each).
+
+    Args:
+        zoo: zoo rows.
+        ops: operator rows.
+        causes: (regex, cause) pairs.
+        threshold: relative deviation.
+
+    Returns:
+        Markdown bullets.
+    """
+    out = []
+    for r in zoo:
+        if r["ratio"] is not None and abs(r["ratio"] - 1) > threshold:
+            out.append(f"- {r['model']} ({r['input']}): {r['ratio']:.4f} - "
+                       f"{cause_of(r['family'], causes)}")
+    for r in ops:
+        key = f"{r['family']}/{r['op']}"
+        if r["ratio"] is None or abs(r["ratio"] - 1) > threshold:
+            if r["ratio"] is None and not r["measured"]:
+                continue
+            ratio = "measured without a count" if r["ratio"] is None else f"{r['ratio']:.4f}"
+            out.append(f"- `{r['op']}` {r['size']} ({r['family']}): {ratio} - "
+                       f"{cause_of(key, causes)}")
+    return out
+
+
+def write_csv(path: Path, zoo: Sequence[dict[str, Any]], ops: Sequence[dict[str, Any]],
+              tfm: Sequence[dict[str, Any]]) -> None:
+    """One row per zoo model, operator workload and transformer run.
+
+    Args:
+        path: the CSV file.
+        zoo: zoo rows.
+        ops: operator rows.
+        tfm: transformer rows.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["kind", "name", "family", "size", "counted_flops", "measured_flops", "ratio",
+                    "attention_counted", "attention_executed", "attention_model"])
+        for r in zoo:
+            w.writerow(["zoo", r["model"], r["family"], r["input"], r["counted"] or "",
+                        r["measured"] or "", _r(r["ratio"]) if r["ratio"] else "", "", "", ""])
+        for r in ops:
+            w.writerow(["op", r["op"], r["family"], r["size"], r["counted"], r["measured"],
+                        _r(r["ratio"]) if r["ratio"] else "", "", "", ""])
+        for r in tfm:
+            w.writerow(["transformer", r["model"], "transformer", r["input"], r["counted"] or "",
+                        r["measured"] or "", _r(r["ratio"]) if r["ratio"] else "",
+                        r["attn_counted"] or "", r["attn_executed"] or "", r["attn_model"] or ""])
+
+
+def write_scatter(path: Path, points: Sequence[tuple[str, str, int, int]]) -> str | None:
+    """Counted vs measured FLOPs, log-log, y = x, one colour per family.
+
+    Args:
+        path: the PNG.
+        points: (label, family, counted, measured).
+
+    Returns:
+        ``None``, or why no plot was written.
+    """
+    points = [p for p in points if p[2] and p[3]]
+    if not points:
+        return "nothing both counted and measured"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    fig, ax = plt.subplots(figsize=(8, 7))
+    xs = [p[2] for p in points] + [p[3] for p in points]
+    lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
+    hi = 10 ** math.ceil(math.log10(max(xs) * 1.5))
+    ax.plot([lo, hi], [lo, hi], color="0.5", linestyle="--", linewidth=1, label="y = x")
+    families = sorted({p[1] for p in points})
+    cmap = plt.get_cmap("tab20")
+    markers = "os^Dv<>P*Xh"
+    for i, fam in enumerate(families):
+        sel = [p for p in points if p[1] == fam]
+        ax.scatter([p[2] for p in sel], [p[3] for p in sel], s=18, color=cmap(i % 20),
+                   marker=markers[(i // 20) % len(markers)], label=fam, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("counted FLOPs (flopscope)")
+    ax.set_ylabel("measured FLOPs (executed instructions, valgrind)")
+    ax.set_title("counted vs measured FLOPs, float64 (models; operators as 'op:' families)",
+                 fontsize=9)
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    ax.grid(True, which="both", linewidth=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = True) -> str:
+    """The generated section: zoo, transformers and operator tables, deviations; writes the CSV
+    and the plot beside the runs.
+
+    Args:
+        root: the directory holding the groups' directories.
+        page: the Markdown page (for relative links).
+        gs: the groups.
+        plot: write the scatter plot.
+
+    Returns:
+        Markdown.
+    """
+    zoo: list[dict[str, Any]] = []
+    ops: list[dict[str, Any]] = []
+    tfm: list[dict[str, Any]] = []
+    for g in gs:
+        records = load_runs(root / g.name / "runs")
+        if g.kind == "zoo":
+            rows = zoo_rows(records)
+            done = {f"torchvision:{r['model']}" for r in rows} | {r["source"] for r in records}
+            rows += [{"model": label_of(s), "family": model_family(label_of(s)),
+                      "input": "x".join(g.inputs) or "1x3x224x224", "counted_macs": None,
+                      "counted": None, "measured": None, "ratio": None, "error": None,
+                      "pending": True} for s in g.sources if s not in done]
+            order = {s: i for i, s in enumerate(g.sources)}
+            rows.sort(key=lambda r: (order.get(f"torchvision:{r['model']}", len(order)),
+                                     r["counted"] or 0))
+            zoo += rows
+        elif g.kind == "ops":
+            ops += op_rows(records)
+        else:
+            order = {s: i for i, s in enumerate(g.sources)}
+            tfm += sorted(transformer_rows(records),
+                          key=lambda r: min((i for s, i in order.items()
+                                             if s.endswith(":" + r["model"])), default=99))
+    rel = Path(_relative(root, page.parent))
+    csv_path = root / "all_results.csv"
+    plot_path = root / "counted_vs_measured_all.png"
+    write_csv(csv_path, zoo, ops, tfm)
+    problem = None
+    if plot:
+        pts = [(r["model"], r["family"], r["counted"], r["measured"]) for r in zoo if r["ratio"]]
+        pts += [(r["model"], "transformer", r["counted"], r["measured"]) for r in tfm
+                if r["ratio"]]
+        pts += [(r["op"], f"op:{r['family']}", r["counted"], r["measured"]) for r in ops
+                if r["ratio"]]
+        problem = write_scatter(plot_path, pts)
+    ok = [r for r in zoo if r["ratio"] is not None]
+    pending = sum(1 for r in zoo if r.get("pending"))
+    within = sum(1 for r in ok if abs(r["ratio"] - 1) <= 0.03)
+    lines = ["", f"Generated by `{COMMAND}` from every `runs/` directory under "
+             f"`{rel.as_posix()}/` ({len(zoo)} zoo models, {len(tfm)} transformer runs, "
+             f"{len(ops)} operator workloads).", ""]
+    if ok:
+        lo, hi = min(r["ratio"] for r in ok), max(r["ratio"] for r in ok)
+        lines += [f"Zoo: {len(ok)} models measured, measured/counted {lo:.4f} to {hi:.4f}; "
+                  f"{within} within 3 %; {pending} not measured yet.", ""]
+    lines += ["### Zoo", ""] + zoo_markdown(zoo) + [""]
+    lines += ["### Transformers", ""] + transformers_markdown(tfm) + [""]
+    lines += ["### Operator families", ""] + ops_markdown(ops) + [""]
+    if plot and problem is None:
+        lines += [f"![counted vs measured FLOPs, log-log, y = x, one colour per family]"
+                  f"({(rel / plot_path.name).as_posix()})", ""]
+    lines += [f"Raw numbers: [{(rel / csv_path.name).as_posix()}]"
+              f"({(rel / csv_path.name).as_posix()}).", ""]
+    lines += [f"### Every deviation above {DEVIATION:.0%}", ""]
+    lines += deviations(zoo, ops) or ["- none"]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _relative(target: Path, base: Path) -> str:
+    import os
+
+    return Path(os.path.relpath(target.resolve(), base.resolve())).as_posix()
+
+
+def write_page(root: Path, page: Path, gs: Sequence[Group] | None = None, *,
+               plot: bool = True) -> None:
+    """Rewrite the generated section of ``page`` (and the CSV and plot under ``root``).
+
+    Args:
+        root: ``docs/validation``.
+        page: ``docs/validation.md``.
+        gs: the groups (default :func:`groups`).
+        plot: write the plot.
+    """
+    text = page_markdown(root, page, groups() if gs is None else gs, plot=plot)
+    if page.exists() and MARK_BEGIN in page.read_text():
+        before, rest = page.read_text().split(MARK_BEGIN, 1)
+        page.write_text(before + f"{MARK_BEGIN}\n{text}\n{MARK_END}" + rest.split(MARK_END, 1)[1])
+    else:
+        update_markdown(page, text, "Validation: counted vs measured FLOPs")
+        content = page.read_text().replace(
+            "<!-- flopscope-validate:begin (generated; edit outside these markers) -->\n" + text
+            + "\n<!-- flopscope-validate:end -->", f"{MARK_BEGIN}\n{text}\n{MARK_END}")
+        page.write_text(content)
+
+
+def attention_figures(source: str, dtype: str = "float64") -> dict[str, int]:
+    """Counted / executed / model attention FLOPs of one forward of a SOURCE (in this process).
+
+    Args:
+        source: the SOURCE.
+        dtype: the dtype.
+
+    Returns:
+        ``{"counted", "executed", "model"}`` FLOPs of the attention operators.
+    """
+    import torch
+
+    import flopscope
+    from flopscope import sources
+    from flopscope.llm import AttentionFigures
+
+    torch.manual_seed(0)
+    loaded = sources.load_model(source, dtype=dtype)
+    model = loaded.model.eval()
+    figures = AttentionFigures()
+    with torch.no_grad(), flopscope.Counter(model, observers=[figures]):
+        model(*loaded.args, **loaded.kwargs)
+    t = figures.total()
+    return {"counted": int(t.counted.flops), "executed": int(t.executed.flops),
+            "model": int(t.model.flops)}
+
+
+def run_groups(root: Path, gs: Sequence[Group], *, dtype: str = "float64",
+               backend: str = "auto", progress: Callable[[str], None] | None = None) -> None:
+    """Measure every group's missing workloads (resumable), storing attention figures.
+
+    Args:
+        root: ``docs/validation``.
+        gs: the groups.
+        dtype: the dtype.
+        backend: the backend name.
+        progress: stage messages.
+    """
+    from benchmarks.validation import run_file
+    from flopscope.measure import MeasureRequest
+
+    for g in gs:
+        if not g.sources:
+            continue
+        depth = dict(g.depth)
+        requests = [MeasureRequest(s, inputs=g.inputs, dtype=dtype, depth=depth.get(s, 1))
+                    for s in g.sources]
+        out = root / g.name
+        records = run(requests, out, backend=backend, progress=progress)
+        if g.kind != "transformers":
+            continue
+        for rec in records:
+            if rec.get("result") and "attention" not in rec:
+                rec["attention"] = attention_figures(rec["source"], dtype)
+                run_file(out, rec["source"]).write_text(json.dumps(rec, indent=1))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="docs/validation", help="directory of the groups")
+    p.add_argument("--markdown", default="docs/validation.md", help="the page")
+    p.add_argument("--run", action="store_true",
+                   help="measure what is missing first (valgrind: hours for the whole zoo)")
+    p.add_argument("--groups", nargs="+", default=None,
+                   help="with --run: only these groups (zoo64 zoo224 ops transformers)")
+    p.add_argument("--backend", default="auto", help="auto, perf, papi or valgrind")
+    p.add_argument("--no-plot", action="store_true", help="skip the plot")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run (optionally) and write the page.
+
+    Args:
+        argv: the arguments.
+
+    Returns:
+        0.
+    """
+    args = _parser().parse_args(argv)
+    start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - start:6.0f} s] {msg}", file=sys.stderr, flush=True)
+
+    root = Path(args.root)
+    gs = groups()
+    if args.run:
+        chosen = [g for g in gs if args.groups is None or g.name in args.groups]
+        run_groups(root, chosen, backend=args.backend, progress=say)
+    write_page(root, Path(args.markdown), gs, plot=not args.no_plot)
+    say(f"wrote {args.markdown}, {root / 'all_results.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
