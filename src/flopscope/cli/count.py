@@ -57,6 +57,10 @@ def add_subcommands(subparsers: Any) -> None:
                        help="fail (exit 1) when an operator has no rule")
     count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|K|M|G|T",
                        help="fixed prefix for MACs and FLOPs (default auto)")
+    count.add_argument("--symbolic", metavar="NAMES",
+                       help="costs as formulas of these sizes, comma-separated: batch, seq_len "
+                            "(hf: token ids), height, width or resolution (images); see "
+                            "docs/symbolic.md")
     count.add_argument("--rules", metavar="FILE.py",
                        help="a Python file defining RULES, a dict of extra rules")
     est = count.add_argument_group("time and memory estimates")
@@ -75,6 +79,18 @@ def add_subcommands(subparsers: Any) -> None:
     est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adamw",
                      help="with --memory --backward: the optimizer whose step is included "
                           "(default adamw)")
+    par = count.add_argument_group(
+        "sharded models (one rank, simulated on torch's fake process group; hf: decoders)")
+    par.add_argument("--world-size", type=int, metavar="N",
+                     help="simulate a job of N ranks and count one rank: the standard tensor-"
+                          "parallel plan (--tp) and FSDP2 (--fsdp) over a 2-D device mesh")
+    par.add_argument("--tp", type=int, default=1, metavar="N",
+                     help="tensor-parallel degree (colwise q/k/v/gate/up, rowwise o/down)")
+    par.add_argument("--fsdp", type=int, metavar="N",
+                     help="FSDP2 degree (default: world size / tp)")
+    par.add_argument("--sequence-parallel", action="store_true",
+                     help="with --tp: norms on sequence shards (all-gather/reduce-scatter)")
+    par.add_argument("--rank", type=int, default=0, metavar="R", help="the rank to count")
     count.set_defaults(func=run_count)
 
 
@@ -131,6 +147,27 @@ def load_rules_file(path: str) -> Mapping[Any, Any]:
     return rules
 
 
+def _simulated(args: argparse.Namespace, rules: Any) -> Any:
+    """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp`` say.
+
+    Raises:
+        UsageError: a bad layout or a source that is not a Llama-style decoder.
+    """
+    from flopscope.distributed import Layout, simulate
+
+    if args.memory or args.hardware:
+        raise usage_error("--world-size does not combine with --memory or --hardware yet")
+    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp,
+                    sequence_parallel=args.sequence_parallel, rank=args.rank)
+
+    def build() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        loaded = load_source(args, shape_only=args.shape_only)
+        return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
+
+    return simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
+                    rules=rules, strict=args.strict, warn=False)
+
+
 def run_count(args: argparse.Namespace) -> int:
     """``flopscope count SOURCE``: every check on the options first, then load, count, render.
 
@@ -147,6 +184,12 @@ def run_count(args: argparse.Namespace) -> int:
     import flopscope
     from flopscope.render import By, Format, render, report_warnings, rich_report
 
+    if getattr(args, "symbolic", None):
+        from flopscope.cli.symbolic import run_symbolic
+
+        if args.plot:
+            check_plot(args.plot)
+        return run_symbolic(args)
     check_output(args.output)
     if args.plot:
         check_plot(args.plot)
@@ -162,8 +205,12 @@ def run_count(args: argparse.Namespace) -> int:
     rules = load_rules_file(args.rules) if args.rules else None
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None
+    if args.world_size is None and (args.tp != 1 or args.fsdp or args.sequence_parallel):
+        raise usage_error("--tp, --fsdp and --sequence-parallel need --world-size")
     try:
-        if hardware is not None or args.memory:
+        if args.world_size is not None:
+            report = _simulated(args, rules)
+        elif hardware is not None or args.memory:
             from flopscope.estimate import CallLog, peak_memory
 
             log = CallLog() if hardware is not None else None
@@ -204,11 +251,16 @@ def run_count(args: argparse.Namespace) -> int:
     estimate = log.estimate(hardware, tf32=args.tf32 or None) if log and hardware else None
     columns = []
     notes: list[str] = []
+    if report.communication or report.rank is not None:
+        from flopscope.distributed.display import communication_columns, communication_lines
+
+        columns = communication_columns(report)
+        notes += communication_lines(report)
     if estimate is not None or memory is not None:
         from flopscope.estimate.display import estimate_columns, estimate_lines, memory_lines
 
         if estimate is not None:
-            columns = estimate_columns(estimate)
+            columns = [*columns, *estimate_columns(estimate)]
             notes += estimate_lines(estimate)
         if memory is not None:
             notes += memory_lines(memory)

@@ -1,4 +1,30 @@
 """Sharded models: per-rank compute and communication under ``torch.distributed``.
 
+- every collective and point-to-point operator is costed (0 FLOPs) and logged as communication
+  (``Report.communication``; conventions in :mod:`flopscope.rules.collectives`);
+- under DTensor a report is the rank's work on its local shards, with the logical (global) figure
+  beside it (``Report.logical``) and replicated work (``Report.replicated``);
+- :func:`simulate` counts one rank of a job of any size on torch's fake process group, with the
+  standard tensor-parallel plan and FSDP2 (:class:`Layout`); :func:`count_rank` is the same
+  program for a real job, and :func:`gather_reports` brings every rank's report to one rank.
+
 See ``docs/distributed.md``.
 """
+
+from __future__ import annotations
+
+from flopscope.distributed.comm import CommLog
+from flopscope.distributed.gather import gather_reports
+from flopscope.distributed.layout import Layout, apply_layout, llama_tp_plan
+from flopscope.distributed.simulate import count_rank, fake_world, simulate
+
+__all__ = [
+    "CommLog",
+    "Layout",
+    "apply_layout",
+    "count_rank",
+    "fake_world",
+    "gather_reports",
+    "llama_tp_plan",
+    "simulate",
+]

@@ -101,6 +101,7 @@ def simulate(
     *,
     backward: bool = False,
     shape_only: bool = True,
+    logical: bool = True,
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -120,6 +121,8 @@ def simulate(
         layout: world size, tensor-parallel and FSDP2 degrees, the rank.
         backward: also count backward.
         shape_only: count on fake/meta tensors (no arithmetic).
+        logical: also count the unsharded model for ``logical`` and ``replicated`` (about doubles
+            the time).
         **count_kwargs: options of :class:`flopscope.Counter` (``rules``, ``strict``, ``warn``).
 
     Returns:
@@ -141,6 +144,8 @@ def simulate(
                 fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)
         del model
+    if not logical:
+        return dataclasses.replace(report, shape_only=shape_only)
     # the logical figure: the same model unsharded, on the same (local) inputs
     model, args, kwargs = build()
     whole = count(model, Inputs(*args, **kwargs), backward=backward, shape_only=shape_only,

@@ -1,0 +1,65 @@
+"""How a rank's communication shows in tables and summary lines (the edge: human units here)."""
+
+from __future__ import annotations
+
+from flopscope.render import Column
+from flopscope.report import Report, is_within
+from flopscope.units import human
+
+__all__ = ["communication_columns", "communication_lines"]
+
+
+def communication_columns(report: Report) -> list[Column]:
+    """Table columns of a report's communication: collective calls and bus bytes per rank, per
+    module (inclusive: a module and everything below it).
+
+    Args:
+        report: the report.
+
+    Returns:
+        Columns for :func:`flopscope.render.render` (empty when no collective ran).
+    """
+    if not report.communication:
+        return []
+    calls: dict[str, int] = {}
+    bus: dict[str, int] = {}
+    for path in report.modules:
+        for r in report.communication:
+            if is_within(r.module, path):
+                calls[path] = calls.get(path, 0) + r.calls
+                bus[path] = bus.get(path, 0) + r.bus_bytes
+    total = report.communication_total()
+    return [
+        Column("comm calls", {p: str(n) for p, n in calls.items()}, {}, str(total.calls)),
+        Column("comm bus B", {p: human(n, "B") for p, n in bus.items()}, {},
+               human(total.bus_bytes, "B")),
+    ]
+
+
+def communication_lines(report: Report) -> list[str]:
+    """Summary lines: the rank, its compute beside the logical figure, replicated work, and each
+    collective kind's calls, payload and bus bytes per rank.
+
+    Args:
+        report: the report.
+
+    Returns:
+        Lines of text (empty when the report was not made under torch.distributed).
+    """
+    lines: list[str] = []
+    if report.rank is not None:
+        lines.append(f"rank {report.rank} of {report.world_size}: "
+                     f"{human(report.flops, 'FLOPs')} on this rank's shards; logical (unsharded) "
+                     f"{human(report.logical_total().flops, 'FLOPs')}; replicated on every "
+                     f"tensor-parallel rank {human(report.replicated_total().flops, 'FLOPs')}")
+    for kind, s in report.communication_by_kind().items():
+        sizes = sorted({r.group_size for r in report.communication if r.kind == kind})
+        lines.append(f"  {kind:<15} {s.calls:>5} calls  payload {human(s.payload_bytes, 'B'):>10}  "
+                     f"bus {human(s.bus_bytes, 'B'):>10} per rank  (group size "
+                     f"{', '.join(map(str, sizes))})")
+    if report.communication:
+        t = report.communication_total()
+        lines.append(f"  {'total':<15} {t.calls:>5} calls  payload {human(t.payload_bytes, 'B'):>10}  "
+                     f"bus {human(t.bus_bytes, 'B'):>10} per rank (ring algorithm; "
+                     "docs/distributed.md)")
+    return lines
