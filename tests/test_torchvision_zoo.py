@@ -239,9 +239,12 @@ def test_real_runs_match_published_and_shape_only(name: str) -> None:
     for report in (real_no_grad, fake_no_grad, real, fake, meta):
         assert report.uncounted == {}
         assert gmacs(report) == published_gmacs
-    # Shape-only (fake tensors) follows the same kernels as the real run: identical integers.
-    assert costs(fake_no_grad) == costs(real_no_grad)
-    assert costs(fake) == costs(real)
+    # Shape-only runs on meta copies of the parameters (fake CPU tensors for a model with
+    # nn.MultiheadAttention): the same integers as a model built on meta, and the real run's
+    # arithmetic module by module (bytes within the meta tolerance, see assert_meta_matches).
+    assert costs(fake) == costs(meta)
+    assert_meta_matches(fake_no_grad, real_no_grad)
+    assert_meta_matches(fake, real)
     # A meta model runs the autograd-enabled path: same as the real run with grad.
     assert_meta_matches(meta, real)
     # With or without grad the arithmetic is the same (bytes may differ: in-place ops, fused

@@ -28,6 +28,12 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_iter
 
 from flopscope._compat import eager_flex_attention
+from flopscope._memo import OUTPUTS as _OUTPUTS
+from flopscope._memo import SELF as _SELF
+from flopscope._memo import outputs_of as _outputs_of
+from flopscope._memo import remember as _remember
+from flopscope._memo import replay as _replay
+from flopscope._memo import signature as _signature
 from flopscope._tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
 from flopscope.decompose import decomposition, runs_decomposed
@@ -231,6 +237,22 @@ class _Mode(TorchDispatchMode):
             out = self.decomposed(self, func, info, args, kwargs)
             if out is not NotImplemented:
                 return out
+        # meta tensors: outputs and cost depend on metadata alone (flopscope._memo)
+        memo = _signature(id(func), args, kwargs)
+        if memo is not None:
+            made = _OUTPUTS.get(memo)
+            if made is not None:
+                out = args[0] if made is _SELF else _replay(made)
+                self.record(func, info, args, kwargs, out, None, memo)
+                return out
+            out = func(*args, **kwargs)
+            made = _outputs_of(func, args, out)
+            if made is None:
+                memo = None
+            elif made is not False:
+                _remember(memo, made)
+            self.record(func, info, args, kwargs, out, None, memo)
+            return out
         out = func(*args, **kwargs)
         self.record(func, info, args, kwargs, out)
         return out
@@ -342,6 +364,10 @@ class Counter:
         # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
         self._ops: dict[int, _OpInfo] = {}
         self._pieces: list[tuple[Any, Cost, bool]] | None = None  # a decomposition's, while it runs
+        # id(phase) -> memo key -> cost of a call on meta tensors (see _record, flopscope._memo);
+        # id(operator overload) -> whether its rule's costs may be memoised
+        self._memo_costs: dict[int, dict[tuple[Any, ...], Cost]] = {id(p): {} for p in Phase}
+        self._memo_rules: dict[int, bool] = {}
         self._mode: _Mode | None = None
         self.failed_in: str | None = None
         # DTensor: the rank's work inside DTensor operators (apart from _acc, merged in report),
@@ -520,6 +546,15 @@ class Counter:
         self._ops[id(func)] = info
         return info
 
+    def _memoizable(self, func: Any, fn: Rule) -> bool:
+        """Whether ``fn``'s costs for ``func`` may be memoised per argument metadata: default
+        rules only (a user's rule may keep state or read more than its call)."""
+        ok = self._memo_rules.get(id(func))
+        if ok is None:
+            ok = fn is default_rules().find(func)
+            self._memo_rules[id(func)] = ok
+        return ok
+
     def _decomposed(
         self, mode: _Mode, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
@@ -556,11 +591,14 @@ class Counter:
         return out
 
     def _record(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
-                out: Any, decomposed: tuple[Cost, bool] | None = None) -> None:
+                out: Any, decomposed: tuple[Cost, bool] | None = None,
+                memo: tuple[Any, ...] | None = None) -> None:
         """Cost one operator call and add it under (module path, operator, phase).
 
         ``decomposed`` is given by :meth:`_decomposed`: the summed cost of a decomposition's
-        pieces (``True``: counted) or an uncounted piece (``False``)."""
+        pieces (``True``: counted) or an uncounted piece (``False``). ``memo`` is the call's key
+        when its cost depends on argument metadata alone (meta tensors, see
+        :mod:`flopscope._memo`): a default rule's cost is then computed once per key and phase."""
         if self._in_rule:
             return
         fn, _, is_view, is_alloc, ignored, _, _ = info
@@ -594,6 +632,12 @@ class Counter:
             cost, counted = decomposed
             if counted:
                 key = -key  # the decomposed operator's own record
+        elif memo is not None and (hit := self._memo_costs[id(phase)].get(memo)) is not None:
+            cost = hit
+            counted = True
+            if self._pieces is not None:  # part of a decomposition: added up by _decomposed
+                self._pieces.append((func, cost, True))
+                return
         else:
             call = OpCall(func, args, kwargs, out, phase, is_view)
             if fn is None:
@@ -631,6 +675,8 @@ class Counter:
                 if cost.flops and fn in ADJUSTED_RULES:  # a default rule: integer work is not
                     # FLOPs, complex work is counted in real operations (flopscope.numbers)
                     cost = in_real_numbers(call, cost, info[1])
+                if memo is not None and self._memoizable(func, fn):
+                    self._memo_costs[id(phase)][memo] = cost
                 if self._pieces is not None:  # part of a decomposition: added up by _decomposed
                     self._pieces.append((func, cost, True))
                     return

@@ -174,7 +174,8 @@ def count(
     # which fake tensors allow for constants and meta tensors never do).
     if _given_fake_mode(args, kwargs) is not None:  # symbolic shapes: the caller's fake mode
         ways = ["fake"]
-    elif on_meta and not needs_fake_cpu(modules):
+    elif (on_meta or shape_only) and not needs_fake_cpu(modules):
+        # a real model counted shape-only runs on meta copies of its parameters (see _run)
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
@@ -244,6 +245,8 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
         if way == "meta":  # SDPA is made to pick the CPU's kernel
             args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
             cleanup.enter_context(sdpa_as_cpu())
+            if not on_meta:  # a real model, shape-only: meta copies of its tensors
+                fake_params = _meta_params(model)
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
@@ -329,6 +332,28 @@ def _to_meta(t: torch.Tensor) -> torch.Tensor:
     if t.is_meta:
         return t
     return t.detach().to("meta").requires_grad_(t.requires_grad)
+
+
+def _meta_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Meta copies (same shapes, strides and dtypes, no memory) of a model's parameters and
+    buffers by name, for ``torch.func.functional_call``: the model itself is not touched. A tensor
+    registered under several names (tied weights) gets one copy; a trainable parameter's copy
+    requires grad; tensors already on ``meta`` are used as they are."""
+    copies: dict[int, torch.Tensor] = {}
+    named: dict[str, torch.Tensor] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False),
+                    *model.named_buffers(remove_duplicate=False)]:
+        copy = copies.get(id(t))
+        if copy is None:
+            if t.is_meta:
+                copy = t
+            else:
+                copy = torch.empty_like(t, device="meta")
+                if isinstance(t, nn.Parameter) and t.requires_grad:
+                    copy.requires_grad_(True)
+            copies[id(t)] = copy
+        named[name] = copy
+    return named
 
 
 def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:

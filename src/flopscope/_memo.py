@@ -1,0 +1,236 @@
+"""Memoising operator calls on ``meta`` tensors: the shape-only fast path of the counter.
+
+On ``meta`` tensors an operator's outputs and its cost depend on nothing but the metadata of its
+arguments (shapes, strides, storage offsets, dtypes) and its non-tensor arguments: there are no
+values to read. So a call whose every tensor argument is a plain strided ``meta`` tensor is keyed
+by :func:`signature`, and
+
+- its *outputs* are made again from the metadata the kernel produced the first time
+  (:func:`replay`), instead of running the kernel (many meta kernels are Python code in torch:
+  ``native_batch_norm`` takes about a millisecond), for operators that return new tensors
+  (no output aliases an input, no argument is written; views and in-place operators still run);
+- its *cost* is looked up (see ``Counter._record``), instead of building an ``OpCall`` and calling
+  the rule, per phase and per Counter (the rules are the Counter's).
+
+Only meta tensors qualify: a real tensor's values can be read by a rule (variable-length attention
+offsets, grouped-matmul offsets, sparse ``nnz``, CTC lengths), and so can a fake tensor's when it
+holds a constant; nothing is cached when any tensor argument or output is not a plain meta tensor
+(subclasses, fake, functional, nested, sparse, complex with its conjugate bit, symbolic sizes), or
+when a non-tensor argument is not one of a few immutable scalar types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["OUTPUTS", "SELF", "is_pure", "outputs_of", "remember", "replay", "signature", "spec"]
+
+_Tensor = torch.Tensor
+_Parameter = nn.Parameter
+_STRIDED = torch.strided
+_COMPLEX = frozenset({torch.complex32, torch.complex64, torch.complex128})
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})
+_META = torch.device("meta")
+_empty_strided = torch.empty_strided
+# a tensor's place in a key: a marker no scalar argument can equal
+_T = object()
+# id(operator overload) -> (the overload, how its outputs can be made again: see _kind)
+_PURE: dict[int, tuple[Any, int]] = {}
+# signature -> output spec, shared by every Counter (it depends only on torch's meta kernels)
+OUTPUTS: dict[tuple[Any, ...], Any] = {}
+_LIMIT = 200_000  # entries before the output cache starts over
+
+
+def _add(key: list[Any], a: Any) -> bool:
+    """Append an argument's part of a key; ``False`` when the call must not be memoised."""
+    ta = type(a)
+    if ta is _Tensor or ta is _Parameter:
+        if not a.is_meta or a.layout is not _STRIDED or a.is_nested:
+            return False
+        dtype = a.dtype
+        if dtype in _COMPLEX:
+            return False
+        key.append(_T)
+        key.append(a.shape)
+        key.append(a.stride())
+        key.append(a.storage_offset())
+        key.append(dtype)
+        return True
+    if ta in _SCALARS:
+        key.append(ta)  # 1, 1.0 and True are equal keys but promote differently
+        key.append(a)
+        return True
+    if ta is list or ta is tuple:
+        key.append(ta)
+        key.append(len(a))
+        for x in a:
+            tx = type(x)
+            if tx is int:
+                key.append(x)
+            elif tx is list or tx is tuple or not _add(key, x):
+                return False
+        return True
+    return False
+
+
+def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The memo key of a call, or ``None`` when the call must not be memoised (see the module
+    docstring).
+
+    Args:
+        func_id: ``id`` of the operator overload.
+        args: the positional arguments as the dispatcher passed them.
+        kwargs: the keyword arguments.
+
+    Returns:
+        A hashable key, or ``None``.
+    """
+    key: list[Any] = [func_id]
+    for a in args:
+        if not _add(key, a):
+            return None
+    if kwargs:
+        for name, a in kwargs.items():
+            key.append(name)
+            if not _add(key, a):
+                return None
+    try:
+        return tuple(key)
+    except RuntimeError:  # pragma: no cover - a size that cannot be read
+        return None
+
+
+_NEW, _SELF_KIND, _OTHER = 1, 2, 0
+# in-place operators that change their argument's metadata (or more than its values)
+_RESHAPING = frozenset({
+    "aten::resize_", "aten::resize_as_", "aten::as_strided_", "aten::set_", "aten::squeeze_",
+    "aten::unsqueeze_", "aten::transpose_", "aten::t_", "aten::swapdims_", "aten::swapaxes_",
+    "aten::detach_", "aten::requires_grad_", "aten::_coalesced_", "aten::sparse_resize_",
+    "aten::sparse_resize_and_clear_", "aten::_resize_output_",
+})
+SELF = ("self",)
+"""The remembered outputs of an in-place operator: its first argument, returned as it is."""
+
+
+def _kind(func: Any) -> int:
+    """How an operator's outputs can be made again: ``_NEW`` (it returns only new tensors: no
+    output aliases an argument, no argument is written), ``_SELF_KIND`` (an in-place operator
+    that writes only its first argument's values and returns it) or ``_OTHER``."""
+    entry = _PURE.get(id(func))
+    if entry is None or entry[0] is not func:
+        schema = getattr(func, "_schema", None)
+        kind = _OTHER
+        if schema is not None and func.namespace != "prim":
+            returns = [r.alias_info for r in schema.returns]
+            written = [a.alias_info for a in schema.arguments]
+            if not any(r is not None for r in returns) and not any(w is not None for w in written):
+                kind = _NEW
+            elif (schema.name not in _RESHAPING and len(returns) == 1 and written
+                  and returns[0] is not None and returns[0].is_write
+                  and written[0] is not None and written[0].is_write
+                  and returns[0].before_set == written[0].before_set
+                  and not any(w is not None for w in written[1:])):
+                kind = _SELF_KIND
+        entry = (func, kind)
+        _PURE[id(func)] = entry
+    return entry[1]
+
+
+def is_pure(func: Any) -> bool:
+    """Whether an operator returns only new tensors (no output aliases an argument and no
+    argument is written), so that its outputs can be made from their metadata alone."""
+    return _kind(func) == _NEW
+
+
+def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
+    """What to remember of a call's outputs (see :func:`spec`): ``None`` when the call is not
+    memoised at all, ``False`` when only its cost is, :data:`SELF` for an in-place operator that
+    returned its first argument, otherwise a :func:`spec` to :func:`replay`.
+
+    Args:
+        func: the operator overload.
+        args: its positional arguments.
+        out: what it returned.
+
+    Returns:
+        As above.
+    """
+    kind = _kind(func)
+    if kind == _SELF_KIND and args and out is args[0]:
+        return SELF if _meta_of(out) is not False else None
+    made = spec(out)
+    if made is None or made is False:
+        return made
+    return made if kind == _NEW else False
+
+
+def _meta_of(t: Any) -> Any:
+    if type(t) is not _Tensor or not t.is_meta or t.layout is not _STRIDED or t.is_nested:
+        return False
+    if t.dtype in _COMPLEX:
+        return False
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+def spec(out: Any) -> Any:
+    """What :func:`replay` needs to make ``out`` again: ``None`` when an output is not a plain
+    meta tensor (then the call is not memoised at all); ``False`` when the outputs are meta
+    tensors but cannot be made from metadata alone (a storage offset, a ``None`` among them);
+    otherwise ``(shape, stride, dtype)`` for one tensor, or a tuple/list of those.
+
+    Args:
+        out: an operator's return value.
+
+    Returns:
+        The spec, ``False`` or ``None``.
+    """
+    if type(out) is _Tensor:
+        m = _meta_of(out)
+        if m is False:
+            return None
+        return (m[0], m[1], m[3]) if m[2] == 0 else False
+    if type(out) is tuple or type(out) is list:
+        parts = []
+        replayable = True
+        for t in out:
+            if not isinstance(t, _Tensor):
+                if t is None or type(t) in _SCALARS:
+                    replayable = False
+                    continue
+                return None
+            m = _meta_of(t)
+            if m is False:
+                return None
+            if m[2] != 0:
+                replayable = False
+            parts.append((m[0], m[1], m[3]))
+        if not replayable:
+            return False
+        return (type(out), tuple(parts))
+    return None
+
+
+def replay(s: Any) -> Any:
+    """New meta tensors with the metadata of a :func:`spec` (not ``False`` or ``None``).
+
+    Args:
+        s: the spec.
+
+    Returns:
+        A tensor, or a tuple or list of tensors.
+    """
+    if type(s[0]) is tuple:
+        return _empty_strided(s[0], s[1], dtype=s[2], device=_META)
+    made = [_empty_strided(p[0], p[1], dtype=p[2], device=_META) for p in s[1]]
+    return tuple(made) if s[0] is tuple else made
+
+
+def remember(key: tuple[Any, ...], s: Any) -> None:
+    """Keep an output spec for a key (the cache starts over past a bound on its size)."""
+    if len(OUTPUTS) >= _LIMIT:
+        OUTPUTS.clear()
+    OUTPUTS[key] = s
