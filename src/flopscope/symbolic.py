@@ -42,6 +42,7 @@ __all__ = [
     "SymCost",
     "SymbolicReport",
     "count_symbolic",
+    "plot_symbolic",
     "pretty",
 ]
 
@@ -264,19 +265,26 @@ class SymbolicReport:
         high, rest = self.split(symbol, field, phase)
         s = self.symbols[symbol]
         others = {self.symbols[k]: sympy.Integer(values.get(k, 1)) for k in self.symbols if k != symbol}
-        h = sympy.expand(high.xreplace(others))
-        r = sympy.expand(rest.xreplace(others))
-        if h == 0:
+        gap = sympy.expand((high - rest).xreplace(others))
+        if sympy.expand(high.xreplace(others)) == 0:
             return None
-        roots = [x for x in sympy.solve(sympy.Eq(h, r), s) if x.is_real and x > 0]
-        if not roots:
-            return None
-        n = int(sympy.floor(max(roots)))
-        while (h - r).xreplace({s: n}) < 0:
-            n += 1
-        while n > 1 and (h - r).xreplace({s: n - 1}) >= 0:
-            n -= 1
-        return n
+
+        def ahead(n: int) -> bool:
+            return bool(gap.xreplace({s: sympy.Integer(n)}) >= 0)
+
+        hi = 1
+        while not ahead(hi):  # the super-linear part wins eventually: double, then bisect
+            hi *= 2
+            if hi > 2**62:
+                return None
+        lo = hi // 2
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if ahead(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi if hi > 1 or ahead(1) else 1
 
     # -- output -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -668,3 +676,51 @@ def _implied(g: sympy.Basic, lows: Mapping[sympy.Symbol, int]) -> bool:
     if isinstance(g, sympy.StrictGreaterThan):
         return bool(diff.is_positive)
     return bool(diff.is_nonnegative)
+
+
+def plot_symbolic(report: SymbolicReport, path: str, *, symbol: str = "seq_len",
+                  field: str = "flops", lo: int | None = None, hi: int | None = None,
+                  phase: Phase | str | None = None, **values: int) -> None:
+    """Draw a cost against one symbol: the total, its super-linear part (attention's terms in
+    ``symbol²`` and above) and the rest, other symbols at ``values`` (default 1).
+
+    Args:
+        report: the symbolic report.
+        path: the image file (.png, .svg, .pdf).
+        symbol: the size on the x axis.
+        field: ``macs``, ``flops``, ``bytes_read`` or ``bytes_written``.
+        lo: the smallest value (default: the domain's lower bound or 1).
+        hi: the largest value (default: 32 times the traced size).
+        phase: one phase, or all.
+        **values: values of the other symbols.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = report.symbols[symbol]
+    others = {report.symbols[k]: sympy.Integer(values.get(k, 1)) for k in report.symbols if k != symbol}
+    high, rest = report.split(symbol, field, phase)
+    lo = lo if lo is not None else 1
+    hi = hi if hi is not None else 32 * report.hints[symbol]
+    xs = sorted({int(round(lo + (hi - lo) * i / 200)) for i in range(201)})
+    fh = sympy.lambdify(s, high.xreplace(others), modules=["math"])
+    fr = sympy.lambdify(s, rest.xreplace(others), modules=["math"])
+    hs = [float(fh(x)) for x in xs]
+    rs = [float(fr(x)) for x in xs]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.stackplot(xs, rs, hs, labels=[f"terms up to {symbol}¹ (linear part)",
+                                     f"terms in {symbol}² and above (attention)"], alpha=0.75)
+    ax.plot(xs, [a + b for a, b in zip(hs, rs, strict=True)], color="black", lw=1, label="total")
+    ax.set_xlabel(symbol)
+    ax.set_ylabel(field)
+    fixed = ", ".join(f"{k}={values.get(k, 1)}" for k in report.symbols if k != symbol)
+    ax.set_title(f"{report.report.model}: {field} vs {symbol}" + (f" ({fixed})" if fixed else ""))
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

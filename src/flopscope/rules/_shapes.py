@@ -34,7 +34,7 @@ def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
     return default
 
 
-def numel(shape: Any) -> int:
+def numel(shape: Any) -> Any:
     """Elements of a shape (``torch.Size`` or sequence of ints); a ``SymInt`` when a size is
     symbolic (``int()`` would fix the symbol to its traced value)."""
     n = prod(shape)

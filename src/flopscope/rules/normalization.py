@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from flopscope.cost import Cost, OpCall
+from flopscope.cost import Cost, OpCall, tensor_bytes
 from flopscope.rules._shapes import named_arg
 from flopscope.rules.registry import rule
 
@@ -38,7 +38,7 @@ def batch_norm(call: OpCall) -> Cost:
         return cost
     # with running statistics only the output is written: the saved-statistics outputs are empty
     # on a CPU and C long on meta, so they are left out to make the count device-independent
-    return Cost(0, cost.flops, cost.bytes_read, call.output.nbytes)
+    return Cost(0, cost.flops, cost.bytes_read, tensor_bytes(call.output))
 
 
 @rule("aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_no_update")
@@ -64,7 +64,7 @@ def batch_norm_backward(call: OpCall) -> Cost:
         return call.cost(flops=9 * n if any(mask) else 0)
     cost = call.cost(flops=n * ((1 if mask[0] else 0) + (4 if mask[1] else 0) + (1 if mask[2] else 0)))
     # with running statistics the saved-statistics inputs are not read (and are empty on a CPU)
-    unread = sum(t.nbytes for t in (named_arg(call, "save_mean"), named_arg(call, "save_invstd"),
+    unread = sum(tensor_bytes(t) for t in (named_arg(call, "save_mean"), named_arg(call, "save_invstd"),
                                           named_arg(call, "save_var"))
                  if isinstance(t, torch.Tensor))
     return Cost(0, cost.flops, cost.bytes_read - unread, cost.bytes_written)
