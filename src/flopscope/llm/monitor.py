@@ -248,6 +248,7 @@ class TrainingMonitor:
             return
         sig = input_signature(module, args, kwargs)
         self._forwards.append(sig)
+        self._tokens += tokens_in(args, kwargs)
         if (sig not in self.cache or self._due()) and all(s != sig for s, _, _ in self._pending):
             self._pending.append((sig, args, dict(kwargs)))
 
@@ -319,11 +320,7 @@ class TrainingMonitor:
         for sig, args, kwargs in self._pending:
             self._new = self._new or sig not in self.cache
             self.cache[sig] = self._shadow_count(args, kwargs)
-            if tokens is None and not self._tokens:
-                self._tokens = tokens_in(args, kwargs)
             counted = True
-        if tokens is None and not self._tokens and self._forwards:
-            tokens = 0
         figs = [self.cache[s] for s in self._forwards if s in self.cache]
         flops = sum(f.counted_flops for f in figs)
         model = sum(f.model_flops for f in figs)
