@@ -88,8 +88,6 @@ def add_subcommands(subparsers: Any) -> None:
                      help="tensor-parallel degree (colwise q/k/v/gate/up, rowwise o/down)")
     par.add_argument("--fsdp", type=int, metavar="N",
                      help="FSDP2 degree (default: world size / tp)")
-    par.add_argument("--sequence-parallel", action="store_true",
-                     help="with --tp: norms on sequence shards (all-gather/reduce-scatter)")
     par.add_argument("--rank", type=int, default=0, metavar="R", help="the rank to count")
     count.set_defaults(func=run_count)
 
@@ -157,8 +155,7 @@ def _simulated(args: argparse.Namespace, rules: Any) -> Any:
 
     if args.memory or args.hardware:
         raise usage_error("--world-size does not combine with --memory or --hardware yet")
-    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp,
-                    sequence_parallel=args.sequence_parallel, rank=args.rank)
+    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank)
 
     def build() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         loaded = load_source(args, shape_only=args.shape_only)
@@ -205,8 +202,8 @@ def run_count(args: argparse.Namespace) -> int:
     rules = load_rules_file(args.rules) if args.rules else None
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None
-    if args.world_size is None and (args.tp != 1 or args.fsdp or args.sequence_parallel):
-        raise usage_error("--tp, --fsdp and --sequence-parallel need --world-size")
+    if args.world_size is None and (args.tp != 1 or args.fsdp):
+        raise usage_error("--tp and --fsdp need --world-size")
     try:
         if args.world_size is not None:
             report = _simulated(args, rules)

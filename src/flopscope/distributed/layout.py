@@ -23,8 +23,8 @@ class Layout:
         world_size: ranks in the job.
         tp: tensor-parallel degree (innermost mesh dimension).
         fsdp: FSDP2 degree; ``None``: ``world_size // tp``.
-        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel)
-            instead of replicating them.
+        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel);
+            experimental: the plan does not yet run on transformers' Llama (rotary embeddings).
         rank: the rank to describe.
 
     Raises:

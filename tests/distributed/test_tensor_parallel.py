@@ -1,0 +1,91 @@
+"""Tensor parallelism on a fake process group: a rank's report is its local shards' work, the
+logical (global) figure beside it, and the all-reduces the plan inserts, with their bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.distributed._models import BATCH, CONFIG, SEQ, tiny_llama
+from torch import nn
+
+import flopscope
+from flopscope.cost import Phase
+from flopscope.distributed import Layout, fake_world, simulate
+
+pytest.importorskip("torch.distributed.tensor")
+
+
+def test_mlp_on_8_ranks_is_the_local_shard_and_one_all_reduce() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    with fake_world(8):
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024))
+        parallelize_module(model, init_device_mesh("cpu", (8,)),
+                           {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        report = flopscope.count(model, torch.randn(4, 1024))
+    # local: 4 x 1024 x (4096 / 8) + 4 x (4096 / 8) x 1024 = 2 x 2,097,152
+    assert report.macs == 4_194_304
+    # global: 4 x 1024 x 4096 x 2 = 33,554,432, costed on the DTensors' global shapes
+    assert report.logical_total().macs == 33_554_432
+    assert report.uncounted == {}
+    assert (report.rank, report.world_size) == (0, 8)
+    kinds = report.communication_by_kind()
+    assert list(kinds) == ["all_reduce"]
+    # the row-wise layer's partial sums: 4 x 1024 float32 = 16,384 bytes; ring 2 x 7/8 x 16,384
+    assert kinds["all_reduce"].calls == 1
+    assert kinds["all_reduce"].payload_bytes == 16_384
+    assert kinds["all_reduce"].bus_bytes == 28_672
+    assert report.communication[0].group_size == 8
+    data = report.to_dict()
+    assert data["communication"]["kinds"]["all_reduce"] == {
+        "calls": 1, "payload_bytes": 16_384, "bus_bytes": 28_672}
+    assert data["logical"]["totals"]["macs"] == 33_554_432
+    assert flopscope.Report.from_dict(data) == report
+
+
+SHARDED = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_llama_tensor_parallel_plan(tp: int) -> None:
+    report = simulate(lambda: tiny_llama(), Layout(tp, tp=tp), backward=True, warn=False)
+    model, args, kwargs = tiny_llama()
+    whole = flopscope.count(model, *args, backward=True, warn=False, **kwargs)
+    assert report.uncounted == {}
+    assert report.logical_total() == whole.total()
+    for layer in range(CONFIG["num_hidden_layers"]):
+        for name in SHARDED:  # the sharded projections: global / tp, forward and backward
+            path = f"model.layers.{layer}.{name}"
+            for phase in (Phase.FORWARD, Phase.BACKWARD):
+                assert report.total(phase, module=path).macs * tp == whole.total(
+                    phase, module=path).macs, (path, phase)
+        for name in ("input_layernorm", "post_attention_layernorm"):  # replicated: in full
+            path = f"model.layers.{layer}.{name}"
+            assert report.total(module=path) == whole.total(module=path)
+    for path in ("lm_head", "model.embed_tokens", "model.norm"):
+        assert report.total(module=path) == whole.total(module=path)
+    assert report.replicated_total(Phase.FORWARD).flops >= whole.total(
+        Phase.FORWARD, module="lm_head").flops
+    # one all-reduce after attention and one after the MLP per layer in forward, each of the
+    # block's output: 2 x 64 x 256 float32 = 131,072 bytes; ring 2 (tp - 1) / tp of it
+    hidden = BATCH * SEQ * CONFIG["hidden_size"] * 4
+    forward = [r for r in report.communication if r.phase is Phase.FORWARD]
+    assert sorted(r.module for r in forward) == sorted(
+        f"model.layers.{i}.{b}" for i in range(2) for b in ("mlp", "self_attn"))
+    for r in forward:
+        assert (r.kind, r.calls, r.group_size) == ("all_reduce", 1, tp)
+        assert r.payload_bytes == hidden
+        assert r.bus_bytes == hidden * 2 * (tp - 1) // tp
+    # backward: the input gradient of each column-wise projection is a partial sum, all-reduced
+    # where the projection's input was made a replicated DTensor (q, k, v; gate, up)
+    backward = [r for r in report.communication if r.phase is Phase.BACKWARD]
+    assert sorted(r.module for r in backward) == sorted(
+        f"model.layers.{i}.{n}" for i in range(2) for n in SHARDED
+        if not n.endswith(("o_proj", "down_proj")))
+    assert all(r.kind == "all_reduce" and r.payload_bytes == hidden for r in backward)
