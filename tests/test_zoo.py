@@ -30,3 +30,24 @@ def test_sweep_yields_each_row_as_it_finishes(monkeypatch: pytest.MonkeyPatch) -
     for row in sweep("timm", ["a", "b"], on_start=lambda n: events.append(f"start {n}")):
         events.append(f"got {row.model}")
     assert events == ["start a", "count a", "got a", "start b", "count b", "got b"]
+
+
+def test_sweep_over_sequence_lengths() -> None:
+    pytest.importorskip("transformers")
+    rows = list(sweep("hf", ["gpt2"], seq_lens=[16, 32]))
+    assert [(r.model, r.seq_len) for r in rows] == [("gpt2", 16), ("gpt2", 32)]
+    assert all(r.error is None for r in rows), rows
+    short, long = rows
+    assert long.params == short.params
+    assert long.macs > 2 * short.macs - 1  # linear layers double, attention products quadruple
+
+
+def test_zoo_models_all_and_defaults() -> None:
+    assert zoo_models("hf") == list(flopscope.zoo.HF_ZOO)
+    assert zoo_models("timm", ["all"]) != list(TIMM_ZOO) if _has("timm") else True
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

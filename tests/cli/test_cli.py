@@ -236,6 +236,22 @@ def test_zoo_csv(cli: Cli) -> None:
     assert abs(frame["macs"][0] / 1e9 - frame["reference_gmacs"][0]) < 1e-3
 
 
+def test_zoo_parallel_sweep_over_batches(cli: Cli) -> None:
+    """Two worker processes, two models at two batch sizes: four rows in the order asked, a
+    failing model named, and MACs that scale with the batch."""
+    pd = pytest.importorskip("pandas")
+    r = cli("zoo", "torchvision", "--models", "resnet18,not_a_model,mobilenet_v3_small",
+            "--batch", "1,2", "--jobs", "2", "--format", "csv")
+    assert r.code == 1, r.err
+    frame = pd.read_csv(io.StringIO(r.out))
+    assert list(frame["model"]) == ["resnet18", "resnet18", "not_a_model", "not_a_model",
+                                    "mobilenet_v3_small", "mobilenet_v3_small"]
+    assert list(frame["input"][:2]) == ["1x3x224x224", "2x3x224x224"]
+    assert int(frame["macs"][1]) == 2 * int(frame["macs"][0])
+    assert int(frame["params"][0]) == 11_689_512
+    assert "not_a_model" in r.err.splitlines()[-1]
+
+
 def test_zoo_reports_failures(cli: Cli) -> None:
     r = cli("zoo", "torchvision", "--models", "resnet18", "not_a_model", "--format", "markdown")
     assert r.code == 1

@@ -201,7 +201,8 @@ def test_zoo_interrupted_keeps_finished_rows(cli: Cli, tmp_path: Path,
     calls: list[str] = []
     monkeypatch.setattr(flopscope.zoo, "count_model", _fake_count_model(calls))
     out = tmp_path / "zoo.csv"
-    r = cli("zoo", "torchvision", "--models", "a,b,c,d,e", "--format", "csv", "--output", str(out))
+    r = cli("zoo", "torchvision", "--models", "a,b,c,d,e", "--format", "csv", "--output", str(out),
+            "--jobs", "1")
     assert r.code == 130
     assert r.err.count("\n") == 1 and "interrupted" in r.err and "2 of 5" in r.err, r.err
     assert calls == ["a", "b", "c"]
@@ -212,7 +213,7 @@ def test_zoo_interrupted_keeps_finished_rows(cli: Cli, tmp_path: Path,
 
 def test_zoo_interrupted_to_stdout(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flopscope.zoo, "count_model", _fake_count_model([]))
-    r = cli("zoo", "torchvision", "--models", "a", "b", "c", "d")
+    r = cli("zoo", "torchvision", "--models", "a", "b", "c", "d", "--jobs", "1")
     assert r.code == 130 and r.err.count("\n") == 1
     assert "`a`" in r.out and "`b`" in r.out and "`c`" not in r.out
 

@@ -1,6 +1,6 @@
-"""``flopscope zoo torchvision|timm``: count many models into one table (shape-only). The sweep
-itself is :mod:`flopscope.zoo`; this module shows progress and writes the table, keeping every
-finished row when interrupted."""
+"""``flopscope zoo torchvision|timm|hf``: count many models, at one or several shapes, into one
+table (shape-only, in worker processes). The sweep itself is :mod:`flopscope.zoo`; this module
+shows progress and writes the table, keeping every finished row when interrupted."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     check_output,
+    positive_int,
     print_error,
     usage_error,
     write_output,
 )
-from flopscope.zoo import LIBRARIES, ZooRow, sweep, zoo_models
+from flopscope.zoo import LIBRARIES, ZooRow, default_jobs, sweep, zoo_models
 
 __all__ = ["add_subcommands", "run_zoo", "zoo_table"]
 
@@ -38,11 +39,24 @@ def add_subcommands(subparsers: Any) -> None:
     )
     zoo.add_argument("library", choices=list(LIBRARIES))
     zoo.add_argument("--models", nargs="+", metavar="NAME",
-                     help="model names (space or comma separated); default: every torchvision "
-                          "classification model, or a selection of timm models")
+                     help="model names (space or comma separated; 'all': every model the library "
+                          "lists); default: every torchvision classification model, or a "
+                          "selection of timm models or transformers model types")
+    zoo.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
+                     help="worker processes, each counting one model at a time on one thread "
+                          "(default: one per core)")
+    zoo.add_argument("--batch", type=_int_list, default=None, metavar="N[,N...]",
+                     help="batch sizes to count every model at, e.g. 1,8,64")
+    zoo.add_argument("--seq-len", type=_int_list, default=None, metavar="N[,N...]",
+                     help="sequence lengths to count every hf model at, e.g. 128,2048,32768")
     add_format(zoo, choices=("markdown", "csv"), default="markdown")
     add_output(zoo)
     zoo.set_defaults(func=run_zoo)
+
+
+def _int_list(text: str) -> list[int]:
+    """Argument type: comma-separated whole numbers, each at least 1."""
+    return [positive_int(part) for part in text.split(",") if part.strip()]
 
 
 def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
@@ -76,7 +90,9 @@ def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
              "| " + " | ".join([":---", ":---"] + ["---:"] * (len(header) - 2)) + " |"]
     for r in rows:
         if r.error is not None:
-            cells = [f"`{r.model}`", "", "", "", f"failed: {r.error}"]
+            asked = " ".join(f"{k}={v}" for k, v in (("batch", r.batch), ("seq_len", r.seq_len))
+                             if v is not None)
+            cells = [f"`{r.model}`", asked, "", "", f"failed: {r.error}"]
             cells += [""] * (len(header) - len(cells) - 1) + [f"{r.seconds:.2f}"]
         else:
             cells = [f"`{r.model}`", r.input, f"{r.params / 1e6:.2f}",
@@ -103,7 +119,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     finished so far are written before the interrupt goes on (exit 130).
 
     Args:
-        args: the parsed arguments (``library``, ``models``, ``format``, ``output``).
+        args: the parsed arguments (``library``, ``models``, ``format``, ``output``, ``jobs``,
+            ``batch``, ``seq_len``).
 
     Returns:
         0, or 1 when a model failed.
@@ -122,16 +139,25 @@ def run_zoo(args: argparse.Namespace) -> int:
         raise usage_error(
             f"zoo {args.library} needs {args.library}: pip install 'flopscope[vision]'"
         ) from None
+    batches: list[int | None] = list(getattr(args, "batch", None) or [None])
+    seq_lens: list[int | None] = list(getattr(args, "seq_len", None) or [None])
+    jobs = getattr(args, "jobs", None) or default_jobs()
+    # rows come back as they finish; the table keeps the order of the names and shapes
+    order = {(name, b, s): i for i, (name, b, s) in
+             enumerate((n, b, s) for n in names for b in batches for s in seq_lens)}
+    total = len(order)
     rows: list[ZooRow] = []
     console = Console(stderr=True)
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[model]}"), console=console,
                       transient=True, disable=not console.is_terminal) as progress:
-            task = progress.add_task(f"counting {args.library}", total=len(names), model="")
+            task = progress.add_task(f"counting {args.library}", total=total, model="")
             for row in sweep(args.library, names,
-                             on_start=lambda name: progress.update(task, model=name)):
+                             on_start=lambda name: progress.update(task, model=name),
+                             jobs=jobs, batches=batches, seq_lens=seq_lens):
                 rows.append(row)
+                rows.sort(key=lambda r: order.get((r.model, r.batch, r.seq_len), total))
                 if row.error is not None:
                     progress.console.print(f"{PROG}: zoo: {row.model}: {row.error}",
                                            markup=False)
@@ -141,13 +167,13 @@ def run_zoo(args: argparse.Namespace) -> int:
             _write_quietly(zoo_table(rows, args.format, args.library), args.output)
         where = "stdout" if args.output in (None, "-") else args.output
         raise KeyboardInterrupt(
-            f"zoo: {len(rows)} of {len(names)} models finished"
+            f"zoo: {len(rows)} of {total} models finished"
             + (f", their rows written to {where}" if rows else "")
         ) from None
     write_output(zoo_table(rows, args.format, args.library), args.output)
     failed = [r.model for r in rows if r.error is not None]
     if failed:
-        print_error(f"zoo: {len(failed)} of {len(names)} model(s) failed: {', '.join(failed)}")
+        print_error(f"zoo: {len(failed)} of {total} model(s) failed: {', '.join(failed)}")
         return EXIT_CHECK_FAILED
     return EXIT_OK
 
