@@ -153,11 +153,11 @@ def simulate(
     local: dict[tuple[str, str, Phase], Cost] = {}
     for r in report.records:
         local[(r.module, r.op, r.phase)] = local.get((r.module, r.op, r.phase), Cost()) + r.cost
-    logical: dict[tuple[str, str, Phase], Cost] = {}
+    unsharded: dict[tuple[str, str, Phase], Cost] = {}
     for r in whole.records:
         key = (r.module, r.op, r.phase)
-        logical[key] = logical.get(key, Cost()) + r.cost
+        unsharded[key] = unsharded.get(key, Cost()) + r.cost
     replicated = tuple(r for r in report.records if layout.tp > 1 and r.cost.flops
-                       and local[(r.module, r.op, r.phase)] == logical.get((r.module, r.op, r.phase)))
+                       and local[(r.module, r.op, r.phase)] == unsharded.get((r.module, r.op, r.phase)))
     return dataclasses.replace(report, shape_only=shape_only, logical=whole.records,
                                replicated=replicated)
