@@ -163,6 +163,33 @@ checks that it is up to date.
   they equal flopscope's `report.macs`.
 - thop and fvcore report MACs under the name "FLOPs"; ptflops reports MACs as "MACs".
 
+## Attention: counted, executed and model FLOPs
+
+The report's totals count every attention kernel *dense* (B x H x L_q x L_k scores, whatever the
+mask): the **counted** figure, a reproducible upper bound that equals torch's FlopCounterMode.
+`flopscope.llm.AttentionFigures` (an observer) gives two more, labelled, per call and per phase,
+and `AttentionFigures.adjust(report.total(), "model" | "executed")` reads the totals either way:
+
+- **executed**: what the selected kernel computes. The CPU flash kernel
+  (`_scaled_dot_product_flash_attention_for_cpu`, ATen `cpu/FlashAttentionKernel.cpp`) uses query
+  blocks of 256 / 64 / 32 rows (L_q >= 768 / >= 192 / shorter) and key blocks of 512; under
+  `is_causal` it skips key blocks wholly above the diagonal and computes diagonal blocks whole
+  (L = 1024: 75% of the dense scores; checked under valgrind in float64: measured causal /
+  measured dense = 0.7500, docs/llm.md). GPU kernels' block skipping is not modelled (executed =
+  counted there).
+- **model**: the visible query-key pairs (causal top-left T (T + 1) / 2 per head, bottom-right,
+  sliding windows, explicit boolean/additive masks read from real tensors, BlockMask `mask_mod`,
+  variable lengths); in the backward 2d + 2d_v MACs per visible pair (the kernel's recomputation
+  of Q K^T is executed work, not model work). This is what MFU uses.
+
+| tool / paper | attention under a causal mask |
+| --- | --- |
+| flopscope report totals, torch FlopCounterMode, fvcore, DeepSpeed profiler | dense (counted) |
+| flopscope `AttentionFigures` model figure | visible pairs, (T + 1) / 2T of dense |
+| PaLM (Chowdhery et al. 2022, App. B), torchtitan, nanoGPT, Megatron-LM (Narayanan et al. 2021) | dense: 12 L H Q T per token (fwd + bwd), no halving |
+| FlashAttention papers' benchmark TFLOP/s (Dao et al. 2022/2023) | causal = half the dense FLOPs |
+| Chinchilla (Hoffmann et al. 2022, App. F) | dense, attention logits and values included |
+
 ## Rules by operator family
 
 Each row is one rule: the operators it covers and its convention, with the derivation (from the
