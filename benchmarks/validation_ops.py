@@ -320,3 +320,13 @@ def split_name(name: str) -> tuple[str, str, str]:
     """
     family, op, size = name.split("__")
     return family, op, size
+
+
+def causal_pair() -> tuple[nn.Module, torch.Tensor]:
+    """Dense and causal SDPA at 1,024 tokens (the CPU flash kernel's block skipping).
+
+    Returns:
+        (the suite, a dummy input).
+    """
+    return OpSuite(["attention__sdpa_dense__L1024", "attention__sdpa_causal__L1024"]), \
+        torch.zeros(1, dtype=_F64)
