@@ -255,8 +255,33 @@ def zoo_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
             "counted": res.get("counted_flops"), "measured": res.get("measured_flops"),
             "ratio": res.get("ratio"), "error": rec.get("error"),
             "region_seconds": res.get("region_seconds"), "seconds": rec.get("seconds"),
+            "gaps": largest_gaps(res),
         })
     return rows
+
+
+def largest_gaps(result: dict[str, Any], n: int = 2) -> str:
+    """The modules holding most of a model's gap, e.g. ``conv1 1.0725 (41 %)``.
+
+    Args:
+        result: a stored result (its per-module rows).
+        n: how many.
+
+    Returns:
+        Up to ``n`` modules with their measured/counted and share of the gap, largest first.
+    """
+    gap = (result.get("measured_flops") or 0) - (result.get("counted_flops") or 0)
+    mods = [m for m in result.get("modules", []) if m["measured_flops"] != m["counted_flops"]]
+    if not gap or len(result.get("modules", [])) < 2:
+        return ""
+    mods.sort(key=lambda m: -abs(m["measured_flops"] - m["counted_flops"]))
+    out = []
+    for m in mods[:n]:
+        name = f"`{m['path']}`" if m["path"] else "(outside modules)"
+        r = (f"{m['measured_flops'] / m['counted_flops']:.3f}" if m["counted_flops"]
+             else "n/a")
+        out.append(f"{name} {r} ({(m['measured_flops'] - m['counted_flops']) / gap:.0%})")
+    return ", ".join(out)
 
 
 def op_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
@@ -335,12 +360,14 @@ def _n(v: Any) -> str:
 
 def zoo_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| model | family | input | counted MACs | counted FLOPs | measured FLOPs | "
-             "measured/counted |", "|---|---|---|---:|---:|---:|---:|"]
+             "measured/counted | largest gaps: module measured/counted (share of gap) |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         shown = f"**{r['ratio']:.4f}**" if r["ratio"] is not None else (
             "failed" if r["error"] else "not measured yet" if r.get("pending") else "-")
         lines.append(f"| {r['model']} | {r['family']} | {r['input']} | {_n(r['counted_macs'])} | "
-                     f"{_n(r['counted'])} | {_n(r['measured'])} | {shown} |")
+                     f"{_n(r['counted'])} | {_n(r['measured'])} | {shown} | "
+                     f"{r.get('gaps', '')} |")
     for r in rows:
         if r["error"]:
             lines.append(f"\n- **{r['model']} failed**: `{str(r['error']).splitlines()[0][:300]}`")
@@ -509,7 +536,7 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
             rows += [{"model": label_of(s), "family": model_family(label_of(s)),
                       "input": "x".join(g.inputs) or "1x3x224x224", "counted_macs": None,
                       "counted": None, "measured": None, "ratio": None, "error": None,
-                      "pending": True} for s in g.sources if s not in done]
+                      "pending": True, "gaps": ""} for s in g.sources if s not in done]
             order = {s: i for i, s in enumerate(g.sources)}
             rows.sort(key=lambda r: (order.get(f"torchvision:{r['model']}", len(order)),
                                      r["counted"] or 0))

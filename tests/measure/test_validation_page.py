@@ -41,7 +41,12 @@ def stored(tmp_path: Path) -> tuple[Path, list[page.Group]]:
     root = tmp_path / "validation"
     _write(root, "zoo64", [
         _record("torchvision:resnet18", 1_000_000, 1_010_000),     # 1.0100
-        _record("torchvision:mobilenet_v2", 200_000, 210_000),     # 1.0500: a deviation
+        _record("torchvision:mobilenet_v2", 200_000, 210_000, modules=[  # 1.0500: a deviation
+            {"path": "", "counted_flops": 0, "measured_flops": 2_000, "ratio": None},
+            {"path": "features", "counted_flops": 190_000, "measured_flops": 198_000,
+             "ratio": 1.0421},
+            {"path": "classifier", "counted_flops": 10_000, "measured_flops": 10_000,
+             "ratio": 1.0}]),
     ])
     _write(root, "ops", [_record("benchmarks/validation_ops.py:all_ops", 3_000, 2_000, modules=[
         {"path": "", "counted_flops": 0, "measured_flops": 0, "ratio": None},
@@ -74,9 +79,10 @@ def test_page_tables_from_stored_json(stored: tuple[Path, list[page.Group]]) -> 
     assert text.startswith("# Validation\n\nprose before") and text.endswith("prose after\n")
     assert "old" not in text
     # Zoo: both stored models with ratio, vgg11 listed as not measured yet.
-    assert "| resnet18 | resnet | 1x3x64x64 | 500,000 | 1,000,000 | 1,010,000 | **1.0100** |" in text
-    assert "| mobilenet_v2 | mobilenet | 1x3x64x64 |" in text and "**1.0500**" in text
-    assert "| vgg11 | vgg | 1x3x64x64 | - | - | - | not measured yet |" in text
+    assert "| resnet18 | resnet | 1x3x64x64 | 500,000 | 1,000,000 | 1,010,000 | **1.0100** |  |" in text
+    assert ("| mobilenet_v2 | mobilenet | 1x3x64x64 | 100,000 | 200,000 | 210,000 | **1.0500** | "
+            "`features` 1.042 (80%), (outside modules) n/a (20%) |") in text
+    assert "| vgg11 | vgg | 1x3x64x64 | - | - | - | not measured yet |  |" in text
     assert "2 models measured, measured/counted 1.0100 to 1.0500; 1 within 3 %" in text
     # Operators: one row per child module, split into family / op / size; >3 % in bold.
     assert "| matmul | `mm` | n64 | float64 | 1,000 | 1,000 | 1.0000 |" in text
