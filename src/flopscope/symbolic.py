@@ -31,9 +31,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from flopscope.cost import Cost, Phase
+from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.report import OpRecord, Report, RuleRecord, is_within
+from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
 from flopscope.run import Inputs, count
 
@@ -538,12 +539,38 @@ def count_symbolic(
         return out.requires_grad_(t.requires_grad) if t.is_floating_point() else out
 
     args, kwargs = tree_map_only(torch.Tensor, symbolic_tensor, (args, kwargs))
+    if rules is None or (isinstance(rules, Mapping) and not any(
+            str(k).startswith("aten::slice_backward") for k in rules)):
+        rules = {"aten::slice_backward": _slice_backward, **(rules or {})}
     try:
         raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict, shape_only=True,
                     backward=backward, train=train, warn=warn)
     except ForwardError as e:
         raise ForwardError(_explain(e), module_path=e.module_path) from e
     return _symbolic_report(raw, env, syms, chosen)
+
+
+def _slice_backward(call: OpCall) -> Cost:
+    """``slice_backward`` of a slice over a whole symbolic dimension (``x[:, :]``, start 0, end
+    past the size, step 1) costs nothing: on concrete sizes PyTorch's indexing skips such a
+    slice, so neither it nor its gradient runs; on symbolic sizes the slice is recorded (0 bytes,
+    a view) and its gradient would be charged as a copy. Other slices: the default rule."""
+    grad, sizes, dim, start, end, step = call.args[:6]
+    if start == 0 and step == 1 and isinstance(end, int) and end >= 2**62 and \
+            len(sizes) == grad.dim() and all(_same_size(a, b) for a, b in zip(grad.shape, sizes, strict=True)):
+        return Cost()
+    fn = default_rules().find(call.op)
+    assert fn is not None
+    return fn(call)
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    """Whether two sizes are the same without a guard (the same int or the same expression)."""
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        ea = a.node.expr if isinstance(a, torch.SymInt) else a
+        eb = b.node.expr if isinstance(b, torch.SymInt) else b
+        return bool(ea == eb)
+    return bool(a == b)
 
 
 def _explain(e: ForwardError) -> str:

@@ -1,0 +1,200 @@
+"""Symbolic costs (flopscope.symbolic): formulas of named sizes equal concrete counts exactly.
+
+Default tier: a small transformer layer, tiny GPT-2 and Llama configs, resnet18 against
+resolution. ``FLOPSCOPE_SLOW=1``: GPT-2 124M, a Llama-shaped config with backward, resnet50.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import sympy
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.cost import Cost
+from flopscope.symbolic import DomainError, count_symbolic, pretty
+
+SLOW = pytest.mark.skipif(not os.environ.get("FLOPSCOPE_SLOW"), reason="slow tier: FLOPSCOPE_SLOW=1")
+POINTS = [(1, 1), (1, 17), (2, 128), (3, 1000), (1, 4096)]
+
+
+def _same(concrete: flopscope.Report, evaluated: flopscope.Report) -> None:
+    """Equal totals per phase, per module, and per operator (operators that cost something: the
+    calls of zero-cost views can differ where PyTorch takes a shortcut on concrete sizes)."""
+    assert evaluated.total() == concrete.total()
+    for phase in concrete.phases:
+        assert evaluated.total(phase) == concrete.total(phase)
+    assert {p: s.inclusive for p, s in evaluated.by_module().items()} == \
+        {p: s.inclusive for p, s in concrete.by_module().items()}
+    costly = {op: s.cost for op, s in concrete.by_op().items() if s.cost != Cost()}
+    assert {op: s.cost for op, s in evaluated.by_op().items() if s.cost != Cost()} == costly
+
+
+def test_transformer_layer_formula_equals_concrete_counts() -> None:
+    model = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True).eval()
+    rep = count_symbolic(model, torch.randn(2, 16, 64), symbolic={"batch": (0, 0), "seq_len": (0, 1)})
+    b, t = rep.symbols["batch"], rep.symbols["seq_len"]
+    # attention: Q K^T and P V are 2 * (64 / 4 heads) * 4 heads = 128 MACs per (b, t, t);
+    # four 64x64 projections and the 64x256x2 MLP are 4 * 4096 + 2 * 16384 MACs per token
+    assert sympy.expand(rep.total().macs - (128 * b * t**2 + 49152 * b * t)) == 0
+    for batch, seq in [(2, 128), (3, 50)]:
+        assert rep.violated(batch=batch, seq_len=seq) == []
+        _same(flopscope.count(model, torch.randn(batch, seq, 64)),
+              rep.evaluate(batch=batch, seq_len=seq))
+    # batch 1 takes another path in nn.MultiheadAttention: outside the domain, and said so
+    assert rep.violated(batch=1, seq_len=17) == ["2 <= batch"]
+    with pytest.raises(DomainError, match="batch=1, seq_len=17 is outside the domain"):
+        rep.evaluate(batch=1, seq_len=17)
+
+
+def _hf(kind: str, batch: int, seq_len: int, **config: int) -> object:
+    pytest.importorskip("transformers")
+    from flopscope.sources import load_model
+
+    return load_model(f"hf:{kind}", shape_only=True, batch=batch, seq_len=seq_len, config=config)
+
+
+TINY = {
+    "gpt2": dict(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=4096),
+    "llama": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                  max_position_embeddings=4096),
+}
+
+
+def _check_hf(kind: str, config: dict[str, int], points: list[tuple[int, int]],
+              backward: bool = False) -> None:
+    loaded = _hf(kind, 2, 16, **config)
+    rep = count_symbolic(loaded.model, loaded.inputs, backward=backward,
+                         symbolic={"batch": ("input_ids", 0), "seq_len": ("input_ids", 1)})
+    assert rep.domain_text() == "valid for 2 <= batch, 2 <= seq_len"
+    for batch, seq in points:
+        other = _hf(kind, batch, seq, **config)
+        concrete = flopscope.count(other.model, other.inputs, shape_only=True, backward=backward)
+        evaluated = rep.evaluate(check=False, batch=batch, seq_len=seq)
+        if seq == 1:  # one token: no causal mask, another path; outside the domain, and said so
+            assert "2 <= seq_len" in rep.violated(batch=batch, seq_len=seq)
+            continue
+        _same(concrete, evaluated)  # batch 1 is outside the domain, yet the same law holds
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_tiny_decoders_formula_equals_concrete_counts(kind: str) -> None:
+    _check_hf(kind, TINY[kind], [(1, 1), (1, 17), (3, 1000)])
+
+
+def test_tiny_llama_forward_backward() -> None:
+    _check_hf("llama", TINY["llama"], [(2, 128)], backward=True)
+
+
+@SLOW
+@pytest.mark.parametrize("kind,config", [
+    ("gpt2", {}),
+    ("llama", dict(num_hidden_layers=4, hidden_size=512, intermediate_size=1376,
+                   num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
+                   max_position_embeddings=4096)),
+])
+@pytest.mark.parametrize("backward", [False, True])
+def test_decoders_at_the_acceptance_points(kind: str, config: dict[str, int], backward: bool) -> None:
+    config = {**config, "n_positions": 4096} if kind == "gpt2" else config
+    _check_hf(kind, config, POINTS, backward=backward)
+
+
+def test_resnet18_against_resolution() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18()
+    rep = count_symbolic(model, torch.randn(1, 3, 224, 224),
+                         symbolic={"resolution": [(0, 2), (0, 3)]})
+    assert any(isinstance(a, sympy.floor) for a in sympy.preorder_traversal(rep.total().macs))
+    assert rep.evaluate(resolution=224).macs == 1_814_073_344  # torchvision: 1.814 GFLOPS (MACs)
+    for r in (160, 161, 288):
+        _same(flopscope.count(model, torch.randn(1, 3, r, r), shape_only=True),
+              rep.evaluate(check=False, resolution=r))
+
+
+@SLOW
+def test_resnet50_against_resolution() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet50()
+    rep = count_symbolic(model, torch.randn(1, 3, 224, 224),
+                         symbolic={"resolution": [(0, 2), (0, 3)]})
+    assert rep.evaluate(resolution=224).macs == 4_089_184_256  # published 4.089 GFLOPS
+    for r in (160, 288, 320):
+        _same(flopscope.count(model, torch.randn(1, 3, r, r), shape_only=True),
+              rep.evaluate(check=False, resolution=r))
+
+
+def test_json_strings_parse_back_and_pretty_text() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    rep = count_symbolic(model, torch.randn(3, 8), symbolic={"batch": (0, 0)})
+    data = json.loads(json.dumps(rep.to_dict()))
+    b = sympy.Symbol("batch")
+    assert sympy.sympify(data["symbolic"]["total"]["macs"]) == 192 * b  # 8*16 + 16*4 per row
+    assert sympy.sympify(data["symbolic"]["modules"]["0"]["flops"]) == 272 * b  # 2*128 + bias 16
+    assert set(data["symbolic"]["total"]) == {"macs", "flops", "bytes_read", "bytes_written"}
+    assert pretty(6_740_000_000 * b + 2_100_000 * b**2) == "2.10e6·batch² + 6.74e9·batch"
+    assert pretty(12 * b + 3) == "12·batch + 3"
+
+
+def test_derived_figures_per_token_and_crossover() -> None:
+    model = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True).eval()
+    rep = count_symbolic(model, torch.randn(2, 16, 64), symbolic={"batch": (0, 0), "seq_len": (0, 1)})
+    t = rep.symbols["seq_len"]
+    flops = sympy.expand(rep.total().flops.xreplace({rep.symbols["batch"]: 1}))
+    assert rep.flops_per_token() == sympy.diff(flops, t)
+    quad, rest = rep.split()
+    n = rep.crossover()
+    assert n is not None
+    at = {t: n, rep.symbols["batch"]: 1}
+    assert quad.xreplace(at) >= rest.xreplace(at)
+    assert quad.xreplace({**at, t: n - 1}) < rest.xreplace({**at, t: n - 1})
+    assert rep.average_per_token(batch=2, seq_len=100) == float(
+        rep.total().flops.xreplace({rep.symbols["batch"]: 2, t: 100})) / 200
+
+
+def test_bad_specs_are_usage_errors() -> None:
+    model = nn.Linear(4, 4)
+    with pytest.raises(flopscope.UsageError, match="has 2 dimensions, no dimension 5"):
+        count_symbolic(model, torch.randn(2, 4), symbolic={"batch": (0, 5)})
+    with pytest.raises(flopscope.UsageError, match="is not a tensor among the model's inputs"):
+        count_symbolic(model, torch.randn(2, 4), symbolic={"batch": ("x", 0)})
+    with pytest.raises(flopscope.UsageError, match="is not an identifier"):
+        count_symbolic(model, torch.randn(2, 4), symbolic={"2b": (0, 0)})
+
+
+class _NonZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0].sum() * 2
+
+
+def test_data_dependent_size_is_named() -> None:
+    try:
+        rep = count_symbolic(_NonZero(), torch.randn(5, 3), symbolic={"batch": (0, 0)}, warn=False)
+    except flopscope.ForwardError as e:
+        assert "data-dependent" in str(e)
+    else:  # an unbacked size: an explicit unknown symbol, with the operator that made it
+        assert rep.unknowns and all("data-dependent size in" in v for v in rep.unknowns.values())
+
+
+def test_cli_symbolic_json(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    from flopscope.cli import main
+
+    argv = ["count", "hf:gpt2", "--shape-only", "--symbolic", "batch,seq_len", "--format", "json"]
+    for key, value in TINY["gpt2"].items():
+        argv += ["--config", f"{key}={value}"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    macs = sympy.sympify(data["symbolic"]["total"]["macs"])
+    assert macs.free_symbols == {sympy.Symbol("batch"), sympy.Symbol("seq_len")}
+    assert data["domain"] == ["2 <= batch", "2 <= seq_len"]
+
+
+def test_cli_unknown_symbol() -> None:
+    from flopscope.cli import main
+
+    assert main(["count", "torchvision:resnet18", "--symbolic", "depth"]) == 2
