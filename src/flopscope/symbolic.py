@@ -593,7 +593,9 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
                      hints: Mapping[str, int]) -> SymbolicReport:
     from torch.utils._sympy.functions import FloorDiv
 
-    names = {s.node.expr: name for name, s in syms.items()}
+    # a size PyTorch made static at once (a hint of 1) is no symbol: it is fixed, said below
+    names = {s.node.expr: name for name, s in syms.items()
+             if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol)}
     symbols = {name: sympy.Symbol(name, integer=True, positive=True) for name in syms}
     rename = {expr: symbols[name] for expr, name in names.items()}
     cache: dict[Any, sympy.Expr] = {}
@@ -624,6 +626,9 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
                 unknowns.setdefault(str(s), f"data-dependent size in {r.op} ('{r.module}')")
     domain: list[sympy.Basic] = []
     for name, s in syms.items():
+        if not (isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol)):
+            domain.append(sympy.Eq(symbols[name], int(s)))
+            continue
         vr = env.var_to_range.get(s.node.expr)
         lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
         if lo > 1:
@@ -642,6 +647,8 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
         if e not in domain:
             domain.append(e)
     for name, s in syms.items():  # a symbol PyTorch fixed to one value
+        if name not in names.values():
+            continue  # static from the start: already in the domain
         fixed = env.replacements.get(s.node.expr)
         if fixed is not None and fixed.is_Integer:
             domain.append(sympy.Eq(symbols[name], int(fixed)))
