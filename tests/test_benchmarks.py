@@ -86,3 +86,14 @@ def test_document_from_no_results(tmp_path: Path) -> None:
 def test_unknown_section_is_a_usage_error() -> None:
     with pytest.raises(SystemExit, match="2"):
         run.main(["--sections", "bogus"])
+
+
+def test_shape_only_benchmark_on_the_tiny_cnn() -> None:
+    from benchmarks import shape_only
+
+    row = shape_only.measure_model("tiny-cnn", rounds=1, log=lambda s: None)
+    assert row["macs"] == row["shape_only_macs"] > 0
+    assert set(row["ratios"]) == set(shape_only.TOOLS)
+    assert row["calls"] > 0
+    assert "| tiny-cnn |" in shape_only.markdown({"models": [row], "cold": [], "scale": [],
+                                                  "load_before": "0", "load_after": "0"})
