@@ -386,6 +386,26 @@ def ops_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def family_summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per operator family: workloads, measured/counted range, how many within 3 %.
+
+    Args:
+        rows: operator rows.
+
+    Returns:
+        Markdown table lines.
+    """
+    lines = ["| family | workloads | measured/counted, lowest - highest | within 3 % |",
+             "|---|---:|---|---:|"]
+    for fam in sorted({r["family"] for r in rows}):
+        sel = [r for r in rows if r["family"] == fam]
+        ratios = [r["ratio"] for r in sel if r["ratio"] is not None]
+        span = f"{min(ratios):.4f} - {max(ratios):.4f}" if ratios else "-"
+        ok = sum(1 for x in ratios if abs(x - 1) <= 0.03)
+        lines.append(f"| {fam} | {len(sel)} | {span} | {ok} |")
+    return lines
+
+
 def transformers_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| model | counted FLOPs | attention counted (dense) | attention executed (CPU flash "
              "blocks) | attention model (visible pairs) | counted, attention as executed | "
@@ -572,7 +592,7 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
                   f"{within} within 3 %; {pending} not measured yet.", ""]
     lines += ["### Zoo", ""] + zoo_markdown(zoo) + [""]
     lines += ["### Transformers", ""] + transformers_markdown(tfm) + [""]
-    lines += ["### Operator families", ""] + ops_markdown(ops) + [""]
+    lines += ["### Operator families", ""] + family_summary(ops) + [""] + ops_markdown(ops) + [""]
     if plot and problem is None:
         lines += [f"![counted vs measured FLOPs, log-log, y = x, one colour per family]"
                   f"({(rel / plot_path.name).as_posix()})", ""]

@@ -87,6 +87,7 @@ def test_page_tables_from_stored_json(stored: tuple[Path, list[page.Group]]) -> 
     # Operators: one row per child module, split into family / op / size; >3 % in bold.
     assert "| matmul | `mm` | n64 | float64 | 1,000 | 1,000 | 1.0000 |" in text
     assert "| pooling | `max_pool2d_3x3s2` | c16hw32 | float64 | 2,000 | 1,000 | **0.5000** |" in text
+    assert "| pooling | 1 | 0.5000 - 0.5000 | 0 |" in text
     # Transformers: counted, attention three ways, counted with attention as executed (850).
     assert "| gpt2_causal | 1,000 | 600 | 450 | 300 | 850 | 800 | 0.8000 | 0.9412 | 600 / 420 |" \
         in text
