@@ -32,9 +32,11 @@ _EXPORTS = {
     "RuleError": "flopscope.errors",
     "RuleSet": "flopscope.rules",
     "StrictModeError": "flopscope.errors",
+    "SymbolicReport": "flopscope.symbolic",
     "UsageError": "flopscope.errors",
     "costed": "flopscope.costed",
     "count": "flopscope.run",
+    "count_symbolic": "flopscope.symbolic",
     "default_rules": "flopscope.rules",
 }
 
@@ -56,9 +58,11 @@ __all__ = [
     "RuleError",
     "RuleSet",
     "StrictModeError",
+    "SymbolicReport",
     "UsageError",
     "costed",
     "count",
+    "count_symbolic",
     "default_rules",
 ]
 
@@ -94,3 +98,4 @@ if _TYPE_CHECKING:  # the same names, for type checkers
     from flopscope.rules import RuleSet, default_rules
     from flopscope.rules.user import ModuleRule
     from flopscope.run import Inputs, count
+    from flopscope.symbolic import SymbolicReport, count_symbolic
