@@ -183,7 +183,8 @@ def _in_sharding_propagation() -> bool:
         _SHADOW_CODES.append(_shadow_codes())
     codes = _SHADOW_CODES[0]
     frame = sys._getframe(2)
-    for _ in range(8):
+    # 12: the mode's __torch_dispatch__ may be wrapped (torch._disable_dynamo adds two frames)
+    for _ in range(12):
         if frame is None:
             return False
         if frame.f_code in codes:

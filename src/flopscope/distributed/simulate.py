@@ -88,6 +88,26 @@ def count_rank(
     return counter.report
 
 
+@contextmanager
+def _eager_collectives() -> Iterator[None]:
+    """Functional collectives as in an eager job under a fake tensor mode.
+
+    A functional collective that sees a fake tensor mode assumes it is being traced and waits at
+    once (``wait_tensor`` where it is issued); eagerly it returns an ``AsyncCollectiveTensor``
+    that waits where the result is first used (``_wrap_tensor_autograd``, then ``wait_tensor``
+    in the consumer's module). A shape-only rank runs the eager program, so that its report
+    equals a real rank's record for record.
+    """
+    from torch.distributed import _functional_collectives as fc
+
+    saved = fc._are_we_tracing
+    fc._are_we_tracing = torch.compiler.is_compiling
+    try:
+        yield
+    finally:
+        fc._are_we_tracing = saved
+
+
 def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     """An input as a fake CPU tensor (a ``meta`` one too)."""
     if t.is_meta:
@@ -139,7 +159,7 @@ def simulate(
             report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
                 model.to_empty(device="cpu")
                 fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)

@@ -1,0 +1,51 @@
+"""A real 2-process job on the CPU (gloo, loopback): each rank shards the tiny Llama with a layout,
+counts itself with ``count_rank`` and the reports are gathered to rank 0 with ``gather_reports``.
+
+Run: ``python -m tests.distributed._gloo_job OUT.json PORT`` (writes, for each layout of
+:data:`LAYOUTS`, the list of the ranks' report dicts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+#: the layouts the job runs, as keyword arguments of Layout (world size 2)
+LAYOUTS: list[dict[str, Any]] = [{"tp": 2}, {"fsdp": 2}]
+WORLD = 2
+
+
+def _rank(rank: int, out: str, port: int) -> None:
+    import torch.distributed as dist
+    from tests.distributed._models import tiny_llama
+
+    from flopscope.distributed import Layout, apply_layout, count_rank, gather_reports
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        gathered = []
+        for kw in LAYOUTS:
+            layout = Layout(WORLD, rank=rank, **kw)
+            model, args, kwargs = tiny_llama("cpu")
+            apply_layout(model, layout, layout.mesh())
+            report = count_rank(model, args, kwargs, backward=True, warn=False)
+            gathered.append(gather_reports(report))
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump([[r.to_dict() for r in reports] for reports in gathered], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    """Spawn the two ranks."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank, args=(sys.argv[1], int(sys.argv[2])), nprocs=WORLD)
+
+
+if __name__ == "__main__":
+    main()
