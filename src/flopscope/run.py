@@ -174,8 +174,9 @@ def count(
     # which fake tensors allow for constants and meta tensors never do).
     if _given_fake_mode(args, kwargs) is not None:  # symbolic shapes: the caller's fake mode
         ways = ["fake"]
-    elif (on_meta or shape_only) and not needs_fake_cpu(modules):
-        # a real model counted shape-only runs on meta copies of its parameters (see _run)
+    elif (on_meta or (shape_only and not observers)) and not needs_fake_cpu(modules):
+        # a real model counted shape-only runs on meta copies of its parameters (see _run);
+        # not with observers, which follow the model's own tensors (memory: its storages)
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
@@ -243,7 +244,11 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
     fake_params: dict[str, torch.Tensor] | None = None
     with ExitStack() as cleanup:
         if way == "meta":  # SDPA is made to pick the CPU's kernel
-            args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+            try:
+                args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+            except Exception as e:  # an input that refuses meta tensors (PackedSequence): fake
+                raise ForwardError(f"the inputs cannot be put on the meta device: "
+                                   f"{type(e).__name__}: {e}", module_path=None) from e
             cleanup.enter_context(sdpa_as_cpu())
             if not on_meta:  # a real model, shape-only: meta copies of its tensors
                 fake_params = _meta_params(model)
