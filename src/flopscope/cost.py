@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
-__all__ = ["Cost", "OpCall", "Phase", "nested_parts", "tensor_bytes"]
+__all__ = ["SYMBOLIC_COUNTS", "Cost", "OpCall", "Phase", "nested_parts", "tensor_bytes"]
 
 
 class Phase(str, enum.Enum):
@@ -147,6 +147,10 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 _SymInt = torch.SymInt
+# how many symbolic counts (flopscope.symbolic) are running: while any is, bytes are measured with
+# tensor_bytes (numel * itemsize, SymInt-safe) instead of trying .nbytes first; correct for every
+# tensor, only slower, so a concrete count in another thread meanwhile gives the same numbers
+SYMBOLIC_COUNTS = [0]
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
@@ -292,6 +296,9 @@ class OpCall:
         """
         if self.is_view:
             return 0, 0
+        if SYMBOLIC_COUNTS[0]:  # symbolic sizes: .nbytes would raise (slowly, with a C++ trace)
+            read = sum(tensor_bytes(t) for t in self.inputs)
+            return read, sum(tensor_bytes(t) for t in self.outputs)
         try:
             return self._io_bytes()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse / nested / symbolic

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from flopscope.cost import Cost, OpCall, Phase
+from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.report import OpRecord, Report, RuleRecord, is_within
 from flopscope.rules import default_rules
@@ -542,11 +542,14 @@ def count_symbolic(
     if rules is None or (isinstance(rules, Mapping) and not any(
             str(k).startswith("aten::slice_backward") for k in rules)):
         rules = {"aten::slice_backward": _slice_backward, **(rules or {})}
+    SYMBOLIC_COUNTS[0] += 1
     try:
         raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict, shape_only=True,
                     backward=backward, train=train, warn=warn)
     except ForwardError as e:
         raise ForwardError(_explain(e), module_path=e.module_path) from e
+    finally:
+        SYMBOLIC_COUNTS[0] -= 1
     return _symbolic_report(raw, env, syms, chosen)
 
 
