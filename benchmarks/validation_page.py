@@ -352,7 +352,7 @@ def transformer_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
     return rows
 
 
-_ATTN_SEGMENT = re.compile(r"(self_attn|\.attn|attention\.self)$")
+_ATTN_SEGMENT = re.compile(r"(self_attn|\.attn|attention\.self|self_attention)$")
 
 
 def _attn_segments(res: dict[str, Any], key: str) -> int | None:

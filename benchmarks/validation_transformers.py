@@ -14,7 +14,9 @@ the flash kernel ``_scaled_dot_product_flash_attention_for_cpu``:
   (the model still needs only the causal half).
 
 Each factory returns ``(model, {"input_ids": ..., "attention_mask": ...})`` in float32; the
-validation casts the weights to float64.
+validation casts the weights to float64.  Two vision transformers stand in for the zoo's
+attention models until the 224x224 zoo sweep reaches them: ``vit_tiny`` (the fused
+``nn.MultiheadAttention`` fast path) and ``swin_t_64`` (torchvision's swin_t at 64x64).
 """
 
 from __future__ import annotations
@@ -83,9 +85,34 @@ def llama_padded() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     return _build("llama"), _ids(pad_last=True)
 
 
-MODELS = ("bert", "gpt2_causal", "gpt2_padded", "llama_causal", "llama_padded")
+def vit_tiny() -> tuple[nn.Module, torch.Tensor]:
+    """torchvision's VisionTransformer, small (2 layers, hidden 64, 2 heads) at 224x224: under
+    ``no_grad`` in eval its ``nn.MultiheadAttention`` takes the fused fast path
+    (``_native_multi_head_attention``), as vit_b_16 does."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=224, patch_size=16, num_layers=2, num_heads=2,
+                              hidden_dim=64, mlp_dim=128).eval()
+    return model, torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+
+
+def swin_t_64() -> tuple[nn.Module, torch.Tensor]:
+    """torchvision's swin_t at 1x3x64x64 (windowed attention written as matmul + softmax with a
+    relative-position bias; feature maps padded up to whole 7x7 windows)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.swin_t().eval(), torch.randn(
+        1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+
+MODELS = ("bert", "gpt2_causal", "gpt2_padded", "llama_causal", "llama_padded", "vit_tiny",
+          "swin_t_64")
 """The factories, in table order."""
 
-DEPTH = {"bert": 5, "gpt2_causal": 3, "gpt2_padded": 3, "llama_causal": 3, "llama_padded": 3}
+DEPTH = {"bert": 5, "gpt2_causal": 3, "gpt2_padded": 3, "llama_causal": 3, "llama_padded": 3,
+         "vit_tiny": 4, "swin_t_64": 4}
 """Module depth of the per-module split: the attention modules (``encoder.layer.0.attention.self``,
-``h.0.attn``, ``layers.0.self_attn``) are segments of their own."""
+``h.0.attn``, ``layers.0.self_attn``, ``encoder.layers.encoder_layer_0.self_attention``,
+``features.1.0.attn``) are segments of their own."""
