@@ -162,12 +162,14 @@ def count(
     slots += [(m._buffers, name, t) for m in eager for name, t in m._buffers.items()]
     slots += [(vars(m), name, t) for m in eager if m._forward_pre_hooks or m._forward_hooks
               for name, t in vars(m).items() if isinstance(t, torch.Tensor)]
-    if not on_meta:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
+
+    def save_buffers() -> None:  # fake mode too: BatchNorm bumps num_batches_tracked from Python
         with torch.no_grad():
             for m in modules:
                 for name, b in m._buffers.items():
                     if b is not None:
                         saved.append((m._buffers, name, b, b.detach().clone()))
+
     # How to run: real tensors; or fake CPU tensors (shape_only, or a meta model with a module
     # whose fast path is chosen by device); or, for other meta models, meta kernels (fastest),
     # falling back to fake CPU tensors if the forward cannot run on meta (e.g. it reads a value,
@@ -184,7 +186,10 @@ def count(
               if p is not None and not p.is_meta and p.device.type != "meta"]
     # aliases (no copy) of every parameter, to undo `p.data = other`, which swaps a tensor's
     # storage without any operator (buffers are put back from their copies below)
-    aliases = [(p, p.detach()) for p in params]
+    # (made before the first attempt that can write to the model's tensors: a real model counted
+    # on meta runs on meta copies of them, see _swap_to_meta)
+    aliases: list[tuple[torch.Tensor, torch.Tensor]] = []
+    kept = on_meta
     try:
         if train is not None:
             model.train(train)
@@ -199,6 +204,10 @@ def count(
                     if reset is not None:
                         reset()
                 counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
+            if not kept and way != "meta":
+                kept = True
+                save_buffers()
+                aliases = [(p, p.detach()) for p in params]
             if way == "real":
                 counter._protect(params)
             try:
@@ -250,8 +259,8 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                 raise ForwardError(f"the inputs cannot be put on the meta device: "
                                    f"{type(e).__name__}: {e}", module_path=None) from e
             cleanup.enter_context(sdpa_as_cpu())
-            if not on_meta:  # a real model, shape-only: meta copies of its tensors
-                fake_params = _meta_params(model)
+            if not on_meta:  # a real model, shape-only: meta copies of its tensors, for now
+                cleanup.callback(_put_back, _swap_to_meta(counter.modules))
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
@@ -339,26 +348,41 @@ def _to_meta(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("meta").requires_grad_(t.requires_grad)
 
 
-def _meta_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Meta copies (same shapes, strides and dtypes, no memory) of a model's parameters and
-    buffers by name, for ``torch.func.functional_call``: the model itself is not touched. A tensor
-    registered under several names (tied weights) gets one copy; a trainable parameter's copy
-    requires grad; tensors already on ``meta`` are used as they are."""
+def _swap_to_meta(modules: list[nn.Module]) -> list[tuple[dict[str, Any], str, torch.Tensor]]:
+    """Put meta copies (same shapes, strides and dtypes; no memory) in place of the modules'
+    parameters and buffers, as ``torch.func.functional_call`` does (it swaps the same entries),
+    in one pass; :func:`_put_back` restores them (and :func:`count` checks every slot again).
+    A tensor registered under several names (tied weights) gets one copy; a trainable
+    parameter's copy requires grad; tensors already on ``meta`` stay.
+
+    Returns:
+        (table, name, original) of every entry swapped.
+    """
     copies: dict[int, torch.Tensor] = {}
-    named: dict[str, torch.Tensor] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False),
-                    *model.named_buffers(remove_duplicate=False)]:
-        copy = copies.get(id(t))
-        if copy is None:
-            if t.is_meta:
-                copy = t
-            else:
-                copy = torch.empty_like(t, device="meta")
-                if isinstance(t, nn.Parameter) and t.requires_grad:
-                    copy.requires_grad_(True)
-            copies[id(t)] = copy
-        named[name] = copy
-    return named
+    swapped: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    for m in modules:
+        tables: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
+        for table in tables:
+            if type(table) is not dict:  # a TorchScript module: left as it is
+                continue
+            for name, t in table.items():
+                if t is None or t.is_meta:
+                    continue
+                if id(t) not in copies:
+                    copy = torch.empty_like(t, device="meta")
+                    if isinstance(t, nn.Parameter) and t.requires_grad:
+                        copy.requires_grad_(True)
+                    copies[id(t)] = copy
+                swapped.append((table, name, t))
+    for table, name, t in swapped:
+        table[name] = copies[id(t)]
+    return swapped
+
+
+def _put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
+    """Undo :func:`_swap_to_meta`."""
+    for table, name, t in swapped:
+        table[name] = t
 
 
 def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
