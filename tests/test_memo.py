@@ -104,3 +104,19 @@ def test_in_place_replay_returns_its_argument() -> None:
     assert _memo._kind(torch.ops.aten.resize_.default) == _memo._OTHER
     assert _memo._kind(torch.ops.aten.view.default) == _memo._OTHER
     assert _memo._kind(torch.ops.aten.mm.default) == _memo._NEW
+
+
+def test_default_dtype_is_part_of_the_key() -> None:
+    meta = torch.empty(2, dtype=torch.int64, device="meta")
+    first = _memo.signature(1, (meta, 0.5), {})
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert _memo.signature(1, (meta, 0.5), {}) != first
+        out = flopscope.Counter()
+        with out:
+            y = meta * 0.5
+        assert y.dtype == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+    with flopscope.Counter():
+        assert (meta * 0.5).dtype == torch.float32

@@ -36,6 +36,7 @@ _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.devi
                       torch.memory_format})
 _META = torch.device("meta")
 _empty_strided = torch.empty_strided
+_default_dtype = torch.get_default_dtype
 # a tensor's place in a key: a marker no scalar argument can equal
 _T = object()
 # id(operator overload) -> (the overload, how its outputs can be made again: see _kind)
@@ -89,7 +90,9 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     Returns:
         A hashable key, or ``None``.
     """
-    key: list[Any] = [func_id]
+    # the default dtype decides the result type of an integer tensor times a float, and of
+    # factory functions given no dtype
+    key: list[Any] = [func_id, _default_dtype()]
     for a in args:
         if not _add(key, a):
             return None
