@@ -335,6 +335,8 @@ def transformer_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
     for rec in records:
         res = rec.get("result") or {}
         att = rec.get("attention") or {}
+        if not att.get("counted"):  # no SDPA call the attention figures know (fused MHA, matmuls)
+            att = {}
         counted = res.get("counted_flops")
         executed_total = (counted - att["counted"] + att["executed"]
                           if counted is not None and att else None)
