@@ -34,11 +34,11 @@ def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
     return default
 
 
-def numel(shape: Any) -> Any:
+def numel(shape: Any) -> int:
     """Elements of a shape (``torch.Size`` or sequence of ints); a ``SymInt`` when a size is
-    symbolic (``int()`` would fix the symbol to its traced value)."""
+    symbolic (``int()`` would fix the symbol to its traced value; a SymInt behaves as an int)."""
     n = prod(shape)
-    return n if type(n) is int or isinstance(n, torch.SymInt) else int(n)
+    return n if type(n) is int or isinstance(n, torch.SymInt) else int(n)  # type: ignore[return-value]
 
 
 def tensor_values(t: Any) -> list[int] | None:
