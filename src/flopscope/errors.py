@@ -7,6 +7,7 @@ Each error derives from :class:`FlopscopeError` and, where one fits, from a buil
      └── FlopscopeError
           ├── UsageError (ValueError)           bad arguments: what was wrong and what to do
           │    └── SourceError                  a SOURCE string, --input or --config is wrong
+          ├── DomainError (ValueError)          a formula evaluated outside the sizes it holds for
           ├── RuleError (ValueError)            a rule is malformed, raised, or returned a non-cost
           ├── StrictModeError (RuntimeError)    strict=True and an operator had no rule
           ├── ForwardError (RuntimeError)       the model's own forward raised (module_path says where)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "DomainError",
     "FlopscopeError",
     "FlopscopeWarning",
     "ForwardError",
@@ -43,6 +45,11 @@ class UsageError(FlopscopeError, ValueError):
 class SourceError(UsageError):
     """A model source, an input specification or a config override is wrong; the message says
     what to change."""
+
+
+class DomainError(FlopscopeError, ValueError):
+    """A symbolic report was evaluated at sizes outside the domain it was derived on (a guard
+    PyTorch recorded while tracing does not hold there)."""
 
 
 class RuleError(FlopscopeError, ValueError):

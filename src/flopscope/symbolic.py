@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
-from flopscope.errors import FlopscopeError, ForwardError, UsageError
+from flopscope.errors import DomainError, ForwardError, UsageError
 from flopscope.report import OpRecord, Report, RuleRecord, is_within
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
@@ -53,11 +53,6 @@ SymbolSpec = Mapping[str, DimRef | Sequence[DimRef]]
 
 _FIELDS = ("macs", "flops", "bytes_read", "bytes_written")
 _ZERO = sympy.Integer(0)
-
-
-class DomainError(FlopscopeError, ValueError):
-    """A symbolic report was evaluated at sizes outside the domain it was derived on (a guard
-    PyTorch recorded while tracing does not hold there)."""
 
 
 @dataclass(frozen=True)
