@@ -120,3 +120,15 @@ def test_default_dtype_is_part_of_the_key() -> None:
         torch.set_default_dtype(torch.float32)
     with flopscope.Counter():
         assert (meta * 0.5).dtype == torch.float32
+
+
+def test_a_mode_below_the_counter_still_sees_every_call() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Linear(8, 8) for _ in range(4)))
+    x = torch.randn(2, 8)
+    flopscope.count(model, x)  # remembered outputs from now on
+    with FlopCounterMode(display=False) as fcm:
+        report = flopscope.count(model, x)
+    assert fcm.get_total_flops() == 2 * report.macs == 2 * 4 * 2 * 8 * 8

@@ -58,6 +58,7 @@ _BACKWARD = Phase.BACKWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _get_ident = threading.get_ident
 _current_autograd_node = torch._C._current_autograd_node
+_modes_below = torch._C._len_torch_dispatch_stack
 # id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
 # facts that do not depend on the rules, shared by every Counter (the overload is kept alive, so
 # its id is not reused)
@@ -241,7 +242,9 @@ class _Mode(TorchDispatchMode):
         # meta tensors: outputs and cost depend on metadata alone (flopscope._memo)
         memo = _signature(id(func), args, kwargs)
         if memo is not None:
-            made = _OUTPUTS.get(memo)
+            # outputs made from memory only when no other dispatch mode is below this one (it
+            # would not see the call: FlopCounterMode around a Counter)
+            made = _OUTPUTS.get(memo) if not _modes_below() else None
             if made is not None:
                 out = args[0] if made is _SELF else _replay(made)
                 self.record(func, info, args, kwargs, out, None, memo)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+import weakref
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -369,14 +370,35 @@ def _swap_to_meta(modules: list[nn.Module]) -> list[tuple[dict[str, Any], str, t
                 if t is None or t.is_meta:
                     continue
                 if id(t) not in copies:
-                    copy = torch.empty_like(t, device="meta")
-                    if isinstance(t, nn.Parameter) and t.requires_grad:
-                        copy.requires_grad_(True)
-                    copies[id(t)] = copy
+                    copies[id(t)] = _meta_copy(t)
                 swapped.append((table, name, t))
     for table, name, t in swapped:
         table[name] = copies[id(t)]
     return swapped
+
+
+# id(tensor) -> (weak reference to it, its meta copy, the metadata both had): copies are made
+# again only for tensors not seen before, or whose (or whose copy's) metadata changed since
+_COPIES: dict[int, tuple[Any, torch.Tensor, tuple[Any, ...]]] = {}
+
+
+def _meta_copy(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor like ``t`` (a trainable parameter's copy requires grad), reused across
+    counts while neither changed."""
+    grad = isinstance(t, nn.Parameter) and t.requires_grad
+    facts = (t.shape, t.stride(), t.dtype, grad)
+    entry = _COPIES.get(id(t))
+    if entry is not None and entry[0]() is t and entry[2] == facts:
+        copy = entry[1]
+        if (copy.shape, copy.stride(), copy.dtype, copy.requires_grad) == facts and copy.is_leaf:
+            return copy
+    copy = torch.empty_like(t, device="meta")
+    if grad:
+        copy.requires_grad_(True)
+    if len(_COPIES) > 100_000:
+        _COPIES.clear()
+    _COPIES[id(t)] = (weakref.ref(t), copy, facts)
+    return copy
 
 
 def _put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
