@@ -1,14 +1,17 @@
 """Memoising operator calls on ``meta`` tensors: the shape-only fast path of the counter.
 
 On ``meta`` tensors an operator's outputs and its cost depend on nothing but the metadata of its
-arguments (shapes, strides, storage offsets, dtypes) and its non-tensor arguments: there are no
-values to read. So a call whose every tensor argument is a plain strided ``meta`` tensor is keyed
-by :func:`signature`, and
+arguments (shapes, strides, storage offsets, dtypes), its non-tensor arguments and the default
+dtype: there are no values to read. So a call whose every tensor argument is a plain strided
+``meta`` tensor is keyed by :func:`signature`, and
 
 - its *outputs* are made again from the metadata the kernel produced the first time
   (:func:`replay`), instead of running the kernel (many meta kernels are Python code in torch:
   ``native_batch_norm`` takes about a millisecond), for operators that return new tensors
-  (no output aliases an input, no argument is written; views and in-place operators still run);
+  (no output aliases an input, no argument is written) and for in-place operators that write
+  only their first argument's values (it is returned: :data:`SELF`); views and operators that
+  change metadata (``resize_``, ``transpose_``, ...) still run, and so does every call when
+  another dispatch mode sits below the counter's (it must see the call);
 - its *cost* is looked up (see ``Counter._record``), instead of building an ``OpCall`` and calling
   the rule, per phase and per Counter (the rules are the Counter's).
 
