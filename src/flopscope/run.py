@@ -13,7 +13,7 @@ import inspect
 import types
 import weakref
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import Any
 
 import torch
@@ -47,11 +47,22 @@ class Inputs:
 _OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn", "observers")
 
 
+# a forward method's function -> the names of its parameters (inspect.signature is slow)
+_FORWARD_NAMES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
 def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return
+    forward = model.forward
+    function = getattr(forward, "__func__", None)  # a bound method: its names are its class's
+    params = _FORWARD_NAMES.get(function) if function is not None else None
+    if params is None:
+        try:
+            params = frozenset(inspect.signature(forward).parameters)
+        except (TypeError, ValueError):
+            return
+        if function is not None:
+            with suppress(TypeError):  # not weakly referenceable: not remembered
+                _FORWARD_NAMES[function] = params
     clash = [name for name in _OPTIONS if name in params and name in given]
     if clash:
         raise UsageError(
