@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_iter
 
 from flopscope._compat import eager_flex_attention
+from flopscope._integrity import WRITTEN_ARGUMENTS, WriteGuard
 from flopscope._memo import OUTPUTS as _OUTPUTS
 from flopscope._memo import SELF as _SELF
 from flopscope._memo import outputs_of as _outputs_of
@@ -71,10 +72,6 @@ _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 # tuple of tensor subclasses in a deferred call -> whether one is a DTensor (see _Mode._dtensor)
 _DTENSORS: dict[tuple[type, ...], bool] = {}
-# id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
-# and the overloads themselves, kept alive so that their ids are not reused
-_WRITES: dict[int, tuple[tuple[int, str], ...]] = {}
-_WRITERS: list[Any] = []
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -194,16 +191,6 @@ def _in_sharding_propagation() -> bool:
     return False
 
 
-def _plain(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-    """The plain tensors that hold these tensors' data: a wrapper subclass (DTensor: its local
-    shard) by its inner tensors."""
-    for t in tensors:
-        if is_traceable_wrapper_subclass_type(type(t)) and not isinstance(t, _TRANSPARENT):
-            names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-            yield from _plain([getattr(t, n) for n in names
-                               if isinstance(getattr(t, n), torch.Tensor)])
-        else:
-            yield t
 
 
 class _Mode(TorchDispatchMode):
@@ -217,7 +204,7 @@ class _Mode(TorchDispatchMode):
         self.op_info = counter._op_info
         self.decomposed = counter._decomposed
         self.counter = counter
-        self.guard = counter._guard if counter._protected is not None else None
+        self.guard = counter._write_guard.before if counter._write_guard is not None else None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -232,7 +219,7 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
-            written = _WRITES.get(id(func))
+            written = WRITTEN_ARGUMENTS.get(id(func))
             if written is None or written:  # unknown yet, or it writes to an argument
                 self.guard(func, args, kwargs)
         if info[6] is not None:  # no rule, but a decomposition: count its pieces instead
@@ -357,10 +344,8 @@ class Counter:
                                       self._active_here)
         self._main = self._tracker.main  # the entering thread's state, read on the hot path
         self._owner: int | None = None  # the entering thread's id
-        # count() only: storage pointer -> tensor of the model's parameters, and the tensors
-        # saved before an operator first wrote to them (restored by _restore)
-        self._protected: dict[int, torch.Tensor] | None = None
-        self._saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # count() only: copy on write of the model's parameters (see protect)
+        self._write_guard: WriteGuard | None = None
         self._in_rule = False
         # (module path, id of the operator overload or a module-rule name, phase) -> sums
         self._acc: dict[tuple[str, int | str, Phase], Sums] = {}
@@ -435,41 +420,21 @@ class Counter:
                 self._tracker.states.pop(_get_ident(), None)
 
     # -- model integrity (count()) --------------------------------------------------------------
-    def _protect(self, tensors: list[torch.Tensor]) -> None:
-        """Save each of ``tensors`` just before an operator first writes to it (copy on write);
-        :meth:`_restore` puts the saved values back. Used by :func:`flopscope.count` for real runs;
-        must be called before the Counter is entered."""
-        self._protected = {t.untyped_storage().data_ptr(): t for t in _plain(tensors)
-                           if t.untyped_storage().nbytes()}
-        self._saved = {}
+    def protect(self, tensors: list[torch.Tensor]) -> None:
+        """Keep ``tensors`` as they were: each is saved just before an operator first writes to
+        it (copy on write, :mod:`flopscope._integrity`); :meth:`restore` puts them back. Used by
+        :func:`flopscope.count` for real runs; call it before the Counter is entered."""
+        self._write_guard = WriteGuard(tensors)
 
-    def _guard(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Before ``func`` runs: save any protected tensor it is about to write to."""
-        written = _WRITES.get(id(func))
-        if written is None:
-            arguments = getattr(func, "_schema", None)  # a higher-order operator has none
-            written = tuple((i, a.name) for i, a in enumerate(arguments.arguments if arguments else ())
-                            if a.alias_info is not None and a.alias_info.is_write)
-            _WRITERS.append(func)
-            _WRITES[id(func)] = written
-        protected = self._protected
-        assert protected is not None
-        for i, name in written:
-            t = args[i] if i < len(args) else kwargs.get(name)
-            if isinstance(t, torch.Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                owner = protected.get(ptr)
-                if owner is not None and ptr not in self._saved:
-                    self._saved[ptr] = (owner, owner.detach().clone())
-
-    def _restore(self) -> int:
+    def restore(self) -> int:
         """Put back every protected tensor an operator wrote to; returns how many."""
-        with torch.no_grad():
-            for tensor, value in self._saved.values():
-                tensor.copy_(value)
-        n = len(self._saved)
-        self._saved = {}
-        return n
+        return self._write_guard.restore() if self._write_guard is not None else 0
+
+    @property
+    def no_grad_calls(self) -> int:
+        """Calls of modules with trainable parameters that ran with grad disabled (a reentrant
+        checkpoint's forward)."""
+        return self._tracker.no_grad_calls
 
     # -- module rules ---------------------------------------------------------------------------
     def _apply_module_rule(self, frame: Frame, output: Any) -> None:

@@ -210,7 +210,7 @@ def count(
         while i < len(attempts):
             way, alias = attempts[i]
             if i:
-                counter._restore()  # the abandoned attempt's writes
+                counter.restore()  # the abandoned attempt's writes
                 for observer in observers:  # the abandoned attempt's calls do not count
                     reset = getattr(observer, "reset", None)
                     if reset is not None:
@@ -221,7 +221,7 @@ def count(
                 save_buffers()
                 aliases = [(p, p.detach()) for p in params]
             if way == "real":
-                counter._protect(params)
+                counter.protect(params)
             try:
                 if _run(way, counter, model, on_meta, args, kwargs, backward, alias):
                     break
@@ -236,7 +236,7 @@ def count(
         for m, mode in modes:
             if m.training != mode:
                 m.training = mode
-        counter._restore()
+        counter.restore()
         for table, name, obj in slots:
             if table.get(name) is not obj:
                 table[name] = obj
@@ -518,7 +518,7 @@ def _backward(
         params = [fake_params[name] for name, p in model.named_parameters() if p.requires_grad]
     reentrant = _reentrant_checkpoint(roots)
     if (not reentrant and not alias and counter is not None
-            and counter._tracker.no_grad_calls and torch.is_grad_enabled()):
+            and counter.no_grad_calls and torch.is_grad_enabled()):
         return False
     grads = [torch.ones_like(t) for t in roots]
     if reentrant:

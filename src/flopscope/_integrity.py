@@ -1,0 +1,77 @@
+"""Model integrity during a real count: copy on write of the model's own tensors.
+
+A forward may write to its parameters in place (``nn.Embedding(max_norm=...)`` renormalises rows).
+:class:`WriteGuard` saves a protected tensor just before an operator first writes to it (writes
+are found from the operator's schema and matched by storage, so views and ``.data`` aliases are
+covered) and puts every saved value back on :meth:`WriteGuard.restore`. Tensors nothing writes to
+are never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+__all__ = ["WRITTEN_ARGUMENTS", "WriteGuard", "plain_tensors"]
+
+# id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
+# read on the hot path; the overloads are kept alive in _WRITERS so that their ids are not reused
+WRITTEN_ARGUMENTS: dict[int, tuple[tuple[int, str], ...]] = {}
+_WRITERS: list[Any] = []
+_TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+
+
+def plain_tensors(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The plain tensors that hold these tensors' data: a wrapper subclass (DTensor: its local
+    shard) by its inner tensors."""
+    for t in tensors:
+        if is_traceable_wrapper_subclass_type(type(t)) and not isinstance(t, _TRANSPARENT):
+            names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            yield from plain_tensors([getattr(t, n) for n in names
+                                      if isinstance(getattr(t, n), torch.Tensor)])
+        else:
+            yield t
+
+
+class WriteGuard:
+    """Copy on write of ``tensors`` (see the module docstring).
+
+    Args:
+        tensors: the model's parameters (and any other tensors to keep as they were).
+    """
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.protected = {t.untyped_storage().data_ptr(): t for t in plain_tensors(tensors)
+                          if t.untyped_storage().nbytes()}
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before ``func`` runs: save any protected tensor it is about to write to."""
+        written = WRITTEN_ARGUMENTS.get(id(func))
+        if written is None:
+            schema = getattr(func, "_schema", None)  # a higher-order operator has none
+            written = tuple((i, a.name) for i, a in enumerate(schema.arguments if schema else ())
+                            if a.alias_info is not None and a.alias_info.is_write)
+            _WRITERS.append(func)
+            WRITTEN_ARGUMENTS[id(func)] = written
+        for i, name in written:
+            t = args[i] if i < len(args) else kwargs.get(name)
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                owner = self.protected.get(ptr)
+                if owner is not None and ptr not in self.saved:
+                    self.saved[ptr] = (owner, owner.detach().clone())
+
+    def restore(self) -> int:
+        """Put back every protected tensor an operator wrote to; returns how many."""
+        with torch.no_grad():
+            for tensor, value in self.saved.values():
+                tensor.copy_(value)
+        n = len(self.saved)
+        self.saved = {}
+        return n
