@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_iter
 
+from flopscope._comm import CommLog
 from flopscope._compat import eager_flex_attention
 from flopscope._integrity import WRITTEN_ARGUMENTS, WriteGuard
 from flopscope._memo import OUTPUTS as _OUTPUTS
@@ -366,7 +367,7 @@ class Counter:
         self._logical_acc: dict[tuple[str, int | str, Phase], Sums] = {}
         self._dtensor_depth = 0
         self._passing = False
-        self._comm: Any = None  # a flopscope.distributed.comm.CommLog once a collective ran
+        self._comm: CommLog | None = None  # the communication log, once a collective ran
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -502,8 +503,6 @@ class Counter:
             _FACTS[id(func)] = facts
         fn = self._rules.find(func)
         if self._comm is None and is_collective(func):  # communication is logged from now on
-            from flopscope.distributed.comm import CommLog
-
             self._comm = CommLog()
             self._observers = (*self._observers, self._comm)
         decomp = None
