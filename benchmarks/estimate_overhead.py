@@ -8,12 +8,12 @@ wall times; the ratios to the plain count are printed as JSON.
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
 import flopscope
 from flopscope.estimate import PROFILES, CallLog, MemoryTracker
+from flopscope.estimate.hardware import best_seconds
 
 
 def measure(repeats: int = 5) -> dict[str, float]:
@@ -42,13 +42,7 @@ def measure(repeats: int = 5) -> dict[str, float]:
 
     out: dict[str, float] = {}
     for name, fn in (("plain", plain), ("hardware", hardware), ("memory", memory)):
-        fn()
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - start)
-        out[f"{name}_s"] = best
+        out[f"{name}_s"] = best_seconds(fn, repeats)
     out["hardware_ratio"] = out["hardware_s"] / out["plain_s"]
     out["memory_ratio"] = out["memory_s"] / out["plain_s"]
     return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 
 import flopscope
 from flopscope.estimate import CallLog, Hardware, measure_this_machine
+from flopscope.estimate.hardware import best_seconds
 
 
 def _cases() -> list[tuple[str, bool, Callable[[], Callable[[], Any]]]]:
@@ -79,16 +79,6 @@ def _cases() -> list[tuple[str, bool, Callable[[], Callable[[], Any]]]]:
     ]
 
 
-def _best(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _merge(a: Hardware, b: Hardware) -> Hardware:
     best = {k: max(a.vector[k], b.vector[k]) for k in a.vector}
     return Hardware("this-machine", max(a.memory_bandwidth, b.memory_bandwidth), dict(best),
@@ -111,7 +101,7 @@ def run(repeats: int = 5) -> tuple[Hardware, list[dict[str, Any]]]:
         log = CallLog()
         with flopscope.Counter(warn=False, observers=[log]):
             fn()
-        measured.append((name, large, log, _best(fn, repeats)))
+        measured.append((name, large, log, best_seconds(fn, repeats)))
     hw = _merge(first, measure_this_machine(repeats=5))
     rows = []
     for name, large, log, seconds in measured:

@@ -36,8 +36,9 @@ from flopscope.errors import UsageError
 
 __all__ = [
     "DTYPE_KEYS",
-    "PROFILES",
     "Hardware",
+    "PROFILES",
+    "best_seconds",
     "dtype_key",
     "get_hardware",
     "load_hardware",
@@ -387,7 +388,16 @@ def get_hardware(spec: str | Hardware) -> Hardware:
     )
 
 
-def _best_seconds(fn: Any, repeats: int) -> float:
+def best_seconds(fn: Any, repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``fn``, after one untimed warm-up call.
+
+    Args:
+        fn: what to time (called with no arguments).
+        repeats: timed calls.
+
+    Returns:
+        Seconds.
+    """
     fn()  # warm-up: first-touch page faults, library initialisation
     best = float("inf")
     for _ in range(repeats):
@@ -420,12 +430,12 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         a = torch.randn(n, n, dtype=dtype)
         b = torch.randn(n, n, dtype=dtype)
         c = torch.empty(n, n, dtype=dtype)
-        seconds = _best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), repeats)
+        seconds = best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), repeats)
         rates[key] = 2 * n**3 / seconds
     numel = copy_mib * 2**20 // 4
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = _best_seconds(lambda: dst.copy_(src), max(repeats, 5))
+    seconds = best_seconds(lambda: dst.copy_(src), max(repeats, 5))
     bandwidth = 2 * numel * 4 / seconds
     threads = torch.get_num_threads()
     # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
