@@ -93,17 +93,18 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     Returns:
         A hashable key, or ``None``.
     """
-    # the default dtype decides the result type of an integer tensor times a float, and of
-    # factory functions given no dtype
-    key: list[Any] = [func_id, _default_dtype()]
+    key: list[Any] = [func_id]
     for a in args:
         if not _add(key, a):
-            return None
+            return None  # on a real count: the first tensor argument, before anything else
     if kwargs:
         for name, a in kwargs.items():
             key.append(name)
             if not _add(key, a):
                 return None
+    # the default dtype decides the result type of an integer tensor times a float, and of
+    # factory functions given no dtype
+    key.append(_default_dtype())
     try:
         return tuple(key)
     except RuntimeError:  # pragma: no cover - a size that cannot be read
