@@ -288,6 +288,11 @@ class OpCall:
         """Elements of the first output tensor."""
         return self.output.numel()
 
+    def input_shapes(self) -> list[Any]:
+        """The inputs' shapes, for messages (a strided nested tensor has none: its component
+        count instead)."""
+        return [f"nested({t.size(0)})" if t.is_nested else tuple(t.shape) for t in self.inputs]
+
     def io_bytes(self) -> tuple[int, int]:
         """``(bytes_read, bytes_written)``: all tensor inputs read once, all outputs written once.
 

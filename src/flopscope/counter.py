@@ -25,10 +25,10 @@ from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass_type,
 )
-from torch.utils._pytree import tree_iter
 
 from flopscope._comm import CommLog
 from flopscope._compat import eager_flex_attention
+from flopscope._dtensor import DTensorLedger, in_sharding_propagation, is_dtensor_call
 from flopscope._integrity import WRITTEN_ARGUMENTS, WriteGuard
 from flopscope._memo import OUTPUTS as _OUTPUTS
 from flopscope._memo import SELF as _SELF
@@ -71,8 +71,6 @@ _ZERO = Cost()
 # tuple of tensor subclasses in a call -> whether the call is left to the subclass (see _defers)
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
-# tuple of tensor subclasses in a deferred call -> whether one is a DTensor (see _Mode._dtensor)
-_DTENSORS: dict[tuple[type, ...], bool] = {}
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -118,11 +116,6 @@ def _cost(sums: Sums) -> Cost:
     return Cost(sums.macs, sums.flops, sums.bytes_read, sums.bytes_written)
 
 
-def _shapes(tensors: list[torch.Tensor]) -> list[Any]:
-    """Shapes for messages (a strided nested tensor has none: its component count instead)."""
-    return [f"nested({t.size(0)})" if t.is_nested else tuple(t.shape) for t in tensors]
-
-
 def _summed(fn: Rule, parts: list[OpCall]) -> Cost | None:
     """The sum of a rule's costs of the parts of a nested call; ``None`` if it fails on a part."""
     total = Cost()
@@ -149,51 +142,6 @@ def _defers(types: tuple[type, ...]) -> bool:
     return found
 
 
-def _is_dtensor_call(types: tuple[type, ...]) -> bool:
-    """Whether a deferred call is on DTensors (its logical cost is recorded, see _Mode._dtensor)."""
-    found = _DTENSORS.get(types)
-    if found is None:
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # torch built without distributed
-            found = False
-        else:
-            found = any(issubclass(t, DTensor) for t in types)
-        _DTENSORS[types] = found
-    return found
-
-
-def _shadow_codes() -> frozenset[Any]:
-    """Code objects of DTensor's sharding propagation, which runs an operator on fake tensors of
-    the *global* shapes to learn its output's metadata: work no rank does."""
-    try:
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    except ImportError:
-        return frozenset()
-    return frozenset({ShardingPropagator._propagate_tensor_meta_non_cached.__code__})
-
-
-_SHADOW_CODES: list[frozenset[Any]] = []
-
-
-def _in_sharding_propagation() -> bool:
-    """Whether the calling operator is run by DTensor's sharding propagation (a few frames up)."""
-    if not _SHADOW_CODES:
-        _SHADOW_CODES.append(_shadow_codes())
-    codes = _SHADOW_CODES[0]
-    frame = sys._getframe(2)
-    # 12: the mode's __torch_dispatch__ may be wrapped (torch._disable_dynamo adds two frames)
-    for _ in range(12):
-        if frame is None:
-            return False
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-
-
 class _Mode(TorchDispatchMode):
     # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
     supports_higher_order_operators = True
@@ -212,11 +160,11 @@ class _Mode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         if types and _defers(types):
-            if _is_dtensor_call(types):
+            if is_dtensor_call(types):
                 return self._dtensor(func, args, kwargs)
             return NotImplemented
         counter = self.counter
-        if counter._dtensor_depth and _in_sharding_propagation():
+        if counter._dtensor.depth and in_sharding_propagation():
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         info = self.ops.get(id(func)) or self.op_info(func)
         if self.guard is not None:  # count(): keep the model's tensors as they were
@@ -250,31 +198,29 @@ class _Mode(TorchDispatchMode):
         return out
 
     def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """An operator on DTensors: left to DTensor (its work on the local shards, and the
-        collectives it runs to redistribute, reach this mode and are counted as this rank's), and
-        costed once more at its global shapes for the logical figure (``Report.logical``). The
-        outermost DTensor call is run again with this mode pushed, marked so that the mode leaves
-        it to DTensor when it comes back (``_passing``); the work inside it is accumulated apart,
-        as the part of the rank's work that the logical figure replaces."""
+        """An operator on DTensors (:mod:`flopscope._dtensor`): left to DTensor, whose work on the
+        local shards and collectives reach this mode as the rank's work, and costed once more at
+        its global shapes for the logical figure. The outermost DTensor call is run again with
+        this mode pushed, marked so that the mode leaves it to DTensor when it comes back
+        (``passing``); the work inside it is accumulated apart, as the part of the rank's work
+        that the logical figure replaces."""
         counter = self.counter
-        if counter._passing:
-            counter._passing = False
+        ledger = counter._dtensor
+        if ledger.passing:
+            ledger.passing = False
             return NotImplemented
-        if counter._dtensor_depth:  # a DTensor call inside another: only the outer one is logical
+        if ledger.depth:  # a DTensor call inside another: only the outer one is logical
             return NotImplemented
         outer = counter._acc
-        replicated = all(p.is_replicate() for t in tree_iter((args, kwargs))
-                         if isinstance(t, torch.Tensor) and hasattr(t, "placements")
-                         for p in t.placements)
-        counter._acc = counter._replicated_acc if replicated else counter._sharded_acc
-        counter._dtensor_depth += 1
-        counter._passing = True
+        counter._acc = ledger.target(args, kwargs)
+        ledger.depth += 1
+        ledger.passing = True
         try:
             with self:
                 out = func(*args, **kwargs)
         finally:
-            counter._passing = False
-            counter._dtensor_depth -= 1
+            ledger.passing = False
+            ledger.depth -= 1
             counter._acc = outer
         counter._record_logical(func, args, kwargs, out)
         return out
@@ -360,13 +306,7 @@ class Counter:
         self._memo_rules: dict[int, bool] = {}
         self._mode: _Mode | None = None
         self.failed_in: str | None = None
-        # DTensor: the rank's work inside DTensor operators (apart from _acc, merged in report),
-        # the logical (global-shape) cost of those operators, nesting depth, and the re-entry mark
-        self._sharded_acc: dict[tuple[str, int | str, Phase], Sums] = {}
-        self._replicated_acc: dict[tuple[str, int | str, Phase], Sums] = {}
-        self._logical_acc: dict[tuple[str, int | str, Phase], Sums] = {}
-        self._dtensor_depth = 0
-        self._passing = False
+        self._dtensor = DTensorLedger()  # work inside DTensor operators, logical costs
         self._comm: CommLog | None = None  # the communication log, once a collective ran
 
     @property
@@ -613,7 +553,7 @@ class Counter:
                 if self.strict and shadowing is None:
                     raise StrictModeError(
                         f"no rule for operator {func} (called in module '{path}', {phase.value}, "
-                        f"inputs {_shapes(call.inputs)}) and no decomposition; "
+                        f"inputs {call.input_shapes()}) and no decomposition; "
                         f"add one with rules={{'{func._schema.name}': fn}}, or count with "
                         "strict=False to list it in Report.uncounted"
                     )
@@ -636,7 +576,7 @@ class Counter:
                     else:
                         raise RuleError(
                             f"rule {rule_name(fn)} for operator {func} failed in module '{path}' "
-                            f"(inputs {_shapes(call.inputs)}): {type(e).__name__}: {e}"
+                            f"(inputs {call.input_shapes()}): {type(e).__name__}: {e}"
                         ) from e
                 if type(cost) is not Cost:
                     cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func} in module '{path}'")
@@ -666,12 +606,11 @@ class Counter:
 
     def _record_logical(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                         out: Any) -> None:
-        """Add the logical (global-shape) cost of an operator on DTensors, under the module and
-        phase it ran in (a rule's cost on the DTensors themselves, whose shapes are global)."""
+        """Add the logical (global-shape) cost of an operator on DTensors under the module and
+        phase it ran in."""
         if self._in_rule:
             return
-        info = self._ops.get(id(func)) or self._op_info(func)
-        fn, name, is_view, _, ignored, _, _ = info
+        fn, name, is_view, _, ignored, _, _ = self._ops.get(id(func)) or self._op_info(func)
         if ignored:
             return
         st = self._main if _get_ident() == self._owner else self._tracker.state()
@@ -684,30 +623,7 @@ class Counter:
         else:
             phase = _BACKWARD
             path = self._tracker.backward_path(node, st)
-        call = OpCall(func, args, kwargs, out, phase, is_view)
-        key: int = id(func)
-        if fn is None:
-            read, written = call.io_bytes()
-            cost = Cost(0, 0, read, written)
-        else:
-            try:
-                cost = fn(call)
-                if type(cost) is not Cost:
-                    cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func}")
-                if cost.flops and fn in ADJUSTED_RULES:
-                    cost = in_real_numbers(call, cost, name)
-            except FlopscopeError:
-                raise
-            except Exception as e:
-                raise RuleError(
-                    f"rule {rule_name(fn)} for operator {func} failed on DTensors (global shapes "
-                    f"{_shapes(call.inputs)}) in module '{path}': {type(e).__name__}: {e}"
-                ) from e
-        sums = self._logical_acc.get((path, key, phase))
-        if sums is None:
-            sums = self._logical_acc[(path, key, phase)] = Sums()
-        sums.calls += 1
-        _add(sums, cost)
+        self._dtensor.add_logical(fn, name, OpCall(func, args, kwargs, out, phase, is_view), path)
 
     # -- context manager ----------------------------------------------------------------------
     def __enter__(self) -> Counter:
@@ -801,17 +717,18 @@ class Counter:
         """A :class:`Report` of everything counted so far."""
         tracker = self._tracker
         paths = set(tracker.types)
-        for acc in (self._acc, self._sharded_acc, self._replicated_acc, self._logical_acc):
+        ledger = self._dtensor
+        for acc in (self._acc, ledger.sharded, ledger.replicated, ledger.logical):
             for path, _, _ in acc:
                 paths.add(path)
         modules = {p: (tracker.types.get(p, ""), tracker.calls.get(p, 0)) for p in tracker.types}
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
-        records = self._records(self._merged(self._acc, self._sharded_acc, self._replicated_acc))
-        replicated = self._records(self._replicated_acc)
+        records = self._records(self._merged(self._acc, ledger.sharded, ledger.replicated))
+        replicated = self._records(ledger.replicated)
         logical: tuple[OpRecord, ...] = ()
-        if self._logical_acc:
-            logical = self._records(self._merged(self._acc, self._logical_acc))
+        if ledger.logical:
+            logical = self._records(self._merged(self._acc, ledger.logical))
         rules = tuple(
             RuleRecord(path, r.name, r.rule.calls, _cost(r.rule), _cost(r.shadow), r.macs_only)
             for path, r in self._rule_acc.items()
