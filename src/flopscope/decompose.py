@@ -14,6 +14,9 @@ pieces are counted (recursively: a piece with no rule is decomposed in turn):
    taken, a ``while_loop`` every iteration. Where that needs values fake tensors do not have (a
    ``cond`` predicate in a shape-only count), the operator is listed as uncounted.
 
+A few composite operators are never decomposed: their kernels call a library directly (FBGEMM's
+legacy linear layers), so their pieces would be an allocation and nothing else (``_OPAQUE``).
+
 A direct rule wins over a table decomposition, so fused kernels keep their own cost. A
 ``CompositeImplicitAutograd`` operator without a backend kernel has no kernel of its own -- its
 decomposition *is* what runs -- so a default rule on one is used only where its decomposition cannot
@@ -45,6 +48,18 @@ _NEVER = frozenset({
     "aten::sym_stride", "aten::storage_offset", "aten::sym_storage_offset", "aten::numel",
     "aten::sym_numel", "aten::dim", "prim::layout", "prim::device",
 })
+
+# Composite operators whose kernel calls a library directly instead of other operators (FBGEMM's
+# legacy linear layers and weight packing): run as their "decomposition", the dispatcher would
+# see only the output's allocation, a silent zero. They are never decomposed, so their rules
+# (rules/quantized.py) cost them wherever they reach the counter as themselves.
+_OPAQUE = frozenset({
+    "aten::fbgemm_linear_int8_weight_fp32_activation", "aten::fbgemm_linear_int8_weight",
+    "aten::fbgemm_linear_fp16_weight_fp32_activation", "aten::fbgemm_linear_fp16_weight",
+    "aten::fbgemm_linear_quantize_weight", "aten::fbgemm_pack_quantized_matrix",
+    "aten::fbgemm_pack_gemm_matrix_fp16",
+})
+_NOT_DECOMPOSED = _NEVER | _OPAQUE
 
 
 def _cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any],
@@ -97,7 +112,7 @@ def runs_decomposed(op: Any) -> bool:
     """Whether ``op``'s decomposition is what runs: a composite operator with no kernel of its own
     for any backend (``aten.conv2d``, ``aten.linear``; not ``aten.silu_backward``, which has a
     fused CPU kernel beside its decomposition)."""
-    return is_composite(op) and not any(
+    return is_composite(op) and op._schema.name not in _OPAQUE and not any(
         torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) for key in _KERNEL_KEYS)
 
 
@@ -118,7 +133,7 @@ def decomposition(op: Any) -> Callable[..., Any] | None:
     if isinstance(op, torch._ops.HigherOrderOperator):
         found = _BODIES.get(op.name()) or op.py_kernels.get(
             torch._C.DispatchKey.CompositeExplicitAutograd)
-    elif isinstance(op, torch._ops.OpOverload) and op._schema.name not in _NEVER:
+    elif isinstance(op, torch._ops.OpOverload) and op._schema.name not in _NOT_DECOMPOSED:
         if is_composite(op):
             found = op.decompose
         elif _functional(op):

@@ -55,4 +55,29 @@ def test_recurrent_macs_by_hand(cls: type[nn.Module], gates: int) -> None:
 def test_lstm_forward_flops() -> None:
     report = flopscope.count(nn.LSTM(IN, H), torch.randn(T, N, IN))
     macs = T * N * 4 * H * (IN + H)  # 50,400
-    assert (report.macs, report.flops) == (macs, 2 * macs + 24 * T * N * H)
+    # per (step, batch, hidden unit): 8 bias adds (b_ih, b_hh on 4 gates), the gates' sum (4),
+    # 3 sigmoids (12), 2 tanh, 3 multiplies and 1 add: 30; 2*50,400 + 30*7*3*20 = 113,400
+    assert (report.macs, report.flops) == (macs, 2 * macs + 30 * T * N * H) == (50_400, 113_400)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_lstm_layer_counts_as_its_unrolled_cells(bias: bool) -> None:
+    # nn.LSTM runs one fused oneDNN operator (aten.mkldnn_rnn_layer); nn.LSTMCell runs addmm and
+    # element-wise operators step by step: the same layer, the same MACs and FLOPs
+    torch.manual_seed(0)
+    layer, cell = nn.LSTM(IN, H, bias=bias), nn.LSTMCell(IN, H, bias=bias)
+    x = torch.randn(T, N, IN)
+
+    def unrolled() -> torch.Tensor:
+        state = (torch.zeros(N, H), torch.zeros(N, H))
+        for t in range(T):
+            state = cell(x[t], state)
+        return state[0]
+
+    with torch.no_grad():
+        fused = count(lambda: layer(x))
+        steps = count(unrolled)
+    assert "aten.mkldnn_rnn_layer.default" in fused.by_op()
+    assert (fused.macs, fused.flops) == (steps.macs, steps.flops)
+    # 30 (22 without biases) FLOPs per (step, batch, hidden unit) beside 2 per MAC
+    assert fused.flops - 2 * fused.macs == (30 if bias else 22) * T * N * H

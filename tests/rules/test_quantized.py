@@ -262,3 +262,128 @@ def test_quantized_rule_directly_on_ops() -> None:
     r = _count(MatMul(), a, b)
     # 2 batches of (3x4) @ (4x5): 2*3*5*4 = 120 integer MACs, 0 FLOPs
     assert (r.macs, r.flops) == (120, 0)
+
+
+# --- recurrent layers: quantize_dynamic on nn.LSTM / GRU / LSTMCell / GRUCell / RNNCell ---------
+# The quantized step is the float step with its two products done by a quantized linear kernel.
+# Per (step, batch row), layer and direction, with I inputs, H hidden units and G gates, int8
+# weights add to the float model's element-wise FLOPs, instead of the products' 2 FLOPs per MAC:
+# 4 per input element of each product (choose qparams: min, max; quantize: scale, round), 4*(I+H),
+# and the int32 accumulators' scale to float, 2*G*H (the bias adds are in both counts). float16
+# weights run float GEMMs: exactly the float model's FLOPs.
+
+def _recurrent(kind: str) -> tuple[nn.Module, torch.Tensor, list[tuple[int, int, int]]]:
+    """A float recurrent model, its input, and (rows, I, G*H) for every layer and direction."""
+    torch.manual_seed(0)
+    if kind == "lstm":  # 2 layers, 5 steps x batch 3 = 15 rows; layer 1 reads layer 0's H = 32
+        return nn.LSTM(16, 32, num_layers=2), torch.randn(5, 3, 16), [(15, 16, 128), (15, 32, 128)]
+    if kind == "lstm_bidirectional":  # batch first; layer 1 reads both directions: 2H = 64
+        return (nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True),
+                torch.randn(3, 5, 16), [(15, 16, 128)] * 2 + [(15, 64, 128)] * 2)
+    if kind == "gru":
+        return nn.GRU(16, 32), torch.randn(5, 3, 16), [(15, 16, 96)]
+    cells: dict[str, tuple[nn.Module, int]] = {
+        "lstm_cell": (nn.LSTMCell(16, 32), 128), "gru_cell": (nn.GRUCell(16, 32), 96),
+        "rnn_tanh_cell": (nn.RNNCell(16, 32), 32),
+        "rnn_relu_cell": (nn.RNNCell(16, 32, nonlinearity="relu"), 32)}
+    cell, gates = cells[kind]
+    return cell, torch.randn(3, 16), [(3, 16, gates)]
+
+
+RECURRENT = ["lstm", "lstm_bidirectional", "gru", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+             "rnn_relu_cell"]
+
+
+@pytest.mark.parametrize("kind", RECURRENT)
+def test_quantize_dynamic_recurrent_against_float(kind: str) -> None:
+    model, x, layers = _recurrent(kind)
+    float_report = _count(model.eval(), x)
+    ctx = _quiet()
+    try:
+        int8 = torch.ao.quantization.quantize_dynamic(nn.Sequential(model), {type(model)})
+        fp16 = torch.ao.quantization.quantize_dynamic(nn.Sequential(model), {type(model)},
+                                                      dtype=torch.float16)
+    finally:
+        ctx.__exit__(None, None, None)
+    r8, r16 = _count(int8, x), _count(fp16, x)
+    assert r8.uncounted == r16.uncounted == float_report.uncounted == {}
+    assert r8.macs == r16.macs == float_report.macs
+    hidden = 32
+    assert float_report.macs == sum(rows * gh * (i + hidden) for rows, i, gh in layers)
+    assert r16.flops == float_report.flops
+    extra = sum(rows * (4 * (i + hidden) + 2 * gh) for rows, i, gh in layers)
+    assert r8.flops == float_report.flops - 2 * float_report.macs + extra
+
+
+def test_quantize_dynamic_lstm_exact() -> None:
+    model, x, _ = _recurrent("lstm")
+    ctx = _quiet()
+    try:
+        q = torch.ao.quantization.quantize_dynamic(nn.Sequential(model), {nn.LSTM})
+    finally:
+        ctx.__exit__(None, None, None)
+    report = _count(q, x)
+    assert "aten.quantized_lstm.input" in report.by_op()
+    # MACs: 15 rows x 4*32 gates x (16 + 32) = 92,160 (layer 0) + 15 x 128 x (32 + 32) = 122,880
+    assert report.macs == 215_040
+    # FLOPs per row: layer 0: quantize x and h, 4*(16 + 32) = 192; scale and bias on 2 x 128
+    # gate outputs, 512; the cell, 22*32 = 704: 1,408; layer 1: 4*64 + 512 + 704 = 1,472;
+    # 15 * (1,408 + 1,472) = 43,200
+    assert report.flops == 43_200
+    cost = report.by_op()["aten.quantized_lstm.input"].cost
+    # bytes read: the input 5*3*16 floats (960 B), h0 and c0 (2 x 2*3*32 floats, 1,536 B), int8
+    # weights 128*16 + 128*32 + 2 * 128*32 = 14,336 B, four float biases of 128 (2,048 B)
+    assert cost.bytes_read == 960 + 1_536 + 14_336 + 2_048
+
+
+def test_quantize_dynamic_lstm_packed_sequence() -> None:
+    from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+    torch.manual_seed(0)
+    lstm = nn.LSTM(16, 32)
+    ctx = _quiet()
+    try:
+        q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lstm), {nn.LSTM})[0]
+    finally:
+        ctx.__exit__(None, None, None)
+    packed = pack_padded_sequence(torch.randn(5, 3, 16), torch.tensor([5, 3, 2]))
+
+    class Packed(nn.Module):
+        def forward(self, data: torch.Tensor, batch_sizes: torch.Tensor) -> torch.Tensor:
+            return q(PackedSequence(data, batch_sizes))[0].data
+
+    report = _count(Packed(), packed.data, packed.batch_sizes)
+    assert "aten.quantized_lstm.data" in report.by_op()
+    # 5 + 3 + 2 = 10 rows (not 5*3 = 15): 10 * 128 * (16 + 32) = 61,440 MACs; per row
+    # 4*48 (quantize x, h) + 4*128 (scale and bias of both products) + 22*32 (the cell) = 1,408
+    # FLOPs: 14,080
+    assert (report.macs, report.flops) == (61_440, 14_080)
+    assert report.uncounted == {}
+
+
+def test_legacy_fbgemm_linear_layers() -> None:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 16), torch.randn(32, 16), torch.randn(32)
+    qw, col_offsets, scale, zero_point = torch.fbgemm_linear_quantize_weight(w)
+    packed = torch.fbgemm_pack_quantized_matrix(qw)
+    packed16 = torch.fbgemm_pack_gemm_matrix_fp16(w)
+
+    def legacy() -> None:
+        torch.fbgemm_linear_int8_weight_fp32_activation(x, qw, packed, col_offsets, scale,
+                                                        zero_point, b)
+        torch.fbgemm_linear_fp16_weight_fp32_activation(x, packed16, b)
+
+    # composite operators whose kernels call FBGEMM directly: they reach the counter as
+    # themselves under inference_mode and are costed by their rules, not as the allocation that
+    # is all their "decomposition" dispatches
+    with torch.inference_mode(), flopscope.Counter(warn=False) as counter:
+        legacy()
+    ops = counter.report.by_op()
+    int8 = ops["aten.fbgemm_linear_int8_weight_fp32_activation.default"].cost
+    # 6 x 16 @ 16 x 32: 3,072 MACs; float: 4 per input element (384) and scale + bias per output
+    # element (2 * 192 = 384): 768
+    assert (int8.macs, int8.flops) == (3_072, 768)
+    fp16 = ops["aten.fbgemm_linear_fp16_weight_fp32_activation.default"].cost
+    # float GEMM: 2 * 3,072 + 192 bias adds = 6,336
+    assert (fp16.macs, fp16.flops) == (3_072, 6_336)
+    assert counter.report.uncounted == {}

@@ -79,15 +79,31 @@ def index_copy(call: OpCall) -> Cost:
     return _scatter_in_place(call, source if isinstance(source, torch.Tensor) else None)
 
 
+# Element-wise FLOPs of one recurrent cell per (step, batch row, hidden unit), after its two
+# products x W_ih^T and h W_hh^T and without their bias adds (1 per gate element each, counted
+# with the products). As PyTorch's CPU cells compute them (aten/src/ATen/native/RNN.cpp, the
+# LSTMCell, GRUCell and SimpleCell templates; the same operators nn.LSTMCell/GRUCell/RNNCell
+# decompose into):
+#   LSTM (4 gates i, f, g, o): gates = hh + ih (4 adds); sigmoid of i, f, o (3 x 4 = 12: negate,
+#     exp, add, divide); tanh of g (1); c' = f*c + i*g (2 multiplies, 1 add); h' = o * tanh(c')
+#     (1 tanh, 1 multiply): 4 + 12 + 1 + 3 + 2 = 22.
+#   GRU (3 gates r, z, n): r = sigmoid(ih_r + hh_r), z = sigmoid(ih_z + hh_z) (2 x (1 + 4) = 10);
+#     n = tanh(ih_n + r * hh_n) (3); h' = (h - n) * z + n (3): 16.
+#   RNN (1 gate): tanh or relu of hh + ih: 2.
+CELL_FLOPS = {"lstm": 22, "gru": 16, "rnn_tanh": 2, "rnn_relu": 2}
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
 @rule("aten::mkldnn_rnn_layer")
 def mkldnn_rnn_layer(call: OpCall) -> Cost:
     """One oneDNN LSTM layer (one direction) over T steps, batch B, input I, hidden H:
-    gates = x W_ih^T + h W_hh^T (+ b): T*B*4H*(I + H) MACs; per step and hidden unit the cell does
-    3 sigmoids (4 each), 2 tanh (1 each), 3 multiplies and 1 add, plus the 2 bias adds per gate
-    (8): 24 FLOPs per (step, batch, hidden unit)."""
+    gates = x W_ih^T + b_ih + h W_hh^T + b_hh: T*B*4H*(I + H) MACs; per (step, batch, hidden
+    unit) the 2 bias adds per gate (8, with biases) and the cell's 22 (``CELL_FLOPS``): 30 FLOPs,
+    exactly what the same layer counts as unrolled ``nn.LSTMCell`` steps."""
     steps_batch, macs = _lstm_layer(call)
     hidden = int(named_arg(call, "hidden_size"))
-    return call.cost(macs=macs, flops=2 * macs + 24 * steps_batch * hidden)
+    per = CELL_FLOPS["lstm"] + 2 * GATES["lstm"] * int(bool(named_arg(call, "has_biases", True)))
+    return call.cost(macs=macs, flops=2 * macs + per * steps_batch * hidden)
 
 
 def _lstm_layer(call: OpCall) -> tuple[int, int]:

@@ -28,6 +28,7 @@ import torch
 from flopscope.cost import Cost, OpCall
 from flopscope.rules._shapes import named_arg
 from flopscope.rules.conv import conv_macs
+from flopscope.rules.misc import CELL_FLOPS
 from flopscope.rules.registry import rule
 
 # These rules state integer and float work themselves (read by the counter's number-kind
@@ -315,3 +316,174 @@ def embedding_prepack(call: OpCall) -> Cost:
 def embedding_unpack(call: OpCall) -> Cost:
     """Dequantize a row-wise quantized table to float: q * scale + bias, 2 FLOPs per element."""
     return call.cost(flops=2 * call.out_numel())
+
+
+# --- Recurrent layers and cells (``quantize_dynamic`` on nn.LSTM/GRU/LSTMCell/GRUCell/RNNCell) --
+#
+# A quantized recurrent step is the float step (``flopscope.rules.misc.CELL_FLOPS``) with its two
+# products x W_ih^T + b_ih and h W_hh^T + b_hh done by a dynamically quantized (int8) or
+# float16-weight linear kernel (aten/src/ATen/native/RNN.cpp: ``QuantizedCellParamsDynamic``,
+# ``QuantizedCellParamsFP16`` and the legacy ``QuantizedCellParams``; the bias is in the pack and
+# is added by the linear kernel). Per (step, batch row) and layer direction, with I inputs, H
+# hidden units and G gates (LSTM 4, GRU 3, RNN 1):
+#   MACs = G*H*(I + H), as the float layer;
+#   int8 weights: each product is ``quantized::linear_dynamic`` -- choose the input's
+#     quantization parameters and quantize it (4 per input element: 4*I and 4*H), scale the int32
+#     accumulator (G*H each) and add the bias (G*H each): 4*(I + H) + 4*G*H float FLOPs;
+#   float16 weights: float GEMMs, 2*MACs + the bias adds (2*G*H);
+#   plus the cell's element-wise FLOPs, CELL_FLOPS * H.
+# So int8 FLOPs = the float model's FLOPs - 2*MACs + 4*(I + H) + 2*G*H per row, and float16 FLOPs
+# equal the float model's.
+
+
+def cell_params(obj: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                    torch.Tensor | None]:
+    """``(w_ih, w_hh, b_ih, b_hh)`` of a quantized recurrent layer's parameters, a
+    ``torch.classes.rnn.CellParamsBase`` script object (one per layer and direction, read through
+    its pickled state: ``(kind, tensors, doubles, longs, packed linear params)``). The weights are
+    int8 (a quantized tensor, or plain ``int8`` for the legacy ``"quantized"`` kind) or, for the
+    ``"quantized_fp16"`` kind, float (their float16 values, unpacked as float32).
+
+    Raises:
+        ValueError: ``obj`` is not a recurrent cell's parameters.
+    """
+    try:
+        state = obj.__getstate__()
+    except (AttributeError, RuntimeError) as e:
+        raise ValueError(f"not recurrent cell parameters: {type(obj).__name__}") from e
+    if len(state) == 2 and isinstance(state[1], str):  # (state, class name) from the pickler
+        state = state[0]
+    _, tensors, _, _, packs = state
+    if len(packs) == 2:  # "quantized_dynamic", "quantized_fp16": weight and bias in each pack
+        (w_ih, b_ih), (w_hh, b_hh) = (p.unpack() for p in packs)
+        return w_ih, w_hh, b_ih, b_hh
+    if len(tensors) >= 4:  # legacy "quantized": int8 weights, float biases, column offsets
+        return tensors[0], tensors[1], tensors[2], tensors[3]
+    raise ValueError(f"recurrent cell parameters of an unknown layout: {state[0]!r}")
+
+
+def _int8(weight: torch.Tensor) -> bool:
+    return bool(weight.is_quantized) or weight.dtype == torch.int8
+
+
+def _weight_bytes(weight: torch.Tensor) -> int:
+    """Bytes of a recurrent weight as its kernel reads it: 1 per int8 element, 2 per float16
+    element (a float16 pack unpacks as float32)."""
+    return int(weight.numel()) * (1 if _int8(weight) else 2)
+
+
+def _rnn_linear(rows: int, weight: torch.Tensor, bias: Any) -> tuple[int, int]:
+    """(MACs, FLOPs) of ``rows`` rows times a recurrent weight [G*H, K] plus bias: rows*G*H*K
+    MACs; int8: 4 per input element (choose qparams, quantize) and 1 per output (scale) + 1 per
+    output with a bias; float16 weights: 2 per MAC + 1 per output with a bias."""
+    out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
+    macs = rows * out_features * in_features
+    biased = int(isinstance(bias, torch.Tensor))
+    if _int8(weight):
+        return macs, 4 * rows * in_features + rows * out_features * (1 + biased)
+    return macs, 2 * macs + rows * out_features * biased
+
+
+def _rnn_kind(call: OpCall) -> str:
+    name = call.op._schema.name.split("::")[1]
+    for kind in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        if kind in name:
+            return kind
+    raise ValueError(f"{call.name}: not a recurrent operator")
+
+
+def _rnn_cost(call: OpCall, rows: int, weights: list[tuple[Any, Any, Any, Any]]) -> Cost:
+    """Cost of ``rows`` rows through every (w_ih, w_hh, b_ih, b_hh) of ``weights``."""
+    kind = _rnn_kind(call)
+    macs = flops = extra = 0
+    for w_ih, w_hh, b_ih, b_hh in weights:
+        hidden = int(w_hh.shape[1])
+        for weight, bias in ((w_ih, b_ih), (w_hh, b_hh)):
+            m, f = _rnn_linear(rows, weight, bias)
+            macs, flops = macs + m, flops + f
+            extra += _weight_bytes(weight) + _nbytes(bias)
+        flops += CELL_FLOPS[kind] * rows * hidden
+    read, written = call.io_bytes()
+    return Cost(macs, flops, read + extra, written)
+
+
+@rule("aten::quantized_lstm.input", "aten::quantized_lstm.data", "aten::quantized_gru.input",
+      "aten::quantized_gru.data")
+def quantized_rnn(call: OpCall) -> Cost:
+    """A dynamically quantized (int8 or float16 weights) multi-layer LSTM/GRU over a sequence
+    (``torch.ao.nn.quantized.dynamic.LSTM``/``GRU``): for every layer and direction, every
+    (step, batch row) -- T*B rows of a [T, B, I] input, the packed sequence's rows for ``.data``
+    -- costs the two products G*H*(I_layer + H) MACs with their float quantization work, and the
+    cell's element-wise FLOPs (see the section comment). Bytes: inputs, outputs, the int8 (1 B) or
+    float16 (2 B) weights and the float biases, each read once."""
+    x = call.args[0]
+    rows = int(x.shape[0]) if call.op._overloadname == "data" else \
+        int(x.numel()) // max(1, int(x.shape[-1]))
+    params = named_arg(call, "params")
+    return _rnn_cost(call, rows, [cell_params(p) for p in params])
+
+
+@rule("quantized::quantized_lstm_cell_dynamic", "quantized::quantized_gru_cell_dynamic",
+      "quantized::quantized_rnn_relu_cell_dynamic", "quantized::quantized_rnn_tanh_cell_dynamic")
+def quantized_rnn_cell_dynamic(call: OpCall) -> Cost:
+    """One step of a dynamically quantized LSTMCell/GRUCell/RNNCell (int8 or float16 packed
+    weights; the packed biases are the ones added): B rows of the float cell's step with its two
+    products done by the quantized linear kernel (see the section comment)."""
+    x = call.args[0]
+    rows = int(x.numel()) // max(1, int(x.shape[-1]))
+    w_ih, b_ih = call.args[2].unpack()
+    w_hh, b_hh = call.args[3].unpack()
+    return _rnn_cost(call, rows, [(w_ih, w_hh, b_ih, b_hh)])
+
+
+@rule("aten::fbgemm_linear_int8_weight_fp32_activation", "aten::fbgemm_linear_int8_weight")
+def fbgemm_linear_int8(call: OpCall) -> Cost:
+    """Legacy FBGEMM linear layer with an int8 weight [N, K] and float input and output (what the
+    legacy ``aten::quantized_lstm_cell`` family runs): as ``quantized::linear_dynamic`` with a
+    bias, M*K*N integer MACs; float: the input's min and max and its quantization (4 per input
+    element), the accumulator's scale and the bias (2 per output element)."""
+    x, weight = call.args[0], call.args[1]
+    macs = _linear_macs(x, weight)
+    return call.cost(macs=macs, flops=4 * int(x.numel()) + 2 * call.out_numel())
+
+
+@rule("aten::fbgemm_linear_fp16_weight_fp32_activation",
+      "aten::fbgemm_linear_fp16_weight_fp32_activation.out", "aten::fbgemm_linear_fp16_weight",
+      "aten::fbgemm_linear_fp16_weight.out")
+def fbgemm_linear_fp16(call: OpCall) -> Cost:
+    """Legacy FBGEMM linear layer with a packed float16 weight: a float GEMM, M*K*N MACs (K the
+    input's last size, N the output's) and 2*M*K*N FLOPs, + 1 per output element with a bias.
+    The packed weight is an opaque handle; its K*N float16 values (2 B each) are added to the
+    bytes read."""
+    x, out = call.args[0], call.output
+    k, n = int(x.shape[-1]), int(out.shape[-1])
+    macs = int(out.numel()) * k
+    biased = int(isinstance(named_arg(call, "bias"), torch.Tensor))
+    read, written = call.io_bytes()
+    return Cost(macs, 2 * macs + int(out.numel()) * biased, read + 2 * k * n, written)
+
+
+@rule("aten::fbgemm_linear_quantize_weight")
+def fbgemm_quantize_weight(call: OpCall) -> Cost:
+    """Quantize a float weight to int8 for the legacy FBGEMM linear layer: its min and max
+    (2 per element) and the quantization (2 per element): 4 FLOPs per element; the column
+    offsets are integer sums."""
+    return call.cost(flops=4 * int(call.args[0].numel()))
+
+
+@rule("aten::fbgemm_pack_quantized_matrix", "aten::fbgemm_pack_gemm_matrix_fp16",
+      "quantized::make_quantized_cell_params_dynamic",
+      "quantized::make_quantized_cell_params_fp16")
+def fbgemm_pack(call: OpCall) -> Cost:
+    """Packing weights for a kernel (a layout change, float16 packing a dtype conversion) and
+    wrapping packed weights as a recurrent layer's parameters: 0 FLOPs; bytes of the tensor
+    inputs and outputs."""
+    return call.cost(flops=0)
+
+
+@rule("quantized::make_quantized_cell_params")
+def make_cell_params(call: OpCall) -> Cost:
+    """Legacy recurrent parameters from float weights: each of w_ih and w_hh is quantized as by
+    ``fbgemm_linear_quantize_weight`` (4 FLOPs per element)."""
+    w_ih, w_hh = call.args[0], call.args[1]
+    return call.cost(flops=4 * (int(w_ih.numel()) + int(w_hh.numel())))
