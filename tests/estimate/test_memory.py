@@ -95,3 +95,71 @@ def test_adamw_state_is_twice_the_parameters() -> None:
 def test_bad_optimizer() -> None:
     with pytest.raises(UsageError, match="unknown optimizer 'lion'"):
         peak_memory(_mlp(), torch.randn(1, 256), train=True, optimizer="lion")
+
+
+def _profiler_peak_above_start(fn: object) -> int:
+    """The most bytes allocated and not yet freed at once while ``fn()`` runs, from
+    torch.profiler's allocation events in time order (every CPU allocation, kernel scratch
+    included): an independent measurement of the same run."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    assert callable(fn)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    deltas: list[tuple[int, int]] = []
+    todo = list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        node = todo.pop()
+        if node.tag == _EventType.Allocation:
+            deltas.append((node.start_time_ns, node.extra_fields.alloc_size))
+        todo.extend(node.children)
+    current = peak = 0
+    for _, delta in sorted(deltas):
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def test_matrix_product_layout_copy_is_workspace() -> None:
+    """The gradient of ``out.sum()`` is an expanded tensor (strides (0, 0)); the backward of
+    ``mm`` hands it to BLAS, which takes only row- or column-major matrices, so ATen copies it
+    to a dense (64, 4096) matrix while the call runs (``addmm_impl_cpu_``)."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4096, bias=False)
+    x = torch.randn(64, 16)
+    _, mem = peak_memory(model, x, train=True, optimizer=None)
+    # weight 4096*16*4 = 262,144; input 64*16*4 = 4,096; in the backward mm: the weight's
+    # gradient (262,144) and the copy of the expanded output gradient 64*4096*4 = 1,048,576;
+    # the loss and its seed gradient, 4 B each. The forward holds only 1,048,576 of output.
+    assert mem.at_peak == {"parameters": 262_144, "inputs": 4_096, "gradients": 262_144,
+                           "activations": 8, "workspace": 1_048_576}
+    assert mem.peak_bytes == 1_576_968
+    assert (mem.peak_phase, mem.peak_op) == ("backward", "aten.mm.default")
+    _, meta = peak_memory(model, x, train=True, optimizer=None, shape_only=True)
+    assert meta.at_peak == mem.at_peak
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    measured = _profiler_peak_above_start(step)
+    model.weight.grad = None
+    assert 262_144 + 4_096 + measured == mem.peak_bytes
+
+
+def test_blas_ready_operands_are_not_copied() -> None:
+    from flopscope.cost import OpCall, Phase
+    from flopscope.estimate.memory import layout_copy_bytes
+
+    a = torch.randn(8, 4)
+    b = torch.randn(6, 4).t()  # column-major (strides (1, 4)): BLAS takes it transposed
+    mm = torch.ops.aten.mm.default
+
+    def copied(x: torch.Tensor, y: torch.Tensor) -> int:
+        return layout_copy_bytes(OpCall(mm, (x, y), {}, mm(x, y), Phase.FORWARD, False))
+
+    assert copied(a, b) == 0
+    assert copied(a[:, ::2], b[::2]) == 8 * 2 * 4 + 2 * 6 * 4  # steps of 2: both copied
+    assert copied(a, torch.ones(4, 1).expand(4, 6)) == 4 * 6 * 4  # stride 0
+    add = torch.ops.aten.add.Tensor
+    assert layout_copy_bytes(OpCall(add, (a, a), {}, a + a, Phase.FORWARD, False)) == 0

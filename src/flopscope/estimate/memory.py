@@ -11,12 +11,16 @@ meta tensors, so a training step can be sized without running it.
 
 What is counted: every storage an observed operator call produced or read (parameters, buffers,
 inputs, gradients, optimizer state, activations saved for backward, temporaries), at its exact
-size (``nbytes``). What is not: the allocator's rounding and caching (the CUDA caching allocator
-rounds to 512 bytes and keeps freed blocks reserved: ``torch.cuda.memory_reserved`` is larger),
-scratch memory inside a kernel (cuBLAS/cuDNN/oneDNN workspaces, a decomposition's intermediate
-results), the CUDA context and library code (hundreds of MB per process), and allocations inside
-a module costed by a module rule (its operators are not observed). Python objects and non-tensor
-memory are never seen.
+size (``nbytes``); and one kind of scratch memory inside a kernel that follows from the call's
+arguments alone, the *layout copies* of the matrix-product kernels (see :func:`layout_copy_bytes`:
+an ``mm``/``addmm`` operand that is neither row- nor column-major, such as the expanded gradient
+of a ``sum``, is copied to a dense matrix for BLAS while the call runs; category ``workspace``).
+What is not: the allocator's rounding and caching (the CUDA caching allocator rounds to 512 bytes
+and keeps freed blocks reserved: ``torch.cuda.memory_reserved`` is larger), other scratch memory
+inside a kernel (cuBLAS/cuDNN/oneDNN workspaces and reordered weights, a decomposition's
+intermediate results), the CUDA context and library code (hundreds of MB per process), and
+allocations inside a module costed by a module rule (its operators are not observed). Python
+objects and non-tensor memory are never seen.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ import torch
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.roofline import ancestors
 
-__all__ = ["CATEGORIES", "MemoryProfile", "MemoryTracker"]
+__all__ = ["CATEGORIES", "MemoryProfile", "MemoryTracker", "layout_copy_bytes"]
 
 CATEGORIES = (
     "parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations",
-    "temporaries", "other",
+    "temporaries", "workspace", "other",
 )
 """Categories of live memory at the peak:
 
@@ -46,6 +50,8 @@ CATEGORIES = (
 - ``activations``: storages allocated in the forward phase and live at the peak (saved for
   backward, or the model's outputs);
 - ``temporaries``: other storages allocated during the run (backward and optimizer temporaries);
+- ``workspace``: scratch memory a kernel holds only while it runs (the matrix products' layout
+  copies, :func:`layout_copy_bytes`), live at the peak when the peak is inside such a call;
 - ``other``: storages that existed before the run and were not registered (first seen read).
 """
 
@@ -65,6 +71,56 @@ def _returns_alias(op: Any) -> bool:
         entry = (aliasing, op)
         _ALIASING[id(op)] = entry
     return entry[0]
+
+
+def _blas_ready(t: torch.Tensor) -> bool:
+    """Whether a matrix operand can be handed to BLAS as it is: row-major (unit column stride,
+    row stride at least the number of columns) or column-major (the transpose). This is ATen's
+    test in ``addmm_impl_cpu_`` (aten/src/ATen/native/LinearAlgebra.cpp), which otherwise runs
+    ``clone(MemoryFormat::Contiguous)`` on the operand; cuBLAS's ``prepare_matrix_for_cublas``
+    (aten/src/ATen/native/cuda/Blas.cpp) makes the same test and the same copy."""
+    rows, cols = t.shape
+    s0, s1 = t.stride()
+    return (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows))
+
+
+_MATRIX_OPERANDS: dict[Any, tuple[int, ...]] = {}  # operator -> positions of its two matrices
+
+
+def _matrix_operands() -> dict[Any, tuple[int, ...]]:
+    if not _MATRIX_OPERANDS:
+        aten = torch.ops.aten
+        _MATRIX_OPERANDS.update({aten.mm.default: (0, 1), aten.addmm.default: (1, 2),
+                                 aten._addmm_activation.default: (1, 2)})
+    return _MATRIX_OPERANDS
+
+
+def layout_copy_bytes(call: OpCall) -> int:
+    """Bytes of the dense copies a matrix-product kernel makes of operands BLAS cannot read in
+    place, held while the call runs and freed when it returns.
+
+    ``mm`` and ``addmm`` (hence ``linear`` and ``matmul`` on 2-D and folded 3-D inputs) hand each
+    operand to BLAS as a row- or column-major matrix; an operand with neither layout (an expanded
+    tensor with stride 0, such as the gradient of ``out.sum()``; a slice with a step) is first
+    copied to a contiguous matrix of the same shape and dtype. The backward of ``linear`` under
+    a ``sum`` loss multiplies by that expanded gradient twice (input and weight gradients): one
+    copy of the output's size each time. Other kernels' scratch is not modelled.
+
+    Args:
+        call: the operator call.
+
+    Returns:
+        The bytes copied (0 for other operators and for operands BLAS takes as they are).
+    """
+    positions = _matrix_operands().get(call.op)
+    if positions is None:
+        return 0
+    total = 0
+    for i in positions:
+        t = call.args[i] if i < len(call.args) else None
+        if isinstance(t, torch.Tensor) and t.dim() == 2 and t.numel() and not _blas_ready(t):
+            total += t.numel() * t.element_size()
+    return total
 
 
 _PHASE_CATEGORY = {Phase.FORWARD: "activations", Phase.RECOMPUTE: "activations",
@@ -229,10 +285,19 @@ class MemoryTracker:
             elif alloc.nbytes != nbytes:  # resized in place (out= arguments, resize_)
                 self.current += nbytes - alloc.nbytes
                 alloc.nbytes = nbytes
+        scratch = layout_copy_bytes(call)
+        if scratch:  # live while the call runs (with its inputs and outputs), then freed
+            work = _Alloc(-1, scratch, self._event, "workspace", path, phase.value)
+            self._allocs.append(work)
+            self.current += scratch
         hwm = self._hwm.get(path, 0)
         if self.current > hwm:
             self._hwm[path] = self.current
         self._note_peak(path, phase.value, op)
+        if scratch:
+            self._event += 1
+            work.died = self._event
+            self.current -= scratch
 
     # -- results --------------------------------------------------------------------------------
     def profile(self, *, relabel: Mapping[str, Iterable[Any]] | None = None) -> MemoryProfile:
