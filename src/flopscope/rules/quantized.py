@@ -411,11 +411,17 @@ def _rnn_cost(call: OpCall, rows: int, weights: list[tuple[Any, Any, Any, Any]])
       "aten::quantized_gru.data")
 def quantized_rnn(call: OpCall) -> Cost:
     """A dynamically quantized (int8 or float16 weights) multi-layer LSTM/GRU over a sequence
-    (``torch.ao.nn.quantized.dynamic.LSTM``/``GRU``): for every layer and direction, every
+    (``torch.ao.nn.quantized.dynamic.LSTM``/``GRU``). For every layer and direction, every
     (step, batch row) -- T*B rows of a [T, B, I] input, the packed sequence's rows for ``.data``
-    -- costs the two products G*H*(I_layer + H) MACs with their float quantization work, and the
-    cell's element-wise FLOPs (see the section comment). Bytes: inputs, outputs, the int8 (1 B) or
-    float16 (2 B) weights and the float biases, each read once."""
+    -- with G gates (LSTM 4, GRU 3), H hidden units and I_l inputs to the layer: the two products
+    x W_ih^T + b_ih and h W_hh^T + b_hh, G*H*(I_l + H) MACs as in the float layer; their float
+    work: int8 weights, quantize x and h (4 per element: min, max, scale, round) and scale and
+    bias each product's G*H outputs: 4*(I_l + H) + 4*G*H; float16 weights, float GEMMs: 2 per
+    MAC + 2*G*H bias adds; then the cell's element-wise FLOPs per hidden unit (LSTM 22: the
+    gates' sum 4, 3 sigmoids 12, 2 tanh, 3 multiplies, 1 add; GRU 16). So float16 counts exactly
+    as the float model, and int8 as the float model minus 2 per MAC plus 4*(I_l + H) + 2*G*H per
+    row. Bytes: inputs, outputs, the int8 (1 B) or float16 (2 B) weights and the float biases,
+    each read once."""
     x = call.args[0]
     rows = int(x.shape[0]) if call.op._overloadname == "data" else \
         int(x.numel()) // max(1, int(x.shape[-1]))
@@ -427,8 +433,10 @@ def quantized_rnn(call: OpCall) -> Cost:
       "quantized::quantized_rnn_relu_cell_dynamic", "quantized::quantized_rnn_tanh_cell_dynamic")
 def quantized_rnn_cell_dynamic(call: OpCall) -> Cost:
     """One step of a dynamically quantized LSTMCell/GRUCell/RNNCell (int8 or float16 packed
-    weights; the packed biases are the ones added): B rows of the float cell's step with its two
-    products done by the quantized linear kernel (see the section comment)."""
+    weights; the packed biases are the ones added): B rows, each costed as a row of
+    ``aten::quantized_lstm`` (G*H*(I + H) MACs; int8: 4*(I + H) + 4*G*H float FLOPs for the
+    products, float16: 2 per MAC + 2*G*H) plus the cell's element-wise FLOPs per hidden unit
+    (LSTM 22, GRU 16, RNN tanh or relu 2: the gates' sum and the activation)."""
     x = call.args[0]
     rows = int(x.numel()) // max(1, int(x.shape[-1]))
     w_ih, b_ih = call.args[2].unpack()
