@@ -1,6 +1,7 @@
-"""Parallel layouts: a world of ranks split into data (FSDP2) x tensor parallel, the
-device mesh for it, and the standard plans applied with PyTorch's own APIs
-(``parallelize_module``, ``fully_shard``)."""
+"""Parallel layouts: a world of ranks split into pipeline stages x data (FSDP2) x tensor
+parallel, the device mesh for it, and the standard plans applied with PyTorch's own APIs
+(``parallelize_module``, ``fully_shard``; pipelining in :mod:`flopscope.distributed.pipeline`,
+experts in :mod:`flopscope.distributed.experts`)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ __all__ = ["Layout", "apply_layout", "llama_tp_plan"]
 
 @dataclass(frozen=True)
 class Layout:
-    """How ``world_size`` ranks are split: ``fsdp`` data-parallel (FSDP2) shards x ``tp``
-    tensor-parallel ranks (``world_size = fsdp * tp``; tensor-parallel ranks are neighbours).
+    """How ``world_size`` ranks are split: ``pp`` pipeline stages x ``fsdp`` data-parallel
+    (FSDP2) shards x ``tp`` tensor-parallel ranks (``world_size = pp * fsdp * tp``; tensor-parallel
+    ranks are neighbours, pipeline stages the outermost dimension: rank
+    ``(stage * fsdp + d) * tp + t``). Expert parallelism (``ep``) shards a mixture of experts'
+    experts over ``ep`` consecutive data-parallel ranks (it needs ``tp = pp = 1`` here).
 
     Attributes:
         world_size: ranks in the job.
         tp: tensor-parallel degree (innermost mesh dimension).
-        fsdp: FSDP2 degree; ``None``: ``world_size // tp``.
-        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel);
-            experimental: the plan does not yet run on transformers' Llama (rotary embeddings).
+        fsdp: FSDP2 degree; ``None``: ``world_size // (tp * pp)``.
+        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel).
         rank: the rank to describe.
+        pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
+        ep: expert-parallel degree (a divisor of the data-parallel degree).
 
     Raises:
         UsageError: the degrees do not multiply to the world size, or the rank is out of range.
@@ -36,34 +41,58 @@ class Layout:
     fsdp: int | None = None
     sequence_parallel: bool = False
     rank: int = 0
+    pp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "tp"):
+        for name in ("world_size", "tp", "pp", "ep"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got "
                                  f"{getattr(self, name)}")
-        if self.world_size % self.tp:
-            raise UsageError(f"world size {self.world_size} is not a multiple of tp = {self.tp}")
-        if self.fsdp is not None and self.fsdp * self.tp != self.world_size:
+        if self.world_size % (self.tp * self.pp):
+            raise UsageError(f"world size {self.world_size} is not a multiple of tp x pp = "
+                             f"{self.tp} x {self.pp}")
+        if self.fsdp is not None and self.fsdp * self.tp * self.pp != self.world_size:
             raise UsageError(
-                f"tp x fsdp = {self.tp} x {self.fsdp} = {self.tp * self.fsdp}, not the world "
-                f"size {self.world_size}")
+                f"pp x fsdp x tp = {self.pp} x {self.fsdp} x {self.tp} = "
+                f"{self.pp * self.fsdp * self.tp}, not the world size {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+        if self.ep > 1:
+            if self.tp > 1 or self.pp > 1:
+                raise UsageError("--ep combines with --fsdp only here (not with --tp or --pp)")
+            if self.dp % self.ep:
+                raise UsageError(f"the data-parallel degree {self.dp} is not a multiple of "
+                                 f"ep = {self.ep}: experts are sharded over data-parallel ranks")
 
     @property
     def dp(self) -> int:
         """The data-parallel (FSDP2) degree."""
-        return self.fsdp if self.fsdp is not None else self.world_size // self.tp
+        return self.fsdp if self.fsdp is not None else self.world_size // (self.tp * self.pp)
+
+    @property
+    def stage(self) -> int:
+        """The pipeline stage of :attr:`rank`."""
+        return self.rank // (self.dp * self.tp)
+
+    def stage_ranks(self) -> list[int]:
+        """For every pipeline stage, the rank of the same data- and tensor-parallel position as
+        :attr:`rank` (the ranks of ``rank``'s pipeline group, in stage order)."""
+        inner = self.rank % (self.dp * self.tp)
+        return [s * self.dp * self.tp + inner for s in range(self.pp)]
 
     def mesh(self) -> Any:
-        """The device mesh (``dp``, ``tp``) on the CPU (dimensions of size 1 kept).
+        """The device mesh on the CPU: (``dp``, ``tp``), or (``pp``, ``dp``, ``tp``) with
+        pipeline stages (dimensions of size 1 kept).
 
         Returns:
             A :class:`torch.distributed.device_mesh.DeviceMesh`.
         """
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.pp > 1:
+            return init_device_mesh("cpu", (self.pp, self.dp, self.tp),
+                                    mesh_dim_names=("pp", "dp", "tp"))
         return init_device_mesh("cpu", (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
 
 
@@ -129,13 +158,16 @@ def _has(module: nn.Module, path: str) -> bool:
     return True
 
 
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a transformers causal LM (``model.model.layers``) or base model."""
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a transformers causal LM (``model.model.layers``) or base model
+    (a pipeline stage holds its layers in a ``ModuleDict`` keyed by their indices)."""
     for path in ("model.layers", "layers", "model.decoder.layers", "transformer.h"):
         if _has(model, path):
             found = model.get_submodule(path)
             if isinstance(found, nn.ModuleList):
-                return found
+                return list(found)
+            if isinstance(found, nn.ModuleDict):
+                return list(found.values())
     raise UsageError(
         f"{type(model).__name__} has no list of decoder layers (model.layers): parallel layouts "
         "are applied to transformers decoder models (Llama, Mistral, Qwen2 ...)")

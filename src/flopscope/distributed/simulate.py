@@ -17,11 +17,18 @@ from torch.utils._pytree import tree_iter, tree_map_only
 from flopscope.cost import Cost, Phase
 from flopscope.counter import Counter
 from flopscope.distributed.layout import Layout, apply_layout
+from flopscope.distributed.pipeline import (
+    DecoderStage,
+    PipelineReport,
+    StageRun,
+    pipeline_report,
+    run_stage,
+)
 from flopscope.errors import UsageError
 from flopscope.report import Report
 from flopscope.run import Inputs, count
 
-__all__ = ["count_rank", "fake_world", "simulate"]
+__all__ = ["count_rank", "fake_world", "simulate", "simulate_pipeline"]
 
 
 @contextmanager
@@ -50,6 +57,34 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Clear DTensor's caches keyed by device meshes.
+
+    A mesh equals any mesh of the same shape and names, so a cached sharding decision from an
+    earlier (destroyed) world would hand back that world's mesh, whose process groups no longer
+    resolve (a simulated rank of another stage in the same process fails with "Could not
+    resolve the process group")."""
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:  # torch built without distributed
+        return
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:  # the C++ dispatch fast path's cache
+        clear_native()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    cached = getattr(getattr(propagator, "propagate_op_sharding", None), "cache", None)
+    if cached is not None:
+        cached.cache_clear()
+    for name in ("_gen_transform_infos",):
+        fn = getattr(_redistribute, name, None)
+        if fn is not None and hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+    clear = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if clear is not None:
+        clear()
 
 
 def count_rank(
@@ -115,6 +150,83 @@ def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     return mode.from_tensor(t)
 
 
+def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise UsageError("a pipeline-parallel simulation takes the model's token ids, a (batch, "
+                         "sequence) tensor, as input_ids (or the first argument)")
+    return ids
+
+
+def _stage_run(
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]],
+    layout: Layout,
+    *,
+    backward: bool,
+    shape_only: bool,
+    microbatches: int | None,
+    schedule: str,
+    count_kwargs: dict[str, Any],
+) -> StageRun:
+    """Count the pipeline stage of ``layout.rank`` (sharded by the rest of the layout)."""
+    with fake_world(layout.world_size, layout.rank):
+        model, args, kwargs = build()
+        ids = _token_ids(args, kwargs)
+        config = getattr(model, "config", None)
+        stage = DecoderStage(model, layout.stage, layout.pp)
+        del model
+        mesh = layout.mesh()
+        apply_layout(stage, layout, mesh)
+        run = dict(stage=layout.stage, stages=layout.pp, group=mesh["pp"].get_group(),
+                   microbatches=microbatches or layout.pp, schedule=schedule,
+                   backward=backward, config=config, count_kwargs=count_kwargs)
+        if not shape_only:
+            return run_stage(stage, ids, **run)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+            stage.to_empty(device="cpu")
+            return run_stage(stage, _fake(mode, ids), **run)
+
+
+def simulate_pipeline(
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]],
+    layout: Layout,
+    *,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+    backward: bool = False,
+    shape_only: bool = True,
+    **count_kwargs: Any,
+) -> PipelineReport:
+    """Count every stage of a pipeline: the ranks of ``layout.rank``'s pipeline group, each on
+    its own fake process group, under torch's pipeline schedule, and the schedule's bubble.
+
+    Args:
+        build: returns ``(model, args, kwargs)``: a transformers decoder LM (on ``meta`` for large
+            models) and one step's token ids (batch, sequence) for the pipeline group.
+        layout: the layout (``pp`` > 1; with ``tp`` and ``fsdp`` the stages are sharded too).
+        microbatches: microbatches per step (``None``: ``pp``); must divide the batch.
+        schedule: ``1f1b`` or ``gpipe``.
+        backward: a training step (loss = the sum of the logits).
+        shape_only: count on fake tensors.
+        **count_kwargs: options of :class:`flopscope.Counter` (``rules``, ``strict``, ``warn``).
+
+    Returns:
+        A :class:`~flopscope.distributed.pipeline.PipelineReport`.
+
+    Raises:
+        UsageError: ``pp`` is 1, a bad layout, schedule or microbatch count, or a model that is
+            not a decoder of the expected structure.
+    """
+    if layout.pp < 2:
+        raise UsageError("simulate_pipeline() needs a layout with pp >= 2")
+    ranks = layout.stage_ranks()
+    runs = [_stage_run(build, dataclasses.replace(layout, rank=r), backward=backward,
+                       shape_only=shape_only, microbatches=microbatches, schedule=schedule,
+                       count_kwargs=count_kwargs) for r in ranks]
+    runs = [StageRun(dataclasses.replace(r.report, shape_only=shape_only), r.actions) for r in runs]
+    return pipeline_report(schedule, microbatches or layout.pp, ranks, runs)
+
+
 def simulate(
     build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]],
     layout: Layout,
@@ -122,6 +234,8 @@ def simulate(
     backward: bool = False,
     shape_only: bool = True,
     logical: bool = True,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -143,6 +257,9 @@ def simulate(
         shape_only: count on fake/meta tensors (no arithmetic).
         logical: also count the unsharded model for ``logical`` and ``replicated`` (about doubles
             the time).
+        microbatches: with ``layout.pp`` > 1, microbatches per step (``None``: ``pp``).
+        schedule: with ``layout.pp`` > 1, the pipeline schedule (``1f1b`` or ``gpipe``); the
+            rank's stage is counted over one step (every stage: :func:`simulate_pipeline`).
         **count_kwargs: options of :class:`flopscope.Counter` (``rules``, ``strict``, ``warn``).
 
     Returns:
@@ -152,18 +269,13 @@ def simulate(
     Raises:
         UsageError: a bad layout, or torch.distributed already initialized.
     """
-    with fake_world(layout.world_size, layout.rank):
-        model, args, kwargs = build()
-        apply_layout(model, layout, layout.mesh())
-        if not shape_only:
-            report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
-        else:
-            # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
-                model.to_empty(device="cpu")
-                fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
-                report = count_rank(model, *fake, backward=backward, **count_kwargs)
-        del model
+    if layout.pp > 1:
+        report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
+                            microbatches=microbatches, schedule=schedule,
+                            count_kwargs=count_kwargs).report
+    else:
+        report = _one_rank(build, layout, backward=backward, shape_only=shape_only,
+                           count_kwargs=count_kwargs)
     if not logical:
         return dataclasses.replace(report, shape_only=shape_only)
     # the logical figure: the same model unsharded, on the same (local) inputs
@@ -181,3 +293,27 @@ def simulate(
                        and local[(r.module, r.op, r.phase)] == unsharded.get((r.module, r.op, r.phase)))
     return dataclasses.replace(report, shape_only=shape_only, logical=whole.records,
                                replicated=replicated)
+
+
+def _one_rank(
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]],
+    layout: Layout,
+    *,
+    backward: bool,
+    shape_only: bool,
+    count_kwargs: dict[str, Any],
+) -> Report:
+    """Count ``layout.rank`` of a layout without pipeline stages."""
+    with fake_world(layout.world_size, layout.rank):
+        model, args, kwargs = build()
+        apply_layout(model, layout, layout.mesh())
+        if not shape_only:
+            report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
+        else:
+            # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+                model.to_empty(device="cpu")
+                fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
+                report = count_rank(model, *fake, backward=backward, **count_kwargs)
+        del model
+    return report
