@@ -10,7 +10,8 @@ from torch import nn
 
 import flopscope
 from flopscope.cost import Cost, Phase
-from flopscope.report import Report, SourceInfo
+from flopscope.params import ParamStats
+from flopscope.report import CommRecord, OpRecord, Report, SourceInfo
 
 
 class Block(nn.Module):
@@ -101,3 +102,65 @@ def test_report_shows_itself_through_the_registered_renderer() -> None:
 
 def test_costs_add() -> None:
     assert Cost(1, 2, 3, 4) + Cost(10, 20, 30, 40) == Cost(11, 22, 33, 44)
+
+
+def _sharded_report() -> Report:
+    """A hand-made report of one rank of four: a linear layer's shard and one all-reduce."""
+    fwd = Phase.FORWARD
+    return Report(
+        model="M",
+        modules={"": ("M", 1), "fc": ("Linear", 1)},
+        module_params={"": ParamStats(own=0, inclusive=64), "fc": ParamStats(own=64, inclusive=64)},
+        # the shard: [2, 8] @ [8, 2] = 32 MACs; the logical product [2, 8] @ [8, 8] = 128 MACs
+        records=(OpRecord("fc", "aten.mm.default", fwd, 1, Cost(32, 64, 192, 32)),),
+        # all-reduce of 64 bytes over 4 ranks: ring bus bytes 2 * (4 - 1) / 4 * 64 = 96
+        communication=(CommRecord("fc", fwd, "all_reduce", 4, 1, 64, 96),),
+        logical=(OpRecord("fc", "aten.mm.default", fwd, 1, Cost(128, 256, 640, 128)),),
+        rank=1,
+        world_size=4,
+    )
+
+
+def test_sharded_views_and_their_json_round_trip() -> None:
+    r = _sharded_report()
+    assert r.total().macs == 32 and r.logical_total(module="fc").macs == 128
+    assert r.communication_total(module="").bus_bytes == 96
+    data = r.to_dict()
+    # the distributed keys come last, in this order, only because rank/communication/logical are set
+    assert list(data)[-4:] == ["rank", "world_size", "communication", "logical"]
+    assert data["communication"]["kinds"] == {"all_reduce": {"calls": 1, "payload_bytes": 64,
+                                                             "bus_bytes": 96}}
+    assert "decomposed" not in data["logical"]["records"][0]
+    assert Report.from_json(r.to_json()) == r
+
+
+def test_sharded_views_check_phase_and_module_when_called() -> None:
+    # These once validated through a generator that was never iterated: a wrong module path
+    # gave an empty answer instead of an error.
+    r = _sharded_report()
+    with pytest.raises(flopscope.UsageError, match=r"no module 'fc2'; did you mean 'fc'"):
+        r.communication_by_kind(module="fc2")
+    with pytest.raises(flopscope.UsageError, match=r"no module 'fc2'"):
+        r.logical_total(module="fc2")
+    with pytest.raises(flopscope.UsageError, match=r"unknown phase 'sideways'"):
+        r.replicated_total("sideways")
+
+
+def test_malformed_report_data_names_what_is_wrong() -> None:
+    data = _sharded_report().to_dict()
+    del data["records"][0]["flops"]
+    with pytest.raises(flopscope.UsageError, match=r"malformed flopscope report \(KeyError: 'flops'\)"):
+        Report.from_dict(data)
+    with pytest.raises(flopscope.UsageError, match=r"expected schema 'flopscope.report/1', found 'x/9'"):
+        Report.from_dict({**data, "schema": "x/9"})
+
+
+def test_table_rows_per_module_and_per_op() -> None:
+    r = _sharded_report()
+    rows = r.table_rows("module")
+    assert [(row["module"], row["depth"], row["macs"], row["self_macs"]) for row in rows] == [
+        ("", 0, 32, 0), ("fc", 1, 32, 32)]
+    assert r.table_rows("op") == [{"op": "aten.mm.default", "calls": 1, "macs": 32, "flops": 64,
+                                   "bytes_read": 192, "bytes_written": 32, "counted": True}]
+    with pytest.raises(flopscope.UsageError, match=r"unknown breakdown 'layer'"):
+        r.table_rows("layer")

@@ -1,0 +1,121 @@
+"""What a :class:`~flopscope.report.Report` is made of, and what its queries return: one
+record per (module, operator, phase), per collective kind and per ruled module, and the sums the
+breakdowns hand back. Plain frozen values; :mod:`flopscope.report` re-exports every name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flopscope.cost import Cost, Phase
+from flopscope.params import ParamStats
+
+__all__ = ["CommRecord", "CommStats", "ModuleStats", "OpRecord", "OpStats", "RuleRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """Calls of one operator in one module in one phase, and what they cost together."""
+
+    module: str
+    op: str
+    phase: Phase
+    calls: int
+    cost: Cost
+    counted: bool = True
+    decomposed: bool = False  # counted as the sum of its decomposition's pieces
+
+
+@dataclass(frozen=True, slots=True)
+class CommRecord:
+    """Calls of one kind of collective over one group size, issued by one module in one phase,
+    and what they sent per rank together (conventions: :mod:`flopscope.rules.collectives`).
+
+    Attributes:
+        module: module path that issued the calls.
+        phase: the phase they ran in.
+        kind: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast``,
+            ``reduce``, ``gather``, ``scatter``, ``send``, ``recv`` or ``barrier``.
+        group_size: ranks in the process group.
+        calls: number of calls.
+        payload_bytes: bytes per rank, summed over the calls (NCCL tests' "size").
+        bus_bytes: ring-algorithm bytes per rank, summed over the calls.
+    """
+
+    module: str
+    phase: Phase
+    kind: str
+    group_size: int
+    calls: int
+    payload_bytes: int
+    bus_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommStats:
+    """Calls, payload bytes and bus bytes of one collective kind (or all of them)."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+    bus_bytes: int = 0
+
+    def __add__(self, other: CommStats) -> CommStats:
+        return CommStats(self.calls + other.calls, self.payload_bytes + other.payload_bytes,
+                         self.bus_bytes + other.bus_bytes)
+
+    def to_dict(self) -> dict[str, int]:
+        """The three integers by name."""
+        return {"calls": self.calls, "payload_bytes": self.payload_bytes,
+                "bus_bytes": self.bus_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRecord:
+    """A module costed as a whole by a module rule, beside what its operators measured."""
+
+    module: str
+    rule: str
+    calls: int
+    cost: Cost
+    shadowed: Cost
+    macs_only: bool = False
+
+    @property
+    def differs(self) -> bool:
+        """True when the rule disagrees with the shadowed operator-level count.
+
+        A rule that returned a plain number of MACs (``macs_only``) is compared on MACs alone;
+        one that returned a :class:`Cost` is compared on MACs and FLOPs. Bytes are never compared
+        (rules rarely state them).
+        """
+        if self.macs_only:
+            return self.cost.macs != self.shadowed.macs
+        return (self.cost.macs, self.cost.flops) != (self.shadowed.macs, self.shadowed.flops)
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    """Calls and total cost of one operator (or one operator within one module)."""
+
+    calls: int
+    cost: Cost
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleStats:
+    """One module of the report.
+
+    Attributes:
+        path: module path (``""`` is the root).
+        type: the module's class name.
+        calls: forward calls.
+        params: parameter counts (own / inclusive / trainable / frozen / buffers).
+        self_cost: cost of operators attributed directly to this module.
+        inclusive: ``self_cost`` plus the inclusive cost of every descendant.
+    """
+
+    path: str
+    type: str
+    calls: int
+    params: ParamStats
+    self_cost: Cost
+    inclusive: Cost
