@@ -191,3 +191,71 @@ def test_lightning_callback_logs(tmp_path: object) -> None:
                                                                                   False, False]
     # live count: forward + loss + backward + SGD step
     assert cb.monitor.history[3].counted_flops == cb.monitor.history[0].counted_flops
+
+
+def test_monitor_lists_parameters_once_and_again_on_a_new_signature() -> None:
+    """A step with a cached signature does not walk the model's modules (model.parameters() was
+    most of the per-step cost); a new signature lists them again, so adapters added later with
+    the base frozen are seen and counted."""
+    model = LoRALinear()
+    del model.a, model.b  # a plain linear ...
+    model.forward = lambda x: model.base(x)  # type: ignore[method-assign]
+    walks = []
+    real_parameters = model.parameters
+
+    def parameters(recurse: bool = True) -> object:
+        walks.append(1)
+        return real_parameters(recurse)
+
+    model.parameters = parameters  # type: ignore[method-assign]
+    x = torch.randn(8, 64)
+    monitor = TrainingMonitor(model)
+    assert len(walks) == 1
+    for _ in range(3):  # no zero_grad: gradients accumulate from the second step on
+        with monitor.step(x):
+            model(x).sum().backward()
+    # step 0: a new signature (listed again); steps 1, 2: cached, no walk
+    assert len(walks) == 2 and [s.counted for s in monitor.history] == [True, False, False]
+    # what the signature leaves out: adding into an existing .grad (gradient accumulation) is
+    # one add per weight element, 64 * 64 = 4,096 FLOPs, not in step 0's count
+    with flopscope.Counter(model, warn=False) as c:
+        model(x).sum().backward()
+    assert c.report.flops - monitor.history[2].counted_flops == 4_096
+    model.zero_grad()
+    # with zero_grad (the usual loop) the cached figure = a full count of the step; its backward
+    # of y = x W^T (x without grad) is dW only: 8 * 64 * 64 = 32,768 MACs
+    with flopscope.Counter(model, warn=False) as c:
+        model(x).sum().backward()
+    assert monitor.history[2].counted_flops == c.report.flops
+    assert c.report.total("backward").macs == 32_768
+    # ... then given a rank-2 adapter, the base frozen (LoRA): the base's requires_grad changed,
+    # so the signature is new, the parameters are listed again and the adapter is counted
+    model.a, model.b = nn.Linear(64, 2, bias=False), nn.Linear(2, 64, bias=False)
+    model.forward = lambda x: model.base(x) + model.b(model.a(x))  # type: ignore[method-assign]
+    model.base.weight.requires_grad_(False)
+    model.zero_grad()
+    before = len(walks)
+    with monitor.step(x):
+        model(x).sum().backward()
+    assert monitor.history[3].counted and len(walks) == before + 1
+    model.zero_grad()
+    with flopscope.Counter(model, warn=False) as c:
+        model(x).sum().backward()
+    # = the LoRA test's figure: backward 3,072 MACs (dW_a, dW_b, d(a's output))
+    assert c.report.total("backward").macs == 3_072
+    assert monitor.history[3].counted_flops == c.report.flops
+
+
+def test_callbacks_share_options_and_check_the_peak_early() -> None:
+    from flopscope.llm.integrations.base import MonitorCallback
+
+    with pytest.raises(flopscope.UsageError, match="unknown hardware 'h900'"):
+        MonitorCallback(peak="h900")
+    cb = MonitorCallback(peak=2e12, recount_every=5, prefix="x/")
+    assert cb.metrics() == {}
+    monitor = cb.make_monitor(Tiny())
+    assert cb.monitor is monitor and monitor.peak == 2e12 and monitor.recount_every == 5
+    hf = pytest.importorskip("flopscope.llm.integrations.hf")
+    assert issubclass(hf.FlopscopeCallback, MonitorCallback)
+    lightning = pytest.importorskip("flopscope.llm.integrations.lightning")
+    assert issubclass(lightning.FlopscopeLightningCallback, MonitorCallback)

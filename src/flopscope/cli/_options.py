@@ -23,7 +23,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from flopscope._text import did_you_mean, one_line
 from flopscope.errors import UsageError
@@ -189,6 +189,27 @@ def tolerance(text: str) -> float:
         ) from None
     if value < 0 or math.isnan(value):
         raise argparse.ArgumentTypeError(f"tolerance must be 0 or more, got {text!r}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """Argument type: a finite number above 0 (``--step-time 0.41``, ``--peak-tflops 989``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not above 0.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.41, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
     return value
 
 
@@ -409,3 +430,52 @@ def load_source(
             "--input 1x3x224x224, or return (model, inputs) from the factory"
         )
     return loaded
+
+
+# -- utilization of a measured run (MFU) -------------------------------------------------------
+def add_step_time(parser: Any, *, step_help: str) -> None:
+    """Add ``--step-time SECONDS`` (a measured wall time: MFU = model FLOPs / time / peak) and
+    ``--peak-tflops X`` (a peak of one's own instead of the ``--hardware`` profile's).
+
+    Args:
+        parser: the subcommand's parser or one of its argument groups.
+        step_help: what ``--step-time`` times, in this subcommand.
+    """
+    parser.add_argument("--step-time", type=positive_number, metavar="SECONDS",
+                        help=step_help + "; with --hardware or --peak-tflops: MFU = model FLOPs "
+                             "(attention as visible pairs) / SECONDS / peak, also HFU")
+    parser.add_argument("--peak-tflops", type=positive_number, metavar="X",
+                        help="with --step-time: the peak in dense TFLOP/s (instead of, or over, "
+                             "the --hardware profile's matrix peak for the model's dtype)")
+
+
+def step_time_peak(args: argparse.Namespace, model: Any, *,
+                   timed: bool) -> tuple[float, str, float | None]:
+    """The peak for ``--step-time``: ``--peak-tflops``, else the ``--hardware`` profile's matrix
+    peak for the model's dtype (``--dtype``, else its first floating parameter's).
+
+    Args:
+        args: the parsed arguments (``peak_tflops``, ``hardware``, ``dtype``, ``tf32`` where
+            the subcommand has it).
+        model: the loaded model.
+        timed: a measured time was given (``--step-time``, or another time flag).
+
+    Returns:
+        ``(peak FLOP/s, its name, memory bandwidth or None)``.
+
+    Raises:
+        UsageError: no peak given, or a peak without a measured time.
+    """
+    import torch
+
+    from flopscope.llm.flops import resolve_peak
+
+    if not timed:
+        raise usage_error("--peak-tflops needs a measured time to divide by: --step-time SECONDS")
+    if args.hardware is None and args.peak_tflops is None:
+        raise usage_error("MFU of a measured time needs a peak: --hardware NAME (e.g. h100-sxm) "
+                          "or --peak-tflops X")
+    dtype = getattr(torch, args.dtype) if args.dtype else next(
+        (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return resolve_peak(args.hardware, peak_tflops=args.peak_tflops, dtype=dtype,
+                        tf32=bool(getattr(args, "tf32", False)))

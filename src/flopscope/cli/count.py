@@ -18,9 +18,11 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
+    add_step_time,
     check_output,
     load_source,
     one_line,
+    step_time_peak,
     unit_prefix,
     usage_error,
     write_output,
@@ -79,6 +81,8 @@ def add_subcommands(subparsers: Any) -> None:
     est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adamw",
                      help="with --memory --backward: the optimizer whose step is included "
                           "(default adamw)")
+    add_step_time(est, step_help="measured wall time of what is counted (a forward, or with "
+                                 "--backward forward + backward)")
     par = count.add_argument_group(
         "sharded models (one rank, simulated on torch's fake process group; hf: decoders)")
     par.add_argument("--world-size", type=int, metavar="N",
@@ -89,6 +93,19 @@ def add_subcommands(subparsers: Any) -> None:
     par.add_argument("--fsdp", type=int, metavar="N",
                      help="FSDP2 degree (default: world size / tp)")
     par.add_argument("--rank", type=int, default=0, metavar="R", help="the rank to count")
+    par.add_argument("--sequence-parallel", action="store_true",
+                     help="with --tp: the norms on sequence shards (SequenceParallel)")
+    par.add_argument("--pp", type=int, default=1, metavar="N",
+                     help="pipeline stages (torch.distributed.pipelining): every stage is "
+                          "counted; the table shows --rank's stage")
+    par.add_argument("--microbatches", type=int, metavar="M",
+                     help="with --pp: microbatches per step (default: --pp; divides the batch)")
+    par.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b",
+                     help="with --pp: the pipeline schedule (default 1f1b)")
+    par.add_argument("--ep", type=int, default=1, metavar="N",
+                     help="expert-parallel degree (MoE experts sharded over N data-parallel "
+                          "ranks; tokens dispatched with all-to-all; needs real weights, not "
+                          "--shape-only)")
     count.set_defaults(func=run_count)
 
 
@@ -145,24 +162,35 @@ def load_rules_file(path: str) -> Mapping[Any, Any]:
     return rules
 
 
-def _simulated(args: argparse.Namespace, rules: Any) -> Any:
-    """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp`` say.
+def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
+    """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp/--pp/--ep`` say.
+
+    Returns:
+        The rank's report, and with ``--pp`` the :class:`PipelineReport` of its pipeline group
+        (``None`` without).
 
     Raises:
         UsageError: a bad layout or a source that is not a Llama-style decoder.
     """
-    from flopscope.distributed import Layout, simulate
+    from flopscope.distributed import Layout, simulate, simulate_pipeline
 
     if args.memory or args.hardware:
         raise usage_error("--world-size does not combine with --memory or --hardware yet")
-    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank)
+    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
+                    ep=args.ep, sequence_parallel=args.sequence_parallel)
 
     def build() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         loaded = load_source(args, shape_only=args.shape_only)
         return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
+    options = dict(rules=rules, strict=args.strict, warn=False)
+    if layout.pp > 1:
+        pipeline = simulate_pipeline(build, layout, microbatches=args.microbatches,
+                                     schedule=args.schedule, backward=args.backward,
+                                     shape_only=args.shape_only, **options)
+        return pipeline.stages[layout.stage], pipeline
     return simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
-                    rules=rules, strict=args.strict, warn=False)
+                    **options), None
 
 
 def run_count(args: argparse.Namespace) -> int:
@@ -204,14 +232,27 @@ def run_count(args: argparse.Namespace) -> int:
     log = memory = None
     if args.world_size is None and (args.tp != 1 or args.fsdp):
         raise usage_error("--tp and --fsdp need --world-size")
+    if args.world_size is None and (args.pp != 1 or args.ep != 1 or args.sequence_parallel
+                                    or args.microbatches):
+        raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need --world-size")
+    pipeline = None
+    util_observers: list[Any] = []
+    if args.step_time is not None or args.peak_tflops is not None:
+        from flopscope.llm.attention import AttentionFigures
+        from flopscope.llm.flops import assumed_mask
+
+        if args.world_size is not None:
+            raise usage_error("--step-time does not combine with --world-size yet")
+        peak = step_time_peak(args, loaded.model, timed=args.step_time is not None)
+        util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
     try:
         if args.world_size is not None:
-            report = _simulated(args, rules)
+            report, pipeline = _simulated(args, rules)
         elif hardware is not None or args.memory:
             from flopscope.estimate import CallLog, peak_memory
 
             log = CallLog() if hardware is not None else None
-            observers = [log] if log is not None else []
+            observers = [log, *util_observers] if log is not None else util_observers
             if args.memory:
                 report, memory = peak_memory(
                     loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
@@ -227,7 +268,7 @@ def run_count(args: argparse.Namespace) -> int:
         else:
             report = flopscope.count(
                 loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
-                strict=args.strict, rules=rules, warn=False,
+                strict=args.strict, rules=rules, warn=False, observers=util_observers,
             )
     except flopscope.ForwardError as e:
         where = f" in module '{e.module_path}'" if e.module_path else ""
@@ -253,6 +294,10 @@ def run_count(args: argparse.Namespace) -> int:
 
         columns = communication_columns(report)
         notes += communication_lines(report)
+        if pipeline is not None:
+            from flopscope.distributed.display import pipeline_lines
+
+            notes += pipeline_lines(pipeline)
     if estimate is not None or memory is not None:
         from flopscope.estimate.display import estimate_columns, estimate_lines, memory_lines
 
@@ -261,6 +306,13 @@ def run_count(args: argparse.Namespace) -> int:
             notes += estimate_lines(estimate)
         if memory is not None:
             notes += memory_lines(memory)
+    utilization = None
+    if util_observers:
+        from flopscope.llm.flops import report_utilization
+
+        utilization = report_utilization(report, util_observers[0], loaded.inputs,
+                                         seconds=args.step_time, peak=peak)
+        notes.append(f"utilization: {utilization.line()}")
     if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
@@ -268,14 +320,22 @@ def run_count(args: argparse.Namespace) -> int:
         console.print(rich_report(report, depth=depth, by=by, unit=args.unit, columns=columns))
         for line in notes:
             console.print(line, markup=False, highlight=False)
-    elif fmt is Format.JSON and (estimate is not None or memory is not None):
+    elif fmt is Format.JSON and (estimate is not None or memory is not None or utilization):
         import json
 
         data = report.to_dict()
+        if utilization is not None:
+            data["utilization"] = utilization.to_dict()
         if estimate is not None:
             data["estimate"] = estimate.to_dict()
         if memory is not None:
             data["memory"] = memory.to_dict()
+        write_output(json.dumps(data, indent=2) + "\n", args.output)
+    elif fmt is Format.JSON and pipeline is not None:
+        import json
+
+        data = report.to_dict()
+        data["pipeline"] = pipeline.summary()
         write_output(json.dumps(data, indent=2) + "\n", args.output)
     else:
         width = 120 + 14 * len(columns)  # the estimate's columns widen the table

@@ -12,9 +12,12 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
+    add_step_time,
     check_output,
     load_source,
     positive_int,
+    positive_number,
+    step_time_peak,
     usage_error,
     write_output,
 )
@@ -43,6 +46,16 @@ def add_subcommands(subparsers: Any) -> None:
                    help="tokens to generate: 1 prefill + N - 1 decode steps")
     p.add_argument("--shape-only", action="store_true",
                    help="no arithmetic: the model on meta, a growing cache of meta tensors")
+    util = p.add_argument_group("utilization of a measured generation (MFU, MBU)")
+    util.add_argument("--hardware", metavar="NAME|FILE",
+                      help="the hardware the times were measured on: a shipped profile "
+                           "(h100-sxm, a100-80gb, ...) or a JSON profile file; its matrix peak "
+                           "for the model's dtype and its memory bandwidth")
+    add_step_time(util, step_help="measured mean time of one decode step (time per output "
+                                  "token); MBU = (weights + KV cache read and written) / "
+                                  "SECONDS / bandwidth")
+    util.add_argument("--prefill-time", type=positive_number, metavar="SECONDS",
+                      help="measured time of the prefill (time to first token): its MFU")
     add_format(p, choices=("table", "json"))
     add_output(p)
     p.set_defaults(func=run_generate)
@@ -69,7 +82,21 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.seq_len is not None:
         raise usage_error("generate takes --prompt-len, not --seq-len")
     args.seq_len = args.prompt_len
+    timed = args.step_time is not None or args.prefill_time is not None
+    if args.hardware is not None and not timed:
+        raise usage_error("--hardware needs a measured time here: --step-time (per decode step) "
+                          "or --prefill-time")
+    if args.step_time is not None and args.new_tokens < 2:
+        raise usage_error("--step-time times a decode step, and --new-tokens 1 makes none: "
+                          "give --new-tokens 2 or more, or time the prefill (--prefill-time)")
+    if args.hardware is not None:
+        from flopscope.estimate import get_hardware
+
+        get_hardware(args.hardware)  # before loading and counting: a bad name fails fast
     loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)
+    peak = None
+    if timed or args.peak_tflops is not None:
+        peak = step_time_peak(args, loaded.model, timed=timed)
     try:
         result = count_generation(loaded.model, prompt_len=args.prompt_len,
                                   new_tokens=args.new_tokens, batch=args.batch or 1,
@@ -78,8 +105,17 @@ def run_generate(args: argparse.Namespace) -> int:
         raise usage_error(f"{args.source} cannot generate step by step: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]} (a causal LM taking input_ids, "
                           "past_key_values and logits_to_keep is needed)") from e
+    utilization = []
+    if peak is not None:
+        from flopscope.llm.generate import weight_bytes
+
+        utilization = result.utilization(peak, prefill_seconds=args.prefill_time,
+                                         decode_seconds=args.step_time,
+                                         weights=weight_bytes(loaded.model))
     if args.format == "json":
         data = result.to_dict()
+        if utilization:
+            data["utilization"] = [u.to_dict() for u in utilization]
         data["source"] = loaded.source
         data["prompt_len"], data["new_tokens"] = args.prompt_len, args.new_tokens
         data["batch"] = args.batch or 1
@@ -88,5 +124,7 @@ def run_generate(args: argparse.Namespace) -> int:
         head = (f"{loaded.source} ({loaded.name}): batch {args.batch or 1}, prompt "
                 f"{args.prompt_len}, {args.new_tokens} new tokens"
                 f"{', shape-only' if args.shape_only else ''}\n")
-        write_output(head + result.table() + "\n", args.output)
+        lines = [f"utilization: {u.line()}" for u in utilization]
+        write_output(head + result.table() + "\n" + "".join(f"{x}\n" for x in lines),
+                     args.output)
     return EXIT_OK

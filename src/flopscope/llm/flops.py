@@ -33,11 +33,17 @@ from flopscope.report import Report
 
 __all__ = [
     "TokenFlops",
+    "Utilization",
     "megatron_flops_per_token",
     "mfu",
     "nanogpt_flops_per_token",
     "palm_flops_per_token",
+    "assumed_mask",
     "peak_flops",
+    "report_flops",
+    "report_utilization",
+    "resolve_peak",
+    "token_count",
     "token_flops",
 ]
 
@@ -205,7 +211,7 @@ def token_flops(
     ids = torch.randint(0, vocab, (batch, seq_len))
     if hasattr(model, "config"):
         model_kwargs.setdefault("use_cache", False)
-    figures = AttentionFigures(assume_mask=_assumed_mask(model) if assume_mask == "auto"
+    figures = AttentionFigures(assume_mask=assumed_mask(model) if assume_mask == "auto"
                                else assume_mask)
     enabled = False
     dropped = [] if dropout else [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)]
@@ -230,7 +236,18 @@ def token_flops(
     return TokenFlops(batch * seq_len, report, figures, by_phase)
 
 
-def _assumed_mask(model: nn.Module) -> str | int | None:
+def assumed_mask(model: nn.Module) -> str | int | None:
+    """What an attention mask without values (a shape-only count) is taken to be for ``model``:
+    the config's ``sliding_window`` if it has one in use, else causal for a causal LM (a
+    ``*ForCausalLM`` or ``*LMHeadModel`` class or ``config.is_decoder``), else ``None`` (the
+    dense bound, marked inexact).
+
+    Args:
+        model: the model.
+
+    Returns:
+        ``"causal"``, a window, or ``None``.
+    """
     config = getattr(model, "config", None)
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and window > 0 and getattr(config, "use_sliding_window", True):
@@ -271,6 +288,41 @@ def peak_flops(hardware: Any, dtype: torch.dtype = torch.bfloat16, *, tf32: bool
     return hw.peak(key, matrix=True)
 
 
+def resolve_peak(hardware: Any = None, *, peak_tflops: float | None = None,
+                 dtype: torch.dtype = torch.bfloat16,
+                 tf32: bool = False) -> tuple[float, str, float | None]:
+    """The peak a utilization is measured against: a hardware profile's matrix peak for
+    ``dtype``, or a peak given in TFLOP/s (which wins over the profile's).
+
+    Args:
+        hardware: a profile name, a :class:`flopscope.estimate.Hardware`, or ``None``.
+        peak_tflops: a peak in TFLOP/s (dense), or ``None``.
+        dtype: the dtype of the matrix products.
+        tf32: float32 products run as TF32.
+
+    Returns:
+        ``(peak FLOP/s, its name, memory bandwidth in bytes/s or None)``; the bandwidth comes
+        from the profile.
+
+    Raises:
+        UsageError: neither given, an unknown profile, a peak that is not positive.
+    """
+    from flopscope.errors import UsageError
+
+    bandwidth = name = None
+    if hardware is not None:
+        from flopscope.estimate.hardware import dtype_key, get_hardware
+
+        hw = get_hardware(hardware)
+        bandwidth = hw.memory_bandwidth
+        name = f"{hw.name} {dtype_key(dtype, tf32=tf32)} matrix"
+    if peak_tflops is not None:
+        return peak_flops(peak_tflops * 1e12), "given", bandwidth
+    if hardware is None:
+        raise UsageError("a utilization needs a peak: a hardware profile or a peak in TFLOP/s")
+    return peak_flops(hardware, dtype, tf32=tf32), name or "", bandwidth
+
+
 def mfu(flops: float, seconds: float, peak: float) -> float:
     """Model (or hardware) FLOPs utilization: ``flops / seconds / peak``.
 
@@ -285,3 +337,159 @@ def mfu(flops: float, seconds: float, peak: float) -> float:
     if seconds <= 0 or peak <= 0:
         return 0.0
     return flops / seconds / peak
+
+
+def report_flops(report: Report, figures: AttentionFigures) -> tuple[int, int, int]:
+    """Counted, model and hardware FLOPs of a report counted with ``figures`` as observer.
+
+    Model FLOPs: forward, backward and optimizer work with attention read as its visible
+    query-key pairs, activation recomputation left out; hardware FLOPs: everything counted with
+    attention as the kernels executed it (recomputation included).
+
+    Args:
+        report: the count.
+        figures: the :class:`AttentionFigures` observer of that count.
+
+    Returns:
+        ``(counted, model, hardware)`` FLOPs.
+    """
+    counted = int(report.total().flops)
+    recompute = int(report.total(Phase.RECOMPUTE).flops) if Phase.RECOMPUTE in report.phases else 0
+    a_all = figures.total()
+    a_model = figures.total((Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
+    model = counted - recompute - a_model.counted.flops + a_model.model.flops
+    hardware = counted - a_all.counted.flops + a_all.executed.flops
+    return counted, model, hardware
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """How much of a machine's peak a measured run used.
+
+    ``MFU = model FLOPs / seconds / peak`` (PaLM, Chowdhery et al. 2022, appendix B);
+    ``HFU = hardware FLOPs / seconds / peak``; ``MBU = bytes / seconds / bandwidth`` with the
+    bytes the work cannot avoid moving (for a decode step: the weights plus the KV cache read
+    and written, the definition of Databricks' "LLM inference performance engineering", 2023).
+
+    Attributes:
+        label: what was timed (``"step"``, ``"prefill"``, ``"decode step"``).
+        seconds: its measured wall time.
+        model_flops: its model FLOPs.
+        hardware_flops: its hardware FLOPs.
+        peak: peak FLOP/s.
+        peak_name: where the peak comes from (``"h100-sxm bf16 matrix"``).
+        tokens: tokens processed (``None``: not a token model).
+        bytes: bytes the work must move, for MBU (``None``: no MBU).
+        bandwidth: memory bandwidth in bytes/s, for MBU.
+    """
+
+    label: str
+    seconds: float
+    model_flops: int
+    hardware_flops: int
+    peak: float
+    peak_name: str = ""
+    tokens: int | None = None
+    bytes: int | None = None
+    bandwidth: float | None = None
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization (0.5 = 50%)."""
+        return mfu(self.model_flops, self.seconds, self.peak)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilization."""
+        return mfu(self.hardware_flops, self.seconds, self.peak)
+
+    @property
+    def mbu(self) -> float | None:
+        """Memory-bandwidth utilization (``None`` without bytes or bandwidth)."""
+        if self.bytes is None or not self.bandwidth or self.seconds <= 0:
+            return None
+        return self.bytes / self.seconds / self.bandwidth
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens per second (``None`` without tokens)."""
+        if self.tokens is None or self.seconds <= 0:
+            return None
+        return self.tokens / self.seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the inputs and ``mfu``, ``hfu``, ``mbu``, ``tokens_per_second``,
+        ``model_tflops_per_second``."""
+        return {"label": self.label, "seconds": self.seconds, "model_flops": self.model_flops,
+                "hardware_flops": self.hardware_flops, "peak_flops": self.peak,
+                "peak_name": self.peak_name, "tokens": self.tokens, "bytes": self.bytes,
+                "bandwidth": self.bandwidth, "mfu": self.mfu, "hfu": self.hfu, "mbu": self.mbu,
+                "tokens_per_second": self.tokens_per_second,
+                "model_tflops_per_second": self.model_flops / self.seconds / 1e12
+                if self.seconds > 0 else 0.0}
+
+    def line(self) -> str:
+        """One line for a report: the rates and the arithmetic they come from."""
+        from flopscope.units import human
+
+        parts = [f"{self.label} {self.seconds:g} s: model {human(self.model_flops)}FLOPs -> "
+                 f"{self.model_flops / self.seconds / 1e12:.4g} TFLOP/s; MFU {self.mfu:.2%} "
+                 f"(HFU {self.hfu:.2%}) of {self.peak / 1e12:.4g} TFLOP/s"
+                 + (f" {self.peak_name}" if self.peak_name else "")]
+        tps = self.tokens_per_second
+        if tps is not None:
+            parts.append(f"{tps:,.1f} tokens/s")
+        mbu = self.mbu
+        if mbu is not None and self.bytes is not None and self.bandwidth:
+            parts.append(f"MBU {mbu:.2%} ({human(self.bytes, 'B')} / {self.seconds:g} s of "
+                         f"{self.bandwidth / 1e9:.4g} GB/s)")
+        return "; ".join(parts)
+
+
+def token_count(args: Any, kwargs: Any = None) -> int | None:
+    """Tokens of a model's inputs: the elements of ``input_ids``, else of the first integer
+    tensor; ``None`` when no integer tensor is given (an image model: no tokens).
+
+    Args:
+        args: the inputs (any nesting of tensors, lists, dicts).
+        kwargs: more inputs.
+
+    Returns:
+        The token count, or ``None``.
+    """
+    ids = kwargs.get("input_ids") if isinstance(kwargs, dict) else None
+    if isinstance(ids, torch.Tensor):
+        return int(ids.numel())
+    stack: list[Any] = [args, kwargs]
+    while stack:
+        tree = stack.pop(0)
+        if isinstance(tree, torch.Tensor):
+            if not (tree.is_floating_point() or tree.is_complex() or tree.dtype is torch.bool):
+                return int(tree.numel())
+        elif isinstance(tree, dict):
+            stack[:0] = list(tree.values())
+        elif isinstance(tree, (list, tuple)):
+            stack[:0] = list(tree)
+    return None
+
+
+def report_utilization(report: Report, figures: AttentionFigures, inputs: Any, *,
+                       seconds: float, peak: tuple[float, str, float | None]) -> Utilization:
+    """MFU and HFU of a counted forward (or forward + backward) that took ``seconds``.
+
+    Args:
+        report: the count.
+        figures: the :class:`AttentionFigures` observer of that count.
+        inputs: the inputs counted (a :class:`flopscope.Inputs`, or anything with ``args`` and
+            ``kwargs``), for the token count.
+        seconds: the measured wall time of the same work.
+        peak: ``(peak FLOP/s, name, bandwidth)`` from :func:`resolve_peak`.
+
+    Returns:
+        The :class:`Utilization` (no MBU: a count's bytes are per operator, not what a fused
+        run must move).
+    """
+    _, model, hardware = report_flops(report, figures)
+    label = "forward + backward" if Phase.BACKWARD in report.phases else "forward"
+    tokens = token_count(getattr(inputs, "args", ()), getattr(inputs, "kwargs", {}))
+    return Utilization(label, seconds, model, hardware, peak[0], peak[1], tokens)

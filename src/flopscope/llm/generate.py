@@ -30,10 +30,11 @@ from flopscope.cost import Cost, OpCall, Phase, tensor_bytes
 from flopscope.counter import Counter
 from flopscope.errors import UsageError
 from flopscope.llm.attention import AttentionFigures
+from flopscope.llm.flops import Utilization
 from flopscope.report import Report
 from flopscope.rules.user import RulesArg
 
-__all__ = ["GenerationReport", "Step", "StepCounter", "count_generation"]
+__all__ = ["GenerationReport", "Step", "StepCounter", "count_generation", "weight_bytes"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,46 @@ class GenerationReport:
                 "first_decode_flops": dec[0].cost.flops, "last_decode_flops": dec[-1].cost.flops,
             }
         out["between"] = self.between.to_dict()
+        return out
+
+    def utilization(self, peak: tuple[float, str, float | None], *,
+                    prefill_seconds: float | None = None,
+                    decode_seconds: float | None = None,
+                    weights: int = 0) -> list[Utilization]:
+        """MFU (and MBU) of a measured generation: the prefill from its time (time to first
+        token), the decode steps from their mean time each (time per output token).
+
+        Decode: seconds = steps x ``decode_seconds``; model FLOPs = the decode steps' sum
+        (attention as visible pairs), hardware FLOPs = as executed; tokens = the steps' tokens;
+        bytes for MBU = steps x ``weights`` + the KV cache read and written (every step reads
+        all its weights and the whole cache, and writes its new entries).
+
+        Args:
+            peak: ``(peak FLOP/s, name, memory bandwidth or None)`` (see
+                :func:`flopscope.llm.flops.resolve_peak`).
+            prefill_seconds: measured prefill time, or ``None``.
+            decode_seconds: measured mean time of one decode step, or ``None``.
+            weights: bytes of the weights a decode step reads (:func:`weight_bytes`); 0: no MBU.
+
+        Returns:
+            One :class:`Utilization` per time given: the prefill's, then the decode's.
+        """
+        out = []
+        peak_flops, name, bandwidth = peak
+        if prefill_seconds is not None and self.prefill:
+            steps = self.prefill
+            out.append(Utilization(
+                "prefill", prefill_seconds, sum(s.model_flops for s in steps),
+                sum(s.executed_flops for s in steps), peak_flops, name,
+                sum(s.tokens for s in steps)))
+        if decode_seconds is not None and self.decode:
+            steps = self.decode
+            moved = len(steps) * weights + sum(s.kv_read + s.kv_written for s in steps)
+            out.append(Utilization(
+                f"decode ({len(steps)} x {decode_seconds:g} s)", len(steps) * decode_seconds,
+                sum(s.model_flops for s in steps), sum(s.executed_flops for s in steps),
+                peak_flops, name, sum(s.tokens for s in steps),
+                moved if weights else None, bandwidth))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,6 +427,18 @@ class _Loop:
                 out = self.model(input_ids=ids, past_key_values=out.past_key_values,
                                  use_cache=True, logits_to_keep=1, **self.kwargs)
                 yield None
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters, a tied (shared) weight once: what a decode step reads.
+
+    Args:
+        model: the model.
+
+    Returns:
+        The bytes.
+    """
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def count_generation(

@@ -29,8 +29,9 @@ executed) / seconds / peak.
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +39,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from flopscope.cost import Phase
 from flopscope.counter import Counter
 from flopscope.llm.attention import AttentionFigures
+from flopscope.llm.flops import peak_flops, report_flops
 
 __all__ = ["StepStats", "TrainingMonitor", "input_signature", "tokens_in"]
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def _leaf_meta(tree: Any, out: list[Any]) -> None:
@@ -62,7 +65,8 @@ def _leaf_meta(tree: Any, out: list[Any]) -> None:
         out.append(type(tree).__name__)
 
 
-def input_signature(model: nn.Module, args: Any, kwargs: Any = None) -> tuple[Any, ...]:
+def input_signature(model: nn.Module, args: Any, kwargs: Any = None, *,
+                    params: Sequence[nn.Parameter] | None = None) -> tuple[Any, ...]:
     """What a step's cost depends on: input shapes and dtypes, training mode, which parameters
     require grad.
 
@@ -70,6 +74,9 @@ def input_signature(model: nn.Module, args: Any, kwargs: Any = None) -> tuple[An
         model: the model.
         args: the step's inputs (any nesting of tensors, lists, dicts and scalars).
         kwargs: more inputs.
+        params: the model's parameters, listed once by the caller (``model.parameters()``
+            walks every module: about 160 us on a 2-layer transformer, most of a monitored
+            step's cost); default: listed now.
 
     Returns:
         A hashable signature.
@@ -77,8 +84,21 @@ def input_signature(model: nn.Module, args: Any, kwargs: Any = None) -> tuple[An
     leaves: list[Any] = []
     _leaf_meta(args, leaves)
     _leaf_meta(kwargs, leaves)
-    grads = tuple(p.requires_grad for p in model.parameters())
-    return (tuple(leaves), model.training, grads)
+    if params is None:
+        params = list(model.parameters())
+    return (tuple(leaves), model.training, _grad_mask(params))
+
+
+def _grad_mask(params: Sequence[nn.Parameter]) -> tuple[bool, ...]:
+    """Which parameters require grad (``map`` with an attrgetter: no Python frame per
+    parameter).
+
+    Whether a parameter already holds a gradient is left out on purpose: a backward that adds
+    into an existing ``.grad`` (gradient accumulation) costs one add per parameter element
+    more, under 1 / (6 x tokens) of the step, and at the start of a step it cannot be told
+    whether the loop will ``zero_grad()`` before its backward (Lightning does), so keying on it
+    would count most loops' second step again for nothing."""
+    return tuple(map(_REQUIRES_GRAD, params))
 
 
 def tokens_in(args: Any, kwargs: Any = None) -> int:
@@ -211,9 +231,10 @@ class TrainingMonitor:
                  dtype: torch.dtype = torch.bfloat16, recount_every: int | None = None,
                  assume_mask: str | int | None = "causal",
                  log: Callable[[StepStats], None] | None = None) -> None:
-        from flopscope.llm.flops import peak_flops
-
         self.model = model
+        # listed once: model.parameters() walks every module (most of a step's cost if done
+        # per step); listed again by refresh() and whenever a step is counted
+        self._params: list[nn.Parameter] = list(model.parameters())
         self.peak = peak_flops(peak, dtype) if peak is not None else None
         self.recount_every = recount_every
         self.assume_mask = assume_mask
@@ -231,6 +252,18 @@ class TrainingMonitor:
         self._new = False
         self._tokens = 0
 
+    def refresh(self) -> None:
+        """List the model's parameters again. A step with a new signature does this itself; call
+        it after adding parameters (adapters) when neither the inputs nor any existing
+        parameter's ``requires_grad`` changed with them, or the cached count is reused."""
+        self._params = list(self.model.parameters())
+
+    def _relisted(self, args: Any, kwargs: Any) -> tuple[Any, ...]:
+        """The signature with the parameters listed again (a new signature may come from new
+        parameters, such as adapters added since the last count)."""
+        self.refresh()
+        return input_signature(self.model, args, kwargs, params=self._params)
+
     # -- shadow counting: record forwards -------------------------------------------------------
     def attach(self) -> None:
         """Record the model's forwards (shadow counting); :meth:`detach` removes the hook."""
@@ -246,7 +279,9 @@ class TrainingMonitor:
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._counting or self._live is not None:
             return
-        sig = input_signature(module, args, kwargs)
+        sig = input_signature(module, args, kwargs, params=self._params)
+        if sig not in self.cache:
+            sig = self._relisted(args, kwargs)
         self._forwards.append(sig)
         self._tokens += tokens_in(args, kwargs)
         if (sig not in self.cache or self._due()) and all(s != sig for s, _, _ in self._pending):
@@ -259,7 +294,7 @@ class TrainingMonitor:
         from flopscope.errors import ForwardError
         from flopscope.run import Inputs, count
 
-        train = self.model.training and any(p.requires_grad for p in self.model.parameters())
+        train = self.model.training and any(p.requires_grad for p in self._params)
         self._counting = True
         try:
             for shape_only in (True, False):
@@ -287,7 +322,9 @@ class TrainingMonitor:
         self._forwards, self._pending, self._new = [], [], False
         self._tokens = tokens_in(args, kwargs) if (args or kwargs) else 0
         if args or kwargs:
-            sig = input_signature(self.model, args, kwargs)
+            sig = input_signature(self.model, args, kwargs, params=self._params)
+            if sig not in self.cache:
+                sig = self._relisted(args, kwargs)
             self._forwards = [sig]
             if sig not in self.cache or self._due():
                 self._new = sig not in self.cache
@@ -368,11 +405,4 @@ class TrainingMonitor:
 
 def _figures(report: Any, figures: AttentionFigures) -> _Figures:
     """Counted, model (no recomputation, visible attention) and hardware FLOPs of a report."""
-    counted = int(report.total().flops)
-    recompute = int(report.total(Phase.RECOMPUTE).flops) if Phase.RECOMPUTE in report.phases else 0
-    a_all = figures.total()
-    model_phases = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
-    a_model = figures.total(model_phases)
-    model = counted - recompute - a_model.counted.flops + a_model.model.flops
-    hardware = counted - a_all.counted.flops + a_all.executed.flops
-    return _Figures(counted, model, hardware)
+    return _Figures(*report_flops(report, figures))

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from flopscope.llm.monitor import StepStats, TrainingMonitor
+from flopscope.llm.integrations.base import MonitorCallback
 
 try:
     from transformers import TrainerCallback
@@ -26,7 +24,7 @@ except ImportError as e:  # pragma: no cover - exercised only without transforme
 __all__ = ["FlopscopeCallback"]
 
 
-class FlopscopeCallback(TrainerCallback):
+class FlopscopeCallback(MonitorCallback, TrainerCallback):
     """Log flopscope's step figures through the Trainer.
 
     Example::
@@ -39,21 +37,16 @@ class FlopscopeCallback(TrainerCallback):
         dtype: dtype of the matrix products (picks the profile's peak).
         recount_every: count again every k steps (MoE routing, data-dependent shapes).
         prefix: put before every logged name.
-    """
 
-    def __init__(self, *, peak: Any = None, dtype: torch.dtype = torch.bfloat16,
-                 recount_every: int | None = None, prefix: str = "flopscope/") -> None:
-        self.peak, self.dtype, self.recount_every, self.prefix = peak, dtype, recount_every, prefix
-        self.monitor: TrainingMonitor | None = None
-        self.last: StepStats | None = None
+    Raises:
+        UsageError: an unknown hardware profile (see :class:`MonitorCallback`).
+    """
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         """Attach the monitor to the model being trained."""
         if model is not None:
-            self.monitor = TrainingMonitor(model, peak=self.peak, dtype=self.dtype,
-                                           recount_every=self.recount_every)
-            self.monitor.attach()
+            self.make_monitor(model).attach()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start timing the step."""
@@ -70,7 +63,7 @@ class FlopscopeCallback(TrainerCallback):
         """Add the latest step's figures to the Trainer's logs."""
         if self.last is None or logs is None or "loss" not in logs:
             return
-        metrics = self.last.metrics(self.prefix)
+        metrics = self.metrics()
         logs.update(metrics)
         if state.log_history:
             state.log_history[-1].update(metrics)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from flopscope.llm.monitor import StepStats, TrainingMonitor
+from flopscope.llm.integrations.base import MonitorCallback
 
 try:
     import lightning as L
@@ -24,7 +22,7 @@ except ImportError as e:  # pragma: no cover - exercised only without lightning
 __all__ = ["FlopscopeLightningCallback"]
 
 
-class FlopscopeLightningCallback(L.Callback):
+class FlopscopeLightningCallback(MonitorCallback, L.Callback):
     """Log flopscope's step figures with the LightningModule's ``log_dict``.
 
     Example::
@@ -36,19 +34,14 @@ class FlopscopeLightningCallback(L.Callback):
         dtype: dtype of the matrix products (picks the profile's peak).
         recount_every: count again every k steps (MoE routing, data-dependent shapes).
         prefix: put before every logged name.
-    """
 
-    def __init__(self, *, peak: Any = None, dtype: torch.dtype = torch.bfloat16,
-                 recount_every: int | None = None, prefix: str = "flopscope/") -> None:
-        super().__init__()
-        self.peak, self.dtype, self.recount_every, self.prefix = peak, dtype, recount_every, prefix
-        self.monitor: TrainingMonitor | None = None
-        self.last: StepStats | None = None
+    Raises:
+        UsageError: an unknown hardware profile (see :class:`MonitorCallback`).
+    """
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Make the monitor for the module being trained."""
-        self.monitor = TrainingMonitor(pl_module, peak=self.peak, dtype=self.dtype,
-                                       recount_every=self.recount_every)
+        self.make_monitor(pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -62,7 +55,7 @@ class FlopscopeLightningCallback(L.Callback):
         if self.monitor is None:
             return
         self.last = self.monitor.end()
-        pl_module.log_dict(self.last.metrics(self.prefix), on_step=True, on_epoch=False,
+        pl_module.log_dict(self.metrics(), on_step=True, on_epoch=False,
                            batch_size=max(self.last.tokens, 1))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
