@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks import plotting
 from benchmarks.agreement import FVCORE_CPU_GMACS_LIMIT
 from benchmarks.overhead import FLOOR
 from benchmarks.tools import CONVERSIONS
@@ -70,12 +71,8 @@ def _summary(rows: list[dict[str, Any]], phase: str) -> list[str]:
 
 
 def _plot_agreement(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plotting.pyplot()
+    if plt is None:
         return False
     tools = _tools(rows)[1:]
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -88,19 +85,13 @@ def _plot_agreement(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("tool MACs / flopscope MACs (forward)")
     ax.set_yscale("log")
     ax.set_title("Agreement with flopscope, one dot per model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
     return True
 
 
 def _plot_overhead(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plotting.pyplot()
+    if plt is None:
         return False
     tools = [t for t in TOOL_ORDER + [FLOOR] if any(t in r["tools"] for r in rows)]
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -113,9 +104,7 @@ def _plot_overhead(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("count time / plain forward (median)")
     ax.legend(fontsize=8, ncol=4)
     ax.set_title("Overhead, single thread, interleaved rounds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
     return True
 
 

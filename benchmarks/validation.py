@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import platform
 import re
@@ -30,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import plotting
 from flopscope.measure import Backend, MeasureRequest, measure_sources
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "squeezenet1_0", "alexnet", "vgg11")
@@ -208,36 +208,18 @@ def write_plot(records: Sequence[Record], path: Path, title: str) -> str | None:
     ]
     if not points:
         return "no model was both counted and measured"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'flopscope[plot]')"
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
     fig, ax = plt.subplots(figsize=(6, 5.5))
-    xs = [p[1] for p in points]
-    ys = [p[2] for p in points]
-    lo = 10 ** math.floor(math.log10(min(xs + ys) / 1.5))
-    hi = 10 ** math.ceil(math.log10(max(xs + ys) * 1.5))
-    ax.plot([lo, hi], [lo, hi], color="0.5", linestyle="--", linewidth=1, label="y = x")
-    ax.scatter(xs, ys, zorder=3)
+    plotting.counted_vs_measured_axes(ax, [p[1] for p in points] + [p[2] for p in points],
+                                      title=title, title_size=10)
+    ax.scatter([p[1] for p in points], [p[2] for p in points], zorder=3)
     for name, x, y in points:
         ax.annotate(f"{name} ({y / x:.3f})", (x, y), textcoords="offset points",
                     xytext=(6, -10), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("counted FLOPs (flopscope)")
-    ax.set_ylabel("measured FLOPs (executed instructions)")
-    ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left")
-    ax.grid(True, which="both", linewidth=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(plt, fig, path, dpi=120)
     return None
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import re
 import sys
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import plotting
 from benchmarks.validation import Record, label_of, run, update_markdown
 
 MARK_BEGIN = "<!-- flopscope-validation-page:begin (generated; edit outside these markers) -->"
@@ -502,13 +502,9 @@ def write_scatter(path: Path, points: Sequence[tuple[str, str, int, int]]) -> st
     points = [p for p in points if p[2] and p[3]]
     if not points:
         return "nothing both counted and measured"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed"
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
     panels = [("models (colour: model family)",
                [p for p in points if not p[1].startswith("op:")]),
               ("operators (colour: operator family)", [p for p in points if p[1].startswith("op:")])]
@@ -517,28 +513,16 @@ def write_scatter(path: Path, points: Sequence[tuple[str, str, int, int]]) -> st
     cmap = plt.get_cmap("tab20")
     markers = "os^Dv<>P*Xh"
     for ax, (title, sel) in zip(axes[0], panels, strict=True):
-        xs = [p[2] for p in sel] + [p[3] for p in sel]
-        lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
-        hi = 10 ** math.ceil(math.log10(max(xs) * 1.5))
-        ax.plot([lo, hi], [lo, hi], color="0.5", linestyle="--", linewidth=1, label="y = x")
+        plotting.counted_vs_measured_axes(
+            ax, [p[2] for p in sel] + [p[3] for p in sel], title=f"float64: {title}",
+            ylabel="measured FLOPs (executed instructions, valgrind)")
         for i, fam in enumerate(sorted({p[1] for p in sel})):
             group = [p for p in sel if p[1] == fam]
             ax.scatter([p[2] for p in group], [p[3] for p in group], s=20, color=cmap(i % 20),
                        marker=markers[(i // 20) % len(markers)], label=fam.removeprefix("op:"),
                        zorder=3)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel("counted FLOPs (flopscope)")
-        ax.set_ylabel("measured FLOPs (executed instructions, valgrind)")
-        ax.set_title(f"float64: {title}", fontsize=9)
         ax.legend(fontsize=6, ncol=2, loc="upper left")
-        ax.grid(True, which="both", linewidth=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
     return None
 
 
