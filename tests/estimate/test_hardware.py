@@ -87,3 +87,28 @@ def test_measured_profile_is_labelled() -> None:
     hw = measure_this_machine(gemm_size=128, copy_mib=8, repeats=1)
     assert hw.measured and hw.name == "this-machine"
     assert hw.memory_bandwidth > 0 and hw.peak("fp32", True) > 0
+
+
+def test_cache_figures_in_profile_files(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"name": "g", "memory_bandwidth_gb_s": 1000,
+                                "vector_tflops": {"fp32": 10}, "cache_mib": 50,
+                                "cache_bandwidth_gb_s": 7000}))
+    (hw,) = load_hardware(path)
+    assert hw.cache_bytes == 50 * 2**20 and hw.cache_bandwidth == 7e12 and hw.has_cache
+    assert Hardware.from_dict(hw.to_dict()) == hw
+    path.write_text(json.dumps({"name": "g", "memory_bandwidth_gb_s": 1000,
+                                "vector_tflops": {"fp32": 10}, "cache_mib": -1}))
+    with pytest.raises(UsageError, match="cache capacity must be positive"):
+        load_hardware(path)
+
+
+def test_this_machine_measures_its_last_level_cache() -> None:
+    from flopscope.estimate.hardware import last_level_cache_bytes
+
+    hw = measure_this_machine(gemm_size=128, copy_mib=8, repeats=1)
+    capacity = last_level_cache_bytes()
+    assert hw.cache_bytes == capacity
+    if capacity is not None:  # reported by the OS: the bandwidth was measured
+        assert hw.cache_bandwidth is not None and hw.cache_bandwidth > 0
+        assert "last-level cache" in hw.description

@@ -95,3 +95,69 @@ def test_module_rule_cost_is_estimated() -> None:
     _, est = roofline(model, torch.randn(1, 8), hardware="h100-sxm", rules={nn.Linear: lambda m, i, o: rule})
     # a whole-module cost: default dtype float32, its MACs on the fp32 rate (67 TFLOP/s)
     assert est.total.time_s == 2 * 10**9 / 67e12
+
+
+# a made-up machine with a last-level cache: 1 GB/s to memory, 10 GB/s from a 1 MiB cache
+CACHED = flopscope.estimate.Hardware("cached", 1e9, vector={"fp32": 1e12},
+                                     cache_bytes=2**20, cache_bandwidth=1e10)
+
+
+def test_an_intermediate_that_fits_is_read_from_the_cache() -> None:
+    x = torch.randn(1024)  # 4,096 B
+    est = _log(lambda: (x + 1) * 2).estimate(CACHED)
+    add, mul = est.by_op["aten.add.Tensor"], est.by_op["aten.mul.Tensor"]
+    # add: reads x (never touched before: from memory), writes 4,096 B into the cache:
+    # max(8,192 / 1e10, 4,096 / 1e9) = 4.096e-6 s
+    assert (add.bytes, add.dram_bytes) == (8_192, 4_096)
+    assert add.memory_s == 4_096 / 1e9
+    # mul: reads x + 1 (touched 0 bytes ago, 4,096 <= 1 MiB: a hit), writes into the cache:
+    # all 8,192 B at cache bandwidth = 8.192e-7 s
+    assert (mul.bytes, mul.dram_bytes) == (8_192, 0)
+    assert mul.memory_s == 8_192 / 1e10
+    assert est.total.time_s == 4_096 / 1e9 + 8_192 / 1e10
+    # the same chain without the cache figures: every byte at memory bandwidth
+    flat = _log(lambda: (x + 1) * 2).estimate(H100)
+    assert flat.total.dram_bytes == flat.total.bytes == 16_384
+
+
+def test_cache_too_small_and_reuse_distance() -> None:
+    small = flopscope.estimate.Hardware("small", 1e9, vector={"fp32": 1e12},
+                                        cache_bytes=2_048, cache_bandwidth=1e10)
+    x = torch.randn(1024)
+    est = _log(lambda: (x + 1) * 2).estimate(small)
+    assert est.total.dram_bytes == est.total.bytes == 16_384  # 4,096-byte tensors never fit
+    a, b = torch.randn(1024), torch.randn(256 * 1024)  # 4 KiB and 1 MiB
+    log = _log(lambda: (a.neg(), b.neg(), a.neg()))
+    third = log.records[2]
+    # a was last touched before b's 2 MiB of traffic: 2 MiB + 4 KiB > 1 MiB, a miss
+    assert third.reuse == ((4_096, 2 * 2**20),)
+    assert third.cached_bytes(2**20) == 4_096  # only its output, written to the cache
+
+
+def test_a_call_timed_in_a_loop_finds_its_inputs_in_the_cache() -> None:
+    a, b, c = torch.randn(1024), torch.randn(1024), torch.empty(1024)
+    log = _log(lambda: [torch.add(a, b, out=c) for _ in range(2)])
+    first, second = (flopscope.estimate.Estimate.from_records([r], CACHED).total
+                     for r in log.records)
+    # counted bytes: a, b and the out= tensor read, c written: 4 x 4,096
+    assert first.bytes == second.bytes == 16_384
+    assert first.dram_bytes == 12_288  # cold: the three inputs from memory, c into the cache
+    assert second.dram_bytes == 0  # warm: everything in the cache
+    assert second.time_s == 16_384 / 1e10
+
+
+def test_nvidia_profiles_have_no_cache_level() -> None:
+    # NVIDIA publishes L2 capacities, not L2 bandwidth: the capacity is kept, the level unused
+    assert H100.cache_bytes == 50 * 2**20 and H100.cache_bandwidth is None
+    assert not H100.has_cache
+    mi300x = flopscope.estimate.PROFILES["mi300x"]
+    assert mi300x.has_cache and mi300x.cache_bytes == 256 * 2**20
+    assert mi300x.cache_bandwidth == 17e12
+
+
+def test_in_place_writes_are_cached_only_when_they_fit() -> None:
+    big = torch.randn(512 * 1024)  # 2 MiB: larger than CACHED's 1 MiB
+    log = _log(lambda: big.add_(1))
+    # add_ reads and writes its own 2 MiB storage: neither fits, all from and to memory
+    assert log.records[0].out_bytes == 2 * 2**20
+    assert log.estimate(CACHED).total.dram_bytes == 4 * 2**20

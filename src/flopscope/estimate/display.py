@@ -114,7 +114,15 @@ def estimate_lines(estimate: Estimate) -> list[str]:
     if len(estimate.by_phase) > 1:
         lines.append("  " + "; ".join(f"{phase}: {human_seconds(r.time_s)}"
                                       for phase, r in estimate.by_phase.items()))
-    lines.append("  ignores kernel launch, caches, fusion (see the fused figure), clocks below "
+    if hw.has_cache:
+        assert hw.cache_bytes is not None and hw.cache_bandwidth is not None
+        lines.append(f"  last-level cache {human_bytes(hw.cache_bytes)} at "
+                     f"{human(int(hw.cache_bandwidth), 'B/s')}: {human_bytes(total.dram_bytes)} of "
+                     f"{human_bytes(total.bytes)} from main memory")
+        caches = "caches above the last level"
+    else:
+        caches = "caches"
+    lines.append(f"  ignores kernel launch, {caches}, fusion (see the fused figure), clocks below "
                  "peak: real time is longer")
     return lines
 

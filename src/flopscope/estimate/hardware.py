@@ -11,12 +11,18 @@ are those of the units that only multiply matrices (tensor cores, matrix cores, 
 peaks those of the general units (CUDA cores, SIMD FMA units). A dtype a unit does not list falls
 back as :meth:`Hardware.peak` says.
 
+A profile may also describe its last-level cache (L2 on GPUs, L3 on most CPUs): capacity
+(``cache_bytes``) and bandwidth (``cache_bandwidth``). With both, the roofline charges data that a
+call finds in the cache at cache bandwidth (see :mod:`flopscope.estimate.roofline`); with either
+missing, every byte goes at main-memory bandwidth.
+
 File format (JSON; TOML takes the same keys), one profile or ``{"profiles": [...]}``::
 
     {"name": "my-gpu", "memory_bandwidth_gb_s": 2000,
      "matrix_tflops": {"bf16": 500, "fp16": 500, "tf32": 250},
      "vector_tflops": {"fp32": 60, "fp64": 30},
-     "memory_gb": 80, "description": "...", "source": "..."}
+     "memory_gb": 80, "cache_mib": 50, "cache_bandwidth_gb_s": 7000,
+     "description": "...", "source": "..."}
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ __all__ = [
     "best_seconds",
     "dtype_key",
     "get_hardware",
+    "last_level_cache_bytes",
     "load_hardware",
     "measure_this_machine",
 ]
@@ -65,6 +72,9 @@ class Hardware:
         description: a human name.
         source: where the figures come from.
         measured: the figures were measured on this machine (not taken from a datasheet).
+        cache_bytes: capacity of the last-level cache (GPU L2, CPU L3), when known.
+        cache_bandwidth: its bandwidth, bytes per second, when known. The roofline uses the
+            cache level only when both are known (:attr:`has_cache`).
     """
 
     name: str
@@ -75,10 +85,16 @@ class Hardware:
     description: str = ""
     source: str = ""
     measured: bool = False
+    cache_bytes: int | None = None
+    cache_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_bandwidth > 0:
             raise UsageError(f"hardware {self.name!r}: memory bandwidth must be positive")
+        if self.cache_bytes is not None and not self.cache_bytes > 0:
+            raise UsageError(f"hardware {self.name!r}: cache capacity must be positive")
+        if self.cache_bandwidth is not None and not self.cache_bandwidth > 0:
+            raise UsageError(f"hardware {self.name!r}: cache bandwidth must be positive")
         for unit in (self.matrix, self.vector):
             for key, value in unit.items():
                 if key not in DTYPE_KEYS:
@@ -90,6 +106,11 @@ class Hardware:
                     raise UsageError(f"hardware {self.name!r}: peak for {key} must be positive")
         if "fp32" not in self.vector:
             raise UsageError(f"hardware {self.name!r}: needs at least a vector fp32 peak")
+
+    @property
+    def has_cache(self) -> bool:
+        """Whether the roofline models a cache level (capacity and bandwidth both known)."""
+        return bool(self.cache_bytes and self.cache_bandwidth)
 
     def peak(self, key: str, matrix: bool) -> float:
         """Peak rate for work of dtype ``key``.
@@ -126,6 +147,10 @@ class Hardware:
         }
         if self.memory_bytes is not None:
             out["memory_gb"] = self.memory_bytes / _GIGA
+        if self.cache_bytes is not None:
+            out["cache_mib"] = self.cache_bytes / 2**20
+        if self.cache_bandwidth is not None:
+            out["cache_bandwidth_gb_s"] = self.cache_bandwidth / _GIGA
         return out
 
     @classmethod
@@ -143,7 +168,7 @@ class Hardware:
             UsageError: a missing or malformed field.
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
-                 "memory_gb", "source", "measured"}
+                 "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -168,6 +193,10 @@ class Hardware:
             bandwidth = float(data["memory_bandwidth_gb_s"]) * _GIGA
             memory = data.get("memory_gb")
             memory_bytes = None if memory is None else int(float(memory) * _GIGA)
+            cache = data.get("cache_mib")
+            cache_bytes = None if cache is None else int(float(cache) * 2**20)
+            cache_bw = data.get("cache_bandwidth_gb_s")
+            cache_bandwidth = None if cache_bw is None else float(cache_bw) * _GIGA
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: {e}") from e
         return cls(
@@ -179,6 +208,8 @@ class Hardware:
             description=str(data.get("description", "")),
             source=str(data.get("source", "")),
             measured=bool(data.get("measured", False)),
+            cache_bytes=cache_bytes,
+            cache_bandwidth=cache_bandwidth,
         )
 
 
@@ -209,14 +240,20 @@ def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str | None:
 
 
 def _gpu(name: str, description: str, source: str, bandwidth_gb_s: float,
-         memory_gb: float | None, matrix: dict[str, float], vector: dict[str, float]) -> Hardware:
+         memory_gb: float | None, matrix: dict[str, float], vector: dict[str, float],
+         cache_mib: float | None = None, cache_gb_s: float | None = None) -> Hardware:
     return Hardware(name, bandwidth_gb_s * _GIGA, {k: v * _TERA for k, v in matrix.items()},
                     {k: v * _TERA for k, v in vector.items()},
-                    None if memory_gb is None else int(memory_gb * _GIGA), description, source)
+                    None if memory_gb is None else int(memory_gb * _GIGA), description, source,
+                    cache_bytes=None if cache_mib is None else int(cache_mib * 2**20),
+                    cache_bandwidth=None if cache_gb_s is None else cache_gb_s * _GIGA)
 
 
 # Dense figures only (datasheets print "with sparsity" figures twice as large; those are not used).
-# Units below: TFLOP/s (TOPS for int8), GB/s, GB.
+# Units below: TFLOP/s (TOPS for int8), GB/s, GB; last-level cache in MiB and GB/s.
+# Last-level caches: NVIDIA publishes L2 capacities but no L2 bandwidth, so the NVIDIA profiles
+# carry the capacity only and the roofline charges every byte at HBM/GDDR bandwidth for them (a
+# user profile can add "cache_bandwidth_gb_s"); AMD publishes both for MI300X's Infinity Cache.
 _SHIPPED = [
     # NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100, 2023), H100 SXM:
     # FP64 34, FP64 Tensor Core 67, FP32 67, TF32 TC 989/2 = 494.5 dense, BF16/FP16 TC 1979/2 =
@@ -226,32 +263,37 @@ _SHIPPED = [
     _gpu("h100-sxm", "NVIDIA H100 SXM5 80 GB", "NVIDIA H100 datasheet (SXM); H100 whitepaper "
          "Table 3 for non-tensor FP16/BF16", 3350, 80,
          {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
-         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}),
+         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8},
+         cache_mib=50),  # 50 MB L2 (H100 SXM5 and PCIe): NVIDIA, "NVIDIA Hopper Architecture
+    # In-Depth" (developer blog, 2022): "A 50 MB L2 cache in H100 is 1.25x larger than the A100
+    # 40 MB L2"; the GH100 die has 60 MB, of which the products enable 50.
     # Same datasheet, H100 PCIe: FP64 26, FP64 TC 51, FP32 51, TF32 756/2 = 378, BF16/FP16
     # 1513/2 = 756.5, FP8 3026/2 = 1513, INT8 3026/2 = 1513; 80 GB HBM2e at 2.0 TB/s.
     # Non-tensor FP16/BF16: whitepaper Table 3 (PCIe) 102.4.
     _gpu("h100-pcie", "NVIDIA H100 PCIe 80 GB", "NVIDIA H100 datasheet (PCIe); H100 whitepaper "
          "Table 3 for non-tensor FP16/BF16", 2000, 80,
          {"fp64": 51, "tf32": 378, "bf16": 756.5, "fp16": 756.5, "fp8": 1513, "int8": 1513},
-         {"fp64": 26, "fp32": 51, "bf16": 102.4, "fp16": 102.4}),
+         {"fp64": 26, "fp32": 51, "bf16": 102.4, "fp16": 102.4}, cache_mib=50),
     # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200, 2024), H200 SXM:
     # the same compute as H100 SXM (FP64 34, FP64 TC 67, FP32 67, TF32 989/2, BF16/FP16 1979/2,
     # FP8 3958/2, INT8 3958/2); 141 GB HBM3e at 4.8 TB/s.
+    # L2: the same GH100 configuration as H100 SXM (50 MB, see above).
     _gpu("h200", "NVIDIA H200 SXM 141 GB", "NVIDIA H200 datasheet (SXM)", 4800, 141,
          {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
-         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}),
+         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}, cache_mib=50),
     # NVIDIA A100 Tensor Core GPU datasheet (2021), A100 SXM: FP64 9.7, FP64 TC 19.5, FP32 19.5,
     # TF32 TC 312/2 = 156, BF16/FP16 TC 624/2 = 312, INT8 TC 1248/2 = 624 (no FP8); 40 GB HBM2 at
     # 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s. Non-tensor FP16/BF16 78 (NVIDIA A100 Tensor Core
     # GPU Architecture whitepaper, Table 1).
+    # L2: 40 MB (A100 whitepaper; NVIDIA's Hopper blog above compares against "the A100 40 MB L2").
     _gpu("a100-40gb", "NVIDIA A100 SXM4 40 GB", "NVIDIA A100 datasheet (SXM 40GB); A100 "
          "whitepaper Table 1 for non-tensor FP16/BF16", 1555, 40,
          {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}),
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40),
     _gpu("a100-80gb", "NVIDIA A100 SXM4 80 GB", "NVIDIA A100 datasheet (SXM 80GB); A100 "
          "whitepaper Table 1 for non-tensor FP16/BF16", 2039, 80,
          {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}),
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3, TF32 TC 120/2 = 60, BF16/FP16 TC
     # 242/2 = 121, FP8 485/2 = 242.5, INT8 485/2 = 242.5; 24 GB GDDR6 at 300 GB/s. FP64 is not
     # in the datasheet: 1/64 of FP32 (Ada Lovelace architecture whitepaper) = 0.47.
@@ -267,11 +309,15 @@ _SHIPPED = [
          {"fp64": 1.43, "fp32": 91.6}),
     # AMD Instinct MI300X data sheet (amd.com, 2023): FP64 vector 81.7, FP64 matrix 163.4, FP32
     # vector 163.4, FP32 matrix 163.4, TF32 653.7, FP16/BF16 1307.4, FP8 2614.9, INT8 2614.9
-    # (dense); 192 GB HBM3 at 5.3 TB/s.
-    _gpu("mi300x", "AMD Instinct MI300X 192 GB", "AMD Instinct MI300X data sheet", 5300, 192,
+    # (dense); 192 GB HBM3 at 5.3 TB/s. Last level: 256 MB AMD Infinity Cache at 17 TB/s peak
+    # (AMD's MI300X launch material, Dec 2023, as reported by ServeTheHome, "AMD Instinct MI300X
+    # GPU and MI300A APUs launched for AI era": "256MB of Infinity Cache with 17TB/s of peak
+    # bandwidth").
+    _gpu("mi300x", "AMD Instinct MI300X 192 GB", "AMD Instinct MI300X data sheet; AMD launch "
+         "material for the Infinity Cache", 5300, 192,
          {"fp64": 163.4, "fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4,
           "fp8": 2614.9, "int8": 2614.9},
-         {"fp64": 81.7, "fp32": 163.4}),
+         {"fp64": 81.7, "fp32": 163.4}, cache_mib=256, cache_gb_s=17000),
     # CPUs (no capacity figure: it depends on the DIMMs): peak = cores x base clock x FLOP per cycle per core (two FMA pipes: 2 x 2 x lanes),
     # bandwidth = memory channels x transfer rate x 8 bytes.
     # AMD EPYC 9654 (amd.com product page): 96 cores, 2.4 GHz base, 12 channels DDR5-4800
@@ -407,17 +453,71 @@ def best_seconds(fn: Any, repeats: int) -> float:
     return best
 
 
+def last_level_cache_bytes() -> int | None:
+    """Capacity of this CPU's last-level cache, as the operating system reports it (Linux
+    ``/sys/devices/system/cpu/cpu0/cache``: the highest level of a data or unified cache; else
+    ``sysconf(SC_LEVEL3_CACHE_SIZE)``/``SC_LEVEL2_CACHE_SIZE``), or ``None`` when it is not
+    reported.
+
+    Returns:
+        Bytes, or ``None``.
+    """
+    import os
+
+    best: tuple[int, int] | None = None
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for entry in root.glob("index*"):
+            kind = (entry / "type").read_text().strip()
+            if kind not in ("Data", "Unified"):
+                continue
+            level = int((entry / "level").read_text())
+            text = (entry / "size").read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            size = int(text.rstrip("KMG")) * scale
+            if best is None or level > best[0]:
+                best = (level, size)
+    except (OSError, ValueError):
+        best = None
+    if best is not None and best[1] > 0:
+        return best[1]
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError, AttributeError):
+            continue
+        if size > 0:
+            return int(size)
+    return None
+
+
+def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> int:
+    """The bytes flopscope counts for ``dst.copy_(src)``: the same accounting as the roofline's,
+    so that the measured bandwidth and the estimates use one unit (``copy_`` counts the
+    destination as read too, which is what a CPU does: a store to a line not in cache first
+    reads it, write-allocate)."""
+    from flopscope.counter import Counter
+
+    with Counter(warn=False) as counter:
+        dst.copy_(src)
+    total = counter.report.total()
+    return int(total.bytes_read + total.bytes_written)
+
+
 def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
                          repeats: int = 3) -> Hardware:
-    """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16) and a streaming
-    copy, with torch's current thread count. Best of ``repeats`` timings (after one warm-up);
-    the figures are *attained* rates, not the vendor's peaks, and the profile says so
-    (``measured=True``).
+    """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16), a streaming
+    copy from and to main memory, and a copy that fits in the last-level cache (whose capacity
+    the operating system reports: :func:`last_level_cache_bytes`), with torch's current thread
+    count. Best of ``repeats`` timings (after one warm-up; the cache copy, being short, is
+    timed more often); the figures are *attained* rates, not the vendor's peaks, and the
+    profile says so (``measured=True``). Bandwidths are the bytes flopscope counts for the copy
+    (source read, destination read and written) over its time, the unit the roofline's
+    estimates use.
 
     Args:
         gemm_size: n of the n x n x n GEMMs (2 n^3 FLOPs each).
-        copy_mib: size of the copied buffer in MiB (well beyond the last-level cache); a copy
-            moves twice that (read + write), the way flopscope counts bytes.
+        copy_mib: size of the copied buffer in MiB (well beyond the last-level cache).
         repeats: timed runs per measurement.
 
     Returns:
@@ -436,7 +536,19 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
     seconds = best_seconds(lambda: dst.copy_(src), max(repeats, 5))
-    bandwidth = 2 * numel * 4 / seconds
+    bandwidth = _copy_bytes(dst, src) / seconds
+    cache_bytes = last_level_cache_bytes()
+    cache_bandwidth = None
+    what = ""
+    if cache_bytes:
+        # source and destination together a quarter of the cache: resident after the warm-up,
+        # and beyond the private L1/L2 of one core on the CPUs this targets
+        small = max(cache_bytes // 8 // 4, 1024)
+        csrc = torch.ones(small, dtype=torch.float32)
+        cdst = torch.empty_like(csrc)
+        seconds = best_seconds(lambda: cdst.copy_(csrc), max(repeats, 5) * 20)
+        cache_bandwidth = _copy_bytes(cdst, csrc) / seconds
+        what = f", {small * 4 // 2**10} KiB copy in the {cache_bytes // 2**20} MiB last-level cache"
     threads = torch.get_num_threads()
     # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
     return Hardware(
@@ -445,7 +557,10 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         matrix=dict(rates),
         vector=dict(rates),
         description=f"this machine, measured ({threads} threads): {n}^3 GEMM, "
-                    f"{copy_mib} MiB copy",
-        source="measured by flopscope.estimate.measure_this_machine",
+                    f"{copy_mib} MiB copy{what}",
+        source="measured by flopscope.estimate.measure_this_machine (cache capacity from the "
+               "operating system)",
         measured=True,
+        cache_bytes=cache_bytes,
+        cache_bandwidth=cache_bandwidth,
     )

@@ -11,13 +11,26 @@ done in, whether the operator is element-wise); it knows nothing about hardware.
   the rest of the FLOPs (``flops - 2 * macs``) runs on the vector units;
 - compute time = max(matrix FLOPs / matrix peak, other FLOPs / vector peak) (the units can
   overlap, so the larger of the two is the bound);
-- memory time = (bytes read + bytes written) / memory bandwidth;
+- memory time = (bytes read + bytes written) / memory bandwidth, or, when the hardware describes
+  its last-level cache (capacity *C* and bandwidth, :attr:`Hardware.has_cache`), the larger of
+  all bytes / cache bandwidth and the bytes that miss the cache / memory bandwidth;
 - time = max(compute time, memory time); the call is compute-bound when its compute time is the
   larger, memory-bound otherwise.
 
-This is a lower bound. It ignores kernel launch and framework overhead, caches (every byte is
-assumed to come from and go to main memory once: data reused from cache makes the real traffic
-smaller, data read twice larger), the fusion a compiler does, tile and wave quantisation, and
+The cache level: the log follows the calls in order, with a clock that advances by the bytes each
+call touches (its tensors' storage sizes). A storage the call reads was last touched *d* bytes of
+traffic ago; it is found in the cache when *d* plus its own size fits in *C* (an LRU cache
+holds the most recently touched *C* bytes; counting traffic rather than distinct bytes makes *d*
+an over-estimate, so hits are if anything missed). A storage never touched before in the run
+comes from main memory. Outputs that fit in *C* are written to the cache (written back later, if
+ever, when evicted: charged to no call, which keeps the estimate a lower bound). So in one
+forward the weights come from memory and an activation read right after it was written comes
+from the cache when it fits; an operator timed in a loop finds its inputs in the cache when they
+fit, which the validation on this machine shows.
+
+This is a lower bound. It ignores kernel launch and framework overhead, caches other than the
+last level (and every cache when the hardware has no cache figures: every byte then comes from
+and goes to main memory once), the fusion a compiler does, tile and wave quantisation, and
 anything not at peak clock. The *fused* view assumes chains of element-wise operators are fused
 (what ``torch.compile`` does): when an element-wise call reads a tensor that the call right
 before it wrote, in the same phase and that call also element-wise (module boundaries are no
@@ -41,7 +54,8 @@ __all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype"]
 
 IGNORES = (
     "kernel launch and framework overhead",
-    "caches: every byte counted once to and from main memory",
+    "caches above the last level (and, for hardware without last-level cache figures, every "
+    "cache: each byte counted once to and from main memory)",
     "fusion (see the fused view), tile/wave quantisation, clocks below peak",
 )
 
@@ -102,7 +116,8 @@ def _storage_key(t: torch.Tensor) -> int | None:
 
 
 class _Record:
-    __slots__ = ("bytes", "dtype", "flops", "fused_bytes", "macs", "op", "path", "phase")
+    __slots__ = ("bytes", "bytes_read", "bytes_written", "dtype", "flops", "fused_bytes", "macs",
+                 "op", "out_bytes", "path", "phase", "reuse")
 
     def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
                  dtype: torch.dtype | None) -> None:
@@ -114,6 +129,21 @@ class _Record:
         self.bytes = nbytes
         self.fused_bytes = nbytes
         self.dtype = dtype
+        self.bytes_read = nbytes
+        self.bytes_written = 0
+        # (storage bytes, traffic since its last touch) of each input storage touched before;
+        # storage bytes of the outputs (None: unknown, never cached)
+        self.reuse: tuple[tuple[int, int], ...] = ()
+        self.out_bytes: int | None = None
+
+    def cached_bytes(self, capacity: int) -> int:
+        """Bytes of this call served by a last-level cache of ``capacity`` bytes: inputs whose
+        reuse distance plus size fits, and outputs that fit (see the module docstring)."""
+        hits = sum(n for n, d in self.reuse if d + n <= capacity)
+        cached = min(hits, self.bytes_read)
+        if self.out_bytes is not None and self.out_bytes <= capacity:
+            cached += self.bytes_written
+        return min(cached, self.bytes)
 
 
 class CallLog:
@@ -136,6 +166,10 @@ class CallLog:
     def __init__(self, *, default_dtype: torch.dtype | None = None) -> None:
         self.records: list[_Record] = []
         self.default_dtype = default_dtype or torch.get_default_dtype()
+        # the cache model's clock: bytes touched so far, and the clock when each storage was
+        # last touched
+        self._clock = 0
+        self._touched: dict[int, int] = {}
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, _Record | None, dict[int, int]] = (
@@ -158,6 +192,9 @@ class CallLog:
             self._prev = (path, phase, False, rec, {})
             return
         rec = _Record(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
+        rec.bytes_read = cost.bytes_read
+        rec.bytes_written = cost.bytes_written
+        self._follow(rec, call)
         self.records.append(rec)
         pointwise = _is_pointwise(call.op)
         _, prev_phase, prev_pointwise, prev_rec, prev_out = self._prev
@@ -176,6 +213,40 @@ class CallLog:
                 if key is not None:
                     out[key] = t.nbytes
         self._prev = (path, phase, pointwise, rec, out)
+
+    def _follow(self, rec: _Record, call: OpCall) -> None:
+        """The cache model's bookkeeping: reuse distances of the call's inputs, sizes of its
+        outputs, then the clock moves on by the bytes the call touched."""
+        touched = self._touched
+        clock = self._clock
+        seen: dict[int, int] = {}
+        reuse = []
+        for t in call.inputs:
+            key = _storage_key(t)
+            if key is None or key in seen:
+                continue
+            size = t.untyped_storage().nbytes()
+            seen[key] = size
+            last = touched.get(key)
+            if last is not None:
+                reuse.append((size, clock - last))
+        out: dict[int, int] = {}  # written storages, in-place and out= ones included
+        known = True
+        for t in call.outputs:
+            key = _storage_key(t)
+            if key is None:
+                known = False
+                continue
+            known_size = seen.get(key)
+            if known_size is None:
+                known_size = seen[key] = t.untyped_storage().nbytes()
+            out[key] = known_size
+        rec.reuse = tuple(reuse)
+        rec.out_bytes = sum(out.values()) if known else None
+        clock += sum(seen.values())
+        for key in seen:
+            touched[key] = clock
+        self._clock = clock
 
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
         """The roofline estimate of the recorded calls on ``hardware``.
@@ -209,6 +280,8 @@ class Row:
         memory_bound_s: time of the calls that are memory-bound.
         fused_bytes: bytes in the fused view.
         fused_time_s: time in the fused view.
+        dram_bytes: bytes to and from main memory (``bytes`` less what the last-level cache
+            serves; equal to ``bytes`` for hardware without cache figures).
     """
 
     calls: int = 0
@@ -222,6 +295,7 @@ class Row:
     memory_bound_s: float = 0.0
     fused_bytes: int = 0
     fused_time_s: float = 0.0
+    dram_bytes: int = 0
 
     def add(self, other: Row) -> None:
         """Add ``other``'s sums to this row."""
@@ -236,6 +310,7 @@ class Row:
         self.memory_bound_s += other.memory_bound_s
         self.fused_bytes += other.fused_bytes
         self.fused_time_s += other.fused_time_s
+        self.dram_bytes += other.dram_bytes
 
     @property
     def intensity(self) -> float | None:
@@ -262,6 +337,7 @@ class Row:
             "intensity": self.intensity, "time_s": self.time_s, "compute_s": self.compute_s,
             "memory_s": self.memory_s, "bound": self.bound,
             "fused_bytes": self.fused_bytes, "fused_time_s": self.fused_time_s,
+            "dram_bytes": self.dram_bytes,
         }
 
 
@@ -274,11 +350,20 @@ def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
     mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
     compute = max(matrix / hw.peak(mkey, True) if matrix else 0.0,
                   other / hw.peak(key, False) if other else 0.0)
-    memory = rec.bytes / hw.memory_bandwidth
+    if hw.cache_bytes and hw.cache_bandwidth:
+        dram = rec.bytes - rec.cached_bytes(hw.cache_bytes)
+        memory = max(rec.bytes / hw.cache_bandwidth, dram / hw.memory_bandwidth)
+        # fusion drops an intermediate's write and read: from main memory only if it missed
+        fused_memory = max(rec.fused_bytes / hw.cache_bandwidth,
+                           min(rec.fused_bytes, dram) / hw.memory_bandwidth)
+    else:
+        dram = rec.bytes
+        memory = rec.bytes / hw.memory_bandwidth
+        fused_memory = rec.fused_bytes / hw.memory_bandwidth
     time_s = max(compute, memory)
-    fused_time = max(compute, rec.fused_bytes / hw.memory_bandwidth)
+    fused_time = max(compute, fused_memory)
     row = Row(1, rec.macs, rec.flops, rec.bytes, time_s, compute, memory,
-              fused_bytes=rec.fused_bytes, fused_time_s=fused_time)
+              fused_bytes=rec.fused_bytes, fused_time_s=fused_time, dram_bytes=dram)
     if time_s > 0:
         if compute >= memory:
             row.compute_bound_s = time_s
