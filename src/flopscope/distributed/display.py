@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from flopscope.distributed.pipeline import PipelineReport
 from flopscope.render import Column
 from flopscope.report import Report, is_within
 from flopscope.units import human
 
-__all__ = ["communication_columns", "communication_lines"]
+__all__ = ["communication_columns", "communication_lines", "pipeline_lines"]
 
 
 def communication_columns(report: Report) -> list[Column]:
@@ -62,4 +63,26 @@ def communication_lines(report: Report) -> list[str]:
         lines.append(f"  {'total':<15} {t.calls:>5} calls  payload {human(t.payload_bytes, 'B'):>10}  "
                      f"bus {human(t.bus_bytes, 'B'):>10} per rank (ring algorithm; "
                      "docs/distributed.md)")
+    return lines
+
+
+def pipeline_lines(pipeline: PipelineReport) -> list[str]:
+    """Summary lines of a pipeline: each stage's rank, FLOPs, bytes sent per microbatch and idle
+    fraction, and the schedule's bubble.
+
+    Args:
+        pipeline: every stage's report.
+
+    Returns:
+        Lines of text.
+    """
+    lines = [f"pipeline: {len(pipeline.stages)} stages, {pipeline.schedule}, "
+             f"{pipeline.microbatches} microbatches; bubble {float(pipeline.bubble):.1%} of the "
+             "group's time (counted FLOPs at one rate, communication time left out)"]
+    for s, r in enumerate(pipeline.stages):
+        p2p = pipeline.p2p_per_microbatch(s)
+        lines.append(
+            f"  stage {s} (rank {pipeline.ranks[s]}): {human(r.flops, 'FLOPs'):>12}  sends "
+            f"{human(p2p['send_forward'], 'B')} activations, {human(p2p['send_backward'], 'B')} "
+            f"gradients per microbatch; idle {float(pipeline.stage_bubbles[s]):.1%}")
     return lines

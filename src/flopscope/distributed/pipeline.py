@@ -163,9 +163,10 @@ class PipelineReport:
                 out[f"{r.kind}_{r.phase.value}"] += r.payload_bytes // self.microbatches
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """JSON-ready: schedule, microbatches, bubble (float and exact fraction), and per stage
-        its rank, layers' totals, point-to-point bytes per microbatch and the report."""
+        its rank, idle fraction, MACs, FLOPs, bus bytes of its collectives and point-to-point
+        bytes per microbatch."""
         return {
             "schedule": self.schedule,
             "microbatches": self.microbatches,
@@ -174,10 +175,17 @@ class PipelineReport:
             "stages": [
                 {"stage": s, "rank": self.ranks[s], "bubble": float(self.stage_bubbles[s]),
                  "macs": r.macs, "flops": r.flops,
-                 "p2p_bytes_per_microbatch": self.p2p_per_microbatch(s),
-                 "report": r.to_dict()}
+                 "bus_bytes": r.communication_total().bus_bytes,
+                 "p2p_bytes_per_microbatch": self.p2p_per_microbatch(s)}
                 for s, r in enumerate(self.stages)],
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        """:meth:`summary` with every stage's whole report (``Report.to_dict``)."""
+        out = self.summary()
+        for entry, r in zip(out["stages"], self.stages, strict=True):
+            entry["report"] = r.to_dict()
+        return out
 
 
 # -- the bubble ----------------------------------------------------------------------------------
@@ -336,6 +344,9 @@ def run_stage(
     if microbatches < 1 or batch % microbatches:
         raise UsageError(f"{microbatches} microbatches do not split the batch of {batch} "
                          "evenly: give a batch that is a multiple of the microbatches")
+    if schedule == "1f1b" and microbatches < stages:
+        raise UsageError(f"1F1B needs at least as many microbatches as stages ({microbatches} < "
+                         f"{stages}): give more microbatches, or the gpipe schedule")
     mb = batch // microbatches
     dtype = next(p.dtype for p in stage_module.parameters() if p.is_floating_point())
     hidden = (mb, seq, int(config.hidden_size))
