@@ -18,9 +18,11 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
+    add_step_time,
     check_output,
     load_source,
     one_line,
+    step_time_peak,
     unit_prefix,
     usage_error,
     write_output,
@@ -79,6 +81,8 @@ def add_subcommands(subparsers: Any) -> None:
     est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adamw",
                      help="with --memory --backward: the optimizer whose step is included "
                           "(default adamw)")
+    add_step_time(est, step_help="measured wall time of what is counted (a forward, or with "
+                                 "--backward forward + backward)")
     par = count.add_argument_group(
         "sharded models (one rank, simulated on torch's fake process group; hf: decoders)")
     par.add_argument("--world-size", type=int, metavar="N",
@@ -232,6 +236,15 @@ def run_count(args: argparse.Namespace) -> int:
                                     or args.microbatches):
         raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need --world-size")
     pipeline = None
+    util_observers: list[Any] = []
+    if args.step_time is not None or args.peak_tflops is not None:
+        from flopscope.llm.attention import AttentionFigures
+        from flopscope.llm.flops import assumed_mask
+
+        if args.world_size is not None:
+            raise usage_error("--step-time does not combine with --world-size yet")
+        peak = step_time_peak(args, loaded.model, timed=args.step_time is not None)
+        util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
     try:
         if args.world_size is not None:
             report, pipeline = _simulated(args, rules)
@@ -239,7 +252,7 @@ def run_count(args: argparse.Namespace) -> int:
             from flopscope.estimate import CallLog, peak_memory
 
             log = CallLog() if hardware is not None else None
-            observers = [log] if log is not None else []
+            observers = [log, *util_observers] if log is not None else util_observers
             if args.memory:
                 report, memory = peak_memory(
                     loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
@@ -255,7 +268,7 @@ def run_count(args: argparse.Namespace) -> int:
         else:
             report = flopscope.count(
                 loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
-                strict=args.strict, rules=rules, warn=False,
+                strict=args.strict, rules=rules, warn=False, observers=util_observers,
             )
     except flopscope.ForwardError as e:
         where = f" in module '{e.module_path}'" if e.module_path else ""
@@ -293,6 +306,13 @@ def run_count(args: argparse.Namespace) -> int:
             notes += estimate_lines(estimate)
         if memory is not None:
             notes += memory_lines(memory)
+    utilization = None
+    if util_observers:
+        from flopscope.llm.flops import report_utilization
+
+        utilization = report_utilization(report, util_observers[0], loaded.inputs,
+                                         seconds=args.step_time, peak=peak)
+        notes.append(f"utilization: {utilization.line()}")
     if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
@@ -300,10 +320,12 @@ def run_count(args: argparse.Namespace) -> int:
         console.print(rich_report(report, depth=depth, by=by, unit=args.unit, columns=columns))
         for line in notes:
             console.print(line, markup=False, highlight=False)
-    elif fmt is Format.JSON and (estimate is not None or memory is not None):
+    elif fmt is Format.JSON and (estimate is not None or memory is not None or utilization):
         import json
 
         data = report.to_dict()
+        if utilization is not None:
+            data["utilization"] = utilization.to_dict()
         if estimate is not None:
             data["estimate"] = estimate.to_dict()
         if memory is not None:
