@@ -4,6 +4,7 @@ parameters."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -203,7 +204,7 @@ def test_monitor_lists_parameters_once_and_again_on_a_new_signature() -> None:
     walks = []
     real_parameters = model.parameters
 
-    def parameters(recurse: bool = True) -> object:
+    def parameters(recurse: bool = True) -> Iterator[nn.Parameter]:
         walks.append(1)
         return real_parameters(recurse)
 
