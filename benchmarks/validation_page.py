@@ -47,6 +47,10 @@ ZOO_ATTENTION = ("inception_v3", "swin_t", "maxvit_t", "vit_b_16", "swin_s", "sw
                  "vit_h_14")
 """Measured at 224x224 (fixed-size attention windows, inception's minimum input)."""
 
+NOT_YET = ("the resumable sweep has not reached them yet (`python -m benchmarks.validation_page "
+           "--run --groups zoo64 zoo224` measures what is missing and keeps what is stored)")
+"""Why a zoo model with no stored run and no reason of its own is not in the table yet."""
+
 
 @dataclass(frozen=True)
 class Group:
@@ -89,6 +93,7 @@ def groups() -> list[Group]:
         zoo64, zoo224, the first five CNNs at 224 (``runs/``), ops, transformers.
     """
     from benchmarks import validation_transformers as T
+    from benchmarks import validation_zoo as Z
 
     try:
         zoo = _torchvision_classifiers()
@@ -99,7 +104,8 @@ def groups() -> list[Group]:
         Group("zoo64", "torchvision classifiers at 1x3x64x64", "zoo",
               tuple(f"torchvision:{n}" for n in zoo if n not in ZOO_ATTENTION), ("1x3x64x64",)),
         Group("zoo224", "attention classifiers and inception_v3 at 1x3x224x224", "zoo",
-              tuple(f"torchvision:{n}" for n in zoo if n in ZOO_ATTENTION)),
+              tuple(Z.VARIANTS[n].source if n in Z.VARIANTS else f"torchvision:{n}"
+                    for n in zoo if n in ZOO_ATTENTION)),
         Group(".", "the first five CNNs at 1x3x224x224 (benchmarks.validation's default)", "zoo"),
         Group("ops", "operator families", "ops", ("benchmarks/validation_ops.py:all_ops",)),
         Group("transformers", "transformers at 1,024 tokens", "transformers",
@@ -250,6 +256,21 @@ def _r(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def zoo_label(source: str) -> str:
+    """How the zoo table names a model: its torchvision name, or its reduced-input variant's label
+    (:data:`benchmarks.validation_zoo.VARIANTS`).
+
+    Args:
+        source: a SOURCE.
+
+    Returns:
+        The label.
+    """
+    from benchmarks.validation_zoo import VARIANTS
+
+    return next((v.label for v in VARIANTS.values() if v.source == source), label_of(source))
+
+
 def zoo_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
     """One row per zoo model.
 
@@ -257,14 +278,15 @@ def zoo_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
         records: stored records.
 
     Returns:
-        Dicts with model, family, input, counted_macs, counted, measured, ratio, error.
+        Dicts with source, model, family, input, counted_macs, counted, measured, ratio, error.
     """
     rows = []
     for rec in records:
         res = rec.get("result") or {}
         inputs = ", ".join(res.get("inputs") or rec["request"].get("inputs") or ["default"])
         rows.append({
-            "model": label_of(rec["source"]), "family": model_family(label_of(rec["source"])),
+            "source": rec["source"],
+            "model": zoo_label(rec["source"]), "family": model_family(zoo_label(rec["source"])),
             "input": inputs.split(":")[0], "counted_macs": res.get("counted_macs"),
             "counted": res.get("counted_flops"), "measured": res.get("measured_flops"),
             "ratio": res.get("ratio"), "error": rec.get("error"),
@@ -387,7 +409,34 @@ def zoo_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     for r in rows:
         if r["error"]:
             lines.append(f"\n- **{r['model']} failed**: `{str(r['error']).splitlines()[0][:300]}`")
+    lines += not_measured(rows)
     return lines
+
+
+def not_measured(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Why each zoo model without a measurement at its own input has none: a reduced-input
+    variant's reason, or :data:`NOT_YET` for the models the sweep has not reached.
+
+    Args:
+        rows: zoo rows.
+
+    Returns:
+        Markdown bullets (none when every model is measured as itself).
+    """
+    from benchmarks.validation_zoo import VARIANTS
+
+    out = []
+    for name, v in VARIANTS.items():
+        row = next((r for r in rows if r.get("source") == v.source), None)
+        if row is not None:
+            how = "is measured" if row["ratio"] is not None else "is to be measured"
+            out.append(f"\n- **{name} {how} as {v.label}**, not at its own input size: "
+                       f"{v.reason}")
+    waiting = [r["model"] for r in rows if r.get("pending")]
+    if waiting:
+        out.append(f"\n- **Not measured yet** ({len(waiting)}): {', '.join(waiting)} -- "
+                   f"{NOT_YET}.")
+    return out
 
 
 def ops_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -552,14 +601,13 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
         records = load_runs(root / g.name / "runs")
         if g.kind == "zoo":
             rows = zoo_rows(records)
-            done = {f"torchvision:{r['model']}" for r in rows} | {r["source"] for r in records}
-            rows += [{"model": label_of(s), "family": model_family(label_of(s)),
+            done = {r["source"] for r in rows}
+            rows += [{"source": s, "model": zoo_label(s), "family": model_family(zoo_label(s)),
                       "input": "x".join(g.inputs) or "1x3x224x224", "counted_macs": None,
                       "counted": None, "measured": None, "ratio": None, "error": None,
                       "pending": True, "gaps": ""} for s in g.sources if s not in done]
             order = {s: i for i, s in enumerate(g.sources)}
-            rows.sort(key=lambda r: (order.get(f"torchvision:{r['model']}", len(order)),
-                                     r["counted"] or 0))
+            rows.sort(key=lambda r: (order.get(r["source"], len(order)), r["counted"] or 0))
             zoo += rows
         elif g.kind == "ops":
             ops += op_rows(records)

@@ -97,3 +97,79 @@ def test_shape_only_benchmark_on_the_tiny_cnn() -> None:
     assert row["calls"] > 0
     assert "| tiny-cnn |" in shape_only.markdown({"models": [row], "cold": [], "scale": [],
                                                   "load_before": "0", "load_after": "0"})
+
+
+# --- the validation page's shared plot axes, its zoo list and the reduced-input variant ---------
+
+def test_decades_around_the_values() -> None:
+    from benchmarks import plotting
+
+    # 2e3 / 1.5 = 1,333 -> 1e3 below; 7e6 * 1.5 = 1.05e7 -> 1e8 above
+    assert plotting.decades([2e3, 7e6]) == (1e3, 1e8)
+    assert plotting.decades([5e5, 6e5]) == (1e5, 1e6)
+    with pytest.raises(ValueError, match="log axes need positive values"):
+        plotting.decades([0.0, 10.0])
+
+
+def test_counted_vs_measured_axes_are_one_setup(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks import plotting
+
+    plt = plotting.pyplot()
+    assert plt is not None
+    fig, ax = plt.subplots()
+    assert plotting.counted_vs_measured_axes(ax, [2e3, 7e6], title="t") == (1e3, 1e8)
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert ax.get_xlim() == ax.get_ylim() == (1e3, 1e8)
+    line = ax.get_lines()[0]  # y = x, first in the legend
+    assert line.get_label() == "y = x" and list(line.get_xdata()) == list(line.get_ydata())
+    plotting.save(plt, fig, tmp_path / "sub" / "p.png")
+    assert (tmp_path / "sub" / "p.png").stat().st_size > 1000
+
+
+def test_every_torchvision_classifier_is_on_the_page() -> None:
+    pytest.importorskip("torchvision")
+    import torchvision.models as tvm
+    from benchmarks import validation_page as page
+    from benchmarks.validation_zoo import VARIANTS
+
+    zoo = [s for g in page.groups() if g.kind == "zoo" for s in g.sources]
+    names = set(tvm.list_models(module=tvm))
+    variant_of = {v.source: name for name, v in VARIANTS.items()}
+    listed = [variant_of.get(s, s.removeprefix("torchvision:")) for s in zoo]
+    assert sorted(listed) == sorted(names)  # each classifier once, as itself or as its variant
+    assert "benchmarks/validation_zoo.py:vit_h_14_112" in zoo
+
+
+def test_unmeasured_zoo_models_have_a_reason() -> None:
+    from benchmarks import validation_page as page
+
+    rows = [
+        {"source": "torchvision:swin_b", "model": "swin_b", "pending": True, "ratio": None},
+        {"source": "benchmarks/validation_zoo.py:vit_h_14_112",
+         "model": "vit_h_14 (image_size=112)", "pending": False, "ratio": 1.2},
+    ]
+    text = "\n".join(page.not_measured(rows))
+    assert "**vit_h_14 is measured as vit_h_14 (image_size=112)**, not at its own input size: " \
+           "at 224x224 it is 632 M parameters" in text
+    assert "**Not measured yet** (1): swin_b -- the resumable sweep has not reached them" in text
+    assert page.zoo_label("benchmarks/validation_zoo.py:vit_h_14_112") == "vit_h_14 (image_size=112)"
+    assert page.model_family(page.zoo_label("benchmarks/validation_zoo.py:vit_h_14_112")) == "vit"
+
+
+def test_vit_h_14_at_112_is_the_same_network_on_fewer_tokens() -> None:
+    pytest.importorskip("torchvision")
+    from benchmarks.validation_zoo import vit_h_14_model
+
+    import flopscope
+
+    with torch.device("meta"):
+        model = vit_h_14_model(112)
+    report = flopscope.count(model, torch.empty(1, 3, 112, 112, device="meta"), warn=False)
+    # 65 tokens (64 patches + class), width 1280, MLP 5120, 32 layers, per layer:
+    #   qkv 65*1280*3840 + scores and values 2*65*65*1280 + out 65*1280*1280 + MLP 2*65*1280*5120
+    #   = 319,488,000 + 10,816,000 + 106,496,000 + 851,968,000 = 1,288,768,000
+    # patch embedding 64*1280*(3*14*14) = 48,168,960; head 1280*1000 = 1,280,000
+    assert report.macs == 32 * 1_288_768_000 + 48_168_960 + 1_280_000 == 41_290_024_960
+    # the same parameters as at 224x224 but for the position embedding: (257 - 65) * 1280 fewer
+    assert report.params == 632_045_800 - (257 - 65) * 1280
