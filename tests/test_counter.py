@@ -348,3 +348,58 @@ def test_observers_see_a_module_rule_as_one_call() -> None:
     count(model, torch.randn(2, 4), rules={nn.Linear: lambda m, a, o: 100}, observers=[seen])
     assert ("0", "forward", "module_rule:Linear", 100) in seen.calls
     assert not [c for c in seen.calls if c[2] == "aten.addmm.default"]  # shadowed by the rule
+
+
+def _tables_as_built_now(report: flopscope.Report, model: nn.Module) -> None:
+    """The report's module types and parameter counts are those of the model as it is now
+    (``params.count_params`` and ``named_modules`` walk it afresh; the Counter reuses tables made
+    for the model by an earlier count while nothing they are made from has changed)."""
+    from flopscope.params import count_params
+
+    assert dict(report.module_params) == count_params(model)
+    assert {p: t for p, (t, _) in report.modules.items()} == {
+        name: type(m).__name__ for name, m in model.named_modules(remove_duplicate=False)}
+
+
+def test_counts_again_see_every_change_to_the_model() -> None:
+    """Module paths, types and parameter counts are worked out once per model and reused by the
+    next count while the model's structure is unchanged: every kind of change made between two
+    counts shows in the second one."""
+    torch.manual_seed(0)
+    model = TwoLayer()
+    x = torch.randn(2, 8)
+    # 8*16 + 16 (fc1) + 2*16 (bn) + 16*4 (fc2)
+    assert count(model, x).params == 240
+    changes = [
+        lambda: setattr(model, "fc2", nn.Sequential(nn.Linear(16, 4))),  # a child replaced
+        lambda: model.fc1.weight.requires_grad_(False),  # frozen: trainable -> frozen
+        lambda: model.register_parameter("extra", nn.Parameter(torch.zeros(3))),  # a new tensor
+        lambda: setattr(model.extra, "data", torch.zeros(5)),  # same tensor, another shape
+        lambda: model.register_buffer("steps", torch.zeros(7)),  # a new buffer
+        lambda: setattr(model, "alias", model.fc1),  # a module registered twice (shared)
+        lambda: setattr(model.fc1, "bias", model.bn.bias),  # a tied parameter
+        lambda: delattr(model, "alias"),  # a child removed
+    ]
+    for change in changes:
+        change()
+        _tables_as_built_now(count(model, x), model)
+        _tables_as_built_now(count(model, x, shape_only=True), model)
+    r = count(model, x)
+    # fc1 weight 128 frozen; fc1.bias is bn.bias (16, counted once, owned by fc1, which comes
+    # first); bn weight 16; fc2.0: 64 + 4; extra 5 -> 128 + 16 + 16 + 68 + 5
+    assert r.params == 233
+    assert r.module_params[""].frozen == 128
+    assert r.module_params[""].buffers == 16 + 16 + 1 + 7  # bn mean, var, num_batches; steps
+
+
+def test_remembered_tables_do_not_keep_a_model_alive() -> None:
+    import gc
+    import weakref
+
+    model = TwoLayer()
+    count(model, torch.randn(2, 8))
+    count(model, torch.randn(2, 8), shape_only=True)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

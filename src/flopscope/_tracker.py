@@ -23,8 +23,10 @@ from __future__ import annotations
 import sys
 import threading
 import types
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,7 @@ from torch.utils._pytree import tree_iter
 
 from flopscope.cost import Phase
 from flopscope.costed import Costed
-from flopscope.params import ParamStats, param_table
+from flopscope.params import ParamStats, packed_objects, param_table
 from flopscope.rules.user import ModuleRule, ModuleRules
 
 __all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]
@@ -127,6 +129,103 @@ class ThreadState:
         self.seq_paths: list[str] = []
 
 
+class _Tables:
+    """A model's module paths, types and parameter counts, as a :class:`ModuleTracker` starts
+    from them: worked out once per model and reused while the model's structure is unchanged
+    (see :func:`_model_tables`). Holds the modules only weakly, so that it never keeps a model
+    alive."""
+
+    __slots__ = ("module_paths", "packed", "param_paths", "params", "refs", "shared", "stamp",
+                 "types")
+
+    def __init__(self, model: nn.Module, named: list[tuple[str, nn.Module]]) -> None:
+        stats, owners = param_table(model, named)
+        modules = [m for _, m in named]
+        self.module_paths = [name for name, _ in named]
+        self.types = {name: type(m).__name__ for name, m in named}
+        self.params = stats
+        self.param_paths = owners
+        known = {id(m): name for name, m in named}
+        self.shared: set[int] = set()  # ids of modules registered under more than one path
+        for name, sub in model.named_modules(remove_duplicate=False):
+            if name and known.get(id(sub)) != name:
+                self.shared.add(id(sub))
+                self.types.setdefault(name, type(sub).__name__)
+        # modules holding quantized packed-parameter objects (their ids are part of the stamp)
+        self.packed = frozenset(id(m) for m in modules if packed_objects(m))
+        self.stamp = _stamp(modules, self.packed)
+        self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
+
+
+# id(model) -> (weak reference to it, its tables)
+_TABLES: dict[int, tuple[Any, _Tables]] = {}
+
+
+def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None:
+    """Everything a model's :class:`_Tables` are made from, as a flat list of plain values: each
+    module's class and number of attributes, its children, parameters and buffers (names and
+    identities), every parameter's and buffer's shape, whether each parameter requires grad, and
+    the packed-parameter objects of the modules that hold them. Equal stamps, equal tables: a
+    structural change anywhere in the tree changes some module's children. ``None`` for a model
+    with TorchScript modules (their tables are not plain dicts; never reused)."""
+    out: list[Any] = []
+    push = out.append
+    extend = out.extend
+    for m in modules:
+        children = m._modules
+        params = m._parameters
+        buffers = m._buffers
+        if type(params) is not dict or type(buffers) is not dict or type(children) is not dict:
+            return None
+        push(type(m))
+        push(len(m.__dict__))
+        push(len(children))
+        extend(children)
+        extend(map(id, children.values()))
+        push(len(params))
+        for name, p in params.items():
+            push(name)
+            if p is None:
+                push(None)
+            else:
+                push(id(p))
+                push(p.shape)
+                push(p.requires_grad)
+        push(len(buffers))
+        for name, b in buffers.items():
+            push(name)
+            if b is None:
+                push(None)
+            else:
+                push(id(b))
+                push(b.shape)
+        if packed and id(m) in packed:
+            extend(map(id, packed_objects(m)))
+    return out
+
+
+def _model_tables(model: nn.Module) -> tuple[_Tables, list[nn.Module]]:
+    """``model``'s tables and modules (``named_modules()`` order): the tables made for it before
+    when its stamp is the same (a model counted again: a dictionary lookup and one walk over its
+    modules, instead of ``named_modules()`` and the parameter table), otherwise made now and
+    kept for the next time."""
+    entry = _TABLES.get(id(model))
+    if entry is not None and entry[0]() is model:
+        tables = entry[1]
+        modules = [r() for r in tables.refs]
+        if all(m is not None for m in modules) and _stamp(
+                modules, tables.packed) == tables.stamp:  # type: ignore[arg-type]
+            return tables, modules  # type: ignore[return-value]
+    named = list(model.named_modules())
+    tables = _Tables(model, named)
+    if tables.stamp is not None:
+        if len(_TABLES) > 1_000:
+            _TABLES.clear()
+        with suppress(TypeError):  # not weakly referenceable: not kept
+            _TABLES[id(model)] = (weakref.ref(model), tables)
+    return tables, [m for _, m in named]
+
+
 class ModuleTracker:
     """Module paths, types, calls and parameters, the per-thread stacks of running modules, and the
     forward-timeline of autograd sequence numbers used to attribute backward operators.
@@ -166,12 +265,14 @@ class ModuleTracker:
         self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
         if model is not None:
-            self.modules = [m for _, m in self._adopt(model, "")]
-            for name, sub in model.named_modules(remove_duplicate=False):
-                if name and self.paths.get(sub) != name:
-                    self.shared.add(sub)
-                    self.types.setdefault(name, type(sub).__name__)
-                    self.calls.setdefault(name, 0)
+            tables, self.modules = _model_tables(model)
+            self.paths = dict(zip(self.modules, tables.module_paths, strict=True))
+            self.types = dict(tables.types)
+            self.calls = dict.fromkeys(tables.types, 0)
+            self.params = dict(tables.params)
+            self.param_paths = dict(tables.param_paths)
+            if tables.shared:
+                self.shared = {m for m in self.modules if id(m) in tables.shared}
             module_rules.check_paths(self.types, type(model).__name__)
 
     # -- compatibility: the main thread's state -------------------------------------------------

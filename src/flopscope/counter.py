@@ -59,6 +59,7 @@ _FORWARD = Phase.FORWARD
 _BACKWARD = Phase.BACKWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _get_ident = threading.get_ident
+_dtype = torch.dtype
 _current_autograd_node = torch._C._current_autograd_node
 _modes_below = torch._C._len_torch_dispatch_stack
 # id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
@@ -71,6 +72,14 @@ _ZERO = Cost()
 # tuple of tensor subclasses in a call -> whether the call is left to the subclass (see _defers)
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+# id(phase) -> memo key -> (rule, cost) of a call on plain meta tensors whose rule is a default
+# rule (see _record, flopscope._memo): shared by every Counter, as a default rule's cost depends on
+# the call's metadata and phase alone; a hit counts only where the Counter's rule for the operator
+# is that same rule (not where a user's rule replaces it). Those keys end with the default dtype;
+# other keys (a symbolic count's fake tensors, whose rules may add guards to that count's shape
+# environment) are memoised per Counter.
+_MEMO_COSTS: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {id(p): {} for p in Phase}
+_MEMO_LIMIT = 200_000  # entries per phase before the memo starts over
 _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
@@ -300,10 +309,11 @@ class Counter:
         # id(operator overload) -> _op_info (ids: an OpOverload's __hash__ is Python code)
         self._ops: dict[int, _OpInfo] = {}
         self._pieces: list[tuple[Any, Cost, bool]] | None = None  # a decomposition's, while it runs
-        # id(phase) -> memo key -> cost of a call on meta tensors (see _record, flopscope._memo);
-        # id(operator overload) -> whether its rule's costs may be memoised
-        self._memo_costs: dict[int, dict[tuple[Any, ...], Cost]] = {id(p): {} for p in Phase}
+        # id(operator overload) -> whether its rule's costs may be memoised (see _MEMO_COSTS);
+        # this Counter's own memo of costs, for keys that are not process-wide
         self._memo_rules: dict[int, bool] = {}
+        self._memo_costs: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {
+            id(p): {} for p in Phase}
         self._mode: _Mode | None = None
         self.failed_in: str | None = None
         self._dtensor = DTensorLedger()  # work inside DTensor operators, logical costs
@@ -540,8 +550,11 @@ class Counter:
             cost, counted = decomposed
             if counted:
                 key = -key  # the decomposed operator's own record
-        elif memo is not None and (hit := self._memo_costs[id(phase)].get(memo)) is not None:
-            cost = hit
+        elif (memo is not None
+              and (hit := (_MEMO_COSTS if type(memo[-1]) is _dtype else self._memo_costs)[
+                  id(phase)].get(memo)) is not None
+              and hit[0] is fn):
+            cost = hit[1]
             counted = True
             if self._pieces is not None:  # part of a decomposition: added up by _decomposed
                 self._pieces.append((func, cost, True))
@@ -584,7 +597,11 @@ class Counter:
                     # FLOPs, complex work is counted in real operations (flopscope.numbers)
                     cost = in_real_numbers(call, cost, info[1])
                 if memo is not None and self._memoizable(func, fn):
-                    self._memo_costs[id(phase)][memo] = cost
+                    memo_costs = (_MEMO_COSTS if type(memo[-1]) is _dtype
+                                  else self._memo_costs)[id(phase)]
+                    if len(memo_costs) >= _MEMO_LIMIT:
+                        memo_costs.clear()
+                    memo_costs[memo] = (fn, cost)
                 if self._pieces is not None:  # part of a decomposition: added up by _decomposed
                     self._pieces.append((func, cost, True))
                     return

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ParamStats", "count_params", "param_table"]
+__all__ = ["ParamStats", "count_params", "packed_objects", "param_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ def param_table(
                 trainable += n
             else:
                 frozen += n
-        for obj in _packed_objects(module):
+        for obj in packed_objects(module):
             pid = id(obj)
             if pid in owner:
                 shared = True
@@ -140,7 +140,7 @@ def param_table(
 _PACKED = "__torch__.torch.classes.quantized."
 
 
-def _packed_objects(module: nn.Module) -> list[Any]:
+def packed_objects(module: nn.Module) -> list[Any]:
     """The quantized packed-parameter objects held directly by ``module`` (attributes that are
     ``torch.classes.quantized`` script objects with an ``unpack`` method)."""
     found = []
@@ -181,7 +181,7 @@ def _shared_table(
             params: dict[int, Tensor] = {
                 id(p): p for p in module._parameters.values() if p is not None
             }
-            for obj in _packed_objects(module):
+            for obj in packed_objects(module):
                 params.update((id(t), t) for t in _unpack(obj, unpacked))
             bufs: dict[int, Tensor] = {id(b): b for b in module._buffers.values() if b is not None}
             for child in module._modules.values():
