@@ -18,18 +18,36 @@ dtype: there are no values to read. So a call whose every tensor argument is a p
 Only meta tensors qualify: a real tensor's values can be read by a rule (variable-length attention
 offsets, grouped-matmul offsets, sparse ``nnz``, CTC lengths), and so can a fake tensor's when it
 holds a constant; nothing is cached when any tensor argument or output is not a plain meta tensor
-(subclasses, fake, functional, nested, sparse, complex with its conjugate bit, symbolic sizes), or
-when a non-tensor argument is not one of a few immutable scalar types.
+(subclasses, fake, functional, nested, sparse, complex with its conjugate bit), or when a
+non-tensor argument is not one of a few immutable scalar types.
+
+Symbolic counts (:mod:`flopscope.symbolic`) are the one exception: while :func:`symbolic_replay`
+holds a fake mode whose shape environment carries the named sizes, calls on that mode's fake
+tensors (no constant values) are keyed the same way, sizes and strides as their sympy
+expressions, ``SymInt`` arguments (a ``view``'s sizes) likewise. Their outputs are made again as
+fake tensors over one meta *template* per output (``FakeTensor(mode, template)``: a few
+microseconds, where torch's fake dispatch re-derives every symbolic size, stride and contiguity
+flag through ``SymInt`` arithmetic, about a millisecond per call), and their costs are looked up.
+The guards a replayed call would add are those its first call added (the same operator on the
+same symbolic metadata). Tensors made from one template share its autograd version counter, so
+this is done only for a count without backward (no saved tensor's version is ever checked);
+outputs whose sizes hold a data-dependent (unbacked) symbol are never replayed (each call makes
+its own), nor are outputs with a storage offset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["OUTPUTS", "SELF", "is_pure", "outputs_of", "remember", "replay", "signature", "spec"]
+__all__ = ["OUTPUTS", "SELF", "is_pure", "outputs_of", "remember", "replay", "replays_fake",
+           "signature", "spec", "symbolic_replay"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -47,6 +65,19 @@ _PURE: dict[int, tuple[Any, int]] = {}
 # signature -> output spec, shared by every Counter (it depends only on torch's meta kernels)
 OUTPUTS: dict[tuple[Any, ...], Any] = {}
 _LIMIT = 200_000  # entries before the output cache starts over
+_FakeTensor = FakeTensor
+_SymInt = torch.SymInt
+_modes_below = torch._C._len_torch_dispatch_stack
+# symbolic counts running now: id(fake mode) -> (the mode, its shape environment); and the keys
+# of their calls in OUTPUTS (dropped when the last one ends)
+FAKE_MODES: dict[int, tuple[Any, Any]] = {}
+_FAKE_KEYS: list[tuple[Any, ...]] = []
+_F = object()  # the last element of a key made of fake tensors / SymInts (see replays_fake)
+_S = object()  # a SymInt's place in a key
+_FAKE_ONE = object()  # first element of a spec of one fake output
+_FAKE_MANY = object()  # first element of a spec of a tuple or list of fake outputs
+_saw_fake = [False]
+_UNKEYED: set[int] = set()  # ids of prim:: operators, not keyed during a symbolic count
 
 
 def _add(key: list[Any], a: Any) -> bool:
@@ -78,7 +109,40 @@ def _add(key: list[Any], a: Any) -> bool:
             elif tx is list or tx is tuple or not _add(key, x):
                 return False
         return True
+    if FAKE_MODES:
+        if ta is _FakeTensor:
+            return _add_fake(key, a)
+        if ta is _SymInt:
+            _saw_fake[0] = True
+            key.append(_S)
+            key.append(a.node.expr)
+            return True
     return False
+
+
+def _expr(n: Any) -> Any:
+    return n.node.expr if type(n) is _SymInt else n
+
+
+def _add_fake(key: list[Any], a: Any) -> bool:
+    """A fake tensor of a symbolic count's mode, with no constant value: its metadata, sizes as
+    expressions."""
+    mode = a.fake_mode
+    if id(mode) not in FAKE_MODES or a.layout is not _STRIDED or a.is_nested \
+            or a.dtype in _COMPLEX:
+        return False
+    if a.constant is not None and a.constant.numel():  # values a kernel may read (an empty
+        return False  # one, such as a fresh key/value cache, has none)
+    _saw_fake[0] = True
+    key.append(_T)
+    key.append(id(mode))
+    key.append(tuple(_expr(n) for n in a.shape))
+    key.append(tuple(_expr(n) for n in a.stride()))
+    key.append(_expr(a.storage_offset()))
+    key.append(a.dtype)
+    key.append(a.fake_device)
+    key.append(a.requires_grad)
+    return True
 
 
 def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -94,6 +158,10 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         A hashable key, or ``None``.
     """
     key: list[Any] = [func_id]
+    if FAKE_MODES:
+        if func_id in _UNKEYED:  # prim:: metadata queries (prim.device): nothing to remember
+            return None
+        _saw_fake[0] = False
     for a in args:
         if not _add(key, a):
             return None  # on a real count: the first tensor argument, before anything else
@@ -105,6 +173,8 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     # the default dtype decides the result type of an integer tensor times a float, and of
     # factory functions given no dtype
     key.append(_default_dtype())
+    if FAKE_MODES and _saw_fake[0]:
+        key.append(_F)
     try:
         return tuple(key)
     except RuntimeError:  # pragma: no cover - a size that cannot be read
@@ -147,6 +217,28 @@ def _kind(func: Any) -> int:
     return entry[1]
 
 
+_VIEWS: dict[int, tuple[Any, bool]] = {}
+
+
+def _is_view(func: Any) -> bool:
+    """Whether an operator returns views of its arguments and writes none (``view``, ``t``,
+    ``transpose``, ``slice``, ...). A symbolic count makes their outputs from templates too:
+    autograd (above the dispatch mode) makes them views of their base whatever their storage,
+    and fake tensors have no values that a shared storage would carry."""
+    entry = _VIEWS.get(id(func))
+    if entry is None or entry[0] is not func:
+        schema = getattr(func, "_schema", None)
+        view = bool(schema is not None and func.namespace == "aten" and schema.returns
+                    and schema.name not in _RESHAPING
+                    and all(r.alias_info is not None and not r.alias_info.is_write
+                            for r in schema.returns)
+                    and not any(a.alias_info is not None and a.alias_info.is_write
+                                for a in schema.arguments))
+        entry = (func, view)
+        _VIEWS[id(func)] = entry
+    return entry[1]
+
+
 def is_pure(func: Any) -> bool:
     """Whether an operator returns only new tensors (no output aliases an argument and no
     argument is written), so that its outputs can be made from their metadata alone."""
@@ -167,6 +259,15 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
         As above.
     """
     kind = _kind(func)
+    if FAKE_MODES and getattr(func, "namespace", None) == "prim":
+        _UNKEYED.add(id(func))
+        return None
+    if FAKE_MODES and (type(out) is _FakeTensor or type(out) in (tuple, list)):
+        fake = _fake_spec(out)
+        if fake is not None:
+            if kind == _SELF_KIND and args and out is args[0]:
+                return SELF
+            return fake if kind == _NEW or _is_view(func) else False
     if kind == _SELF_KIND and args and out is args[0]:
         return SELF if _meta_of(out) is not False else None
     made = spec(out)
@@ -232,6 +333,11 @@ def replay(s: Any) -> Any:
     """
     if type(s[0]) is tuple:
         return _empty_strided(s[0], s[1], dtype=s[2], device=_META)
+    if s[0] is _FAKE_ONE:
+        return _FakeTensor(s[1], s[2], s[3])
+    if s[0] is _FAKE_MANY:
+        fakes = [_FakeTensor(s[1], t, d) for t, d in s[3]]
+        return tuple(fakes) if s[2] is tuple else fakes
     made = [_empty_strided(p[0], p[1], dtype=p[2], device=_META) for p in s[1]]
     return tuple(made) if s[0] is tuple else made
 
@@ -241,3 +347,82 @@ def remember(key: tuple[Any, ...], s: Any) -> None:
     if len(OUTPUTS) >= _LIMIT:
         OUTPUTS.clear()
     OUTPUTS[key] = s
+    if key[-1] is _F:
+        _FAKE_KEYS.append(key)
+
+
+def _template(t: Any, env: Any) -> Any:
+    """A meta tensor with ``t``'s metadata (made once per memo key), or ``None`` when ``t`` must
+    not be made again from one: not a fake tensor of a symbolic count, a constant, a storage
+    offset, a size that holds a data-dependent symbol."""
+    if type(t) is not _FakeTensor or id(t.fake_mode) not in FAKE_MODES or t.constant is not None \
+            or t.layout is not _STRIDED or t.is_nested or t.dtype in _COMPLEX \
+            or t.is_conj() or t.is_neg():
+        return None
+    offset = t.storage_offset()
+    shape, stride = t.shape, t.stride()
+    known = env.backed_var_to_val  # the backed symbols (input sizes), not data-dependent ones
+    for n in (*shape, *stride, offset):
+        if type(n) is _SymInt and not all(x in known for x in n.node.expr.free_symbols):
+            return None  # an unbacked (data-dependent) size: every call makes its own
+    with _disable_current_modes(), env.suppress_guards():
+        if type(offset) is int and offset == 0:
+            return _empty_strided(shape, stride, dtype=t.dtype, device=_META)
+        # a view at an offset (a slice): a storage that holds it, viewed at that offset
+        extent = offset + 1
+        for n, st in zip(shape, stride, strict=True):
+            extent = extent + (n - 1) * st
+        storage = torch.empty(extent, dtype=t.dtype, device=_META)
+        return storage.as_strided(shape, stride, offset)
+
+
+def _fake_spec(out: Any) -> Any:
+    """What :func:`replay` needs to make a symbolic count's fake outputs again (templates), or
+    ``None``."""
+    if type(out) is _FakeTensor:
+        entry = FAKE_MODES.get(id(out.fake_mode))
+        tpl = _template(out, entry[1]) if entry is not None else None
+        return None if tpl is None else (_FAKE_ONE, out.fake_mode, tpl, out.fake_device)
+    if not out or type(out[0]) is not _FakeTensor:
+        return None
+    entry = FAKE_MODES.get(id(out[0].fake_mode))
+    if entry is None:
+        return None
+    parts = []
+    for t in out:
+        tpl = _template(t, entry[1])
+        if tpl is None or t.fake_mode is not entry[0]:
+            return None
+        parts.append((tpl, t.fake_device))
+    return (_FAKE_MANY, entry[0], type(out), tuple(parts))
+
+
+def replays_fake(key: tuple[Any, ...]) -> bool:
+    """Whether a call keyed by ``key`` may be answered from memory although a dispatch mode sits
+    below the Counter's: it is a symbolic count's call and that mode is the count's fake mode
+    (the only one below; another mode, e.g. a ``FlopCounterMode`` around the count, must see
+    every call)."""
+    return key[-1] is _F and _modes_below() == 1
+
+
+@contextmanager
+def symbolic_replay(mode: Any) -> Iterator[None]:
+    """While the block runs, calls on ``mode``'s fake tensors are memoised (see the module
+    docstring); their entries are dropped at the end.
+
+    Args:
+        mode: the ``FakeTensorMode`` of a symbolic count (with a ``ShapeEnv``), for a count
+            without backward.
+
+    Yields:
+        Nothing.
+    """
+    FAKE_MODES[id(mode)] = (mode, mode.shape_env)
+    try:
+        yield
+    finally:
+        del FAKE_MODES[id(mode)]
+        if not FAKE_MODES:
+            for k in _FAKE_KEYS:
+                OUTPUTS.pop(k, None)
+            _FAKE_KEYS.clear()

@@ -35,6 +35,7 @@ from flopscope._memo import SELF as _SELF
 from flopscope._memo import outputs_of as _outputs_of
 from flopscope._memo import remember as _remember
 from flopscope._memo import replay as _replay
+from flopscope._memo import replays_fake as _replays_fake
 from flopscope._memo import signature as _signature
 from flopscope._tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
@@ -188,8 +189,9 @@ class _Mode(TorchDispatchMode):
         memo = _signature(id(func), args, kwargs)
         if memo is not None:
             # outputs made from memory only when no other dispatch mode is below this one (it
-            # would not see the call: FlopCounterMode around a Counter)
-            made = _OUTPUTS.get(memo) if not _modes_below() else None
+            # would not see the call: FlopCounterMode around a Counter), save a symbolic count's
+            # own fake mode (flopscope._memo.replays_fake)
+            made = _OUTPUTS.get(memo) if not _modes_below() or _replays_fake(memo) else None
             if made is not None:
                 out = args[0] if made is _SELF else _replay(made)
                 self.record(func, info, args, kwargs, out, None, memo)

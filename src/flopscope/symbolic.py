@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
+from flopscope._memo import symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import DomainError, ForwardError, UsageError
 from flopscope.report import OpRecord, Report, RuleRecord, is_within
@@ -539,8 +541,11 @@ def count_symbolic(
         rules = {"aten::slice_backward": _slice_backward, **(rules or {})}
     SYMBOLIC_COUNTS[0] += 1
     try:
-        raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict, shape_only=True,
-                    backward=backward, train=train, warn=warn)
+        # without backward, repeated calls (the same operator on the same symbolic metadata: every
+        # layer of a decoder stack) are answered from memory (flopscope._memo)
+        with symbolic_replay(fake_mode) if not backward else nullcontext():
+            raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict,
+                        shape_only=True, backward=backward, train=train, warn=warn)
     except ForwardError as e:
         raise ForwardError(_explain(e), module_path=e.module_path) from e
     finally:
