@@ -89,3 +89,51 @@ def test_llama_tensor_parallel_plan(tp: int) -> None:
         f"model.layers.{i}.{n}" for i in range(2) for n in SHARDED
         if not n.endswith(("o_proj", "down_proj")))
     assert all(r.kind == "all_reduce" and r.payload_bytes == hidden for r in backward)
+
+
+def test_llama_sequence_parallel_plan() -> None:
+    tp = 2
+    report = simulate(lambda: tiny_llama(), Layout(tp, tp=tp, sequence_parallel=True),
+                      backward=True, warn=False)
+    plain = simulate(lambda: tiny_llama(), Layout(tp, tp=tp), backward=True, logical=False,
+                     warn=False)
+    model, args, kwargs = tiny_llama()
+    whole = flopscope.count(model, *args, backward=True, warn=False, **kwargs)
+    assert report.uncounted == {}
+    assert report.logical_total().macs == whole.macs
+    assert report.macs == plain.macs  # the products are sharded as without sequence parallelism
+    # the norms run on the rank's half of the tokens: forward and backward FLOPs / tp
+    for path in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm",
+                 "model.norm"):
+        assert report.total(module=path).flops * tp == whole.total(module=path).flops, path
+    for path in ("lm_head", "model.embed_tokens"):  # replicated, in full (bytes differ: the
+        # head's gathered input is a new tensor)
+        mine, ref = report.total(module=path), whole.total(module=path)
+        assert (mine.macs, mine.flops) == (ref.macs, ref.flops), path
+    # forward, per attention and MLP block: an all-gather of the sequence shards before q/k/v
+    # (gate/up) and a reduce-scatter after o (down) instead of one all-reduce, each of the whole
+    # block input 2 x 64 x 256 float32 = 131,072 bytes, bus (n - 1) / n of it: together the
+    # all-reduce's 2 (n - 1) / n; and the head's input gathered once
+    hidden = BATCH * SEQ * CONFIG["hidden_size"] * 4
+    forward = [r for r in report.communication if r.phase is Phase.FORWARD]
+    blocks = sorted(f"model.layers.{i}.{b}" for i in range(2) for b in ("mlp", "self_attn"))
+    assert sorted(r.module for r in forward if r.kind == "all_gather") == sorted(
+        [*blocks, "lm_head"])
+    assert sorted(r.module for r in forward if r.kind == "reduce_scatter") == blocks
+    assert not [r for r in report.communication if r.kind == "all_reduce"]
+    for r in report.communication:
+        assert (r.calls, r.group_size, r.payload_bytes) == (1, tp, hidden)
+        assert r.bus_bytes == hidden * (tp - 1) // tp
+    # backward: the same pair per block, and the first layer's input gradient gathered
+    backward = [r for r in report.communication if r.phase is Phase.BACKWARD]
+    assert sorted((r.module, r.kind) for r in backward) == sorted(
+        [(b, k) for b in blocks for k in ("all_gather", "reduce_scatter")]
+        + [("model.layers.0", "all_gather")])
+    total_bus = report.communication_total(Phase.FORWARD).bus_bytes
+    plain_bus = plain.communication_total(Phase.FORWARD).bus_bytes
+    assert total_bus == plain_bus + hidden * (tp - 1) // tp  # + the head's gather
+
+
+def test_sequence_parallel_needs_tensor_parallel() -> None:
+    with pytest.raises(flopscope.UsageError, match="it needs tp >= 2"):
+        simulate(lambda: tiny_llama(), Layout(2, sequence_parallel=True), logical=False)

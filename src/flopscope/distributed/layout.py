@@ -12,7 +12,7 @@ from torch import nn
 
 from flopscope.errors import UsageError
 
-__all__ = ["Layout", "apply_layout", "llama_tp_plan"]
+__all__ = ["Layout", "apply_layout", "llama_tp_plan", "sequence_parallel_model_plan"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class Layout:
         world_size: ranks in the job.
         tp: tensor-parallel degree (innermost mesh dimension).
         fsdp: FSDP2 degree; ``None``: ``world_size // (tp * pp)``.
-        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel).
+        sequence_parallel: shard the norms' activations along the sequence (SequenceParallel;
+            :func:`llama_tp_plan` and :func:`sequence_parallel_model_plan`).
         rank: the rank to describe.
         pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
         ep: expert-parallel degree (a divisor of the data-parallel degree).
@@ -150,6 +151,47 @@ def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str
     }
 
 
+def sequence_parallel_model_plan(model: nn.Module) -> dict[str, Any]:
+    """The model-level half of the sequence-parallel plan (torchtitan's layout): the first decoder
+    layer takes the (replicated) embedding output and keeps its own sequence shard (a local
+    slice, nothing sent); the final norm runs on sequence shards; the head's input is
+    all-gathered along the sequence and the head runs replicated, as without sequence
+    parallelism.
+
+    The embedding and the rotary embedding's cos/sin table stay replicated and full length, so
+    attention (which sees the whole sequence after the all-gather before q/k/v) gets positions
+    for every token: sharding the embedding's output instead would hand the rotary embedding a
+    shard's positions (transformers computes them from ``inputs_embeds.shape[1]``) and break
+    attention with a broadcast error.
+
+    Args:
+        model: a transformers decoder LM (``model.layers``, ``model.norm``, ``lm_head``).
+
+    Returns:
+        A plan for :func:`torch.distributed.tensor.parallel.parallelize_module` on ``model``.
+
+    Raises:
+        UsageError: the model lacks those modules.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    names = ["model.layers.0", "model.norm", "lm_head"]
+    missing = [n for n in names if not _has(model, n)]
+    if missing:
+        raise UsageError(
+            f"{type(model).__name__} has no {', '.join(missing)}: the sequence-parallel plan is "
+            "written for transformers decoder LMs (model.layers, model.norm, lm_head)")
+    seq = Shard(1)
+    return {
+        "model.layers.0": PrepareModuleInput(input_layouts=(Replicate(),),
+                                             desired_input_layouts=(seq,), use_local_output=True),
+        "model.norm": SequenceParallel(),
+        "lm_head": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                      use_local_output=True),
+    }
+
+
 def _has(module: nn.Module, path: str) -> bool:
     try:
         module.get_submodule(path)
@@ -190,11 +232,19 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         UsageError: the model is not a decoder with Llama-style projections.
     """
     layers = _decoder_layers(model)
+    if layout.sequence_parallel and layout.tp < 2:
+        raise UsageError("sequence parallelism shards activations over the tensor-parallel "
+                         "ranks: it needs tp >= 2")
+    if layout.sequence_parallel and layout.pp > 1:
+        raise UsageError("sequence parallelism with pipeline stages is not built: a stage "
+                         "boundary would carry sequence shards")
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
         for layer in layers:
             parallelize_module(layer, mesh["tp"], llama_tp_plan(layer, layout.sequence_parallel))
+        if layout.sequence_parallel:
+            parallelize_module(model, mesh["tp"], sequence_parallel_model_plan(model))
     if layout.dp > 1:
         from torch.distributed.fsdp import fully_shard
 
