@@ -111,3 +111,31 @@ def test_shape_only_mask_assumption() -> None:
     tot = fig.total()
     assert tot.model.macs == causal_pairs(t, t) * 16
     assert any("assumed causal" in n for n in tot.notes)
+
+
+def test_flash2_tiles_and_executed_pairs() -> None:
+    from flopscope.llm.attention import flash2_block_sizes, flash2_executed_pairs
+
+    # PyTorch's flash_fwd_launch_template.h: d = 128 on A100/H100 128 x 64; sm86 causal 64 x 64,
+    # non-causal 128 x 32; d = 64 128 x 128; d = 80 rounds up to the 96 kernel
+    assert flash2_block_sizes(128, capability=(9, 0)) == (128, 64)
+    assert flash2_block_sizes(128, capability=(8, 0)) == (128, 64)
+    assert flash2_block_sizes(128, capability=(8, 6)) == (64, 64)
+    assert flash2_block_sizes(128, capability=(8, 6), causal=False) == (128, 32)
+    assert flash2_block_sizes(64) == (128, 128)
+    assert flash2_block_sizes(80, capability=(8, 9)) == (64, 64)
+    with pytest.raises(flopscope.UsageError, match="head dims 1 to 192"):
+        flash2_block_sizes(256)
+    # causal, T = 1024, 128 x 64 tiles: query tile m visits ceil(128 (m + 1) / 64) = 2 (m + 1)
+    # key tiles = 128 (m + 1) keys; sum over m = 0..7 of 128 x 128 (m + 1) = 16,384 x 36 =
+    # 589,824 = (T + Bm) / 2T = 0.5625 of the dense 1,048,576
+    assert flash2_executed_pairs(1024, 1024, block_m=128, block_n=64) == 589_824
+    # 64 x 64 tiles (sm86): 4,096 x (1 + ... + 16) = 557,056 = (T + 64) / 2T of dense
+    assert flash2_executed_pairs(1024, 1024, block_m=64, block_n=64) == 557_056
+    # no mask: dense; a decode step (1 query, bottom-right) sees all 100 keys
+    assert flash2_executed_pairs(1024, 1024, block_m=128, block_n=64, causal=False) == 1024**2
+    assert flash2_executed_pairs(1, 100, block_m=128, block_n=64) == 100
+    # sliding window 256, T = 1024, 128 x 64: tile m visits key tiles from
+    # floor((128 m - 256) / 64) = 2m - 4 (at least 0) to 2 (m + 1): 6 tiles = 384 keys once
+    # m >= 2; m = 0: 128 keys, m = 1: 256 keys: 128 x (128 + 256 + 6 x 384) = 344,064
+    assert flash2_executed_pairs(1024, 1024, block_m=128, block_n=64, window=256) == 344_064

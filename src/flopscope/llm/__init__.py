@@ -21,6 +21,8 @@ from flopscope.llm.attention import (
     causal_pairs,
     cpu_flash_block_sizes,
     cpu_flash_executed_pairs,
+    flash2_block_sizes,
+    flash2_executed_pairs,
     sliding_window_pairs,
 )
 from flopscope.llm.generate import GenerationReport, Step, StepCounter, count_generation
@@ -35,5 +37,7 @@ __all__ = [
     "count_generation",
     "cpu_flash_block_sizes",
     "cpu_flash_executed_pairs",
+    "flash2_block_sizes",
+    "flash2_executed_pairs",
     "sliding_window_pairs",
 ]
