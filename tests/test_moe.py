@@ -81,3 +81,89 @@ def test_generate_on_tiny_llama_counts_everything() -> None:
     # lm_head: 3 forwards (the 5-token prompt, then 1 new token twice), each computing logits
     # for its last position only (generate() passes logits_to_keep=1): 3 * 32 * 128 = 12,288
     assert report.by_module()["lm_head"].inclusive.macs == 3 * 32 * VOCAB
+
+
+# -- expert parallelism (issue 15) ----------------------------------------------------------------
+EP_BATCH = 4  # the expert-parallel group's batch: 2 rows of T tokens per rank at ep = 2
+
+
+def _ep_build() -> tuple[torch.nn.Module, tuple[torch.Tensor], dict[str, object]]:
+    model = _mixtral("eager")
+    ids = torch.randint(0, VOCAB, (EP_BATCH, T), generator=torch.Generator().manual_seed(1))
+    return model, (ids,), {}
+
+
+def _pairs_per_rank(ep: int) -> list[list[list[int]]]:
+    """pairs[sender][layer][receiver]: (token, expert) pairs of sender's batch routed to
+    receiver's experts, from the model's own router logits (output_router_logits), not from
+    flopscope's routing pass."""
+    model, (ids,), _ = _ep_build()
+    out = []
+    for rows in ids.chunk(ep):
+        with torch.no_grad():
+            logits = model(rows, output_router_logits=True).router_logits
+        per_layer = []
+        for layer_logits in logits:
+            top = torch.topk(torch.softmax(layer_logits.float(), dim=-1), K, dim=-1).indices
+            per_layer.append([int(((top // (E // ep)) == r).sum()) for r in range(ep)])
+        out.append(per_layer)
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_expert_parallel_rank_from_the_real_routing(rank: int) -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    ep = 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_build, Layout(ep, ep=ep, rank=rank), shape_only=False,
+                          warn=False)
+        model, (ids,), _ = _ep_build()
+        local = flopscope.count(model, ids.chunk(ep)[rank], warn=False)
+    pairs = _pairs_per_rank(ep)
+    assert report.uncounted == {}
+    assert (report.rank, report.world_size) == (rank, ep)
+    own_tokens = (EP_BATCH // ep) * T  # 20 tokens, 40 (token, expert) pairs per layer
+    experts_total = 0
+    for layer in range(LAYERS):
+        block = f"model.layers.{layer}.mlp"
+        received = sum(pairs[s][layer][rank] for s in range(ep))  # pairs this rank's experts run
+        sent = own_tokens * K  # every pair of the rank's tokens goes through the dispatch
+        assert sum(pairs[rank][layer]) == sent == 40
+        # the rank's experts: 3 H I MACs per pair it received (gate_up H -> 2I, down I -> H)
+        experts = report.total(Phase.FORWARD, module=f"{block}.experts").macs
+        assert experts == received * 3 * H * INTER
+        experts_total += experts
+        # forward all-to-alls: the counts (ep x E/ep int64 = 32 bytes), the dispatch (its own
+        # pairs' hidden states, H float32 each) and the combine (the results of the pairs its
+        # experts ran): bus (n - 1) / n of each
+        a2a = [r for r in report.communication
+               if r.module == f"{block}.experts" and r.phase is Phase.FORWARD]
+        assert [(r.kind, r.calls, r.group_size) for r in a2a] == [("all_to_all", 3, ep)]
+        assert a2a[0].payload_bytes == ep * (E // ep) * 8 + (sent + received) * H * 4
+        assert a2a[0].bus_bytes == sum(b * (ep - 1) // ep for b in (
+            ep * (E // ep) * 8, sent * H * 4, received * H * 4))
+    # everything but the experts is the unsharded model on the rank's own batch
+    assert report.macs - experts_total == local.macs - sum(
+        local.total(module=f"model.layers.{i}.mlp.experts").macs for i in range(LAYERS))
+
+
+def test_expert_parallel_needs_values_and_moe() -> None:
+    from flopscope.distributed import Layout, simulate
+    from flopscope.errors import UsageError
+
+    with pytest.raises(UsageError, match="cannot be counted shape-only"):
+        simulate(_ep_build, Layout(2, ep=2), shape_only=True)
+    with pytest.raises(UsageError, match="not combined with --tp"):
+        Layout(4, tp=2, ep=2)
+
+    def dense() -> tuple[torch.nn.Module, tuple[torch.Tensor], dict[str, object]]:
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=4,
+                                          num_key_value_heads=2)
+        return transformers.LlamaForCausalLM(config), (torch.zeros(2, 4, dtype=torch.long),), {}
+
+    with pytest.raises(UsageError, match="has no mixture-of-experts blocks"):
+        simulate(dense, Layout(2, ep=2), shape_only=False)

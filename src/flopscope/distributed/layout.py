@@ -21,7 +21,8 @@ class Layout:
     (FSDP2) shards x ``tp`` tensor-parallel ranks (``world_size = pp * fsdp * tp``; tensor-parallel
     ranks are neighbours, pipeline stages the outermost dimension: rank
     ``(stage * fsdp + d) * tp + t``). Expert parallelism (``ep``) shards a mixture of experts'
-    experts over ``ep`` consecutive data-parallel ranks (it needs ``tp = pp = 1`` here).
+    experts over all the ranks, each with its own batch (``ep = world_size``; not combined with
+    tp, pp or FSDP here: the other parameters are replicated).
 
     Attributes:
         world_size: ranks in the job.
@@ -31,7 +32,7 @@ class Layout:
             :func:`llama_tp_plan` and :func:`sequence_parallel_model_plan`).
         rank: the rank to describe.
         pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
-        ep: expert-parallel degree (a divisor of the data-parallel degree).
+        ep: expert-parallel degree (1, or the world size).
 
     Raises:
         UsageError: the degrees do not multiply to the world size, or the rank is out of range.
@@ -59,12 +60,12 @@ class Layout:
                 f"{self.pp * self.fsdp * self.tp}, not the world size {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
-        if self.ep > 1:
-            if self.tp > 1 or self.pp > 1:
-                raise UsageError("--ep combines with --fsdp only here (not with --tp or --pp)")
-            if self.dp % self.ep:
-                raise UsageError(f"the data-parallel degree {self.dp} is not a multiple of "
-                                 f"ep = {self.ep}: experts are sharded over data-parallel ranks")
+        if self.ep > 1 and (self.ep != self.world_size or self.tp > 1 or self.pp > 1
+                            or self.fsdp not in (None, self.ep) or self.sequence_parallel):
+            raise UsageError(
+                f"--ep {self.ep}: expert parallelism is built over the whole world here "
+                f"(--ep = --world-size = {self.world_size}, each rank with its own batch), not "
+                "combined with --tp, --pp, --fsdp or --sequence-parallel")
 
     @property
     def dp(self) -> int:
@@ -91,6 +92,8 @@ class Layout:
         """
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.ep > 1:
+            return init_device_mesh("cpu", (self.ep, 1), mesh_dim_names=("ep", "tp"))
         if self.pp > 1:
             return init_device_mesh("cpu", (self.pp, self.dp, self.tp),
                                     mesh_dim_names=("pp", "dp", "tp"))
@@ -218,7 +221,8 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
 def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
     mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
-    on the root over the ``dp`` dimension (when dp > 1).
+    on the root over the ``dp`` dimension (when dp > 1); with ``ep`` > 1 instead the experts of
+    every MoE block over the ranks (:func:`~flopscope.distributed.experts.apply_expert_parallel`).
 
     Args:
         model: a transformers decoder model (on the ``meta`` device for a simulation).
@@ -231,6 +235,10 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     Raises:
         UsageError: the model is not a decoder with Llama-style projections.
     """
+    if layout.ep > 1:
+        from flopscope.distributed.experts import apply_expert_parallel
+
+        return apply_expert_parallel(model, mesh)
     layers = _decoder_layers(model)
     if layout.sequence_parallel and layout.tp < 2:
         raise UsageError("sequence parallelism shards activations over the tensor-parallel "

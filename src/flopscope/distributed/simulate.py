@@ -269,10 +269,14 @@ def simulate(
     Raises:
         UsageError: a bad layout, or torch.distributed already initialized.
     """
+    local: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     if layout.pp > 1:
         report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
                             microbatches=microbatches, schedule=schedule,
                             count_kwargs=count_kwargs).report
+    elif layout.ep > 1:
+        report, local = _expert_rank(build, layout, backward=backward, shape_only=shape_only,
+                                     count_kwargs=count_kwargs)
     else:
         report = _one_rank(build, layout, backward=backward, shape_only=shape_only,
                            count_kwargs=count_kwargs)
@@ -280,19 +284,49 @@ def simulate(
         return dataclasses.replace(report, shape_only=shape_only)
     # the logical figure: the same model unsharded, on the same (local) inputs
     model, args, kwargs = build()
+    if local is not None:
+        args, kwargs = local
     whole = count(model, Inputs(*args, **kwargs), backward=backward, shape_only=shape_only,
                   warn=False)
-    local: dict[tuple[str, str, Phase], Cost] = {}
+    mine: dict[tuple[str, str, Phase], Cost] = {}
     for r in report.records:
-        local[(r.module, r.op, r.phase)] = local.get((r.module, r.op, r.phase), Cost()) + r.cost
+        mine[(r.module, r.op, r.phase)] = mine.get((r.module, r.op, r.phase), Cost()) + r.cost
     unsharded: dict[tuple[str, str, Phase], Cost] = {}
     for r in whole.records:
         key = (r.module, r.op, r.phase)
         unsharded[key] = unsharded.get(key, Cost()) + r.cost
     replicated = tuple(r for r in report.records if layout.tp > 1 and r.cost.flops
-                       and local[(r.module, r.op, r.phase)] == unsharded.get((r.module, r.op, r.phase)))
+                       and mine[(r.module, r.op, r.phase)] == unsharded.get((r.module, r.op, r.phase)))
     return dataclasses.replace(report, shape_only=shape_only, logical=whole.records,
                                replicated=replicated)
+
+
+def _expert_rank(
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]],
+    layout: Layout,
+    *,
+    backward: bool,
+    shape_only: bool,
+    count_kwargs: dict[str, Any],
+) -> tuple[Report, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Count ``layout.rank`` of an expert-parallel layout: every rank's routing first (the whole
+    model on each rank's share of ``build``'s batch), then the rank on the fake process group
+    with that routing (:mod:`flopscope.distributed.experts`). Returns the report and the rank's
+    own inputs."""
+    from flopscope.distributed.experts import route, routed_as
+
+    if shape_only:
+        raise UsageError("expert parallelism routes tokens by their values: it cannot be "
+                         "counted shape-only (drop --shape-only / pass shape_only=False)")
+    routing, per_rank = route(build, layout.ep)
+    args, kwargs = per_rank[layout.rank]
+    with fake_world(layout.world_size, layout.rank):
+        model, _, _ = build()
+        apply_layout(model, layout, layout.mesh())
+        with routed_as(model, routing, layout.rank):
+            report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
+        del model
+    return report, (args, kwargs)
 
 
 def _one_rank(

@@ -1,0 +1,227 @@
+"""Expert parallelism: a mixture of experts' experts sharded over ``ep`` ranks, tokens dispatched
+to the ranks that hold their experts with an all-to-all and the results combined with a second
+one, counted for one rank on the fake process group.
+
+The layout is transformers' own (``transformers.distributed.expert_parallel``, the model config's
+``base_model_ep_plan``: ``grouped_gemm`` shards each expert weight's expert dimension,
+``ep_dispatch_experts`` runs ``AllToAllEP``): every rank holds E / ep whole experts and its own
+batch; per MoE layer it sends the per-expert token counts (an all-to-all of ep x E/ep integers),
+then each (token, expert) pair's hidden state to the expert's rank, runs its experts on what it
+received, and sends the results back.
+
+What a rank computes depends on where *every* rank's tokens are routed, which a single simulated
+rank cannot see: the fake process group returns nothing. So the simulation first runs the whole
+model (real weights) on each rank's batch and keeps every MoE layer's routing (the router's
+top-k experts and weights for each token); while the rank is counted, its routers' outputs are
+those (the same values its own router computes, kept so that the rest of the rank's forward does
+not depend on the fake group's empty buffers), and the count all-to-all returns the counts the
+other ranks would send. Everything else runs as in a real job, so the rank's expert work and
+bytes follow from the real token assignment. Shape-only runs cannot route (routing needs values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flopscope.errors import UsageError
+
+__all__ = ["Routing", "apply_expert_parallel", "moe_blocks", "route", "routed_as"]
+
+
+def moe_blocks(model: nn.Module) -> list[tuple[str, Any]]:
+    """The mixture-of-experts blocks of a transformers decoder: modules with a ``gate`` router
+    (``top_k``, ``num_experts``) and ``experts`` (3-D ``gate_up_proj`` / ``down_proj``).
+
+    Args:
+        model: a transformers MoE decoder LM (Mixtral, Qwen2-MoE style).
+
+    Returns:
+        ``(path, block)`` in model order.
+
+    Raises:
+        UsageError: the model has none.
+    """
+    found: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules()
+             if hasattr(m, "gate") and hasattr(m, "experts")
+             and hasattr(m.gate, "top_k") and hasattr(m.experts, "gate_up_proj")]
+    if not found:
+        raise UsageError(
+            f"{type(model).__name__} has no mixture-of-experts blocks (an 'mlp' with a 'gate' "
+            "router and 'experts' holding gate_up_proj/down_proj, as transformers' Mixtral): "
+            "--ep shards experts")
+    return found
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Every rank's routing, per MoE block: ``indices[rank][block]`` (tokens x top-k expert ids)
+    and ``weights[rank][block]`` (their routing weights), from the whole model run on each rank's
+    batch."""
+
+    experts: int
+    indices: tuple[tuple[torch.Tensor, ...], ...]
+    weights: tuple[tuple[torch.Tensor, ...], ...]
+    logits: tuple[tuple[torch.Tensor, ...], ...]
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of the expert-parallel group."""
+        return len(self.indices)
+
+    def pairs(self, sender: int, receiver: int, block: int) -> int:
+        """(token, expert) pairs ``sender``'s batch routes to ``receiver``'s experts in
+        ``block``."""
+        local = self.experts // self.ranks
+        ids = self.indices[sender][block]
+        return int(((ids // local) == receiver).sum())
+
+    def counts(self, rank: int, block: int) -> torch.Tensor:
+        """What the count all-to-all hands ``rank`` in ``block``: for each sender, how many of
+        its pairs go to each of ``rank``'s experts (ranks x local experts)."""
+        local = self.experts // self.ranks
+        out = torch.zeros(self.ranks, local, dtype=torch.long)
+        for sender in range(self.ranks):
+            ids = self.indices[sender][block].reshape(-1)
+            mine = ids[(ids // local) == rank] - rank * local
+            out[sender] = torch.bincount(mine, minlength=local)
+        return out
+
+
+def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    if t.shape[0] % n:
+        raise UsageError(f"the batch of {t.shape[0]} does not split over {n} expert-parallel "
+                         "ranks: with --ep the input is the whole group's batch, a multiple of ep")
+    return list(t.chunk(n, dim=0))
+
+
+def route(
+    build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]], ep: int,
+) -> tuple[Routing, list[tuple[tuple[Any, ...], dict[str, Any]]]]:
+    """Run the whole model on each rank's batch and keep every MoE block's routing.
+
+    Args:
+        build: returns ``(model, args, kwargs)`` with real weights and the expert-parallel
+            group's whole batch (split along dimension 0 into ``ep`` equal rank batches).
+        ep: ranks of the expert-parallel group.
+
+    Returns:
+        The :class:`Routing` and each rank's ``(args, kwargs)``.
+
+    Raises:
+        UsageError: no MoE blocks, a batch that does not split, experts that do not split, or
+            meta tensors (routing needs values).
+    """
+    model, args, kwargs = build()
+    blocks = moe_blocks(model)
+    experts = int(blocks[0][1].gate.num_experts)
+    if experts % ep:
+        raise UsageError(f"{experts} experts do not split over ep = {ep} ranks")
+    if any(p.is_meta for p in model.parameters()):
+        raise UsageError("expert parallelism routes tokens by their values: count it on real "
+                         "weights (without --shape-only / a meta model)")
+    split_args = [_chunks(a, ep) if isinstance(a, torch.Tensor) else [a] * ep for a in args]
+    split_kwargs = {k: _chunks(v, ep) if isinstance(v, torch.Tensor) else [v] * ep
+                    for k, v in kwargs.items()}
+    per_rank = [(tuple(a[r] for a in split_args), {k: v[r] for k, v in split_kwargs.items()})
+                for r in range(ep)]
+    indices: list[tuple[torch.Tensor, ...]] = []
+    weights: list[tuple[torch.Tensor, ...]] = []
+    logits: list[tuple[torch.Tensor, ...]] = []
+    seen: list[tuple[torch.Tensor, ...]] = []
+
+    def keep(module: nn.Module, inputs: Any, out: Any) -> None:
+        seen.append(tuple(t.detach().clone() for t in out))
+
+    for a, k in per_rank:
+        seen.clear()
+        handles = [b.gate.register_forward_hook(keep) for _, b in blocks]
+        try:
+            with torch.no_grad():
+                model(*a, **k)
+        finally:
+            for h in handles:
+                h.remove()
+        logits.append(tuple(s[0] for s in seen))
+        weights.append(tuple(s[1] for s in seen))
+        indices.append(tuple(s[2] for s in seen))
+    return Routing(experts, tuple(indices), tuple(weights), tuple(logits)), per_rank
+
+
+class _PeerCounts(TorchDispatchMode):
+    """Below the counter: the count all-to-all of each MoE block returns what the other ranks
+    would send (the fake process group sends nothing)."""
+
+    def __init__(self, counts: list[torch.Tensor]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.counts = counts
+        self.next = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (getattr(func, "_schema", None) is not None
+                and func._schema.name == "c10d::alltoall_base_"
+                and not args[0].is_floating_point()):
+            if self.next >= len(self.counts):
+                raise RuntimeError("more expert-count all-to-alls than MoE blocks")
+            with torch.no_grad():
+                args[0].copy_(self.counts[self.next].reshape(args[0].shape))
+            self.next += 1
+        return out
+
+
+@contextmanager
+def routed_as(model: nn.Module, routing: Routing, rank: int) -> Iterator[None]:
+    """While counting ``rank``: its routers return the kept routing, and the count all-to-alls
+    the other ranks' counts (install inside the fake world, outside the Counter)."""
+    blocks = moe_blocks(model)
+    block_of = {id(b.gate): n for n, (_, b) in enumerate(blocks)}
+
+    def hook(module: nn.Module, inputs: Any, out: Any) -> Any:
+        b = block_of[id(module)]
+        return (routing.logits[rank][b], routing.weights[rank][b], routing.indices[rank][b])
+
+    counts = [routing.counts(rank, b) for b in range(len(blocks))]
+    handles = [b.gate.register_forward_hook(hook) for _, b in blocks]
+    try:
+        with _PeerCounts(counts):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
+    """Shard the experts of every MoE block over ``mesh["ep"]`` with transformers'
+    expert-parallel styles (``grouped_gemm`` weights, ``ep_dispatch_experts`` with the all-to-all
+    implementation); ``mesh["tp"]`` (size 1: every rank has its own batch) is the group that
+    shares a batch.
+
+    Args:
+        model: a transformers MoE decoder LM.
+        mesh: a device mesh with dimensions ``ep`` and ``tp``.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        UsageError: no MoE blocks, or transformers without expert parallelism.
+    """
+    try:
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+    except ImportError as e:
+        raise UsageError("expert parallelism needs transformers >= 5 "
+                         "(transformers.distributed.expert_parallel)") from e
+    plan: dict[str, str] = {}
+    for path, _ in moe_blocks(model):
+        plan[f"{path}.experts.gate_up_proj"] = "grouped_gemm"
+        plan[f"{path}.experts.down_proj"] = "grouped_gemm"
+        plan[f"{path}.experts"] = "ep_dispatch_experts"
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan, ep_implementation="all_to_all")
+    return model
