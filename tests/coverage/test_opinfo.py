@@ -6,6 +6,11 @@ histograms and searching, distances, losses, indexing) under ``no_grad`` and ``i
 Slow tier (``FLOPSCOPE_SLOW=1 .venv/bin/python -m pytest -m slow tests/coverage``): the whole
 ``op_db``. Both use the first two float32 CPU sample inputs of each OpInfo, as
 ``scripts/opinfo_coverage.py`` does (run it for the full list with call counts).
+
+Beyond the forward in float32, the same OpInfos run forward + backward (samples with
+``requires_grad``, the backward of the sum of every floating output; OpInfos that support
+autograd) and forward in float64 and complex64 (where the OpInfo supports the dtype on the CPU):
+the sample in the default tier, the whole database in the slow tier.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -20,6 +26,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
+
+import flopscope
 
 pytest.importorskip("expecttest")  # torch.testing._internal imports it
 
@@ -53,6 +62,12 @@ def opinfos() -> dict[str, Any]:
 # operators are not listed here: they have rules (the zero_cost family) and are counted as 0 with
 # their bytes. Empty today.
 ALLOWED_UNCOUNTED: dict[str, str] = {}
+
+# Known gaps of the whole database in the backward sweep (slow tier), with the reason.
+KNOWN_BACKWARD_GAPS: dict[str, str] = {
+    "aten.multi_margin_loss_backward.default": "no rule yet (the loss family, rules/loss.py)",
+    "aten.multilabel_margin_loss_backward.default": "no rule yet (the loss family, rules/loss.py)",
+}
 
 # Known gaps of the whole database (slow tier), with the reason. Empty today: sparse tensors have
 # rules and byte counting (rules/sparse.py), F.linear_cross_entropy's chunked custom operators
@@ -121,4 +136,99 @@ def test_whole_op_db_is_counted(mode: str) -> None:
         if name in KNOWN_ERRORS:
             result.errors = []
         problems += _problems(result, {**ALLOWED_UNCOUNTED, **KNOWN_GAPS})
+    assert problems == []
+
+
+_KINDS = {"backward": torch.float32, "float64": torch.float64, "complex64": torch.complex64}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _forward_backward(info: Any, sample: Any) -> None:
+    """The OpInfo's forward on ``sample`` and the backward of the sum of its floating outputs
+    (complex outputs through their absolute value)."""
+    out = info(sample.input, *sample.args, **sample.kwargs)
+    outs = [t for t in _tensors(out)
+            if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    if outs:
+        sum((t.abs() if t.is_complex() else t).sum() for t in outs).backward()
+
+
+def check_kind(info: Any, kind: str, *, samples: int = 2) -> Any:
+    """Run the first ``samples`` samples of ``info`` under flopscope as ``kind``: ``"backward"``
+    (float32, forward + backward), ``"float64"`` or ``"complex64"`` (forward under no_grad).
+
+    Returns:
+        An ``OpInfoResult`` (mode = ``kind``), or ``None`` where the OpInfo does not support the
+        dtype (or autograd, for ``"backward"``) on the CPU. A sample that also fails without
+        flopscope is skipped, not blamed on flopscope.
+    """
+    dtype = _KINDS[kind]
+    grad = kind == "backward"
+    if dtype not in info.supported_dtypes("cpu") or (grad and not info.supports_autograd):
+        return None
+    result = harness().OpInfoResult(harness().opinfo_name(info), kind)
+    try:
+        it = iter(info.sample_inputs("cpu", dtype, requires_grad=grad))
+        inputs = [s for s, _ in zip(it, range(samples), strict=False)]
+    except Exception:  # noqa: BLE001 - a broken sample generator is torch's, not ours
+        return result
+
+    def call(sample: Any) -> None:
+        if grad:
+            _forward_backward(info, sample)
+        else:
+            with torch.no_grad():
+                info(sample.input, *sample.args, **sample.kwargs)
+
+    for sample in inputs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                with flopscope.Counter(warn=False) as counter:
+                    call(sample)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                try:
+                    call(sample)
+                except Exception:  # noqa: BLE001 - fails without flopscope as well
+                    result.skipped += 1
+                    continue
+                result.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                continue
+        result.samples += 1
+        for op, calls in counter.report.uncounted.items():
+            result.uncounted[op] = result.uncounted.get(op, 0) + calls
+    return result
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+def test_sampled_opinfo_backward_float64_complex(kind: str) -> None:
+    problems: list[str] = []
+    ran = 0
+    for name in SAMPLE:
+        result = check_kind(opinfos()[name], kind)
+        if result is None:
+            continue
+        ran += result.samples
+        problems += _problems(result, ALLOWED_UNCOUNTED)
+    assert ran > 0
+    assert problems == []
+
+
+@slow
+@pytest.mark.parametrize("kind", list(_KINDS))
+def test_whole_op_db_backward_float64_complex(kind: str) -> None:
+    problems: list[str] = []
+    for info in opinfos().values():
+        result = check_kind(info, kind)
+        if result is not None:
+            problems += _problems(result, {**ALLOWED_UNCOUNTED, **KNOWN_BACKWARD_GAPS})
     assert problems == []

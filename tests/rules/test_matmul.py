@@ -64,3 +64,10 @@ def test_addmm_mv_dot() -> None:
     addmm = op(count(lambda: torch.addmm(torch.randn(3, 5), m, torch.randn(4, 5))),
                "aten.addmm.default")
     assert (addmm.macs, addmm.flops) == (60, 120 + 15)
+
+
+def test_addmm_in_place() -> None:
+    c, a, b = torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)
+    cost = op(count(lambda: c.addmm_(a, b)), "aten.addmm_.default")
+    # 3*5*4 = 60 MACs, 2*60 + 15 accumulating adds = 135 FLOPs
+    assert (cost.macs, cost.flops) == (60, 135)

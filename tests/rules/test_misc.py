@@ -81,3 +81,23 @@ def test_lstm_layer_counts_as_its_unrolled_cells(bias: bool) -> None:
     assert (fused.macs, fused.flops) == (steps.macs, steps.flops)
     # 30 (22 without biases) FLOPs per (step, batch, hidden unit) beside 2 per MAC
     assert fused.flops - 2 * fused.macs == (30 if bias else 22) * T * N * H
+
+
+@pytest.mark.parametrize(("mode", "weighted", "flops"), [
+    ("sum", False, 24),  # 6 indices x 4 columns: each bag's gradient row added into 6 rows
+    ("mean", False, 32),  # + the 2 bags' 2 x 4 gradient elements divided by the bag size
+    ("max", False, 8),  # the 2 x 4 gradient elements routed to the maximal rows
+    ("sum", True, 48),  # + a multiply by the per-sample weight per gathered element
+])
+def test_embedding_bag_backward(mode: str, weighted: bool, flops: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4, requires_grad=True)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2])
+    psw = torch.randn(6, requires_grad=True) if weighted else None
+    report = count(lambda: nn.functional.embedding_bag(idx, weight, offsets, mode=mode,
+                                                       per_sample_weights=psw), backward=True)
+    assert op(report, "aten._embedding_bag_backward.default", "backward").flops == flops
+    if weighted:  # each index's gradient: its bag's row . its weight row, 4 multiplies + 4 adds
+        assert op(report, "aten._embedding_bag_per_sample_weights_backward.default",
+                  "backward").flops == 6 * 8
+    assert report.uncounted == {}

@@ -60,3 +60,15 @@ def test_interpolate(shape: tuple[int, ...], mode: str, name: str, per_output: i
     assert cost.flops == per_output * outputs
     assert cost.bytes_written == outputs * 4
     assert report.uncounted == {}
+
+
+@pytest.mark.parametrize(("mode", "name"), [("reflect", "aten.reflection_pad2d_backward.default"),
+                                            ("replicate",
+                                             "aten.replication_pad2d_backward.default")])
+def test_padding_backward(mode: str, name: str) -> None:
+    # (1, 2, 5, 6) padded by (1, 2) columns and (1, 1) rows: grad_output 1 x 2 x 7 x 9 = 126
+    # elements, each added to the input element it was copied from: 126 FLOPs
+    x = leaf(1, 2, 5, 6)
+    report = count(lambda: F.pad(x, (1, 2, 1, 1), mode=mode), backward=True)
+    assert op(report, name, "backward").flops == 126
+    assert report.uncounted == {}

@@ -43,10 +43,11 @@ def mm(call: OpCall) -> Cost:
     return call.cost(macs=macs)
 
 
-@rule("aten::addmm")
+@rule("aten::addmm", "aten::addmm_")
 def addmm(call: OpCall) -> Cost:
     """out[m,n] = beta*bias + alpha*(A[m,k] @ B[k,n]): m*n*k MACs; FLOPs = 2*MACs + m*n bias adds
-    (+ m*n more per scale factor that is not 1). A sparse factor: see ``mm``."""
+    (+ m*n more per scale factor that is not 1). A sparse factor: see ``mm``. ``addmm_``
+    accumulates into its first argument in place, the same arithmetic."""
     macs, m, n = _product(call.args[1], call.args[2])
     return call.cost(macs=macs, flops=2 * macs + _bias_flops(call, m * n))
 

@@ -38,6 +38,32 @@ def embedding_bag(call: OpCall) -> Cost:
     return call.cost(flops=flops)
 
 
+@rule("aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward")
+def embedding_bag_backward(call: OpCall) -> Cost:
+    """Embedding bag gradient (the weight's, dense): each bag's gradient row (D elements) is added
+    into the row of every index in the bag: 1 FLOP per gathered element, +1 with per-sample
+    weights (the multiply); mean divides each bag's gradient by its size first (1 per gradient
+    element); max routes each bag's gradient to its maximal rows only (1 add per gradient
+    element)."""
+    grad, idx = call.args[0], call.args[1]
+    dim = int(grad.shape[-1])
+    mode = named_arg(call, "mode", 0)
+    if mode == 2:  # max
+        return call.cost(flops=int(grad.numel()))
+    weighted = named_arg(call, "per_sample_weights") is not None
+    flops = int(idx.numel()) * dim * (1 + int(weighted)) + (int(grad.numel()) if mode == 1 else 0)
+    return call.cost(flops=flops)
+
+
+@rule("aten::_embedding_bag_per_sample_weights_backward")
+def embedding_bag_per_sample_weights_backward(call: OpCall) -> Cost:
+    """Gradient of an embedding bag's per-sample weights: for every index, the dot product of its
+    bag's gradient row with the index's weight row, D multiplies and D adds: 2*D FLOPs per
+    index."""
+    grad, idx = call.args[0], call.args[2]
+    return call.cost(flops=2 * int(idx.numel()) * int(grad.shape[-1]))
+
+
 @rule("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_",
       "aten::scatter_reduce", "aten::scatter_reduce_", "aten::index_reduce", "aten::index_reduce_")
 def scatter_add(call: OpCall) -> Cost:

@@ -126,4 +126,10 @@ register_table([
      16, "Trilinear gradient: 8 taps, multiply and add each = 16 FLOPs per grad_output element."),
     (["aten::upsample_bicubic2d_backward", "aten::_upsample_bicubic2d_aa_backward"],
      32, "Bicubic gradient: 16 taps, multiply and add each = 32 FLOPs per grad_output element."),
+    (["aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward",
+      "aten::reflection_pad3d_backward", "aten::replication_pad1d_backward",
+      "aten::replication_pad2d_backward", "aten::replication_pad3d_backward"],
+     1, "Reflection/replication padding gradient: each grad_output element is added to the input "
+        "element it was copied from: 1 FLOP per grad_output element, as for nearest "
+        "interpolation."),
 ], of="input")

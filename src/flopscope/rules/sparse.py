@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from flopscope.cost import Cost, OpCall
+from flopscope.rules._shapes import named_arg
 from flopscope.rules.registry import rule
 
 
@@ -52,4 +53,24 @@ def sampled_addmm(call: OpCall) -> Cost:
 def sparse_layout(call: OpCall) -> Cost:
     """Converting between dense and sparse layouts, coalescing and reading a sparse tensor's
     parts: 0 FLOPs (comparisons and copies of indices), bytes in and out."""
+    return call.cost()
+
+
+@rule("aten::_sparse_mm_reduce_impl_backward")
+def sparse_mm_reduce_backward(call: OpCall) -> Cost:
+    """Gradient of ``torch.sparse.mm(A, B, reduce)`` (A sparse [m,k], B dense [k,n]): the grad of
+    B is A^T @ grad_out, one MAC per (stored entry, column): nnz * n; the grad of A's values is
+    grad_out @ B^T sampled at A's stored entries, n MACs per stored entry: nnz * n; each as
+    ``output_mask`` asks. (For mean/amax/amin the per-row scaling or routing is bookkeeping
+    next to these products and is not counted.)"""
+    a, grad_out = call.args[0], call.args[1]
+    mask = named_arg(call, "output_mask", [True, True])
+    macs = _nnz(a) * int(grad_out.shape[-1]) * sum(bool(m) for m in mask)
+    return call.cost(macs=macs)
+
+
+@rule("aten::sparse_mask")
+def sparse_mask(call: OpCall) -> Cost:
+    """A dense (or sparse) tensor's values at a sparse mask's stored positions: a gather, 0 FLOPs;
+    bytes of the inputs and the sparse output's values and indices."""
     return call.cost()

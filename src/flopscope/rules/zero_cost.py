@@ -45,7 +45,7 @@ INDEXING = [
     "tril", "tril_", "triu", "triu_", "nonzero", "nonzero_static", "argwhere", "sort", "argsort",
     "topk", "kthvalue", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
     "bucketize", "searchsorted", "one_hot", "select_backward", "slice_backward",
-    "index_select_backward", "diagonal_backward", "as_strided_scatter", "slice_scatter",
+    "index_select_backward", "diagonal_backward", "masked_scatter_backward", "as_strided_scatter", "slice_scatter",
     "select_scatter", "diagonal_scatter", "put", "put_", "col2im", "im2col",
     "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
     "block_diag", "diag", "diag_embed", "embedding_renorm_",
