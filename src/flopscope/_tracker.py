@@ -28,6 +28,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -60,7 +61,11 @@ _OPTIMIZER = Phase.OPTIMIZER
 # what a forward may return instead of its result: the work happens later, when it is consumed
 _LAZY = frozenset({types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter,
                    zip})
-_IS_SCRIPT: dict[type, bool] = {}  # module class -> whether it is a TorchScript module
+# module class -> what it is: a TorchScript module (_SCRIPTED), a Costed function (_COSTED)
+_KINDS: dict[type, int] = {}
+_SCRIPTED = 1
+_COSTED = 2
+_grad_enabled = torch.is_grad_enabled
 
 
 class Sums:
@@ -157,6 +162,8 @@ class _Tables:
         self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
 
 
+_shape_and_grad = attrgetter("shape", "requires_grad")
+_shape = attrgetter("shape")
 # id(model) -> (weak reference to it, its tables)
 _TABLES: dict[int, tuple[Any, _Tables]] = {}
 
@@ -183,22 +190,23 @@ def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None
         extend(children)
         extend(map(id, children.values()))
         push(len(params))
-        for name, p in params.items():
-            push(name)
-            if p is None:
-                push(None)
-            else:
-                push(id(p))
-                push(p.shape)
-                push(p.requires_grad)
+        if params:
+            extend(params)
+            tensors = params.values()
+            extend(map(id, tensors))
+            try:
+                extend(map(_shape_and_grad, tensors))
+            except AttributeError:  # an entry set to None
+                extend(None if p is None else _shape_and_grad(p) for p in tensors)
         push(len(buffers))
-        for name, b in buffers.items():
-            push(name)
-            if b is None:
-                push(None)
-            else:
-                push(id(b))
-                push(b.shape)
+        if buffers:
+            extend(buffers)
+            held = buffers.values()
+            extend(map(id, held))
+            try:
+                extend(map(_shape, held))
+            except AttributeError:
+                extend(None if b is None else b.shape for b in held)
         if packed and id(m) in packed:
             extend(map(id, packed_objects(m)))
     return out
@@ -245,6 +253,7 @@ class ModuleTracker:
         counts_here: Callable[[], bool] = lambda: False,
     ) -> None:
         self.module_rules = module_rules
+        self._any_module_rule = bool(module_rules)
         self.on_rule_exit = on_rule_exit
         self.counts_here = counts_here
         self.paths: dict[nn.Module, str] = {}
@@ -260,10 +269,12 @@ class ModuleTracker:
         self.opaque: dict[str, None] = {}
         self.scripted: dict[str, None] = {}  # TorchScript modules: their submodules are not seen
         self.lazy: dict[str, str] = {}  # modules whose forward returned a lazy object -> its type
-        self.no_grad_calls = 0  # calls of modules with trainable parameters under no_grad
+        # modules with parameters called under no_grad, once per call (see no_grad_calls)
+        self._no_grad_modules: list[nn.Module] = []
         self.foreign_calls = 0  # calls of the model's modules in threads this Counter does not count
         self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
+        self._late: set[nn.Module] = set()  # modules closed by a hook of their own (install)
         if model is not None:
             tables, self.modules = _model_tables(model)
             self.paths = dict(zip(self.modules, tables.module_paths, strict=True))
@@ -274,6 +285,12 @@ class ModuleTracker:
             if tables.shared:
                 self.shared = {m for m in self.modules if id(m) in tables.shared}
             module_rules.check_paths(self.types, type(model).__name__)
+
+    @property
+    def no_grad_calls(self) -> int:
+        """Calls of modules with trainable parameters made with grad disabled."""
+        return sum(1 for m in self._no_grad_modules
+                   if any(p is not None and p.requires_grad for p in m._parameters.values()))
 
     # -- compatibility: the main thread's state -------------------------------------------------
     @property
@@ -407,26 +424,33 @@ class ModuleTracker:
             path = self.path_of(module, stack)
         self.calls[path] += 1
         frame = Frame(module, path, phase)
-        if module._parameters and not torch.is_grad_enabled() and any(
-                p is not None and p.requires_grad for p in module._parameters.values()):
-            self.no_grad_calls += 1
-        if st.shadowing is None:
+        if not _grad_enabled() and module._parameters:  # trainable? see no_grad_calls
+            self._no_grad_modules.append(module)
+        kind = _KINDS.get(type(module))
+        if kind is None:
+            kind = _KINDS[type(module)] = ((_SCRIPTED if issubclass(type(module), _ScriptModule)
+                                            else 0)
+                                           | (_COSTED if issubclass(type(module), Costed) else 0))
+        if st.shadowing is None and (self._any_module_rule or kind & _COSTED):
             fn = self.module_rules.find(module, path)
             if fn is not None:
                 frame.rule = fn
                 frame.args = args
                 frame.shadow = Sums()
                 st.shadowing = frame
-        scripted = _IS_SCRIPT.get(type(module))
-        if scripted is None:
-            scripted = _IS_SCRIPT[type(module)] = isinstance(module, _ScriptModule)
-        if scripted and module._modules:
+        if kind & _SCRIPTED and module._modules:
             self.scripted[path] = None
         stack.append(frame)
         st.seqs.append(_sequence_nr())
         st.seq_paths.append(path)
 
-    def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def _late_post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        self._post_hook(module, args, output, True)
+
+    def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any,
+                   late: bool = False) -> None:
+        if self._late and not late and module in self._late:
+            return  # closed after its own forward hooks, by _late_post_hook
         tid = _get_ident()
         st = self.main if tid == self.owner else self.states.get(tid)
         if st is None:
@@ -507,6 +531,13 @@ class ModuleTracker:
             register_optimizer_step_pre_hook(self._optimizer_pre_hook),
             register_optimizer_step_post_hook(self._optimizer_post_hook),
         ]
+        # torch runs global forward hooks before a module's own, so what a module's own forward
+        # hooks do (a parallel style's output redistribution: RowwiseParallel's all-reduce) would
+        # run after its frame closed and be charged to its parent; such modules are closed by a
+        # hook of their own, registered after theirs
+        self._late = {m for m in self.modules if m._forward_hooks}
+        self._handles += [m.register_forward_hook(self._late_post_hook, always_call=True)
+                          for m in self._late]
 
     def failed_in(self, exc: BaseException | None) -> str | None:
         """The innermost module in which ``exc`` (or an exception it was raised from) was raised,
