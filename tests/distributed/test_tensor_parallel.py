@@ -73,11 +73,12 @@ def test_llama_tensor_parallel_plan(tp: int) -> None:
     assert report.replicated_total(Phase.FORWARD).flops >= whole.total(
         Phase.FORWARD, module="lm_head").flops
     # one all-reduce after attention and one after the MLP per layer in forward, each of the
-    # block's output: 2 x 64 x 256 float32 = 131,072 bytes; ring 2 (tp - 1) / tp of it
+    # block's output: 2 x 64 x 256 float32 = 131,072 bytes; ring 2 (tp - 1) / tp of it; charged
+    # to the row-wise projection whose partial sums it adds (RowwiseParallel's output hook)
     hidden = BATCH * SEQ * CONFIG["hidden_size"] * 4
     forward = [r for r in report.communication if r.phase is Phase.FORWARD]
     assert sorted(r.module for r in forward) == sorted(
-        f"model.layers.{i}.{b}" for i in range(2) for b in ("mlp", "self_attn"))
+        f"model.layers.{i}.{b}" for i in range(2) for b in ("mlp.down_proj", "self_attn.o_proj"))
     for r in forward:
         assert (r.kind, r.calls, r.group_size) == ("all_reduce", 1, tp)
         assert r.payload_bytes == hidden
@@ -117,17 +118,22 @@ def test_llama_sequence_parallel_plan() -> None:
     hidden = BATCH * SEQ * CONFIG["hidden_size"] * 4
     forward = [r for r in report.communication if r.phase is Phase.FORWARD]
     blocks = sorted(f"model.layers.{i}.{b}" for i in range(2) for b in ("mlp", "self_attn"))
+    rowwise = sorted(f"model.layers.{i}.{b}" for i in range(2)
+                     for b in ("mlp.down_proj", "self_attn.o_proj"))
+    # the gather by the block's input hook, the reduce-scatter by the row-wise projection's
+    # output hook
     assert sorted(r.module for r in forward if r.kind == "all_gather") == sorted(
         [*blocks, "lm_head"])
-    assert sorted(r.module for r in forward if r.kind == "reduce_scatter") == blocks
+    assert sorted(r.module for r in forward if r.kind == "reduce_scatter") == rowwise
     assert not [r for r in report.communication if r.kind == "all_reduce"]
     for r in report.communication:
         assert (r.calls, r.group_size, r.payload_bytes) == (1, tp, hidden)
         assert r.bus_bytes == hidden * (tp - 1) // tp
-    # backward: the same pair per block, and the first layer's input gradient gathered
+    # backward: the same pair per block (each the backward of a forward one, charged where
+    # that ran), and the first layer's input gradient gathered
     backward = [r for r in report.communication if r.phase is Phase.BACKWARD]
     assert sorted((r.module, r.kind) for r in backward) == sorted(
-        [(b, k) for b in blocks for k in ("all_gather", "reduce_scatter")]
+        [(b, "reduce_scatter") for b in blocks] + [(b, "all_gather") for b in rowwise]
         + [("model.layers.0", "all_gather")])
     total_bus = report.communication_total(Phase.FORWARD).bus_bytes
     plain_bus = plain.communication_total(Phase.FORWARD).bus_bytes
