@@ -58,13 +58,15 @@ def run(steps: int, monitored: bool) -> float:
     return time.perf_counter() - t0
 
 
-def components(pairs: int) -> tuple[float, float, float]:
+def components(pairs: int) -> tuple[float, float, float, float]:
     """The overhead's two parts, measured side by side in one process on one model: a plain
-    step, a counted step (a fresh monitor: a new signature) and a step with a cached signature,
-    interleaved ``pairs`` times; medians of each.
+    step, a counted step (a fresh monitor: a new signature, counted live as the plain loop and
+    the Lightning callback do), a step with a cached signature, and a step counted the way the
+    ``transformers`` callback counts it (a forward hook records the inputs, a shape-only count
+    of forward + backward after the step), interleaved ``pairs`` times; medians of each.
 
     Returns:
-        (plain step, counted step, cached-signature step) in seconds.
+        (plain, live-counted, cached-signature, shadow-counted step) in seconds.
     """
     torch.manual_seed(0)
     model = Small()
@@ -83,7 +85,7 @@ def components(pairs: int) -> tuple[float, float, float]:
     warm.begin(ids)
     step()
     warm.end()
-    plain, counted, cached = [], [], []
+    plain, counted, cached, shadow = [], [], [], []
     for _ in range(pairs):
         t0 = time.perf_counter()
         step()
@@ -99,7 +101,16 @@ def components(pairs: int) -> tuple[float, float, float]:
         step()
         monitor.end()
         cached.append(time.perf_counter() - t0)
-    return statistics.median(plain), statistics.median(counted), statistics.median(cached)
+        hooked = TrainingMonitor(model, peak=1e12)
+        hooked.attach()
+        t0 = time.perf_counter()
+        hooked.begin()
+        step()
+        hooked.end()
+        shadow.append(time.perf_counter() - t0)
+        hooked.detach()
+    return (statistics.median(plain), statistics.median(counted), statistics.median(cached),
+            statistics.median(shadow))
 
 
 def bookkeeping(calls: int) -> float:
@@ -145,15 +156,19 @@ def main() -> None:
               f"(per-round ratios {', '.join(f'{x:.3f}' for x in ratios)}; {args.rounds} "
               f"interleaved rounds of {args.steps} steps, 1 thread)")
     book = bookkeeping(2000)
-    plain_s, counted_s, cached_s = components(args.pairs)
+    plain_s, counted_s, cached_s, shadow_s = components(args.pairs)
     first = counted_s - plain_s
     projected = (first + (args.steps - 1) * book) / (args.steps * plain_s)
     print(f"parts ({args.pairs} interleaved triples, medians): plain step {plain_s * 1e3:.1f} ms, "
           f"counted step {counted_s * 1e3:.1f} ms (+{first * 1e3:.1f} ms), cached-signature step "
-          f"{cached_s * 1e3:.1f} ms; begin + end alone {book * 1e6:.1f} us")
+          f"{cached_s * 1e3:.1f} ms; begin + end alone {book * 1e6:.1f} us; shadow-counted "
+          f"step (transformers callback) {shadow_s * 1e3:.1f} ms "
+          f"(+{(shadow_s - plain_s) * 1e3:.1f} ms)")
     print(f"projected overhead of {args.steps} steps: (first {first * 1e3:.1f} ms + "
           f"{args.steps - 1} x {book * 1e6:.1f} us) / ({args.steps} x {plain_s * 1e3:.1f} ms) = "
-          f"{projected:.2%}")
+          f"{projected:.2%} (live count); "
+          f"{(shadow_s - plain_s + (args.steps - 1) * book) / (args.steps * plain_s):.2%} "
+          f"(shadow count)")
 
 
 if __name__ == "__main__":

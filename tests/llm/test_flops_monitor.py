@@ -153,6 +153,7 @@ def test_hf_trainer_callback_logs(tmp_path: object) -> None:
     for key in ("flopscope/flops_per_step", "flopscope/tokens_per_second", "flopscope/mfu"):
         assert logged[-1][key] > 0
     assert cb.monitor is not None and len(cb.monitor.cache) == 1  # one signature, one count
+    assert cb.monitor.shadow_path == "meta"  # counted on a meta twin of the model
     # the logged FLOPs = a full forward+backward count of such a batch, as the Trainer calls the
     # model (with num_items_in_batch: the loss is a sum divided by it)
     batch = {"input_ids": torch.randint(0, 64, (2, 16)), "labels": torch.randint(0, 64, (2, 16)),
@@ -260,3 +261,32 @@ def test_callbacks_share_options_and_check_the_peak_early() -> None:
     assert issubclass(hf.FlopscopeCallback, MonitorCallback)
     lightning = pytest.importorskip("flopscope.llm.integrations.lightning")
     assert issubclass(lightning.FlopscopeLightningCallback, MonitorCallback)
+
+
+def test_shadow_count_on_a_meta_twin_equals_a_shape_only_count() -> None:
+    """The transformers callback's way: a forward hook records a new signature, the step is
+    counted afterwards on a copy of the model on meta (no weights copied); it equals a
+    shape-only count of the real model, which is left as it was."""
+    model = Tiny()
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hooks = len(model._forward_pre_hooks)
+    ids = torch.randint(0, 50, (4, 16))
+    monitor = TrainingMonitor(model)
+    monitor.attach()
+    for _ in range(2):
+        monitor.begin()
+        model(ids).sum().backward()
+        monitor.end()
+    monitor.detach()
+    assert [s.counted for s in monitor.history] == [True, False]
+    assert monitor.shadow_path == "meta"
+    ref = flopscope.count(model, ids, backward=True, shape_only=True, warn=False)
+    assert monitor.history[1].counted_flops == ref.flops
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert len(model._forward_pre_hooks) == hooks
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # the twin: meta tensors of the same shapes, the tied structure kept, nothing copied
+    twin = monitor._meta_twin()
+    assert all(p.is_meta for p in twin.parameters())
+    assert [p.shape for p in twin.parameters()] == [p.shape for p in model.parameters()]

@@ -13,8 +13,9 @@ Two ways to count a step whose signature is new:
   exactly what ran;
 - **shadow** (the ``transformers`` callback, which does not see the batch before the step): a
   forward pre-hook on the model records the forward's inputs when their signature is new; after
-  the step :func:`flopscope.count` counts forward + backward of those inputs (shape-only, falling
-  back to real tensors for data-dependent models). The optimizer step is not included.
+  the step :func:`flopscope.count` counts forward + backward of those inputs on a copy of the
+  model on the meta device (no weights copied; falling back to fake tensors, then to real
+  tensors for data-dependent models). The optimizer step is not included.
 
 When a cached count is wrong: data-dependent shapes or work (mixture-of-experts routing, early
 exits, ``nonzero``-based packing, dynamic padding inside the model) change the FLOPs without
@@ -29,6 +30,7 @@ executed) / seconds / peak.
 
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -223,6 +225,12 @@ class TrainingMonitor:
             be (see :class:`~flopscope.llm.AttentionFigures`).
         log: called with each :class:`StepStats`.
 
+    Attributes:
+        cache: signature -> the counted figures.
+        history: every step's :class:`StepStats`; :attr:`last` the latest.
+        shadow_path: how the latest shadow count ran: ``"meta"`` (on a meta copy of the model,
+            the fast path), ``"fake"`` (fake tensors) or ``"real"`` (real tensors).
+
     Raises:
         UsageError: an unknown hardware profile.
     """
@@ -248,6 +256,8 @@ class TrainingMonitor:
         self._pending: list[tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]]] = []
         self._forwards: list[tuple[Any, ...]] = []
         self._hook: Any = None
+        # how the latest shadow count ran: "meta" (a meta twin), "fake" or "real"
+        self.shadow_path: str | None = None
         self._counting = False
         self._new = False
         self._tokens = 0
@@ -291,17 +301,33 @@ class TrainingMonitor:
         return bool(self.recount_every) and self._step % int(self.recount_every or 1) == 0
 
     def _shadow_count(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Figures:
+        """Forward + backward of recorded inputs, counted without running them for real: on a
+        copy of the model on the meta device (the weights not copied: each parameter and
+        buffer maps to a meta tensor of its shape), which takes the counter's memoised meta
+        path, about 0.15 s instead of 0.25 s with fake tensors on the benchmark's model; then
+        with fake tensors (``shape_only``) if the copy or its count fails; then for real (a
+        data-dependent model)."""
         from flopscope.errors import ForwardError
         from flopscope.run import Inputs, count
 
         train = self.model.training and any(p.requires_grad for p in self._params)
         self._counting = True
         try:
+            try:
+                twin = self._meta_twin()
+                figures = AttentionFigures(assume_mask=self.assume_mask)
+                report = count(twin, Inputs(*_to_meta(args), **_to_meta(kwargs)),
+                               backward=train, shape_only=True, warn=False, observers=[figures])
+                self.shadow_path = "meta"
+                return _figures(report, figures)
+            except Exception:  # noqa: BLE001 - any failure of the copy: count as before
+                pass
             for shape_only in (True, False):
                 figures = AttentionFigures(assume_mask=self.assume_mask if shape_only else None)
                 try:
                     report = count(self.model, Inputs(*args, **kwargs), backward=train,
                                    shape_only=shape_only, warn=False, observers=[figures])
+                    self.shadow_path = "fake" if shape_only else "real"
                     return _figures(report, figures)
                 except ForwardError:
                     if not shape_only:
@@ -309,6 +335,20 @@ class TrainingMonitor:
             raise AssertionError("unreachable")
         finally:
             self._counting = False
+
+    def _meta_twin(self) -> nn.Module:
+        """A deep copy of the model whose parameters and buffers are meta tensors of the same
+        shapes, dtypes and ``requires_grad`` (tied weights stay tied); the monitor itself is
+        not copied (its hook on the copy is this monitor's, which ignores forwards while it
+        counts). The model is not touched."""
+        memo: dict[int, Any] = {id(self): self}
+        for t in (*self.model.parameters(), *self.model.buffers()):
+            if id(t) not in memo:
+                twin = torch.empty_like(t, device="meta")
+                memo[id(t)] = (nn.Parameter(twin, requires_grad=t.requires_grad)
+                               if isinstance(t, nn.Parameter) else twin)
+        copied: nn.Module = copy.deepcopy(self.model, memo)
+        return copied
 
     # -- steps ----------------------------------------------------------------------------------
     def begin(self, *args: Any, **kwargs: Any) -> None:
@@ -401,6 +441,18 @@ class TrainingMonitor:
             self.abort()
             raise
         self.end()
+
+
+def _to_meta(tree: Any) -> Any:
+    """The same nesting with every tensor replaced by a meta tensor of its metadata."""
+    if isinstance(tree, torch.Tensor):
+        return torch.empty_strided(tree.shape, tree.stride(), dtype=tree.dtype,
+                                   device="meta").requires_grad_(tree.requires_grad)
+    if isinstance(tree, dict):
+        return type(tree)((k, _to_meta(v)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_to_meta(v) for v in tree)
+    return tree
 
 
 def _figures(report: Any, figures: AttentionFigures) -> _Figures:

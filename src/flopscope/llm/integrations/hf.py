@@ -4,7 +4,8 @@ Trainer's logs.
 The Trainer does not show a callback the batch before the step, so the counts are *shadow*
 counts (:mod:`flopscope.llm.monitor`): a forward pre-hook records the inputs of a forward with a
 new signature, and after the step flopscope counts forward + backward of those inputs
-(shape-only; real tensors for data-dependent models). The figures of the latest step are added
+(shape-only, on a meta copy of the model; real tensors for data-dependent models). The figures
+of the latest step are added
 to every ``logs`` dict the Trainer emits (``on_log``), so ``state.log_history``, the console and
 the reporting integrations that run after this callback carry them.
 """
