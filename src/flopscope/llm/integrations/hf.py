@@ -5,9 +5,9 @@ The Trainer does not show a callback the batch before the step, so the counts ar
 counts (:mod:`flopscope.llm.monitor`): a forward pre-hook records the inputs of a forward with a
 new signature, and after the step flopscope counts forward + backward of those inputs
 (shape-only, on a meta copy of the model; real tensors for data-dependent models). The figures
-of the latest step are added
-to every ``logs`` dict the Trainer emits (``on_log``), so ``state.log_history``, the console and
-the reporting integrations that run after this callback carry them.
+of the latest step are added to every ``logs`` dict the Trainer emits (``on_log``), so
+``state.log_history``, the console and the reporting integrations that run after this callback
+carry them.
 """
 
 from __future__ import annotations
