@@ -27,11 +27,19 @@ def test_fsdp2_on_8_ranks() -> None:
     assert sum(r.payload_bytes for r in gathers) == param_bytes
     assert sum(r.bus_bytes for r in gathers) == param_bytes * 7 // 8
     assert all(r.group_size == 8 for r in report.communication)
-    # every gradient reduce-scattered once (the root group's at the end of backward, from
-    # autograd's final callback, which runs outside any autograd node: phase forward)
+    # every gradient reduce-scattered once, in backward (the root group's at the end of
+    # backward, from autograd's final callback, which runs outside any autograd node and
+    # module: count_rank moves what that callback did to the backward phase)
     scatters = report.communication_by_kind()["reduce_scatter"]
     assert scatters.payload_bytes == param_bytes
     assert scatters.bus_bytes == param_bytes * 7 // 8
+    assert {r.phase for r in report.communication if r.kind == "reduce_scatter"} == {
+        Phase.BACKWARD}
+    root = [r for r in report.communication if r.kind == "reduce_scatter" and r.module == ""]
+    assert len(root) == 1 and root[0].calls == 1  # the root group: embedding, final norm, head
+    # forward is the unsharded model's forward (FSDP2's copies have no arithmetic) plus the sum of
+    # the logits that count_rank's backward starts from: 2 x 64 x 512 = 65,536 FLOPs
+    assert report.total(Phase.FORWARD).flops == whole.total(Phase.FORWARD).flops + 65_536
 
 
 def test_tp_times_fsdp_mesh() -> None:

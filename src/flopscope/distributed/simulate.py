@@ -25,7 +25,7 @@ from flopscope.distributed.pipeline import (
     run_stage,
 )
 from flopscope.errors import UsageError
-from flopscope.report import Report
+from flopscope.report import CommRecord, OpRecord, Report
 from flopscope.run import Inputs, count
 
 __all__ = ["count_rank", "fake_world", "simulate", "simulate_pipeline"]
@@ -112,15 +112,96 @@ def count_rank(
         The rank's report.
     """
     kwargs = kwargs or {}
+    before: Report | None = None
     with Counter(model, **counter_kwargs) as counter:
         out = model(*args, **kwargs)
         if backward:
-            roots = [t for t in tree_iter(out) if isinstance(t, torch.Tensor)
+            roots = [t.sum() for t in tree_iter(out) if isinstance(t, torch.Tensor)
                      and t.is_floating_point() and t.requires_grad]
             if not roots:
                 raise UsageError("backward=True, but no floating-point output requires grad")
-            torch.autograd.backward([t.sum() for t in roots])
-    return counter.report
+            before = counter.report
+            torch.autograd.backward(roots)
+    if before is None:
+        return counter.report
+    return after_backward(before, counter.report)
+
+
+def _delta_records(before: tuple[OpRecord, ...], after: tuple[OpRecord, ...]
+                   ) -> tuple[OpRecord, ...]:
+    """``after`` with what forward-phase records gained since ``before`` moved to backward."""
+    was = {(r.module, r.op, r.counted, r.decomposed): r for r in before
+           if r.phase is Phase.FORWARD}
+    out: list[OpRecord] = []
+    moved: dict[tuple[str, str, bool, bool], tuple[int, Cost]] = {}
+    for r in after:
+        key = (r.module, r.op, r.counted, r.decomposed)
+        old = was.get(key) if r.phase is Phase.FORWARD else None
+        if r.phase is Phase.FORWARD and (old is None or old.calls != r.calls):
+            calls, cost = (r.calls, r.cost) if old is None else (r.calls - old.calls,
+                                                                   _minus(r.cost, old.cost))
+            moved[key] = (calls, cost)
+            if old is None:
+                continue
+            r = old
+        out.append(r)
+    for i, r in enumerate(out):
+        key = (r.module, r.op, r.counted, r.decomposed)
+        if r.phase is Phase.BACKWARD and key in moved:
+            calls, cost = moved.pop(key)
+            out[i] = dataclasses.replace(r, calls=r.calls + calls, cost=r.cost + cost)
+    out += [OpRecord(m, op, Phase.BACKWARD, calls, cost, counted, decomposed)
+            for (m, op, counted, decomposed), (calls, cost) in moved.items()]
+    return tuple(out)
+
+
+def _minus(a: Cost, b: Cost) -> Cost:
+    return Cost(a.macs - b.macs, a.flops - b.flops, a.bytes_read - b.bytes_read,
+                a.bytes_written - b.bytes_written)
+
+
+def after_backward(before: Report, after: Report) -> Report:
+    """A training step's report with the work autograd's final callbacks did (FSDP2's root
+    reduce-scatter of gradients and its averaging, queued with
+    ``Variable._execution_engine.queue_callback``) in the backward phase: those callbacks run
+    after the last autograd node, outside any module and node, where a counter sees the forward
+    phase. Everything the forward phase gained while ``backward()`` ran is moved.
+
+    Args:
+        before: the report taken just before ``backward()``.
+        after: the report at the end.
+
+    Returns:
+        ``after`` with those records (operators and communication) in the backward phase.
+    """
+    was = {(c.module, c.kind, c.group_size): c for c in before.communication
+           if c.phase is Phase.FORWARD}
+    comm: dict[tuple[str, Phase, str, int], list[int]] = {}
+
+    def add(module: str, phase: Phase, kind: str, n: int, sums: tuple[int, int, int]) -> None:
+        acc = comm.setdefault((module, phase, kind, n), [0, 0, 0])
+        for i, v in enumerate(sums):
+            acc[i] += v
+
+    for c in after.communication:
+        old = was.get((c.module, c.kind, c.group_size)) if c.phase is Phase.FORWARD else None
+        if c.phase is Phase.FORWARD and (old is None or old.calls != c.calls):
+            if old is not None:
+                add(c.module, c.phase, c.kind, c.group_size,
+                    (old.calls, old.payload_bytes, old.bus_bytes))
+            add(c.module, Phase.BACKWARD, c.kind, c.group_size,
+                (c.calls - (old.calls if old else 0),
+                 c.payload_bytes - (old.payload_bytes if old else 0),
+                 c.bus_bytes - (old.bus_bytes if old else 0)))
+        else:
+            add(c.module, c.phase, c.kind, c.group_size,
+                (c.calls, c.payload_bytes, c.bus_bytes))
+    return dataclasses.replace(
+        after, records=_delta_records(before.records, after.records),
+        logical=_delta_records(before.logical, after.logical),
+        replicated=_delta_records(before.replicated, after.replicated),
+        communication=tuple(CommRecord(m, ph, kind, n, *sums)
+                            for (m, ph, kind, n), sums in comm.items()))
 
 
 @contextmanager
