@@ -2,14 +2,16 @@
 their own input size (``docs/validation.md``, zoo table).
 
 ``vit_h_14`` at 224x224 is 632 M parameters (5.1 GB in float64) and 167.3 GMAC (torchvision's
-published ``_ops`` figure, which flopscope's count equals), 2.7x ``vit_l_16``: more than an hour
-under valgrind on the shared 2-core machine the page is made on. torchvision's
+published ``_ops`` figure, which flopscope's count equals), 2.7x ``vit_l_16``. torchvision's
 ``VisionTransformer`` takes ``image_size`` as an argument (the position embedding is sized to
 it), so the same network -- 32 layers, hidden size 1,280, MLP 5,120, 16 heads, 14x14 patches -- is
 measured on a 112x112 image: 64 patches and the class token instead of 256 and one, 41.3 GMAC.
-What changes with the image is how many tokens each layer sees (linear layers scale with tokens,
-attention scores with their square); the per-token arithmetic, which is what measured/counted
-checks, is the same.
+Under valgrind on the shared 2-core machine the page is made on, that took 15.5 minutes (2 to
+start, 8 to build the weights and count, 5.5 for the warm-up and the measured forward); the
+forwards grow 4x at 224x224, an estimated 35 to 55 minutes in all, beside a zoo224 sweep that
+already takes hours. What changes with the image is how many tokens each layer sees (linear
+layers scale with tokens, attention scores with their square); the per-token arithmetic, which
+is what measured/counted checks, is the same.
 
 Each factory returns ``(model, input)`` in float32 with random weights (seed 0); the validation
 casts them to float64: ``python -m benchmarks.validation --dtype float64 --out
@@ -43,10 +45,13 @@ VARIANTS: dict[str, Variant] = {
     "vit_h_14": Variant(
         "benchmarks/validation_zoo.py:vit_h_14_112", "vit_h_14 (image_size=112)",
         "at 224x224 it is 632 M parameters (5.1 GB in float64) and 167.3 GMAC (= torchvision's "
-        "published figure), 2.7x vit_l_16: beyond what valgrind measures in a session on this "
-        "shared 2-core machine. The same network built for 112x112 images (all 32 layers and "
-        "widths; 64 patches + the class token instead of 256 + 1; 41.3 GMAC) is measured "
-        "instead: the per-token arithmetic is the same, only the number of tokens changes."),
+        "published figure), 2.7x vit_l_16: an estimated 35 to 55 minutes under valgrind on this "
+        "shared 2-core machine, beside a zoo224 sweep of hours (`python -m benchmarks.validation "
+        "--dtype float64 --out docs/validation/zoo224 --models vit_h_14` measures it where time "
+        "allows). The same network built for 112x112 images (all 32 layers and widths; 64 "
+        "patches + the class token instead of 256 + 1; 41.3 GMAC) took 15.5 minutes and is "
+        "measured instead: the per-token arithmetic is the same, only the number of tokens "
+        "changes."),
 }
 """torchvision name -> its reduced-input variant."""
 
