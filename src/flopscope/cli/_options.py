@@ -449,6 +449,24 @@ def add_step_time(parser: Any, *, step_help: str) -> None:
                              "the --hardware profile's matrix peak for the model's dtype)")
 
 
+def check_step_time(args: argparse.Namespace, *, timed: bool) -> None:
+    """Fail fast (before loading the model) when a peak comes without a measured time or a
+    measured time without a peak.
+
+    Args:
+        args: the parsed arguments (``peak_tflops``, ``hardware``).
+        timed: a measured time was given (``--step-time``, or another time flag).
+
+    Raises:
+        UsageError: what is missing, and the flag that gives it.
+    """
+    if not timed:
+        raise usage_error("--peak-tflops needs a measured time to divide by: --step-time SECONDS")
+    if args.hardware is None and args.peak_tflops is None:
+        raise usage_error("MFU of a measured time needs a peak: --hardware NAME (e.g. h100-sxm) "
+                          "or --peak-tflops X")
+
+
 def step_time_peak(args: argparse.Namespace, model: Any, *,
                    timed: bool) -> tuple[float, str, float | None]:
     """The peak for ``--step-time``: ``--peak-tflops``, else the ``--hardware`` profile's matrix
@@ -470,11 +488,7 @@ def step_time_peak(args: argparse.Namespace, model: Any, *,
 
     from flopscope.llm.flops import resolve_peak
 
-    if not timed:
-        raise usage_error("--peak-tflops needs a measured time to divide by: --step-time SECONDS")
-    if args.hardware is None and args.peak_tflops is None:
-        raise usage_error("MFU of a measured time needs a peak: --hardware NAME (e.g. h100-sxm) "
-                          "or --peak-tflops X")
+    check_step_time(args, timed=timed)
     dtype = getattr(torch, args.dtype) if args.dtype else next(
         (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return resolve_peak(args.hardware, peak_tflops=args.peak_tflops, dtype=dtype,

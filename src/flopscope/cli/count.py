@@ -20,6 +20,7 @@ from flopscope.cli._options import (
     add_source_options,
     add_step_time,
     check_output,
+    check_step_time,
     load_source,
     one_line,
     step_time_peak,
@@ -227,6 +228,8 @@ def run_count(args: argparse.Namespace) -> int:
         from flopscope.estimate import get_hardware
 
         hardware = get_hardware(args.hardware)  # before counting: a bad name fails fast
+    if args.step_time is not None or args.peak_tflops is not None:
+        check_step_time(args, timed=args.step_time is not None)  # before loading: fail fast
     rules = load_rules_file(args.rules) if args.rules else None
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None

@@ -14,6 +14,7 @@ from flopscope.cli._options import (
     add_source_options,
     add_step_time,
     check_output,
+    check_step_time,
     load_source,
     positive_int,
     positive_number,
@@ -93,6 +94,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from flopscope.estimate import get_hardware
 
         get_hardware(args.hardware)  # before loading and counting: a bad name fails fast
+    if timed or args.peak_tflops is not None:
+        check_step_time(args, timed=timed)  # before loading: fail fast
     loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)
     peak = None
     if timed or args.peak_tflops is not None:
