@@ -478,7 +478,7 @@ def count_symbolic(
         ForwardError: the model cannot run with symbolic sizes (data-dependent sizes are named).
     """
     from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
     if len(args) == 1 and isinstance(args[0], Inputs):
@@ -529,7 +529,11 @@ def count_symbolic(
     def symbolic_tensor(t: torch.Tensor) -> torch.Tensor:
         marks = dims.get(id(t))
         if marks is None:
-            return t
+            # an input with no named size keeps its sizes: made fake here with static shapes (the
+            # count would make it fake with a fresh symbol per dimension, unnamed)
+            if t.is_meta or isinstance(t, FakeTensor):
+                return t
+            return fake_mode.from_tensor(t, static_shapes=True)
         shape = [syms[marks[i]] if i in marks else int(n) for i, n in enumerate(t.shape)]
         with fake_mode:
             out = torch.zeros(shape, dtype=t.dtype, device="cpu")

@@ -49,3 +49,18 @@ def tensor_values(t: Any) -> list[int] | None:
         return [int(v) for v in t.reshape(-1).tolist()]
     except (RuntimeError, NotImplementedError, ValueError):
         return None
+
+
+def per(numel: Any, size: Any) -> Any:
+    """``numel // size``: how many times a block of ``size`` elements fits (batch elements of a
+    transform or a solve); 0 for an empty block of concrete size. With a symbolic size (at least
+    1 by construction) no guard is taken."""
+    if isinstance(size, torch.SymInt):
+        return numel // size
+    return numel // size if size else 0
+
+
+def broadcast_size(sizes: Any) -> Any:
+    """The size of a broadcast dimension: the one size that is not a literal 1 (sizes of a
+    broadcast are equal or 1), without comparing symbolic sizes (a comparison is a guard)."""
+    return next((s for s in sizes if not (type(s) is int and s == 1)), 1)

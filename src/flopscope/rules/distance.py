@@ -11,6 +11,9 @@ These are FLOPs, not MACs (a difference is not a product).
 2 x.y, computed as one product of the [P, M+2] and [M+2, R] augmented matrices (P*R*(M+2) MACs),
 the row norms (square + add: 2 per element of x1 and x2), the -2 scaling (1 per element of x1), a
 clamp and a square root per pair (2). That is what the kernel runs.
+
+Sizes are used as they are (no ``int()``), so symbolic sizes give formulas; the kernel's choice
+of path (more than 25 rows) is a branch on a size, recorded as a guard of a symbolic count.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ def cdist(call: OpCall) -> Cost:
     ``use_mm``): B*P*R*(M+2) MACs + B*(3 P M + 2 R M) (norms, scaling) + 2 B*P*R (clamp, sqrt)."""
     x1, x2, p = call.args[0], call.args[1], float(call.args[2])
     mode = call.args[3] if len(call.args) > 3 else call.kwargs.get("compute_mode")
-    rows1, m = int(x1.shape[-2]), int(x1.shape[-1])
-    rows2 = int(x2.shape[-2])
-    batch = int(prod(int(s) for s in call.output.shape[:-2]))
+    rows1, m = x1.shape[-2], x1.shape[-1]
+    rows2 = x2.shape[-2]
+    batch = prod(call.output.shape[:-2])
     pairs = batch * rows1 * rows2
     if _uses_mm(p, mode, rows1, rows2):
         macs = pairs * (m + 2)
@@ -53,7 +56,7 @@ def pdist(call: OpCall) -> Cost:
     """pdist of x [N, M]: N(N-1)/2 pairs, 3 FLOPs per (pair, coordinate) + 1 root per pair (p not
     0/1/inf)."""
     x, p = call.args[0], float(call.args[1]) if len(call.args) > 1 else 2.0
-    n, m = int(x.shape[0]), int(x.shape[1])
+    n, m = x.shape[0], x.shape[1]
     pairs = n * (n - 1) // 2
     return call.cost(flops=pairs * (3 * m + _root(p)))
 
@@ -75,9 +78,9 @@ def cdist_backward(call: OpCall) -> Cost:
     or 7 (other p) FLOPs (difference, derivative of |d|^p, times grad, accumulated), plus one
     divide per pair for p not 1 (grad / dist^(p-1))."""
     x1, x2, p = call.args[1], call.args[2], float(call.args[3])
-    rows1, m = int(x1.shape[-2]), int(x1.shape[-1])
-    batch = int(prod(int(s) for s in x1.shape[:-2]))
-    pairs = batch * rows1 * int(x2.shape[-2])
+    rows1, m = x1.shape[-2], x1.shape[-1]
+    batch = prod(x1.shape[:-2])
+    pairs = batch * rows1 * x2.shape[-2]
     return call.cost(flops=pairs * (_grad_per_coordinate(p) * m + (0 if p == 1.0 else 1)))
 
 
@@ -85,6 +88,6 @@ def cdist_backward(call: OpCall) -> Cost:
 def pdist_backward(call: OpCall) -> Cost:
     """Gradient of pdist (x [N, M]): as ``_cdist_backward`` over the N(N-1)/2 pairs."""
     x, p = call.args[1], float(call.args[2])
-    n, m = int(x.shape[0]), int(x.shape[1])
+    n, m = x.shape[0], x.shape[1]
     pairs = n * (n - 1) // 2
     return call.cost(flops=pairs * (_grad_per_coordinate(p) * m + (0 if p == 1.0 else 1)))

@@ -8,7 +8,7 @@ the rows (columns, or reduced extent) the groups cover are counted; on fake or m
 values do not exist, and the count assumes the groups cover the whole dimension (their sizes then
 sum to the tensor's size, so the sum over groups of m_g * k * n is M * k * n). That assumption is
 exact whenever the last offset equals the dimension, which is how mixture-of-experts layers
-call the kernel.
+call the kernel. Sizes are used as they are (no ``int()``): symbolic sizes give formulas.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from flopscope.cost import Cost, OpCall
-from flopscope.rules._shapes import named_arg, tensor_values
+from flopscope.rules._shapes import broadcast_size, named_arg, tensor_values
 from flopscope.rules.registry import rule
 
 
@@ -44,20 +44,20 @@ def grouped_mm_macs(a: torch.Tensor, b: torch.Tensor, offs: Any) -> tuple[int, i
     [G, M, N]): sum_g M k_g N; 3d x 3d (batched, no offsets): G M K N.
     """
     if a.dim() == 2 and b.dim() == 3:
-        m = covered(offs, int(a.shape[0]))
-        k, n = int(a.shape[1]), int(b.shape[2])
+        m = covered(offs, a.shape[0])
+        k, n = a.shape[1], b.shape[2]
         return m * k * n, m * n
     if a.dim() == 3 and b.dim() == 2:
-        m, k = int(a.shape[1]), int(a.shape[2])
-        n = covered(offs, int(b.shape[1]))
+        m, k = a.shape[1], a.shape[2]
+        n = covered(offs, b.shape[1])
         return m * k * n, m * n
     if a.dim() == 2 and b.dim() == 2:
-        m, n = int(a.shape[0]), int(b.shape[1])
-        k = covered(offs, int(a.shape[1]))
-        groups = int(offs.shape[0]) if offs is not None else 1
+        m, n = a.shape[0], b.shape[1]
+        k = covered(offs, a.shape[1])
+        groups = offs.shape[0] if offs is not None else 1
         return m * k * n, groups * m * n
-    g, m, k = (int(s) for s in a.shape)
-    n = int(b.shape[-1])
+    g, m, k = a.shape
+    n = b.shape[-1]
     return g * m * k * n, g * m * n
 
 
@@ -108,7 +108,7 @@ def trilinear(call: OpCall) -> Cost:
     summed): for ``nn.Bilinear`` T = N*out*in1*in2, 3T FLOPs. That is what the kernel does (the
     elementwise i1 * i2 per output feature, then a product with i3)."""
     i1, i2, i3 = call.args[0], call.args[1], call.args[2]
-    shapes = [_expanded(tuple(int(s) for s in t.shape), list(e))
+    shapes = [_expanded(tuple(t.shape), list(e))
               for t, e in ((i1, call.args[3]), (i2, call.args[4]), (i3, call.args[5]))]
-    terms = int(prod(max(s[d] for s in shapes) for d in range(len(shapes[0]))))
+    terms = prod(broadcast_size([s[d] for s in shapes]) for d in range(len(shapes[0])))
     return call.cost(macs=terms, flops=3 * terms)

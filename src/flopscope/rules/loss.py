@@ -8,12 +8,15 @@ lattice cell is log_alpha[t, s] = logsumexp(up to 3 predecessors) + log p_t(l'_s
 compares), 3 subtracts, 3 exps, 2 adds, a log and adding the max back (12), + the emission (1) =
 13 FLOPs. Each sequence ends with the 2-term logsumexp of the last two cells and a negation (9).
 Sequence lengths are read from the ``int[]`` arguments, or from the length tensors when they are
-real; on fake/meta tensors every sequence is taken at its full padded length (T, S_max).
+real; on fake/meta tensors every sequence is taken at its full padded length (T, S_max). Sizes
+are used as they are (no ``int()``): symbolic sizes give formulas.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from flopscope.cost import Cost, OpCall
 from flopscope.rules._shapes import tensor_values
@@ -28,20 +31,27 @@ BACKWARD_CELL_FLOPS = 20
 BACKWARD_ELEMENT_FLOPS = 6
 
 
-def _lengths(arg: Any, batch: int, default: int) -> list[int]:
-    """Per-sequence lengths from an int list or a real tensor; ``default`` each when unknown."""
+def _lengths(arg: Any) -> list[Any] | None:
+    """Per-sequence lengths from an int list or a real tensor; ``None`` when unknown (fake or
+    meta tensors)."""
     if isinstance(arg, (list, tuple)):
-        return [int(v) for v in arg]
-    values = tensor_values(arg)
-    return values if values is not None else [default] * batch
+        return [v if isinstance(v, torch.SymInt) else int(v) for v in arg]
+    return tensor_values(arg)
 
 
-def lattice_cells(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any) -> int:
-    """sum over sequences of T_n * (2 S_n + 1)."""
-    steps, batch = int(log_probs.shape[0]), int(log_probs.shape[1]) if log_probs.dim() == 3 else 1
-    s_max = int(targets.shape[-1]) if targets.dim() == 2 else int(targets.numel())
-    t_n = _lengths(input_lengths, batch, steps)
-    s_n = _lengths(target_lengths, batch, s_max)
+def lattice_cells(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any) -> Any:
+    """sum over sequences of T_n * (2 S_n + 1); unknown lengths are the full padded ones (T,
+    S_max), and when both are unknown that is batch * T * (2 S_max + 1) (no per-sequence list,
+    so a symbolic batch size stays a symbol)."""
+    steps, batch = log_probs.shape[0], log_probs.shape[1] if log_probs.dim() == 3 else 1
+    s_max = targets.shape[-1] if targets.dim() == 2 else targets.numel()
+    t_n, s_n = _lengths(input_lengths), _lengths(target_lengths)
+    if t_n is None and s_n is None:
+        return batch * steps * (2 * s_max + 1)
+    if t_n is None:
+        t_n = [steps] * len(s_n)  # type: ignore[arg-type]
+    if s_n is None:
+        s_n = [s_max] * len(t_n)
     return sum(t * (2 * s + 1) for t, s in zip(t_n, s_n, strict=False))
 
 
@@ -51,7 +61,7 @@ def ctc_loss(call: OpCall) -> Cost:
     sum_n T_n * (2 S_n + 1) cells, + 9 per sequence (final 2-term logsumexp and negation)."""
     log_probs, targets = call.args[0], call.args[1]
     cells = lattice_cells(log_probs, targets, call.args[2], call.args[3])
-    batch = int(log_probs.shape[1]) if log_probs.dim() == 3 else 1
+    batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
     return call.cost(flops=CELL_FLOPS * cells + FINISH_FLOPS * batch)
 
 
@@ -69,7 +79,7 @@ def _fused_linear_ce(call: OpCall, with_grads: bool) -> Cost:
     """Shared by the two chunked linear + cross-entropy operators (see their docstrings)."""
     x, w = call.args[0], call.args[1]
     bias = call.args[3]
-    rows, vocab, dim = x.numel() // x.shape[-1], int(w.shape[0]), int(w.shape[-1])
+    rows, vocab, dim = x.numel() // x.shape[-1], w.shape[0], w.shape[-1]
     logits = rows * vocab
     macs = logits * dim
     flops = 2 * macs + (logits if bias is not None else 0) + 5 * logits  # logits, log-softmax
