@@ -161,3 +161,50 @@ def test_forward_that_cannot_run_on_meta_falls_back_to_fake_cpu() -> None:
     assert meta.macs == real.macs
     assert meta.by_op()[FLASH].calls == 1
     assert not _registered()
+
+
+class _Seen:
+    """An observer that keeps every call's tensors."""
+
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+
+    def on_call(self, path: str, phase: object, op: str, call: object, cost: object) -> None:
+        assert call is not None
+        self.inputs += call.inputs  # type: ignore[attr-defined]
+        self.outputs += call.outputs  # type: ignore[attr-defined]
+
+
+def test_observers_of_a_shape_only_count_see_the_models_own_tensors() -> None:
+    """A real model counted shape-only with observers runs on meta copies of its tensors, like one
+    without (no fake CPU tensors), and observers are shown the model's own parameters and buffers
+    in place of the copies, so that peak memory (which registers them before the count) is the
+    real count's."""
+    from flopscope.estimate.memory import MemoryTracker
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    seen = _Seen()
+    real_memory, shape_memory = MemoryTracker(), MemoryTracker()
+    for tracker in (real_memory, shape_memory):
+        tracker.register(model.parameters(), "parameters")
+        tracker.register(model.buffers(), "buffers")
+    with torch.no_grad():
+        real = flopscope.count(model, x, observers=[real_memory])
+        shape_only = flopscope.count(model, x, shape_only=True, observers=[seen])
+        flopscope.count(model, x, shape_only=True, observers=[shape_memory])  # nothing kept alive
+    assert shape_only.to_dict()["records"] == real.to_dict()["records"]
+    # it ran on meta: every output a plain meta tensor (a fake CPU count makes FakeTensors)
+    assert seen.outputs and all(type(t) is torch.Tensor and t.is_meta for t in seen.outputs)
+    # every parameter reached the observer as itself (a meta copy never did)
+    read = {id(t) for t in seen.inputs if not t.is_meta}
+    assert read == {id(p) for p in model.parameters()}
+    # the same lifetimes, so the same peak: parameters (16*32 + 32 + 2*32 + 32*8 + 8 floats =
+    # 3,488 bytes, registered, not counted again under their copies) and activations
+    shape_profile, real_profile = shape_memory.profile(), real_memory.profile()
+    assert shape_profile.at_peak["parameters"] == real_profile.at_peak["parameters"] == 3_488
+    assert shape_profile.peak_bytes == real_profile.peak_bytes
+    assert shape_profile.at_peak == real_profile.at_peak
+    assert all(not t.is_meta for t in model.parameters())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     is_traceable_wrapper_subclass_type,
 )
+from torch.utils._pytree import tree_map_only
 
 from flopscope._comm import CommLog
 from flopscope._compat import eager_flex_attention
@@ -61,6 +62,7 @@ _BACKWARD = Phase.BACKWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _get_ident = threading.get_ident
 _dtype = torch.dtype
+_Tensor = torch.Tensor
 _current_autograd_node = torch._C._current_autograd_node
 _modes_below = torch._C._len_torch_dispatch_stack
 # id(operator overload) -> (report name, is a view, is an allocation, is ignored, the overload):
@@ -298,6 +300,7 @@ class Counter:
         self.warn = warn
         self._rules, module_rules = split_rules(rules)
         self._observers = tuple(observers)
+        self._originals: dict[int, torch.Tensor] = {}  # id(stand-in) -> original (stand_ins)
         self._tracker = ModuleTracker(model, module_rules, self._apply_module_rule,
                                       self._active_here)
         self._main = self._tracker.main  # the entering thread's state, read on the hot path
@@ -330,6 +333,11 @@ class Counter:
     def running(self) -> str | None:
         """The path of the innermost module running now (``None`` when none is)."""
         return self._tracker.innermost
+
+    @property
+    def observed(self) -> bool:
+        """Whether observers (:class:`CallObserver`) see this Counter's calls."""
+        return bool(self._observers)
 
     def module_type(self, path: str) -> str:
         """The class name of the module at ``path`` (``"?"`` when unknown)."""
@@ -371,6 +379,22 @@ class Counter:
                 yield self
             finally:
                 self._tracker.states.pop(_get_ident(), None)
+
+    # -- stand-ins (count()) ----------------------------------------------------------------------
+    def stand_ins(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Show observers each original tensor wherever a call has its stand-in: used by
+        :func:`flopscope.count`, which runs a real model shape-only on ``meta`` copies of its
+        parameters and buffers, so that an observer that follows tensors' storages (peak memory:
+        the parameters it registered before the count) sees the model's own tensors. The rules
+        and the counts see the calls as they ran.
+
+        Args:
+            pairs: (stand-in, original) pairs; the stand-ins must stay alive while counting.
+        """
+        self._originals = {id(copy): original for copy, original in pairs}
+
+    def _original(self, t: torch.Tensor) -> torch.Tensor:
+        return self._originals.get(id(t), t)
 
     # -- model integrity (count()) --------------------------------------------------------------
     def protect(self, tensors: list[torch.Tensor]) -> None:
@@ -619,6 +643,8 @@ class Counter:
             return
         self._add((path, key, phase), cost)
         if self._observers:
+            if self._originals:  # observers see the model's own tensors, not their stand-ins
+                args, kwargs, out = tree_map_only(_Tensor, self._original, (args, kwargs, out))
             seen = OpCall(func, args, kwargs, out, phase, is_view)
             for observer in self._observers:
                 observer.on_call(path, phase, info[1], seen, cost)

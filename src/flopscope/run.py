@@ -188,9 +188,9 @@ def count(
     # which fake tensors allow for constants and meta tensors never do).
     if _given_fake_mode(args, kwargs) is not None:  # symbolic shapes: the caller's fake mode
         ways = ["fake"]
-    elif (on_meta or (shape_only and not observers)) and not needs_fake_cpu(modules):
+    elif (on_meta or shape_only) and not needs_fake_cpu(modules):
         # a real model counted shape-only runs on meta copies of its parameters (see _run);
-        # not with observers, which follow the model's own tensors (memory: its storages)
+        # observers see the model's own tensors in place of the copies (Counter.stand_ins)
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
@@ -272,7 +272,10 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                                    f"{type(e).__name__}: {e}", module_path=None) from e
             cleanup.enter_context(sdpa_as_cpu())
             if not on_meta:  # a real model, shape-only: meta copies of its tensors, for now
-                cleanup.callback(_put_back, _swap_to_meta(counter.modules))
+                swapped = _swap_to_meta(counter.modules)
+                cleanup.callback(_put_back, swapped)
+                if counter.observed:
+                    counter.stand_ins((table[name], t) for table, name, t in swapped)
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
