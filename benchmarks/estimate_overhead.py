@@ -8,9 +8,11 @@ overhead is the median of the per-round ratios to the plain count of the same ro
 ratios: a slow round is slow for both). Wall time and process CPU time are both kept: CPU time
 is what the observers add, wall time what a user waits for. Done for a real CPU run (where the
 forward's arithmetic dominates) and for a shape-only run (``shape_only=True``: no arithmetic, so
-the observers' cost stands out).
+the observers' cost stands out). One torch thread by default (``--threads``): on a shared
+machine OpenMP threads that wait for a busy core spin, which charges the wait to CPU time and
+makes both clocks swing by several times between rounds.
 
-``python -m benchmarks.estimate_overhead [--rounds 15] [--out benchmarks/results/estimate_overhead.json]``
+``python -m benchmarks.estimate_overhead [--rounds 15] [--threads 1] [--out benchmarks/results/estimate_overhead.json]``
 """
 
 from __future__ import annotations
@@ -134,8 +136,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/estimate_overhead.json")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     results = [measure(args.rounds, shape_only=False), measure(args.rounds, shape_only=True)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

@@ -505,7 +505,8 @@ def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> int:
 
 
 def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
-                         repeats: int = 3) -> Hardware:
+                         repeats: int = 3,
+                         dtypes: tuple[str, ...] = ("fp32", "fp64", "bf16")) -> Hardware:
     """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16), a streaming
     copy from and to main memory, and a copy that fits in the last-level cache (whose capacity
     the operating system reports: :func:`last_level_cache_bytes`), with torch's current thread
@@ -519,14 +520,24 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         gemm_size: n of the n x n x n GEMMs (2 n^3 FLOPs each).
         copy_mib: size of the copied buffer in MiB (well beyond the last-level cache).
         repeats: timed runs per measurement.
+        dtypes: the GEMM dtypes to measure, of ``fp32``, ``fp64``, ``bf16`` (``fp32`` always).
 
     Returns:
         The profile, named ``"this-machine"``.
+
+    Raises:
+        UsageError: a dtype that is not measured.
     """
     n = gemm_size
     rates: dict[str, float] = {}
-    for key, dtype in (("fp32", torch.float32), ("fp64", torch.float64),
-                       ("bf16", torch.bfloat16)):
+    known = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+    unknown = sorted(set(dtypes) - set(known))
+    if unknown:
+        raise UsageError(f"measure_this_machine: cannot measure {', '.join(unknown)}; use "
+                         f"{', '.join(known)}")
+    for key, dtype in known.items():
+        if key != "fp32" and key not in dtypes:
+            continue
         a = torch.randn(n, n, dtype=dtype)
         b = torch.randn(n, n, dtype=dtype)
         c = torch.empty(n, n, dtype=dtype)
