@@ -112,3 +112,10 @@ def test_this_machine_measures_its_last_level_cache() -> None:
     if capacity is not None:  # reported by the OS: the bandwidth was measured
         assert hw.cache_bandwidth is not None and hw.cache_bandwidth > 0
         assert "last-level cache" in hw.description
+
+
+def test_measure_only_the_dtypes_asked_for() -> None:
+    hw = measure_this_machine(gemm_size=64, copy_mib=1, repeats=1, dtypes=("fp64",))
+    assert set(hw.vector) == {"fp32", "fp64"}  # fp32 always: the fallback rate
+    with pytest.raises(UsageError, match="cannot measure fp16"):
+        measure_this_machine(dtypes=("fp16",))
