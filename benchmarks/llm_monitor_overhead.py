@@ -14,8 +14,10 @@ side by side in one process: the counted step against a plain step (interleaved,
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -140,8 +142,13 @@ def main() -> None:
                         help="interleaved plain / counted / cached steps for the parts")
     parser.add_argument("--skip-runs", action="store_true",
                         help="only the parts (the end-to-end runs take 2 x rounds x steps steps)")
+    parser.add_argument("--out", metavar="FILE.json",
+                        help="also write the figures as JSON (benchmarks/results/)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    result: dict[str, object] = {"steps": args.steps, "threads": 1,
+                                 "model": "2-layer d=128 causal transformer, vocab 1000, batch "
+                                          "8 x 128, AdamW"}
     if not args.skip_runs:
         plain, monitored = [], []
         for r in range(args.rounds):
@@ -155,11 +162,13 @@ def main() -> None:
         print(f"median plain {p:.3f} s, monitored {m:.3f} s, ratio {m / p:.4f} "
               f"(per-round ratios {', '.join(f'{x:.3f}' for x in ratios)}; {args.rounds} "
               f"interleaved rounds of {args.steps} steps, 1 thread)")
+        result["end_to_end"] = {"rounds": args.rounds, "plain_seconds": plain,
+                                "monitored_seconds": monitored, "median_ratio": m / p}
     book = bookkeeping(2000)
     plain_s, counted_s, cached_s, shadow_s = components(args.pairs)
     first = counted_s - plain_s
     projected = (first + (args.steps - 1) * book) / (args.steps * plain_s)
-    print(f"parts ({args.pairs} interleaved triples, medians): plain step {plain_s * 1e3:.1f} ms, "
+    print(f"parts ({args.pairs} interleaved rounds of plain, live-counted, cached and shadow-counted steps; medians): plain step {plain_s * 1e3:.1f} ms, "
           f"counted step {counted_s * 1e3:.1f} ms (+{first * 1e3:.1f} ms), cached-signature step "
           f"{cached_s * 1e3:.1f} ms; begin + end alone {book * 1e6:.1f} us; shadow-counted "
           f"step (transformers callback) {shadow_s * 1e3:.1f} ms "
@@ -169,6 +178,17 @@ def main() -> None:
           f"{projected:.2%} (live count); "
           f"{(shadow_s - plain_s + (args.steps - 1) * book) / (args.steps * plain_s):.2%} "
           f"(shadow count)")
+
+    shadow_projected = (shadow_s - plain_s + (args.steps - 1) * book) / (args.steps * plain_s)
+    result["parts"] = {"pairs": args.pairs, "plain_step_seconds": plain_s,
+                       "live_counted_step_seconds": counted_s,
+                       "cached_signature_step_seconds": cached_s,
+                       "shadow_counted_step_seconds": shadow_s,
+                       "begin_end_seconds": book, "projected_overhead_live": projected,
+                       "projected_overhead_shadow": shadow_projected}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
