@@ -168,7 +168,8 @@ def main() -> None:
     plain_s, counted_s, cached_s, shadow_s = components(args.pairs)
     first = counted_s - plain_s
     projected = (first + (args.steps - 1) * book) / (args.steps * plain_s)
-    print(f"parts ({args.pairs} interleaved rounds of plain, live-counted, cached and shadow-counted steps; medians): plain step {plain_s * 1e3:.1f} ms, "
+    print(f"parts ({args.pairs} interleaved rounds of plain, live-counted, cached and "
+          f"shadow-counted steps; medians): plain step {plain_s * 1e3:.1f} ms, "
           f"counted step {counted_s * 1e3:.1f} ms (+{first * 1e3:.1f} ms), cached-signature step "
           f"{cached_s * 1e3:.1f} ms; begin + end alone {book * 1e6:.1f} us; shadow-counted "
           f"step (transformers callback) {shadow_s * 1e3:.1f} ms "
