@@ -68,9 +68,10 @@ _LIMIT = 200_000  # entries before the output cache starts over
 _FakeTensor = FakeTensor
 _SymInt = torch.SymInt
 _modes_below = torch._C._len_torch_dispatch_stack
-# symbolic counts running now: id(fake mode) -> (the mode, its shape environment); and the keys
-# of their calls in OUTPUTS (dropped when the last one ends)
-FAKE_MODES: dict[int, tuple[Any, Any]] = {}
+# symbolic counts running now: id(fake mode) -> (the mode, its shape environment, whether outputs
+# are replayed, data-dependent symbol -> the operator that made it); and the keys of their calls
+# in OUTPUTS (dropped when the last one ends)
+FAKE_MODES: dict[int, tuple[Any, Any, bool, dict[str, str]]] = {}
 _FAKE_KEYS: list[tuple[Any, ...]] = []
 _F = object()  # the last element of a key made of fake tensors / SymInts (see replays_fake)
 _S = object()  # a SymInt's place in a key
@@ -262,9 +263,14 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
     if FAKE_MODES and getattr(func, "namespace", None) == "prim":
         _UNKEYED.add(id(func))
         return None
-    if FAKE_MODES and (type(out) is _FakeTensor or type(out) in (tuple, list)):
-        fake = _fake_spec(out)
+    if FAKE_MODES and (type(out) is _FakeTensor or type(out) in (tuple, list)
+                       or isinstance(out, (torch.SymInt, torch.SymFloat, torch.SymBool))):
+        _note_origins(func, out)
+        fake = _fake_spec(out) if not isinstance(out, (torch.SymInt, torch.SymFloat,
+                                                       torch.SymBool)) else None
         if fake is not None:
+            if not FAKE_MODES[id(fake[1])][2]:
+                return False  # costs only (a count with backward)
             if kind == _SELF_KIND and args and out is args[0]:
                 return SELF
             return fake if kind == _NEW or _is_view(func) else False
@@ -376,6 +382,29 @@ def _template(t: Any, env: Any) -> Any:
         return storage.as_strided(shape, stride, offset)
 
 
+def _note_origins(func: Any, out: Any) -> None:
+    """Remember which operator made each data-dependent symbol among ``out``'s sizes or values."""
+    exprs = []
+    env = None
+    for t in (out if type(out) in (tuple, list) else (out,)):
+        if type(t) is _FakeTensor:
+            exprs += [n.node.expr for n in (*t.shape, *t.stride()) if type(n) is _SymInt]
+            env = t.fake_mode.shape_env
+        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            exprs.append(t.node.expr)
+            env = t.node.shape_env
+    if not exprs:
+        return
+    entry = next((e for e in FAKE_MODES.values() if e[1] is env), None)
+    if entry is None:
+        return
+    known = env.backed_var_to_val  # type: ignore[union-attr]
+    for e in exprs:
+        for symbol in e.free_symbols:
+            if symbol not in known:
+                entry[3].setdefault(str(symbol), str(func))
+
+
 def _fake_spec(out: Any) -> Any:
     """What :func:`replay` needs to make a symbolic count's fake outputs again (templates), or
     ``None``."""
@@ -406,18 +435,21 @@ def replays_fake(key: tuple[Any, ...]) -> bool:
 
 
 @contextmanager
-def symbolic_replay(mode: Any) -> Iterator[None]:
+def symbolic_replay(mode: Any, *, replay: bool = True,
+                    origins: dict[str, str] | None = None) -> Iterator[None]:
     """While the block runs, calls on ``mode``'s fake tensors are memoised (see the module
     docstring); their entries are dropped at the end.
 
     Args:
-        mode: the ``FakeTensorMode`` of a symbolic count (with a ``ShapeEnv``), for a count
-            without backward.
+        mode: the ``FakeTensorMode`` of a symbolic count (with a ``ShapeEnv``).
+        replay: make outputs from templates (a count without backward); ``False``: costs only.
+        origins: filled with data-dependent (unbacked) symbol name -> the operator whose output
+            first held it (``u0`` -> ``aten.nonzero.default``), for error messages.
 
     Yields:
         Nothing.
     """
-    FAKE_MODES[id(mode)] = (mode, mode.shape_env)
+    FAKE_MODES[id(mode)] = (mode, mode.shape_env, replay, {} if origins is None else origins)
     try:
         yield
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -544,14 +543,16 @@ def count_symbolic(
             str(k).startswith("aten::slice_backward") for k in rules)):
         rules = {"aten::slice_backward": _slice_backward, **(rules or {})}
     SYMBOLIC_COUNTS[0] += 1
+    origins: dict[str, str] = {}  # data-dependent symbol -> the operator that made it
     try:
         # without backward, repeated calls (the same operator on the same symbolic metadata: every
-        # layer of a decoder stack) are answered from memory (flopscope._memo)
-        with symbolic_replay(fake_mode) if not backward else nullcontext():
+        # layer of a decoder stack) are answered from memory (flopscope._memo); with backward,
+        # only their costs are
+        with symbolic_replay(fake_mode, replay=not backward, origins=origins):
             raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict,
                         shape_only=True, backward=backward, train=train, warn=warn)
     except ForwardError as e:
-        raise ForwardError(_explain(e), module_path=e.module_path) from e
+        raise ForwardError(_explain(e, origins), module_path=e.module_path) from e
     finally:
         SYMBOLIC_COUNTS[0] -= 1
     return _symbolic_report(raw, env, syms, chosen)
@@ -580,20 +581,44 @@ def _same_size(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _explain(e: ForwardError) -> str:
-    """A data-dependent failure under symbolic sizes, with the operator named where found."""
+def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:
+    """A failure under symbolic sizes in words: for a data-dependent size or value, the operator
+    that was running when it was needed (from the dispatch mode's frame), the module (in ``e``),
+    and the operator that made each data-dependent symbol (``u0``: ``aten.nonzero.default``)."""
     text = str(e)
     cause: BaseException | None = e.__cause__
     while cause is not None:
         name = type(cause).__name__
         if "DataDependent" in name or "data-dependent" in str(cause).lower():
-            op = re.search(r"(aten\.[\w.]+|torch\.ops\.[\w.]+)", str(cause))
+            op = _running_operator(cause)
+            if op is None:
+                found = re.search(r"(aten\.[\w.]+|torch\.ops\.[\w.]+)", str(cause))
+                op = found.group(1) if found else None
+            made = [f"{u}: a size or value made by {origins[u]}"
+                    for u in dict.fromkeys(re.findall(r"\bu\d+\b", str(cause))) if u in origins]
             return (f"symbolic counting hit a data-dependent size or value"
-                    f"{' in ' + op.group(1) if op else ''}: {text}. A size computed from tensor "
-                    "values cannot be a formula of the input sizes; count concretely, or make that "
-                    "size an input.")
+                    f"{' in operator ' + op if op else ''}"
+                    f"{' (' + '; '.join(made) + ')' if made else ''}: {text}. A size computed "
+                    "from tensor values cannot be a formula of the input sizes; count concretely, "
+                    "or make that size an input.")
         cause = cause.__cause__ or cause.__context__
     return f"symbolic counting failed: {text}"
+
+
+def _running_operator(exc: BaseException) -> str | None:
+    """The innermost operator flopscope's dispatch mode was handling where ``exc`` was raised
+    (the ``func`` of its ``__torch_dispatch__`` frame), or ``None`` (raised in the model's own
+    code, between operators)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__torch_dispatch__" and "flopscope" in frame.f_code.co_filename:
+            func = frame.f_locals.get("func")
+            if func is not None:
+                found = str(func)
+        tb = tb.tb_next
+    return found
 
 
 def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],

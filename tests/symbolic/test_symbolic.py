@@ -178,17 +178,38 @@ class _NonZero(nn.Module):
         return x[x > 0].sum() * 2
 
 
-def test_data_dependent_size_is_named() -> None:
-    message = ""
-    rep = None
-    try:
-        rep = count_symbolic(_NonZero(), torch.randn(5, 3), symbolic={"batch": (0, 0)}, warn=False)
-    except flopscope.ForwardError as e:
-        message = str(e)
-    if rep is None:
-        assert "data-dependent" in message
-    else:  # an unbacked size: an explicit unknown symbol, with the operator that made it
-        assert rep.unknowns and all("data-dependent size in" in v for v in rep.unknowns.values())
+class _Selects(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.select = nn.Sequential(nn.Linear(3, 3), _NonZero())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.select(x)
+
+
+class _Item(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[: int((x > 0).sum().item())]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_data_dependent_size_names_the_operator_and_the_module(backward: bool) -> None:
+    # x[x > 0]: aten.index with a boolean mask has a data-dependent size u0; summing it needs
+    # that size (its cost depends on it): the error names the operator running, the one that
+    # made u0, and the module
+    with pytest.raises(flopscope.ForwardError, match=(
+            r"data-dependent size or value in operator aten\.sum\.default \(u0: a size or value "
+            r"made by aten\.index\.Tensor\).* in module 'select\.1' \(_NonZero\)")):
+        count_symbolic(_Selects(), torch.randn(5, 3), symbolic={"batch": (0, 0)}, warn=False,
+                       backward=backward)
+
+
+def test_data_dependent_value_in_the_models_own_code() -> None:
+    # .item() makes u0; int() of it fails in the forward itself, between operators
+    with pytest.raises(flopscope.ForwardError, match=(
+            r"data-dependent size or value \(u0: a size or value made by "
+            r"aten\._local_scalar_dense\.default\).* in module '' \(_Item\)")):
+        count_symbolic(_Item(), torch.randn(5, 3), symbolic={"batch": (0, 0)}, warn=False)
 
 
 def test_cli_symbolic_json(capsys: pytest.CaptureFixture[str]) -> None:
