@@ -71,7 +71,7 @@ _grad_enabled = torch.is_grad_enabled
 class Sums:
     """Running totals of calls and cost (mutable; the hot path adds to it in place)."""
 
-    __slots__ = ("bytes_read", "bytes_written", "calls", "flops", "macs")
+    __slots__ = ("bytes_read", "bytes_written", "calls", "first", "flops", "macs")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -79,6 +79,7 @@ class Sums:
         self.flops = 0
         self.bytes_read = 0
         self.bytes_written = 0
+        self.first: Any = None  # the first cost added, reused as the total while they are equal
 
 
 @dataclass(slots=True)

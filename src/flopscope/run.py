@@ -194,8 +194,7 @@ def count(
         ways = ["meta", "fake"]
     else:
         ways = ["fake"] if shape_only or on_meta else ["real"]
-    params: list[torch.Tensor] = [p for m in modules for p in m._parameters.values()
-              if p is not None and not p.is_meta and p.device.type != "meta"]
+    params: list[torch.Tensor] = []  # the model's parameters not on meta, for real and fake runs
     # aliases (no copy) of every parameter, to undo `p.data = other`, which swaps a tensor's
     # storage without any operator (buffers are put back from their copies below)
     # (made before the first attempt that can write to the model's tensors: a real model counted
@@ -219,6 +218,8 @@ def count(
             if not kept and way != "meta":
                 kept = True
                 save_buffers()
+                params = [p for m in modules for p in m._parameters.values()
+                          if p is not None and not p.is_meta and p.device.type != "meta"]
                 aliases = [(p, p.detach()) for p in params]
             if way == "real":
                 counter.protect(params)
@@ -399,7 +400,7 @@ _COPIES: dict[int, tuple[Any, torch.Tensor, tuple[Any, ...]]] = {}
 def _meta_copy(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor like ``t`` (a trainable parameter's copy requires grad), reused across
     counts while neither changed."""
-    grad = isinstance(t, nn.Parameter) and t.requires_grad
+    grad = t.requires_grad and isinstance(t, nn.Parameter)  # (isinstance is Python code here)
     facts = (t.shape, t.stride(), t.dtype, grad)
     entry = _COPIES.get(id(t))
     if entry is not None and entry[0]() is t and entry[2] == facts:
