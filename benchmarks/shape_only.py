@@ -1,6 +1,7 @@
 """Shape-only counting against a plain forward (issue 19): ``python -m benchmarks.shape_only``.
 
-Part 1, in one process, single thread, everything under ``torch.no_grad()``: rounds of
+Part 1, in one process, single thread, everything under ``torch.no_grad()`` (``--clock cpu``:
+timed in this thread's CPU time instead of wall time, for a shared machine): rounds of
 ``plain, tool, plain, tool, ...`` (the tool order rotates each round); a tool's ratio in a round
 is its time over the mean of the plain forwards around it, and the table gives the median over
 rounds. Tools:
@@ -84,10 +85,14 @@ class _Floor(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+_CLOCK = [time.perf_counter]  # --clock cpu: time.thread_time (this thread's CPU time)
+
+
 def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    clock = _CLOCK[0]
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure_model(name: str, rounds: int, log: Any = print) -> dict[str, Any]:
@@ -207,14 +212,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-repeats", type=int, default=3)
     parser.add_argument("--cold-repeats", type=int, default=3)
     parser.add_argument("--json", default="benchmarks/results/shape_only.json")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time part 1 by wall clock, or by this thread's CPU time "
+                        "(steadier on a shared machine: time spent waiting for a CPU is left "
+                        "out; the forward runs in this thread with one intra-op thread)")
     parser.add_argument("--cold-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.clock == "cpu":
+        _CLOCK[0] = time.thread_time
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     if args.cold_worker:
         print(json.dumps(cold(args.cold_worker)))
         return 0
-    results: dict[str, Any] = {"load_before": _load(), "models": [], "cold": [], "scale": []}
+    results: dict[str, Any] = {"load_before": _load(), "clock": args.clock, "models": [],
+                               "cold": [], "scale": []}
     for name in args.models:
         results["models"].append(measure_model(name, args.rounds, log=lambda s: print(s, file=sys.stderr)))
     for _ in range(args.cold_repeats):
@@ -276,7 +288,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{statistics.median(r['peak_above_import_mib'] for r in rows):.0f} | "
                 f"{rows[0]['macs'] / 1e12:,.2f} |")
     lines.append("")
-    lines.append(f"load average before/after: {results['load_before']} / {results.get('load_after')}")
+    lines.append(f"load average before/after: {results['load_before']} / {results.get('load_after')}"
+                 f"; clock: {results.get('clock', 'wall')}")
     return "\n".join(lines)
 
 
