@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 #: the layouts the job runs, as keyword arguments of Layout (world size 2)
-LAYOUTS: list[dict[str, Any]] = [{"tp": 2}, {"fsdp": 2}]
+LAYOUTS: list[dict[str, Any]] = [{"tp": 2}, {"fsdp": 2}, {"pp": 2}]
 WORLD = 2
 
 
@@ -22,6 +22,7 @@ def _rank(rank: int, out: str, port: int) -> None:
     from tests.distributed._models import tiny_llama
 
     from flopscope.distributed import Layout, apply_layout, count_rank, gather_reports
+    from flopscope.distributed.simulate import count_stage
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -30,8 +31,12 @@ def _rank(rank: int, out: str, port: int) -> None:
         for kw in LAYOUTS:
             layout = Layout(WORLD, rank=rank, **kw)
             model, args, kwargs = tiny_llama("cpu")
-            apply_layout(model, layout, layout.mesh())
-            report = count_rank(model, args, kwargs, backward=True, warn=False)
+            if layout.pp > 1:  # 2 microbatches, 1F1B
+                report = count_stage(model, kwargs["input_ids"], layout, backward=True,
+                                     warn=False)
+            else:
+                apply_layout(model, layout, layout.mesh())
+                report = count_rank(model, args, kwargs, backward=True, warn=False)
             gathered.append(gather_reports(report))
         if rank == 0:
             with open(out, "w") as f:

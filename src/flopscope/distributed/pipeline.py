@@ -368,6 +368,18 @@ def run_stage(
     kwargs["observers"] = [*kwargs.get("observers", ()), log]
     # the loss ignores its target; the last stage's schedule splits one all the same
     target = {"target": inputs} if backward and stage == stages - 1 else {}
+    import torch.distributed as dist
+
+    if dist.get_backend(group) != "fake":
+        # a real group: torch's first step also runs a one-time warm-up (the stages vote on
+        # static metadata with point-to-point messages), no part of a training step; run it
+        # uncounted and count the next step, from fresh gradients as the first would be
+        if stage == 0:
+            sched.step(inputs, **target)
+        else:
+            sched.step(**target)
+        stage_module.zero_grad(set_to_none=True)
+        pipe_stage.actions = []
     with Counter(stage_module, **kwargs) as counter:
         if stage == 0:
             sched.step(inputs, **target)

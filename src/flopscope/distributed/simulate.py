@@ -28,7 +28,8 @@ from flopscope.errors import UsageError
 from flopscope.report import CommRecord, OpRecord, Report
 from flopscope.run import Inputs, count
 
-__all__ = ["count_rank", "fake_world", "simulate", "simulate_pipeline"]
+__all__ = ["after_backward", "count_rank", "count_stage", "fake_world", "simulate",
+           "simulate_pipeline"]
 
 
 @contextmanager
@@ -229,6 +230,42 @@ def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     if t.is_meta:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
     return mode.from_tensor(t)
+
+
+def count_stage(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    layout: Layout,
+    *,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+    backward: bool = False,
+    **counter_kwargs: Any,
+) -> Report:
+    """Count this rank's pipeline stage over one step: the program every rank of a real job runs
+    (``torchrun``; each with the whole model built the same way), and the one a simulated rank
+    runs.
+
+    Args:
+        model: a transformers decoder LM (consumed: it becomes the stage).
+        input_ids: the step's token ids (batch, sequence); read on the first stage.
+        layout: the layout (``pp`` > 1), ``layout.rank`` this process's rank.
+        microbatches: microbatches per step (``None``: ``pp``).
+        schedule: ``1f1b`` or ``gpipe``.
+        backward: a training step (loss = the sum of the logits).
+        **counter_kwargs: options of :class:`flopscope.Counter`.
+
+    Returns:
+        The stage's report (send/recv labelled: activations forward, gradients backward).
+    """
+    config = getattr(model, "config", None)
+    stage = DecoderStage(model, layout.stage, layout.pp)
+    mesh = layout.mesh()
+    apply_layout(stage, layout, mesh)
+    return run_stage(stage, input_ids, stage=layout.stage, stages=layout.pp,
+                     group=mesh["pp"].get_group(), microbatches=microbatches or layout.pp,
+                     schedule=schedule, backward=backward, config=config,
+                     count_kwargs=counter_kwargs).report
 
 
 def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
