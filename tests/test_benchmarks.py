@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -173,3 +174,30 @@ def test_vit_h_14_at_112_is_the_same_network_on_fewer_tokens() -> None:
     assert report.macs == 32 * 1_288_768_000 + 48_168_960 + 1_280_000 == 41_290_024_960
     # the same parameters as at 224x224 but for the position embedding: (257 - 65) * 1280 fewer
     assert report.params == 632_045_800 - (257 - 65) * 1280
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("FLOPSCOPE_SLOW"), reason="slow tier: FLOPSCOPE_SLOW=1")
+@pytest.mark.parametrize(("name", "explained"), [
+    # bilinear x2, 16 x 32 x 32 -> 16 x 64 x 64: output H + W = 128 selects the vectorised
+    # channels-last kernel: 1 multiply + 3 FMAs = 7 per output element (65,536 of them), 4 weight
+    # products per output pixel (4,096), 5 per source-index computation (64 rows x (1 + 64))
+    ("interpolation__bilinear_x2__c16hw32", 7 * 65_536 + 4 * 4_096 + 5 * 64 * 65),
+    # 32 x 64 x 64 -> 32 x 128 x 128: H + W = 256, the generic kernel: 3 multiplies + 3 FMAs = 9
+    # per output element (524,288), plus its index/weight tables (1,282 measured)
+    ("interpolation__bilinear_x2__c32hw64", 9 * 524_288),
+    # cdist p = 2, 64 x 16 against 64 x 16 (4,096 pairs): the count (160,768), MKL's sqrt at 21
+    # per pair instead of 1, the SSE GEMM's 2K + 5 per output, its alpha-scaled packing of the
+    # 64 x 18 operand, the cascade sum's 65 per reduced row (2 x 64 rows)
+    ("distance__cdist_p2__m64d16", 160_768 + 20 * 4_096 + 5 * 4_096 + 64 * 18 + 65 * 128),
+])
+def test_the_residues_of_the_validation_page_are_accounted_for(name: str, explained: int) -> None:
+    from flopscope.measure import MeasureRequest, measure_request
+    from flopscope.measure.valgrind import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"valgrind backend unavailable: {unavailable_reason()}")
+    result = measure_request(MeasureRequest(f"benchmarks/validation_ops.py:{name}",
+                                            dtype="float64"), backend="valgrind")
+    # what is left is per-call setup outside the loops (scales, index tables, the timer's reads)
+    assert 0 <= result.comparison.measured_flops - explained <= 1_300, result.comparison
