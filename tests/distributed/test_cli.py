@@ -1,0 +1,60 @@
+"""``flopscope count --world-size N --pp/--ep/--sequence-parallel``: the options reach the layout,
+the output carries every pipeline stage, and bad combinations are usage errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flopscope.cli import main
+
+# a 2-layer Llama small enough for the command line: hidden 64, 4 heads, vocab 256
+LLAMA = ["hf:llama", "--config", "hidden_size=64", "--config", "intermediate_size=128",
+         "--config", "num_hidden_layers=2", "--config", "num_attention_heads=4",
+         "--config", "num_key_value_heads=2", "--config", "vocab_size=256", "--seq-len", "16"]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_pipeline_json_has_every_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "count", *LLAMA, "--shape-only", "--batch", "2", "--backward",
+                        "--world-size", "2", "--pp", "2", "--schedule", "gpipe", "--rank", "1",
+                        "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["rank"], data["world_size"]) == (1, 2)
+    pipe = data["pipeline"]
+    assert (pipe["schedule"], pipe["microbatches"]) == ("gpipe", 2)
+    assert [s["rank"] for s in pipe["stages"]] == [0, 1]
+    # one microbatch of 1 x 16 tokens x 64 float32 = 4,096 bytes each way
+    assert pipe["stages"][0]["p2p_bytes_per_microbatch"]["send_forward"] == 4096
+    assert pipe["stages"][1]["p2p_bytes_per_microbatch"]["send_backward"] == 4096
+    assert data["totals"]["flops"] == pipe["stages"][1]["flops"]  # the table is --rank's stage
+
+
+def test_pipeline_table_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "count", *LLAMA, "--shape-only", "--batch", "2",
+                        "--world-size", "2", "--pp", "2", "--microbatches", "2")
+    assert code == 0
+    assert "pipeline: 2 stages, 1f1b, 2 microbatches; bubble" in out
+    assert "stage 1 (rank 1)" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--pp", "2"], "--pp, --ep, --sequence-parallel and --microbatches need --world-size"),
+    (["--world-size", "2", "--pp", "2", "--sequence-parallel", "--tp", "1"],
+     "sequence parallelism shards activations over the tensor-parallel ranks"),
+    (["--world-size", "4", "--ep", "2"], "expert parallelism is built over the whole world"),
+    (["--world-size", "2", "--pp", "3"], "world size 2 is not a multiple of tp x pp"),
+])
+def test_bad_parallel_options(capsys: pytest.CaptureFixture[str], argv: list[str],
+                              message: str) -> None:
+    code, _, err = _run(capsys, "count", *LLAMA, "--shape-only", *argv)
+    assert code == 2
+    assert message in err
