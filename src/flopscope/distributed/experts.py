@@ -13,8 +13,8 @@ What a rank computes depends on where *every* rank's tokens are routed, which a 
 rank cannot see: the fake process group returns nothing. So the simulation first runs the whole
 model (real weights) on each rank's batch and keeps every MoE layer's routing (the router's
 top-k experts and weights for each token); while the rank is counted, its routers' outputs are
-those (the same values its own router computes, kept so that the rest of the rank's forward does
-not depend on the fake group's empty buffers), and the count all-to-all returns the counts the
+those (the values its own router computes when ``build`` makes the same weights every call; kept
+so that the rest of the rank's forward does not depend on the fake group's empty buffers), and the count all-to-all returns the counts the
 other ranks would send. Everything else runs as in a real job, so the rank's expert work and
 bytes follow from the real token assignment. Shape-only runs cannot route (routing needs values).
 """

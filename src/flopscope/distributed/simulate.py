@@ -378,6 +378,11 @@ def simulate(
         microbatches: with ``layout.pp`` > 1, microbatches per step (``None``: ``pp``).
         schedule: with ``layout.pp`` > 1, the pipeline schedule (``1f1b`` or ``gpipe``); the
             rank's stage is counted over one step (every stage: :func:`simulate_pipeline`).
+
+    With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
+    expert-parallel group's batch, split along dimension 0 into the ranks' batches, and must
+    build the same weights every call (seed it): every rank's routing is taken from one run of
+    the whole model (:mod:`flopscope.distributed.experts`).
         **count_kwargs: options of :class:`flopscope.Counter` (``rules``, ``strict``, ``warn``).
 
     Returns:
