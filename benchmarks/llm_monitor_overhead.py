@@ -115,6 +115,47 @@ def components(pairs: int) -> tuple[float, float, float, float]:
             statistics.median(shadow))
 
 
+def hf_shadow(pairs: int) -> tuple[float, float] | None:
+    """The ``transformers`` callback's case on a ``transformers`` model: a 2-layer Llama (hidden
+    128, 4 heads, MLP 512, vocab 1000, batch 8 x 128, AdamW), a plain step and a shadow-counted
+    step (a fresh monitor attached) interleaved ``pairs`` times; medians. ``None`` without
+    transformers."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=128, intermediate_size=512,
+                                      num_attention_heads=4, num_key_value_heads=4,
+                                      vocab_size=1000)
+    model = transformers.LlamaForCausalLM(config)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 1000, (8, 128))
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    plain, shadow = [], []
+    for _ in range(pairs):
+        t0 = time.perf_counter()
+        step()
+        plain.append(time.perf_counter() - t0)
+        monitor = TrainingMonitor(model, peak=1e12)
+        monitor.attach()
+        t0 = time.perf_counter()
+        monitor.begin()
+        step()
+        monitor.end()
+        shadow.append(time.perf_counter() - t0)
+        monitor.detach()
+    return statistics.median(plain), statistics.median(shadow)
+
+
 def bookkeeping(calls: int) -> float:
     """Seconds of one ``begin`` + ``end`` with a cached signature (no step in between)."""
     model = Small()
@@ -187,6 +228,16 @@ def main() -> None:
                        "shadow_counted_step_seconds": shadow_s,
                        "begin_end_seconds": book, "projected_overhead_live": projected,
                        "projected_overhead_shadow": shadow_projected}
+    hf = hf_shadow(args.pairs)
+    if hf is not None:
+        hf_plain, hf_counted = hf
+        hf_projected = (hf_counted - hf_plain + (args.steps - 1) * book) / (args.steps * hf_plain)
+        print(f"transformers Llama (2 layers, hidden 128): plain step {hf_plain * 1e3:.1f} ms, "
+              f"shadow-counted {hf_counted * 1e3:.1f} ms (+{(hf_counted - hf_plain) * 1e3:.1f} "
+              f"ms): projected {hf_projected:.2%} over {args.steps} steps")
+        result["transformers_llama"] = {"plain_step_seconds": hf_plain,
+                                        "shadow_counted_step_seconds": hf_counted,
+                                        "projected_overhead_shadow": hf_projected}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
