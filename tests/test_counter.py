@@ -396,10 +396,14 @@ def test_remembered_tables_do_not_keep_a_model_alive() -> None:
     import gc
     import weakref
 
+    from flopscope import _tracker
+
     model = TwoLayer()
     count(model, torch.randn(2, 8))
     count(model, torch.randn(2, 8), shape_only=True)
-    gone = weakref.ref(model)
+    gone, key = weakref.ref(model), id(model)
+    assert key in _tracker._TABLES
     del model
     gc.collect()
     assert gone() is None
+    assert key not in _tracker._TABLES  # its entry is dropped with it

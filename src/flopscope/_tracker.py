@@ -28,6 +28,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -231,8 +232,15 @@ def _model_tables(model: nn.Module) -> tuple[_Tables, list[nn.Module]]:
         if len(_TABLES) > 1_000:
             _TABLES.clear()
         with suppress(TypeError):  # not weakly referenceable: not kept
-            _TABLES[id(model)] = (weakref.ref(model), tables)
+            _TABLES[id(model)] = (weakref.ref(model, partial(_forget, id(model))), tables)
     return tables, [m for _, m in named]
+
+
+def _forget(key: int, ref: Any) -> None:
+    """A model whose tables are kept was freed: drop its entry (if it is still its own)."""
+    entry = _TABLES.get(key)
+    if entry is not None and entry[0] is ref:
+        del _TABLES[key]
 
 
 class ModuleTracker:
