@@ -14,7 +14,11 @@ estimate should come within 2x of the measured time. Small cases are listed to s
 roofline ignores (per-call overhead) and what the cache level covers (working sets that fit in
 the last-level cache).
 
-``python -m benchmarks.roofline_validation [--out docs/roofline] [--rounds 3]`` writes
+One torch thread by default (``--threads``): with two threads on a shared machine, every
+parallel region waits at its barrier for the thread that was descheduled, which turns the
+machine's load into swings of several times in both the profile and the cases.
+
+``python -m benchmarks.roofline_validation [--out docs/roofline] [--rounds 3] [--threads 1]`` writes
 ``roofline_validation.json`` and a plot, and prints a Markdown table.
 """
 
@@ -235,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/roofline")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     hw, rows = run(args.repeats, args.rounds)

@@ -93,9 +93,10 @@ def test_cache_figures_in_profile_files(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"name": "g", "memory_bandwidth_gb_s": 1000,
                                 "vector_tflops": {"fp32": 10}, "cache_mib": 50,
-                                "cache_bandwidth_gb_s": 7000}))
+                                "cache_bandwidth_gb_s": 7000, "write_bandwidth_gb_s": 500}))
     (hw,) = load_hardware(path)
     assert hw.cache_bytes == 50 * 2**20 and hw.cache_bandwidth == 7e12 and hw.has_cache
+    assert hw.write_bandwidth == 5e11
     assert Hardware.from_dict(hw.to_dict()) == hw
     path.write_text(json.dumps({"name": "g", "memory_bandwidth_gb_s": 1000,
                                 "vector_tflops": {"fp32": 10}, "cache_mib": -1}))

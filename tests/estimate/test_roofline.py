@@ -161,3 +161,15 @@ def test_in_place_writes_are_cached_only_when_they_fit() -> None:
     # add_ reads and writes its own 2 MiB storage: neither fits, all from and to memory
     assert log.records[0].out_bytes == 2 * 2**20
     assert log.estimate(CACHED).total.dram_bytes == 4 * 2**20
+
+
+def test_reads_and_writes_at_their_own_bandwidths() -> None:
+    split = flopscope.estimate.Hardware("split", 4e9, vector={"fp32": 1e12},
+                                        write_bandwidth=1e9)
+    x = torch.randn(1024)
+    row = _log(lambda: x.neg()).estimate(split).total
+    # neg reads 4,096 B at 4 GB/s (1.024e-6 s) and writes 4,096 B at 1 GB/s (4.096e-6 s): they
+    # share the channels, so the times add
+    assert row.memory_s == 4_096 / 4e9 + 4_096 / 1e9
+    same = flopscope.estimate.Hardware("same", 4e9, vector={"fp32": 1e12})
+    assert _log(lambda: x.neg()).estimate(same).total.memory_s == 8_192 / 4e9

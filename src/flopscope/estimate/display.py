@@ -105,6 +105,7 @@ def estimate_lines(estimate: Estimate) -> list[str]:
     total = estimate.total
     lines = [
         f"roofline on {hw.name}: {_describe(hw)}, {human(int(hw.memory_bandwidth), 'B/s')}"
+        + (f" (writes {human(int(hw.write_bandwidth), 'B/s')})" if hw.write_bandwidth else "")
         + (", float32 products as TF32" if estimate.tf32 else ""),
         f"  estimated time (lower bound) {human_seconds(total.time_s)}; with element-wise chains "
         f"fused {human_seconds(total.fused_time_s)}; {total.bound}-bound overall "

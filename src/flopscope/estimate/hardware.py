@@ -75,6 +75,10 @@ class Hardware:
         cache_bytes: capacity of the last-level cache (GPU L2, CPU L3), when known.
         cache_bandwidth: its bandwidth, bytes per second, when known. The roofline uses the
             cache level only when both are known (:attr:`has_cache`).
+        write_bandwidth: main-memory bandwidth for writes, when it differs from reads
+            (``memory_bandwidth`` is then the read bandwidth): the roofline charges reads and
+            writes separately, reads / read bandwidth + writes / write bandwidth (they share
+            the memory channels). ``None``: one bandwidth for both.
     """
 
     name: str
@@ -87,6 +91,7 @@ class Hardware:
     measured: bool = False
     cache_bytes: int | None = None
     cache_bandwidth: float | None = None
+    write_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_bandwidth > 0:
@@ -95,6 +100,8 @@ class Hardware:
             raise UsageError(f"hardware {self.name!r}: cache capacity must be positive")
         if self.cache_bandwidth is not None and not self.cache_bandwidth > 0:
             raise UsageError(f"hardware {self.name!r}: cache bandwidth must be positive")
+        if self.write_bandwidth is not None and not self.write_bandwidth > 0:
+            raise UsageError(f"hardware {self.name!r}: write bandwidth must be positive")
         for unit in (self.matrix, self.vector):
             for key, value in unit.items():
                 if key not in DTYPE_KEYS:
@@ -151,6 +158,8 @@ class Hardware:
             out["cache_mib"] = self.cache_bytes / 2**20
         if self.cache_bandwidth is not None:
             out["cache_bandwidth_gb_s"] = self.cache_bandwidth / _GIGA
+        if self.write_bandwidth is not None:
+            out["write_bandwidth_gb_s"] = self.write_bandwidth / _GIGA
         return out
 
     @classmethod
@@ -168,7 +177,8 @@ class Hardware:
             UsageError: a missing or malformed field.
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
-                 "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s"}
+                 "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
+                 "write_bandwidth_gb_s"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -197,6 +207,8 @@ class Hardware:
             cache_bytes = None if cache is None else int(float(cache) * 2**20)
             cache_bw = data.get("cache_bandwidth_gb_s")
             cache_bandwidth = None if cache_bw is None else float(cache_bw) * _GIGA
+            write_bw = data.get("write_bandwidth_gb_s")
+            write_bandwidth = None if write_bw is None else float(write_bw) * _GIGA
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: {e}") from e
         return cls(
@@ -210,6 +222,7 @@ class Hardware:
             measured=bool(data.get("measured", False)),
             cache_bytes=cache_bytes,
             cache_bandwidth=cache_bandwidth,
+            write_bandwidth=write_bandwidth,
         )
 
 
@@ -491,34 +504,37 @@ def last_level_cache_bytes() -> int | None:
     return None
 
 
-def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> int:
-    """The bytes flopscope counts for ``dst.copy_(src)``: the same accounting as the roofline's,
-    so that the measured bandwidth and the estimates use one unit (``copy_`` counts the
+def _counted_bytes(fn: Any) -> tuple[int, int]:
+    """(bytes read, bytes written) that flopscope counts for ``fn()``: the roofline's own
+    accounting, so that measured bandwidths and estimates use one unit (``copy_`` counts the
     destination as read too, which is what a CPU does: a store to a line not in cache first
     reads it, write-allocate)."""
     from flopscope.counter import Counter
 
     with Counter(warn=False) as counter:
-        dst.copy_(src)
+        fn()
     total = counter.report.total()
-    return int(total.bytes_read + total.bytes_written)
+    return int(total.bytes_read), int(total.bytes_written)
 
 
 def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
                          repeats: int = 3,
                          dtypes: tuple[str, ...] = ("fp32", "fp64", "bf16")) -> Hardware:
-    """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16), a streaming
-    copy from and to main memory, and a copy that fits in the last-level cache (whose capacity
-    the operating system reports: :func:`last_level_cache_bytes`), with torch's current thread
-    count. Best of ``repeats`` timings (after one warm-up; the cache copy, being short, is
-    timed more often); the figures are *attained* rates, not the vendor's peaks, and the
-    profile says so (``measured=True``). Bandwidths are the bytes flopscope counts for the copy
-    (source read, destination read and written) over its time, the unit the roofline's
-    estimates use.
+    """Measure the CPU this runs on: a square GEMM per dtype (FP32, FP64, BF16), main memory's
+    read bandwidth (a sum over a buffer well beyond the caches) and write bandwidth (a copy of
+    it: the time the copy takes beyond reading at the read bandwidth), and a copy that fits in
+    the last-level cache (whose capacity the operating system reports:
+    :func:`last_level_cache_bytes`), with torch's current thread count. Best of ``repeats``
+    timings (after one warm-up; the cache copy, being short, is timed more often); the figures
+    are *attained* rates, not the vendor's peaks, and the profile says so (``measured=True``).
+    Bandwidths are the bytes flopscope counts for the sum and the copy (the copy's source
+    read, destination read and written) over their times, the unit the roofline's estimates
+    use; so the roofline gives the sum and the copy exactly their measured times.
 
     Args:
         gemm_size: n of the n x n x n GEMMs (2 n^3 FLOPs each).
-        copy_mib: size of the copied buffer in MiB (well beyond the last-level cache).
+        copy_mib: size of the summed and copied buffer in MiB (well beyond the last-level
+            cache).
         repeats: timed runs per measurement.
         dtypes: the GEMM dtypes to measure, of ``fp32``, ``fp64``, ``bf16`` (``fp32`` always).
 
@@ -546,8 +562,18 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
     numel = copy_mib * 2**20 // 4
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = best_seconds(lambda: dst.copy_(src), max(repeats, 5))
-    bandwidth = _copy_bytes(dst, src) / seconds
+    # reads: a read-only stream (a sum); writes: what a copy takes beyond its reads at that rate
+    read_s = best_seconds(lambda: src.sum(), max(repeats, 10))
+    sum_read, sum_written = _counted_bytes(lambda: src.sum())
+    bandwidth = (sum_read + sum_written) / read_s
+    copy_s = best_seconds(lambda: dst.copy_(src), max(repeats, 10))
+    copy_read, copy_written = _counted_bytes(lambda: dst.copy_(src))
+    write_s = copy_s - copy_read / bandwidth
+    # a copy no slower than its reads alone: the machine's writes cost nothing extra that can be
+    # measured, one bandwidth for both (the copy's, if it was the faster)
+    write_bandwidth = copy_written / write_s if write_s > 0 else None
+    if write_bandwidth is None:
+        bandwidth = max(bandwidth, (copy_read + copy_written) / copy_s)
     cache_bytes = last_level_cache_bytes()
     cache_bandwidth = None
     what = ""
@@ -558,7 +584,7 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         csrc = torch.ones(small, dtype=torch.float32)
         cdst = torch.empty_like(csrc)
         seconds = best_seconds(lambda: cdst.copy_(csrc), max(repeats, 5) * 20)
-        cache_bandwidth = _copy_bytes(cdst, csrc) / seconds
+        cache_bandwidth = sum(_counted_bytes(lambda: cdst.copy_(csrc))) / seconds
         what = f", {small * 4 // 2**10} KiB copy in the {cache_bytes // 2**20} MiB last-level cache"
     threads = torch.get_num_threads()
     # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
@@ -568,10 +594,11 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         matrix=dict(rates),
         vector=dict(rates),
         description=f"this machine, measured ({threads} threads): {n}^3 GEMM, "
-                    f"{copy_mib} MiB copy{what}",
+                    f"{copy_mib} MiB sum and copy{what}",
         source="measured by flopscope.estimate.measure_this_machine (cache capacity from the "
                "operating system)",
         measured=True,
         cache_bytes=cache_bytes,
         cache_bandwidth=cache_bandwidth,
+        write_bandwidth=write_bandwidth,
     )

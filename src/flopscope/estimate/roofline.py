@@ -11,9 +11,10 @@ done in, whether the operator is element-wise); it knows nothing about hardware.
   the rest of the FLOPs (``flops - 2 * macs``) runs on the vector units;
 - compute time = max(matrix FLOPs / matrix peak, other FLOPs / vector peak) (the units can
   overlap, so the larger of the two is the bound);
-- memory time = (bytes read + bytes written) / memory bandwidth, or, when the hardware describes
-  its last-level cache (capacity *C* and bandwidth, :attr:`Hardware.has_cache`), the larger of
-  all bytes / cache bandwidth and the bytes that miss the cache / memory bandwidth;
+- memory time = (bytes read + bytes written) / memory bandwidth (bytes read / read bandwidth +
+  bytes written / write bandwidth when the hardware gives the two apart), or, when the hardware
+  describes its last-level cache (capacity *C* and bandwidth, :attr:`Hardware.has_cache`), the
+  larger of all bytes / cache bandwidth and that time for the bytes that miss the cache;
 - time = max(compute time, memory time); the call is compute-bound when its compute time is the
   larger, memory-bound otherwise.
 
@@ -136,14 +137,19 @@ class _Record:
         self.reuse: tuple[tuple[int, int], ...] = ()
         self.out_bytes: int | None = None
 
-    def cached_bytes(self, capacity: int) -> int:
-        """Bytes of this call served by a last-level cache of ``capacity`` bytes: inputs whose
-        reuse distance plus size fits, and outputs that fit (see the module docstring)."""
+    def cached(self, capacity: int) -> tuple[int, int]:
+        """(bytes read, bytes written) of this call served by a last-level cache of
+        ``capacity`` bytes: inputs whose reuse distance plus size fits, and outputs that fit
+        (see the module docstring)."""
         hits = sum(n for n, d in self.reuse if d + n <= capacity)
-        cached = min(hits, self.bytes_read)
+        written = 0
         if self.out_bytes is not None and self.out_bytes <= capacity:
-            cached += self.bytes_written
-        return min(cached, self.bytes)
+            written = self.bytes_written
+        return min(hits, self.bytes_read), written
+
+    def cached_bytes(self, capacity: int) -> int:
+        """Bytes of this call served by a last-level cache of ``capacity`` bytes."""
+        return sum(self.cached(capacity))
 
 
 class CallLog:
@@ -351,15 +357,26 @@ def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
     compute = max(matrix / hw.peak(mkey, True) if matrix else 0.0,
                   other / hw.peak(key, False) if other else 0.0)
     if hw.cache_bytes and hw.cache_bandwidth:
-        dram = rec.bytes - rec.cached_bytes(hw.cache_bytes)
-        memory = max(rec.bytes / hw.cache_bandwidth, dram / hw.memory_bandwidth)
-        # fusion drops an intermediate's write and read: from main memory only if it missed
-        fused_memory = max(rec.fused_bytes / hw.cache_bandwidth,
-                           min(rec.fused_bytes, dram) / hw.memory_bandwidth)
+        cached_read, cached_written = rec.cached(hw.cache_bytes)
+        dram_read = rec.bytes_read - cached_read
+        dram_written = rec.bytes_written - cached_written
     else:
-        dram = rec.bytes
-        memory = rec.bytes / hw.memory_bandwidth
-        fused_memory = rec.fused_bytes / hw.memory_bandwidth
+        dram_read, dram_written = rec.bytes_read, rec.bytes_written
+    dram = dram_read + dram_written
+    # fusion drops an intermediate's write and read: from main memory only if it missed
+    fused_dram = min(rec.fused_bytes, dram)
+    if hw.write_bandwidth is None:
+        dram_s = dram / hw.memory_bandwidth
+        fused_dram_s = fused_dram / hw.memory_bandwidth
+    else:  # reads and writes share the memory channels
+        dram_s = dram_read / hw.memory_bandwidth + dram_written / hw.write_bandwidth
+        fused_dram_s = dram_s * fused_dram / dram if dram else 0.0
+    if hw.cache_bytes and hw.cache_bandwidth:
+        memory = max(rec.bytes / hw.cache_bandwidth, dram_s)
+        fused_memory = max(rec.fused_bytes / hw.cache_bandwidth, fused_dram_s)
+    else:
+        memory = dram_s
+        fused_memory = fused_dram_s
     time_s = max(compute, memory)
     fused_time = max(compute, fused_memory)
     row = Row(1, rec.macs, rec.flops, rec.bytes, time_s, compute, memory,
