@@ -176,3 +176,20 @@ def test_bad_pipelines_are_refused() -> None:
 
     with pytest.raises(UsageError, match="Sequential is not split into pipeline stages"):
         simulate(mlp, Layout(2, pp=2), logical=False)
+
+
+def test_pipeline_with_fsdp_stages() -> None:
+    # rank 0 of pp 2 x fsdp 2: stage 0 sharded over 2 ranks; gradients are reduce-scattered once
+    # per step, after the last microbatch's backward (charged to backward, like the 1/m scaling
+    # and the gradients sent back, though torch's schedule runs them outside autograd's nodes)
+    report = simulate(lambda: tiny_llama(), Layout(4, fsdp=2, pp=2), microbatches=2,
+                      backward=True, logical=False, warn=False)
+    assert report.uncounted == {}
+    scatters = [r for r in report.communication if r.kind == "reduce_scatter"]
+    assert {r.phase for r in scatters} == {Phase.BACKWARD}
+    assert sum(r.calls for r in scatters) == 2  # the root's group and layer 0's
+    recv = [r for r in report.communication if r.kind == "recv"]
+    assert [(r.phase, r.payload_bytes) for r in recv] == [(Phase.BACKWARD, 2 * 65_536)]
+    ops = {(r.op, r.phase) for r in report.records if r.module == ""}
+    assert ("aten.div_.Tensor", Phase.FORWARD) not in ops  # the 1/m scaling is backward work
+    assert ("c10d.recv_.default", Phase.BACKWARD) in ops

@@ -26,7 +26,8 @@ that of the counted work. With equal stages and backward = 2 x forward it is the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -36,8 +37,8 @@ from torch import nn
 
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
-from flopscope.report import CommRecord, Report
-from flopscope.rules.collectives import communication
+from flopscope.report import CommRecord, OpRecord, Report
+from flopscope.rules.collectives import communication, is_collective
 
 __all__ = ["SCHEDULES", "DecoderStage", "PipelineReport", "bubble", "split_layers"]
 
@@ -245,31 +246,94 @@ def bubble(
 # -- counting one stage --------------------------------------------------------------------------
 class _P2PLog:
     """Point-to-point transfers of a stage, labelled by what they carry: to the next stage and
-    from the previous one, activations (forward); the other way, gradients (backward)."""
+    from the previous one, activations (forward); the other way, gradients (backward). Also the
+    backward work the counter sees in the forward phase: while the stage runs a microbatch's
+    backward, reduces or scales the gradients (``backward`` set), calls outside any autograd
+    node and module (FSDP2's reduce-scatter of gradients, the 1/m scaling)."""
 
     def __init__(self, me: int) -> None:
         self.me = me
+        self.backward = False
         self.acc: dict[tuple[Phase, str, int], list[int]] = {}
+        self.moved: dict[tuple[str, str], list[int]] = {}  # (module, op) -> calls, cost
+        self.moved_comm: dict[tuple[str, str, int], list[int]] = {}
 
     def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
-        if call is None or op not in ("c10d.send.default", "c10d.recv_.default"):
+        if call is None:
             return
-        peer = int(call.args[2])
-        for c in communication(call):
-            forward = peer == (self.me + 1 if c.kind == "send" else self.me - 1)
-            key = (Phase.FORWARD if forward else Phase.BACKWARD, c.kind, c.group_size)
-            sums = self.acc.setdefault(key, [0, 0, 0])
-            sums[0] += 1
-            sums[1] += c.payload_bytes
-            sums[2] += c.bus_bytes
+        if op in ("c10d.send.default", "c10d.recv_.default"):
+            peer = int(call.args[2])
+            for c in communication(call):
+                forward = peer == (self.me + 1 if c.kind == "send" else self.me - 1)
+                key = (Phase.FORWARD if forward else Phase.BACKWARD, c.kind, c.group_size)
+                _add(self.acc.setdefault(key, [0, 0, 0]), (1, c.payload_bytes, c.bus_bytes))
+                if not forward and phase is Phase.FORWARD:
+                    self._move(path, op, cost)
+            return
+        if self.backward and phase is Phase.FORWARD and torch._C._current_autograd_node() is None:
+            self._move(path, op, cost)
+            if is_collective(call.op):
+                for c in communication(call):
+                    _add(self.moved_comm.setdefault((path, c.kind, c.group_size), [0, 0, 0]),
+                         (1, c.payload_bytes, c.bus_bytes))
+
+    def _move(self, path: str, op: str, cost: Cost) -> None:
+        _add(self.moved.setdefault((path, op), [0, 0, 0, 0, 0]),
+             (1, cost.macs, cost.flops, cost.bytes_read, cost.bytes_written))
 
     def relabel(self, report: Report) -> Report:
-        """The report with its send/recv records replaced by the labelled ones."""
-        kept = tuple(r for r in report.communication if r.kind not in ("send", "recv"))
+        """The report with its send/recv records replaced by the labelled ones, and the backward
+        work seen in the forward phase moved to the backward phase."""
+        comm: dict[tuple[str, Phase, str, int], list[int]] = {}
+        for r in report.communication:
+            if r.kind in ("send", "recv"):
+                continue
+            sums = [r.calls, r.payload_bytes, r.bus_bytes]
+            if r.phase is Phase.FORWARD and (r.module, r.kind, r.group_size) in self.moved_comm:
+                back = self.moved_comm[(r.module, r.kind, r.group_size)]
+                _add(comm.setdefault((r.module, Phase.BACKWARD, r.kind, r.group_size),
+                                     [0, 0, 0]), back)
+                sums = [a - b for a, b in zip(sums, back, strict=True)]
+                if not sums[0]:
+                    continue
+            _add(comm.setdefault((r.module, r.phase, r.kind, r.group_size), [0, 0, 0]), sums)
+        kept = tuple(CommRecord(m, ph, kind, n, *sums) for (m, ph, kind, n), sums in comm.items())
         p2p = tuple(CommRecord("", phase, kind, n, calls, payload, bus)
                     for (phase, kind, n), (calls, payload, bus) in sorted(
                         self.acc.items(), key=lambda kv: (kv[0][0].value, kv[0][1])))
-        return dataclasses.replace(report, communication=kept + p2p)
+        return dataclasses.replace(report, communication=kept + p2p,
+                                   records=_moved_records(report.records, self.moved))
+
+
+def _add(acc: list[int], values: Sequence[int]) -> None:
+    for i, v in enumerate(values):
+        acc[i] += v
+
+
+def _moved_records(records: tuple[OpRecord, ...],
+                   moved: dict[tuple[str, str], list[int]]) -> tuple[OpRecord, ...]:
+    """``records`` with the given calls and costs of forward-phase records moved to backward."""
+    if not moved:
+        return records
+    left = dict(moved)
+    out: list[OpRecord] = []
+    for r in records:
+        m = moved.get((r.module, r.op)) if r.phase is Phase.FORWARD and r.counted else None
+        if m is None:
+            out.append(r)
+            continue
+        calls, cost = r.calls - m[0], Cost(r.cost.macs - m[1], r.cost.flops - m[2],
+                                           r.cost.bytes_read - m[3], r.cost.bytes_written - m[4])
+        if calls:
+            out.append(dataclasses.replace(r, calls=calls, cost=cost))
+    for i, r in enumerate(out):
+        m = left.get((r.module, r.op)) if r.phase is Phase.BACKWARD and r.counted else None
+        if m is not None:
+            del left[(r.module, r.op)]
+            out[i] = dataclasses.replace(r, calls=r.calls + m[0], cost=r.cost + Cost(*m[1:]))
+    out += [OpRecord(module, op, Phase.BACKWARD, m[0], Cost(*m[1:]))
+            for (module, op), m in left.items()]
+    return tuple(out)
 
 
 @dataclass
@@ -291,9 +355,30 @@ def _recording_stage(pipelining: Any) -> type:
             self.actions.append(("F", fwd_chunk_id))
             return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
+        log: _P2PLog | None = None
+
         def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             self.actions.append(("B", bwd_chunk_id))
-            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            with self._backward():
+                return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+
+        def scale_grads(self, *args: Any, **kwargs: Any) -> Any:
+            with self._backward():
+                return super().scale_grads(*args, **kwargs)
+
+        def perform_reduce_grad(self, *args: Any, **kwargs: Any) -> Any:
+            with self._backward():
+                return super().perform_reduce_grad(*args, **kwargs)
+
+        @contextmanager
+        def _backward(self) -> Iterator[None]:
+            if self.log is not None:
+                self.log.backward = True
+            try:
+                yield
+            finally:
+                if self.log is not None:
+                    self.log.backward = False
 
     return RecordingStage
 
@@ -360,10 +445,11 @@ def run_stage(
         stage_module, stage, stages, torch.device("cpu"), input_args=(example_in,),
         output_args=(example_out,), group=group)
     pipe_stage.actions = []
+    log = _P2PLog(stage)
+    pipe_stage.log = log
     cls = getattr(pipelining, SCHEDULES[schedule])
     sched = cls(pipe_stage, n_microbatches=microbatches,
                 loss_fn=(lambda out, target: out.sum()) if backward else None)
-    log = _P2PLog(stage)
     kwargs = dict(count_kwargs)
     kwargs["observers"] = [*kwargs.get("observers", ()), log]
     # the loss ignores its target; the last stage's schedule splits one all the same
