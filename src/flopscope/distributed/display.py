@@ -49,10 +49,16 @@ def communication_lines(report: Report) -> list[str]:
     """
     lines: list[str] = []
     if report.rank is not None:
-        lines.append(f"rank {report.rank} of {report.world_size}: "
-                     f"{human(report.flops, 'FLOPs')} on this rank's shards; logical (unsharded) "
-                     f"{human(report.logical_total().flops, 'FLOPs')}; replicated on every "
-                     f"tensor-parallel rank {human(report.replicated_total().flops, 'FLOPs')}")
+        # the logical and replicated figures only where they were computed (not for a pipeline
+        # stage or an expert-parallel rank without DTensor work)
+        parts = [f"rank {report.rank} of {report.world_size}: {human(report.flops, 'FLOPs')} on "
+                 "this rank's shards"]
+        if report.logical:
+            parts.append(f"logical (unsharded) {human(report.logical_total().flops, 'FLOPs')}")
+        if report.replicated:
+            parts.append("replicated on every tensor-parallel rank "
+                         f"{human(report.replicated_total().flops, 'FLOPs')}")
+        lines.append("; ".join(parts))
     for kind, s in report.communication_by_kind().items():
         sizes = sorted({r.group_size for r in report.communication if r.kind == kind})
         lines.append(f"  {kind:<15} {s.calls:>5} calls  payload {human(s.payload_bytes, 'B'):>10}  "
