@@ -70,3 +70,13 @@ def test_silu_and_mish_backward() -> None:
     # g * (t + x*s*(1 - t*t)), s = sigmoid(x) (4), t = tanh(softplus(x)) (3 + 1)
     # + t*t, 1-..., x*s, *(...), t+..., g*(...) 6 = 14 per element: 14 * 12 = 168
     assert op(report, "aten.mish_backward.default", "backward").flops == 168
+
+
+def test_gcd_lcm_are_integer_work() -> None:
+    a, b = torch.tensor([12, 18, 7]), torch.tensor([8, 27, 5])
+    report = count(lambda: (torch.gcd(a, b), torch.lcm(a, b)))
+    # counted by their own rules (not by a decomposition into prims with no rule), integer: 0
+    assert report.uncounted == {} and report.decomposed == {}
+    for name in ("aten.gcd.default", "aten.lcm.default"):
+        assert op(report, name).flops == 0
+        assert op(report, name).bytes_written == 3 * 8

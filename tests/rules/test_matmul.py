@@ -71,3 +71,13 @@ def test_addmm_in_place() -> None:
     cost = op(count(lambda: c.addmm_(a, b)), "aten.addmm_.default")
     # 3*5*4 = 60 MACs, 2*60 + 15 accumulating adds = 135 FLOPs
     assert (cost.macs, cost.flops) == (60, 135)
+
+
+def test_scaled_mm_v2_float8() -> None:
+    a = torch.randn(15, 16).to(torch.float8_e4m3fn)
+    b = torch.randn(32, 16).to(torch.float8_e4m3fn).t()
+    one = torch.tensor([1.0])
+    cost = op(count(lambda: torch.ops.aten._scaled_mm_v2(a, b, [one], [0], [0], [one], [0], [0],
+                                                         None, torch.bfloat16)),
+              "aten._scaled_mm_v2.default")
+    assert (cost.macs, cost.flops) == (15 * 32 * 16, 2 * 15 * 32 * 16)  # 7,680 MACs

@@ -35,3 +35,12 @@ def test_allclose() -> None:
     a, b = torch.randn(4, 5), torch.randn(5)
     # broadcast to 20 elements: sub, 2 abs, multiply, add, compare + the all-reduction = 7
     assert op(count(lambda: torch.allclose(a, b)), "aten.allclose.default").flops == 140
+
+
+def test_bincount_integer_counts_and_float_weights() -> None:
+    x = torch.tensor([1, 3, 3, 0, 7])
+    plain = op(count(lambda: torch.bincount(x)), "aten.bincount.default")
+    assert (plain.macs, plain.flops) == (0, 0)  # integer counting is not FLOPs
+    weights = torch.tensor([0.5, 1.0, 2.0, 1.5, 1.0])
+    weighted = op(count(lambda: torch.bincount(x, weights=weights)), "aten.bincount.default")
+    assert weighted.flops == 5  # each float weight added to its bin

@@ -40,6 +40,12 @@ register_table([
         "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift",
         "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
     ), 1, "Comparisons and logical/bitwise operators: 1 operation per output element."),
+    (_with_inplace("gcd"), 1, "Greatest common divisor (integers only): Euclid's loop, whose length "
+                              "depends on the values, counted as 1 operation per output element "
+                              "(integer work: 0 FLOPs, see the number-kind convention)."),
+    (_with_inplace("lcm"), 3, "Least common multiple (integers only): |a| / gcd(a, b) * |b|, gcd + "
+                              "divide + multiply: 3 operations per output element (integer work: "
+                              "0 FLOPs)."),
     (_with_inplace("leaky_relu", "hardtanh", "relu6", "hardshrink", "softshrink", "tanhshrink",
                    "softsign", "rrelu_with_noise"),
      2, "Two-step activations: leaky_relu = compare + multiply; hardtanh/relu6 = min + max; "

@@ -35,7 +35,7 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
     return m * n * k, m, n
 
 
-@rule("aten::mm", "aten::_int_mm", "aten::_scaled_mm")
+@rule("aten::mm", "aten::_int_mm", "aten::_scaled_mm", "aten::_scaled_mm_v2")
 def mm(call: OpCall) -> Cost:
     """C[m,n] = A[m,k] @ B[k,n]: one MAC per (m, n, k); FLOPs = 2 * MACs. A sparse factor:
     one MAC per (stored entry, column of the other factor)."""

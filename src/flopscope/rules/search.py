@@ -40,6 +40,14 @@ def histc(call: OpCall) -> Cost:
     return call.cost(flops=per * x.numel())
 
 
+@rule("aten::bincount")
+def bincount(call: OpCall) -> Cost:
+    """Count each non-negative integer's occurrences: locating the bin is the value itself, and
+    the count is 1 add per element (integer work, 0 FLOPs, without weights; 1 FLOP per element
+    with float weights: the weight added to its bin)."""
+    return call.cost(flops=ACCUMULATE_FLOPS * numel(call.args[0].shape))
+
+
 @rule("aten::histogram")
 def histogram(call: OpCall) -> Cost:
     """``torch.histogram``: with a bin count, as ``histc`` (4 FLOPs per element, + 2 without a
