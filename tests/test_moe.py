@@ -167,3 +167,27 @@ def test_expert_parallel_needs_values_and_moe() -> None:
 
     with pytest.raises(UsageError, match="has no mixture-of-experts blocks"):
         simulate(dense, Layout(2, ep=2), shape_only=False)
+
+
+def test_expert_parallel_backward() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    ep, rank = 2, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_build, Layout(ep, ep=ep, rank=rank), shape_only=False,
+                          backward=True, logical=False, warn=False)
+    pairs = _pairs_per_rank(ep)
+    assert report.uncounted == {}
+    for layer in range(LAYERS):
+        experts = f"model.layers.{layer}.mlp.experts"
+        received = sum(pairs[s][layer][rank] for s in range(ep))
+        # backward of the rank's experts: input and weight gradients, 2 x 3 H I per pair
+        assert report.total(Phase.BACKWARD, module=experts).macs == received * 2 * 3 * H * INTER
+        # the two all-to-alls run backwards: the combine's gradient goes to the experts' ranks
+        # (the rank's own pairs), the dispatch's comes back (the pairs its experts ran)
+        a2a = [r for r in report.communication
+               if r.module == experts and r.phase is Phase.BACKWARD]
+        assert [(r.kind, r.calls) for r in a2a] == [("all_to_all", 2)]
+        assert a2a[0].payload_bytes == (40 + received) * H * 4
