@@ -46,12 +46,12 @@ def embedding_bag_backward(call: OpCall) -> Cost:
     element); max routes each bag's gradient to its maximal rows only (1 add per gradient
     element)."""
     grad, idx = call.args[0], call.args[1]
-    dim = int(grad.shape[-1])
     mode = named_arg(call, "mode", 0)
     if mode == 2:  # max
-        return call.cost(flops=int(grad.numel()))
+        return call.cost(flops=grad.numel())
     weighted = named_arg(call, "per_sample_weights") is not None
-    flops = int(idx.numel()) * dim * (1 + int(weighted)) + (int(grad.numel()) if mode == 1 else 0)
+    flops = idx.numel() * grad.shape[-1] * (1 + int(weighted)) + \
+        (grad.numel() if mode == 1 else 0)
     return call.cost(flops=flops)
 
 
@@ -61,7 +61,7 @@ def embedding_bag_per_sample_weights_backward(call: OpCall) -> Cost:
     bag's gradient row with the index's weight row, D multiplies and D adds: 2*D FLOPs per
     index."""
     grad, idx = call.args[0], call.args[2]
-    return call.cost(flops=2 * int(idx.numel()) * int(grad.shape[-1]))
+    return call.cost(flops=2 * idx.numel() * grad.shape[-1])
 
 
 @rule("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_",
