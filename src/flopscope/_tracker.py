@@ -278,8 +278,8 @@ class ModuleTracker:
         self.opaque: dict[str, None] = {}
         self.scripted: dict[str, None] = {}  # TorchScript modules: their submodules are not seen
         self.lazy: dict[str, str] = {}  # modules whose forward returned a lazy object -> its type
-        # modules with parameters called under no_grad, once per call (see no_grad_calls)
-        self._no_grad_modules: list[nn.Module] = []
+        # modules with parameters called under no_grad -> calls (see no_grad_calls)
+        self._no_grad_modules: dict[nn.Module, int] = {}
         self.foreign_calls = 0  # calls of the model's modules in threads this Counter does not count
         self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
@@ -298,7 +298,7 @@ class ModuleTracker:
     @property
     def no_grad_calls(self) -> int:
         """Calls of modules with trainable parameters made with grad disabled."""
-        return sum(1 for m in self._no_grad_modules
+        return sum(calls for m, calls in self._no_grad_modules.items()
                    if any(p is not None and p.requires_grad for p in m._parameters.values()))
 
     # -- compatibility: the main thread's state -------------------------------------------------
@@ -434,7 +434,8 @@ class ModuleTracker:
         self.calls[path] += 1
         frame = Frame(module, path, phase)
         if not _grad_enabled() and module._parameters:  # trainable? see no_grad_calls
-            self._no_grad_modules.append(module)
+            no_grad = self._no_grad_modules
+            no_grad[module] = no_grad.get(module, 0) + 1
         kind = _KINDS.get(type(module))
         if kind is None:
             kind = _KINDS[type(module)] = ((_SCRIPTED if issubclass(type(module), _ScriptModule)
