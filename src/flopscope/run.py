@@ -376,19 +376,20 @@ def _swap_to_meta(modules: list[nn.Module]) -> list[tuple[dict[str, Any], str, t
     """
     copies: dict[int, torch.Tensor] = {}
     swapped: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    keep = swapped.append
     for m in modules:
         tables: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
         for table in tables:
-            if type(table) is not dict:  # a TorchScript module: left as it is
+            if not table or type(table) is not dict:  # nothing, or a TorchScript module
                 continue
             for name, t in table.items():
                 if t is None or t.is_meta:
                     continue
-                if id(t) not in copies:
-                    copies[id(t)] = _meta_copy(t)
-                swapped.append((table, name, t))
-    for table, name, t in swapped:
-        table[name] = copies[id(t)]
+                copy = copies.get(id(t))
+                if copy is None:
+                    copy = copies[id(t)] = _meta_copy(t)
+                table[name] = copy  # (a value replaced, not a key added: iteration goes on)
+                keep((table, name, t))
     return swapped
 
 
