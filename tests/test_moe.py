@@ -150,12 +150,10 @@ def test_expert_parallel_rank_from_the_real_routing(rank: int) -> None:
         local.total(module=f"model.layers.{i}.mlp.experts").macs for i in range(LAYERS))
 
 
-def test_expert_parallel_needs_values_and_moe() -> None:
+def test_expert_parallel_needs_moe() -> None:
     from flopscope.distributed import Layout, simulate
     from flopscope.errors import UsageError
 
-    with pytest.raises(UsageError, match="cannot be counted shape-only"):
-        simulate(_ep_build, Layout(2, ep=2), shape_only=True)
     with pytest.raises(UsageError, match="not combined with --tp"):
         Layout(4, tp=2, ep=2)
 
@@ -191,3 +189,73 @@ def test_expert_parallel_backward() -> None:
                if r.module == experts and r.phase is Phase.BACKWARD]
         assert [(r.kind, r.calls) for r in a2a] == [("all_to_all", 2)]
         assert a2a[0].payload_bytes == (40 + received) * H * 4
+
+
+# -- expert parallelism shape-only: balanced routing assumed ----------------------------------------
+def test_balanced_routing_splits_evenly_and_receives_what_it_sends() -> None:
+    from flopscope.distributed.experts import BalancedRouting
+
+    routing = BalancedRouting(4)
+    # 18 pairs over 4 ranks: 4 each and 2 left over, sent by rank s to ranks s and s + 1
+    assert routing.sent(18, 0) == [5, 5, 4, 4]
+    assert routing.sent(18, 3) == [5, 4, 4, 5]
+    # rank 1 receives the extra pair from itself and from rank 0
+    assert routing.received(18, 1) == [5, 5, 4, 4]
+    for rank in range(4):
+        assert sum(routing.received(18, rank)) == sum(routing.sent(18, rank)) == 18
+        assert routing.received(18, rank) == [routing.sent(18, s)[rank] for s in range(4)]
+    assert BalancedRouting(8).sent(256, 5) == [32] * 8
+    assert BalancedRouting(8).to_dict()["routing"] == "balanced"
+
+
+T_ODD = 9  # tokens of every rank's batch: 9 x top-2 = 18 pairs, which 4 ranks do not divide
+
+
+def _ep_meta_build() -> tuple[torch.nn.Module, tuple[torch.Tensor], dict[str, object]]:
+    # bfloat16, Mixtral's published dtype: torch's meta kernel of _grouped_mm (the default
+    # experts implementation) refuses float32, which the CPU kernel takes
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=E,
+        num_experts_per_tok=K, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.MixtralForCausalLM(config).eval().to(torch.bfloat16)
+    assert model.config._experts_implementation == "grouped_mm"
+    return model, (torch.zeros(1, T_ODD, dtype=torch.long, device="meta"),), {}
+
+
+def test_expert_parallel_shape_only_assumes_balanced_routing() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    ep, rank = 4, 2  # 4 ranks, one expert each
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build, Layout(ep, ep=ep, rank=rank), shape_only=True,
+                          backward=True, warn=False)
+    assert report.uncounted == {}
+    assert report.shape_only and (report.rank, report.world_size) == (rank, ep)
+    pairs = T_ODD * K  # 18: the rank sends 5, 5, 4, 4 and receives 5 + 5 + 4 + 4 = 18 pairs
+    bf16 = 2
+    experts_forward = 0
+    for layer in range(LAYERS):
+        experts = f"model.layers.{layer}.mlp.experts"
+        # the rank's expert: 3 H I MACs per pair received (18 x 3 x 32 x 48 = 82,944), twice
+        # that in backward (input and weight gradients)
+        assert report.total(Phase.FORWARD, module=experts).macs == pairs * 3 * H * INTER == 82_944
+        assert report.total(Phase.BACKWARD, module=experts).macs == 2 * 82_944
+        experts_forward += 82_944
+        fwd = [r for r in report.communication if r.module == experts and r.phase is Phase.FORWARD]
+        bwd = [r for r in report.communication
+               if r.module == experts and r.phase is Phase.BACKWARD]
+        # forward: the counts (4 x 1 int64 = 32 bytes), 18 pairs' hidden states out (18 x 32
+        # bf16 = 1,152 bytes) and 18 back; bus 3/4 of each: 24 + 864 + 864
+        assert [(r.kind, r.calls, r.group_size) for r in fwd] == [("all_to_all", 3, ep)]
+        assert fwd[0].payload_bytes == ep * 8 + 2 * pairs * H * bf16 == 2_336
+        assert fwd[0].bus_bytes == 24 + 864 + 864
+        # backward: the two pair exchanges again, the other way
+        assert [(r.kind, r.calls, r.payload_bytes) for r in bwd] == [("all_to_all", 2, 2_304)]
+    # the rest is the unsharded model on the rank's own batch (shape-only: the input is every
+    # rank's batch); its experts run the same 18 pairs per layer
+    logical_forward = sum(r.cost.macs for r in report.logical if r.phase is Phase.FORWARD)
+    assert report.total(Phase.FORWARD).macs - experts_forward == logical_forward - LAYERS * 82_944

@@ -105,8 +105,8 @@ def add_subcommands(subparsers: Any) -> None:
                      help="with --pp: the pipeline schedule (default 1f1b)")
     par.add_argument("--ep", type=int, default=1, metavar="N",
                      help="expert-parallel degree (MoE experts sharded over N data-parallel "
-                          "ranks; tokens dispatched with all-to-all; needs real weights, not "
-                          "--shape-only)")
+                          "ranks; tokens dispatched with all-to-all as the router assigns them; "
+                          "with --shape-only routing is assumed balanced)")
     count.set_defaults(func=run_count)
 
 
@@ -301,6 +301,12 @@ def run_count(args: argparse.Namespace) -> int:
             from flopscope.distributed.display import pipeline_lines
 
             notes += pipeline_lines(pipeline)
+    routing = None
+    if args.world_size is not None and args.ep > 1 and args.shape_only:
+        from flopscope.distributed.experts import BalancedRouting
+
+        routing = BalancedRouting(args.ep)  # the assumption a shape-only count makes
+        notes.append(routing.line())
     if estimate is not None or memory is not None:
         from flopscope.estimate.display import estimate_columns, estimate_lines, memory_lines
 
@@ -339,6 +345,12 @@ def run_count(args: argparse.Namespace) -> int:
 
         data = report.to_dict()
         data["pipeline"] = pipeline.summary()
+        write_output(json.dumps(data, indent=2) + "\n", args.output)
+    elif fmt is Format.JSON and routing is not None:
+        import json
+
+        data = report.to_dict()
+        data["expert_routing"] = routing.to_dict()
         write_output(json.dumps(data, indent=2) + "\n", args.output)
     else:
         width = 120 + 14 * len(columns)  # the estimate's columns widen the table

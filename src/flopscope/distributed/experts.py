@@ -16,11 +16,19 @@ top-k experts and weights for each token); while the rank is counted, its router
 those (the values its own router computes when ``build`` makes the same weights every call; kept
 so that the rest of the rank's forward does not depend on the fake group's empty buffers), and the count all-to-all returns the counts the
 other ranks would send. Everything else runs as in a real job, so the rank's expert work and
-bytes follow from the real token assignment. Shape-only runs cannot route (routing needs values).
+bytes follow from the real token assignment.
+
+A shape-only count has no values to route by. It assumes balanced routing instead
+(:class:`BalancedRouting`): every rank holds a batch of the input's shape and splits its
+tokens x top-k (token, expert) pairs evenly over the expert-parallel ranks, every expert equally
+loaded; the split sizes that transformers reads back from the count all-to-all are answered
+with those figures (:func:`apply_expert_parallel` on a ``meta`` model), everything else runs
+as in a real job.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopscope.errors import UsageError
 
-__all__ = ["Routing", "apply_expert_parallel", "moe_blocks", "route", "routed_as"]
+__all__ = ["BalancedRouting", "Routing", "apply_expert_parallel", "moe_blocks", "route",
+           "routed_as"]
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[str, Any]]:
@@ -197,6 +206,92 @@ def routed_as(model: nn.Module, routing: Routing, rank: int) -> Iterator[None]:
             h.remove()
 
 
+@dataclass(frozen=True)
+class BalancedRouting:
+    """The routing a shape-only expert-parallel count assumes (routing needs values, and a
+    shape-only count has none): balanced routing, what load-balancing losses aim at.
+
+    Every rank holds a batch of the same shape; each MoE block's ``pairs`` = tokens x top-k
+    (token, expert) pairs of a rank are split evenly over the ``ep`` ranks (``pairs / ep`` to
+    each, its own included), and each rank's experts get an even share of what it receives.
+    When ``pairs`` does not divide, sender ``s`` sends one pair more to the ``pairs mod ep``
+    ranks ``s, s + 1, ...`` (mod ``ep``), so every rank still receives as many pairs as it sends.
+
+    Attributes:
+        ep: ranks of the expert-parallel group.
+    """
+
+    ep: int
+
+    def sent(self, pairs: int, sender: int) -> list[int]:
+        """Pairs ``sender`` sends to each rank (``pairs`` of its own)."""
+        base, extra = divmod(pairs, self.ep)
+        return [base + ((r - sender) % self.ep < extra) for r in range(self.ep)]
+
+    def received(self, pairs: int, rank: int) -> list[int]:
+        """Pairs ``rank`` receives from each rank (every rank with ``pairs`` of its own)."""
+        base, extra = divmod(pairs, self.ep)
+        return [base + ((rank - s) % self.ep < extra) for s in range(self.ep)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The assumption, for a JSON report."""
+        return {"routing": "balanced", "ep": self.ep,
+                "assumption": self.line().removeprefix("expert routing: ")}
+
+    def line(self) -> str:
+        """One line for a table's notes."""
+        return (f"expert routing: assumed balanced (shape-only: no values to route by): each "
+                f"rank's tokens x top-k pairs split evenly over the {self.ep} expert-parallel "
+                "ranks, every expert equally loaded; real routing is counted without "
+                "--shape-only")
+
+
+class _BalancedSizes(TorchDispatchMode):
+    """Above the counter, while one experts module runs shape-only: the split sizes
+    ``AllToAllEP`` reads back (``tolist()`` of the per-rank sent and received pair counts, one
+    ``_local_scalar_dense`` per element, sent first) are answered with the balanced figures;
+    every other call passes through."""
+
+    def __init__(self, values: list[int]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.values = values
+        self.next = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if (func is torch.ops.aten._local_scalar_dense.default and self.next < len(self.values)
+                and not _has_values(args[0])):
+            self.next += 1
+            return self.values[self.next - 1]
+        return func(*args, **(kwargs or {}))
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not (t.is_meta or isinstance(t, FakeTensor))
+
+
+def _balanced(experts: nn.Module, forward: Callable[..., Any], ep: int, rank: int
+              ) -> Callable[..., Any]:
+    """``forward`` of an expert-parallel experts module with balanced split sizes."""
+    routing = BalancedRouting(ep)
+
+    @functools.wraps(forward)
+    def balanced(hidden_states: Any, top_k_index: torch.Tensor, top_k_weights: Any) -> Any:
+        pairs = top_k_index.numel()
+        mode = _BalancedSizes(routing.sent(pairs, rank) + routing.received(pairs, rank))
+        with mode:
+            out = forward(hidden_states, top_k_index, top_k_weights)
+        if mode.next != len(mode.values):
+            raise RuntimeError(
+                f"{type(experts).__name__}: the expert-parallel dispatch read {mode.next} split "
+                f"sizes, not the {len(mode.values)} of transformers' AllToAllEP this balanced "
+                "routing answers (a transformers version with another dispatch?)")
+        return out
+
+    return balanced
+
+
 def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
     """Shard the experts of every MoE block over ``mesh["ep"]`` with transformers'
     expert-parallel styles (``grouped_gemm`` weights, ``ep_dispatch_experts`` with the all-to-all
@@ -206,6 +301,9 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
     Args:
         model: a transformers MoE decoder LM.
         mesh: a device mesh with dimensions ``ep`` and ``tp``.
+
+    On a ``meta`` model (a shape-only count) the experts' dispatch assumes
+    :class:`BalancedRouting`: the split sizes it reads back are the balanced ones.
 
     Returns:
         ``model``.
@@ -219,9 +317,15 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
         raise UsageError("expert parallelism needs transformers >= 5 "
                          "(transformers.distributed.expert_parallel)") from e
     plan: dict[str, str] = {}
-    for path, _ in moe_blocks(model):
+    blocks = moe_blocks(model)
+    shape_only = any(p.is_meta for _, b in blocks for p in b.experts.parameters())
+    for path, _ in blocks:
         plan[f"{path}.experts.gate_up_proj"] = "grouped_gemm"
         plan[f"{path}.experts.down_proj"] = "grouped_gemm"
         plan[f"{path}.experts"] = "ep_dispatch_experts"
     apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan, ep_implementation="all_to_all")
+    if shape_only:
+        ep, rank = mesh["ep"].size(), mesh["ep"].get_local_rank()
+        for _, block in blocks:
+            block.experts.forward = _balanced(block.experts, block.experts.forward, ep, rank)
     return model

@@ -431,16 +431,17 @@ def _expert_rank(
     backward: bool,
     shape_only: bool,
     count_kwargs: dict[str, Any],
-) -> tuple[Report, tuple[tuple[Any, ...], dict[str, Any]]]:
+) -> tuple[Report, tuple[tuple[Any, ...], dict[str, Any]] | None]:
     """Count ``layout.rank`` of an expert-parallel layout: every rank's routing first (the whole
     model on each rank's share of ``build``'s batch), then the rank on the fake process group
     with that routing (:mod:`flopscope.distributed.experts`). Returns the report and the rank's
-    own inputs."""
+    own inputs. Shape-only: ``build``'s inputs are every rank's batch, routing assumed balanced
+    (:class:`~flopscope.distributed.experts.BalancedRouting`)."""
     from flopscope.distributed.experts import route, routed_as
 
     if shape_only:
-        raise UsageError("expert parallelism routes tokens by their values: it cannot be "
-                         "counted shape-only (drop --shape-only / pass shape_only=False)")
+        return _one_rank(build, layout, backward=backward, shape_only=True,
+                         count_kwargs=count_kwargs), None
     routing, per_rank = route(build, layout.ep)
     args, kwargs = per_rank[layout.rank]
     with fake_world(layout.world_size, layout.rank):
