@@ -189,6 +189,10 @@ def test_expert_parallel_backward() -> None:
                if r.module == experts and r.phase is Phase.BACKWARD]
         assert [(r.kind, r.calls) for r in a2a] == [("all_to_all", 2)]
         assert a2a[0].payload_bytes == (40 + received) * H * 4
+        # the router's own top-k weights carry its gradient: input and weight gradients of
+        # the 20 tokens x H -> E product, 2 x 20 x 32 x 4 = 5,120 MACs
+        gate = f"model.layers.{layer}.mlp.gate"
+        assert report.total(Phase.BACKWARD, module=gate).macs == 2 * 20 * H * E == 5_120
 
 
 # -- expert parallelism shape-only: balanced routing assumed ----------------------------------------
@@ -259,3 +263,42 @@ def test_expert_parallel_shape_only_assumes_balanced_routing() -> None:
     # rank's batch); its experts run the same 18 pairs per layer
     logical_forward = sum(r.cost.macs for r in report.logical if r.phase is Phase.FORWARD)
     assert report.total(Phase.FORWARD).macs - experts_forward == logical_forward - LAYERS * 82_944
+
+
+def test_expert_parallel_with_fsdp2_shards_the_rest() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    ep, rank = 4, 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build, Layout(ep, ep=ep, fsdp=ep, rank=rank),
+                          shape_only=True, backward=True, logical=False, warn=False)
+    assert report.uncounted == {}
+    bf16 = 2
+    # FSDP2 units: each decoder layer without its experts (q 32x32, k and v 16x32, o 32x32,
+    # router 4x32, two norms of 32: 3,264 parameters) and the root (embedding and head 128x32
+    # each, final norm 32: 8,224); the experts' 4 x 3 x 32 x 48 parameters per layer stay on
+    # their ranks and are never gathered
+    layer_bytes, root_bytes = 3_264 * bf16, 8_224 * bf16
+    model, _, _ = _ep_meta_build()
+    assert sum(p.numel() * bf16 for n, p in model.named_parameters()
+               if ".experts." not in n) == LAYERS * layer_bytes + root_bytes
+    by_kind: dict[tuple[str, Phase], list[int]] = {}
+    for r in report.communication:
+        acc = by_kind.setdefault((r.kind, r.phase), [0, 0, 0])
+        acc[0] += r.calls
+        acc[1] += r.payload_bytes
+        acc[2] += r.bus_bytes
+    gathered = LAYERS * layer_bytes + root_bytes  # 29,504 bytes, bus 3/4 of it
+    assert by_kind[("all_gather", Phase.FORWARD)] == [3, gathered, gathered * 3 // 4]
+    # backward: the layers gathered again (the root stays unsharded), every unit's gradients
+    # reduce-scattered, the experts' gradients not (each expert lives on one rank)
+    assert by_kind[("all_gather", Phase.BACKWARD)] == [2, 2 * layer_bytes, 2 * layer_bytes * 3 // 4]
+    assert by_kind[("reduce_scatter", Phase.BACKWARD)] == [3, gathered, gathered * 3 // 4]
+    # the all-to-alls and the rank's experts as without FSDP2 (18 pairs per layer)
+    assert by_kind[("all_to_all", Phase.FORWARD)] == [6, 2 * 2_336, 2 * 1_752]
+    for layer in range(LAYERS):
+        experts = f"model.layers.{layer}.mlp.experts"
+        assert report.total(Phase.FORWARD, module=experts).macs == 82_944
+        assert report.total(Phase.BACKWARD, module=experts).macs == 2 * 82_944

@@ -12,10 +12,13 @@ received, and sends the results back.
 What a rank computes depends on where *every* rank's tokens are routed, which a single simulated
 rank cannot see: the fake process group returns nothing. So the simulation first runs the whole
 model (real weights) on each rank's batch and keeps every MoE layer's routing (the router's
-top-k experts and weights for each token); while the rank is counted, its routers' outputs are
-those (the values its own router computes when ``build`` makes the same weights every call; kept
-so that the rest of the rank's forward does not depend on the fake group's empty buffers), and the count all-to-all returns the counts the
-other ranks would send. Everything else runs as in a real job, so the rank's expert work and
+top-k experts and weights for each token); while the rank is counted, its routers choose those
+experts (the choice its own router makes when ``build`` makes the same weights every call; kept
+so that the rest of the rank's forward does not depend on the fake group's empty buffers: a
+later layer's router sees hidden states made from them), and the count all-to-all returns the
+counts the other ranks would send. The routers' logits and top-k weights stay the router's own
+outputs, so their gradients reach the router in backward (values change no count; the chosen
+experts do). Everything else runs as in a real job, so the rank's expert work and
 bytes follow from the real token assignment.
 
 A shape-only count has no values to route by. It assumes balanced routing instead
@@ -187,14 +190,15 @@ class _PeerCounts(TorchDispatchMode):
 
 @contextmanager
 def routed_as(model: nn.Module, routing: Routing, rank: int) -> Iterator[None]:
-    """While counting ``rank``: its routers return the kept routing, and the count all-to-alls
-    the other ranks' counts (install inside the fake world, outside the Counter)."""
+    """While counting ``rank``: its routers choose the kept experts (their logits and weights
+    are their own, connected to the router for backward), and the count all-to-alls return the
+    other ranks' counts (install inside the fake world, outside the Counter)."""
     blocks = moe_blocks(model)
     block_of = {id(b.gate): n for n, (_, b) in enumerate(blocks)}
 
     def hook(module: nn.Module, inputs: Any, out: Any) -> Any:
         b = block_of[id(module)]
-        return (routing.logits[rank][b], routing.weights[rank][b], routing.indices[rank][b])
+        return (out[0], out[1], routing.indices[rank][b])
 
     counts = [routing.counts(rank, b) for b in range(len(blocks))]
     handles = [b.gate.register_forward_hook(hook) for _, b in blocks]

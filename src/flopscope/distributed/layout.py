@@ -21,8 +21,11 @@ class Layout:
     (FSDP2) shards x ``tp`` tensor-parallel ranks (``world_size = pp * fsdp * tp``; tensor-parallel
     ranks are neighbours, pipeline stages the outermost dimension: rank
     ``(stage * fsdp + d) * tp + t``). Expert parallelism (``ep``) shards a mixture of experts'
-    experts over all the ranks, each with its own batch (``ep = world_size``; not combined with
-    tp, pp or FSDP here: the other parameters are replicated).
+    experts over all the ranks, each with its own batch (``ep = world_size``); the other
+    parameters are replicated, or with ``fsdp = ep`` sharded by FSDP2 over the same ranks
+    (torchtitan's layout with ``ep = dp_shard``: every expert on one rank, not FSDP-sharded).
+    Expert parallelism is not combined with tp, pp, sequence parallelism or an FSDP2 degree
+    other than ``ep`` here.
 
     Attributes:
         world_size: ranks in the job.
@@ -32,7 +35,8 @@ class Layout:
             :func:`llama_tp_plan` and :func:`sequence_parallel_model_plan`).
         rank: the rank to describe.
         pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
-        ep: expert-parallel degree (1, or the world size).
+        ep: expert-parallel degree (1, or the world size; with ``fsdp`` equal to it, FSDP2
+            on the non-expert parameters).
 
     Raises:
         UsageError: the degrees do not multiply to the world size, or the rank is out of range.
@@ -64,8 +68,13 @@ class Layout:
                             or self.fsdp not in (None, self.ep) or self.sequence_parallel):
             raise UsageError(
                 f"--ep {self.ep}: expert parallelism is built over the whole world here "
-                f"(--ep = --world-size = {self.world_size}, each rank with its own batch), not "
-                "combined with --tp, --pp, --fsdp or --sequence-parallel")
+                f"(--ep = --world-size = {self.world_size}, each rank with its own batch, "
+                f"optionally --fsdp {self.world_size} for FSDP2 on the non-expert parameters), "
+                "not combined with --tp, --pp, --sequence-parallel or another --fsdp: the "
+                "tensor-parallel plan here is Llama's (gate/up/down projections, which a MoE "
+                "block does not have), pipeline stages with experts and an expert group "
+                "smaller than the data-parallel group (experts FSDP-sharded over fsdp / ep "
+                "ranks) are not built")
 
     @property
     def dp(self) -> int:
@@ -222,7 +231,10 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
     mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
     on the root over the ``dp`` dimension (when dp > 1); with ``ep`` > 1 instead the experts of
-    every MoE block over the ranks (:func:`~flopscope.distributed.experts.apply_expert_parallel`).
+    every MoE block over the ranks (:func:`~flopscope.distributed.experts.apply_expert_parallel`),
+    and with ``fsdp = ep`` FSDP2 on every decoder layer and the root over the same ranks, the
+    experts' parameters left out (``ignored_params``: each expert lives on one rank, so its
+    gradient has nothing to reduce).
 
     Args:
         model: a transformers decoder model (on the ``meta`` device for a simulation).
@@ -236,9 +248,19 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         UsageError: the model is not a decoder with Llama-style projections.
     """
     if layout.ep > 1:
-        from flopscope.distributed.experts import apply_expert_parallel
+        from flopscope.distributed.experts import apply_expert_parallel, moe_blocks
 
-        return apply_expert_parallel(model, mesh)
+        apply_expert_parallel(model, mesh)
+        if layout.fsdp == layout.ep:
+            # torchtitan's layout at ep = dp_shard: the experts sharded by expert parallelism
+            # only (each on one rank, nothing to reduce), the rest by FSDP2 over the same ranks
+            from torch.distributed.fsdp import fully_shard
+
+            experts = {p for _, b in moe_blocks(model) for p in b.experts.parameters()}
+            for layer in _decoder_layers(model):
+                fully_shard(layer, mesh=mesh["ep"], ignored_params=experts)
+            fully_shard(model, mesh=mesh["ep"], ignored_params=experts)
+        return model
     layers = _decoder_layers(model)
     if layout.sequence_parallel and layout.tp < 2:
         raise UsageError("sequence parallelism shards activations over the tensor-parallel "
