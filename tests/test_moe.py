@@ -302,3 +302,30 @@ def test_expert_parallel_with_fsdp2_shards_the_rest() -> None:
         experts = f"model.layers.{layer}.mlp.experts"
         assert report.total(Phase.FORWARD, module=experts).macs == 82_944
         assert report.total(Phase.BACKWARD, module=experts).macs == 2 * 82_944
+
+
+def test_count_cli_shape_only_ep_says_routing_is_assumed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from flopscope.cli import main
+
+    mixtral = ["hf:mixtral", "--config", f"hidden_size={H}", "--config",
+               f"intermediate_size={INTER}", "--config", f"num_hidden_layers={LAYERS}",
+               "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2",
+               "--config", f"num_local_experts={E}", "--config", f"vocab_size={VOCAB}",
+               "--seq-len", str(T_ODD), "--dtype", "bfloat16", "--shape-only"]
+    capsys.readouterr()
+    assert main(["count", *mixtral, "--world-size", "4", "--ep", "4", "--fsdp", "4",
+                 "--rank", "3", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["expert_routing"]["routing"] == "balanced"
+    assert data["expert_routing"]["ep"] == 4
+    kinds = data["communication"]["kinds"]
+    # the same rank as in the library tests: 2 x 3 all-to-alls of 2,336 bytes; FSDP2's forward
+    # all-gathers of the 29,504 bytes of non-expert parameters
+    assert kinds["all_to_all"]["payload_bytes"] == 2 * 2_336
+    assert kinds["all_gather"]["payload_bytes"] == 29_504
+    capsys.readouterr()
+    assert main(["count", *mixtral, "--world-size", "4", "--ep", "4"]) == 0
+    assert "expert routing: assumed balanced" in capsys.readouterr().out
