@@ -154,8 +154,14 @@ def test_expert_parallel_needs_moe() -> None:
     from flopscope.distributed import Layout, simulate
     from flopscope.errors import UsageError
 
-    with pytest.raises(UsageError, match="not combined with --tp"):
+    with pytest.raises(UsageError, match="built over the whole world"):
         Layout(4, tp=2, ep=2)
+    with pytest.raises(UsageError, match="pipeline stages with experts"):
+        Layout(4, pp=2, ep=4)
+    with pytest.raises(UsageError, match="an expert group smaller than the data-parallel"):
+        Layout(4, ep=2, fsdp=4)
+    with pytest.raises(UsageError, match="counted shape-only"):
+        simulate(_ep_build, Layout(4, ep=4, tp=2), shape_only=False, logical=False)
 
     def dense() -> tuple[torch.nn.Module, tuple[torch.Tensor], dict[str, object]]:
         config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -329,3 +335,54 @@ def test_count_cli_shape_only_ep_says_routing_is_assumed(
     capsys.readouterr()
     assert main(["count", *mixtral, "--world-size", "4", "--ep", "4"]) == 0
     assert "expert routing: assumed balanced" in capsys.readouterr().out
+
+
+def test_expert_parallel_with_tensor_parallel_attention_and_fsdp2() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    # 4 ranks: tp 2 (ranks 0-1 and 2-3 share a batch of 9 tokens), FSDP2 over 2, experts over 4
+    world, tp, rank = 4, 2, 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build, Layout(world, ep=world, tp=tp, fsdp=2, rank=rank),
+                          shape_only=True, backward=True, logical=False, warn=False)
+    assert report.uncounted == {}
+    bf16, f32 = 2, 4
+    # transformers' dispatch slices the shared batch: 9 tokens -> 5 rows (tp rank 0), 4 (tp rank
+    # 1); pairs of ranks 0..3: 10, 8, 10, 8. Balanced: rank 1 sends 2 to each rank (8 / 4) and
+    # receives 3 from rank 0 (10 = 2 x 4 + 2 extra, to ranks 0 and 1), 2 from ranks 1, 2, 3: 9
+    sent, received = 8, 9
+    comm: dict[tuple[str, str, Phase], list[int]] = {}
+    for r in report.communication:
+        acc = comm.setdefault((r.module, r.kind, r.phase), [0, 0])
+        acc[0] += r.calls
+        acc[1] += r.payload_bytes
+    for layer in range(LAYERS):
+        block = f"model.layers.{layer}"
+        experts = f"{block}.mlp.experts"
+        assert report.total(Phase.FORWARD, module=experts).macs == received * 3 * H * INTER
+        assert report.total(Phase.BACKWARD, module=experts).macs == 2 * 9 * 3 * H * INTER
+        # the router runs on the whole shared batch on both tensor-parallel ranks: 9 x 32 x 4
+        assert report.total(Phase.FORWARD, module=f"{block}.mlp.gate").macs == 9 * H * E
+        # q_proj column-wise: 9 tokens x 32 x 32 / tp
+        assert report.total(Phase.FORWARD, module=f"{block}.self_attn.q_proj").macs == (
+            9 * H * H // tp)
+        # all-to-alls: counts (4 x 1 int64) + 8 pairs out + 9 back, bf16 hidden states
+        assert comm[(experts, "all_to_all", Phase.FORWARD)] == [
+            3, world * 8 + (sent + received) * H * bf16]
+        # the slices' results all-gathered over tp (float32, the routing weights' dtype; the
+        # shard of 4 rows padded to 5): 2 x 5 x 32 x 4 bytes
+        assert comm[(experts, "all_gather", Phase.FORWARD)] == [1, 2 * 5 * H * f32]
+        # backward of the slicing: the row gradients of the hidden states (bf16) and of the
+        # routing weights (float32, k = 2 per row) all-gathered, 10 rows each
+        assert comm[(experts, "all_gather", Phase.BACKWARD)] == [
+            2, 10 * H * bf16 + 10 * K * f32]
+        # the attention's tensor-parallel all-reduce: 9 x 32 bf16
+        assert comm[(f"{block}.self_attn.o_proj", "all_reduce", Phase.FORWARD)] == [
+            1, 9 * H * bf16]
+    # FSDP2 over the 2 data-parallel ranks: per layer the tensor-parallel shards of attention
+    # (3,072 / 2) + router 128 + norms 64 = 1,728 parameters; the root 8,224
+    assert comm[("model.layers.0", "all_gather", Phase.FORWARD)] == [1, 1_728 * bf16]
+    assert comm[("", "all_gather", Phase.FORWARD)] == [1, 8_224 * bf16]
+    assert comm[("", "reduce_scatter", Phase.BACKWARD)] == [1, 8_224 * bf16]

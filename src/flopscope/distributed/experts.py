@@ -32,7 +32,7 @@ as in a real job.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -232,10 +232,11 @@ class BalancedRouting:
         base, extra = divmod(pairs, self.ep)
         return [base + ((r - sender) % self.ep < extra) for r in range(self.ep)]
 
-    def received(self, pairs: int, rank: int) -> list[int]:
-        """Pairs ``rank`` receives from each rank (every rank with ``pairs`` of its own)."""
-        base, extra = divmod(pairs, self.ep)
-        return [base + ((rank - s) % self.ep < extra) for s in range(self.ep)]
+    def received(self, pairs: int | Sequence[int], rank: int) -> list[int]:
+        """Pairs ``rank`` receives from each rank: every rank with ``pairs`` of its own, or
+        ``pairs[s]`` for rank ``s`` (tensor-parallel ranks dispatch slices of a shared batch)."""
+        each = [pairs] * self.ep if isinstance(pairs, int) else list(pairs)
+        return [self.sent(each[s], s)[rank] for s in range(self.ep)]
 
     def to_dict(self) -> dict[str, Any]:
         """The assumption, for a JSON report."""
@@ -275,15 +276,25 @@ def _has_values(t: torch.Tensor) -> bool:
     return not (t.is_meta or isinstance(t, FakeTensor))
 
 
-def _balanced(experts: nn.Module, forward: Callable[..., Any], ep: int, rank: int
+def _rows(tokens: int, tp: int) -> list[int]:
+    """Tokens of each tensor-parallel rank's slice of a shared batch (``Shard(0)``: chunks of
+    ``ceil(tokens / tp)``, the last ones shorter or empty)."""
+    size = -(-tokens // tp)
+    return [max(0, min(size, tokens - i * size)) for i in range(tp)]
+
+
+def _balanced(experts: nn.Module, forward: Callable[..., Any], ep: int, rank: int, tp: int
               ) -> Callable[..., Any]:
-    """``forward`` of an expert-parallel experts module with balanced split sizes."""
+    """``forward`` of an expert-parallel experts module with balanced split sizes; ``tp``
+    ranks (neighbours in rank order) share a batch and each dispatches its slice of it."""
     routing = BalancedRouting(ep)
 
     @functools.wraps(forward)
     def balanced(hidden_states: Any, top_k_index: torch.Tensor, top_k_weights: Any) -> Any:
-        pairs = top_k_index.numel()
-        mode = _BalancedSizes(routing.sent(pairs, rank) + routing.received(pairs, rank))
+        tokens, k = top_k_index.shape[0], top_k_index.shape[-1]
+        rows = _rows(tokens, tp)
+        pairs = [rows[s % tp] * k for s in range(ep)]
+        mode = _BalancedSizes(routing.sent(pairs[rank], rank) + routing.received(pairs, rank))
         with mode:
             out = forward(hidden_states, top_k_index, top_k_weights)
         if mode.next != len(mode.values):
@@ -299,12 +310,14 @@ def _balanced(experts: nn.Module, forward: Callable[..., Any], ep: int, rank: in
 def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
     """Shard the experts of every MoE block over ``mesh["ep"]`` with transformers'
     expert-parallel styles (``grouped_gemm`` weights, ``ep_dispatch_experts`` with the all-to-all
-    implementation); ``mesh["tp"]`` (size 1: every rank has its own batch) is the group that
-    shares a batch.
+    implementation); ``mesh["tp"]`` is the group that shares a batch (size 1: every rank has
+    its own; larger: each of its ranks dispatches a slice of the batch and the results are
+    all-gathered, shape-only only).
 
     Args:
         model: a transformers MoE decoder LM.
-        mesh: a device mesh with dimensions ``ep`` and ``tp``.
+        mesh: a device mesh with dimensions ``ep`` and ``tp`` (or a mapping of those names to
+            one-dimensional meshes).
 
     On a ``meta`` model (a shape-only count) the experts' dispatch assumes
     :class:`BalancedRouting`: the split sizes it reads back are the balanced ones.
@@ -313,7 +326,8 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
         ``model``.
 
     Raises:
-        UsageError: no MoE blocks, or transformers without expert parallelism.
+        UsageError: no MoE blocks, transformers without expert parallelism, or a
+            tensor-parallel group on real weights.
     """
     try:
         from transformers.distributed.expert_parallel import apply_expert_parallelism
@@ -328,8 +342,14 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
         plan[f"{path}.experts.down_proj"] = "grouped_gemm"
         plan[f"{path}.experts"] = "ep_dispatch_experts"
     apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan, ep_implementation="all_to_all")
+    tp = mesh["tp"].size()
+    if tp > 1 and not shape_only:
+        raise UsageError(
+            "expert parallelism with tensor parallelism is counted shape-only (balanced "
+            "routing): the real-routing pass gives every rank its own batch, while a "
+            "tensor-parallel group shares one (add --shape-only / shape_only=True)")
     if shape_only:
         ep, rank = mesh["ep"].size(), mesh["ep"].get_local_rank()
         for _, block in blocks:
-            block.experts.forward = _balanced(block.experts, block.experts.forward, ep, rank)
+            block.experts.forward = _balanced(block.experts, block.experts.forward, ep, rank, tp)
     return model

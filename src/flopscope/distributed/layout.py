@@ -64,17 +64,16 @@ class Layout:
                 f"{self.pp * self.fsdp * self.tp}, not the world size {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
-        if self.ep > 1 and (self.ep != self.world_size or self.tp > 1 or self.pp > 1
-                            or self.fsdp not in (None, self.ep) or self.sequence_parallel):
+        dp = self.world_size // (self.tp * self.pp)
+        if self.ep > 1 and (self.ep != self.world_size or self.pp > 1
+                            or self.fsdp not in (None, dp) or self.sequence_parallel):
             raise UsageError(
                 f"--ep {self.ep}: expert parallelism is built over the whole world here "
-                f"(--ep = --world-size = {self.world_size}, each rank with its own batch, "
-                f"optionally --fsdp {self.world_size} for FSDP2 on the non-expert parameters), "
-                "not combined with --tp, --pp, --sequence-parallel or another --fsdp: the "
-                "tensor-parallel plan here is Llama's (gate/up/down projections, which a MoE "
-                "block does not have), pipeline stages with experts and an expert group "
-                "smaller than the data-parallel group (experts FSDP-sharded over fsdp / ep "
-                "ranks) are not built")
+                f"(--ep = --world-size = {self.world_size}; optionally --tp for attention and "
+                f"--fsdp {dp} for FSDP2 on the non-expert parameters), not combined with --pp, "
+                "--sequence-parallel or another --ep or --fsdp: pipeline stages with experts "
+                "and an expert group smaller than the data-parallel group (experts "
+                "FSDP-sharded over fsdp / ep ranks) are not built")
 
     @property
     def dp(self) -> int:
@@ -101,7 +100,7 @@ class Layout:
         """
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.ep > 1:
+        if self.ep > 1 and self.tp == 1:
             return init_device_mesh("cpu", (self.ep, 1), mesh_dim_names=("ep", "tp"))
         if self.pp > 1:
             return init_device_mesh("cpu", (self.pp, self.dp, self.tp),
@@ -134,13 +133,22 @@ def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str
         SequenceParallel,
     )
 
+    moe = _has(layer, "mlp.experts") and _has(layer, "mlp.gate")
     names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+             *([] if moe else ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"])]
     missing = [n for n in names if not _has(layer, n)]
     if missing:
         raise UsageError(
             f"{type(layer).__name__} has no {', '.join(missing)}: the standard tensor-parallel "
             "plan is written for Llama-style layers (q/k/v/o, gate/up/down projections)")
+    if moe and sequence_parallel:
+        raise UsageError("sequence parallelism is not built for mixture-of-experts layers")
+    if moe:  # attention only: the experts are sharded by expert parallelism, the router runs
+        # replicated on the tensor-parallel group's shared batch
+        return {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+        }
     if not sequence_parallel:
         return {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
@@ -227,6 +235,38 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
         "are applied to transformers decoder models (Llama, Mistral, Qwen2 ...)")
 
 
+def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
+    """Expert parallelism over the whole world, with tensor parallelism on attention (the
+    tensor-parallel group shares a batch; transformers' dispatch slices it) and FSDP2 on the
+    non-expert parameters where asked."""
+    from flopscope.distributed.experts import apply_expert_parallel, moe_blocks
+
+    layers = _decoder_layers(model)
+    if layout.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        for layer in layers:
+            parallelize_module(layer, mesh["tp"], llama_tp_plan(layer))
+        every = init_device_mesh("cpu", (layout.ep,), mesh_dim_names=("ep",))
+        apply_expert_parallel(model, {"ep": every, "tp": mesh["tp"]})
+        dp_mesh = mesh["dp"]
+    else:
+        apply_expert_parallel(model, mesh)
+        dp_mesh = mesh["ep"]
+    if layout.fsdp is not None and layout.fsdp > 1:
+        # torchtitan's layout at ep = dp_shard x tp: the experts sharded by expert parallelism
+        # only (each on one rank, nothing to reduce), the rest by FSDP2 over the data-parallel
+        # ranks
+        from torch.distributed.fsdp import fully_shard
+
+        experts = {p for _, b in moe_blocks(model) for p in b.experts.parameters()}
+        for layer in layers:
+            fully_shard(layer, mesh=dp_mesh, ignored_params=experts)
+        fully_shard(model, mesh=dp_mesh, ignored_params=experts)
+    return model
+
+
 def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
     mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
@@ -248,19 +288,7 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         UsageError: the model is not a decoder with Llama-style projections.
     """
     if layout.ep > 1:
-        from flopscope.distributed.experts import apply_expert_parallel, moe_blocks
-
-        apply_expert_parallel(model, mesh)
-        if layout.fsdp == layout.ep:
-            # torchtitan's layout at ep = dp_shard: the experts sharded by expert parallelism
-            # only (each on one rank, nothing to reduce), the rest by FSDP2 over the same ranks
-            from torch.distributed.fsdp import fully_shard
-
-            experts = {p for _, b in moe_blocks(model) for p in b.experts.parameters()}
-            for layer in _decoder_layers(model):
-                fully_shard(layer, mesh=mesh["ep"], ignored_params=experts)
-            fully_shard(model, mesh=mesh["ep"], ignored_params=experts)
-        return model
+        return _expert_layout(model, layout, mesh)
     layers = _decoder_layers(model)
     if layout.sequence_parallel and layout.tp < 2:
         raise UsageError("sequence parallelism shards activations over the tensor-parallel "
