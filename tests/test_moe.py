@@ -160,6 +160,8 @@ def test_expert_parallel_needs_moe() -> None:
         Layout(4, pp=2, ep=4)
     with pytest.raises(UsageError, match="an expert group smaller than the data-parallel"):
         Layout(4, ep=2, fsdp=4)
+    with pytest.raises(UsageError, match="4 experts do not split over ep = 8 ranks"):
+        simulate(_ep_meta_build, Layout(8, ep=8), shape_only=True, logical=False)
     with pytest.raises(UsageError, match="counted shape-only"):
         simulate(_ep_build, Layout(4, ep=4, tp=2), shape_only=False, logical=False)
 

@@ -326,8 +326,8 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
         ``model``.
 
     Raises:
-        UsageError: no MoE blocks, transformers without expert parallelism, or a
-            tensor-parallel group on real weights.
+        UsageError: no MoE blocks, experts that do not split over the ranks, transformers
+            without expert parallelism, or a tensor-parallel group on real weights.
     """
     try:
         from transformers.distributed.expert_parallel import apply_expert_parallelism
@@ -336,6 +336,11 @@ def apply_expert_parallel(model: nn.Module, mesh: Any) -> nn.Module:
                          "(transformers.distributed.expert_parallel)") from e
     plan: dict[str, str] = {}
     blocks = moe_blocks(model)
+    experts, ep = int(blocks[0][1].gate.num_experts), mesh["ep"].size()
+    if experts % ep:
+        raise UsageError(f"{experts} experts do not split over ep = {ep} ranks: expert "
+                         "parallelism gives every rank whole experts (use an --ep, and "
+                         "--world-size, that divides the number of experts)")
     shape_only = any(p.is_meta for _, b in blocks for p in b.experts.parameters())
     for path, _ in blocks:
         plan[f"{path}.experts.gate_up_proj"] = "grouped_gemm"
