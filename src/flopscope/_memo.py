@@ -37,6 +37,7 @@ its own), nor are outputs with a storage offset.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,7 +78,7 @@ _F = object()  # the last element of a key made of fake tensors / SymInts (see r
 _S = object()  # a SymInt's place in a key
 _FAKE_ONE = object()  # first element of a spec of one fake output
 _FAKE_MANY = object()  # first element of a spec of a tuple or list of fake outputs
-_saw_fake = [False]
+_saw_fake = threading.local()  # per thread: whether the key being made holds a fake tensor
 _UNKEYED: set[int] = set()  # ids of prim:: operators, not keyed during a symbolic count
 
 
@@ -114,7 +115,7 @@ def _add(key: list[Any], a: Any) -> bool:
         if ta is _FakeTensor:
             return _add_fake(key, a)
         if ta is _SymInt:
-            _saw_fake[0] = True
+            _saw_fake.yes = True
             key.append(_S)
             key.append(a.node.expr)
             return True
@@ -134,7 +135,7 @@ def _add_fake(key: list[Any], a: Any) -> bool:
         return False
     if a.constant is not None and a.constant.numel():  # values a kernel may read (an empty
         return False  # one, such as a fresh key/value cache, has none)
-    _saw_fake[0] = True
+    _saw_fake.yes = True
     key.append(_T)
     key.append(id(mode))
     key.append(tuple(_expr(n) for n in a.shape))
@@ -162,7 +163,7 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     if FAKE_MODES:
         if func_id in _UNKEYED:  # prim:: metadata queries (prim.device): nothing to remember
             return None
-        _saw_fake[0] = False
+        _saw_fake.yes = False
     for a in args:
         if not _add(key, a):
             return None  # on a real count: the first tensor argument, before anything else
@@ -174,7 +175,7 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     # the default dtype decides the result type of an integer tensor times a float, and of
     # factory functions given no dtype
     key.append(_default_dtype())
-    if FAKE_MODES and _saw_fake[0]:
+    if FAKE_MODES and getattr(_saw_fake, "yes", False):
         key.append(_F)
     try:
         return tuple(key)

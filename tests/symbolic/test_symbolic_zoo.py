@@ -1,0 +1,61 @@
+"""The test zoo counted symbolically (``FLOPSCOPE_SLOW=1``): each model's formula, evaluated at
+two other sizes inside its domain, equals concrete shape-only counts there (total and every
+module), or the model is refused with a message that says what could not be symbolic. Nothing
+crashes. The sweep itself is ``python -m benchmarks.symbolic_zoo`` (figures in
+docs/symbolic.md); the default tier checks the sweep's machinery on one small model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from benchmarks.symbolic_zoo import check_model, in_process
+
+from flopscope.zoo import HF_ZOO, TIMM_ZOO
+
+SLOW = pytest.mark.skipif(not os.environ.get("FLOPSCOPE_SLOW"), reason="slow tier: FLOPSCOPE_SLOW=1")
+
+
+def _ok(row: dict[str, object]) -> None:
+    assert row["status"] in ("equal", "refused"), row
+    if row["status"] == "refused":  # a clear refusal: what could not be symbolic, and where
+        assert "symbolic" in str(row["message"]) or "--symbolic" in str(row["message"]), row
+
+
+def test_the_sweep_checks_a_small_vision_model() -> None:
+    pytest.importorskip("torchvision")
+    row = check_model("torchvision", "squeezenet1_1")
+    assert row["status"] == "equal", row
+    assert len(row["checked"]) == 2  # type: ignore[arg-type]
+    assert row["traced"] == {"batch": 2, "resolution": 224}
+
+
+@SLOW
+@pytest.mark.parametrize("name", HF_ZOO)
+def test_hf_zoo(name: str) -> None:
+    pytest.importorskip("transformers")
+    _ok(check_model("hf", name))
+
+
+# edgenext_small: its bytes differ by one aten.as_strided_ that adaptive_avg_pool2d's composite
+# makes on symbolic sizes only (a restride the zero-cost rule charges bytes); see docs/symbolic.md
+KNOWN = {"edgenext_small": "an aten.as_strided_ only symbolic tracing records, charged bytes"}
+
+
+@SLOW
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN[n])) if n in KNOWN else n
+    for n in TIMM_ZOO])
+def test_timm_zoo(name: str) -> None:
+    pytest.importorskip("timm")
+    _ok(check_model("timm", name))
+
+
+@SLOW
+def test_torchvision_zoo() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    names = torchvision.models.list_models(module=torchvision.models)
+    # maxvit_t gave no result within 14 minutes: a limit, not checked here
+    rows = [in_process("torchvision", n, 300.0) for n in names if n != "maxvit_t"]
+    for row in rows:
+        _ok(row)
