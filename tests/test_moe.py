@@ -388,3 +388,34 @@ def test_expert_parallel_with_tensor_parallel_attention_and_fsdp2() -> None:
     assert comm[("model.layers.0", "all_gather", Phase.FORWARD)] == [1, 1_728 * bf16]
     assert comm[("", "all_gather", Phase.FORWARD)] == [1, 8_224 * bf16]
     assert comm[("", "reduce_scatter", Phase.BACKWARD)] == [1, 8_224 * bf16]
+
+
+def test_expert_parallel_real_routing_with_fsdp2() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    ep, rank = 2, 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_build, Layout(ep, ep=ep, fsdp=ep, rank=rank), shape_only=False,
+                          backward=True, logical=False, warn=False)
+    pairs = _pairs_per_rank(ep)
+    assert report.uncounted == {}
+    f32 = 4
+    # float32 this time: per layer 3,264 non-expert parameters, the root 8,224 (as above)
+    layer_bytes, root_bytes = 3_264 * f32, 8_224 * f32
+    units = {"": root_bytes, "model.layers.0": layer_bytes, "model.layers.1": layer_bytes}
+    for unit, size in units.items():
+        gathered = [(r.calls, r.payload_bytes, r.bus_bytes) for r in report.communication
+                    if r.module == unit and r.kind == "all_gather" and r.phase is Phase.FORWARD]
+        assert gathered == [(1, size, size // 2)]
+        # every unit's gradients reduce-scattered, the router's included (its top-k weights are
+        # its own outputs, connected to it), the experts' not
+        reduced = [(r.calls, r.payload_bytes) for r in report.communication
+                   if r.module == unit and r.kind == "reduce_scatter"]
+        assert reduced == [(1, size)]
+    for layer in range(LAYERS):
+        received = sum(pairs[s][layer][rank] for s in range(ep))
+        experts = f"model.layers.{layer}.mlp.experts"
+        assert report.total(Phase.FORWARD, module=experts).macs == received * 3 * H * INTER
+        assert report.total(Phase.BACKWARD, module=experts).macs == received * 6 * H * INTER
