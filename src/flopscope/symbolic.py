@@ -582,9 +582,9 @@ def _same_size(a: Any, b: Any) -> bool:
 
 
 def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:
-    """A failure under symbolic sizes in words: for a data-dependent size or value, the operator
-    that was running when it was needed (from the dispatch mode's frame), the module (in ``e``),
-    and the operator that made each data-dependent symbol (``u0``: ``aten.nonzero.default``)."""
+    """A failure under symbolic sizes in words: the operator that was running (from the dispatch
+    mode's frame) and the module (in ``e``); for a data-dependent size or value also the operator
+    that made each data-dependent symbol (``u0``: ``aten.nonzero.default``)."""
     text = str(e)
     cause: BaseException | None = e.__cause__
     while cause is not None:
@@ -602,7 +602,18 @@ def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:
                     "from tensor values cannot be a formula of the input sizes; count concretely, "
                     "or make that size an input.")
         cause = cause.__cause__ or cause.__context__
-    return f"symbolic counting failed: {text}"
+    running = next((r for r in map(_running_operator, _chain(e)) if r is not None), None)
+    return f"symbolic counting failed{' in operator ' + running if running else ''}: {text}"
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and its causes, outermost first."""
+    out: list[BaseException] = []
+    cause: BaseException | None = e
+    while cause is not None and cause not in out:
+        out.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return out
 
 
 def _running_operator(exc: BaseException) -> str | None:

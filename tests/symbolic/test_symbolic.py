@@ -12,6 +12,7 @@ import os
 import pytest
 import sympy
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import flopscope
@@ -230,3 +231,16 @@ def test_cli_unknown_symbol() -> None:
     from flopscope.cli import main
 
     assert main(["count", "torchvision:resnet18", "--symbolic", "depth"]) == 2
+
+
+class _PadToWindow(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # swin-style padding to a window of 7
+        return F.pad(x, (0, (7 - x.shape[-1] % 7) % 7)) * 2
+
+
+def test_an_operator_that_needs_concrete_sizes_is_named() -> None:
+    # PyTorch's constant_pad_nd kernel takes its padding as concrete integers only
+    with pytest.raises(flopscope.ForwardError, match=(
+            r"symbolic counting failed in operator aten\.constant_pad_nd\.default: .*"
+            r"in module '' \(_PadToWindow\).*SymIntArrayRef expected to contain only concrete")):
+        count_symbolic(_PadToWindow(), torch.randn(2, 10), symbolic={"w": (0, 1)}, warn=False)
