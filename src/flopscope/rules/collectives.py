@@ -235,9 +235,11 @@ def check_for_nan(call: OpCall) -> Cost:
     return call.cost(flops=call.inputs[0].numel())
 
 
-@rule("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+@rule("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat",
+      "fsdp::chunk_cat_mixed_dtype")
 def fsdp_copy(call: OpCall) -> Cost:
     """FSDP2's packing and unpacking of the flat buffers it all-gathers and reduce-scatters
-    (copy-in of the local shards, copy-out of the gathered parameters, gradient concatenation):
-    copies, 0 FLOPs; bytes: tensor inputs read, outputs written."""
+    (copy-in of the local shards, copy-out of the gathered parameters, gradient concatenation;
+    ``chunk_cat_mixed_dtype``, torch >= 2.15, concatenates gradients of several dtypes into one
+    reduce dtype): copies, 0 FLOPs; bytes: tensor inputs read, outputs written."""
     return call.cost()
