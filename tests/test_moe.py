@@ -158,8 +158,10 @@ def test_expert_parallel_needs_moe() -> None:
         Layout(4, tp=2, ep=2)
     with pytest.raises(UsageError, match="pipeline stages with experts"):
         Layout(4, pp=2, ep=4)
-    with pytest.raises(UsageError, match="an expert group smaller than the data-parallel"):
-        Layout(4, ep=2, fsdp=4)
+    with pytest.raises(UsageError, match="in groups of --ep ranks that divide the world"):
+        Layout(4, ep=2)  # expert groups need FSDP2 over the whole world
+    with pytest.raises(UsageError, match="in groups of --ep ranks that divide the world"):
+        Layout(4, ep=2, tp=2, fsdp=2)
     with pytest.raises(UsageError, match="4 experts do not split over ep = 8 ranks"):
         simulate(_ep_meta_build, Layout(8, ep=8), shape_only=True, logical=False)
     with pytest.raises(UsageError, match="counted shape-only"):
@@ -419,3 +421,39 @@ def test_expert_parallel_real_routing_with_fsdp2() -> None:
         experts = f"model.layers.{layer}.mlp.experts"
         assert report.total(Phase.FORWARD, module=experts).macs == received * 3 * H * INTER
         assert report.total(Phase.BACKWARD, module=experts).macs == received * 6 * H * INTER
+
+
+@pytest.mark.parametrize("shape_only", [True, False])
+def test_expert_groups_smaller_than_the_world(shape_only: bool) -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    # 4 ranks in 2 expert groups of 2 (ranks 0-1, 2-3): each expert has 2 copies, FSDP2-sharded
+    # over them; the rest FSDP2-sharded over all 4. Rank 3 is position 1 of the second group.
+    world, ep, rank = 4, 2, 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build if shape_only else _ep_build,
+                          Layout(world, ep=ep, fsdp=world, rank=rank), shape_only=shape_only,
+                          backward=True, logical=False, warn=False)
+    assert report.uncounted == {}
+    size = 2 if shape_only else 4  # bfloat16 / float32
+    pairs = None if shape_only else _pairs_per_rank(ep)
+    for layer in range(LAYERS):
+        experts = f"model.layers.{layer}.mlp.experts"
+        # balanced: 18 pairs, 9 to each rank of the group, 18 received; real: the pairs the
+        # group's 2 batches route to position 1 (every group routes the same batches)
+        received = 18 if pairs is None else sum(pairs[s][layer][rank % ep] for s in range(ep))
+        assert report.total(Phase.FORWARD, module=experts).macs == received * 3 * H * INTER
+        # the rank's 2 experts (2 x 3 x 32 x 48 parameters) all-gathered from their 2 copies in
+        # forward and their gradients reduce-scattered between them
+        mine = 2 * 3 * H * INTER * size
+        ops = [(r.kind, r.phase, r.payload_bytes) for r in report.communication
+               if r.module == experts and r.group_size == 2 and r.kind != "all_to_all"]
+        assert ops == [("all_gather", Phase.FORWARD, mine),
+                       ("reduce_scatter", Phase.BACKWARD, mine)]
+        # the rest of the layer (3,264 parameters) over all 4 ranks
+        gathered = [r.payload_bytes for r in report.communication
+                    if r.module == f"model.layers.{layer}" and r.kind == "all_gather"
+                    and r.phase is Phase.FORWARD]
+        assert gathered == [3_264 * size]

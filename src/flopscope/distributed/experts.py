@@ -124,7 +124,8 @@ def route(
         ep: ranks of the expert-parallel group.
 
     Returns:
-        The :class:`Routing` and each rank's ``(args, kwargs)``.
+        The :class:`Routing` and each rank's ``(args, kwargs)`` (indexed by any rank of a
+        world of several expert groups: position ``rank mod ep``, every group the same).
 
     Raises:
         UsageError: no MoE blocks, a batch that does not split, experts that do not split, or
@@ -163,7 +164,15 @@ def route(
         logits.append(tuple(s[0] for s in seen))
         weights.append(tuple(s[1] for s in seen))
         indices.append(tuple(s[2] for s in seen))
-    return Routing(experts, tuple(indices), tuple(weights), tuple(logits)), per_rank
+    return Routing(experts, tuple(indices), tuple(weights), tuple(logits)), _GroupBatches(per_rank)
+
+
+class _GroupBatches(list[tuple[tuple[Any, ...], dict[str, Any]]]):
+    """The ranks' batches of one expert group; with groups smaller than the world, rank ``r``
+    plays position ``r mod ep`` of its group, and every group gets the same batches."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return super().__getitem__(i % len(self) if isinstance(i, int) else i)
 
 
 class _PeerCounts(TorchDispatchMode):
@@ -198,9 +207,10 @@ def routed_as(model: nn.Module, routing: Routing, rank: int) -> Iterator[None]:
 
     def hook(module: nn.Module, inputs: Any, out: Any) -> Any:
         b = block_of[id(module)]
-        return (out[0], out[1], routing.indices[rank][b])
+        return (out[0], out[1], routing.indices[rank % routing.ranks][b])
 
-    counts = [routing.counts(rank, b) for b in range(len(blocks))]
+    # expert groups smaller than the world: every group routes the same batches
+    counts = [routing.counts(rank % routing.ranks, b) for b in range(len(blocks))]
     handles = [b.gate.register_forward_hook(hook) for _, b in blocks]
     try:
         with _PeerCounts(counts):

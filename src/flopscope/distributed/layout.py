@@ -65,15 +65,19 @@ class Layout:
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
         dp = self.world_size // (self.tp * self.pp)
-        if self.ep > 1 and (self.ep != self.world_size or self.pp > 1
+        # expert groups of ep ranks (torchtitan's dp_shard_in_ep), each expert FSDP-sharded over
+        # its world / ep copies (dp_shard_mod_ep)
+        groups = (self.ep < self.world_size and self.world_size % self.ep == 0 and self.tp == 1
+                  and self.fsdp == self.world_size)
+        if self.ep > 1 and ((self.ep != self.world_size and not groups) or self.pp > 1
                             or self.fsdp not in (None, dp) or self.sequence_parallel):
             raise UsageError(
                 f"--ep {self.ep}: expert parallelism is built over the whole world here "
                 f"(--ep = --world-size = {self.world_size}; optionally --tp for attention and "
-                f"--fsdp {dp} for FSDP2 on the non-expert parameters), not combined with --pp, "
-                "--sequence-parallel or another --ep or --fsdp: pipeline stages with experts "
-                "and an expert group smaller than the data-parallel group (experts "
-                "FSDP-sharded over fsdp / ep ranks) are not built")
+                f"--fsdp {dp} for FSDP2 on the non-expert parameters), or in groups of --ep "
+                "ranks that divide the world with --fsdp = --world-size and no --tp (every "
+                "expert FSDP-sharded over its world / ep copies); not combined with --pp or "
+                "--sequence-parallel: pipeline stages with experts are not built")
 
     @property
     def dp(self) -> int:
@@ -100,8 +104,11 @@ class Layout:
         """
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.ep > 1 and self.tp == 1:
+        if self.ep > 1 and self.tp == 1 and self.ep == self.world_size:
             return init_device_mesh("cpu", (self.ep, 1), mesh_dim_names=("ep", "tp"))
+        if self.ep > 1 and self.tp == 1:
+            return init_device_mesh("cpu", (self.world_size // self.ep, self.ep, 1),
+                                    mesh_dim_names=("efsdp", "ep", "tp"))
         if self.pp > 1:
             return init_device_mesh("cpu", (self.pp, self.dp, self.tp),
                                     mesh_dim_names=("pp", "dp", "tp"))
@@ -251,6 +258,14 @@ def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         every = init_device_mesh("cpu", (layout.ep,), mesh_dim_names=("ep",))
         apply_expert_parallel(model, {"ep": every, "tp": mesh["tp"]})
         dp_mesh = mesh["dp"]
+    elif layout.ep < layout.world_size:  # expert groups: each expert has world / ep copies
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        apply_expert_parallel(model, mesh)
+        for _, block in moe_blocks(model):
+            fully_shard(block.experts, mesh=mesh["efsdp"])
+        dp_mesh = init_device_mesh("cpu", (layout.world_size,), mesh_dim_names=("dp",))
     else:
         apply_expert_parallel(model, mesh)
         dp_mesh = mesh["ep"]
