@@ -104,11 +104,11 @@ def add_subcommands(subparsers: Any) -> None:
     par.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b",
                      help="with --pp: the pipeline schedule (default 1f1b)")
     par.add_argument("--ep", type=int, default=1, metavar="N",
-                     help="expert-parallel degree = --world-size (MoE experts sharded over "
-                          "the ranks; tokens dispatched with all-to-all as the router assigns "
-                          "them; with --shape-only routing is assumed balanced); the rest is "
-                          "replicated unless --fsdp is given; with --tp (shape-only) attention "
-                          "is tensor-parallel")
+                     help="expert-parallel degree: --world-size (the rest replicated unless "
+                          "--fsdp; with --tp, shape-only, attention tensor-parallel) or a "
+                          "divisor of it with --fsdp = --world-size (experts FSDP-sharded over "
+                          "their copies); tokens dispatched with all-to-all as the router "
+                          "assigns them, with --shape-only routing is assumed balanced")
     count.set_defaults(func=run_count)
 
 

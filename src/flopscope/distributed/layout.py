@@ -21,11 +21,12 @@ class Layout:
     (FSDP2) shards x ``tp`` tensor-parallel ranks (``world_size = pp * fsdp * tp``; tensor-parallel
     ranks are neighbours, pipeline stages the outermost dimension: rank
     ``(stage * fsdp + d) * tp + t``). Expert parallelism (``ep``) shards a mixture of experts'
-    experts over all the ranks, each with its own batch (``ep = world_size``); the other
-    parameters are replicated, or with ``fsdp = ep`` sharded by FSDP2 over the same ranks
-    (torchtitan's layout with ``ep = dp_shard``: every expert on one rank, not FSDP-sharded).
-    Expert parallelism is not combined with tp, pp, sequence parallelism or an FSDP2 degree
-    other than ``ep`` here.
+    experts over the ranks (torchtitan's layouts): over the whole world (``ep = world_size``;
+    the other parameters replicated, or FSDP2-sharded over the data-parallel ranks with
+    ``fsdp = world_size // tp``; with ``tp`` > 1 attention is tensor-parallel, shape-only
+    counts only), or in groups of ``ep`` neighbouring ranks with ``fsdp = world_size`` and no
+    tensor parallelism (each expert's shard FSDP2-sharded over its ``world_size / ep``
+    copies). Not combined with pipeline stages or sequence parallelism.
 
     Attributes:
         world_size: ranks in the job.
@@ -35,11 +36,12 @@ class Layout:
             :func:`llama_tp_plan` and :func:`sequence_parallel_model_plan`).
         rank: the rank to describe.
         pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
-        ep: expert-parallel degree (1, or the world size; with ``fsdp`` equal to it, FSDP2
-            on the non-expert parameters).
+        ep: expert-parallel degree (1, the world size, or a divisor of it with
+            ``fsdp = world_size``).
 
     Raises:
-        UsageError: the degrees do not multiply to the world size, or the rank is out of range.
+        UsageError: the degrees do not multiply to the world size, the rank is out of range, or
+            an expert-parallel layout that is not built.
     """
 
     world_size: int
