@@ -457,3 +457,74 @@ def test_expert_groups_smaller_than_the_world(shape_only: bool) -> None:
                     if r.module == f"model.layers.{layer}" and r.kind == "all_gather"
                     and r.phase is Phase.FORWARD]
         assert gathered == [3_264 * size]
+
+
+# -- a real 2-process gloo job with expert parallelism (slow tier) ---------------------------------
+def _ep_gloo_rank(rank: int, out: str, port: int) -> None:
+    """One rank of a real job: the tiny Mixtral's experts over 2 gloo ranks, the rank's own half
+    of the batch, counted with count_rank (forward and backward); reports gathered to rank 0."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from flopscope.distributed import Layout, apply_layout, count_rank, gather_reports
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        model, (ids,), _ = _ep_build()
+        layout = Layout(2, ep=2, rank=rank)
+        apply_layout(model, layout, layout.mesh())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = count_rank(model, (ids.chunk(2)[rank],), {}, backward=True, warn=False)
+        reports = gather_reports(report)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump([r.to_dict() for r in reports], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _ep_gloo_job(out: str, port: int) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ep_gloo_rank, args=(out, port), nprocs=2)
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("FLOPSCOPE_SLOW"),
+                    reason="slow tier: FLOPSCOPE_SLOW=1")
+def test_expert_parallel_real_gloo_job_equals_simulated(tmp_path: object) -> None:
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from flopscope import Report
+    from flopscope.distributed import Layout, simulate
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch built without gloo")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    out = Path(str(tmp_path)) / "ep.json"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", "from tests.test_moe import _ep_gloo_job; "
+                    f"_ep_gloo_job({str(out)!r}, {port})"], cwd=root, check=True, timeout=600)
+    real = [Report.from_dict(d) for d in json.loads(out.read_text())]
+    for rank in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sim = simulate(_ep_build, Layout(2, ep=2, rank=rank), shape_only=False,
+                           backward=True, logical=False, warn=False)
+        got = real[rank]
+        assert (got.rank, got.world_size) == (rank, 2)
+        assert sim.uncounted == got.uncounted == {}
+        assert sim.communication == got.communication
+        assert sim.records == got.records
+        assert sim.macs == got.macs > 0
