@@ -100,3 +100,59 @@ def test_frozen_and_trainable_split() -> None:
     stats = count_params(_frozen())
     # frozen Linear(4,3): 15; trainable Linear(3,3) 12 + BatchNorm1d 6
     assert (stats[""].frozen, stats[""].trainable) == (15, 18)
+
+
+def _lazy_model() -> nn.Module:
+    return nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_lazy_modules_counted_as_after_their_first_forward_and_left_lazy(shape_only: bool) -> None:
+    import flopscope
+
+    model = _lazy_model()
+    report = flopscope.count(model, torch.randn(3, 5), shape_only=shape_only, warn=False)
+    # LazyLinear infers in_features = 5: 3 rows x 5 x 8 + 3 x 8 x 2 = 120 + 48 MACs;
+    # parameters (5 x 8 + 8) + (8 x 2 + 2) = 48 + 18
+    assert report.macs == 168
+    assert report.module_params[""].inclusive == 66
+    assert report.module_params["0"].own == 48
+    # the model is left as it was: still lazy, its parameter uninitialised
+    assert type(model[0]) is nn.LazyLinear
+    assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
+
+
+def test_lazy_modules_under_a_counter_get_their_parameters_once_initialised() -> None:
+    import flopscope
+
+    model = _lazy_model()
+    assert count_params(model)[""].inclusive == 18  # only the plain Linear has a size yet
+    with flopscope.Counter(model, warn=False) as counter:
+        model(torch.randn(3, 5))  # the user's own forward initialises the lazy layer
+    assert counter.report.macs == 168
+    assert counter.report.module_params[""].inclusive == 66
+
+
+def test_a_lazy_model_whose_initialising_forward_fails_says_so() -> None:
+    import flopscope
+    from flopscope.errors import ForwardError
+
+    with pytest.raises(ForwardError, match=r"lazy modules that are not initialised yet \('0'\)"):
+        flopscope.count(_lazy_model(), torch.randn(3, 5, 7), torch.randn(1), warn=False)
+
+
+def test_quantized_recurrent_layers_count_their_packed_weights() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.ao.quantization import quantize_dynamic
+
+        lstm = nn.LSTM(16, 32, num_layers=2)
+        q = quantize_dynamic(nn.Sequential(lstm), {nn.LSTM}, dtype=torch.qint8)
+    # per layer 4 gates x 32 x (input + 32) weights + 2 x 4 x 32 biases:
+    # 4·32·48 + 256 = 6,400 and 4·32·64 + 256 = 8,448; the float model's 14,848
+    assert count_params(nn.Sequential(lstm))[""].inclusive == 14_848
+    stats = count_params(q)
+    assert stats[""].inclusive == stats[""].frozen == 14_848
+    assert stats["0._all_weight_values.0"].own == 6_400

@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_iter
 
 from flopscope.cost import Phase
 from flopscope.costed import Costed
-from flopscope.params import ParamStats, packed_objects, param_table
+from flopscope.params import ParamStats, packed_objects, param_table, uninitialized
 from flopscope.rules.user import ModuleRule, ModuleRules
 
 __all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]
@@ -142,8 +142,8 @@ class _Tables:
     (see :func:`_model_tables`). Holds the modules only weakly, so that it never keeps a model
     alive."""
 
-    __slots__ = ("module_paths", "packed", "param_paths", "params", "refs", "shared", "stamp",
-                 "types")
+    __slots__ = ("lazy_params", "module_paths", "packed", "param_paths", "params", "refs", "shared",
+                 "stamp", "types")
 
     def __init__(self, model: nn.Module, named: list[tuple[str, nn.Module]]) -> None:
         stats, owners = param_table(model, named)
@@ -161,6 +161,9 @@ class _Tables:
         # modules holding quantized packed-parameter objects (their ids are part of the stamp)
         self.packed = frozenset(id(m) for m in modules if packed_objects(m))
         self.stamp = _stamp(modules, self.packed)
+        # lazy modules not initialised yet: their parameters count 0 now, and are counted again
+        # when the report is made (the forward initialises them)
+        self.lazy_params = self.stamp is None and bool(uninitialized(model))
         self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
 
 
@@ -200,6 +203,8 @@ def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None
                 extend(map(_shape_and_grad, tensors))
             except AttributeError:  # an entry set to None
                 extend(None if p is None else _shape_and_grad(p) for p in tensors)
+            except RuntimeError:  # a lazy module's uninitialised parameter: no shape yet
+                return None
         push(len(buffers))
         if buffers:
             extend(buffers)
@@ -209,6 +214,8 @@ def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None
                 extend(map(_shape, held))
             except AttributeError:
                 extend(None if b is None else b.shape for b in held)
+            except RuntimeError:  # an uninitialised buffer
+                return None
         if packed and id(m) in packed:
             extend(map(id, packed_objects(m)))
     return out
@@ -269,6 +276,7 @@ class ModuleTracker:
         self.types: dict[str, str] = {}
         self.calls: dict[str, int] = {}
         self.params: dict[str, ParamStats] = {}
+        self.lazy_params = False  # the model had uninitialised lazy parameters (see _Tables)
         self.param_paths: dict[int, str] = {}
         self.modules: list[nn.Module] = []  # the model's modules, in named_modules() order
         self.shared: set[nn.Module] = set()  # modules registered under more than one path
@@ -290,6 +298,7 @@ class ModuleTracker:
             self.types = dict(tables.types)
             self.calls = dict.fromkeys(tables.types, 0)
             self.params = dict(tables.params)
+            self.lazy_params = tables.lazy_params
             self.param_paths = dict(tables.param_paths)
             if tables.shared:
                 self.shared = {m for m in self.modules if id(m) in tables.shared}

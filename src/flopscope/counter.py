@@ -49,6 +49,7 @@ from flopscope.errors import (
     UsageError,
 )
 from flopscope.numbers import in_real_numbers
+from flopscope.params import ParamStats, param_table
 from flopscope.report import CommRecord, OpRecord, Report, RuleRecord
 from flopscope.rules import default_rules
 from flopscope.rules.collectives import is_collective
@@ -797,7 +798,7 @@ class Counter:
         return Report(
             model=type(self.model).__name__ if self.model is not None else "",
             modules=modules,
-            module_params=dict(tracker.params),
+            module_params=self._module_params(),
             records=records,
             rules=rules,
             opaque=tuple(tracker.opaque),
@@ -807,6 +808,14 @@ class Counter:
             rank=rank,
             world_size=world,
         )
+
+    def _module_params(self) -> dict[str, ParamStats]:
+        """Parameter counts per module path; a model that had lazy modules is counted again now
+        (its first forward has given their parameters a size)."""
+        params = dict(self._tracker.params)
+        if self._tracker.lazy_params and self.model is not None:
+            params.update(param_table(self.model)[0])
+        return params
 
     @staticmethod
     def _merged(

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import UninitializedTensorMixin
 
-__all__ = ["ParamStats", "count_params", "packed_objects", "param_table"]
+__all__ = ["ParamStats", "count_params", "packed_objects", "param_table", "uninitialized"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def param_table(
                 shared = True
                 continue
             owner[pid] = path
-            n = p.numel()
+            n = _size(p)
             own += n
             if p.requires_grad:
                 trainable += n
@@ -115,7 +116,7 @@ def param_table(
                 if id(b) in seen_buffers:  # one buffer registered on two modules
                     shared = True
                 seen_buffers.add(id(b))
-                buffers += b.numel()
+                buffers += _size(b)
         direct[id(module)] = (trainable, frozen, buffers)
         own_of.append(own)
         edges += sum(1 for c in module._modules.values() if c is not None)
@@ -138,11 +139,14 @@ def param_table(
 
 
 _PACKED = "__torch__.torch.classes.quantized."
+_CELL = "__torch__.torch.classes.rnn.CellParamsBase"
 
 
 def packed_objects(module: nn.Module) -> list[Any]:
-    """The quantized packed-parameter objects held directly by ``module`` (attributes that are
-    ``torch.classes.quantized`` script objects with an ``unpack`` method)."""
+    """The quantized packed-parameter objects held directly by ``module``: attributes that are
+    ``torch.classes.quantized`` script objects with an ``unpack`` method (linear, convolution,
+    embedding packs), or a quantized recurrent layer's ``torch.classes.rnn.CellParamsBase`` (the
+    ``param`` of a dynamic quantized LSTM/GRU's ``PackedParameter`` modules)."""
     found = []
     for value in module.__dict__.values():
         if isinstance(value, torch.ScriptObject):
@@ -150,23 +154,46 @@ def packed_objects(module: nn.Module) -> list[Any]:
                 kind = value._type().qualified_name()
             except (AttributeError, RuntimeError):
                 continue
-            if kind.startswith(_PACKED) and value._has_method("unpack"):  # type: ignore[attr-defined]
+            if (kind.startswith(_PACKED) and value._has_method("unpack")  # type: ignore[attr-defined]
+                    or kind == _CELL):
                 found.append(value)
     return found
 
 
 def _unpack(obj: Any, cache: dict[int, list[Tensor]]) -> list[Tensor]:
     """The tensors of a packed-parameter object: ``unpack()`` gives (weight, bias) for convolution
-    and linear packs, the weight alone for embeddings. Unpacked once per object, with any
-    dispatch mode (a running Counter) switched off, so unpacking is never counted as the model's
-    work."""
+    and linear packs, the weight alone for embeddings; a recurrent cell's parameters give its two
+    weights and (when it has them) two biases. Unpacked once per object, with any dispatch mode
+    (a running Counter) switched off, so unpacking is never counted as the model's work."""
     got = cache.get(id(obj))
     if got is None:
         with torch._C._DisableTorchDispatch(), torch.no_grad():
-            value = obj.unpack()
+            if obj._type().qualified_name() == _CELL:
+                from flopscope.rules.quantized import cell_params
+
+                value: Any = cell_params(obj)
+            else:
+                value = obj.unpack()
         items = value if isinstance(value, (tuple, list)) else (value,)
         got = cache[id(obj)] = [t for t in items if isinstance(t, Tensor)]
     return got
+
+
+_Uninitialized = UninitializedTensorMixin
+
+
+def _size(t: Tensor) -> int:
+    """Elements of a parameter or buffer; 0 for a lazy module's not yet initialised one (its
+    size is known only after the first forward)."""
+    return 0 if isinstance(t, _Uninitialized) else t.numel()
+
+
+def uninitialized(model: nn.Module) -> list[str]:
+    """Paths of the modules holding lazy parameters or buffers that are not initialised yet
+    (``nn.LazyLinear`` and friends before their first forward)."""
+    return [path for path, m in model.named_modules()
+            if any(isinstance(t, _Uninitialized)
+                   for t in (*m._parameters.values(), *m._buffers.values()))]
 
 
 def _shared_table(
@@ -198,14 +225,14 @@ def _shared_table(
         trainable = frozen = 0
         for p in params.values():
             if p.requires_grad:
-                trainable += p.numel()
+                trainable += _size(p)
             else:
-                frozen += p.numel()
+                frozen += _size(p)
         stats[path] = ParamStats(
             own=own,
             inclusive=trainable + frozen,
             trainable=trainable,
             frozen=frozen,
-            buffers=sum(b.numel() for b in bufs.values()),
+            buffers=sum(_size(b) for b in bufs.values()),
         )
     return stats

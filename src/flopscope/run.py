@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_iter, tree_map_only
 from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
 from flopscope.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
+from flopscope.params import uninitialized
 from flopscope.report import Report
 from flopscope.rules.user import RulesArg
 
@@ -160,6 +161,9 @@ def count(
                  "train": train, "warn": warn, "observers": observers or None}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
+    lazy = uninitialized(model)
+    if lazy:  # counted as it will be after its first forward, on a copy: the model stays lazy
+        model = _initialized_copy(model, lazy, args, kwargs)
     counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
     modules = counter.modules
     on_meta = _all_meta(modules)
@@ -256,6 +260,37 @@ def count(
     if shape_only or on_meta:
         report = dataclasses.replace(report, shape_only=True)
     return report
+
+
+def _initialized_copy(model: nn.Module, lazy: list[str], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> nn.Module:
+    """A copy of a model with lazy modules (``nn.LazyLinear``, ...), initialised by one uncounted
+    forward, so that the count sees the parameters the model will have after its first forward
+    and the model itself is left as it was (initialising changes a lazy module's class and
+    parameters for good). Lazy modules initialise from real inputs only (``.to("meta")`` breaks
+    them), so meta inputs are given as zeros of their shapes: one real forward, even for a
+    shape-only count.
+
+    Raises:
+        ForwardError: the initialising forward raised.
+    """
+    import copy
+
+    twin = copy.deepcopy(model)
+    args, kwargs = tree_map_only(
+        torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype) if t.is_meta else t,
+        (args, kwargs))
+    try:
+        with torch.no_grad():
+            twin(*args, **kwargs)
+    except Exception as e:
+        raise ForwardError(
+            f"the model has lazy modules that are not initialised yet ({', '.join(map(repr, lazy))}); "
+            "flopscope initialises them on a copy of the model with one uncounted forward, which "
+            f"raised {type(e).__name__}: {e}. Run one forward yourself before counting.",
+            module_path=None,
+        ) from e
+    return twin
 
 
 def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tuple[Any, ...],

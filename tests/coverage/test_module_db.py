@@ -32,16 +32,11 @@ KNOWN_GAPS: dict[str, str] = {
                                "(rules/loss.py)",
 }
 # module -> why counting it raises (whole database, slow tier)
-KNOWN_ERRORS: dict[str, str] = {
-    name: "lazy parameters are uninitialized when the Counter builds its parameter table "
-          "(params.py calls numel() on an UninitializedParameter)"
-    for name in ("nn.LazyConv1d", "nn.LazyConv2d", "nn.LazyConv3d", "nn.LazyConvTranspose1d",
-                 "nn.LazyConvTranspose2d", "nn.LazyConvTranspose3d")
-}
+KNOWN_ERRORS: dict[str, str] = {}  # module name -> why flopscope raises on it (none now)
 SAMPLE = ["nn.LSTM", "nn.GRU", "nn.RNN", "nn.LSTMCell", "nn.MultiheadAttention",
           "nn.TransformerEncoderLayer", "nn.Conv2d", "nn.ConvTranspose2d", "nn.BatchNorm2d",
           "nn.GroupNorm", "nn.Embedding", "nn.ReplicationPad2d",
-          "nn.CTCLoss", "nn.FractionalMaxPool2d"]
+          "nn.CTCLoss", "nn.FractionalMaxPool2d", "nn.LazyConv2d"]
 MODES = ["eval", "train", "inference_mode"]
 
 
