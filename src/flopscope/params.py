@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 __all__ = ["ParamStats", "count_params", "packed_objects", "param_table", "uninitialized"]
 
@@ -179,7 +179,7 @@ def _unpack(obj: Any, cache: dict[int, list[Tensor]]) -> list[Tensor]:
     return got
 
 
-_Uninitialized = UninitializedTensorMixin
+_Uninitialized = (UninitializedParameter, UninitializedBuffer)
 
 
 def _size(t: Tensor) -> int:
