@@ -205,33 +205,28 @@ def markdown(hw: Hardware, rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Estimated against measured time, log-log, with the y = x and y = 2x lines."""
-    import matplotlib
+    """Estimated against measured time, log-log over whole decades, with the y = x (a bound holds
+    above it) and y = 2x lines (the shared axes of :mod:`benchmarks.plotting`)."""
+    from benchmarks.plotting import MISSING, counted_vs_measured_axes, pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        raise SystemExit(MISSING)
     fig, ax = plt.subplots(figsize=(7, 6), dpi=120)
+    lo, hi = counted_vs_measured_axes(
+        ax, [v for r in rows for v in (r["estimate_s"], r["measured_s"])],
+        title="blue: compute-bound, orange: memory-bound; x: small cases",
+        xlabel="roofline estimate on this-machine (s)", ylabel="measured (s)")
+    ax.plot([lo, hi / 2], [2 * lo, hi], color="0.5", linestyle=":", linewidth=1,
+            label="measured = 2 x estimate")
     for r in rows:
         colour = "tab:blue" if r["bound"] == "compute" else "tab:orange"
         marker = "o" if r["large"] else "x"
         ax.scatter(r["estimate_s"], r["measured_s"], color=colour, marker=marker)
         ax.annotate(r["case"], (r["estimate_s"], r["measured_s"]), fontsize=6,
                     xytext=(3, 3), textcoords="offset points")
-    lo = min(min(r["estimate_s"], r["measured_s"]) for r in rows) / 2
-    hi = max(max(r["estimate_s"], r["measured_s"]) for r in rows) * 2
-    ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="measured = estimate")
-    ax.plot([lo, hi], [2 * lo, 2 * hi], "k--", lw=1, label="measured = 2 x estimate")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("roofline estimate on this-machine (s)")
-    ax.set_ylabel("measured (s, best of 5)")
-    ax.set_title("blue: compute-bound, orange: memory-bound; x: small cases", fontsize=9)
     ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save(plt, fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
