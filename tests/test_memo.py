@@ -132,3 +132,26 @@ def test_a_mode_below_the_counter_still_sees_every_call() -> None:
     with FlopCounterMode(display=False) as fcm:
         report = flopscope.count(model, x)
     assert fcm.get_total_flops() == 2 * report.macs == 2 * 4 * 2 * 8 * 8
+
+
+def test_a_real_count_after_a_symbolic_one_gets_real_tensors() -> None:
+    """A factory given only scalars (``torch.full((), 2.0)``) has the same memo key in every
+    count; a symbolic count remembers fake outputs for it, which must go when that count ends."""
+    from flopscope.symbolic import count_symbolic
+
+    seen: list[type] = []
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = torch.full((), 2.0)
+            seen.append(type(t))
+            return x * t
+
+    count_symbolic(Scaled(), torch.ones(3, 4), symbolic={"n": [(0, 0)]}, warn=False)
+    assert seen[0] is not torch.Tensor  # fake during the symbolic count
+    seen.clear()
+    with flopscope.Counter(warn=False):
+        Scaled()(torch.ones(3, 4))
+    report = flopscope.count(Scaled(), torch.ones(3, 4), warn=False)
+    assert seen == [torch.Tensor, torch.Tensor]
+    assert report.flops == 12  # 3 x 4 multiplies

@@ -354,7 +354,10 @@ def remember(key: tuple[Any, ...], s: Any) -> None:
     if len(OUTPUTS) >= _LIMIT:
         OUTPUTS.clear()
     OUTPUTS[key] = s
-    if key[-1] is _F:
+    # a symbolic count's entries go when it ends: keys made of its fake tensors, and any key whose
+    # outputs are its fake tensors (a factory given only scalars has the key a real count's call
+    # would have, and must not hand that count a fake tensor)
+    if key[-1] is _F or (type(s) is tuple and s and (s[0] is _FAKE_ONE or s[0] is _FAKE_MANY)):
         _FAKE_KEYS.append(key)
 
 
