@@ -459,6 +459,25 @@ def test_expert_groups_smaller_than_the_world(shape_only: bool) -> None:
         assert gathered == [3_264 * size]
 
 
+
+def test_expert_groups_with_one_expert_per_rank_shard_along_dimension_1() -> None:
+    from flopscope.cost import Phase
+    from flopscope.distributed import Layout, simulate
+
+    # 8 ranks, groups of 4: one expert per rank, 2 copies of it. Sharding the expert dimension
+    # (size 1) over 2 copies would pad it to 2 and gather 2 experts' worth; torchtitan shards
+    # dimension 1 instead, so the copies gather exactly one expert: 3 x 32 x 48 x 2 bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build, Layout(8, ep=4, fsdp=8, rank=5), shape_only=True,
+                          backward=True, logical=False, warn=False)
+    for layer in range(LAYERS):
+        ops = [(r.kind, r.phase, r.payload_bytes) for r in report.communication
+               if r.module == f"model.layers.{layer}.mlp.experts" and r.group_size == 2]
+        assert ops == [("all_gather", Phase.FORWARD, 3 * H * INTER * 2),
+                       ("reduce_scatter", Phase.BACKWARD, 9_216)]
+
+
 # -- a real 2-process gloo job with expert parallelism (slow tier) ---------------------------------
 EP_GLOO_FSDP = [None, 2]  # the rest replicated, then FSDP2 over both ranks
 

@@ -263,10 +263,18 @@ def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     elif layout.ep < layout.world_size:  # expert groups: each expert has world / ep copies
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
 
         apply_expert_parallel(model, mesh)
-        for _, block in moe_blocks(model):
-            fully_shard(block.experts, mesh=mesh["efsdp"])
+        blocks = moe_blocks(model)
+        # fewer local experts than copies (world > experts): shard each expert's weights along
+        # dimension 1, as torchtitan does, instead of padding the expert dimension
+        along = None
+        if layout.world_size > int(blocks[0][1].gate.num_experts):
+            def along(p: nn.Parameter) -> Shard:
+                return Shard(1)
+        for _, block in blocks:
+            fully_shard(block.experts, mesh=mesh["efsdp"], shard_placement_fn=along)
         dp_mesh = init_device_mesh("cpu", (layout.world_size,), mesh_dim_names=("dp",))
     else:
         apply_expert_parallel(model, mesh)
