@@ -26,17 +26,14 @@ pytest.importorskip("expecttest")  # torch.testing._internal imports it
 _RUN_SLOW = bool(os.environ.get("FLOPSCOPE_SLOW"))
 
 # module -> why it may leave an operator uncounted (whole database, slow tier)
-KNOWN_GAPS: dict[str, str] = {
-    "nn.MultiMarginLoss": "aten.multi_margin_loss_backward has no rule yet (rules/loss.py)",
-    "nn.MultiLabelMarginLoss": "aten.multilabel_margin_loss_backward has no rule yet "
-                               "(rules/loss.py)",
-}
+KNOWN_GAPS: dict[str, str] = {}  # module name -> why an operator stays uncounted (none now)
 # module -> why counting it raises (whole database, slow tier)
 KNOWN_ERRORS: dict[str, str] = {}  # module name -> why flopscope raises on it (none now)
 SAMPLE = ["nn.LSTM", "nn.GRU", "nn.RNN", "nn.LSTMCell", "nn.MultiheadAttention",
           "nn.TransformerEncoderLayer", "nn.Conv2d", "nn.ConvTranspose2d", "nn.BatchNorm2d",
           "nn.GroupNorm", "nn.Embedding", "nn.ReplicationPad2d",
-          "nn.CTCLoss", "nn.FractionalMaxPool2d", "nn.LazyConv2d"]
+          "nn.CTCLoss", "nn.FractionalMaxPool2d", "nn.LazyConv2d", "nn.MultiMarginLoss",
+          "nn.MultiLabelMarginLoss"]
 MODES = ["eval", "train", "inference_mode"]
 
 

@@ -65,10 +65,7 @@ def opinfos() -> dict[str, Any]:
 ALLOWED_UNCOUNTED: dict[str, str] = {}
 
 # Known gaps of the whole database in the backward sweep (slow tier), with the reason.
-KNOWN_BACKWARD_GAPS: dict[str, str] = {
-    "aten.multi_margin_loss_backward.default": "no rule yet (the loss family, rules/loss.py)",
-    "aten.multilabel_margin_loss_backward.default": "no rule yet (the loss family, rules/loss.py)",
-}
+KNOWN_BACKWARD_GAPS: dict[str, str] = {}  # none now (the margin losses' gradients have rules)
 
 # Known gaps of the whole database (slow tier), with the reason. Empty today: sparse tensors have
 # rules and byte counting (rules/sparse.py), F.linear_cross_entropy's chunked custom operators

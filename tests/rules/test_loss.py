@@ -21,3 +21,34 @@ def test_ctc_loss_forward_and_backward() -> None:
     back = sum(s.cost.flops for name, s in report.by_op("backward").items()
                if name.startswith("aten._ctc_loss_backward"))
     assert back == 20 * 110 + 6 * 10 * 2 * 5  # 2,200 + 600 = 2,800
+
+
+def _grad_op(fn, x: torch.Tensor, name: str) -> int:  # type: ignore[no-untyped-def]
+    import flopscope
+
+    with flopscope.Counter(warn=False) as counter:
+        fn(x).backward()
+    assert counter.report.uncounted == {}
+    return counter.report.by_op()[name].cost.flops
+
+
+def test_multi_margin_loss_backward() -> None:
+    x = torch.randn(4, 5, requires_grad=True)
+    y = torch.tensor([0, 2, 4, 1])
+    name = "aten.multi_margin_loss_backward.default"
+    # per sample 3C (z for every class, the final scaling) + (C - 1) x (compare, accumulate):
+    # 4 x (15 + 4 x 2) = 92
+    assert _grad_op(lambda t: F.multi_margin_loss(t, y), x, name) == 92
+    # p = 2 and a weight: + h = 2 g z (2) and x weight[y] (1) per other class: 4 x (15 + 4 x 5)
+    w = torch.rand(5)
+    assert _grad_op(lambda t: F.multi_margin_loss(t, y, p=2, weight=w), x, name) == 140
+
+
+def test_multilabel_margin_loss_backward_reads_the_labels() -> None:
+    x = torch.randn(4, 5, requires_grad=True)
+    t = torch.tensor([[3, 0, -1, 1, 1], [2, 2, 4, -1, 0], [0, 1, 2, 3, 4], [-1, 0, 0, 0, 0]])
+    # (label, other class) pairs per row, labels up to the first -1: {3, 0}: 2 x 3 = 6;
+    # 2, 2, 4 (two distinct): 3 x 3 = 9; all five classes: 5 x 0; none: 0 -> 15 pairs x 5 FLOPs
+    # + the final scaling of 4 x 5 elements = 95
+    name = "aten.multilabel_margin_loss_backward.default"
+    assert _grad_op(lambda u: F.multilabel_margin_loss(u, t), x, name) == 95

@@ -1,6 +1,7 @@
 """Losses whose kernels have no decomposition: connectionist temporal classification (``_ctc_loss``
-and its gradient). (Margin losses decompose into counted element-wise operators; cross-entropy,
-NLL, MSE, L1 and BCE are in the reduction family.)
+and its gradient), fused linear + cross-entropy, and the gradients of the multi-class and
+multi-label margin losses (their forwards decompose into counted element-wise operators;
+cross-entropy, NLL, MSE, L1 and BCE are in the reduction family).
 
 CTC (Graves et al., 2006) runs the forward algorithm in log space over a lattice of T time steps x
 (2S + 1) extended target positions per sequence (the S labels interleaved with blanks). Each
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from flopscope.cost import Cost, OpCall
-from flopscope.rules._shapes import tensor_values
+from flopscope.rules._shapes import named_arg, tensor_values
 from flopscope.rules.registry import rule
 
 CELL_FLOPS = 13  # 3-term logsumexp (12) + the emission log-probability (1)
@@ -109,3 +110,54 @@ def linear_cross_entropy_no_reduction(call: OpCall) -> Cost:
     """F.linear_cross_entropy with reduction='none': the logits (N*V*D MACs, + N*V bias adds) and
     log-softmax (5 per logit); its gradients are recomputed in backward by the same operator."""
     return _fused_linear_ce(call, with_grads=False)
+
+
+def _rows_and_classes(x: Any) -> tuple[Any, Any]:
+    """(samples, classes) of a margin loss's input: ``[C]`` is one sample, ``[N, C]`` N."""
+    return (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
+
+
+@rule("aten::multi_margin_loss_backward")
+def multi_margin_loss_backward(call: OpCall) -> Cost:
+    """Gradient of the multi-class margin loss (PyTorch's CPU kernel, LossMultiMargin.cpp), for N
+    samples of C classes, with every margin taken as active (whether ``z > 0`` depends on values;
+    the count is the bound): per (sample, class) z = margin - x[y] + x[d] (2, computed for all C);
+    per class other than the target a compare (1), h = 2 g z for p = 2 (2; p = 1: h = g, 0), times
+    weight[y] when a weight is given (1), and accumulating -h into the target's gradient (1); then
+    every element times the incoming gradient (1). Per sample: 3C + (C - 1)(2 + 2[p=2] + [weight])."""
+    x = call.args[1]
+    rows, classes = _rows_and_classes(x)
+    p = named_arg(call, "p", 1)
+    weighted = named_arg(call, "weight") is not None
+    per_other = 2 + (2 if p == 2 else 0) + (1 if weighted else 0)
+    return call.cost(flops=rows * (3 * classes + (classes - 1) * per_other))
+
+
+def _labels(target: Any, rows: Any) -> tuple[Any, Any]:
+    """(labels, (label, other class) pairs) of a multi-label target ``[N, C]`` (each row's labels
+    until the first -1): read from a real target; on fake/meta tensors one label per sample."""
+    values = tensor_values(target)
+    classes = target.shape[-1]
+    if values is None:
+        return rows, rows * (classes - 1)
+    labels = pairs = 0
+    for n in range(len(values) // classes if classes else 0):
+        row = values[n * classes:(n + 1) * classes]
+        got = row.index(-1) if -1 in row else classes
+        labels += got
+        pairs += got * (classes - len(set(row[:got])))
+    return labels, pairs
+
+
+@rule("aten::multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(call: OpCall) -> Cost:
+    """Gradient of the multi-label margin loss (PyTorch's CPU kernel, LossMultiLabelMargin.cpp),
+    for N samples of C classes, with every margin taken as active (the bound): for each of a
+    sample's labels y (its target row up to the first -1) and each class d that is not one of its
+    labels, z = 1 - x[y] + x[d] (2), a compare (1) and the two gradient updates -g at y, +g at d
+    (2): 5 per (label, other class) pair; then every element times the incoming gradient (1).
+    Labels are read from a real target; on fake/meta tensors each sample is taken to have one."""
+    x, target = call.args[1], call.args[2]
+    rows, classes = _rows_and_classes(x)
+    _, pairs = _labels(target, rows)
+    return call.cost(flops=5 * pairs + rows * classes)
