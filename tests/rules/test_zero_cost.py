@@ -56,3 +56,22 @@ def test_in_place_scatter_writes_only_what_it_writes() -> None:
     cost = op(r, "aten.index_copy_.default")
     # read: the index (1 int64 = 8 bytes) and the source (2,048); written: the source's elements
     assert (cost.bytes_read, cost.bytes_written) == (8 + 2048, 2048)
+
+
+def test_in_place_metadata_changes_move_no_bytes() -> None:
+    """``as_strided_``/``transpose_``/``squeeze_``/``unsqueeze_`` change sizes and strides only;
+    their schemas mark the argument as written, but no data moves (0 bytes, like a view)."""
+    import flopscope
+
+    x = torch.randn(4, 8)
+    with flopscope.Counter(warn=False) as counter:
+        y = x.clone()  # 128 bytes read, 128 written
+        y.as_strided_((8, 4), (1, 8))
+        y.transpose_(0, 1)
+        y.unsqueeze_(0)
+        y.squeeze_(0)
+    ops = counter.report.by_op()
+    for name in ("aten.as_strided_.default", "aten.transpose_.default", "aten.unsqueeze_.default",
+                 "aten.squeeze_.dim"):
+        assert ops[name].cost.bytes_read == ops[name].cost.bytes_written == 0, name
+    assert counter.report.total().bytes_read == 128

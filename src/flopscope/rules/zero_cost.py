@@ -12,8 +12,8 @@ from flopscope.rules.registry import rule
 # Views and metadata changes: the output shares the input's storage.
 VIEWS = [
     "view", "reshape", "expand", "expand_as", "permute",
-    "transpose", "transpose_", "t", "t_", "squeeze", "squeeze_", "unsqueeze", "unsqueeze_",
-    "slice", "select", "as_strided", "as_strided_", "alias", "detach", "detach_", "split",
+    "transpose", "t", "squeeze", "unsqueeze",
+    "slice", "select", "as_strided", "alias", "detach", "split",
     "split_with_sizes", "unsafe_split", "unsafe_split_with_sizes", "chunk", "unsafe_chunk",
     "unbind", "narrow", "unfold", "diagonal", "view_as_real", "view_as_complex", "lift_fresh",
     "_conj", "conj", "resolve_conj", "resolve_neg", "_neg_view", "movedim", "flatten",
@@ -83,6 +83,19 @@ def zero_flop(call: OpCall) -> Cost:
     random-number filling, bookkeeping: 0 FLOPs. Bytes of inputs and outputs are counted (0 for
     views)."""
     return call.cost()
+
+
+# In-place metadata changes: the tensor's sizes/strides change, its data neither moves nor is
+# written (their schemas mark the argument as written, so they are not views by schema).
+METADATA_IN_PLACE = ["transpose_", "t_", "squeeze_", "unsqueeze_", "as_strided_", "detach_",
+                     "swapdims_", "swapaxes_"]
+
+
+@rule(*(f"aten::{name}" for name in METADATA_IN_PLACE))
+def metadata_in_place(call: OpCall) -> Cost:
+    """An in-place change of a tensor's metadata (``as_strided_``, ``transpose_``, ``squeeze_``,
+    ``detach_``, ...): no data is read or written, 0 FLOPs and 0 bytes, like a view."""
+    return Cost()
 
 
 @rule("aten::_unsafe_view", "aten::_reshape_alias")
