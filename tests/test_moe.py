@@ -61,6 +61,26 @@ def test_mixtral_counts_router_and_routed_experts(impl: str) -> None:
     assert report.macs == 302_080
 
 
+@pytest.mark.parametrize("backward", [False, True])
+def test_float32_grouped_mm_counts_shape_only(backward: bool) -> None:
+    """The CPU runs _grouped_mm in float32, torch's meta kernel accepts only bfloat16/float16:
+    shape-only counts of a float32 Mixtral take the CPU's behaviour (flopscope._meta)."""
+    model = _mixtral("grouped_mm")
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = flopscope.count(model, ids, backward=backward)
+        shape = flopscope.count(model, ids, shape_only=True, backward=backward)
+        meta = flopscope.count(_mixtral("grouped_mm").to("meta"), ids, backward=backward)
+    grouped = "aten._grouped_mm.default"
+    for report in (shape, meta):
+        # the same 302,080 forward MACs as test_mixtral_counts_router_and_routed_experts (and the
+        # backward's), every _grouped_mm call in float32 at the CPU's cost
+        assert report.macs == real.macs
+        assert report.by_op()[grouped] == real.by_op()[grouped]
+    assert shape.macs == (302_080 if not backward else real.macs)
+
+
 def test_generate_on_tiny_llama_counts_everything() -> None:
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

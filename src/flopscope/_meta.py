@@ -13,6 +13,11 @@ would choose differently from a real CPU run:
   and recording the operators that reach the dispatcher), then replays those operators on the meta
   tensors, through the whole dispatcher, so autograd and the counter see exactly the CPU's calls.
   The recording is cached per argument metadata (80 identical decoder layers probe once).
+- ``_grouped_mm`` (mixture-of-experts layers, transformers' default experts implementation) runs
+  in float32 on the CPU, but its meta kernel accepts only bfloat16/float16 (the CUDA kernel's
+  limits), so a float32 MoE model could not be counted shape-only. :func:`grouped_mm_as_cpu`
+  lets the meta kernel take float32 as the CPU does (for a count's duration), inside the kernel,
+  where no dispatch mode sees it: the counter sees the float32 call the CPU would run.
 - ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` choose their fused "fast path" in
   Python, only for tensors on the CPU or an accelerator. :func:`needs_fake_cpu` says when a model
   holds such a module; such models are run as fake CPU tensors instead (slower, same counts).
@@ -30,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["needs_fake_cpu", "sdpa_as_cpu"]
+__all__ = ["grouped_mm_as_cpu", "needs_fake_cpu", "sdpa_as_cpu"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _CPU = torch.device("cpu")
@@ -167,6 +172,39 @@ def sdpa_as_cpu() -> Iterator[None]:
     lib = torch.library.Library("aten", "IMPL")  # a temporary override, destroyed below
     try:
         lib.impl("scaled_dot_product_attention", kernel, "AutogradMeta")
-        yield
+        with grouped_mm_as_cpu():
+            yield
     finally:
         lib._destroy()
+
+
+@contextmanager
+def grouped_mm_as_cpu() -> Iterator[None]:
+    """Within the block, the meta kernel of ``_grouped_mm`` accepts float32 operands as the CPU
+    kernel does (the output float32 unless ``out_dtype`` says otherwise): the check is made on
+    bfloat16 stand-ins of the same shapes and strides, inside the kernel. Nothing changes where
+    torch has no such meta function (older versions: their check, if any, stays)."""
+    registrations = torch._meta_registrations
+    original = getattr(registrations, "_meta_grouped_mm_common", None)
+    if original is None or getattr(original, "_flopscope_cpu", False):
+        yield
+        return
+
+    def common(mat_a: Any, mat_b: Any, *args: Any, **kwargs: Any) -> Any:
+        plain = not args and kwargs.get("scale_a") is None and kwargs.get("scale_b") is None
+        if not (plain and mat_a.dtype == torch.float32 and mat_b.dtype == torch.float32):
+            return original(mat_a, mat_b, *args, **kwargs)
+        wanted = kwargs.get("out_dtype") or torch.float32
+        kwargs["out_dtype"] = None
+        bias = kwargs.get("bias")
+        if bias is not None and bias.dtype == torch.float32:
+            kwargs["bias"] = bias.to(torch.bfloat16)
+        out = original(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), *args, **kwargs)
+        return out.to(wanted)
+
+    common._flopscope_cpu = True  # type: ignore[attr-defined]
+    registrations._meta_grouped_mm_common = common
+    try:
+        yield
+    finally:
+        registrations._meta_grouped_mm_common = original

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
-from flopscope._meta import needs_fake_cpu, sdpa_as_cpu
+from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu
 from flopscope.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.params import uninitialized
@@ -319,6 +319,7 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                 torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
             )
             cleanup.enter_context(fake_mode)
+            cleanup.enter_context(grouped_mm_as_cpu())
         if alias:  # inputs take part in autograd, as a training step's activations do
             args, kwargs = tree_map_only(torch.Tensor, _differentiable, (args, kwargs))
         with counter:
