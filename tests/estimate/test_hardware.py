@@ -120,3 +120,16 @@ def test_measure_only_the_dtypes_asked_for() -> None:
     assert set(hw.vector) == {"fp32", "fp64"}  # fp32 always: the fallback rate
     with pytest.raises(UsageError, match="cannot measure fp16"):
         measure_this_machine(dtypes=("fp16",))
+
+
+def test_this_machine_matrix_rate_is_the_fastest_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A roof must not be beaten by any kernel: the matrix rate is the best of the probes (an
+    n^3 GEMM, a 512^3 GEMM, an fp32 3x3 convolution), not one library's GEMM."""
+    import flopscope.estimate.hardware as hardware
+
+    monkeypatch.setattr(hardware, "best_seconds", lambda fn, repeats: 1.0)  # every probe 1 s
+    hw = measure_this_machine(gemm_size=64, copy_mib=1, repeats=1, dtypes=("fp64",))
+    # with equal times the rate is the largest FLOP count: fp32's convolution,
+    # 2 x 8 x 64 x 56 x 56 x 64 x 9 = 1,849,688,064; fp64 has only GEMMs: 2 x 64^3 = 524,288
+    assert hw.matrix["fp32"] == 1_849_688_064
+    assert hw.matrix["fp64"] == 2 * 64**3
