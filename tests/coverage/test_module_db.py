@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 import flopscope
 
@@ -45,13 +46,7 @@ def modules() -> dict[str, Any]:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def check_module(info: Any, mode: str, *, samples: int = 2) -> tuple[int, dict[str, int], list[str]]:

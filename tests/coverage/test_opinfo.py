@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 import flopscope
 
@@ -144,13 +145,7 @@ _SAMPLED_KINDS = ["backward", "float64", "complex64", "int64"]
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _forward_backward(info: Any, sample: Any) -> None:

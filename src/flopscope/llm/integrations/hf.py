@@ -33,14 +33,8 @@ class FlopscopeCallback(MonitorCallback, TrainerCallback):
         trainer = Trainer(model, args, train_dataset=ds,
                           callbacks=[FlopscopeCallback(peak="h100-sxm")])
 
-    Args:
-        peak: hardware peak for MFU (a profile name, a Hardware or FLOP/s); ``None``: no MFU.
-        dtype: dtype of the matrix products (picks the profile's peak).
-        recount_every: count again every k steps (MoE routing, data-dependent shapes).
-        prefix: put before every logged name.
-
-    Raises:
-        UsageError: an unknown hardware profile (see :class:`MonitorCallback`).
+    Takes :class:`~flopscope.llm.integrations.base.MonitorCallback`'s arguments (``peak``,
+    ``dtype``, ``recount_every``, ``prefix``) and raises what it raises.
     """
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,

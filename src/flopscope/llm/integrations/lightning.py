@@ -29,14 +29,8 @@ class FlopscopeLightningCallback(MonitorCallback, L.Callback):
 
         trainer = L.Trainer(callbacks=[FlopscopeLightningCallback(peak="h100-sxm")])
 
-    Args:
-        peak: hardware peak for MFU (a profile name, a Hardware or FLOP/s); ``None``: no MFU.
-        dtype: dtype of the matrix products (picks the profile's peak).
-        recount_every: count again every k steps (MoE routing, data-dependent shapes).
-        prefix: put before every logged name.
-
-    Raises:
-        UsageError: an unknown hardware profile (see :class:`MonitorCallback`).
+    Takes :class:`~flopscope.llm.integrations.base.MonitorCallback`'s arguments (``peak``,
+    ``dtype``, ``recount_every``, ``prefix``) and raises what it raises.
     """
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
