@@ -173,3 +173,19 @@ def test_reads_and_writes_at_their_own_bandwidths() -> None:
     assert row.memory_s == 4_096 / 4e9 + 4_096 / 1e9
     same = flopscope.estimate.Hardware("same", 4e9, vector={"fp32": 1e12})
     assert _log(lambda: x.neg()).estimate(same).total.memory_s == 8_192 / 4e9
+
+
+def test_convolutions_run_at_the_profiles_convolution_rate() -> None:
+    """A measured CPU profile can give convolutions their own attained rate (oneDNN's kernels
+    and the BLAS GEMM reach different fractions of the cores); other products keep ``matrix``."""
+    hw = flopscope.estimate.Hardware("cpu", 1e15, matrix={"fp32": 1e11}, vector={"fp32": 1e11},
+                                     convolution={"fp32": 2e11})
+    x, w = torch.randn(1, 8, 16, 16), torch.randn(8, 8, 3, 3)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    est = _log(lambda: (torch.nn.functional.conv2d(x, w, padding=1), a @ b)).estimate(hw)
+    conv = next(r for op, r in est.by_op.items() if "convolution" in op)
+    mm = est.by_op["aten.mm.default"]
+    # conv: 8 x 16 x 16 x 8 x 9 = 147,456 MACs -> 294,912 FLOPs / 2e11 = 1.47456e-6 s
+    assert conv.compute_s == pytest.approx(2 * 147_456 / 2e11)
+    # mm: 64^3 = 262,144 MACs -> 524,288 FLOPs at the matrix rate 1e11 = 5.24288e-6 s
+    assert mm.compute_s == pytest.approx(2 * 64**3 / 1e11)

@@ -79,6 +79,9 @@ class Hardware:
             (``memory_bandwidth`` is then the read bandwidth): the roofline charges reads and
             writes separately, reads / read bandwidth + writes / write bandwidth (they share
             the memory channels). ``None``: one bandwidth for both.
+        convolution: dtype key -> FLOP/s of convolutions, where they attain a rate of their own
+            (a measured CPU profile: oneDNN's convolutions and the BLAS GEMM reach different
+            fractions of the same cores); empty: convolutions run at the ``matrix`` rate.
     """
 
     name: str
@@ -92,6 +95,7 @@ class Hardware:
     cache_bytes: int | None = None
     cache_bandwidth: float | None = None
     write_bandwidth: float | None = None
+    convolution: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.memory_bandwidth > 0:
@@ -102,7 +106,7 @@ class Hardware:
             raise UsageError(f"hardware {self.name!r}: cache bandwidth must be positive")
         if self.write_bandwidth is not None and not self.write_bandwidth > 0:
             raise UsageError(f"hardware {self.name!r}: write bandwidth must be positive")
-        for unit in (self.matrix, self.vector):
+        for unit in (self.matrix, self.vector, self.convolution):
             for key, value in unit.items():
                 if key not in DTYPE_KEYS:
                     raise UsageError(
@@ -119,7 +123,7 @@ class Hardware:
         """Whether the roofline models a cache level (capacity and bandwidth both known)."""
         return bool(self.cache_bytes and self.cache_bandwidth)
 
-    def peak(self, key: str, matrix: bool) -> float:
+    def peak(self, key: str, matrix: bool, convolution: bool = False) -> float:
         """Peak rate for work of dtype ``key``.
 
         Matrix work (sums of products) uses the matrix units when they take this dtype, else the
@@ -130,10 +134,15 @@ class Hardware:
         Args:
             key: a dtype key (:data:`DTYPE_KEYS`).
             matrix: whether the work is a matrix product.
+            convolution: whether it is a convolution's (its own rate when the profile has one).
 
         Returns:
             Operations per second.
         """
+        if matrix and convolution:
+            rate = self.convolution.get(key)
+            if rate is not None:
+                return rate
         if matrix:
             rate = self.matrix.get(key)
             if rate is not None:
@@ -160,6 +169,8 @@ class Hardware:
             out["cache_bandwidth_gb_s"] = self.cache_bandwidth / _GIGA
         if self.write_bandwidth is not None:
             out["write_bandwidth_gb_s"] = self.write_bandwidth / _GIGA
+        if self.convolution:
+            out["convolution_tflops"] = {k: v / _TERA for k, v in self.convolution.items()}
         return out
 
     @classmethod
@@ -178,7 +189,7 @@ class Hardware:
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
                  "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
-                 "write_bandwidth_gb_s"}
+                 "write_bandwidth_gb_s", "convolution_tflops"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -223,6 +234,7 @@ class Hardware:
             cache_bytes=cache_bytes,
             cache_bandwidth=cache_bandwidth,
             write_bandwidth=write_bandwidth,
+            convolution=rates("convolution_tflops"),
         )
 
 
@@ -518,21 +530,28 @@ def _counted_bytes(fn: Any) -> tuple[int, int]:
 
 
 def _matrix_probes(dtype: torch.dtype, n: int) -> list[tuple[int, Any]]:
-    """(FLOPs, a call) of the kernels whose best rate is a profile's matrix rate: the n^3 GEMM,
-    a 512^3 GEMM (its operands stay in cache, where BLAS runs fastest) and, in fp32, a 3x3
-    convolution (oneDNN's, which can beat the BLAS GEMM on the same cores). A roofline is a
-    bound only if no kernel runs faster than its roof, so the roof is the fastest of them."""
+    """(FLOPs, a call) of the GEMMs whose best rate is a profile's matrix rate: the n^3 GEMM and
+    a 512^3 GEMM (its operands stay in cache, where BLAS runs fastest). A roofline is a bound
+    only if no kernel runs faster than its roof, so the roof is the fastest of them."""
     probes: list[tuple[int, Any]] = []
     for size in sorted({n, min(n, 512)}):
         a = torch.randn(size, size, dtype=dtype)
         b = torch.randn(size, size, dtype=dtype)
         c = torch.empty(size, size, dtype=dtype)
         probes.append((2 * size**3, lambda a=a, b=b, c=c: torch.mm(a, b, out=c)))
-    if dtype == torch.float32:
-        x = torch.randn(8, 64, 56, 56)
-        w = torch.randn(64, 64, 3, 3)
-        # 2 x batch x C_out x H x W x C_in x 3 x 3 (padding 1 keeps 56 x 56)
-        flops = 2 * 8 * 64 * 56 * 56 * 64 * 9
+    return probes
+
+
+def _convolution_probes() -> list[tuple[int, Any]]:
+    """(FLOPs, a call) of fp32 3x3 convolutions, whose best rate is the profile's convolution
+    rate (oneDNN's kernels, not the BLAS GEMM: on a CPU the two reach different fractions of
+    the cores): 64 channels on 56 x 56 and 256 channels on 14 x 14, batch 8 (ResNet's shapes),
+    2 x batch x C_out x H x W x C_in x 9 FLOPs each (padding 1 keeps H x W)."""
+    probes: list[tuple[int, Any]] = []
+    for channels, side in ((64, 56), (256, 14)):
+        x = torch.randn(8, channels, side, side)
+        w = torch.randn(channels, channels, 3, 3)
+        flops = 2 * 8 * channels * side * side * channels * 9
         probes.append((flops, lambda x=x, w=w: torch.nn.functional.conv2d(x, w, padding=1)))
     return probes
 
@@ -540,8 +559,8 @@ def _matrix_probes(dtype: torch.dtype, n: int) -> list[tuple[int, Any]]:
 def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
                          repeats: int = 3,
                          dtypes: tuple[str, ...] = ("fp32", "fp64", "bf16")) -> Hardware:
-    """Measure the CPU this runs on: the best rate of a few matrix kernels per dtype (FP32, FP64,
-    BF16: an n^3 and a 512^3 GEMM, and in FP32 a 3x3 convolution), main memory's
+    """Measure the CPU this runs on: the best rate of an n^3 and a 512^3 GEMM per dtype (FP32,
+    FP64, BF16), the best of two FP32 3x3 convolutions (the convolution rate), main memory's
     read bandwidth (a sum over a buffer well beyond the caches) and write bandwidth (a copy of
     it: the time the copy takes beyond reading at the read bandwidth), and a copy that fits in
     the last-level cache (whose capacity the operating system reports:
@@ -575,9 +594,11 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
     for key, dtype in known.items():
         if key != "fp32" and key not in dtypes:
             continue
-        # the roof is the best rate a matrix kernel attains: several probes, the fastest wins
+        # the roof is the best rate a GEMM attains: several probes, the fastest wins
         rates[key] = max(flops / best_seconds(fn, repeats)
                          for flops, fn in _matrix_probes(dtype, n))
+    convolution = {"fp32": max(flops / best_seconds(fn, repeats)
+                               for flops, fn in _convolution_probes())}
     numel = copy_mib * 2**20 // 4
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
@@ -612,8 +633,8 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         memory_bandwidth=bandwidth,
         matrix=dict(rates),
         vector=dict(rates),
-        description=f"this machine, measured ({threads} threads): best of {n}^3 and 512^3 GEMM "
-                    f"and a 3x3 convolution, "
+        description=f"this machine, measured ({threads} threads): best of {n}^3 and 512^3 GEMM, "
+                    f"best of two 3x3 convolutions, "
                     f"{copy_mib} MiB sum and copy{what}",
         source="measured by flopscope.estimate.measure_this_machine (cache capacity from the "
                "operating system)",
@@ -621,4 +642,5 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         cache_bytes=cache_bytes,
         cache_bandwidth=cache_bandwidth,
         write_bandwidth=write_bandwidth,
+        convolution=convolution,
     )

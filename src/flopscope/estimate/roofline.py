@@ -347,6 +347,14 @@ class Row:
         }
 
 
+def _is_convolution(op: str) -> bool:
+    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
+    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
+    convolution's, whose products run at the profile's convolution rate when it has one."""
+    name = op.split(".")[1] if op.count(".") >= 1 else op
+    return "conv" in name and "convert" not in name
+
+
 def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
     dtype = rec.dtype
     key = dtype_key(dtype) if dtype is not None else None
@@ -354,7 +362,8 @@ def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
     matrix = 2 * rec.macs
     other = max(rec.flops - matrix, 0)
     mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
-    compute = max(matrix / hw.peak(mkey, True) if matrix else 0.0,
+    conv = _is_convolution(rec.op)
+    compute = max(matrix / hw.peak(mkey, True, conv) if matrix else 0.0,
                   other / hw.peak(key, False) if other else 0.0)
     if hw.cache_bytes and hw.cache_bandwidth:
         cached_read, cached_written = rec.cached(hw.cache_bytes)
