@@ -123,7 +123,4 @@ class DTensorLedger:
         if sums is None:
             sums = self.logical[key] = Sums()
         sums.calls += 1
-        sums.macs += cost.macs
-        sums.flops += cost.flops
-        sums.bytes_read += cost.bytes_read
-        sums.bytes_written += cost.bytes_written
+        sums.add(cost)

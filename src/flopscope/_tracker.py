@@ -82,6 +82,13 @@ class Sums:
         self.bytes_written = 0
         self.first: Any = None  # the first cost added, reused as the total while they are equal
 
+    def add(self, cost: Any) -> None:
+        """Add a cost's MACs, FLOPs and bytes (not a call: callers count calls themselves)."""
+        self.macs += cost.macs
+        self.flops += cost.flops
+        self.bytes_read += cost.bytes_read
+        self.bytes_written += cost.bytes_written
+
 
 @dataclass(slots=True)
 class Frame:
@@ -142,8 +149,8 @@ class _Tables:
     (see :func:`_model_tables`). Holds the modules only weakly, so that it never keeps a model
     alive."""
 
-    __slots__ = ("lazy_params", "module_paths", "packed", "param_paths", "params", "refs", "shared",
-                 "stamp", "types")
+    __slots__ = ("module_paths", "packed", "param_paths", "params", "refs", "shared", "stamp",
+                 "types", "uninitialized")
 
     def __init__(self, model: nn.Module, named: list[tuple[str, nn.Module]]) -> None:
         stats, owners = param_table(model, named)
@@ -161,9 +168,9 @@ class _Tables:
         # modules holding quantized packed-parameter objects (their ids are part of the stamp)
         self.packed = frozenset(id(m) for m in modules if packed_objects(m))
         self.stamp = _stamp(modules, self.packed)
-        # lazy modules not initialised yet: their parameters count 0 now, and are counted again
-        # when the report is made (the forward initialises them)
-        self.lazy_params = self.stamp is None and bool(uninitialized(model))
+        # lazy modules not initialised yet (their tensors have no shape, so no stamp): their
+        # parameters count 0 now and are counted again when the report is made
+        self.uninitialized = uninitialized(model) if self.stamp is None else []
         self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
 
 
@@ -171,6 +178,21 @@ _shape_and_grad = attrgetter("shape", "requires_grad")
 _shape = attrgetter("shape")
 # id(model) -> (weak reference to it, its tables)
 _TABLES: dict[int, tuple[Any, _Tables]] = {}
+
+
+def _stamp_tensors(extend: Any, table: dict[str, Any], describe: Any) -> bool:
+    """Add a parameter or buffer table's part of a stamp: names, identities and ``describe`` of
+    each tensor; ``False`` when a tensor has no shape yet (a lazy module's uninitialised one)."""
+    extend(table)
+    held = table.values()
+    extend(map(id, held))
+    try:
+        extend(map(describe, held))
+    except AttributeError:  # an entry set to None
+        extend(None if t is None else describe(t) for t in held)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None:
@@ -195,27 +217,11 @@ def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None
         extend(children)
         extend(map(id, children.values()))
         push(len(params))
-        if params:
-            extend(params)
-            tensors = params.values()
-            extend(map(id, tensors))
-            try:
-                extend(map(_shape_and_grad, tensors))
-            except AttributeError:  # an entry set to None
-                extend(None if p is None else _shape_and_grad(p) for p in tensors)
-            except RuntimeError:  # a lazy module's uninitialised parameter: no shape yet
-                return None
+        if params and not _stamp_tensors(extend, params, _shape_and_grad):
+            return None
         push(len(buffers))
-        if buffers:
-            extend(buffers)
-            held = buffers.values()
-            extend(map(id, held))
-            try:
-                extend(map(_shape, held))
-            except AttributeError:
-                extend(None if b is None else b.shape for b in held)
-            except RuntimeError:  # an uninitialised buffer
-                return None
+        if buffers and not _stamp_tensors(extend, buffers, _shape):
+            return None
         if packed and id(m) in packed:
             extend(map(id, packed_objects(m)))
     return out
@@ -276,7 +282,8 @@ class ModuleTracker:
         self.types: dict[str, str] = {}
         self.calls: dict[str, int] = {}
         self.params: dict[str, ParamStats] = {}
-        self.lazy_params = False  # the model had uninitialised lazy parameters (see _Tables)
+        # paths of the model's lazy modules not initialised yet when counting began (see _Tables)
+        self.uninitialized: list[str] = []
         self.param_paths: dict[int, str] = {}
         self.modules: list[nn.Module] = []  # the model's modules, in named_modules() order
         self.shared: set[nn.Module] = set()  # modules registered under more than one path
@@ -298,7 +305,7 @@ class ModuleTracker:
             self.types = dict(tables.types)
             self.calls = dict.fromkeys(tables.types, 0)
             self.params = dict(tables.params)
-            self.lazy_params = tables.lazy_params
+            self.uninitialized = tables.uninitialized
             self.param_paths = dict(tables.param_paths)
             if tables.shared:
                 self.shared = {m for m in self.modules if id(m) in tables.shared}

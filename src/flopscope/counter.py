@@ -118,13 +118,6 @@ class _RuleSums:
         self.shadow = Sums()
 
 
-def _add(sums: Sums, cost: Cost) -> None:
-    sums.macs += cost.macs
-    sums.flops += cost.flops
-    sums.bytes_read += cost.bytes_read
-    sums.bytes_written += cost.bytes_written
-
-
 def _cost(sums: Sums) -> Cost:
     # one call (most entries of a forward): its own cost, not a new one (plain integers only:
     # comparing symbolic sizes would add guards)
@@ -344,6 +337,12 @@ class Counter:
         return self._tracker.innermost
 
     @property
+    def uninitialized(self) -> list[str]:
+        """Paths of the model's lazy modules whose parameters were not initialised yet when
+        this Counter was made (``nn.LazyLinear`` before its first forward)."""
+        return self._tracker.uninitialized
+
+    @property
     def observed(self) -> bool:
         """Whether observers (:class:`CallObserver`) see this Counter's calls."""
         return bool(self._observers)
@@ -450,9 +449,9 @@ class Counter:
             sums = _RuleSums(name, not isinstance(result, Cost))
             self._rule_acc[frame.path] = sums
         sums.rule.calls += 1
-        _add(sums.rule, cost)
+        sums.rule.add(cost)
         if frame.shadow is not None:
-            _add(sums.shadow, _cost(frame.shadow))
+            sums.shadow.add(frame.shadow)
         op = f"module_rule:{type(frame.module).__name__}"
         self._add((frame.path, op, frame.phase), cost)
         for observer in self._observers:
@@ -649,7 +648,7 @@ class Counter:
         if shadowing is not None:
             sh = shadowing.shadow
             assert sh is not None
-            _add(sh, cost)
+            sh.add(cost)
             return
         self._add((path, key, phase), cost)
         if self._observers:
@@ -813,7 +812,7 @@ class Counter:
         """Parameter counts per module path; a model that had lazy modules is counted again now
         (its first forward has given their parameters a size)."""
         params = dict(self._tracker.params)
-        if self._tracker.lazy_params and self.model is not None:
+        if self._tracker.uninitialized and self.model is not None:
             params.update(param_table(self.model)[0])
         return params
 
@@ -831,7 +830,7 @@ class Counter:
                 if total is None:
                     total = out[key] = Sums()
                 total.calls += sums.calls
-                _add(total, _cost(sums))
+                total.add(sums)
         return out
 
     def _records(self, acc: dict[tuple[str, int | str, Phase], Sums]) -> tuple[OpRecord, ...]:

@@ -23,7 +23,6 @@ from torch.utils._pytree import tree_iter, tree_map_only
 from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu
 from flopscope.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
-from flopscope.params import uninitialized
 from flopscope.report import Report
 from flopscope.rules.user import RulesArg
 
@@ -161,10 +160,11 @@ def count(
                  "train": train, "warn": warn, "observers": observers or None}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
-    lazy = uninitialized(model)
-    if lazy:  # counted as it will be after its first forward, on a copy: the model stays lazy
-        model = _initialized_copy(model, lazy, args, kwargs)
     counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
+    if counter.uninitialized:  # counted as it will be after its first forward, on a copy: the
+        # model stays lazy
+        model = _initialized_copy(model, counter.uninitialized, args, kwargs)
+        counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
     modules = counter.modules
     on_meta = _all_meta(modules)
     modes = [(m, m.training) for m in modules]
