@@ -4,6 +4,7 @@ counts the router plus the k routed experts' MACs; ``generate()`` lists nothing 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -502,33 +503,25 @@ def test_expert_groups_with_one_expert_per_rank_shard_along_dimension_1() -> Non
 EP_GLOO_FSDP = [None, 2]  # the rest replicated, then FSDP2 over both ranks
 
 
+def _ep_reports(rank: int) -> Iterator[object]:
+    """The tiny Mixtral's experts over 2 gloo ranks, the rank's own half of the batch, counted
+    with count_rank (forward and backward), once per FSDP degree of EP_GLOO_FSDP."""
+    from flopscope.distributed import Layout, apply_layout, count_rank
+
+    for fsdp in EP_GLOO_FSDP:
+        model, (ids,), _ = _ep_build()
+        layout = Layout(2, ep=2, fsdp=fsdp, rank=rank)
+        apply_layout(model, layout, layout.mesh())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield count_rank(model, (ids.chunk(2)[rank],), {}, backward=True, warn=False)
+
+
 def _ep_gloo_rank(rank: int, out: str, port: int) -> None:
-    """One rank of a real job: the tiny Mixtral's experts over 2 gloo ranks, the rank's own half
-    of the batch, counted with count_rank (forward and backward); reports gathered to rank 0."""
-    import json
-    import os
+    """One rank of a real job; reports gathered to rank 0 (tests.distributed._gloo_job)."""
+    from tests.distributed._gloo_job import run_ranks
 
-    import torch.distributed as dist
-
-    from flopscope.distributed import Layout, apply_layout, count_rank, gather_reports
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        gathered = []
-        for fsdp in EP_GLOO_FSDP:
-            model, (ids,), _ = _ep_build()
-            layout = Layout(2, ep=2, fsdp=fsdp, rank=rank)
-            apply_layout(model, layout, layout.mesh())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                report = count_rank(model, (ids.chunk(2)[rank],), {}, backward=True, warn=False)
-            gathered.append(gather_reports(report))
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump([[r.to_dict() for r in reports] for reports in gathered], f)
-    finally:
-        dist.destroy_process_group()
+    run_ranks(rank, out, port, _ep_reports)
 
 
 def _ep_gloo_job(out: str, port: int) -> None:
