@@ -124,19 +124,70 @@ def test_measure_only_the_dtypes_asked_for() -> None:
 
 def test_this_machine_matrix_rate_is_the_fastest_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """A roof must not be beaten by any kernel of its kind: the matrix rate is the best of the
-    GEMM probes (an n^3 and a 512^3 GEMM), the convolution rate the best of two fp32 3x3
-    convolutions (oneDNN's, which on a CPU reach another fraction of the cores than BLAS)."""
+    GEMM probes (an n^3 and a 512^3 GEMM, in fp32 a 1x1 convolution), the convolution rate
+    the best of two fp32 3x3 convolutions (oneDNN's, which on a CPU reach another fraction of
+    the cores than BLAS); each special function has its element rate."""
     import flopscope.estimate.hardware as hardware
 
     monkeypatch.setattr(hardware, "best_seconds", lambda fn, repeats: 1.0)  # every probe 1 s
     hw = measure_this_machine(gemm_size=64, copy_mib=1, repeats=1, dtypes=("fp64",))
-    # with equal times each rate is its largest FLOP count: the GEMMs 2 x 64^3 = 524,288; the
+    # with equal times each rate is its largest FLOP count: the GEMMs 2 x 64^3 = 524,288, in
+    # fp32 also the 1x1 convolution 2 x 8 x 14 x 14 x 1024 x 256 = 822,083,584; the 3x3
     # convolutions 2 x 8 x 64 x 56 x 56 x 64 x 9 = 1,849,688,064 and
     # 2 x 8 x 256 x 14 x 14 x 256 x 9 = 1,849,688,064 (the same by design)
-    assert hw.matrix["fp32"] == hw.matrix["fp64"] == 2 * 64**3
+    assert hw.matrix["fp32"] == 822_083_584
+    assert hw.matrix["fp64"] == 2 * 64**3
     assert hw.convolution == {"fp32": 1_849_688_064}
     assert hw.peak("fp32", True, True) == 1_849_688_064  # a convolution's products
-    assert hw.peak("fp32", True) == 2 * 64**3  # any other matrix product
+    assert hw.peak("fp32", True) == 822_083_584  # any other matrix product
     assert hw.peak("fp64", True, True) == 2 * 64**3  # no fp64 convolution rate: the matrix one
+    assert set(hw.special) == {"fp32"}
+    assert set(hw.special["fp32"]) == set(hardware.SPECIAL_FUNCTIONS)
     again = hardware.Hardware.from_dict(hw.to_dict())
     assert again.convolution == pytest.approx(hw.convolution)
+
+
+def test_special_function_rates_in_profile_files(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"name": "c", "memory_bandwidth_gb_s": 50,
+                                "vector_tflops": {"fp32": 0.1},
+                                "special_gelem_s": {"fp32": {"exp": 1.5, "tanh": 0.45}}}))
+    (hw,) = load_hardware(path)
+    assert hw.special == {"fp32": {"exp": 1.5e9, "tanh": 0.45e9}}
+    assert hw.special_rate("fp32", "exp") == 1.5e9
+    assert hw.special_rate("fp64", "exp") is None and hw.special_rate("fp32", "erf") is None
+    assert Hardware.from_dict(hw.to_dict()) == hw
+    for bad, message in [({"fp32": {"expo": 1}}, "no special function 'expo'"),
+                         ({"fp33": {"exp": 1}}, "unknown dtype 'fp33'"),
+                         ({"fp32": {"exp": 0}}, "the fp32 rate of exp must be positive"),
+                         ({"fp32": 1.5}, "special_gelem_s must be a table")]:
+        path.write_text(json.dumps({"name": "c", "memory_bandwidth_gb_s": 50,
+                                    "vector_tflops": {"fp32": 0.1}, "special_gelem_s": bad}))
+        with pytest.raises(UsageError, match=message):
+            load_hardware(path)
+
+
+def test_shipped_profiles_have_no_special_function_rates() -> None:
+    # not applied on vendor profiles (see docs/roofline.md: no datasheet figure bounds the
+    # library functions that PyTorch's kernels call)
+    assert all(not hw.special for hw in PROFILES.values())
+
+
+def test_special_rate_is_the_marginal_element_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flopscope.estimate.hardware as hardware
+
+    def big() -> None: ...
+
+    def one() -> None: ...
+
+    monkeypatch.setattr(hardware, "_special_probes", lambda numel: [("exp", big, one)])
+    times = {big: 2e-3, one: 1e-5}
+    monkeypatch.setattr(hardware, "best_seconds", lambda fn, repeats: times[fn])
+    # a 32 MiB cache: 32 MiB / 32 = 1,048,576 elements (input and output a quarter of it);
+    # the one-element call's 1e-5 s is taken off: 1,048,575 / (2e-3 - 1e-5) per second
+    assert hardware._special_rates(1, 32 * 2**20) == {"exp": 1_048_575 / (2e-3 - 1e-5)}
+    # no difference to take: elements / time
+    times[one] = 2e-3
+    assert hardware._special_rates(1, 32 * 2**20) == {"exp": 1_048_576 / 2e-3}
+    # unknown cache: 2^18 elements
+    assert hardware._special_rates(1, None) == {"exp": 2**18 / 2e-3}

@@ -189,3 +189,89 @@ def test_convolutions_run_at_the_profiles_convolution_rate() -> None:
     assert conv.compute_s == pytest.approx(2 * 147_456 / 2e11)
     # mm: 64^3 = 262,144 MACs -> 524,288 FLOPs at the matrix rate 1e11 = 5.24288e-6 s
     assert mm.compute_s == pytest.approx(2 * 64**3 / 1e11)
+
+
+def test_one_by_one_convolutions_run_at_the_matrix_rate() -> None:
+    """A 1x1 convolution with one group is a GEMM over the channels: its products run at the
+    matrix rate, not the convolution rate (which is measured on 3x3 kernels); a depthwise 1x1
+    (one input channel per group) is not a GEMM and keeps the convolution rate."""
+    hw = flopscope.estimate.Hardware("cpu", 1e15, matrix={"fp32": 1e11}, vector={"fp32": 1e11},
+                                     convolution={"fp32": 2e11})
+    x = torch.randn(2, 16, 8, 8)
+    pointwise, depthwise = torch.randn(32, 16, 1, 1), torch.randn(16, 1, 1, 1)
+    log = _log(lambda: (torch.nn.functional.conv2d(x, pointwise),
+                        torch.nn.functional.conv2d(x, depthwise, groups=16)))
+    gemm, dw = (flopscope.estimate.Estimate.from_records([r], hw).total for r in log.records)
+    # 1x1: 2 x 8 x 8 x 32 x 16 = 65,536 MACs -> 131,072 FLOPs / 1e11 (matrix) = 1.31072e-6 s
+    assert gemm.macs == 65_536
+    assert gemm.compute_s == 131_072 / 1e11
+    # depthwise: 2 x 16 x 8 x 8 = 2,048 MACs -> 4,096 FLOPs / 2e11 (convolution) = 2.048e-8 s
+    assert dw.macs == 2_048
+    assert dw.compute_s == 4_096 / 2e11
+    # the backward of the 1x1 convolution is two GEMMs too: the matrix rate
+    xg = x.clone().requires_grad_()
+    log = _log(lambda: torch.nn.functional.conv2d(xg, pointwise).sum().backward())
+    back = next(r for r in log.records if "backward" in r.op)
+    assert not back.convolution
+    row = flopscope.estimate.Estimate.from_records([back], hw).total
+    assert row.compute_s == 2 * back.macs / 1e11
+
+
+# special-function rates: exp at 1e9 evaluations/s, tanh at 5e8, gelu (erf) at 2e9
+SPECIAL = flopscope.estimate.Hardware(
+    "special", 1e12, vector={"fp32": 1e12},
+    special={"fp32": {"exp": 1e9, "tanh": 5e8, "gelu": 2e9, "pow": 4e8, "softmax": 1e9}})
+
+
+def test_special_functions_take_their_element_rate() -> None:
+    x = torch.empty(1_000_000, device="meta")
+    row = _log(lambda: x.exp()).estimate(SPECIAL).total
+    # exp: 1,000,000 FLOPs (one per element: the count is unchanged) / 1e12 = 1e-6 s;
+    # 8,000,000 B / 1e12 B/s = 8e-6 s; 1,000,000 evaluations / 1e9 per s = 1e-3 s: the largest
+    assert row.flops == 1_000_000
+    assert row.memory_s == 8_000_000 / 1e12
+    assert row.compute_s == row.time_s == 1_000_000 / 1e9
+    assert row.bound == "compute"
+    # the same exp on a profile without special rates: memory-bound at 8e-6 s
+    plain = flopscope.estimate.Hardware("plain", 1e12, vector={"fp32": 1e12})
+    assert _log(lambda: x.exp()).estimate(plain).total.time_s == 8_000_000 / 1e12
+    # in place and out= variants are the same function
+    out = torch.empty(1_000_000, device="meta")
+    assert _log(lambda: torch.exp(x, out=out)).estimate(SPECIAL).total.time_s == 1e-3
+    assert _log(lambda: x.clone().tanh_()).estimate(SPECIAL).by_op[
+        "aten.tanh_.default"].time_s == 1_000_000 / 5e8
+    # fp64 has no rate in this profile: no special time (memory-bound, 16e6 B / 1e12)
+    x64 = torch.empty(1_000_000, dtype=torch.float64, device="meta")
+    assert _log(lambda: x64.exp()).estimate(SPECIAL).total.time_s == 16_000_000 / 1e12
+
+
+def test_special_time_only_when_it_exceeds_memory_time() -> None:
+    fast = flopscope.estimate.Hardware("fast", 1e9, vector={"fp32": 1e12},
+                                       special={"fp32": {"exp": 1e12}})
+    x = torch.empty(1_000_000, device="meta")
+    row = _log(lambda: x.exp()).estimate(fast).total
+    # 1e6 / 1e12 = 1e-6 s of evaluations < 8e6 B / 1e9 B/s = 8e-3 s of memory
+    assert row.time_s == row.memory_s == 8_000_000 / 1e9
+    assert row.bound == "memory"
+
+
+def test_which_calls_are_special_functions() -> None:
+    from flopscope.estimate.roofline import special_function
+
+    x = torch.empty(1_000, device="meta")
+    rows = {}
+    for name, fn in [("gelu", lambda: torch.nn.functional.gelu(x)),
+                     ("gelu_tanh", lambda: torch.nn.functional.gelu(x, approximate="tanh")),
+                     ("pow 2.5", lambda: x.pow(2.5)), ("pow 2", lambda: x.pow(2)),
+                     ("pow 0.5", lambda: x.pow(0.5)), ("pow 3.0", lambda: x.pow(3.0)),
+                     ("softmax", lambda: x.view(10, 100).softmax(-1)), ("neg", lambda: x.neg())]:
+        (rec,) = [r for r in _log(fn).records if r.flops]
+        rows[name] = rec.special
+    assert rows == {"gelu": ("gelu", 1_000), "gelu_tanh": ("gelu_tanh", 1_000),
+                    "pow 2.5": ("pow", 1_000), "pow 2": None, "pow 0.5": None, "pow 3.0": None,
+                    "softmax": ("softmax", 1_000), "neg": None}
+    assert special_function("aten.exp.default", None) is None  # a module rule's cost
+    # gelu: 1,000 / 2e9 = 5e-7 s; pow 2.5: 1,000 / 4e8 = 2.5e-6 s; both above their memory
+    # time 8,000 B / 1e12 = 8e-9 s and their FLOPs' time (5,000 and 1,000 FLOPs / 1e12)
+    assert _log(lambda: torch.nn.functional.gelu(x)).estimate(SPECIAL).total.time_s == 1_000 / 2e9
+    assert _log(lambda: x.pow(2.5)).estimate(SPECIAL).total.time_s == 1_000 / 4e8

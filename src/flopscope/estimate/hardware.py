@@ -11,6 +11,14 @@ are those of the units that only multiply matrices (tensor cores, matrix cores, 
 peaks those of the general units (CUDA cores, SIMD FMA units). A dtype a unit does not list falls
 back as :meth:`Hardware.peak` says.
 
+A profile may also give *special-function rates* (:attr:`Hardware.special`): evaluations per
+second of element-wise functions that cost far more than the one FLOP per element they are
+counted as (``exp``, ``log``, ``tanh``, ``erf``, ``sin``, GELU, softmax, ...; the names are
+:data:`SPECIAL_FUNCTIONS`), per dtype. With a rate for a call's function and dtype, the roofline
+charges its elements at that rate as compute time. A measured profile has fp32 rates (short
+probes, see :func:`measure_this_machine`); the shipped profiles have none (not applied: see
+``docs/roofline.md`` for why).
+
 A profile may also describe its last-level cache (L2 on GPUs, L3 on most CPUs): capacity
 (``cache_bytes``) and bandwidth (``cache_bandwidth``). With both, the roofline charges data that a
 call finds in the cache at cache bandwidth (see :mod:`flopscope.estimate.roofline`); with either
@@ -22,6 +30,7 @@ File format (JSON; TOML takes the same keys), one profile or ``{"profiles": [...
      "matrix_tflops": {"bf16": 500, "fp16": 500, "tf32": 250},
      "vector_tflops": {"fp32": 60, "fp64": 30},
      "memory_gb": 80, "cache_mib": 50, "cache_bandwidth_gb_s": 7000,
+     "special_gelem_s": {"fp32": {"exp": 1.5, "tanh": 0.45}},
      "description": "...", "source": "..."}
 """
 
@@ -44,6 +53,7 @@ __all__ = [
     "DTYPE_KEYS",
     "Hardware",
     "PROFILES",
+    "SPECIAL_FUNCTIONS",
     "best_seconds",
     "dtype_key",
     "get_hardware",
@@ -54,6 +64,14 @@ __all__ = [
 
 DTYPE_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 THIS_MACHINE = ("this", "this-machine", "this_machine", "local")
+SPECIAL_FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "erf", "erfc",
+                     "sin", "cos", "tan", "atan", "pow", "silu", "gelu", "gelu_tanh", "softmax",
+                     "log_softmax")
+"""Element-wise functions that can have a rate of their own (:attr:`Hardware.special`): the
+ATen operators of the same name (in place and ``out=`` too), ``pow`` with a scalar exponent that
+is not an integer or +-0.5 (those have cheaper kernels), ``gelu`` (erf) and ``gelu_tanh``
+(``approximate="tanh"``), and ``softmax``/``log_softmax`` (``aten._softmax``,
+``aten._log_softmax``)."""
 
 _TERA = 1e12
 _GIGA = 1e9
@@ -82,6 +100,12 @@ class Hardware:
         convolution: dtype key -> FLOP/s of convolutions, where they attain a rate of their own
             (a measured CPU profile: oneDNN's convolutions and the BLAS GEMM reach different
             fractions of the same cores); empty: convolutions run at the ``matrix`` rate.
+            Convolutions with a 1x1 kernel and one group are matrix products (a GEMM over the
+            channels) and run at the ``matrix`` rate whatever this says.
+        special: dtype key -> {function (:data:`SPECIAL_FUNCTIONS`) -> evaluations per second}:
+            the attained element rate of an element-wise special function (a transcendental
+            evaluation costs tens of instructions, not the one FLOP it is counted as); empty:
+            no such rate, the function's elements cost what its FLOPs cost.
     """
 
     name: str
@@ -96,6 +120,7 @@ class Hardware:
     cache_bandwidth: float | None = None
     write_bandwidth: float | None = None
     convolution: Mapping[str, float] = field(default_factory=dict)
+    special: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.memory_bandwidth > 0:
@@ -117,6 +142,21 @@ class Hardware:
                     raise UsageError(f"hardware {self.name!r}: peak for {key} must be positive")
         if "fp32" not in self.vector:
             raise UsageError(f"hardware {self.name!r}: needs at least a vector fp32 peak")
+        for key, functions in self.special.items():
+            if key not in DTYPE_KEYS:
+                raise UsageError(
+                    f"hardware {self.name!r}: special-function rates for unknown dtype {key!r}; "
+                    f"use one of {', '.join(DTYPE_KEYS)}"
+                )
+            for function, value in functions.items():
+                if function not in SPECIAL_FUNCTIONS:
+                    raise UsageError(
+                        f"hardware {self.name!r}: no special function {function!r}; use one of "
+                        f"{', '.join(SPECIAL_FUNCTIONS)}"
+                    )
+                if not value > 0:
+                    raise UsageError(f"hardware {self.name!r}: the {key} rate of {function} must "
+                                     f"be positive")
 
     @property
     def has_cache(self) -> bool:
@@ -150,6 +190,11 @@ class Hardware:
         rate = self.vector.get(key)
         return rate if rate is not None else self.vector["fp32"]
 
+    def special_rate(self, key: str, function: str) -> float | None:
+        """Evaluations per second of special function ``function`` in dtype ``key``, or ``None``
+        when the profile has no rate for them (the roofline then does not apply one)."""
+        return self.special.get(key, {}).get(function)
+
     def to_dict(self) -> dict[str, Any]:
         """The profile in the file format (TFLOP/s, GB/s), plus ``measured``."""
         out: dict[str, Any] = {
@@ -171,6 +216,9 @@ class Hardware:
             out["write_bandwidth_gb_s"] = self.write_bandwidth / _GIGA
         if self.convolution:
             out["convolution_tflops"] = {k: v / _TERA for k, v in self.convolution.items()}
+        if self.special:
+            out["special_gelem_s"] = {k: {f: v / _GIGA for f, v in table.items()}
+                                      for k, table in self.special.items()}
         return out
 
     @classmethod
@@ -189,7 +237,7 @@ class Hardware:
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
                  "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
-                 "write_bandwidth_gb_s", "convolution_tflops"}
+                 "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -209,6 +257,18 @@ class Hardware:
                 return {str(k): float(v) * _TERA for k, v in table.items()}
             except (TypeError, ValueError) as e:
                 raise UsageError(f"{where}: {key}: {e}") from e
+
+        def special() -> dict[str, dict[str, float]]:
+            table = data.get("special_gelem_s", {})
+            if not isinstance(table, Mapping) or not all(isinstance(v, Mapping)
+                                                         for v in table.values()):
+                raise UsageError(f"{where}: special_gelem_s must be a table of dtype -> "
+                                 f"{{function -> G evaluations/s}}")
+            try:
+                return {str(k): {str(f): float(v) * _GIGA for f, v in rates.items()}
+                        for k, rates in table.items()}
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"{where}: special_gelem_s: {e}") from e
 
         try:
             bandwidth = float(data["memory_bandwidth_gb_s"]) * _GIGA
@@ -235,6 +295,7 @@ class Hardware:
             cache_bandwidth=cache_bandwidth,
             write_bandwidth=write_bandwidth,
             convolution=rates("convolution_tflops"),
+            special=special(),
         )
 
 
@@ -530,16 +591,81 @@ def _counted_bytes(fn: Any) -> tuple[int, int]:
 
 
 def _matrix_probes(dtype: torch.dtype, n: int) -> list[tuple[int, Any]]:
-    """(FLOPs, a call) of the GEMMs whose best rate is a profile's matrix rate: the n^3 GEMM and
-    a 512^3 GEMM (its operands stay in cache, where BLAS runs fastest). A roofline is a bound
-    only if no kernel runs faster than its roof, so the roof is the fastest of them."""
+    """(FLOPs, a call) of the matrix products whose best rate is a profile's matrix rate: the
+    n^3 GEMM, a 512^3 GEMM (its operands stay in cache, where BLAS runs fastest) and, in fp32, a
+    1x1 convolution (a GEMM over the channels, run by the convolution library's own 1x1 kernel:
+    ResNet-50's 1024 -> 256 channels on 14 x 14, batch 8, 2 x 8 x 14 x 14 x 1024 x 256 FLOPs).
+    A roofline is a bound only if no kernel runs faster than its roof, so the roof is the fastest
+    of them; the roofline charges 1x1 convolutions at this rate."""
     probes: list[tuple[int, Any]] = []
     for size in sorted({n, min(n, 512)}):
         a = torch.randn(size, size, dtype=dtype)
         b = torch.randn(size, size, dtype=dtype)
         c = torch.empty(size, size, dtype=dtype)
         probes.append((2 * size**3, lambda a=a, b=b, c=c: torch.mm(a, b, out=c)))
+    if dtype is torch.float32:
+        x = torch.randn(8, 1024, 14, 14)
+        w = torch.randn(256, 1024, 1, 1)
+        probes.append((2 * 8 * 14 * 14 * 1024 * 256,
+                       lambda: torch.nn.functional.conv2d(x, w)))
     return probes
+
+
+def _special_probes(numel: int) -> list[tuple[str, Any, Any]]:
+    """(function, a call over ``numel`` fp32 elements, the same call over one element) for each of
+    :data:`SPECIAL_FUNCTIONS`, writing into preallocated outputs (``out=``: a fresh output would
+    add the allocator's page faults to the function's time). Inputs are standard normal; the
+    logarithms' and ``pow``'s are ``|x| + 0.5`` (positive). ``pow`` raises to 2.5, softmax and
+    log-softmax run over rows of 1,024 elements."""
+    aten = torch.ops.aten
+    calls: dict[str, Any] = {
+        "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
+        "log10": torch.log10, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
+        "erfc": torch.erfc, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+        "atan": torch.atan,
+        "pow": lambda x, out: torch.pow(x, 2.5, out=out),
+        "silu": lambda x, out: aten.silu.out(x, out=out),
+        "gelu": lambda x, out: aten.gelu.out(x, out=out),
+        "gelu_tanh": lambda x, out: aten.gelu.out(x, approximate="tanh", out=out),
+        "softmax": lambda x, out: aten._softmax.out(x, -1, False, out=out),
+        "log_softmax": lambda x, out: aten._log_softmax.out(x, -1, False, out=out),
+    }
+    row = 1024
+    numel = max(numel // row, 1) * row
+    probes: list[tuple[str, Any, Any]] = []
+    for function in SPECIAL_FUNCTIONS:
+        fn = calls[function]
+        pair = []
+        for shape in ((numel // row, row), (1, 1)):
+            x = torch.randn(shape)
+            if function.startswith("log") and function != "log_softmax" or function == "pow":
+                x = x.abs() + 0.5
+            out = torch.empty(shape)
+            pair.append(lambda fn=fn, x=x, out=out: fn(x, out=out))
+        probes.append((function, pair[0], pair[1]))
+    return probes
+
+
+def _special_rates(repeats: int, cache_bytes: int | None) -> dict[str, float]:
+    """Evaluations per second of each special function in fp32 (:func:`_special_probes`), over a
+    tensor whose input and output take a quarter of the last-level cache (at most 2^21
+    elements; 2^18 when the capacity is unknown), so the function's arithmetic, not memory, sets
+    the time. The rate is the marginal one, (n - 1) / (t(n) - t(1)): the time of a one-element
+    call (dispatch, the fixed cost the roofline ignores) is taken off; n / t(n) when the
+    difference is not positive. Each call is timed 4 x ``max(repeats, 5)`` times (best of)."""
+    numel = min(max(cache_bytes // 32, 2**16), 2**21) if cache_bytes else 2**18
+    rates: dict[str, float] = {}
+    # short calls: timed more often than the GEMMs (a best of more runs is nearer the best rate
+    # the machine attains, which is what a bound needs)
+    runs = max(repeats, 5) * 4
+    for function, fn, one in _special_probes(numel):
+        elements = (numel // 1024) * 1024
+        seconds = best_seconds(fn, runs)
+        fixed = best_seconds(one, runs)
+        marginal = seconds - fixed
+        rates[function] = ((elements - 1) / marginal if marginal > 0 and elements > 1
+                           else elements / seconds)
+    return rates
 
 
 def _convolution_probes() -> list[tuple[int, Any]]:
@@ -558,9 +684,12 @@ def _convolution_probes() -> list[tuple[int, Any]]:
 
 def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
                          repeats: int = 3,
-                         dtypes: tuple[str, ...] = ("fp32", "fp64", "bf16")) -> Hardware:
+                         dtypes: tuple[str, ...] = ("fp32", "fp64", "bf16"),
+                         special: bool = True) -> Hardware:
     """Measure the CPU this runs on: the best rate of an n^3 and a 512^3 GEMM per dtype (FP32,
-    FP64, BF16), the best of two FP32 3x3 convolutions (the convolution rate), main memory's
+    FP64, BF16; in FP32 also a 1x1 convolution, a GEMM over channels), the best of two FP32 3x3
+    convolutions (the convolution rate), the FP32 element rate of each special function
+    (:data:`SPECIAL_FUNCTIONS`, over a tensor in the last-level cache), main memory's
     read bandwidth (a sum over a buffer well beyond the caches) and write bandwidth (a copy of
     it: the time the copy takes beyond reading at the read bandwidth), and a copy that fits in
     the last-level cache (whose capacity the operating system reports:
@@ -577,6 +706,8 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
             cache).
         repeats: timed runs per measurement.
         dtypes: the GEMM dtypes to measure, of ``fp32``, ``fp64``, ``bf16`` (``fp32`` always).
+        special: measure the special-function rates (about 0.1 s); ``False``: the profile has
+            none.
 
     Returns:
         The profile, named ``"this-machine"``.
@@ -626,6 +757,7 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         seconds = best_seconds(lambda: cdst.copy_(csrc), max(repeats, 5) * 20)
         cache_bandwidth = sum(_counted_bytes(lambda: cdst.copy_(csrc))) / seconds
         what = f", {small * 4 // 2**10} KiB copy in the {cache_bytes // 2**20} MiB last-level cache"
+    special_rates = {"fp32": _special_rates(repeats, cache_bytes)} if special else {}
     threads = torch.get_num_threads()
     # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
     return Hardware(
@@ -633,8 +765,9 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         memory_bandwidth=bandwidth,
         matrix=dict(rates),
         vector=dict(rates),
-        description=f"this machine, measured ({threads} threads): best of {n}^3 and 512^3 GEMM, "
-                    f"best of two 3x3 convolutions, "
+        description=f"this machine, measured ({threads} threads): best of {n}^3 and 512^3 GEMM "
+                    f"and a 1x1 convolution, best of two 3x3 convolutions, "
+                    f"{'fp32 special-function element rates, ' if special else ''}"
                     f"{copy_mib} MiB sum and copy{what}",
         source="measured by flopscope.estimate.measure_this_machine (cache capacity from the "
                "operating system)",
@@ -643,4 +776,5 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         cache_bandwidth=cache_bandwidth,
         write_bandwidth=write_bandwidth,
         convolution=convolution,
+        special=special_rates,
     )

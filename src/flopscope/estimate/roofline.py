@@ -9,8 +9,16 @@ done in, whether the operator is element-wise); it knows nothing about hardware.
   work flopscope counts as MACs) runs on the matrix units when the hardware has them for the
   dtype (float32 products as TF32 when torch's ``float32_matmul_precision`` is not ``"highest"``);
   the rest of the FLOPs (``flops - 2 * macs``) runs on the vector units;
-- compute time = max(matrix FLOPs / matrix peak, other FLOPs / vector peak) (the units can
-  overlap, so the larger of the two is the bound);
+- convolutions' products run at the hardware's convolution rate when it has one
+  (:attr:`Hardware.convolution`), except a 1x1 convolution with one group, which is a matrix
+  product (a GEMM over the channels) and runs at the matrix rate;
+- an element-wise special function (:data:`~flopscope.estimate.hardware.SPECIAL_FUNCTIONS`:
+  ``exp``, ``log``, ``tanh``, ``erf``, GELU, softmax, ...) takes at least its elements / the
+  hardware's rate for that function and dtype (:attr:`Hardware.special`), when it has one: a
+  transcendental evaluation costs tens of instructions, not the one FLOP it is counted as (the
+  count is unchanged; this is time only);
+- compute time = max(matrix FLOPs / matrix peak, other FLOPs / vector peak, special-function
+  elements / their rate) (the units can overlap, so the largest is the bound);
 - memory time = (bytes read + bytes written) / memory bandwidth (bytes read / read bandwidth +
   bytes written / write bandwidth when the hardware gives the two apart), or, when the hardware
   describes its last-level cache (capacity *C* and bandwidth, :attr:`Hardware.has_cache`), the
@@ -51,7 +59,7 @@ import torch
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.hardware import Hardware, dtype_key
 
-__all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype"]
+__all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype", "special_function"]
 
 IGNORES = (
     "kernel launch and framework overhead",
@@ -116,9 +124,74 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+_SPECIAL_OPS = {name: name for name in ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid",
+                                         "erf", "erfc", "sin", "cos", "tan", "atan", "silu",
+                                         "gelu", "pow")}
+_SPECIAL_OPS |= {"_softmax": "softmax", "_log_softmax": "log_softmax"}
+_CHEAP_POWERS = (0.5, -0.5)  # ATen runs these as sqrt and rsqrt
+
+
+def special_function(op: str, call: OpCall | None) -> tuple[str, int] | None:
+    """The special function a call evaluates, and how many times (its output's elements): an
+    ``aten`` operator of :data:`~flopscope.estimate.hardware.SPECIAL_FUNCTIONS` (in place and
+    ``out=`` variants too); ``gelu`` with ``approximate="tanh"`` is ``gelu_tanh``; ``pow`` only
+    with a scalar exponent that is neither an integer nor +-0.5 (those run as products, sqrt and
+    rsqrt); ``aten._softmax``/``aten._log_softmax`` are ``softmax``/``log_softmax``.
+
+    Args:
+        op: the operator's report name (``"aten.exp.default"``).
+        call: the call (``None``: a module rule's cost, no function).
+
+    Returns:
+        ``(function, evaluations)``, or ``None``.
+    """
+    if call is None:
+        return None
+    parts = op.split(".")
+    if len(parts) < 2 or parts[0] != "aten":
+        return None
+    base = parts[1]
+    base = base[:-1] if base.endswith("_") and not base.startswith("_") else base
+    function = _SPECIAL_OPS.get(base)
+    if function is None:
+        return None
+    if function == "gelu" and call.arg(1, "approximate", "none") == "tanh":
+        function = "gelu_tanh"
+    if function == "pow":
+        exponent = call.arg(1, "exponent")
+        if (len(parts) < 3 or not parts[2].startswith("Tensor_Scalar")
+                or isinstance(exponent, bool) or not isinstance(exponent, (int, float))
+                or float(exponent).is_integer() or exponent in _CHEAP_POWERS):
+            return None
+    try:
+        return function, int(call.output.numel())
+    except (ValueError, TypeError, RuntimeError):  # no tensor output, or a symbolic size
+        return None
+
+
+def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
+    """Whether a convolution call is a matrix product: a 1x1 kernel (every spatial size 1), one
+    group (the weight's input channels are the input's), not transposed. Its products then
+    run at the matrix rate, not the convolution rate."""
+    if call is None:
+        return False
+    base = op.split(".")[1] if op.count(".") >= 1 else op
+    backward = "backward" in base
+    if base in ("convolution", "_convolution") and call.arg(6, "transposed", False):
+        return False
+    if base == "convolution_backward" and call.arg(7, "transposed", False):
+        return False
+    x = call.arg(1 if backward else 0, "input")
+    w = call.arg(2 if backward else 1, "weight")
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return False
+    return (w.dim() >= 3 and x.dim() == w.dim() and all(int(n) == 1 for n in w.shape[2:])
+            and int(x.shape[1]) == int(w.shape[1]))
+
+
 class _Record:
-    __slots__ = ("bytes", "bytes_read", "bytes_written", "dtype", "flops", "fused_bytes", "macs",
-                 "op", "out_bytes", "path", "phase", "reuse")
+    __slots__ = ("bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
+                 "fused_bytes", "macs", "op", "out_bytes", "path", "phase", "reuse", "special")
 
     def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
                  dtype: torch.dtype | None) -> None:
@@ -136,6 +209,10 @@ class _Record:
         # storage bytes of the outputs (None: unknown, never cached)
         self.reuse: tuple[tuple[int, int], ...] = ()
         self.out_bytes: int | None = None
+        # products at the convolution rate (a convolution that is not a 1x1 GEMM)
+        self.convolution = _is_convolution(op)
+        # (special function, evaluations), see special_function
+        self.special: tuple[str, int] | None = None
 
     def cached(self, capacity: int) -> tuple[int, int]:
         """(bytes read, bytes written) of this call served by a last-level cache of
@@ -198,6 +275,9 @@ class CallLog:
             self._prev = (path, phase, False, rec, {})
             return
         rec = _Record(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
+        if rec.convolution and _is_gemm_convolution(op, call):
+            rec.convolution = False
+        rec.special = special_function(op, call)
         rec.bytes_read = cost.bytes_read
         rec.bytes_written = cost.bytes_written
         self._follow(rec, call)
@@ -362,9 +442,13 @@ def _call_row(rec: _Record, hw: Hardware, tf32: bool) -> Row:
     matrix = 2 * rec.macs
     other = max(rec.flops - matrix, 0)
     mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
-    conv = _is_convolution(rec.op)
-    compute = max(matrix / hw.peak(mkey, True, conv) if matrix else 0.0,
-                  other / hw.peak(key, False) if other else 0.0)
+    special = 0.0
+    if rec.special is not None and dtype is not None and not dtype.is_complex:
+        rate = hw.special_rate(key, rec.special[0])
+        if rate is not None:
+            special = rec.special[1] / rate
+    compute = max(matrix / hw.peak(mkey, True, rec.convolution) if matrix else 0.0,
+                  other / hw.peak(key, False) if other else 0.0, special)
     if hw.cache_bytes and hw.cache_bandwidth:
         cached_read, cached_written = rec.cached(hw.cache_bytes)
         dram_read = rec.bytes_read - cached_read
