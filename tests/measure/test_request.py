@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import torch.nn as nn
 
 from flopscope.errors import BackendUnavailableError, SourceError, UsageError
@@ -68,7 +69,7 @@ def test_request_builds_counts_and_compares_once(source: str) -> None:
     assert len(built) == 1 and built[0].depth == 2
     assert next(built[0].module.parameters()).dtype.itemsize == 8  # float64
     assert result.report is built[0].report and result.ratio == 1.0
-    assert [s.path for s in result.comparison.segments] == ["", "0", "1.0", "1.1"]
+    assert [s.path for s in result.comparison.segments] == ["", "0", "1", "1.0", "1.1"]
     doc = result.to_dict()
     assert doc["schema"] == RESULT_SCHEMA and doc["backend"] == "fake"
     assert doc["counted_flops"] == doc["measured_flops"] == result.report.flops
@@ -109,9 +110,44 @@ def test_measure_callable_and_model_with_a_fake() -> None:
 def test_segment_paths_from_paths_alone() -> None:
     paths = ["", "0", "1", "1.0", "1.1", "1.1.0", "2"]
     assert segment_paths(paths, 1) == ["0", "1", "2"]
-    assert segment_paths(paths, 2) == ["0", "1.0", "1.1", "2"]
-    assert segment_paths(paths, 3) == ["0", "1.0", "1.1.0", "2"]
+    assert segment_paths(paths, 2) == ["0", "1", "1.0", "1.1", "2"]
+    assert segment_paths(paths, 3) == ["0", "1", "1.0", "1.1", "1.1.0", "2"]
     assert segment_paths(paths, 0) == []
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2.0
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 8), _Scaled()])  # never called itself
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x + 1.0
+
+
+def test_counted_segments_attribute_each_op_to_its_innermost_segment() -> None:
+    import flopscope
+
+    model = _Stack().double()
+    report = flopscope.count(model, flopscope.Inputs(torch.ones(3, 4, dtype=torch.float64)),
+                             warn=False)
+    # blocks.0: 2*3*4*8 + 3*8 (bias) = 216; blocks.1.lin: 2*3*8*2 + 3*2 = 102; blocks.1's own
+    # "* 2.0": 3*2 = 6; the root's own "+ 1.0": 6.  Total 330.
+    assert report.flops == 330
+    assert counted_segments(report, 1) == {"blocks": 216 + 102 + 6, "": 6}
+    assert counted_segments(report, 2) == {"blocks": 0, "blocks.0": 216, "blocks.1": 108, "": 6}
+    assert counted_segments(report, 3) == {
+        "blocks": 0, "blocks.0": 216, "blocks.1": 6, "blocks.1.lin": 102, "": 6}
 
 
 def test_child_contract_round_trips(tmp_path: Path, source: str) -> None:

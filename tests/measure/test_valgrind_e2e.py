@@ -90,3 +90,44 @@ def test_cli_measure_file_factory_float64_json(
     assert doc["modules"] == [{"path": "", "counted_flops": expected,
                                "measured_flops": doc["measured_flops"], "ratio": doc["ratio"]}]
     assert "backend valgrind" in err and "measured region" in err
+
+
+MODULE_LIST_FACTORY = """\
+import torch
+import torch.nn as nn
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(128, 128, bias=False) for _ in range(2)])
+
+    def forward(self, x):
+        for block in self.blocks:  # the ModuleList itself is never called
+            x = block(x)
+        return x
+
+
+def factory():
+    torch.manual_seed(0)
+    return Stack(), torch.randn(128, 128)
+"""
+
+
+def test_module_list_items_are_measured_in_its_segment(tmp_path: Path) -> None:
+    """maxvit_t keeps its stages in a ModuleList that its forward iterates: the list is a
+    top-level segment that is never called.  Its items' code belongs to it (as flopscope counts
+    it), not to the code outside the modules (which had 92 % of maxvit_t's measured FLOPs while
+    only the segment modules were hooked)."""
+    from flopscope.measure import MeasureRequest, measure_request
+
+    path = tmp_path / "stack.py"
+    path.write_text(MODULE_LIST_FACTORY)
+    result = measure_request(MeasureRequest(f"{path}:factory", dtype="float64"),
+                             backend="valgrind")
+    expected = 2 * (2 * 128**3)  # two 128x128 @ 128x128 products
+    rows = {s.path: s for s in result.comparison.segments}
+    assert set(rows) == {"", "blocks"}
+    assert rows["blocks"].counted_flops == expected and rows[""].counted_flops == 0
+    assert abs(rows["blocks"].measured_flops / expected - 1) < 0.01, rows
+    assert rows[""].measured_flops < 0.001 * expected, rows

@@ -19,7 +19,7 @@ from flopscope.errors import UsageError
 from flopscope.measure.backend import Backend, ProgressFn
 from flopscope.measure.registry import BackendName, resolve_backend
 from flopscope.measure.result import Comparison, Measurement
-from flopscope.measure.workload import Region, WorkloadSpec, segment_paths
+from flopscope.measure.workload import Region, WorkloadSpec, segment_of, segment_paths
 
 if TYPE_CHECKING:
     from flopscope.report import Report
@@ -229,18 +229,22 @@ def counted_segments(report: Report, depth: int = 1) -> dict[str, int]:
     """Counted FLOPs per segment module (see :func:`~flopscope.measure.workload.segment_paths`),
     and ``""`` for everything outside them.
 
+    Each operator counts in the segment of the module it ran in
+    (:func:`~flopscope.measure.workload.segment_of`), as the measurement attributes executed code.
+
     Args:
         report: a report of one forward pass.
         depth: module depth of the split.
 
     Returns:
-        Inclusive FLOPs per segment path; ``""`` is the rest of the total.
+        FLOPs per segment path; ``""`` is the rest of the total.
     """
-    stats = report.by_module()
-    out: dict[str, int] = {}
-    for path in segment_paths(list(report.modules), depth):
-        if path in stats:
-            out[path] = int(stats[path].inclusive.flops)
+    segments = segment_paths(list(report.modules), depth)
+    out = dict.fromkeys(segments, 0)
+    for path, stats in report.by_module().items():
+        seg = segment_of(path, out)
+        if seg:
+            out[seg] += int(stats.self_cost.flops)
     out[""] = int(report.flops) - sum(out.values())
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CallableWorkload",
     "Region",
+    "SegmentMarks",
     "Workload",
     "WorkloadSpec",
     "model_workload",
     "segment_modules",
+    "segment_of",
     "segment_paths",
 ]
 
@@ -215,27 +217,38 @@ class WorkloadSpec:
 
 
 def segment_paths(paths: Sequence[str], depth: int = 1) -> list[str]:
-    """The module paths that delimit measurement segments: those at ``depth``, and leaves above.
+    """The module paths that delimit measurement segments: every module down to ``depth``.
 
-    They never nest, so every operator of a forward belongs to at most one of them; what runs
-    outside all of them is the ``""`` segment.
+    Segments nest: a module's segment holds the code that runs while it is the innermost segment
+    module running (:func:`segment_of`), so a module above ``depth`` holds only its own code
+    (residual adds, reshapes, functional calls in its ``forward``) and one at ``depth`` holds
+    everything below it.  What runs outside all of them is the ``""`` segment.  At ``depth`` 1
+    the segments are the top-level children, which do not nest.
 
     Args:
         paths: every module path of a model (``""`` is the root), in model order.
-        depth: 1 = top-level children, 2 = their children, ...
+        depth: 1 = top-level children, 2 = their children too, ...
 
     Returns:
         The segment paths, in model order.
     """
-    parents = {p.rpartition(".")[0] if "." in p else "" for p in paths if p}
-    out: list[str] = []
-    for path in paths:
-        if not path:
-            continue
-        level = path.count(".") + 1
-        if level == depth or (level < depth and path not in parents):
-            out.append(path)
-    return out
+    return [p for p in paths if p and p.count(".") + 1 <= depth]
+
+
+def segment_of(path: str, segments: Collection[str]) -> str:
+    """The segment that code running in module ``path`` belongs to: ``path`` itself or its
+    nearest ancestor among ``segments`` (``""`` if none is).
+
+    Args:
+        path: a module path.
+        segments: the segment paths (:func:`segment_paths`).
+
+    Returns:
+        The segment path.
+    """
+    while path and path not in segments:
+        path = path.rpartition(".")[0]
+    return path
 
 
 def segment_modules(model: Any, depth: int = 1) -> list[tuple[str, Any]]:
@@ -243,10 +256,66 @@ def segment_modules(model: Any, depth: int = 1) -> list[tuple[str, Any]]:
 
     Args:
         model: an ``nn.Module``.
-        depth: 1 = top-level children, 2 = their children, ...
+        depth: 1 = top-level children, 2 = their children too, ...
 
     Returns:
         ``(path, module)`` pairs in registration order.
     """
     named = dict(model.named_modules())
     return [(p, named[p]) for p in segment_paths(list(named), depth)]
+
+
+class SegmentMarks:
+    """Follows which segment's code is running during a forward, from module hooks.
+
+    Every module of the model is hooked, not only the segment modules: a segment module may never
+    be called itself (an ``nn.ModuleList`` or ``nn.ModuleDict`` whose parent calls its items) and a
+    module may be called from another segment's ``forward``.  Entering a module makes its segment
+    (:func:`segment_of`) current; leaving it returns to the segment of the module that called it.
+    Each time the current segment changes, ``mark`` is called with the segment that was current
+    until then, so the code run between two marks belongs to the segment passed to the second.
+
+    Args:
+        model: an ``nn.Module``.
+        depth: module depth of the segments (:func:`segment_paths`).
+        mark: called with the segment path whose code ran since the previous mark.
+    """
+
+    def __init__(self, model: Any, depth: int, mark: Callable[[str], None]) -> None:
+        named = dict(model.named_modules())
+        segments = set(segment_paths(list(named), depth))
+        self._of = {id(m): segment_of(p, segments) for p, m in named.items()}
+        self._modules = [m for p, m in named.items() if p]
+        self._mark = mark
+        self._stack: list[str] = []
+        self.current = ""
+        self._handles: list[Any] = []
+
+    def _switch(self, segment: str) -> None:
+        if segment != self.current:
+            self._mark(self.current)
+            self.current = segment
+
+    def _enter(self, module: Any, _args: Any) -> None:
+        self._stack.append(self._of[id(module)])
+        self._switch(self._stack[-1])
+
+    def _leave(self, _module: Any, _args: Any, _out: Any) -> None:
+        self._stack.pop()
+        self._switch(self._stack[-1] if self._stack else "")
+
+    def install(self) -> None:
+        """Hook every module of the model (until :meth:`remove`)."""
+        for m in self._modules:
+            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_hook(self._leave))
+
+    def finish(self) -> None:
+        """Mark the segment that is current (the end of the region)."""
+        self._mark(self.current)
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -7,8 +7,9 @@ instrumentation off (``--instr-atstart=no``), so interpreter start-up, ``import 
 region the child:
 
 1. starts instrumentation and dumps once (label ``flopscope:setup``, discarded by the parent);
-2. runs the region, dumping at each segment-module boundary (label ``flopscope:seg:PATH``, the
-   path of the module whose code ran since the previous dump; ``""`` is code outside them);
+2. runs the region, dumping whenever the running segment changes (label ``flopscope:seg:PATH``,
+   the segment whose code ran since the previous dump; ``""`` is code outside them), as
+   :class:`~flopscope.measure.workload.SegmentMarks` follows module entries and exits;
 3. stops instrumentation, then copies the bytes of executed code that has no file behind it
    (oneDNN generates its kernels at run time) from its own memory, because the parent can only
    read instructions from files;
@@ -22,7 +23,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from flopscope.measure.valgrind.contract import (
     CAPTURE_FILE,
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     from flopscope.measure.valgrind._client import ClientRequests
     from flopscope.measure.valgrind.callgrind import NO_FILE, dump_files, parse_callgrind
     from flopscope.measure.valgrind.code import capture_code
-    from flopscope.measure.workload import segment_modules
+    from flopscope.measure.workload import SegmentMarks
 
     torch.set_num_threads(request.threads)
     _say("python and torch started under valgrind; building (and counting) the workload")
@@ -77,26 +77,13 @@ def main(argv: list[str]) -> int:
         region.run()
     client = ClientRequests()
     layers = client.running_on_valgrind()
-    current = [""]
-    handles: list[Any] = []
+    marks = None
     depth = request.segment_depth if region.depth is None else region.depth
     if request.segment_depth > 0 and depth > 0 and region.module is not None:
-
-        def make_hooks(name: str) -> tuple[Any, Any]:
-            def pre(_m: Any, _a: Any) -> None:
-                client.dump_stats_at(SEGMENT_PREFIX + current[0])
-                current[0] = name
-
-            def post(_m: Any, _a: Any, _o: Any) -> None:
-                client.dump_stats_at(SEGMENT_PREFIX + name)
-                current[0] = ""
-
-            return pre, post
-
-        for name, child in segment_modules(region.module, depth):
-            pre, post = make_hooks(name)
-            handles.append(child.register_forward_pre_hook(pre))
-            handles.append(child.register_forward_hook(post))
+        marks = SegmentMarks(
+            region.module, depth, lambda seg: client.dump_stats_at(SEGMENT_PREFIX + seg)
+        )
+        marks.install()
     _say("running the measured region (instrumented)")
     try:
         client.start_instrumentation()
@@ -104,11 +91,14 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         region.run()
         seconds = time.perf_counter() - t0
-        client.dump_stats_at(SEGMENT_PREFIX + current[0])
+        if marks is not None:
+            marks.finish()
+        else:
+            client.dump_stats_at(SEGMENT_PREFIX)
         client.stop_instrumentation()
     finally:
-        for h in handles:
-            h.remove()
+        if marks is not None:
+            marks.remove()
     _say(f"measured region took {seconds:.1f} s; capturing run-time generated code")
     anonymous: set[int] = set()
     for path in dump_files(out_dir, os.getpid()):
