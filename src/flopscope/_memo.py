@@ -47,8 +47,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["OUTPUTS", "SELF", "is_pure", "outputs_of", "remember", "replay", "replays_fake",
-           "signature", "spec", "symbolic_replay"]
+__all__ = ["FAKE_MODES", "OUTPUTS", "SELF", "is_pure", "key_part", "outputs_of", "remember",
+           "replay", "replays_fake", "signature", "spec", "symbolic_replay", "template"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -120,6 +120,33 @@ def _add(key: list[Any], a: Any) -> bool:
             key.append(a.node.expr)
             return True
     return False
+
+
+_OBJECT = object()  # an object's place in a module call's key (key_part)
+
+
+def key_part(key: list[Any], a: Any) -> bool:
+    """Append a module call's argument to its key (:mod:`flopscope._module_replay`): tensors and
+    scalars as in :func:`signature`, containers element by element, any other object by
+    identity (a cache passed to every layer is the same object); ``False`` when a tensor or a
+    symbolic value cannot be keyed."""
+    ta = type(a)
+    if ta is tuple or ta is list:
+        key.append(ta)
+        key.append(len(a))
+        return all(key_part(key, x) for x in a)
+    if ta is dict:
+        key.append(ta)
+        for k, v in a.items():
+            key.append(k)
+            if not key_part(key, v):
+                return False
+        return True
+    if ta in _SCALARS or isinstance(a, (_Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _add(key, a)
+    key.append(_OBJECT)
+    key.append(id(a))
+    return True
 
 
 def _expr(n: Any) -> Any:
@@ -361,7 +388,7 @@ def remember(key: tuple[Any, ...], s: Any) -> None:
         _FAKE_KEYS.append(key)
 
 
-def _template(t: Any, env: Any) -> Any:
+def template(t: Any, env: Any) -> Any:
     """A meta tensor with ``t``'s metadata (made once per memo key), or ``None`` when ``t`` must
     not be made again from one: not a fake tensor of a symbolic count, a constant, a storage
     offset, a size that holds a data-dependent symbol."""
@@ -414,7 +441,7 @@ def _fake_spec(out: Any) -> Any:
     ``None``."""
     if type(out) is _FakeTensor:
         entry = FAKE_MODES.get(id(out.fake_mode))
-        tpl = _template(out, entry[1]) if entry is not None else None
+        tpl = template(out, entry[1]) if entry is not None else None
         return None if tpl is None else (_FAKE_ONE, out.fake_mode, tpl, out.fake_device)
     if not out or type(out[0]) is not _FakeTensor:
         return None
@@ -423,7 +450,7 @@ def _fake_spec(out: Any) -> Any:
         return None
     parts = []
     for t in out:
-        tpl = _template(t, entry[1])
+        tpl = template(t, entry[1])
         if tpl is None or t.fake_mode is not entry[0]:
             return None
         parts.append((tpl, t.fake_device))

@@ -38,6 +38,7 @@ from flopscope._memo import remember as _remember
 from flopscope._memo import replay as _replay
 from flopscope._memo import replays_fake as _replays_fake
 from flopscope._memo import signature as _signature
+from flopscope._module_replay import ModuleReplay, replaying
 from flopscope._tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
 from flopscope.decompose import decomposition, runs_decomposed
@@ -325,6 +326,7 @@ class Counter:
         self.failed_in: str | None = None
         self._dtensor = DTensorLedger()  # work inside DTensor operators, logical costs
         self._comm: CommLog | None = None  # the communication log, once a collective ran
+        self._module_replay: ModuleReplay | None = None  # a symbolic count's (_module_replay)
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -462,14 +464,31 @@ class Counter:
         """Add one call costing ``cost`` under ``key`` (module path, operator id or module-rule
         name, phase)."""
         sums = self._acc.get(key)
-        if sums is None:
+        if sums is None:  # the first call: its cost itself (adding to 0 costs SymInt arithmetic)
             sums = self._acc[key] = Sums()
             sums.first = cost
+            sums.calls = 1
+            sums.macs = cost.macs
+            sums.flops = cost.flops
+            sums.bytes_read = cost.bytes_read
+            sums.bytes_written = cost.bytes_written
+            return
         sums.calls += 1
         sums.macs += cost.macs
         sums.flops += cost.flops
         sums.bytes_read += cost.bytes_read
         sums.bytes_written += cost.bytes_written
+
+    def _add_calls(self, key: tuple[str, int | str, Phase], calls: int, cost: Cost) -> None:
+        """Add ``calls`` calls costing ``cost`` in all under ``key`` (a replayed module's records,
+        flopscope._module_replay)."""
+        sums = self._acc.get(key)
+        if sums is None:
+            self._add(key, cost)
+            self._acc[key].calls = calls
+            return
+        sums.calls += calls
+        sums.add(cost)
 
     def _op_info(self, func: Any) -> _OpInfo:
         """What the hot path needs to know about an operator, worked out once per operator:
@@ -688,6 +707,9 @@ class Counter:
         self._owner = self._tracker.owner
         self._mode = _Mode(self)
         self.failed_in = None
+        if self.model is not None and replaying():  # a symbolic count: repeated layers
+            self._module_replay = ModuleReplay(self, self._tracker, self.model)
+            self._module_replay.install()
         self._torch_settings = eager_flex_attention()
         try:
             self._torch_settings.__enter__()
@@ -706,6 +728,8 @@ class Counter:
         finally:
             self._mode = None
             self._torch_settings.__exit__(None, None, None)
+            if self._module_replay is not None:
+                self._module_replay.remove()
             failed_in = self._tracker.remove(exc)
             self._in_rule = False
         if exc is not None:

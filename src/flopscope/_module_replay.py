@@ -1,0 +1,386 @@
+"""Replaying whole repeated modules in a symbolic count: the layers of a decoder stack.
+
+A symbolic count (:mod:`flopscope.symbolic`) runs the model on fake tensors whose sizes are
+``SymInt`` expressions; every size computed in the model's Python code (``x.view(b, t, h, d)``)
+and in PyTorch's composites goes through ``SymInt`` arithmetic, which costs tens of microseconds
+per operation. :mod:`flopscope._memo` answers repeated *operator* calls from memory, but the Python
+around them still runs once per layer, so an 80-layer decoder cost about 15x a concrete count.
+
+Here a *module* call is answered from memory instead: the 80 layers of a decoder are modules of the
+same structure called on arguments of the same metadata, so the third and later of them do exactly
+what the first two did, up to their path in the model. Their forward is not run; what the first
+call added to the Counter (each record, relative to the module's path; module call counts; the
+module frame's arithmetic tally) is added again under the new path, and the output is made again as
+fake tensors from templates of the first call's output (:func:`flopscope._memo.template`).
+
+When it applies (everything else runs as usual):
+
+- only while a symbolic count replays outputs (no backward: the autograd graph is not built), with
+  no call observer (roofline, memory and communication logs see every call) and no DTensor;
+- only on *maximal* members of ``nn.ModuleList``/``nn.Sequential`` containers that share their
+  *structure* with two or more other members: the same class and training flag, the same parameter
+  and buffer shapes, dtypes and ``requires_grad``, the same plain attributes (an ``int`` equal to
+  the member's own index in its container, such as transformers' ``layer_idx``, counts as equal:
+  it names the layer, it does not shape its work), the same submodules recursively; any module hook
+  in the subtree, TorchScript, or a module registered under several paths excludes a module;
+- a call is keyed by its group and its arguments' metadata (tensors as in
+  :func:`flopscope._memo.signature`; other objects by identity: a key/value cache passed to every
+  layer is the same object);
+- a key is replayed only after two calls of it, on two different modules, ran and were *the same*:
+  the same records (relative path, operator, phase, cost expression) in the same order, the same
+  output metadata, nothing outside the module's subtree, no module rule, no opaque or lazy module.
+  A group whose two calls differ (layers that alternate sliding and full attention through
+  something the structure does not show) is never replayed.
+
+What is not seen: Python state that a replayed forward would have changed without an operator (a
+key/value cache's entry for that layer is not written), and behaviour that depends on the layer's
+index at forward time with a period longer than two calls (``if self.layer_idx % 4 == 3`` in a
+forward): such a model counts wrong layers as the first ones; a structure difference (an attribute
+set in ``__init__``, as transformers does for sliding windows and no-RoPE layers) is seen.
+"""
+
+from __future__ import annotations
+
+from threading import get_ident as _get_ident
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from flopscope._memo import FAKE_MODES, template
+from flopscope._memo import key_part as _key_part
+
+_PLAIN = (int, float, bool, str, type(None))
+_OWN_INDEX = object()  # an int attribute equal to the member's index in its container
+_FRESH = frozenset(nn.Module().__dict__)  # nn.Module's own attributes: not the model's
+_CONTAINERS = (nn.ModuleList, nn.Sequential)
+_MIN_GROUP = 3  # two calls to validate a key, the third and later replayed
+
+
+def replaying() -> bool:
+    """Whether a symbolic count that replays outputs (no backward) is running."""
+    return any(entry[2] for entry in FAKE_MODES.values())
+
+
+def _structure(module: nn.Module, index: int | None) -> tuple[Any, ...] | None:
+    """A hashable description of what decides ``module``'s work besides its arguments, or
+    ``None`` when it cannot be replayed (a hook, TorchScript)."""
+    if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+            or module._backward_pre_hooks or isinstance(module, torch.jit.ScriptModule)):
+        return None
+    parts: list[Any] = [type(module), module.training]
+    for group in (module._parameters, module._buffers):
+        for name, t in group.items():
+            parts.append((name, None if t is None else (
+                type(t), tuple(t.shape), t.dtype, t.requires_grad, t.device.type)))
+    for name, v in module.__dict__.items():
+        if name in _FRESH:
+            continue
+        tv = type(v)
+        if tv is int and index is not None and v == index:
+            parts.append((name, _OWN_INDEX))
+        elif tv in _PLAIN:
+            parts.append((name, tv, v))
+        elif (tv is tuple or tv is list) and all(type(x) in _PLAIN for x in v):
+            parts.append((name, tv, tuple(v)))
+        elif isinstance(v, torch.Tensor) and v.is_meta:
+            parts.append((name, tuple(v.shape), v.stride(), v.dtype))
+        else:  # a config, a function, a real tensor: the same object or not
+            parts.append((name, id(v)))
+    for name, child in module._modules.items():
+        if child is None:
+            parts.append((name, None))
+            continue
+        sub = _structure(child, index)
+        if sub is None:
+            return None
+        parts.append((name, sub))
+    return tuple(parts)
+
+
+def candidates(model: nn.Module, shared: set[nn.Module]) -> dict[nn.Module, int]:
+    """The modules that may be replayed -> their group: maximal members of module containers
+    that share their structure with at least two others."""
+    groups: dict[tuple[Any, ...], list[nn.Module]] = {}
+
+    def visit(module: nn.Module) -> None:
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            if isinstance(module, _CONTAINERS) and name.isdigit() and child not in shared:
+                key = _structure(child, int(name))
+                if key is not None:
+                    groups.setdefault(key, []).append(child)
+            visit(child)
+
+    visit(model)
+    found: dict[nn.Module, int] = {}
+    for n, members in enumerate(groups.values()):
+        if len(members) >= _MIN_GROUP:
+            for m in members:
+                found[m] = n
+    # maximal only: drop candidates inside other candidates
+    inner: set[nn.Module] = set()
+    for m in found:
+        for sub in m.modules():
+            if sub is not m and sub in found:
+                inner.add(sub)
+    return {m: g for m, g in found.items() if m not in inner}
+
+
+class _Take:
+    """What one call of a module did, relative to its path."""
+
+    __slots__ = ("_summed", "adds", "allocations", "arithmetic", "calls", "no_grad", "out")
+
+    def __init__(self) -> None:
+        self.adds: list[tuple[str, Any, Any, Any]] = []  # relative path, op key, phase, cost
+        self.calls: dict[str, int] = {}  # relative module path -> calls
+        self.no_grad: dict[str, int] = {}  # relative module path -> calls under no_grad
+        self.arithmetic = 0
+        self.allocations = 0
+        self.out: Any = None  # (treespec, leaves: (fake mode, template, device, requires_grad)
+        # or a plain value)
+        self._summed: list[tuple[str, Any, Any, int, Any]] | None = None
+
+    def summed(self) -> list[tuple[str, Any, Any, int, Any]]:
+        """The adds per (relative path, op key, phase): (..., calls, summed cost), summed once (a
+        layer calls ``view`` several times in one module: adding their symbolic costs on every
+        replay would be SymInt arithmetic each time)."""
+        if self._summed is None:
+            sums: dict[tuple[str, Any, Any], list[Any]] = {}
+            for rel, op, phase, cost in self.adds:
+                entry = sums.get((rel, op, phase))
+                if entry is None:
+                    sums[(rel, op, phase)] = [1, cost]
+                else:
+                    entry[0] += 1
+                    entry[1] = entry[1] + cost
+            self._summed = [(*k, n, c) for k, (n, c) in sums.items()]
+        return self._summed
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal without adding a guard: the same int, or the same expression."""
+    if type(a) is torch.SymInt or type(b) is torch.SymInt:
+        ea = a.node.expr if type(a) is torch.SymInt else a
+        eb = b.node.expr if type(b) is torch.SymInt else b
+        return bool(ea == eb)
+    return bool(a == b)
+
+
+def _same_take(a: _Take, b: _Take) -> bool:
+    if (a.calls != b.calls or a.no_grad != b.no_grad or a.arithmetic != b.arithmetic
+            or a.allocations != b.allocations or len(a.adds) != len(b.adds)):
+        return False
+    for (pa, ka, fa, ca), (pb, kb, fb, cb) in zip(a.adds, b.adds, strict=True):
+        if pa != pb or ka != kb or fa is not fb:
+            return False
+        if ca is not cb and not all(_same_value(getattr(ca, f), getattr(cb, f))
+                                    for f in ("macs", "flops", "bytes_read", "bytes_written")):
+            return False
+    spec_a, leaves_a = a.out
+    spec_b, leaves_b = b.out
+    if spec_a != spec_b or len(leaves_a) != len(leaves_b):
+        return False
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if type(x) is tuple and type(y) is tuple:
+            ta, tb = x[1], y[1]
+            if (x[0] is not y[0] or x[2] != y[2] or x[3] != y[3] or ta.dtype != tb.dtype
+                    or not all(_same_value(p, q) for p, q in zip(
+                        (*ta.shape, *ta.stride(), ta.storage_offset()),
+                        (*tb.shape, *tb.stride(), tb.storage_offset()), strict=False))
+                    or ta.dim() != tb.dim()):
+                return False
+        elif type(x) is tuple or type(y) is tuple or not (x is y or x == y):
+            return False
+    return True
+
+
+def _made(leaf: tuple[Any, Any, Any, bool]) -> torch.Tensor:
+    """A fake tensor made again from an output leaf (see :func:`_output`)."""
+    t = FakeTensor(leaf[0], leaf[1], leaf[2])
+    return t.requires_grad_(True) if leaf[3] else t
+
+
+def _output(out: Any) -> Any:
+    """``out`` as (treespec, leaves) with fake tensors as templates, or ``None`` when it cannot be
+    made again (a tensor that is not a symbolic count's plain fake tensor, an object)."""
+    leaves, spec = tree_flatten(out)
+    made: list[Any] = []
+    for leaf in leaves:
+        if type(leaf) is FakeTensor:
+            entry = FAKE_MODES.get(id(leaf.fake_mode))
+            tpl = template(leaf, entry[1]) if entry is not None else None
+            if tpl is None:
+                return None
+            made.append((leaf.fake_mode, tpl, leaf.fake_device, leaf.requires_grad))
+        elif type(leaf) in _PLAIN:
+            made.append(leaf)
+        else:
+            return None
+    return spec, made
+
+
+class ModuleReplay:
+    """Replays repeated module calls for one :class:`~flopscope.counter.Counter` (see the module
+    docstring). ``install`` wraps the candidates' ``forward`` (an instance attribute, removed by
+    ``remove``)."""
+
+    def __init__(self, counter: Any, tracker: Any, model: nn.Module) -> None:
+        self.counter = counter
+        self.tracker = tracker
+        self.groups = candidates(model, tracker.shared)
+        self.names: dict[nn.Module, dict[str, nn.Module]] = {}
+        # (group, argument key) -> the first take and its module, or the validated take; a key
+        # whose two takes differed maps to None, and a group that differed is in `bad`
+        self.seen: dict[tuple[Any, ...], tuple[_Take, nn.Module] | _Take | None] = {}
+        self.bad: set[int] = set()
+        self.recording: _Take | None = None
+        self.replayed = 0  # module calls answered from memory (for tests and benchmarks)
+        self._saved: list[tuple[nn.Module, Any]] = []
+
+    def install(self) -> None:
+        for module in self.groups:
+            self._saved.append((module, module.__dict__.get("forward", _MISSING)))
+            module.forward = self._wrap(module, module.forward)
+
+    def remove(self) -> None:
+        for module, old in self._saved:
+            if old is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = old
+        self._saved = []
+
+    def _wrap(self, module: nn.Module, forward: Any) -> Any:
+        def forward_or_replay(*args: Any, **kwargs: Any) -> Any:
+            return self._call(module, forward, args, kwargs)
+        return forward_or_replay
+
+    def _key(self, group: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        key: list[Any] = [group]
+        if not _key_part(key, args) or not _key_part(key, kwargs):
+            return None
+        try:
+            return tuple(key)
+        except TypeError:  # pragma: no cover - an unhashable part
+            return None
+
+    def _call(self, module: nn.Module, forward: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        counter = self.counter
+        group = self.groups[module]
+        st = self.tracker.main
+        if (self.recording is not None or group in self.bad or counter._observers
+                or counter._dtensor.depth or not replaying() or st.shadowing is not None
+                or not st.stack or st.stack[-1].module is not module
+                or self.tracker.owner != _get_ident()):
+            return forward(*args, **kwargs)
+        key = self._key(group, args, kwargs)
+        if key is None:
+            return forward(*args, **kwargs)
+        frame = st.stack[-1]
+        seen = self.seen.get(key, _MISSING)
+        if isinstance(seen, _Take):
+            return self._replay(module, frame, seen)
+        if seen is None:
+            return forward(*args, **kwargs)
+        if seen is not _MISSING and seen[1] is module:  # the same module again: not a second one
+            return forward(*args, **kwargs)
+        take, out = self._record(module, frame, forward, args, kwargs)
+        if take is None:
+            self.bad.add(group)
+        elif seen is _MISSING:
+            self.seen[key] = (take, module)
+        elif _same_take(seen[0], take):
+            self.seen[key] = take
+        else:
+            self.seen[key] = None
+            self.bad.add(group)
+        return out
+
+    def _record(self, module: nn.Module, frame: Any, forward: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[_Take | None, Any]:
+        """Run the forward, noting what it adds; the take is ``None`` when it cannot be replayed."""
+        counter, tracker = self.counter, self.tracker
+        prefix = frame.path
+        names = self._names(module, prefix)
+        take = _Take()
+        ok = True
+        real_add = counter._add
+
+        def add(key: tuple[str, Any, Any], cost: Any) -> None:
+            nonlocal ok
+            real_add(key, cost)
+            path, op, phase = key
+            if path == prefix:
+                rel = ""
+            elif path.startswith(prefix) and path[len(prefix)] == ".":
+                rel = path[len(prefix):]
+            else:
+                ok = False
+                return
+            if type(op) is str:  # a module rule's entry
+                ok = False
+            take.adds.append((rel, op, phase, cost))
+
+        calls = {rel: tracker.calls.get(p, 0) for rel, (p, _) in names.items()}
+        no_grad = {rel: tracker._no_grad_modules.get(m, 0) for rel, (_, m) in names.items()}
+        flags = (len(tracker.opaque), len(tracker.lazy), len(tracker.scripted),
+                 len(counter._rule_acc), counter._comm)
+        arithmetic, allocations = frame.arithmetic, frame.allocations
+        self.recording = take
+        counter._add = add
+        try:
+            out = forward(*args, **kwargs)
+        finally:
+            del counter._add
+            self.recording = None
+        take.arithmetic = frame.arithmetic - arithmetic
+        take.allocations = frame.allocations - allocations
+        for rel, (p, m) in names.items():
+            n = tracker.calls.get(p, 0) - calls[rel]
+            if n:
+                take.calls[rel] = n
+            n = tracker._no_grad_modules.get(m, 0) - no_grad[rel]
+            if n:
+                take.no_grad[rel] = n
+        if flags != (len(tracker.opaque), len(tracker.lazy), len(tracker.scripted),
+                     len(counter._rule_acc), counter._comm) or counter._observers:
+            ok = False
+        take.out = _output(out) if ok else None
+        return (take if ok and take.out is not None else None), out
+
+    def _replay(self, module: nn.Module, frame: Any, take: _Take) -> Any:
+        counter, tracker = self.counter, self.tracker
+        prefix = frame.path
+        names = self._names(module, prefix)
+        add = counter._add_calls
+        for rel, op, phase, calls, cost in take.summed():
+            add((prefix + rel, op, phase), calls, cost)
+        for rel, n in take.calls.items():
+            p = names[rel][0]
+            tracker.calls[p] = tracker.calls.get(p, 0) + n
+        for rel, n in take.no_grad.items():
+            m = names[rel][1]
+            tracker._no_grad_modules[m] = tracker._no_grad_modules.get(m, 0) + n
+        frame.arithmetic += take.arithmetic
+        frame.allocations += take.allocations
+        self.replayed += 1
+        spec, leaves = take.out
+        return tree_unflatten([_made(x) if type(x) is tuple else x for x in leaves], spec)
+
+    def _names(self, module: nn.Module, prefix: str) -> dict[str, tuple[str, nn.Module]]:
+        """The subtree's modules: path relative to ``module`` (``""``, ``".mlp"``) -> (full path,
+        module); submodules (not the module itself) are counted by the tracker's hooks."""
+        names = self.names.get(module)
+        if names is None:
+            found = {("." + n if n else ""): m for n, m in module.named_modules()}
+            names = self.names[module] = {rel: m for rel, m in found.items() if rel}
+        return {rel: (prefix + rel, m) for rel, m in names.items()}
+
+
+_MISSING: Any = object()
