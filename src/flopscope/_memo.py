@@ -47,7 +47,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["FAKE_MODES", "OUTPUTS", "SELF", "is_pure", "key_part", "outputs_of", "remember",
+__all__ = ["FAKE_MODES", "OUTPUTS", "RESHAPING", "SELF", "is_pure", "key_part", "outputs_of", "remember",
            "replay", "replays_fake", "signature", "spec", "symbolic_replay", "template"]
 
 _Tensor = torch.Tensor
@@ -212,7 +212,7 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
 
 _NEW, _SELF_KIND, _OTHER = 1, 2, 0
 # in-place operators that change their argument's metadata (or more than its values)
-_RESHAPING = frozenset({
+RESHAPING = frozenset({
     "aten::resize_", "aten::resize_as_", "aten::as_strided_", "aten::set_", "aten::squeeze_",
     "aten::unsqueeze_", "aten::transpose_", "aten::t_", "aten::swapdims_", "aten::swapaxes_",
     "aten::detach_", "aten::requires_grad_", "aten::_coalesced_", "aten::sparse_resize_",
@@ -235,7 +235,7 @@ def _kind(func: Any) -> int:
             written = [a.alias_info for a in schema.arguments]
             if not any(r is not None for r in returns) and not any(w is not None for w in written):
                 kind = _NEW
-            elif (schema.name not in _RESHAPING and len(returns) == 1 and written
+            elif (schema.name not in RESHAPING and len(returns) == 1 and written
                   and returns[0] is not None and returns[0].is_write
                   and written[0] is not None and written[0].is_write
                   and returns[0].before_set == written[0].before_set
@@ -258,7 +258,7 @@ def _is_view(func: Any) -> bool:
     if entry is None or entry[0] is not func:
         schema = getattr(func, "_schema", None)
         view = bool(schema is not None and func.namespace == "aten" and schema.returns
-                    and schema.name not in _RESHAPING
+                    and schema.name not in RESHAPING
                     and all(r.alias_info is not None and not r.alias_info.is_write
                             for r in schema.returns)
                     and not any(a.alias_info is not None and a.alias_info.is_write

@@ -49,7 +49,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from flopscope._memo import FAKE_MODES, template
+from flopscope._memo import FAKE_MODES, RESHAPING, template
 from flopscope._memo import key_part as _key_part
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -325,6 +325,9 @@ class ModuleReplay:
                 return
             if type(op) is str:  # a module rule's entry
                 ok = False
+            elif getattr(getattr(counter._ops[abs(op)][5], "_schema", None), "name",
+                         None) in RESHAPING:  # metadata changed in place (an argument's,
+                ok = False  # perhaps): a replay would not change it
             take.adds.append((rel, op, phase, cost))
 
         calls = {rel: tracker.calls.get(p, 0) for rel, (p, _) in names.items()}

@@ -152,3 +152,19 @@ def test_concrete_and_backward_counts_run_every_layer(
     assert replays == []  # with backward the autograd graph must be built
     concrete = flopscope.count(model, torch.randn(2, 7, 8), backward=True)
     assert rep.evaluate(batch=2, seq_len=7).total() == concrete.total()
+
+
+def test_layers_that_change_metadata_in_place_are_not_replayed(
+        replays: list[module_replay.ModuleReplay]) -> None:
+    class Transposing(Block):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = super().forward(x)
+            x.transpose_(0, 1).transpose_(0, 1)  # the argument's metadata, changed and back
+            return y
+
+    model = Stack()
+    model.layers = nn.ModuleList(Transposing(8, i) for i in range(6))
+    rep = count_symbolic(model.eval(), torch.randn(2, 5, 8), symbolic=SYMBOLS)
+    assert [r.replayed for r in replays] == [0]
+    assert rep.evaluate(batch=2, seq_len=4).total() == \
+        flopscope.count(model, torch.randn(2, 4, 8)).total()
