@@ -7,8 +7,9 @@ For each model (``hf``: :data:`flopscope.zoo.HF_ZOO`; ``timm``: :data:`flopscope
 then at two other points the evaluated report must equal a concrete shape-only count of the same
 model at those input sizes: the total and every module's inclusive cost (MACs, FLOPs, bytes).
 A point outside the formula's domain (a guard PyTorch recorded, such as ``resolution == 224``
-for a model that asserts its input size) is moved inside it where the domain pins the symbol, and
-reported. Each model's status:
+for a model that asserts its input size, or maxvit_t's window grid fixed at construction, which
+holds for resolutions 221 to 224) is moved to the nearest point inside it, another size than the
+traced one where the domain has one, and reported. Each model's status:
 
 - ``equal``: every evaluated point equals the concrete count;
 - ``mismatch``: some point differs (what differs is listed);
@@ -69,6 +70,28 @@ def _differences(concrete: Any, evaluated: Any) -> list[str]:
     return out
 
 
+def _inside(rep: Any, values: dict[str, int], traced: dict[str, int],
+            bad: list[str]) -> dict[str, int] | None:
+    """The point nearest to ``values`` inside the formula's domain, moving only the symbols that
+    the violated guards ``bad`` name, each within 64 of its traced size; a point other than the
+    traced one where there is one (``resolution == 224`` leaves only the traced size; maxvit_t's
+    window grid allows 221 to 224). ``None``: none found."""
+    names = [n for n in values if any(n in b for b in bad)]
+    best: dict[str, int] | None = None
+    for n in names:
+        lo, hi = max(1, traced[n] - 64), traced[n] + 64
+        order = sorted(range(lo, hi + 1), key=lambda v, n=n: (v == traced[n], abs(v - values[n]), v))
+        for v in order:
+            trial = {**(best or values), n: v}
+            if not rep.violated(**trial):
+                best = trial
+                break
+    if best is None and names:  # the symbols together: the traced sizes
+        trial = {**values, **{n: traced[n] for n in names}}
+        best = None if rep.violated(**trial) else trial
+    return best
+
+
 def check_model(library: str, name: str) -> dict[str, Any]:
     """Count one model symbolically and compare its formula with concrete counts (one row)."""
     import flopscope
@@ -108,13 +131,13 @@ def check_model(library: str, name: str) -> dict[str, Any]:
         if kind == "vision":
             values["resolution"] = traced["resolution"] + point["resolution"]
         bad = rep.violated(**values)
-        if bad:  # a pinned symbol: evaluate at its traced value instead
-            pinned = {n: traced[n] for n in values if any(b == f"{n} == {traced[n]}" for b in bad)}
-            values.update(pinned)
-            if rep.violated(**values):
-                moved.append(f"{values}: outside the domain ({'; '.join(rep.violated(**values))})")
+        if bad:  # outside the domain: the nearest point inside it
+            asked = dict(values)
+            values = _inside(rep, values, traced, bad)
+            if values is None:
+                moved.append(f"{asked}: outside the domain ({'; '.join(bad)})")
                 continue
-            moved.append(f"{point} -> {values} (pinned)")
+            moved.append(f"{asked} -> {values} (outside the domain: {'; '.join(bad)[:200]})")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

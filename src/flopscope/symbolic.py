@@ -29,6 +29,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from flopscope._memo import symbolic_replay
@@ -477,7 +478,6 @@ def count_symbolic(
         ForwardError: the model cannot run with symbolic sizes (data-dependent sizes are named).
     """
     from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
     if len(args) == 1 and isinstance(args[0], Inputs):
@@ -513,7 +513,7 @@ def count_symbolic(
         chosen[name] = h
 
     env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
-    fake_mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    fake_mode = _PinningFakeMode(shape_env=env, allow_non_fake_inputs=True)
     syms: dict[str, Any] = {}
     for name, h in chosen.items():
         source = ConstantSource(name)
@@ -556,6 +556,73 @@ def count_symbolic(
     finally:
         SYMBOLIC_COUNTS[0] -= 1
     return _symbolic_report(raw, env, syms, chosen)
+
+
+class _PinningFakeMode(FakeTensorMode):
+    """The fake mode of a symbolic count: an operator's output sizes that a recorded guard pins
+    to a number are written as that number (its strides likewise, where they become numbers).
+
+    PyTorch's reshape splits a symbolic dimension ``n`` into ``(k, n // k)`` and then checks
+    ``n // k == m`` (a guard) without writing ``m`` into the output's sizes. A model that
+    reshapes windows back to sizes fixed when it was built (torchvision's ``maxvit_t``:
+    ``WindowDepartition`` to the ``grid_size`` of its construction) then carries nested floor
+    divisions that grow with every block, and torch's simplification of each new one with them:
+    each block doubled the time, and ``maxvit_t`` gave no result in 14 minutes. Under the
+    guards, which are the formulas' domain, those expressions *are* the numbers, so no cost
+    changes inside the domain. In-place operators keep their tensor (its identity matters).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pins: dict[sympy.Expr, sympy.Integer] = {}  # expression -> the number a guard says
+        self._pinned_expr: dict[sympy.Expr, sympy.Expr] = {}  # memo of expression.xreplace(pins)
+        self._guards_seen = 0
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().dispatch(func, types, args, kwargs or {})
+        env = self.shape_env
+        if env is not None and len(env.guards) != self._guards_seen:
+            self._learn(env.guards)
+        if not self._pins or getattr(getattr(func, "_schema", None), "is_mutable", True):
+            return out
+        return tree_map_only(FakeTensor, self._pinned, out)
+
+    def _learn(self, guards: Sequence[Any]) -> None:
+        """Read the guards recorded since the last call: ``Eq(k*e, c)`` pins ``e`` to ``c / k``
+        (``e`` not a plain symbol: PyTorch replaces those itself)."""
+        for g in guards[self._guards_seen:]:
+            e = g.expr
+            if not isinstance(e, sympy.Eq):
+                continue
+            lhs, rhs = (e.rhs, e.lhs) if e.lhs.is_Integer else (e.lhs, e.rhs)
+            if not rhs.is_Integer or lhs.is_Integer:
+                continue
+            coeff, rest = lhs.as_coeff_Mul()
+            if rest.is_Symbol or not coeff.is_Integer or coeff == 0 or rhs % coeff != 0:
+                continue
+            if rest not in self._pins:
+                self._pins[rest] = sympy.Integer(rhs // coeff)
+                self._pinned_expr.clear()
+        self._guards_seen = len(guards)
+
+    def _pin(self, n: Any) -> Any:
+        if type(n) is not torch.SymInt:
+            return n
+        e = n.node.expr
+        if e.is_Symbol or e.is_Integer:
+            return n
+        v = self._pinned_expr.get(e)
+        if v is None:
+            v = self._pinned_expr[e] = e.xreplace(self._pins)
+        return int(v) if v.is_Integer else n
+
+    def _pinned(self, t: FakeTensor) -> FakeTensor:
+        sizes = t.shape
+        new = [self._pin(n) for n in sizes]
+        if all(a is b for a, b in zip(new, sizes, strict=True)):
+            return t
+        strides = [self._pin(n) for n in t.stride()]
+        return torch.ops.aten.as_strided.default(t, new, strides, t.storage_offset())  # type: ignore[no-any-return]
 
 
 def _slice_backward(call: OpCall) -> Cost:
