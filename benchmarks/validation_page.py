@@ -9,7 +9,10 @@ per measured workload, as :mod:`benchmarks.validation` writes them):
 - ``ops/``: :mod:`benchmarks.validation_ops`, one row per operator and size (the per-module split
   of one run);
 - ``transformers/``: :mod:`benchmarks.validation_transformers`, with the attention figures
-  (counted, what the CPU flash kernel executes, what the model needs) stored beside each run.
+  (counted, what the CPU flash kernel executes, what the model needs) stored beside each run;
+- ``families/``: the zoo models of :data:`FAMILY_SPLIT` measured with every module a segment,
+  with each module's type and counted operators stored beside each run: their gap per operator
+  family (module type).
 
 ``--run`` first measures whatever is missing, group by group (resumable: a stored result with the
 same options is kept), then writes the page; without it the page, CSV and plot are rewritten from
@@ -46,6 +49,10 @@ ZOO_ATTENTION = ("inception_v3", "swin_t", "maxvit_t", "vit_b_16", "swin_s", "sw
                  "swin_v2_t", "swin_v2_s", "swin_v2_b", "vit_b_32", "vit_l_16", "vit_l_32",
                  "vit_h_14")
 """Measured at 224x224 (fixed-size attention windows, inception's minimum input)."""
+
+FAMILY_SPLIT = {"maxvit_t": 9}
+"""Zoo models also measured with every module a segment (name -> module depth of the model), so
+that their gap is split per operator family (the module types whose code ran)."""
 
 NOT_YET = ("the resumable sweep has not reached them yet (`python -m benchmarks.validation_page "
            "--run --groups zoo64 zoo224` measures what is missing and keeps what is stored)")
@@ -108,6 +115,9 @@ def groups() -> list[Group]:
                     for n in zoo if n in ZOO_ATTENTION)),
         Group(".", "the first five CNNs at 1x3x224x224 (benchmarks.validation's default)", "zoo"),
         Group("ops", "operator families", "ops", ("benchmarks/validation_ops.py:all_ops",)),
+        Group("families", "zoo models measured module by module, split per operator family",
+              "families", tuple(f"torchvision:{n}" for n in FAMILY_SPLIT),
+              depth=tuple((f"torchvision:{n}", d) for n, d in FAMILY_SPLIT.items())),
         Group("transformers", "transformers at 1,024 tokens", "transformers",
               tuple(f"{tf_file}:{m}" for m in T.MODELS),
               depth=tuple((f"{tf_file}:{m}", d) for m, d in T.DEPTH.items())),
@@ -228,11 +238,40 @@ CAUSES: tuple[tuple[str, str], ...] = (
               "on token matrices: vit_h_14 at 112x112 (65 tokens) = erf 37 % of the gap, the odd "
               "65 rows computed as 66 (2-row registers) 36 %, weights packed with the alpha "
               "multiply 18 %, K-panel partial sums 4 %, softmax / layer norm / adds 4 %"),
-    ("convnext|vit|swin|maxvit", "GELU's erf, softmax's exp and layer norm's moments execute "
+    ("^maxvit$", "not split per operator family yet (`python -m benchmarks.validation_page --run "
+                 "--groups families` measures every module and names the gap per module type)"),
+    ("convnext|vit|swin", "GELU's erf, softmax's exp and layer norm's moments execute "
                                  "more than their conventions count (operator table)"),
     ("^[a-z_]+$", "small-K convolution GEMMs (the 3-channel stem: K = 27 or 147) and the global average "
          "pool's per-output overhead at 64x64"),
 )
+
+
+TYPE_CAUSES: dict[str, str] = {
+    # module type of a family split (the ``families`` group) -> the operator row that explains it
+    "GELU": "activation/gelu", "SiLU": "activation/silu", "LayerNorm": "norm/layer_norm",
+    "GroupNorm": "norm/group_norm",
+    "AdaptiveAvgPool2d": "pooling/adaptive_avg", "AvgPool2d": "pooling/avg_pool2d",
+    "MBConv": "elementwise/add", "PartitionAttentionLayer": "elementwise/add",
+}
+"""The cause of a module type's gap, as the operator table's key (:data:`CAUSES`)."""
+
+OWN_CAUSES: dict[str, str] = {
+    "Linear": "the blocked GEMM's K-panel partial sums added into C, a few FLOPs per output "
+              "(the operator table's matmul rows: 1.003-1.021)",
+    "Conv2d": "the convolution GEMMs' per-output overheads (the operator table's conv rows: "
+              "1.000-1.031 for 3x3 and depthwise)",
+    "RelativePositionalMultiHeadAttention": (
+        "measured operator by operator on the first stage's shapes (64 windows x 2 heads x 49 "
+        "tokens x 32; `flopscope measure benchmarks/validation_zoo.py:maxvit_attention_core "
+        "--dtype float64`, detail/maxvit_attention_core.json): 1.343 as here, 77 % of it the "
+        "softmax over 49-key rows (8.13x its count: 40.7 FLOPs per element executed vs 5, its "
+        "exp), 14 % attention x values (1.103, K = 49: 10 extra FLOPs per output), 6 % q k^T "
+        "(1.046, K = 32: 2.9 per output), 2 % the position-bias add (2.0, add's alpha multiply); "
+        "the scale q * 32^-0.5 is exact"),
+}
+"""Causes of module types stated here rather than by one operator row (an attention module's own
+code is several operators, measured operator by operator)."""
 
 
 def cause_of(key: str, causes: Sequence[tuple[str, str]] = CAUSES) -> str:
@@ -382,12 +421,93 @@ def transformer_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
                                   if executed_total and res else None),
             "attn_segment_counted": _attn_segments(res, "counted_flops"),
             "attn_segment_measured": _attn_segments(res, "measured_flops"),
+            "attn_segment_scope": _attn_scope(res),
             "error": rec.get("error"),
         })
     return rows
 
 
+def family_rows(record: Record) -> list[dict[str, Any]]:
+    """A model measured with every module a segment, summed per module type (operator family).
+
+    Each module's segment holds the code of its own ``forward`` (its children have segments of
+    their own), so a type's row is what its modules' own code counted and executed: ``GELU`` is
+    the activation, ``RelativePositionalMultiHeadAttention`` the functional code of the attention
+    module (score products, softmax, position bias).
+
+    Args:
+        record: a stored record of the ``families`` group (with ``module_types`` and
+            ``module_ops`` added by ``--run``).
+
+    Returns:
+        Dicts with type, modules, counted, measured, ratio, share (of the model's gap) and ops
+        (counted FLOPs per operator), largest gap first.
+    """
+    res = record.get("result") or {}
+    types = record.get("module_types") or {}
+    ops = record.get("module_ops") or {}
+    gap = (res.get("measured_flops") or 0) - (res.get("counted_flops") or 0)
+    acc: dict[str, dict[str, Any]] = {}
+    for m in res.get("modules", []):
+        kind = types.get(m["path"], "(outside modules)") if m["path"] else "(outside modules)"
+        row = acc.setdefault(kind, {"type": kind, "modules": 0, "counted": 0, "measured": 0,
+                                    "ops": {}})
+        row["modules"] += 1
+        row["counted"] += m["counted_flops"]
+        row["measured"] += m["measured_flops"]
+        for op, flops in (ops.get(m["path"]) or {}).items():
+            row["ops"][op] = row["ops"].get(op, 0) + flops
+    rows = [r for r in acc.values() if r["counted"] or r["measured"]]
+    for r in rows:
+        r["ratio"] = _ratio(r["counted"], r["measured"])
+        r["share"] = (r["measured"] - r["counted"]) / gap if gap else None
+    rows.sort(key=lambda r: -abs(r["measured"] - r["counted"]))
+    return rows
+
+
+def families_markdown(records: Sequence[Record]) -> list[str]:
+    """One table per model of the ``families`` group: its gap per operator family.
+
+    Args:
+        records: stored records of the ``families`` group.
+
+    Returns:
+        Markdown lines.
+    """
+    lines: list[str] = []
+    for rec in records:
+        res = rec.get("result")
+        if res is None or not rec.get("module_types"):
+            continue
+        inputs = ", ".join(res.get("inputs", [])).split(":")[0]
+        lines += [f"**{label_of(rec['source'])}** ({inputs}, every module a segment: "
+                  f"{len(res['modules'])} segments), measured/counted {res['ratio']:.4f}, gap "
+                  f"{res['measured_flops'] - res['counted_flops']:,} FLOPs:", "",
+                  "| module type (own code) | modules | counted FLOPs | measured FLOPs | "
+                  "measured/counted | share of gap | counted operators |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for r in family_rows(rec):
+            share = "-" if r["share"] is None else f"{r['share']:.1%}"
+            ops = ", ".join(f"{op.removeprefix('aten.').removesuffix('.default')} {f:,}"
+                            for op, f in sorted(r["ops"].items(), key=lambda kv: -kv[1]) if f)
+            lines.append(f"| {r['type']} | {r['modules']} | {r['counted']:,} | "
+                         f"{r['measured']:,} | {_r(r['ratio'])} | {share} | {ops or '-'} |")
+        lines.append("")
+    return lines
+
+
 _ATTN_SEGMENT = re.compile(r"(self_attn|\.attn|attention\.self|self_attention)$")
+
+
+def _attn_scope(res: dict[str, Any]) -> str:
+    """``own code`` where the attention modules' children are segments of their own (their
+    segment is then the attention call itself), ``with projections`` where they are not."""
+    paths = [m["path"] for m in res.get("modules", [])]
+    attn = [p for p in paths if _ATTN_SEGMENT.search(p)]
+    if not attn:
+        return ""
+    own = any(p.startswith(a + ".") for a in attn for p in paths)
+    return "own code" if own else "with projections"
 
 
 def _attn_segments(res: dict[str, Any], key: str) -> int | None:
@@ -483,11 +603,15 @@ def transformers_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| model | counted FLOPs | attention counted (dense) | attention executed (CPU flash "
              "blocks) | attention model (visible pairs) | counted, attention as executed | "
              "measured FLOPs | measured/counted | measured/(attention as executed) | attention "
-             "modules: counted / measured |",
+             "modules: counted / measured (measured/counted; own code = the attention call "
+             "alone, its projections are segments of their own) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        seg = (f"{_n(r['attn_segment_counted'])} / {_n(r['attn_segment_measured'])}"
-               if r["attn_segment_counted"] is not None else "-")
+        seg = "-"
+        if r["attn_segment_counted"] is not None:
+            seg_ratio = _ratio(r["attn_segment_counted"], r["attn_segment_measured"])
+            seg = (f"{_n(r['attn_segment_counted'])} / {_n(r['attn_segment_measured'])} "
+                   f"({_r(seg_ratio)}, {r.get('attn_segment_scope') or '-'})")
         lines.append(
             f"| {r['model']} | {_n(r['counted'])} | {_n(r['attn_counted'])} | "
             f"{_n(r['attn_executed'])} | {_n(r['attn_model'])} | {_n(r['counted_as_executed'])} | "
@@ -495,9 +619,36 @@ def transformers_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def family_cause(record: Record, causes: Sequence[tuple[str, str]] = CAUSES,
+                 cover: float = 0.995) -> str:
+    """A model's gap named per operator family from its family split, largest share first, until
+    ``cover`` of the gap is named.
+
+    Args:
+        record: a stored record of the ``families`` group.
+        causes: (regex, cause) pairs for the operator keys of :data:`TYPE_CAUSES`.
+        cover: the share of the gap to name.
+
+    Returns:
+        ``"GELU 25.200 (91.5 % of the gap): erf's evaluation ...; ..."``.
+    """
+    out, named = [], 0.0
+    for r in family_rows(record):
+        if named >= cover or r["share"] is None or r["share"] <= 0:
+            break
+        named += r["share"]
+        why = (OWN_CAUSES.get(r["type"]) or (cause_of(TYPE_CAUSES[r["type"]], causes)
+                                             if r["type"] in TYPE_CAUSES else ""))
+        out.append(f"{r['type']} {_r(r['ratio'])} ({r['share']:.1%} of the gap)"
+                   + (f": {why}" if why else ""))
+    return "per operator family (executed instructions of each module type's own code, table "\
+           "above): " + "; ".join(out)
+
+
 def deviations(zoo: Sequence[dict[str, Any]], ops: Sequence[dict[str, Any]],
                causes: Sequence[tuple[str, str]] = CAUSES,
-               threshold: float = DEVIATION) -> list[str]:
+               threshold: float = DEVIATION,
+               families: Sequence[Record] = ()) -> list[str]:
     """Every row beyond ``threshold`` with its cause (one bullet each).
 
     Args:
@@ -505,15 +656,20 @@ def deviations(zoo: Sequence[dict[str, Any]], ops: Sequence[dict[str, Any]],
         ops: operator rows.
         causes: (regex, cause) pairs.
         threshold: relative deviation.
+        families: records of the ``families`` group: a zoo model with one gets its cause from
+            its family split (:func:`family_cause`).
 
     Returns:
         Markdown bullets.
     """
+    split = {rec["source"]: rec for rec in families
+             if rec.get("result") and rec.get("module_types")}
     out = []
     for r in zoo:
         if r["ratio"] is not None and abs(r["ratio"] - 1) > threshold:
-            out.append(f"- {r['model']} ({r['input']}): {r['ratio']:.4f} - "
-                       f"{cause_of(r['family'], causes)}")
+            cause = (family_cause(split[r["source"]], causes) if r["source"] in split
+                     else cause_of(r["family"], causes))
+            out.append(f"- {r['model']} ({r['input']}): {r['ratio']:.4f} - {cause}")
     for r in ops:
         key = f"{r['family']}/{r['op']}"
         if r["ratio"] is None or abs(r["ratio"] - 1) > threshold:
@@ -605,9 +761,12 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
     zoo: list[dict[str, Any]] = []
     ops: list[dict[str, Any]] = []
     tfm: list[dict[str, Any]] = []
+    fams: list[Record] = []
     for g in gs:
         records = load_runs(root / g.name / "runs")
-        if g.kind == "zoo":
+        if g.kind == "families":
+            fams += records
+        elif g.kind == "zoo":
             rows = zoo_rows(records)
             done = {r["source"] for r in rows}
             rows += [{"source": s, "model": zoo_label(s), "family": model_family(zoo_label(s)),
@@ -647,6 +806,8 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
         lines += [f"Zoo: {len(ok)} models measured, measured/counted {lo:.4f} to {hi:.4f}; "
                   f"{within} within 3 %; {pending} not measured yet.", ""]
     lines += ["### Zoo", ""] + zoo_markdown(zoo) + [""]
+    if families_markdown(fams):
+        lines += ["#### Per operator family", ""] + families_markdown(fams)
     lines += ["### Transformers", ""] + transformers_markdown(tfm) + [""]
     lines += ["### Operator families", ""] + family_summary(ops) + [""] + ops_markdown(ops) + [""]
     if plot and problem is None:
@@ -655,7 +816,7 @@ def page_markdown(root: Path, page: Path, gs: Sequence[Group], *, plot: bool = T
     lines += [f"Raw numbers: [{(rel / csv_path.name).as_posix()}]"
               f"({(rel / csv_path.name).as_posix()}).", ""]
     lines += [f"### Every deviation above {DEVIATION:.0%}", ""]
-    lines += deviations(zoo, ops) or ["- none"]
+    lines += deviations(zoo, ops, families=fams) or ["- none"]
     lines.append("")
     return "\n".join(lines)
 
@@ -715,6 +876,33 @@ def attention_figures(source: str, dtype: str = "float64") -> dict[str, int]:
             "model": int(t.model.flops)}
 
 
+def module_ops(source: str, dtype: str = "float64",
+               inputs: Sequence[str] = ()) -> dict[str, Any]:
+    """Each module's type and the FLOPs counted in its own code, per operator (shape only).
+
+    Args:
+        source: the SOURCE.
+        dtype: the dtype.
+        inputs: ``--input`` shapes (empty: the source's own).
+
+    Returns:
+        ``{"module_types": {path: type name}, "module_ops": {path: {op: FLOPs}}}``.
+    """
+    import flopscope
+    from flopscope import sources
+
+    loaded = sources.load_model(source, inputs=[sources.parse_input(s) for s in inputs] or None,
+                                dtype=dtype, shape_only=True)
+    model = loaded.model.eval()
+    report = flopscope.count(model, flopscope.Inputs(*loaded.args, **loaded.kwargs), warn=False)
+    ops: dict[str, dict[str, int]] = {}
+    for (path, op), stats in report.by_module_and_op().items():
+        if stats.cost.flops:
+            ops.setdefault(path, {})[op] = int(stats.cost.flops)
+    return {"module_types": {p: type(m).__name__ for p, m in model.named_modules()},
+            "module_ops": ops}
+
+
 def run_groups(root: Path, gs: Sequence[Group], *, dtype: str = "float64",
                backend: str = "auto", progress: Callable[[str], None] | None = None) -> None:
     """Measure every group's missing workloads (resumable), storing attention figures.
@@ -737,6 +925,11 @@ def run_groups(root: Path, gs: Sequence[Group], *, dtype: str = "float64",
                     for s in g.sources]
         out = root / g.name
         records = run(requests, out, backend=backend, progress=progress)
+        if g.kind == "families":
+            for rec in records:
+                if rec.get("result") and "module_types" not in rec:
+                    rec.update(module_ops(rec["source"], dtype, g.inputs))
+                    run_file(out, rec["source"]).write_text(json.dumps(rec, indent=1))
         if g.kind != "transformers":
             continue
         for rec in records:

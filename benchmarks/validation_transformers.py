@@ -111,8 +111,11 @@ MODELS = ("bert", "gpt2_causal", "gpt2_padded", "llama_causal", "llama_padded", 
           "swin_t_64")
 """The factories, in table order."""
 
-DEPTH = {"bert": 5, "gpt2_causal": 3, "gpt2_padded": 3, "llama_causal": 3, "llama_padded": 3,
+DEPTH = {"bert": 6, "gpt2_causal": 4, "gpt2_padded": 4, "llama_causal": 4, "llama_padded": 4,
          "vit_tiny": 4, "swin_t_64": 4}
 """Module depth of the per-module split: the attention modules (``encoder.layer.0.attention.self``,
 ``h.0.attn``, ``layers.0.self_attn``, ``encoder.layers.encoder_layer_0.self_attention``,
-``features.1.0.attn``) are segments of their own."""
+``features.1.0.attn``) are segments of their own.  Segments nest, so where the attention module's
+projections are segments too (bert, gpt2, llama: one level deeper) the attention segment is its
+own code, the scaled-dot-product-attention call; vit's fused ``nn.MultiheadAttention`` and swin's
+windowed attention keep their projections."""

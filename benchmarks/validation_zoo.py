@@ -20,6 +20,7 @@ docs/validation/zoo224 --models benchmarks/validation_zoo.py:vit_h_14_112``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,3 +79,51 @@ def vit_h_14_112() -> tuple[nn.Module, torch.Tensor]:
     """
     torch.manual_seed(0)
     return vit_h_14_model(112), torch.randn(1, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+
+
+class _Call(nn.Module):
+    """One call on tensors held as plain attributes (a child module per operator)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn()
+
+
+class MaxVitAttentionCore(nn.Module):
+    """The functional code of maxvit_t's ``RelativePositionalMultiHeadAttention`` at its first
+    stage (56x56 x 64 channels: 8x8 windows of 7x7 = 49 tokens, 2 heads of 32), one child module
+    per operator as torchvision writes them: ``scores`` (q k^T, an einsum), ``bias`` (+ the
+    relative-position bias), ``softmax``, ``values`` (attention x v, an einsum), ``scale``
+    (q * 32**-0.5), all float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        win, heads, n, d = 64, 2, 49, 32
+        q, k, v = (torch.randn(1, win, heads, n, d, dtype=torch.float64, generator=g)
+                   for _ in range(3))
+        s = torch.randn(1, win, heads, n, n, dtype=torch.float64, generator=g)
+        bias = torch.randn(1, 1, heads, n, n, dtype=torch.float64, generator=g)
+        self.scores = _Call(lambda: torch.einsum("BGHID,BGHJD->BGHIJ", q, k))
+        self.bias = _Call(lambda: s + bias)
+        self.softmax = _Call(lambda: torch.softmax(s, dim=-1))
+        self.values = _Call(lambda: torch.einsum("BGHIJ,BGHJD->BGHID", s, v))
+        self.scale = _Call(lambda: q * d ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for op in (self.scores, self.bias, self.softmax, self.values, self.scale):
+            op(x)
+        return x
+
+
+def maxvit_attention_core() -> tuple[nn.Module, torch.Tensor]:
+    """maxvit_t's attention core, operator by operator, for ``flopscope measure
+    benchmarks/validation_zoo.py:maxvit_attention_core --dtype float64`` (split per operator).
+
+    Returns:
+        (the module, a dummy input).
+    """
+    return MaxVitAttentionCore(), torch.zeros(1, dtype=torch.float64)

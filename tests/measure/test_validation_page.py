@@ -56,7 +56,9 @@ def stored(tmp_path: Path) -> tuple[Path, list[page.Group]]:
     ], inputs=())])
     _write(root, "transformers", [_record(
         "benchmarks/validation_transformers.py:gpt2_causal", 1_000, 800, inputs=(),
-        modules=[{"path": "h.0.attn", "counted_flops": 600, "measured_flops": 420, "ratio": 0.7}],
+        modules=[{"path": "h.0.attn", "counted_flops": 600, "measured_flops": 420, "ratio": 0.7},
+                 {"path": "h.0.attn.c_attn", "counted_flops": 400, "measured_flops": 380,
+                  "ratio": 0.95}],
         attention={"counted": 600, "executed": 450, "model": 300})])
     gs = [
         page.Group("zoo64", "zoo", "zoo",
@@ -89,8 +91,9 @@ def test_page_tables_from_stored_json(stored: tuple[Path, list[page.Group]]) -> 
     assert "| pooling | `max_pool2d_3x3s2` | c16hw32 | float64 | 2,000 | 1,000 | **0.5000** |" in text
     assert "| pooling | 1 | 0.5000 - 0.5000 | 0 |" in text
     # Transformers: counted, attention three ways, counted with attention as executed (850).
-    assert "| gpt2_causal | 1,000 | 600 | 450 | 300 | 850 | 800 | 0.8000 | 0.9412 | 600 / 420 |" \
-        in text
+    # The attention segment is the attention call alone: its projection is a segment of its own.
+    assert ("| gpt2_causal | 1,000 | 600 | 450 | 300 | 850 | 800 | 0.8000 | 0.9412 | "
+            "600 / 420 (0.7000, own code) |") in text
     # Deviations above 2 %, each with a cause.
     dev = text.split("### Every deviation above 2%")[1]
     assert "- mobilenet_v2 (1x3x64x64): 1.0500" in dev
@@ -136,3 +139,44 @@ def test_op_workload_names_split() -> None:
         per_op[(f, op)] = per_op.get((f, op), 0) + 1
     per_op[("fft", "fft2_c2c")] += 1
     assert min(per_op.values()) >= 2
+
+
+def test_family_split_sums_module_types(tmp_path: Path) -> None:
+    root = tmp_path / "validation"
+    modules = [
+        {"path": "", "counted_flops": 0, "measured_flops": 0, "ratio": None},
+        {"path": "blocks", "counted_flops": 0, "measured_flops": 0, "ratio": None},
+        {"path": "blocks.0.act", "counted_flops": 50, "measured_flops": 1_260, "ratio": 25.2},
+        {"path": "blocks.1.act", "counted_flops": 50, "measured_flops": 1_260, "ratio": 25.2},
+        {"path": "blocks.0.fc", "counted_flops": 10_000, "measured_flops": 10_100, "ratio": 1.01},
+        {"path": "blocks.1", "counted_flops": 100, "measured_flops": 0, "ratio": 0.0},
+    ]
+    rec = _record("torchvision:maxvit_t", 10_200, 12_620, modules=modules, inputs=("1x3x224x224",),
+                  module_types={"": "MaxVit", "blocks": "ModuleList", "blocks.0.act": "GELU",
+                                "blocks.1.act": "GELU", "blocks.0.fc": "Linear",
+                                "blocks.1": "MBConv"},
+                  module_ops={"blocks.0.act": {"aten.gelu.default": 50},
+                              "blocks.1.act": {"aten.gelu.default": 50},
+                              "blocks.0.fc": {"aten.addmm.default": 10_000},
+                              "blocks.1": {"aten.add.Tensor": 100}})
+    _write(root, "families", [rec])
+    rows = page.family_rows(rec)
+    # gap 12,620 - 10,200 = 2,420: GELU (2,520 - 100) / 2,420 = 1.0, Linear 100 / 2,420, MBConv
+    # -100 / 2,420; the empty root and ModuleList rows are left out.
+    assert [(r["type"], r["modules"], r["counted"], r["measured"]) for r in rows] == [
+        ("GELU", 2, 100, 2_520), ("Linear", 1, 10_000, 10_100), ("MBConv", 1, 100, 0)]
+    assert rows[0]["share"] == pytest.approx(2_420 / 2_420) and rows[0]["ratio"] == 25.2
+    md = tmp_path / "v.md"
+    page.write_page(root, md, [page.Group("families", "f", "families")], plot=False)
+    text = md.read_text()
+    assert "**maxvit_t** (1x3x224x224, every module a segment: 6 segments)" in text
+    assert "| GELU | 2 | 100 | 2,520 | 25.2000 | 100.0% | gelu 100 |" in text
+    assert "| MBConv | 1 | 100 | 0 | 0.0000 | -4.1% | add.Tensor 100 |" in text
+    # The zoo row's deviation is named from the split: GELU holds the whole gap (share 1.0 >=
+    # 0.99), so it is the one family named, with the operator table's cause of gelu.
+    cause = page.family_cause(rec)
+    assert cause.endswith("GELU 25.2000 (100.0% of the gap): " + page.cause_of("activation/gelu"))
+    zoo = page.zoo_rows([rec])
+    assert page.deviations(zoo, [], families=[rec]) == [
+        f"- maxvit_t (1x3x224x224): 1.2373 - {cause}"]
+    assert "--groups families" in page.deviations(zoo, [])[0]  # no split: how to make one
