@@ -26,11 +26,13 @@ When it applies (everything else runs as usual):
 - a call is keyed by its group and its arguments' metadata (tensors as in
   :func:`flopscope._memo.signature`; other objects by identity: a key/value cache passed to every
   layer is the same object);
-- a key is replayed only after two calls of it, on two different modules, ran and were *the same*:
-  the same records (relative path, operator, phase, cost expression) in the same order, the same
-  output metadata, nothing outside the module's subtree, no module rule, no opaque or lazy module.
-  A group whose two calls differ (layers that alternate sliding and full attention through
-  something the structure does not show) is never replayed.
+- a key is replayed only after two calls on two different modules of the group ran and were *the
+  same* (the key's first call and an earlier first call of the group, perhaps of another key: layer
+  0 runs on the embeddings, layer 1 on an output that requires grad): the same records (relative
+  path, operator, phase, cost expression) in the same order, the same output metadata, nothing
+  outside the module's subtree, no module rule, no opaque or lazy module, no metadata changed in
+  place. A group whose two calls of one key differ (layers that alternate sliding and full
+  attention through something the structure does not show) is never replayed.
 
 What is not seen: Python state that a replayed forward would have changed without an operator (a
 key/value cache's entry for that layer is not written), and behaviour that depends on the layer's
@@ -238,6 +240,7 @@ class ModuleReplay:
         # whose two takes differed maps to None, and a group that differed is in `bad`
         self.seen: dict[tuple[Any, ...], tuple[_Take, nn.Module] | _Take | None] = {}
         self.bad: set[int] = set()
+        self.firsts: dict[int, list[tuple[_Take, nn.Module]]] = {}  # group -> first takes
         self.recording: _Take | None = None
         self.replayed = 0  # module calls answered from memory (for tests and benchmarks)
         self._saved: list[tuple[nn.Module, Any]] = []
@@ -294,7 +297,15 @@ class ModuleReplay:
         if take is None:
             self.bad.add(group)
         elif seen is _MISSING:
-            self.seen[key] = (take, module)
+            # a first call of this key: validated already when another layer of the group did the
+            # same on other arguments (layer 0 on the embeddings, which do not require grad, and
+            # layer 1 on layer 0's output, which does)
+            firsts = self.firsts.setdefault(group, [])
+            if any(m is not module and _same_take(t, take) for t, m in firsts):
+                self.seen[key] = take
+            else:
+                self.seen[key] = (take, module)
+                firsts.append((take, module))
         elif _same_take(seen[0], take):
             self.seen[key] = take
         else:
