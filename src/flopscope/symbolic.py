@@ -120,7 +120,7 @@ class SymbolicReport:
         hints: name -> the size the model was traced at.
         domain: the guards (sympy relations in the named symbols) under which the formulas hold.
         unknowns: symbols that are not input sizes (data-dependent sizes: ``nonzero``, routing),
-            with what made them.
+            with what made them; :meth:`evaluate` takes values for them too (``u0=12``).
         records: every (module, operator, phase) with its symbolic cost.
         report: the underlying report's structure (modules, parameters); its costs are not used.
     """
@@ -133,6 +133,9 @@ class SymbolicReport:
         self.hints = dict(hints)
         self.domain = tuple(domain)
         self.unknowns = dict(unknowns)
+        # name -> the sympy symbol PyTorch made for each data-dependent size (``u0``)
+        self._unknown = {str(x): x for r in records for f in _FIELDS
+                         for x in getattr(r.cost, f).free_symbols if str(x) in self.unknowns}
         self.records = tuple(records)
         self._rules = tuple(rules)
         self.report = report
@@ -175,14 +178,16 @@ class SymbolicReport:
 
     # -- domain and evaluation ---------------------------------------------------------------
     def _values(self, values: Mapping[str, int]) -> dict[sympy.Symbol, int]:
-        unknown = set(values) - set(self.symbols)
+        unknown = set(values) - set(self.symbols) - set(self._unknown)
         if unknown:
             raise UsageError(f"unknown symbol(s) {sorted(unknown)}; this report's symbols are "
-                             f"{sorted(self.symbols)}")
+                             f"{sorted(self.symbols)}"
+                             + (f" and data-dependent sizes {sorted(self._unknown)}" if self._unknown
+                                else ""))
         missing = set(self.symbols) - set(values)
         if missing:
             raise UsageError(f"give a value for every symbol: missing {sorted(missing)}")
-        return {self.symbols[k]: int(v) for k, v in values.items()}
+        return {self.symbols.get(k) or self._unknown[k]: int(v) for k, v in values.items()}
 
     def violated(self, **values: int) -> list[str]:
         """The domain guards that do not hold at ``values`` (empty: the formulas are valid there)."""
@@ -195,14 +200,16 @@ class SymbolicReport:
 
         Args:
             check: refuse a point outside :attr:`domain`.
-            **values: a value for every symbol, e.g. ``batch=2, seq_len=128``.
+            **values: a value for every symbol, e.g. ``batch=2, seq_len=128``, and for each
+                data-dependent size that a cost holds (:attr:`unknowns`, e.g. ``u0=12``).
 
         Returns:
             The concrete report.
 
         Raises:
             DomainError: ``check`` and a guard does not hold at ``values``.
-            UsageError: a symbol is unknown or has no value.
+            UsageError: a symbol is unknown or has no value, or a cost holds a data-dependent
+                size that has none.
         """
         subs = self._values(values)
         if check:
@@ -555,7 +562,7 @@ def count_symbolic(
         raise ForwardError(_explain(e, origins), module_path=e.module_path) from e
     finally:
         SYMBOLIC_COUNTS[0] -= 1
-    return _symbolic_report(raw, env, syms, chosen)
+    return _symbolic_report(raw, env, syms, chosen, origins)
 
 
 class _PinningFakeMode(FakeTensorMode):
@@ -700,7 +707,7 @@ def _running_operator(exc: BaseException) -> str | None:
 
 
 def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
-                     hints: Mapping[str, int]) -> SymbolicReport:
+                     hints: Mapping[str, int], origins: Mapping[str, str]) -> SymbolicReport:
     from torch.utils._sympy.functions import FloorDiv
 
     # a size PyTorch made static at once (a hint of 1) is no symbol: it is fixed, said below
@@ -730,10 +737,16 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
     rules = [(r, sym(r.cost), sym(r.shadowed)) for r in raw.rules]
     known = set(symbols.values())
     unknowns: dict[str, str] = {}
-    for r in records:
+    for r in records:  # each data-dependent size: the operator that made it and its module
         for f in _FIELDS:
             for s in getattr(r.cost, f).free_symbols - known:
-                unknowns.setdefault(str(s), f"data-dependent size in {r.op} ('{r.module}')")
+                name = str(s)
+                if name in unknowns:
+                    continue
+                op = origins.get(name, r.op)
+                module = next((x.module for x in records if x.op == op and any(
+                    s in getattr(x.cost, g).free_symbols for g in _FIELDS)), r.module)
+                unknowns[name] = f"data-dependent size made by {op} in module '{module}'"
     domain: list[sympy.Basic] = []
     for name, s in syms.items():
         if not (isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol)):
