@@ -17,8 +17,9 @@ class Measurement:
         flops: executed floating-point operations, all precisions together (FMA = 2).
         flops_by_precision: ``flops`` split by precision (``"double"``, ``"single"``, ...);
             backends that cannot tell precisions apart report everything under ``"any"``.
-        segments: executed FLOPs per top-level module path (``""`` is code of the root module
-            outside its children); empty when the backend cannot split the region.
+        segments: executed FLOPs per segment module path (``""`` is code outside them; see
+            :func:`~flopscope.measure.workload.segment_paths`); empty when the backend cannot
+            split the region.
         by_instruction: executed FLOPs per instruction mnemonic (valgrind only).
         region_seconds: wall time of the measured region (under valgrind: slowed down).
         wall_seconds: wall time of the whole measurement, setup included.
@@ -41,8 +42,9 @@ class Measurement:
 
         Args:
             counted_flops: FLOPs counted by flopscope for the same code (``Report.flops``).
-            counted_segments: counted inclusive FLOPs per top-level module path, with ``""`` for
-                the root's own ops, to compare segment by segment when the measurement has them.
+            counted_segments: counted FLOPs per segment module path, with ``""`` for the ops
+                outside them (:func:`~flopscope.measure.request.counted_segments`), to compare
+                segment by segment when the measurement has them.
 
         Returns:
             A :class:`Comparison`.
@@ -70,7 +72,7 @@ def _ratio(measured: int, counted: int) -> float:
 
 @dataclass(frozen=True)
 class SegmentComparison:
-    """Counted vs measured FLOPs of one top-level module.
+    """Counted vs measured FLOPs of one segment module.
 
     Attributes:
         path: module path (``""`` = ops of the root module outside its children).
@@ -100,7 +102,7 @@ class Comparison:
     Attributes:
         counted_flops: FLOPs counted by flopscope.
         measured_flops: FLOPs executed.
-        segments: per top-level module comparison (may be empty).
+        segments: per segment module comparison (may be empty).
     """
 
     counted_flops: int
