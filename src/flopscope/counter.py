@@ -20,6 +20,7 @@ from torch import nn
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode_stack,
@@ -89,6 +90,14 @@ _ALLOCATIONS = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
     "aten::new_empty_strided", "aten::zeros", "aten::zeros_like", "aten::new_zeros",
 })
+
+
+def _nonzero(n: Any) -> bool:
+    """Whether a symbolic cost field may be nonzero, without a guard: on a data-dependent size
+    (``u0`` from ``nonzero``) no guard can be made (it refused any count where such a size
+    reached a FLOP), and on input sizes it only added guards such as ``Ne(72*batch, 0)`` to the
+    shape environment. Not known to be 0: not zero."""
+    return not statically_known_true(n == 0)
 
 
 class CallObserver(Protocol):
@@ -647,8 +656,10 @@ class Counter:
                         ) from e
                 if type(cost) is not Cost:
                     cost = as_cost(cost, f"rule {rule_name(fn)} for operator {func} in module '{path}'")
-                if cost.flops and fn in ADJUSTED_RULES:  # a default rule: integer work is not
-                    # FLOPs, complex work is counted in real operations (flopscope.numbers)
+                flops = cost.flops  # on symbolic sizes: no guard (see _nonzero)
+                if (flops if type(flops) is int else _nonzero(flops)) and fn in ADJUSTED_RULES:
+                    # a default rule: integer work is not FLOPs, complex work is counted in
+                    # real operations (flopscope.numbers)
                     cost = in_real_numbers(call, cost, info[1])
                 if memo is not None and self._memoizable(func, fn):
                     memo_costs = (_MEMO_COSTS if type(memo[-1]) is _dtype
@@ -660,7 +671,8 @@ class Counter:
                     self._pieces.append((func, cost, True))
                     return
         if frame is not None:
-            if cost.flops or not counted:
+            flops = cost.flops
+            if (flops if type(flops) is int else _nonzero(flops)) or not counted:
                 frame.arithmetic += 1
             elif is_alloc:
                 frame.allocations += 1
