@@ -23,6 +23,11 @@ def tiny():
     return model, torch.randn(2, 8)
 
 
+def nested():
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16)), nn.Linear(16, 4))
+    return model, torch.randn(2, 8)
+
+
 def broken():
     raise RuntimeError("no such weights")
 """
@@ -80,6 +85,21 @@ def test_measure_table_and_tolerance(
     assert rc == 1  # 5 % is outside 1 %
     assert "measured/counted: 1.05" in out and "(outside)" in out
     assert "outside the tolerance 0.01" in err
+
+
+def test_measure_table_leaves_out_containers_with_no_code(
+    model_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use(monkeypatch, scaled(1.0))
+    rc = main(["measure", f"{model_file}:nested", "--depth", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("  0") or
+            line.startswith("  1")]
+    # the inner Sequential "0" holds no code of its own at depth 2 (its Linear is "0.0"): no row;
+    # batch 2: 2 * (2 * 8 * 16 + 16) = 544 FLOPs in "0.0", 2 * (2 * 16 * 4 + 4) = 264 in "1"
+    assert rows == ["0.0", "1"]
+    assert " 544 " in out and " 264 " in out
 
 
 def test_measure_input_batch_and_depth(

@@ -156,6 +156,8 @@ def _measure_table(result: MeasureResult) -> str:
     if c.segments:
         out += ["", f"  {'module':<24} {'counted':>16} {'measured':>16} {'ratio':>8}"]
         for s in c.segments:
+            if s.path and s.counted_flops == s.measured_flops == 0:
+                continue  # a container above --depth with no code of its own (nn.Sequential)
             ratio = f"{s.ratio:.4f}" if s.counted_flops else "-"
             out.append(f"  {s.path or '(outside)':<24} {s.counted_flops:>16,} "
                        f"{s.measured_flops:>16,} {ratio:>8}")
