@@ -565,6 +565,24 @@ def count_symbolic(
     return _symbolic_report(raw, env, syms, chosen, origins)
 
 
+_CONCRETE_SIZES_ONLY = "expected to contain only concrete integers"
+# operators whose C++ kernel refused symbolic sizes (PyTorch's "SymIntArrayRef expected to contain
+# only concrete integers"): run by their Python decomposition when a size list is symbolic
+_CONCRETE_ONLY: set[Any] = {torch.ops.aten.constant_pad_nd.default}
+
+
+def _decompositions() -> Mapping[Any, Any]:
+    from torch._decomp import decomposition_table
+
+    return decomposition_table
+
+
+def _has_symbolic_list(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether an argument is a list or tuple holding a ``SymInt`` (a padding, a size)."""
+    return any(isinstance(a, (list, tuple)) and any(type(x) is torch.SymInt for x in a)
+               for a in (*args, *kwargs.values()))
+
+
 class _PinningFakeMode(FakeTensorMode):
     """The fake mode of a symbolic count: an operator's output sizes that a recorded guard pins
     to a number are written as that number (its strides likewise, where they become numbers).
@@ -577,6 +595,9 @@ class _PinningFakeMode(FakeTensorMode):
     each block doubled the time, and ``maxvit_t`` gave no result in 14 minutes. Under the
     guards, which are the formulas' domain, those expressions *are* the numbers, so no cost
     changes inside the domain. In-place operators keep their tensor (its identity matters).
+
+    An operator whose C++ kernel takes its sizes as concrete integers only (``constant_pad_nd``)
+    runs by PyTorch's Python decomposition when a size it is given is symbolic (:meth:`_decomposed`).
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -586,13 +607,31 @@ class _PinningFakeMode(FakeTensorMode):
         self._guards_seen = 0
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().dispatch(func, types, args, kwargs or {})
+        kwargs = kwargs or {}
+        if func in _CONCRETE_ONLY and _has_symbolic_list(args, kwargs):
+            out = self._decomposed(func, args, kwargs)
+        else:
+            try:
+                out = super().dispatch(func, types, args, kwargs)
+            except RuntimeError as e:
+                if _CONCRETE_SIZES_ONLY not in str(e) or func not in _decompositions():
+                    raise
+                _CONCRETE_ONLY.add(func)
+                out = self._decomposed(func, args, kwargs)
         env = self.shape_env
         if env is not None and len(env.guards) != self._guards_seen:
             self._learn(env.guards)
         if not self._pins or getattr(getattr(func, "_schema", None), "is_mutable", True):
             return out
         return tree_map_only(FakeTensor, self._pinned, out)
+
+    def _decomposed(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """``func`` by PyTorch's Python decomposition of it, on this mode's fake tensors: for a
+        C++ kernel that takes its sizes as concrete integers only (``constant_pad_nd``, with
+        swin's padding to its window size). The decomposition's own operators run below the
+        counter (the count sees ``func``); its branches on sizes become guards."""
+        with self:
+            return _decompositions()[func](*args, **kwargs)
 
     def _learn(self, guards: Sequence[Any]) -> None:
         """Read the guards recorded since the last call: ``Eq(k*e, c)`` pins ``e`` to ``c / k``
@@ -677,7 +716,30 @@ def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:
                     "or make that size an input.")
         cause = cause.__cause__ or cause.__context__
     running = next((r for r in map(_running_operator, _chain(e)) if r is not None), None)
-    return f"symbolic counting failed{' in operator ' + running if running else ''}: {text}"
+    why = ""
+    if _CONCRETE_SIZES_ONLY in text:  # a C++ kernel given a size that is a formula
+        caller = None if running else next((_innermost_python(c) for c in _chain(e)
+                                            if _CONCRETE_SIZES_ONLY in str(c)
+                                            and not isinstance(c, ForwardError)), None)
+        why = (" (PyTorch's kernel" + (f" called by {caller}" if caller else "")
+               + " takes its sizes as concrete integers only, and here a size is a formula of"
+               " the symbolic sizes; count at concrete sizes)")
+    return (f"symbolic counting failed{' in operator ' + running if running else ''}{why}: "
+            f"{text}")
+
+
+def _innermost_python(exc: BaseException) -> str | None:
+    """The innermost Python function of ``exc``'s traceback, as ``module.function``: the one
+    that called a C++ kernel (``torch.nn.functional.interpolate``)."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame
+        tb = tb.tb_next
+    if last is None:
+        return None
+    module = last.f_globals.get("__name__", "?")
+    return f"{module}.{last.f_code.co_name}"
 
 
 def _chain(e: BaseException) -> list[BaseException]:

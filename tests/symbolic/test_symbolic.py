@@ -254,9 +254,32 @@ class _PadToWindow(nn.Module):
         return F.pad(x, (0, (7 - x.shape[-1] % 7) % 7)) * 2
 
 
-def test_an_operator_that_needs_concrete_sizes_is_named() -> None:
-    # PyTorch's constant_pad_nd kernel takes its padding as concrete integers only
+def test_padding_to_a_window_is_a_formula() -> None:
+    # PyTorch's C++ constant_pad_nd takes its padding as concrete integers only; the symbolic
+    # count runs its Python decomposition instead, whose branch on the padding (> 0 at w = 10,
+    # where 3 columns are left over) is the domain
+    rep = count_symbolic(_PadToWindow(), torch.randn(2, 10), symbolic={"w": (0, 1)}, warn=False)
+    w = rep.symbols["w"]
+    # the product by 2 runs over the padded 2 x (w + pad) elements, pad = (7 - w % 7) % 7
+    flops = rep.by_op()["aten.mul.Tensor"].flops
+    assert flops.free_symbols == {w}
+    assert all(flops.xreplace({w: n}) == 2 * (n + (7 - n % 7) % 7) for n in range(1, 50))
+    for n in (10, 12, 22):  # padded by 4, 2, 6
+        concrete = flopscope.count(_PadToWindow(), torch.randn(2, n), shape_only=True, warn=False)
+        _same(concrete, rep.evaluate(w=n))
+    assert rep.violated(w=14)  # 14 needs no padding: another branch, outside the domain
+
+
+class _Upsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=2 * x.shape[-1]) * 2
+
+
+def test_a_kernel_that_needs_concrete_sizes_is_named() -> None:
+    # upsample_nearest1d's CompositeImplicitAutograd kernel takes output_size as concrete
+    # integers only, before any operator reaches flopscope: the Python function that called it
     with pytest.raises(flopscope.ForwardError, match=(
-            r"symbolic counting failed in operator aten\.constant_pad_nd\.default: .*"
-            r"in module '' \(_PadToWindow\).*SymIntArrayRef expected to contain only concrete")):
-        count_symbolic(_PadToWindow(), torch.randn(2, 10), symbolic={"w": (0, 1)}, warn=False)
+            r"symbolic counting failed \(PyTorch's kernel called by "
+            r"torch\.nn\.functional\.interpolate takes its sizes as concrete integers only.*"
+            r"in module '' \(_Upsample\).*SymIntArrayRef expected to contain only concrete")):
+        count_symbolic(_Upsample(), torch.randn(2, 3, 10), symbolic={"w": (0, 2)}, warn=False)
