@@ -52,3 +52,13 @@ def test_multilabel_margin_loss_backward_reads_the_labels() -> None:
     # + the final scaling of 4 x 5 elements = 95
     name = "aten.multilabel_margin_loss_backward.default"
     assert _grad_op(lambda u: F.multilabel_margin_loss(u, t), x, name) == 95
+
+
+def test_margin_loss_gradients_of_a_0d_input() -> None:
+    # a 0-d input is one sample of one class (PyTorch's shape checks): multi-margin 3C + (C - 1)
+    # x 2 = 3; multi-label: its one label has no other class (0 pairs) + 1 scaled element = 1
+    x = torch.randn((), requires_grad=True)
+    assert _grad_op(lambda t: F.multi_margin_loss(t, torch.tensor(0)), x,
+                    "aten.multi_margin_loss_backward.default") == 3
+    assert _grad_op(lambda t: F.multilabel_margin_loss(t, torch.tensor(0)), x,
+                    "aten.multilabel_margin_loss_backward.default") == 1

@@ -113,7 +113,10 @@ def linear_cross_entropy_no_reduction(call: OpCall) -> Cost:
 
 
 def _rows_and_classes(x: Any) -> tuple[Any, Any]:
-    """(samples, classes) of a margin loss's input: ``[C]`` is one sample, ``[N, C]`` N."""
+    """(samples, classes) of a margin loss's input: ``[C]`` is one sample, ``[N, C]`` N, and a
+    0-d input one sample of one class (as PyTorch's shape checks take it)."""
+    if x.dim() == 0:
+        return 1, 1
     return (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
 
 
@@ -137,7 +140,7 @@ def _labels(target: Any, rows: Any) -> tuple[Any, Any]:
     """(labels, (label, other class) pairs) of a multi-label target ``[N, C]`` (each row's labels
     until the first -1): read from a real target; on fake/meta tensors one label per sample."""
     values = tensor_values(target)
-    classes = target.shape[-1]
+    classes = target.shape[-1] if target.dim() else 1
     if values is None:
         return rows, rows * (classes - 1)
     labels = pairs = 0
