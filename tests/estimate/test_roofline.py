@@ -275,3 +275,19 @@ def test_which_calls_are_special_functions() -> None:
     # time 8,000 B / 1e12 = 8e-9 s and their FLOPs' time (5,000 and 1,000 FLOPs / 1e12)
     assert _log(lambda: torch.nn.functional.gelu(x)).estimate(SPECIAL).total.time_s == 1_000 / 2e9
     assert _log(lambda: x.pow(2.5)).estimate(SPECIAL).total.time_s == 1_000 / 4e8
+
+
+def test_every_special_function_is_recognised_and_probed() -> None:
+    """The operators the roofline maps to special functions and the functions a profile may rate
+    (and this-machine probes) are the same set: a rate nothing uses, or an operator no probe
+    measures, would be a silent gap."""
+    from flopscope.estimate.hardware import SPECIAL_FUNCTIONS, _special_probes
+    from flopscope.estimate.roofline import _SPECIAL_OPS
+
+    assert set(_SPECIAL_OPS.values()) | {"gelu_tanh"} == set(SPECIAL_FUNCTIONS)
+    probes = _special_probes(1024)
+    assert [name for name, _, _ in probes] == list(SPECIAL_FUNCTIONS)
+    for name, fn, one in probes:  # every probe runs, as the function the roofline charges
+        log = _log(lambda fn=fn: fn())
+        assert [r.special for r in log.records if r.special] == [(name, 1024)]
+        one()
