@@ -133,9 +133,7 @@ class SymbolicReport:
         self.hints = dict(hints)
         self.domain = tuple(domain)
         self.unknowns = dict(unknowns)
-        # name -> the sympy symbol PyTorch made for each data-dependent size (``u0``)
-        self._unknown = {str(x): x for r in records for f in _FIELDS
-                         for x in getattr(r.cost, f).free_symbols if str(x) in self.unknowns}
+        self._unknown_symbols: dict[str, sympy.Symbol] | None = None  # see _unknown
         self.records = tuple(records)
         self._rules = tuple(rules)
         self.report = report
@@ -177,6 +175,16 @@ class SymbolicReport:
         return {op: _sum(cs) for op, cs in sorted(acc.items())}
 
     # -- domain and evaluation ---------------------------------------------------------------
+    @property
+    def _unknown(self) -> dict[str, sympy.Symbol]:
+        """Name -> the sympy symbol PyTorch made for each data-dependent size (``u0``), found in
+        the records the first time it is needed (never, for most reports: no unknowns)."""
+        if self._unknown_symbols is None:
+            self._unknown_symbols = {} if not self.unknowns else {
+                str(x): x for r in self.records for f in _FIELDS
+                for x in getattr(r.cost, f).free_symbols if str(x) in self.unknowns}
+        return self._unknown_symbols
+
     def _values(self, values: Mapping[str, int]) -> dict[sympy.Symbol, int]:
         unknown = set(values) - set(self.symbols) - set(self._unknown)
         if unknown:
