@@ -200,7 +200,7 @@ class SymbolicReport:
     def violated(self, **values: int) -> list[str]:
         """The domain guards that do not hold at ``values`` (empty: the formulas are valid there)."""
         subs = {k: sympy.Integer(v) for k, v in self._values(values).items()}
-        return [_relation(g) for g in self.domain if g.xreplace(subs) is not sympy.true]
+        return [_relation(g) for g in self.domain if not _holds(g, subs)]
 
     def evaluate(self, check: bool = True, **values: int) -> Report:
         """A concrete :class:`~flopscope.report.Report` at the given sizes: the same modules,
@@ -428,6 +428,15 @@ def _relation(g: sympy.Basic) -> str:
     if isinstance(g, sympy.StrictGreaterThan) and g.rhs.is_Integer:
         return f"{int(g.rhs) + 1} <= {sympy.sstr(g.lhs)}"
     return str(sympy.sstr(g))
+
+
+def _holds(guard: sympy.Basic, subs: Mapping[sympy.Symbol, sympy.Integer]) -> bool:
+    """Whether a guard is true at a point; one that cannot be evaluated there (a ``Mod`` or
+    floor division by a size that is 0 at that point) does not hold."""
+    try:
+        return guard.xreplace(subs) is sympy.true
+    except ZeroDivisionError:
+        return False
 
 
 def _point(values: Mapping[str, int]) -> str:

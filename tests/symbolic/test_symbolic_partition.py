@@ -60,6 +60,9 @@ def test_window_partitions_pin_to_numbers_and_equal_concrete_counts() -> None:
         assert rep.by_module()[str(i)].macs == 12544 * b  # 16 windows * 49 positions * 4 * 4
     # the formula holds where the model runs: the grid needs side == 28, i.e. r in {55, 56}
     assert [n for n in range(40, 80) if not rep.violated(batch=2, resolution=n)] == [55, 56]
+    # below 13 not one 7 x 7 window fits: a guard's Mod by the number of windows divides by 0
+    # there, and such a guard does not hold (it raised ZeroDivisionError)
+    assert rep.violated(batch=2, resolution=5)
     for batch, res in ((3, 55), (5, 56)):
         concrete = flopscope.count(_model(6), torch.zeros(batch, 3, res, res), shape_only=True,
                                    warn=False)
