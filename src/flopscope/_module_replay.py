@@ -201,10 +201,29 @@ def _same_take(a: _Take, b: _Take) -> bool:
     return True
 
 
+class _Made(torch.autograd.Function):
+    """Makes a replayed output that requires grad the output of an autograd node, as the
+    module's real output is: a leaf (or a view of one) that requires grad refuses the in-place
+    operators a model may apply to it (``ReLU(inplace=True)`` after a block). No operator runs:
+    the output is made from its template inside ``forward``."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, leaf: Any) -> torch.Tensor:
+        return FakeTensor(leaf[0], leaf[1], leaf[2])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
+        return None, None  # pragma: no cover - replay runs only in counts without backward
+
+
+_ANCHOR = torch.zeros((), requires_grad=True)  # what _Made's outputs depend on, for autograd
+
+
 def _made(leaf: tuple[Any, Any, Any, bool]) -> torch.Tensor:
     """A fake tensor made again from an output leaf (see :func:`_output`)."""
-    t = FakeTensor(leaf[0], leaf[1], leaf[2])
-    return t.requires_grad_(True) if leaf[3] else t
+    if leaf[3]:
+        return _Made.apply(_ANCHOR, leaf)  # type: ignore[no-any-return]
+    return FakeTensor(leaf[0], leaf[1], leaf[2])
 
 
 def _output(out: Any) -> Any:

@@ -169,3 +169,18 @@ def test_layers_that_change_metadata_in_place_are_not_replayed(
     assert [r.replayed for r in replays] == [0]
     assert rep.evaluate(batch=2, seq_len=4).total() == \
         flopscope.count(model, torch.randn(2, 4, 8)).total()
+
+
+def test_a_replayed_output_takes_in_place_operators(
+        replays: list[module_replay.ModuleReplay]) -> None:
+    class Acting(Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = torch.relu_(layer(x))  # in place on each layer's output, as mobilenet's
+            return self.head(x)  # ReLU(inplace=True) after a block does
+
+    model = Acting().eval()
+    rep = count_symbolic(model, torch.randn(2, 5, 8), symbolic=SYMBOLS)
+    assert [r.replayed for r in replays] == [4]
+    assert rep.evaluate(batch=2, seq_len=3).total() == \
+        flopscope.count(model, torch.randn(2, 3, 8)).total()
