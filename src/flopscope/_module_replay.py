@@ -19,10 +19,11 @@ When it applies (everything else runs as usual):
   no call observer (roofline, memory and communication logs see every call) and no DTensor;
 - only on *maximal* members of ``nn.ModuleList``/``nn.Sequential`` containers that share their
   *structure* with two or more other members: the same class and training flag, the same parameter
-  and buffer shapes, dtypes and ``requires_grad``, the same plain attributes (an ``int`` equal to
-  the member's own index in its container, such as transformers' ``layer_idx``, counts as equal:
-  it names the layer, it does not shape its work), the same submodules recursively; any module hook
-  in the subtree, TorchScript, or a module registered under several paths excludes a module;
+  and buffer shapes, dtypes and ``requires_grad``, the same plain attributes (an ``int`` that
+  holds every member's own index in its container, such as transformers' ``layer_idx``, counts
+  as equal: it names the layer, it does not shape its work), the same submodules recursively;
+  any module hook in the subtree, TorchScript, or a module registered under several paths
+  excludes a module;
 - a call is keyed by its group and its arguments' metadata (tensors as in
   :func:`flopscope._memo.signature`; other objects by identity: a key/value cache passed to every
   layer is the same object);
@@ -55,7 +56,7 @@ from flopscope._memo import FAKE_MODES, RESHAPING, template
 from flopscope._memo import key_part as _key_part
 
 _PLAIN = (int, float, bool, str, type(None))
-_OWN_INDEX = object()  # an int attribute equal to the member's index in its container
+_OWN_INDEX = object()  # an int attribute holding each member's index in its container
 _FRESH = frozenset(nn.Module().__dict__)  # nn.Module's own attributes: not the model's
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 _MIN_GROUP = 3  # two calls to validate a key, the third and later replayed
@@ -66,9 +67,20 @@ def replaying() -> bool:
     return any(entry[2] for entry in FAKE_MODES.values())
 
 
-def _structure(module: nn.Module, index: int | None) -> tuple[Any, ...] | None:
+def _index_names(module: nn.Module, index: int, prefix: str = "") -> set[str]:
+    """Dotted names of the ``int`` attributes in ``module``'s subtree equal to ``index``."""
+    found = {prefix + name for name, v in module.__dict__.items()
+             if name not in _FRESH and type(v) is int and v == index}
+    for name, child in module._modules.items():
+        if child is not None:
+            found |= _index_names(child, index, f"{prefix}{name}.")
+    return found
+
+
+def _structure(module: nn.Module, own: frozenset[str], prefix: str = "") -> tuple[Any, ...] | None:
     """A hashable description of what decides ``module``'s work besides its arguments, or
-    ``None`` when it cannot be replayed (a hook, TorchScript)."""
+    ``None`` when it cannot be replayed (a hook, TorchScript). ``own``: dotted names of the
+    attributes that hold the member's own index in its container (not compared)."""
     if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
             or module._backward_pre_hooks or isinstance(module, torch.jit.ScriptModule)):
         return None
@@ -81,7 +93,7 @@ def _structure(module: nn.Module, index: int | None) -> tuple[Any, ...] | None:
         if name in _FRESH:
             continue
         tv = type(v)
-        if tv is int and index is not None and v == index:
+        if prefix + name in own:
             parts.append((name, _OWN_INDEX))
         elif tv in _PLAIN:
             parts.append((name, tv, v))
@@ -95,7 +107,7 @@ def _structure(module: nn.Module, index: int | None) -> tuple[Any, ...] | None:
         if child is None:
             parts.append((name, None))
             continue
-        sub = _structure(child, index)
+        sub = _structure(child, own, f"{prefix}{name}.")
         if sub is None:
             return None
         parts.append((name, sub))
@@ -104,24 +116,30 @@ def _structure(module: nn.Module, index: int | None) -> tuple[Any, ...] | None:
 
 def candidates(model: nn.Module, shared: set[nn.Module]) -> dict[nn.Module, int]:
     """The modules that may be replayed -> their group: maximal members of module containers
-    that share their structure with at least two others."""
+    that share their structure with at least two others. An attribute that holds every member's
+    own index (transformers' ``layer_idx``, here and in the attention below it) is not compared;
+    one that equals a member's index by coincidence (``num_key_value_groups`` = 8 in layer 8) is."""
     groups: dict[tuple[Any, ...], list[nn.Module]] = {}
 
     def visit(module: nn.Module) -> None:
-        for name, child in module._modules.items():
-            if child is None:
-                continue
-            if isinstance(module, _CONTAINERS) and name.isdigit() and child not in shared:
-                key = _structure(child, int(name))
+        members = [(int(name), child) for name, child in module._modules.items()
+                   if isinstance(module, _CONTAINERS) and name.isdigit() and child is not None
+                   and child not in shared]
+        if members:
+            own = frozenset.intersection(*(frozenset(_index_names(c, i)) for i, c in members))
+            for _, child in members:
+                key = _structure(child, own)
                 if key is not None:
                     groups.setdefault(key, []).append(child)
-            visit(child)
+        for sub in module._modules.values():
+            if sub is not None:
+                visit(sub)
 
     visit(model)
     found: dict[nn.Module, int] = {}
-    for n, members in enumerate(groups.values()):
-        if len(members) >= _MIN_GROUP:
-            for m in members:
+    for n, group in enumerate(groups.values()):
+        if len(group) >= _MIN_GROUP:
+            for m in group:
                 found[m] = n
     # maximal only: drop candidates inside other candidates
     inner: set[nn.Module] = set()

@@ -184,3 +184,13 @@ def test_a_replayed_output_takes_in_place_operators(
     assert [r.replayed for r in replays] == [4]
     assert rep.evaluate(batch=2, seq_len=3).total() == \
         flopscope.count(model, torch.randn(2, 3, 8)).total()
+
+
+def test_an_attribute_equal_to_the_index_by_coincidence_is_compared() -> None:
+    model = Stack()
+    for layer in model.layers:
+        layer.heads = 4  # equals layer 4's index: still compared (the same in every layer)
+    groups = module_replay.candidates(model, set())
+    assert len(groups) == 6 and len(set(groups.values())) == 1
+    model.layers[5].heads = 2  # now it differs: layer 5 is a group of its own (not replayed)
+    assert model.layers[5] not in module_replay.candidates(model, set())
