@@ -48,7 +48,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["FAKE_MODES", "OUTPUTS", "RESHAPING", "SELF", "is_pure", "key_part", "outputs_of", "remember",
-           "replay", "replays_fake", "signature", "spec", "symbolic_replay", "template"]
+           "replay", "replays_fake", "same_size", "signature", "spec", "symbolic_replay",
+           "template"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -151,6 +152,12 @@ def key_part(key: list[Any], a: Any) -> bool:
 
 def _expr(n: Any) -> Any:
     return n.node.expr if type(n) is _SymInt else n
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Whether two sizes are equal without adding a guard: the same int, or the same expression
+    (comparing ``SymInt``s with ``==`` would record a guard in the shape environment)."""
+    return bool(_expr(a) == _expr(b))
 
 
 def _add_fake(key: list[Any], a: Any) -> bool:

@@ -52,7 +52,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from flopscope._memo import FAKE_MODES, RESHAPING, template
+from flopscope._memo import FAKE_MODES, RESHAPING, same_size, template
 from flopscope._memo import key_part as _key_part
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -182,15 +182,6 @@ class _Take:
         return self._summed
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal without adding a guard: the same int, or the same expression."""
-    if type(a) is torch.SymInt or type(b) is torch.SymInt:
-        ea = a.node.expr if type(a) is torch.SymInt else a
-        eb = b.node.expr if type(b) is torch.SymInt else b
-        return bool(ea == eb)
-    return bool(a == b)
-
-
 def _same_take(a: _Take, b: _Take) -> bool:
     if (a.calls != b.calls or a.no_grad != b.no_grad or a.arithmetic != b.arithmetic
             or a.allocations != b.allocations or len(a.adds) != len(b.adds)):
@@ -198,7 +189,7 @@ def _same_take(a: _Take, b: _Take) -> bool:
     for (pa, ka, fa, ca), (pb, kb, fb, cb) in zip(a.adds, b.adds, strict=True):
         if pa != pb or ka != kb or fa is not fb:
             return False
-        if ca is not cb and not all(_same_value(getattr(ca, f), getattr(cb, f))
+        if ca is not cb and not all(same_size(getattr(ca, f), getattr(cb, f))
                                     for f in ("macs", "flops", "bytes_read", "bytes_written")):
             return False
     spec_a, leaves_a = a.out
@@ -209,10 +200,10 @@ def _same_take(a: _Take, b: _Take) -> bool:
         if type(x) is tuple and type(y) is tuple:
             ta, tb = x[1], y[1]
             if (x[0] is not y[0] or x[2] != y[2] or x[3] != y[3] or ta.dtype != tb.dtype
-                    or not all(_same_value(p, q) for p, q in zip(
+                    or ta.dim() != tb.dim()
+                    or not all(same_size(p, q) for p, q in zip(
                         (*ta.shape, *ta.stride(), ta.storage_offset()),
-                        (*tb.shape, *tb.stride(), tb.storage_offset()), strict=False))
-                    or ta.dim() != tb.dim()):
+                        (*tb.shape, *tb.stride(), tb.storage_offset()), strict=True))):
                 return False
         elif type(x) is tuple or type(y) is tuple or not (x is y or x == y):
             return False
@@ -304,10 +295,7 @@ class ModuleReplay:
         key: list[Any] = [group]
         if not _key_part(key, args) or not _key_part(key, kwargs):
             return None
-        try:
-            return tuple(key)
-        except TypeError:  # pragma: no cover - an unhashable part
-            return None
+        return tuple(key)
 
     def _call(self, module: nn.Module, forward: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
@@ -425,12 +413,11 @@ class ModuleReplay:
         return tree_unflatten([_made(x) if type(x) is tuple else x for x in leaves], spec)
 
     def _names(self, module: nn.Module, prefix: str) -> dict[str, tuple[str, nn.Module]]:
-        """The subtree's modules: path relative to ``module`` (``""``, ``".mlp"``) -> (full path,
-        module); submodules (not the module itself) are counted by the tracker's hooks."""
+        """The modules below ``module``: path relative to it (``".mlp"``) -> (full path, module);
+        their calls are what the tracker's hooks count inside a call of ``module``."""
         names = self.names.get(module)
         if names is None:
-            found = {("." + n if n else ""): m for n, m in module.named_modules()}
-            names = self.names[module] = {rel: m for rel, m in found.items() if rel}
+            names = self.names[module] = {"." + n: m for n, m in module.named_modules() if n}
         return {rel: (prefix + rel, m) for rel, m in names.items()}
 
 

@@ -33,7 +33,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
-from flopscope._memo import symbolic_replay
+from flopscope._memo import same_size, symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import DomainError, ForwardError, UsageError
 from flopscope.report import OpRecord, Report, RuleRecord, is_within
@@ -717,20 +717,11 @@ def _slice_backward(call: OpCall) -> Cost:
     a view) and its gradient would be charged as a copy. Other slices: the default rule."""
     grad, sizes, dim, start, end, step = call.args[:6]
     if start == 0 and step == 1 and isinstance(end, int) and end >= 2**62 and \
-            len(sizes) == grad.dim() and all(_same_size(a, b) for a, b in zip(grad.shape, sizes, strict=True)):
+            len(sizes) == grad.dim() and all(same_size(a, b) for a, b in zip(grad.shape, sizes, strict=True)):
         return Cost()
     fn = default_rules().find(call.op)
     assert fn is not None
     return fn(call)
-
-
-def _same_size(a: Any, b: Any) -> bool:
-    """Whether two sizes are the same without a guard (the same int or the same expression)."""
-    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        ea = a.node.expr if isinstance(a, torch.SymInt) else a
-        eb = b.node.expr if isinstance(b, torch.SymInt) else b
-        return bool(ea == eb)
-    return bool(a == b)
 
 
 def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.hardware import Hardware, dtype_key
+from flopscope.estimate.hardware import SPECIAL_FUNCTIONS, Hardware, dtype_key
 
 __all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype", "special_function"]
 
@@ -124,10 +124,10 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-_SPECIAL_OPS = {name: name for name in ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid",
-                                         "erf", "erfc", "sin", "cos", "tan", "atan", "silu",
-                                         "gelu", "pow")}
-_SPECIAL_OPS |= {"_softmax": "softmax", "_log_softmax": "log_softmax"}
+# ATen base name -> special function: each of SPECIAL_FUNCTIONS under its own name, except that
+# gelu_tanh is gelu with approximate="tanh" and (log-)softmax's operators are underscored
+_SPECIAL_OPS = {("_" + f if f.endswith("softmax") else f): f
+                for f in SPECIAL_FUNCTIONS if f != "gelu_tanh"}
 _CHEAP_POWERS = (0.5, -0.5)  # ATen runs these as sqrt and rsqrt
 
 
