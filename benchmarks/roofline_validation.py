@@ -297,14 +297,65 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     save(plt, fig, path, dpi=120)
 
 
+def _without_onednn(fn: Callable[[torch.Tensor, torch.Tensor], Any],
+                    ) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    """``fn`` run with oneDNN off (``torch.backends.mkldnn``): ATen's own kernel instead."""
+    def call(x: torch.Tensor, out: torch.Tensor) -> Any:
+        with torch.backends.mkldnn.flags(enabled=False):
+            return fn(x, out)
+    return call
+
+
+def arrangements(numel: int = 32 * 2**20, chunk: int = 2**20, repeats: int = 5) -> str:
+    """Element rates (G elements/s) of the kernels near the ridge, with each side of the stream
+    in DRAM or in the last-level cache: ``numel`` elements in one call (both in DRAM) or in
+    ``chunk``-element calls where the input or the output is one ``chunk``-element tensor that
+    stays in the cache, and in place. A Markdown table; it locates a kernel's loss on the read or
+    the write side (docs/roofline.md: the exact GELU, which PyTorch runs through oneDNN's
+    element-wise kernel on contiguous fp32 CPU tensors, loses on its reads; the last row is
+    ATen's own GELU kernel, with oneDNN switched off)."""
+    aten = torch.ops.aten
+    kernels: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+        "gelu": lambda x, out: aten.gelu.out(x, out=out),
+        "sigmoid": lambda x, out: torch.sigmoid(x, out=out),
+        "silu": lambda x, out: aten.silu.out(x, out=out),
+        "gelu_tanh": lambda x, out: aten.gelu.out(x, approximate="tanh", out=out),
+        "gelu, oneDNN off": _without_onednn(lambda x, out: aten.gelu.out(x, out=out)),
+    }
+    big, out = torch.randn(numel), torch.empty(numel)
+    small, small_out = torch.randn(chunk), torch.empty(chunk)
+    steps = range(0, numel, chunk)
+    lines = ["| kernel | both in the cache | both in DRAM | read DRAM, write cache | "
+             "read cache, write DRAM | in place in DRAM |", "| :--- |" + " ---: |" * 5]
+    for name, fn in kernels.items():
+        inplace = big.clone()
+
+        def calls(fn: Callable[[torch.Tensor, torch.Tensor], Any] = fn,
+                  t: torch.Tensor = inplace) -> list[Callable[[], Any]]:
+            return [lambda: [fn(small, small_out) for _ in steps],
+                    lambda: fn(big, out),
+                    lambda: [fn(big[i:i + chunk], small_out) for i in steps],
+                    lambda: [fn(small, out[i:i + chunk]) for i in steps],
+                    lambda: fn(t, t)]
+
+        rates = [numel / best_seconds(call, repeats) / 1e9 for call in calls()]
+        lines.append(f"| {name} | " + " | ".join(f"{r:.2f}" for r in rates) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="docs/roofline")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--arrangements", action="store_true",
+                        help="only the ridge kernels' rates with each side in DRAM or the cache")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.arrangements:
+        print(arrangements())
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     hw, rows = run(args.repeats, args.rounds)
