@@ -45,7 +45,8 @@ import torch
 
 import flopscope
 from flopscope.estimate import CallLog, Estimate, Hardware, measure_this_machine
-from flopscope.estimate.hardware import best_seconds, dtype_key
+from flopscope.estimate.profile import dtype_key
+from flopscope.estimate.this_machine import best_seconds
 
 
 def _cases() -> list[tuple[str, bool, Callable[[], Callable[[], Any]]]]:

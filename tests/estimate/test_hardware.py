@@ -10,7 +10,8 @@ import torch
 
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES, Hardware, get_hardware, load_hardware
-from flopscope.estimate.hardware import dtype_key, measure_this_machine
+from flopscope.estimate.profile import SPECIAL_FUNCTIONS, dtype_key
+from flopscope.estimate.this_machine import measure_this_machine
 
 
 def test_shipped_profiles_cover_the_issue_list() -> None:
@@ -105,7 +106,7 @@ def test_cache_figures_in_profile_files(tmp_path: Path) -> None:
 
 
 def test_this_machine_measures_its_last_level_cache() -> None:
-    from flopscope.estimate.hardware import last_level_cache_bytes
+    from flopscope.estimate.this_machine import last_level_cache_bytes
 
     hw = measure_this_machine(gemm_size=128, copy_mib=8, repeats=1)
     capacity = last_level_cache_bytes()
@@ -127,9 +128,9 @@ def test_this_machine_matrix_rate_is_the_fastest_probe(monkeypatch: pytest.Monke
     GEMM probes (an n^3 and a 512^3 GEMM, in fp32 a 1x1 convolution), the convolution rate
     the best of two fp32 3x3 convolutions (oneDNN's, which on a CPU reach another fraction of
     the cores than BLAS); each special function has its element rate."""
-    import flopscope.estimate.hardware as hardware
+    import flopscope.estimate.this_machine as this_machine
 
-    monkeypatch.setattr(hardware, "best_seconds", lambda fn, repeats: 1.0)  # every probe 1 s
+    monkeypatch.setattr(this_machine, "best_seconds", lambda fn, repeats: 1.0)  # every probe 1 s
     hw = measure_this_machine(gemm_size=64, copy_mib=1, repeats=1, dtypes=("fp64",))
     # with equal times each rate is its largest FLOP count: the GEMMs 2 x 64^3 = 524,288, in
     # fp32 also the 1x1 convolution 2 x 8 x 14 x 14 x 1024 x 256 = 822,083,584; the 3x3
@@ -142,8 +143,8 @@ def test_this_machine_matrix_rate_is_the_fastest_probe(monkeypatch: pytest.Monke
     assert hw.peak("fp32", True) == 822_083_584  # any other matrix product
     assert hw.peak("fp64", True, True) == 2 * 64**3  # no fp64 convolution rate: the matrix one
     assert set(hw.special) == {"fp32"}
-    assert set(hw.special["fp32"]) == set(hardware.SPECIAL_FUNCTIONS)
-    again = hardware.Hardware.from_dict(hw.to_dict())
+    assert set(hw.special["fp32"]) == set(SPECIAL_FUNCTIONS)
+    again = Hardware.from_dict(hw.to_dict())
     assert again.convolution == pytest.approx(hw.convolution)
 
 
@@ -174,20 +175,20 @@ def test_shipped_profiles_have_no_special_function_rates() -> None:
 
 
 def test_special_rate_is_the_marginal_element_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    import flopscope.estimate.hardware as hardware
+    import flopscope.estimate.this_machine as this_machine
 
     def big() -> None: ...
 
     def one() -> None: ...
 
-    monkeypatch.setattr(hardware, "_special_probes", lambda numel: [("exp", big, one)])
+    monkeypatch.setattr(this_machine, "_special_probes", lambda numel: [("exp", big, one)])
     times = {big: 2e-3, one: 1e-5}
-    monkeypatch.setattr(hardware, "best_seconds", lambda fn, repeats: times[fn])
+    monkeypatch.setattr(this_machine, "best_seconds", lambda fn, repeats: times[fn])
     # a 32 MiB cache: 32 MiB / 32 = 1,048,576 elements (input and output a quarter of it);
     # the one-element call's 1e-5 s is taken off: 1,048,575 / (2e-3 - 1e-5) per second
-    assert hardware._special_rates(1, 32 * 2**20) == {"exp": 1_048_575 / (2e-3 - 1e-5)}
+    assert this_machine._special_rates(1, 32 * 2**20) == {"exp": 1_048_575 / (2e-3 - 1e-5)}
     # no difference to take: elements / time
     times[one] = 2e-3
-    assert hardware._special_rates(1, 32 * 2**20) == {"exp": 1_048_576 / 2e-3}
+    assert this_machine._special_rates(1, 32 * 2**20) == {"exp": 1_048_576 / 2e-3}
     # unknown cache: 2^18 elements
-    assert hardware._special_rates(1, None) == {"exp": 2**18 / 2e-3}
+    assert this_machine._special_rates(1, None) == {"exp": 2**18 / 2e-3}

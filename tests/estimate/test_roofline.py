@@ -281,8 +281,9 @@ def test_every_special_function_is_recognised_and_probed() -> None:
     """The operators the roofline maps to special functions and the functions a profile may rate
     (and this-machine probes) are the same set: a rate nothing uses, or an operator no probe
     measures, would be a silent gap."""
-    from flopscope.estimate.hardware import SPECIAL_FUNCTIONS, _special_probes
+    from flopscope.estimate.profile import SPECIAL_FUNCTIONS
     from flopscope.estimate.roofline import _SPECIAL_OPS
+    from flopscope.estimate.this_machine import _special_probes
 
     assert set(_SPECIAL_OPS.values()) | {"gelu_tanh"} == set(SPECIAL_FUNCTIONS)
     probes = _special_probes(1024)

@@ -27,15 +27,11 @@ from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.counter import CallObserver, Counter
 from flopscope.errors import UsageError
-from flopscope.estimate.hardware import (
-    PROFILES,
-    Hardware,
-    get_hardware,
-    load_hardware,
-    measure_this_machine,
-)
+from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
+from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog, Estimate, Row
+from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.report import Report
 from flopscope.run import Inputs, count
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flopscope.estimate.hardware import Hardware
 from flopscope.estimate.memory import MemoryProfile
+from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import Estimate, Row
 from flopscope.render import Column
 from flopscope.units import human

@@ -12,7 +12,7 @@ done in, whether the operator is element-wise); it knows nothing about hardware.
 - convolutions' products run at the hardware's convolution rate when it has one
   (:attr:`Hardware.convolution`), except a 1x1 convolution with one group, which is a matrix
   product (a GEMM over the channels) and runs at the matrix rate;
-- an element-wise special function (:data:`~flopscope.estimate.hardware.SPECIAL_FUNCTIONS`:
+- an element-wise special function (:data:`~flopscope.estimate.profile.SPECIAL_FUNCTIONS`:
   ``exp``, ``log``, ``tanh``, ``erf``, GELU, softmax, ...) takes at least its elements / the
   hardware's rate for that function and dtype (:attr:`Hardware.special`), when it has one: a
   transcendental evaluation costs tens of instructions, not the one FLOP it is counted as (the
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.hardware import SPECIAL_FUNCTIONS, Hardware, dtype_key
+from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware, dtype_key
 
 __all__ = ["IGNORES", "CallLog", "Estimate", "Row", "ancestors", "call_dtype", "special_function"]
 
@@ -133,7 +133,7 @@ _CHEAP_POWERS = (0.5, -0.5)  # ATen runs these as sqrt and rsqrt
 
 def special_function(op: str, call: OpCall | None) -> tuple[str, int] | None:
     """The special function a call evaluates, and how many times (its output's elements): an
-    ``aten`` operator of :data:`~flopscope.estimate.hardware.SPECIAL_FUNCTIONS` (in place and
+    ``aten`` operator of :data:`~flopscope.estimate.profile.SPECIAL_FUNCTIONS` (in place and
     ``out=`` variants too); ``gelu`` with ``approximate="tanh"`` is ``gelu_tanh``; ``pow`` only
     with a scalar exponent that is neither an integer nor +-0.5 (those run as products, sqrt and
     rsqrt); ``aten._softmax``/``aten._log_softmax`` are ``softmax``/``log_softmax``.

@@ -279,7 +279,8 @@ def peak_flops(hardware: Any, dtype: torch.dtype = torch.bfloat16, *, tf32: bool
         if hardware <= 0:
             raise UsageError(f"a peak must be positive, not {hardware}")
         return float(hardware)
-    from flopscope.estimate.hardware import dtype_key, get_hardware
+    from flopscope.estimate.hardware import get_hardware
+    from flopscope.estimate.profile import dtype_key
 
     hw = get_hardware(hardware)
     key = dtype_key(dtype, tf32=tf32)
@@ -311,7 +312,8 @@ def resolve_peak(hardware: Any = None, *, peak_tflops: float | None = None,
 
     bandwidth = name = None
     if hardware is not None:
-        from flopscope.estimate.hardware import dtype_key, get_hardware
+        from flopscope.estimate.hardware import get_hardware
+        from flopscope.estimate.profile import dtype_key
 
         hw = get_hardware(hardware)
         bandwidth = hw.memory_bandwidth
