@@ -175,3 +175,29 @@ def test_only_written_parameters_are_copied() -> None:
     # one tensor was copied and put back: the embedding (the 1000 x 1000 linear never)
     assert c.restore() == 1
     assert torch.equal(model.emb.weight, before)
+
+
+class MetaDataSwapper(nn.Module):
+    """Swaps a meta parameter's and a meta buffer's storage for others of another shape with
+    `.data =` (no operator runs; every meta data pointer is 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4, device="meta")
+        self.register_buffer("buf", torch.ones(3, device="meta"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.lin.weight.data = torch.empty(8, 4, device="meta")
+        self.buf.data = torch.empty(5, device="meta")
+        return x * 2
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_a_meta_model_keeps_its_storages_and_shapes(shape_only: bool) -> None:
+    model = MetaDataSwapper()
+    weight, buf = model.lin.weight, model.buf
+    alias = weight.detach()  # shares the parameter's storage
+    count(model, torch.randn(2, 4, device="meta"), shape_only=shape_only, warn=False)
+    assert model.lin.weight is weight and model.buf is buf
+    assert weight.shape == (4, 4) and buf.shape == (3,)
+    assert weight.untyped_storage()._cdata == alias.untyped_storage()._cdata  # the same storage

@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu
@@ -111,6 +112,15 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 @_heap_frozen
+def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` is a view of exactly ``b``'s memory: the same storage (by identity, which
+    also tells meta storages apart, whose data pointers are all 0, and reads no fake tensor's
+    data pointer), offset, sizes and strides."""
+    return (StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+            and a.storage_offset() == b.storage_offset() and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
 def count(
     model: nn.Module,
     /,
@@ -232,6 +242,10 @@ def count(
     # on meta runs on meta copies of them, see _swap_to_meta)
     aliases: list[tuple[torch.Tensor, torch.Tensor]] = []
     kept = on_meta
+    if on_meta:  # no values to protect, but `.data =` can still swap a storage or a shape
+        save_buffers()
+        aliases = [(p, p.detach()) for m in modules for p in m._parameters.values()
+                   if p is not None]
     try:
         if train is not None:
             model.train(train)
@@ -274,7 +288,7 @@ def count(
                 table[name] = obj
         with torch.no_grad():
             for held, original in aliases:
-                if held.data_ptr() != original.data_ptr() or held.shape != original.shape:
+                if not _same_place(held, original):
                     held.data = original
         with torch.no_grad():
             for table, name, tensor, value in saved:
