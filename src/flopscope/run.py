@@ -116,9 +116,9 @@ def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` is a view of exactly ``b``'s memory: the same storage (by identity, which
     also tells meta storages apart, whose data pointers are all 0, and reads no fake tensor's
     data pointer), offset, sizes and strides."""
-    return (StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
-            and a.storage_offset() == b.storage_offset() and a.shape == b.shape
-            and a.stride() == b.stride())
+    return bool(StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+                and a.storage_offset() == b.storage_offset() and a.shape == b.shape
+                and a.stride() == b.stride())
 
 
 def count(
