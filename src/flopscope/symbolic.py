@@ -20,11 +20,9 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
@@ -34,9 +32,10 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
 from flopscope._memo import same_size, symbolic_replay
+from flopscope._symbolic_report import FIELDS, SymbolicReport, SymCost, SymRecord, pretty
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import DomainError, ForwardError, UsageError
-from flopscope.report import OpRecord, Report, RuleRecord, is_within
+from flopscope.report import Report
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
 from flopscope.run import Inputs, count
@@ -53,412 +52,6 @@ __all__ = [
 DimRef = tuple[int | str, int]
 """Where a symbolic dimension is: (positional argument index or keyword name, dimension)."""
 SymbolSpec = Mapping[str, DimRef | Sequence[DimRef]]
-
-_FIELDS = ("macs", "flops", "bytes_read", "bytes_written")
-_ZERO = sympy.Integer(0)
-
-
-@dataclass(frozen=True)
-class SymCost:
-    """A :class:`~flopscope.cost.Cost` whose four fields are sympy expressions in the named
-    symbols (exact integers; sizes that go through floor division keep ``floor``)."""
-
-    macs: sympy.Expr = _ZERO
-    flops: sympy.Expr = _ZERO
-    bytes_read: sympy.Expr = _ZERO
-    bytes_written: sympy.Expr = _ZERO
-
-    def __add__(self, other: SymCost) -> SymCost:
-        return SymCost(*(getattr(self, f) + getattr(other, f) for f in _FIELDS))
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        """Bytes moved: read plus written."""
-        return self.bytes_read + self.bytes_written
-
-    def at(self, values: Mapping[sympy.Symbol, int]) -> Cost:
-        """The concrete cost at the given symbol values (every symbol must have one).
-
-        Raises:
-            UsageError: a symbol has no value, so the result is not a number.
-        """
-        out = []
-        for f in _FIELDS:
-            v = getattr(self, f).xreplace({k: sympy.Integer(x) for k, x in values.items()})
-            if not v.is_Integer:
-                raise UsageError(f"cannot evaluate {f} = {v}: give a value for {sorted(map(str, v.free_symbols))}")
-            out.append(int(v))
-        return Cost(*out)
-
-    def to_dict(self) -> dict[str, str]:
-        """The four formulas as strings that ``sympy.sympify`` parses back."""
-        return {f: sympy.sstr(getattr(self, f)) for f in _FIELDS}
-
-
-def _sum(costs: Iterable[SymCost]) -> SymCost:
-    """The sum of symbolic costs: equal formulas counted first (the layers of a stack share
-    theirs), so that sympy adds a few distinct terms, not one per record (80 layers: 0.16 s ->
-    0.02 s for a 70B-shaped total)."""
-    items = list(costs)
-    out = []
-    for f in _FIELDS:
-        terms = collections.Counter(getattr(c, f) for c in items)
-        out.append(sympy.Add(*(e if n == 1 else n * e for e, n in terms.items())))
-    return SymCost(*out)
-
-
-@dataclass(frozen=True)
-class SymRecord:
-    """One (module, operator, phase) of a symbolic report, as :class:`~flopscope.report.OpRecord`."""
-
-    module: str
-    op: str
-    phase: Phase
-    calls: int
-    cost: SymCost
-    counted: bool = True
-    decomposed: bool = False
-
-
-class SymbolicReport:
-    """What a model costs, as formulas of named sizes. Made by :func:`count_symbolic`.
-
-    Attributes:
-        symbols: name -> sympy symbol (integer, positive).
-        hints: name -> the size the model was traced at.
-        domain: the guards (sympy relations in the named symbols) under which the formulas hold.
-        unknowns: symbols that are not input sizes (data-dependent sizes: ``nonzero``, routing),
-            with what made them; :meth:`evaluate` takes values for them too (``u0=12``).
-        records: every (module, operator, phase) with its symbolic cost.
-        report: the underlying report's structure (modules, parameters); its costs are not used.
-    """
-
-    def __init__(self, symbols: Mapping[str, sympy.Symbol], hints: Mapping[str, int],
-                 domain: Sequence[sympy.Basic], unknowns: Mapping[str, str],
-                 records: Sequence[SymRecord], rules: Sequence[tuple[RuleRecord, SymCost, SymCost]],
-                 report: Report) -> None:
-        self.symbols = dict(symbols)
-        self.hints = dict(hints)
-        self.domain = tuple(domain)
-        self.unknowns = dict(unknowns)
-        self._unknown_symbols: dict[str, sympy.Symbol] | None = None  # see _unknown
-        self.records = tuple(records)
-        self._rules = tuple(rules)
-        self.report = report
-
-    # -- queries ----------------------------------------------------------------------------
-    def total(self, phase: Phase | str | None = None, *, module: str | None = None) -> SymCost:
-        """The symbolic cost of one phase (all phases with ``None``), of a module's subtree."""
-        ph = Phase(phase) if phase is not None else None
-        return _sum(r.cost for r in self.records
-                    if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)))
-
-    @property
-    def macs(self) -> sympy.Expr:
-        """Total MACs, all phases."""
-        return self.total().macs
-
-    @property
-    def flops(self) -> sympy.Expr:
-        """Total FLOPs, all phases."""
-        return self.total().flops
-
-    @property
-    def phases(self) -> tuple[Phase, ...]:
-        """The phases that ran, in :class:`~flopscope.cost.Phase` order."""
-        seen = {r.phase for r in self.records}
-        return tuple(p for p in Phase if p in seen)
-
-    def by_module(self, phase: Phase | str | None = None) -> dict[str, SymCost]:
-        """Inclusive symbolic cost per module path (model order; the root is ``""``)."""
-        ph = Phase(phase) if phase is not None else None
-        acc: dict[str, list[SymCost]] = {p: [] for p in self.report.modules}
-        for r in self.records:  # one pass: each record to its module and every ancestor
-            if ph is None or r.phase is ph:
-                parts = r.module.split(".") if r.module else []
-                for i in range(len(parts) + 1):
-                    found = acc.get(".".join(parts[:i]))
-                    if found is not None:
-                        found.append(r.cost)
-        return {p: _sum(cs) for p, cs in acc.items()}
-
-    def by_op(self, phase: Phase | str | None = None, *, module: str | None = None) -> dict[str, SymCost]:
-        """Symbolic cost per operator (name order), of a module's subtree."""
-        ph = Phase(phase) if phase is not None else None
-        acc: dict[str, list[SymCost]] = {}
-        for r in self.records:
-            if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)):
-                acc.setdefault(r.op, []).append(r.cost)
-        return {op: _sum(cs) for op, cs in sorted(acc.items())}
-
-    # -- domain and evaluation ---------------------------------------------------------------
-    @property
-    def _unknown(self) -> dict[str, sympy.Symbol]:
-        """Name -> the sympy symbol PyTorch made for each data-dependent size (``u0``), found in
-        the records the first time it is needed (never, for most reports: no unknowns)."""
-        if self._unknown_symbols is None:
-            self._unknown_symbols = {} if not self.unknowns else {
-                str(x): x for r in self.records for f in _FIELDS
-                for x in getattr(r.cost, f).free_symbols if str(x) in self.unknowns}
-        return self._unknown_symbols
-
-    def _values(self, values: Mapping[str, int]) -> dict[sympy.Symbol, int]:
-        unknown = set(values) - set(self.symbols) - set(self._unknown)
-        if unknown:
-            raise UsageError(f"unknown symbol(s) {sorted(unknown)}; this report's symbols are "
-                             f"{sorted(self.symbols)}"
-                             + (f" and data-dependent sizes {sorted(self._unknown)}" if self._unknown
-                                else ""))
-        missing = set(self.symbols) - set(values)
-        if missing:
-            raise UsageError(f"give a value for every symbol: missing {sorted(missing)}")
-        return {self.symbols.get(k) or self._unknown[k]: int(v) for k, v in values.items()}
-
-    def violated(self, **values: int) -> list[str]:
-        """The domain guards that do not hold at ``values`` (empty: the formulas are valid there)."""
-        subs = {k: sympy.Integer(v) for k, v in self._values(values).items()}
-        return [_relation(g) for g in self.domain if not _holds(g, subs)]
-
-    def evaluate(self, check: bool = True, **values: int) -> Report:
-        """A concrete :class:`~flopscope.report.Report` at the given sizes: the same modules,
-        operators and phases with integer costs, equal to a concrete count at those shapes.
-
-        Args:
-            check: refuse a point outside :attr:`domain`.
-            **values: a value for every symbol, e.g. ``batch=2, seq_len=128``, and for each
-                data-dependent size that a cost holds (:attr:`unknowns`, e.g. ``u0=12``).
-
-        Returns:
-            The concrete report.
-
-        Raises:
-            DomainError: ``check`` and a guard does not hold at ``values``.
-            UsageError: a symbol is unknown or has no value, or a cost holds a data-dependent
-                size that has none.
-        """
-        subs = self._values(values)
-        if check:
-            bad = self.violated(**values)
-            if bad:
-                raise DomainError(
-                    f"{_point(values)} is outside the domain these formulas were derived on "
-                    f"(traced at {_point(self.hints)}): {'; '.join(bad)} does not hold. Count "
-                    "again with hints inside that region, or pass check=False to extrapolate."
-                )
-        records = tuple(OpRecord(r.module, r.op, r.phase, r.calls, r.cost.at(subs), r.counted,
-                                 r.decomposed) for r in self.records)
-        rules = tuple(dataclasses.replace(r, cost=c.at(subs), shadowed=s.at(subs))
-                      for r, c, s in self._rules)
-        return dataclasses.replace(self.report, records=records, rules=rules)
-
-    def domain_text(self) -> str:
-        """The domain in words, e.g. ``valid for 2 <= seq_len, 2 <= batch``."""
-        if not self.domain:
-            return "valid for all sizes"
-        return "valid for " + ", ".join(_relation(g) for g in self.domain)
-
-    # -- derived figures ----------------------------------------------------------------------
-    def flops_per_token(self, symbol: str = "seq_len", phase: Phase | str | None = None) -> sympy.Expr:
-        """The marginal FLOPs of one more token: d(FLOPs)/d(symbol), divided by the batch symbol
-        when there is one named ``batch`` (so it is per sequence position per sample)."""
-        f = self.total(phase).flops
-        d = sympy.diff(f, self.symbols[symbol])
-        if "batch" in self.symbols and symbol != "batch":
-            d = sympy.expand(d / self.symbols["batch"])
-        return sympy.simplify(d)
-
-    def average_per_token(self, symbol: str = "seq_len", phase: Phase | str | None = None,
-                          **values: int) -> float:
-        """FLOPs per token averaged over a sequence: total FLOPs / (batch * tokens) at ``values``."""
-        subs = self._values(values)
-        tokens = values[symbol] * values.get("batch", 1)
-        total = self.total(phase).flops.xreplace({k: sympy.Integer(v) for k, v in subs.items()})
-        return float(total) / tokens
-
-    def split(self, symbol: str = "seq_len", field: str = "flops",
-              phase: Phase | str | None = None) -> tuple[sympy.Expr, sympy.Expr]:
-        """The formula split into (terms of degree >= 2 in ``symbol`` — attention's scores and
-        weighted sums —, the rest)."""
-        s = self.symbols[symbol]
-        expr = sympy.expand(getattr(self.total(phase), field))
-        high: list[sympy.Expr] = []
-        rest: list[sympy.Expr] = []
-        for term in sympy.Add.make_args(expr):
-            quadratic = term.is_polynomial(s) and sympy.degree(term, s) >= 2
-            (high if quadratic else rest).append(term)
-        return sympy.Add(*high), sympy.Add(*rest)
-
-    def crossover(self, symbol: str = "seq_len", field: str = "flops",
-                  phase: Phase | str | None = None, **values: int) -> int | None:
-        """The smallest value of ``symbol`` at which the super-linear part (attention) costs at
-        least as much as the rest, other symbols at ``values`` (default 1); ``None`` if never."""
-        high, rest = self.split(symbol, field, phase)
-        s = self.symbols[symbol]
-        others = {self.symbols[k]: sympy.Integer(values.get(k, 1)) for k in self.symbols if k != symbol}
-        gap = sympy.expand((high - rest).xreplace(others))
-        if sympy.expand(high.xreplace(others)) == 0:
-            return None
-
-        def ahead(n: int) -> bool:
-            return bool(gap.xreplace({s: sympy.Integer(n)}) >= 0)
-
-        hi = 1
-        while not ahead(hi):  # the super-linear part wins eventually: double, then bisect
-            hi *= 2
-            if hi > 2**62:
-                return None
-        lo = hi // 2
-        while lo + 1 < hi:
-            mid = (lo + hi) // 2
-            if ahead(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi if hi > 1 or ahead(1) else 1
-
-    # -- output -------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``["symbolic"]["total"]["macs"]`` (and ``flops``, ``bytes_read``,
-        ``bytes_written``) as strings ``sympy.sympify`` parses, per phase and per module."""
-        return {
-            "schema": "flopscope.symbolic/1",
-            "model": self.report.model,
-            "params": self.report.params,
-            "symbols": {k: str(v) for k, v in self.symbols.items()},
-            "hints": dict(self.hints),
-            "domain": [_relation(g) for g in self.domain],
-            "unknowns": dict(self.unknowns),
-            "symbolic": {
-                "total": self.total().to_dict(),
-                "phases": {p.value: self.total(p).to_dict() for p in self.phases},
-                "modules": {p: c.to_dict() for p, c in self.by_module().items()},
-                "ops": {op: c.to_dict() for op, c in self.by_op().items()},
-            },
-            "uncounted": self.report.uncounted,
-        }
-
-    def table(self, depth: int = 2, digits: int = 3) -> str:
-        """A plain-text table of formulas per module (to ``depth``), then the total and domain."""
-        rows = [("module", "MACs", "FLOPs", "bytes")]
-        for path, c in self.by_module().items():
-            level = path.count(".") + 1 if path else 0
-            if level > depth or (path and c.flops == 0 and c.bytes == 0):
-                continue
-            name = "  " * level + (path.rsplit(".", 1)[-1] if path else f"{self.report.model or 'total'}")
-            rows.append((name, pretty(c.macs, digits), pretty(c.flops, digits), pretty(c.bytes, digits)))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        lines.append("")
-        lines.append(f"symbols: {', '.join(f'{k} (traced at {self.hints[k]})' for k in self.symbols)}")
-        lines.append(self.domain_text())
-        if self.unknowns:
-            lines.append("unknown sizes: " + ", ".join(f"{k}: {v}" for k, v in self.unknowns.items()))
-        return "\n".join(lines)
-
-    def markdown(self, depth: int = 2, digits: int = 3) -> str:
-        """The table as markdown (formulas in code spans), with the exact totals below."""
-        out = ["| module | MACs | FLOPs | bytes |", "| :--- | :--- | :--- | :--- |"]
-        for path, c in self.by_module().items():
-            level = path.count(".") + 1 if path else 0
-            if level > depth or (path and c.flops == 0 and c.bytes == 0):
-                continue
-            out.append(f"| `{path or '(total)'}` | `{pretty(c.macs, digits)}` | "
-                       f"`{pretty(c.flops, digits)}` | `{pretty(c.bytes, digits)}` |")
-        t = self.total()
-        out += ["", "Exact totals:", ""]
-        out += [f"- {f}: `{sympy.sstr(getattr(t, f))}`" for f in _FIELDS]
-        out += ["", self.domain_text()]
-        return "\n".join(out)
-
-    def __str__(self) -> str:
-        return self.table()
-
-    def __repr__(self) -> str:
-        return f"SymbolicReport({self.report.model}, macs={sympy.sstr(self.macs)})"
-
-
-# -- formatting -------------------------------------------------------------------------------
-_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def _monomial(powers: Mapping[sympy.Basic, sympy.Expr]) -> str:
-    parts = []
-    for base, exp in sorted(powers.items(), key=lambda kv: str(kv[0])):
-        text = sympy.sstr(base)
-        if exp != 1:
-            text += str(exp).translate(_SUPERSCRIPT) if exp.is_Integer and exp > 0 else f"**{exp}"
-        parts.append(text)
-    return "·".join(parts)
-
-
-def _number(n: sympy.Expr, digits: int) -> str:
-    if n.is_Integer and abs(int(n)) < 10 ** (digits + 1):
-        return str(int(n))
-    return f"{float(n):.{digits - 1}e}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
-
-
-def pretty(expr: sympy.Expr | int, digits: int = 3) -> str:
-    """A formula for people: terms by decreasing degree, coefficients to ``digits`` significant
-    digits, products with ``·`` and powers as superscripts: ``2.10e6·T² + 6.74e9·T``.
-
-    Args:
-        expr: the formula (exact; see ``sympy.sstr`` for the exact text).
-        digits: significant digits of large coefficients (integers below ``10**(digits+1)`` are
-            shown exactly).
-
-    Returns:
-        The text.
-    """
-    expr = sympy.expand(sympy.sympify(expr))
-    if expr == 0:
-        return "0"
-    terms = []
-    for term in sympy.Add.make_args(expr):
-        coeff, rest = term.as_coeff_Mul()
-        powers = rest.as_powers_dict() if rest != 1 else {}
-        degree = sum(int(e) for e in powers.values() if e.is_Integer)
-        if rest == 1:
-            text = _number(coeff, digits)
-        elif any(not b.is_Symbol for b in powers):  # floor(), FloorDiv ... : exact text
-            text = (("" if coeff == 1 else _number(coeff, digits) + "·") + sympy.sstr(rest))
-        else:
-            text = ("" if coeff == 1 else _number(coeff, digits) + "·") + _monomial(powers)
-        terms.append((degree, text))
-    terms.sort(key=lambda dt: -dt[0])
-    out = terms[0][1]
-    for _, text in terms[1:]:
-        out += " - " + text[1:] if text.startswith("-") else " + " + text
-    return out
-
-
-def _relation(g: sympy.Basic) -> str:
-    """A guard in words: ``2 <= seq_len``, ``seq_len != 1``."""
-    if isinstance(g, sympy.Ne):
-        return f"{sympy.sstr(g.lhs)} != {sympy.sstr(g.rhs)}"
-    if isinstance(g, sympy.Eq):
-        return f"{sympy.sstr(g.lhs)} == {sympy.sstr(g.rhs)}"
-    if isinstance(g, sympy.GreaterThan) and g.rhs.is_Integer:
-        return f"{int(g.rhs)} <= {sympy.sstr(g.lhs)}"
-    if isinstance(g, sympy.StrictLessThan) and g.lhs.is_Integer:  # 1 < s  ->  2 <= s
-        return f"{int(g.lhs) + 1} <= {sympy.sstr(g.rhs)}"
-    if isinstance(g, sympy.StrictGreaterThan) and g.rhs.is_Integer:
-        return f"{int(g.rhs) + 1} <= {sympy.sstr(g.lhs)}"
-    return str(sympy.sstr(g))
-
-
-def _holds(guard: sympy.Basic, subs: Mapping[sympy.Symbol, sympy.Integer]) -> bool:
-    """Whether a guard is true at a point; one that cannot be evaluated there (a ``Mod`` or
-    floor division by a size that is 0 at that point) does not hold."""
-    try:
-        return guard.xreplace(subs) is sympy.true
-    except ZeroDivisionError:
-        return False
-
-
-def _point(values: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
 
 # -- counting --------------------------------------------------------------------------------
 def _refs(spec: SymbolSpec) -> dict[str, list[DimRef]]:
@@ -822,7 +415,7 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
         return found
 
     def sym(c: Cost) -> SymCost:
-        return SymCost(*(expr(getattr(c, f)) for f in _FIELDS))
+        return SymCost(*(expr(getattr(c, f)) for f in FIELDS))
 
     records = [SymRecord(r.module, r.op, r.phase, r.calls, sym(r.cost), r.counted, r.decomposed)
                for r in raw.records]
@@ -830,14 +423,14 @@ def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],
     known = set(symbols.values())
     unknowns: dict[str, str] = {}
     for r in records:  # each data-dependent size: the operator that made it and its module
-        for f in _FIELDS:
+        for f in FIELDS:
             for s in getattr(r.cost, f).free_symbols - known:
                 name = str(s)
                 if name in unknowns:
                     continue
                 op = origins.get(name, r.op)
                 module = next((x.module for x in records if x.op == op and any(
-                    s in getattr(x.cost, g).free_symbols for g in _FIELDS)), r.module)
+                    s in getattr(x.cost, g).free_symbols for g in FIELDS)), r.module)
                 unknowns[name] = f"data-dependent size made by {op} in module '{module}'"
     domain: list[sympy.Basic] = []
     for name, s in syms.items():
