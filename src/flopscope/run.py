@@ -23,7 +23,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_iter, tree_map_only
 
-from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu
+from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu, to_fake
 from flopscope.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.report import Report
@@ -357,7 +357,7 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
             args, kwargs = tree_map_only(
-                torch.Tensor, lambda t: _to_fake(fake_mode, t), (args, kwargs)
+                torch.Tensor, lambda t: to_fake(fake_mode, t), (args, kwargs)
             )
             cleanup.enter_context(fake_mode)
             cleanup.enter_context(grouped_mm_as_cpu())
@@ -500,14 +500,6 @@ def _put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
         table[name] = t
 
 
-def _to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
-    if t.is_meta:
-        return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
-            fake_mode, t, torch.device("cpu")
-        )
-    return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
-
-
 def _given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The fake mode of the first fake tensor among the model's arguments, or ``None``: inputs
     made by :mod:`flopscope.symbolic` (fake tensors with symbolic sizes) are counted in their own
@@ -537,7 +529,7 @@ def _fake_mode(meta_model: nn.Module | None,
     fake_params: dict[str, torch.Tensor] = {}
     for name, t in [*meta_model.named_parameters(remove_duplicate=False),
                     *meta_model.named_buffers(remove_duplicate=False)]:
-        fake = _to_fake(fake_mode, t)  # memoized: a tied weight stays one tensor
+        fake = to_fake(fake_mode, t)  # memoized: a tied weight stays one tensor
         if isinstance(t, nn.Parameter) and t.requires_grad and fake.is_leaf:
             fake.requires_grad_(True)
         fake_params[name] = fake

@@ -163,3 +163,59 @@ def test_blas_ready_operands_are_not_copied() -> None:
     assert copied(a, torch.ones(4, 1).expand(4, 6)) == 4 * 6 * 4  # stride 0
     add = torch.ops.aten.add.Tensor
     assert layout_copy_bytes(OpCall(add, (a, a), {}, a + a, Phase.FORWARD, False)) == 0
+
+
+def _tiny_gpt2(device: str = "cpu") -> nn.Module:
+    """Two GPT-2 blocks of width 32; its output projection is tied to the token embedding."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                     n_positions=32)
+    torch.manual_seed(0)
+    with torch.device(device):  # built on meta: tied as on the CPU (.to("meta") unties)
+        return transformers.GPT2LMHeadModel(config)
+
+
+def test_shape_only_training_step_of_a_model_that_cannot_run_on_meta() -> None:
+    """transformers reads position ids with .item() on meta (packed-sequence detection) and
+    skips that on fake tensors: the shape-only step falls back to fake CPU tensors, as
+    count() does, and sizes the same step as the real run, category by category. The meta
+    copy of the real model keeps the tied embedding tied (it was counted twice)."""
+    model = _tiny_gpt2()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    ids = torch.randint(0, 64, (1, 16))
+    _, real = peak_memory(model, ids, train=True, optimizer="adamw")
+    # parameters 114,176 bytes: 2 blocks x 12,704 params (ln 64+64, attention 32x96+96 and
+    # 32x32+32, MLP 32x128+128 and 128x32+32) + embeddings 64x32 (tied) + 32x32 + final ln 64
+    # = 28,544 floats
+    assert real.at_peak["parameters"] == 114_176
+    report, fake = peak_memory(model, ids, train=True, optimizer="adamw", shape_only=True)
+    assert fake.peak_bytes == real.peak_bytes
+    assert fake.at_peak == real.at_peak
+    assert report.shape_only
+    # a model on meta: the same, and the model is left on meta with no gradients
+    meta = _tiny_gpt2("meta")
+    _, on_meta = peak_memory(meta, ids, train=True, optimizer="adamw")
+    assert on_meta.peak_bytes == real.peak_bytes
+    assert all(p.is_meta and p.grad is None for p in meta.parameters())
+    assert meta.training
+
+
+def test_relabel_takes_the_live_storage_not_a_freed_one_at_the_same_address(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage's key is its address. An activation live at the peak and freed afterwards can
+    leave its address to a gradient made later: relabelling the gradient must not turn the
+    activation into a gradient too (it did: at_peak's split changed from run to run)."""
+    from flopscope.estimate import memory
+
+    activation, gradient = torch.empty(256), torch.empty(64)  # 1,024 and 256 bytes
+    st_a, st_g = activation.untyped_storage(), gradient.untyped_storage()
+    keys = {id(activation): (7, 1_024, st_a), id(gradient): (7, 256, st_g)}  # one address
+    monkeypatch.setattr(memory, "_storage", lambda t: keys.get(id(t)))
+    tracker = memory.MemoryTracker()
+    tracker.register([activation], "activations")  # the peak: 1,024 bytes
+    tracker._died(tracker._live[7])  # freed: its address is free again
+    tracker.register([gradient], "temporaries")
+    profile = tracker.profile(relabel={"gradients": [gradient]})
+    assert profile.peak_bytes == 1_024
+    assert profile.at_peak == {"activations": 1_024}
+    assert profile.end_bytes == 256

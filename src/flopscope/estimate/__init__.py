@@ -16,7 +16,6 @@ One-call helpers::
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -26,7 +25,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.counter import CallObserver, Counter
-from flopscope.errors import UsageError
+from flopscope.errors import FlopscopeError, UsageError
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
 from flopscope.estimate.profile import Hardware
@@ -231,16 +230,52 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tracker: MemoryTracker, optimizer: OptimizerArg,
                 loss_fn: Callable[[Any], torch.Tensor], shape_only: bool, rules: Any,
                 strict: bool, observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
-    import dataclasses
+    """A training step on the model's own tensors; shape-only, on ``meta`` tensors or, where
+    the model cannot run there (it reads a value, or picks a fused path by device), on fake CPU
+    tensors, as :func:`flopscope.count` does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flopscope._meta import converted_copy, needs_fake_cpu, to_fake
 
     on_meta = _on_meta(model)
     run_model = model
     if shape_only and not on_meta:
-        run_model = copy.deepcopy(model).to("meta")
+        run_model = converted_copy(model, lambda t: t.to("meta"))
         on_meta = True
-    if on_meta:
-        args, kwargs = tree_map_only(
+    if not on_meta:
+        return _step(run_model, args, kwargs, tracker, optimizer, loss_fn, rules, strict,
+                     observers, None)
+    if not needs_fake_cpu(list(run_model.modules())):
+        meta_args, meta_kwargs = tree_map_only(
             torch.Tensor, lambda t: t if t.is_meta else t.detach().to("meta"), (args, kwargs))
+        try:
+            return _step(run_model, meta_args, meta_kwargs, tracker, optimizer, loss_fn, rules,
+                         strict, observers, None)
+        except FlopscopeError:
+            raise
+        except Exception:  # noqa: BLE001 - it cannot run on meta: again on fake CPU tensors
+            tracker.reset()
+            for observer in observers:  # the abandoned attempt's calls do not count
+                reset = getattr(observer, "reset", None)
+                if reset is not None:
+                    reset()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_args, fake_kwargs = tree_map_only(torch.Tensor, lambda t: to_fake(fake_mode, t),
+                                           (args, kwargs))
+    fake_model = converted_copy(run_model, lambda t: to_fake(fake_mode, t))
+    return _step(fake_model, fake_args, fake_kwargs, tracker,
+                 optimizer, loss_fn, rules, strict, observers, fake_mode)
+
+
+def _step(run_model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+          tracker: MemoryTracker, optimizer: OptimizerArg,
+          loss_fn: Callable[[Any], torch.Tensor], rules: Any, strict: bool,
+          observers: Sequence[CallObserver], fake_mode: Any) -> tuple[Report, MemoryProfile]:
+    """One tracked steady-state step of ``run_model`` (a warm-up step first), on real, ``meta``
+    or (with ``fake_mode``) fake tensors; the model's flags, gradients and values are put back."""
+    import dataclasses
+
+    on_meta = fake_mode is not None or _on_meta(run_model)
     params = [p for p in run_model.parameters() if p.requires_grad]
     if not params:
         raise UsageError("train=True, but the model has no parameter that requires grad")
@@ -253,12 +288,14 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                      for t in [*run_model.parameters(), *run_model.buffers()]]
     try:
         run_model.train(True)
-        opt = _optimizer(optimizer, params)
         with ExitStack() as stack:
-            if on_meta:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)
+            elif on_meta:
                 from flopscope._meta import sdpa_as_cpu
 
                 stack.enter_context(sdpa_as_cpu())
+            opt = _optimizer(optimizer, params)
 
             def step() -> None:
                 # the output and loss are released before step(), as in

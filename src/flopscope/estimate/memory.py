@@ -313,15 +313,14 @@ class MemoryTracker:
             The :class:`MemoryProfile`.
         """
         if relabel:
+            # the allocation each tensor's storage is now: a storage's key is its address, which
+            # an earlier, freed storage may have had (an activation freed in backward whose
+            # address a gradient then got); only the live one is the tensor's
             for category, tensors in relabel.items():
-                keys = set()
                 for t in tensors:
-                    if isinstance(t, torch.Tensor):
-                        found = _storage(t)
-                        if found is not None:
-                            keys.add(found[0])
-                for alloc in self._allocs:
-                    if alloc.key in keys and (alloc.died is None or alloc.died > self._peak_event):
+                    found = _storage(t) if isinstance(t, torch.Tensor) else None
+                    alloc = self._live.get(found[0]) if found is not None else None
+                    if alloc is not None:
                         alloc.category = category
         self.close()
         at_peak = {c: 0 for c in CATEGORIES}
