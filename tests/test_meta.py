@@ -185,7 +185,7 @@ def test_observers_of_a_shape_only_count_see_the_models_own_tensors() -> None:
     """A real model counted shape-only with observers runs on meta copies of its tensors, like one
     without (no fake CPU tensors), and observers are shown the model's own parameters and buffers
     in place of the copies, so that peak memory (which registers them before the count) is the
-    real count's."""
+    real count's. The caller's inputs are shown in place of their meta copies too."""
     from flopscope.estimate.memory import MemoryTracker
 
     torch.manual_seed(0)
@@ -203,9 +203,9 @@ def test_observers_of_a_shape_only_count_see_the_models_own_tensors() -> None:
     assert shape_only.to_dict()["records"] == real.to_dict()["records"]
     # it ran on meta: every output a plain meta tensor (a fake CPU count makes FakeTensors)
     assert seen.outputs and all(type(t) is torch.Tensor and t.is_meta for t in seen.outputs)
-    # every parameter reached the observer as itself (a meta copy never did)
+    # every parameter, and the input, reached the observer as itself (a meta copy never did)
     read = {id(t) for t in seen.inputs if not t.is_meta}
-    assert read == {id(p) for p in model.parameters()}
+    assert read == {id(p) for p in model.parameters()} | {id(x)}
     # the same lifetimes, so the same peak: parameters (16*32 + 32 + 2*32 + 32*8 + 8 floats =
     # 3,488 bytes, registered, not counted again under their copies) and activations
     shape_profile, real_profile = shape_memory.profile(), real_memory.profile()

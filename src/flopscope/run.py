@@ -340,10 +340,22 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
     floating-point inputs that require grad if ``alias``); ``False`` when the count should be
     made again with ``alias`` (see :func:`count`)."""
     fake_params: dict[str, torch.Tensor] | None = None
+    # id(stand-in) -> (stand-in, the caller's tensor it stands for): observers see the latter
+    stand: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def standing(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            made = fn(t)
+            if made is not t:
+                earlier = stand.get(id(t))
+                stand[id(made)] = (made, earlier[1] if earlier is not None else t)
+            return made
+        return convert
+
     with ExitStack() as cleanup:
         if way == "meta":  # SDPA is made to pick the CPU's kernel
             try:
-                args, kwargs = tree_map_only(torch.Tensor, _to_meta, (args, kwargs))
+                args, kwargs = tree_map_only(torch.Tensor, standing(_to_meta), (args, kwargs))
             except Exception as e:  # an input that refuses meta tensors (PackedSequence): fake
                 raise ForwardError(f"the inputs cannot be put on the meta device: "
                                    f"{type(e).__name__}: {e}", module_path=None) from e
@@ -351,18 +363,23 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             if not on_meta:  # a real model, shape-only: meta copies of its tensors, for now
                 swapped = _swap_to_meta(counter.modules)
                 cleanup.callback(_put_back, swapped)
-                if counter.observed:
-                    counter.stand_ins((table[name], t) for table, name, t in swapped)
+                stand.update((id(table[name]), (table[name], t)) for table, name, t in swapped)
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
             args, kwargs = tree_map_only(
-                torch.Tensor, lambda t: to_fake(fake_mode, t), (args, kwargs)
+                torch.Tensor, standing(lambda t: to_fake(fake_mode, t)), (args, kwargs)
             )
+            if fake_params is not None:
+                own = dict([*model.named_parameters(remove_duplicate=False),
+                            *model.named_buffers(remove_duplicate=False)])
+                stand.update((id(fake), (fake, own[name])) for name, fake in fake_params.items())
             cleanup.enter_context(fake_mode)
             cleanup.enter_context(grouped_mm_as_cpu())
         if alias:  # inputs take part in autograd, as a training step's activations do
-            args, kwargs = tree_map_only(torch.Tensor, _differentiable, (args, kwargs))
+            args, kwargs = tree_map_only(torch.Tensor, standing(_differentiable), (args, kwargs))
+        if counter.observed and stand:
+            counter.stand_ins(stand.values())
         with counter:
             try:
                 if fake_params is None:

@@ -199,16 +199,11 @@ def peak_memory(
 def _inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                tracker: MemoryTracker, shape_only: bool, rules: Any, strict: bool,
                observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
-    from flopscope._meta import needs_fake_cpu
-
-    on_meta = _on_meta(model)
-    # count() runs a meta model with a device-chosen fast path on fake copies of its
-    # parameters: those are registered when first read, not here (they are other objects)
-    if not (on_meta and needs_fake_cpu(list(model.modules()))):
-        tracker.register(model.parameters(), "parameters")
-        tracker.register(model.buffers(), "buffers")
-    if not (on_meta or shape_only):
-        tracker.register(tree_iter((args, kwargs)), "inputs")
+    # count() shows observers the model's own tensors and the caller's inputs wherever it runs
+    # on copies of them (meta or fake tensors: Counter.stand_ins)
+    tracker.register(model.parameters(), "parameters")
+    tracker.register(model.buffers(), "buffers")
+    tracker.register(tree_iter((args, kwargs)), "inputs")
     with torch.no_grad():
         report = count(model, Inputs(*args, **kwargs), shape_only=shape_only, train=False,
                        rules=rules, strict=strict, warn=False, observers=[tracker, *observers])

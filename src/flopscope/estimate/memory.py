@@ -177,6 +177,8 @@ class MemoryTracker:
         self._peak_at: tuple[str, str, str] = ("", Phase.FORWARD.value, "")
         self._hwm: dict[str, int] = {}  # module path -> live bytes high-water mark (own calls)
         self._closed = False
+        # what register() made live (storage, key, bytes, category): kept by reset()
+        self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _born(self, key: int, nbytes: int, st: Any, category: str, path: str, phase: str) -> None:
@@ -231,12 +233,22 @@ class MemoryTracker:
             found = _storage(t)
             if found is not None and found[0] not in self._live:
                 self._born(found[0], found[1], found[2], category, "", "")
+                self._registered.append((weakref.ref(found[2]), found[0], found[1], category))
         self._note_peak("", Phase.FORWARD.value, "")
 
     def reset(self) -> None:
-        """Forget everything (:func:`flopscope.count` calls it when it abandons an attempt)."""
+        """Forget the run (:func:`flopscope.count` calls it when it abandons an attempt and
+        runs the model again another way); what :meth:`register` made live, and still exists,
+        stays live, with its category."""
+        registered = self._registered
         self.close()
         self.__init__()  # type: ignore[misc]
+        for ref, key, nbytes, category in registered:
+            st = ref()
+            if st is not None and key not in self._live:
+                self._born(key, nbytes, st, category, "", "")
+                self._registered.append((ref, key, nbytes, category))
+        self._note_peak("", Phase.FORWARD.value, "")
 
     def close(self) -> None:
         """Stop following storages (finalizers detached); the recorded figures stay."""
