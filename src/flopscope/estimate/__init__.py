@@ -249,7 +249,8 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         except FlopscopeError:
             raise
         except Exception:  # noqa: BLE001 - it cannot run on meta: again on fake CPU tensors
-            tracker.reset()
+            tracker.close()
+            tracker = MemoryTracker()  # what the attempt registered were its own meta copies
             for observer in observers:  # the abandoned attempt's calls do not count
                 reset = getattr(observer, "reset", None)
                 if reset is not None:
