@@ -68,3 +68,24 @@ def test_roofline_plot_written(cli: Cli, tmp_path: Path) -> None:
     r = cli("count", "tiny_models:tiny", "--hardware", "h100-sxm", "--roofline-plot", str(out))
     assert r.code == 0, r.err
     assert out.read_text().startswith("<?xml")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_shape_only_memory_of_a_transformers_model(cli: Cli, backward: bool) -> None:
+    """docs/memory.md's way to size a large language model: an hf: model built on meta, whose
+    forward reads its position ids (so it runs on fake CPU tensors), shape-only, as a forward
+    and as a training step; its parameters are reported as parameters. GPT-2 with one block of
+    width 32: the block 12,704 (two norms 2 x 64, attention 32x96+96 and 32x32+32, MLP
+    32x128+128 and 128x32+32) + 64 tokens x 32 = 2,048 (the output projection is tied to it)
+    + 8 positions x 32 = 256 + the final norm 64 = 15,072 parameters x 4 bytes = 60,288."""
+    pytest.importorskip("transformers")
+    r = cli("count", "hf:gpt2", "--config", "n_layer=1", "--config", "n_embd=32",
+            "--config", "n_head=2", "--config", "vocab_size=64", "--config", "n_positions=8",
+            "--seq-len", "8", "--shape-only", "--memory", "--format", "json",
+            *(["--backward"] if backward else []))
+    assert r.code == 0, r.err
+    memory = json.loads(r.out)["memory"]
+    assert memory["at_peak"]["parameters"] == 60_288
+    assert memory["at_peak"]["inputs"] == 64  # 8 int64 token ids
+    assert "other" not in memory["at_peak"]
+    assert memory["train"] is backward
