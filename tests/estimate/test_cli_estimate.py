@@ -89,3 +89,10 @@ def test_shape_only_memory_of_a_transformers_model(cli: Cli, backward: bool) -> 
     assert memory["at_peak"]["inputs"] == 64  # 8 int64 token ids
     assert "other" not in memory["at_peak"]
     assert memory["train"] is backward
+
+
+def test_optimizer_without_a_training_step_is_a_usage_error(cli: Cli) -> None:
+    r = cli("count", "tiny_models:tiny", "--memory", "--optimizer", "sgd")
+    assert r.code == 2
+    assert "--optimizer sizes a training step's optimizer state: it needs --memory --backward" \
+        in r.err

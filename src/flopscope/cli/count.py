@@ -79,7 +79,7 @@ def add_subcommands(subparsers: Any) -> None:
     est.add_argument("--memory", action="store_true",
                      help="add peak memory: of an inference forward (counted under no_grad), or "
                           "with --backward of a training step with --optimizer")
-    est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default="adamw",
+    est.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default=None,
                      help="with --memory --backward: the optimizer whose step is included "
                           "(default adamw)")
     add_step_time(est, step_help="measured wall time of what is counted (a forward, or with "
@@ -225,6 +225,9 @@ def run_count(args: argparse.Namespace) -> int:
         if not args.hardware:
             raise usage_error("--roofline-plot needs --hardware (the roofline's roofs)")
         check_plot(args.roofline_plot)
+    if args.optimizer is not None and not (args.memory and args.backward):
+        raise usage_error("--optimizer sizes a training step's optimizer state: it needs "
+                          "--memory --backward")
     hardware = None
     if args.hardware:
         from flopscope.estimate import get_hardware
@@ -261,7 +264,7 @@ def run_count(args: argparse.Namespace) -> int:
             if args.memory:
                 report, memory = peak_memory(
                     loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
-                    optimizer=None if args.optimizer == "none" else args.optimizer,
+                    optimizer=None if args.optimizer == "none" else args.optimizer or "adamw",
                     strict=args.strict, rules=rules, observers=observers,
                 )
             else:
