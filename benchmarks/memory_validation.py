@@ -10,7 +10,8 @@ measured the way ``peak_memory`` defines it: one warm-up step, ``zero_grad(set_t
 then forward, ``default_loss(output).backward()``, ``step()``.
 
 ``python -m benchmarks.memory_validation [--out docs/memory] [--models resnet18,...]`` writes
-``memory_validation.json`` and prints a Markdown table.
+``memory_validation.json`` (cases already in it are kept, not measured again) and
+``memory_validation.png``, and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -177,7 +178,42 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * row['deviation']:+6.1f}%  peak in {row['peak_phase']} "
                   f"'{row['peak_module']}' {row['peak_op']}", flush=True)
     print(markdown(rows))
+    plot(rows, out / "memory_validation.png")
     return 0
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Two panels: flopscope's peak against the profiler's (log-log, y = x dashed, one marker
+    per workload), and each case's deviation in percent with the issue's +-10% band."""
+    from benchmarks.plotting import MISSING, counted_vs_measured_axes, pyplot, save
+
+    plt = pyplot()
+    if plt is None:
+        raise SystemExit(MISSING)
+    fig, (ax, dev) = plt.subplots(1, 2, figsize=(11, 5), dpi=110,
+                                  gridspec_kw={"width_ratios": [1, 1.2]})
+    mib = [v / 2**20 for r in rows for v in (r["flopscope_peak"], r["profiler_peak"])]
+    counted_vs_measured_axes(ax, mib, title="peak memory: flopscope against torch.profiler",
+                             xlabel="flopscope peak (MiB)", ylabel="torch.profiler peak (MiB)")
+    markers = {"inference": "o", "train-sgd": "s", "train-adamw": "^"}
+    for workload, marker in markers.items():
+        mine = [r for r in rows if r["workload"] == workload]
+        ax.scatter([r["flopscope_peak"] / 2**20 for r in mine],
+                   [r["profiler_peak"] / 2**20 for r in mine], marker=marker, label=workload)
+    ax.legend(fontsize=8)
+    names = [f"{r['model']} {r['workload']}" for r in rows]
+    deviations = [100 * r["deviation"] for r in rows]
+    dev.axvspan(-10, 10, color="0.92", label="within 10%")
+    dev.barh(range(len(rows)), deviations, color=["tab:blue" if d <= 0 else "tab:orange"
+                                                  for d in deviations])
+    dev.axvline(0, color="0.3", linewidth=0.8)
+    dev.set_yticks(range(len(rows)), names, fontsize=7)
+    dev.invert_yaxis()
+    dev.set_xlim(-12, 12)
+    dev.set_xlabel("flopscope / torch.profiler - 1 (%)")
+    dev.set_title("deviation per case (negative: flopscope below)", fontsize=9)
+    dev.legend(fontsize=8, loc="lower right")
+    save(plt, fig, path)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
