@@ -201,3 +201,21 @@ def test_a_meta_model_keeps_its_storages_and_shapes(shape_only: bool) -> None:
     assert model.lin.weight is weight and model.buf is buf
     assert weight.shape == (4, 4) and buf.shape == (3,)
     assert weight.untyped_storage()._cdata == alias.untyped_storage()._cdata  # the same storage
+
+
+def test_count_runs_with_the_heap_frozen() -> None:
+    """count() freezes the objects that exist when it starts (gc.freeze), so that full
+    collections during the count do not rescan torch and the model; it unfreezes after."""
+    import gc
+
+    seen: list[int] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(gc.get_freeze_count())
+            return x * 2
+
+    before = gc.get_freeze_count()
+    count(Probe(), torch.randn(2), warn=False)
+    assert seen and seen[0] > before
+    assert gc.get_freeze_count() == before

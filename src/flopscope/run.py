@@ -111,7 +111,6 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     return frozen
 
 
-@_heap_frozen
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` is a view of exactly ``b``'s memory: the same storage (by identity, which
     also tells meta storages apart, whose data pointers are all 0, and reads no fake tensor's
@@ -121,6 +120,7 @@ def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
                 and a.stride() == b.stride())
 
 
+@_heap_frozen
 def count(
     model: nn.Module,
     /,
