@@ -29,7 +29,7 @@ from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.report import Report
 from flopscope.rules.user import RulesArg
 
-__all__ = ["Inputs", "count"]
+__all__ = ["Inputs", "count", "reset_observers"]
 
 
 class Inputs:
@@ -109,6 +109,15 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             gc.unfreeze()
 
     return frozen
+
+
+def reset_observers(observers: Sequence[CallObserver]) -> None:
+    """Make observers forget an abandoned attempt (each that has a ``reset`` method): a count
+    made again another way reports only the attempt that ran."""
+    for observer in observers:
+        reset = getattr(observer, "reset", None)
+        if reset is not None:
+            reset()
 
 
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -255,10 +264,7 @@ def count(
             way, alias = attempts[i]
             if i:
                 counter.restore()  # the abandoned attempt's writes
-                for observer in observers:  # the abandoned attempt's calls do not count
-                    reset = getattr(observer, "reset", None)
-                    if reset is not None:
-                        reset()
+                reset_observers(observers)  # the abandoned attempt's calls do not count
                 counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
             if not kept and way != "meta":
                 kept = True

@@ -32,7 +32,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog, Estimate, Row
 from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.report import Report
-from flopscope.run import Inputs, count
+from flopscope.run import Inputs, count, reset_observers
 
 __all__ = [
     "CATEGORIES",
@@ -251,10 +251,7 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         except Exception:  # noqa: BLE001 - it cannot run on meta: again on fake CPU tensors
             tracker.close()
             tracker = MemoryTracker()  # what the attempt registered were its own meta copies
-            for observer in observers:  # the abandoned attempt's calls do not count
-                reset = getattr(observer, "reset", None)
-                if reset is not None:
-                    reset()
+            reset_observers(observers)  # the abandoned attempt's calls do not count
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_args, fake_kwargs = tree_map_only(torch.Tensor, lambda t: to_fake(fake_mode, t),
                                            (args, kwargs))
