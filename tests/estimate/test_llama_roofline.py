@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flopscope.estimate import roofline
+from flopscope.llm.generate import cache_keyword
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,7 +31,7 @@ def test_decode_step_is_memory_bound(llama7b: torch.nn.Module) -> None:
         cache.update(k, k.clone(), layer)
     ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
     with torch.no_grad():
-        _, est = roofline(llama7b, ids, past_key_values=cache, use_cache=True,
+        _, est = roofline(llama7b, ids, use_cache=True, **{cache_keyword(llama7b): cache},
                           cache_position=torch.tensor([CTX], device="meta"), hardware="h100-sxm")
     assert est.total.bound == "memory"
     # weights read by the matrix products: every linear weight + the LM head, bf16

@@ -11,6 +11,7 @@ import torch
 import flopscope
 from flopscope.cli import main
 from flopscope.llm import StepCounter, count_generation
+from flopscope.llm.generate import cache_keyword, find_cache
 from flopscope.sources import load_model
 
 transformers = pytest.importorskip("transformers")
@@ -92,12 +93,111 @@ def test_own_decode_loop_with_step_counter() -> None:
         out = model(input_ids=ids, use_cache=True)
         for _ in range(2):
             nxt = out.logits[:, -1:].argmax(-1)
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+            # the cache under the keyword this transformers release takes (5.24: ``cache``)
+            out = model(input_ids=nxt, use_cache=True,
+                        **{cache_keyword(model): find_cache(out)})
     r = steps.result
     assert [s.kind for s in r.steps] == ["prefill", "decode", "decode"]
     assert r.steps[2].context == 7
     assert r.between.flops == 0 or r.between.macs == 0  # argmax: no products
     assert sum((s.cost for s in r.steps), r.between) == r.report.total()
+
+
+class _ToyDecoder(torch.nn.Module):
+    """A one-layer decoder without transformers, in either cache API: ``legacy`` takes
+    ``past_key_values`` (a tuple of per-layer (keys, values)) and ``cache_position`` and returns a
+    dict; otherwise it takes ``cache`` (an object with ``get_seq_length``) and ``position_ids``
+    and returns a tuple. Keys and values: (batch, 1 head, length, 4)."""
+
+    def __init__(self, legacy: bool) -> None:
+        super().__init__()
+        self.legacy = legacy
+        self.kv = torch.nn.Linear(4, 8, bias=False)
+
+    def step(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None
+             ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        k, v = self.kv(x).unsqueeze(1).chunk(2, dim=-1)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        return x, (k, v)
+
+    def forward(self, x: torch.Tensor, **kw: object) -> object:
+        if self.legacy:
+            past = kw.get("past_key_values")
+            out, kv = self.step(x, past[0] if past else None)  # type: ignore[index]
+            return {"logits": out, "past_key_values": (kv,)}
+        cache = kw.get("cache")
+        assert isinstance(cache, _ToyCache)
+        out, cache.kv = self.step(x, cache.kv)
+        return out, cache
+
+
+class _ToyCache:
+    def __init__(self) -> None:
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def get_seq_length(self) -> int:
+        return 0 if self.kv is None else int(self.kv[0].shape[2])
+
+    @property
+    def layers(self) -> list[object]:
+        if self.kv is None:
+            return []
+        return [type("L", (), {"keys": self.kv[0], "values": self.kv[1]})()]
+
+
+@pytest.mark.parametrize("legacy", [True, False], ids=["past_key_values", "cache"])
+def test_step_kind_from_cache_object_and_positions(legacy: bool) -> None:
+    """A step's kind comes from the cache object the model is given and its tokens' positions,
+    whatever the keywords are called; the context from the cache it returns."""
+    model = _ToyDecoder(legacy)
+    x = torch.zeros(2, 5, 4)
+    with StepCounter(model, warn=False) as steps, torch.no_grad():
+        if legacy:
+            out = model(x, cache_position=torch.arange(5))
+            for t in (5, 6):
+                out = model(x[:, :1], past_key_values=out["past_key_values"],
+                            cache_position=torch.tensor([t]))
+        else:
+            cache = _ToyCache()
+            for t in (0, 5, 6):
+                n = 5 if t == 0 else 1
+                model(x[:, :n], cache=cache, position_ids=torch.arange(t, t + n).expand(2, n))
+    r = steps.result
+    assert [s.kind for s in r.steps] == ["prefill", "decode", "decode"]
+    assert [s.context for s in r.steps] == [5, 6, 7]
+    # keys + values of 2 sequences, 1 head, 4 wide, float32: 2 * 2 * 4 * 4 B = 64 B per position
+    assert [s.kv_read for s in r.steps] == [5 * 64, 6 * 64, 7 * 64]
+    assert [s.kv_written for s in r.steps] == [5 * 64, 64, 64]
+
+
+def test_static_cache_steps_by_positions() -> None:
+    """A static cache is full length from the first step: the positions tell prefill from
+    decode."""
+    model = load_model("hf:llama", config=TINY).model
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with StepCounter(model, warn=False) as steps, torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                       min_new_tokens=3, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    assert [s.kind for s in steps.result.steps] == ["prefill", "decode", "decode"]
+
+
+def test_generate_prints_no_deprecation_warning(recwarn: pytest.WarningsRecorder,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Neither the steps nor the cache lookup use a keyword transformers has deprecated."""
+    import logging
+
+    # transformers logs a deprecation once per process (an lru_cache): forget earlier ones
+    clear = getattr(getattr(logging.Logger, "warning_once", None), "cache_clear", None)
+    if clear is not None:
+        clear()
+    for shape_only in (False, True):
+        model = load_model("hf:llama", config=TINY, shape_only=shape_only).model
+        with caplog.at_level(logging.WARNING):
+            count_generation(model, prompt_len=4, new_tokens=3)
+    assert not [w for w in recwarn if "deprecated" in str(w.message)]
+    assert "deprecated" not in caplog.text
 
 
 def test_cli_generate_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -107,7 +107,7 @@ def run_generate(args: argparse.Namespace) -> int:
     except (TypeError, AttributeError, ValueError) as e:
         raise usage_error(f"{args.source} cannot generate step by step: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]} (a causal LM taking input_ids, "
-                          "past_key_values and logits_to_keep is needed)") from e
+                          "a key/value cache and logits_to_keep is needed)") from e
     utilization = []
     if peak is not None:
         from flopscope.llm.generate import weight_bytes

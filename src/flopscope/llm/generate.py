@@ -10,9 +10,10 @@ The first step, or any step that starts without a cache, is the *prefill*; the o
 prefill, which yields the first new token, and N - 1 decode steps; decode step j (j = 1..N-1)
 feeds one token per sequence and attends to P + j keys.
 
-KV-cache bytes are read from the cache the step returns (``past_key_values``: a transformers
-``Cache``, or tuples of (key, value) tensors): *read* = every layer's keys and values after the
-step (what attention reads, the new entries included), *written* = the entries the step added
+KV-cache bytes are read from the cache the step returns (a transformers ``Cache``, or tuples of
+(key, value) tensors; found by what it is, whatever the keyword: ``past_key_values`` or
+``cache``): *read* = every layer's keys and values after the step (what attention reads, the
+new entries included), *written* = the entries the step added
 (its tokens' keys and values, per layer). For a DynamicCache: read = 2 x layers x kv_heads x
 head_dim x (P + j) x dtype size x batch, written = the same with the step's token count.
 """
@@ -250,10 +251,14 @@ def _tokens_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) per layer of a transformers Cache or a legacy tuple cache."""
-    layers = getattr(cache, "layers", None)
+    """(keys, values) per layer of a transformers Cache (``layers``, or the older
+    ``key_cache``/``value_cache`` lists) or a legacy tuple cache; layers not yet filled are
+    skipped."""
     out: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if layers is not None:
+    layers = getattr(cache, "layers", None)
+    if layers is None and isinstance(getattr(cache, "key_cache", None), list):
+        layers = [_KV(k, v) for k, v in zip(cache.key_cache, cache.value_cache, strict=False)]
+    if isinstance(layers, (list, tuple)):
         for layer in layers:
             k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
             if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
@@ -267,11 +272,94 @@ def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _cache_of(output: Any, kwargs: dict[str, Any]) -> Any:
-    cache = getattr(output, "past_key_values", None)
-    if cache is None and isinstance(output, dict):
-        cache = output.get("past_key_values")
-    return cache if cache is not None else kwargs.get("past_key_values")
+@dataclass
+class _KV:
+    keys: Any
+    values: Any
+
+
+def _is_cache(obj: Any) -> bool:
+    """A key/value cache, recognised by what it is, not by the keyword it came under
+    (transformers called it ``past_key_values``; 5.24 calls it ``cache``): a transformers
+    ``Cache`` (it has ``get_seq_length``), or a tuple of per-layer (keys, values) pairs."""
+    if callable(getattr(obj, "get_seq_length", None)):
+        return True
+    return (isinstance(obj, (tuple, list)) and bool(obj) and bool(_cache_layers(obj))
+            and len(_cache_layers(obj)) == len(obj))
+
+
+def find_cache(*places: Any) -> Any:
+    """The first key/value cache among ``places``, found by what it is (a transformers
+    ``Cache``, or a tuple of per-layer (keys, values)); dicts, model outputs and tuples are
+    searched by value, so the keyword or field it came under does not matter.
+
+    Args:
+        places: model outputs, keyword dicts, argument tuples, or caches.
+
+    Returns:
+        The cache, or ``None``.
+    """
+    for place in places:
+        values = place.values() if isinstance(place, dict) else (
+            place if isinstance(place, (tuple, list)) and not _is_cache(place) else (place,))
+        for value in values:
+            if value is not None and _is_cache(value):
+                return value
+    return None
+
+
+# Names transformers has given the absolute positions of a forward's tokens.
+_POSITION_KEYWORDS = ("cache_position", "position_ids")
+
+
+def _first_position(kwargs: dict[str, Any]) -> int | None:
+    """The smallest position a forward is given, where its values can be read (not on meta or
+    fake tensors): 0 in a prefill (left padding included), the cache length after."""
+    for name in _POSITION_KEYWORDS:
+        t = kwargs.get(name)
+        if isinstance(t, torch.Tensor) and t.numel() and not t.is_meta:
+            try:
+                return int(t.min())
+            except (RuntimeError, NotImplementedError):  # a fake tensor has no values
+                return None
+    return None
+
+
+def _starts_with_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a forward continues from a cache that already holds entries (a decode step).
+
+    Decided from the cache object the model is given and the positions of its tokens, whatever
+    the keywords are called: with readable positions, the step continues a cache exactly when
+    its first position is after 0 (a static cache is full-length from the start, so its
+    shape says nothing); otherwise when any layer of the cache holds keys.
+    """
+    cache = find_cache(kwargs, args)
+    if cache is None:
+        return False
+    start = _first_position(kwargs)
+    if start is not None:
+        return start > 0
+    return any(k.shape[-2] > 0 for k, _ in _cache_layers(cache))
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword under which ``model``'s forward takes its key/value cache: ``cache``
+    (transformers 5.24) or ``past_key_values`` (earlier releases, and models that do not
+    say).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The keyword.
+    """
+    import inspect
+
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in names and "past_key_values" not in names else "past_key_values"
 
 
 class StepCounter:
@@ -332,9 +420,7 @@ class StepCounter:
         if self._depth == 0:
             self._cur, self._attn = Cost(), [0, 0, 0]
             self._shape = _tokens_of(args, kwargs)
-            cache = kwargs.get("past_key_values")
-            self._had_cache = bool(_cache_layers(cache)) and any(
-                k.shape[-2] > 0 for k, _ in _cache_layers(cache))
+            self._had_cache = _starts_with_cache(args, kwargs)
         self._depth += 1
 
     def _post(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -343,7 +429,7 @@ class StepCounter:
         if self._depth:
             return
         batch, new = self._shape
-        layers = _cache_layers(_cache_of(output, kwargs))
+        layers = _cache_layers(find_cache(output, kwargs, args))
         read = written = context = 0
         for k, v in layers:
             length = int(k.shape[-2])
@@ -417,15 +503,15 @@ class _Loop:
 
         config = getattr(self.model, "config", None)
         cache = DynamicCache(config=config)
+        keyword = cache_keyword(self.model)
         ids = torch.zeros(self.batch, self.prompt_len, dtype=torch.long, device=self.device)
         with torch.no_grad():
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                             logits_to_keep=1, **self.kwargs)
-            yield None
-            for _ in range(self.new_tokens - 1):
-                ids = torch.zeros(self.batch, 1, dtype=torch.long, device=self.device)
-                out = self.model(input_ids=ids, past_key_values=out.past_key_values,
-                                 use_cache=True, logits_to_keep=1, **self.kwargs)
+            for step in range(self.new_tokens):
+                if step:
+                    ids = torch.zeros(self.batch, 1, dtype=torch.long, device=self.device)
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                 **{keyword: cache}, **self.kwargs)
+                cache = find_cache(out) or cache
                 yield None
 
 
@@ -462,7 +548,7 @@ def count_generation(
 
     Args:
         model: a transformers ``*ForCausalLM`` (or any model whose forward takes ``input_ids``,
-            ``past_key_values``, ``use_cache`` and ``logits_to_keep``).
+            a cache (``cache`` or ``past_key_values``), ``use_cache`` and ``logits_to_keep``).
         prompt_len: prompt tokens per sequence (P).
         new_tokens: tokens to generate (N): 1 prefill + N - 1 decode steps.
         batch: sequences (B).
