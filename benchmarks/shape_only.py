@@ -12,7 +12,7 @@ rounds. Tools:
 - ``meta forward``: ``meta_model(x_meta)`` with no mode at all (torch's meta kernels, many in
   Python);
 - ``dispatch floor``: ``meta_model(x_meta)`` under a dispatch mode that only makes each call's
-  outputs from the metadata flopscope remembers (:mod:`flopscope._memo`): the Python dispatch of
+  outputs from the metadata flopscope remembers (:mod:`flopscope.core.memo`): the Python dispatch of
   every operator call, with nothing counted. flopscope's own work per call is ``meta`` minus this.
 
 The counts after the first are warm: the meta outputs remembered per (operator, argument
@@ -68,7 +68,7 @@ class _Floor(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        from flopscope import _memo
+        from flopscope.core import memo as _memo
 
         kwargs = kwargs or {}
         self.calls += 1
@@ -184,7 +184,7 @@ def cold(name: str) -> dict[str, Any]:
         plain = _timed(lambda: real(*inputs))
         shape_only = _timed(lambda: flopscope.count(real, *inputs, shape_only=True, warn=False))
     fresh, _ = _build(name, "meta")
-    from flopscope import _memo
+    from flopscope.core import memo as _memo
 
     _memo.OUTPUTS.clear()
     with torch.no_grad():

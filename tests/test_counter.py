@@ -354,7 +354,7 @@ def _tables_as_built_now(report: flopscope.Report, model: nn.Module) -> None:
     """The report's module types and parameter counts are those of the model as it is now
     (``params.count_params`` and ``named_modules`` walk it afresh; the Counter reuses tables made
     for the model by an earlier count while nothing they are made from has changed)."""
-    from flopscope.params import count_params
+    from flopscope.core.params import count_params
 
     assert dict(report.module_params) == count_params(model)
     assert {p: t for p, (t, _) in report.modules.items()} == {
@@ -396,7 +396,7 @@ def test_remembered_tables_do_not_keep_a_model_alive() -> None:
     import gc
     import weakref
 
-    from flopscope import _tracker
+    from flopscope.core import tracker as _tracker
 
     model = TwoLayer()
     count(model, torch.randn(2, 8))

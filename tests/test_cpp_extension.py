@@ -3,7 +3,7 @@ kernel does a matmul in plain loops over raw ``data_ptr()`` memory (issue 3).
 
 The dispatcher never sees that arithmetic: flopscope sees only the ``torch::empty`` output
 allocation, flags the calling module as possibly opaque (and warns), and counts it exactly once the
-user gives a module rule, or wraps the function with :func:`flopscope.costed`.
+user gives a module rule, or wraps the function with :func:`flopscope.rules.costed`.
 
 Building takes about a minute on two cores; it happens once per test session.
 """
@@ -127,7 +127,7 @@ def test_extension_module_is_counted_with_a_module_rule(ext: ModuleType) -> None
 
 
 def test_extension_function_is_counted_through_costed(ext: ModuleType) -> None:
-    raw_matmul = flopscope.costed(ext.raw_matmul, matmul_rule, name="raw_matmul")
+    raw_matmul = flopscope.rules.costed(ext.raw_matmul, matmul_rule, name="raw_matmul")
 
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -4,7 +4,7 @@
   uncounted without a rule, and counts it with an op rule ``rules={"fstest::fused_attn": fn}``.
 - A C++ extension function that loops over raw ``data_ptr()`` memory is invisible to the
   dispatcher: flopscope sees only its ``torch::empty`` output allocation, flags the module that
-  called it as possibly opaque, and counts it with a module rule or a ``flopscope.costed`` wrapper.
+  called it as possibly opaque, and counts it with a module rule or a ``flopscope.rules.costed`` wrapper.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_costed_wraps_a_function_without_changing_it() -> None:
         np.matmul(a.numpy(), b.numpy(), out=out.numpy())
         return out
 
-    raw_mm = flopscope.costed(raw, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
+    raw_mm = flopscope.rules.costed(raw, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
     a, b = torch.randn(3, 5), torch.randn(5, 7)
     torch.testing.assert_close(raw_mm(a, b), a @ b)  # outside a Counter: just the function
 
@@ -179,4 +179,4 @@ def test_costed_wraps_a_function_without_changing_it() -> None:
 
 def test_costed_rejects_what_is_not_callable() -> None:
     with pytest.raises(flopscope.RuleError, match=r"rule must be callable as rule\(module, args, output\)"):
-        flopscope.costed(len, 3)  # type: ignore[arg-type]
+        flopscope.rules.costed(len, 3)  # type: ignore[arg-type]

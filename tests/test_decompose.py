@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.decompose import decomposition, runs_decomposed
+from flopscope.core.decompose import decomposition, runs_decomposed
 
 
 def _both(model: nn.Module, *args: torch.Tensor) -> tuple[flopscope.Report, flopscope.Report]:

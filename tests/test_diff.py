@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.diff import diff_reports, relative_change
+from flopscope.report.diff import diff_reports, relative_change
 
 
 def _report(width: int, extra: bool = False) -> flopscope.Report:

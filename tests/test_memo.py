@@ -1,4 +1,4 @@
-"""Shape-only counting on meta tensors with memoised outputs and costs (flopscope._memo)."""
+"""Shape-only counting on meta tensors with memoised outputs and costs (flopscope.core.memo)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope import _memo
+from flopscope.core import memo as _memo
 from flopscope.report import Report
 
 

@@ -87,7 +87,7 @@ def test_sdpa_override_removed_when_the_forward_raises() -> None:
 
 
 def test_identical_layers_probe_the_cpu_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import flopscope._meta as meta_module
+    import flopscope.execution.meta as meta_module
 
     probes = []
     original = meta_module._record_on_cpu

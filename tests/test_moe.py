@@ -65,7 +65,7 @@ def test_mixtral_counts_router_and_routed_experts(impl: str) -> None:
 @pytest.mark.parametrize("backward", [False, True])
 def test_float32_grouped_mm_counts_shape_only(backward: bool) -> None:
     """The CPU runs _grouped_mm in float32, torch's meta kernel accepts only bfloat16/float16:
-    shape-only counts of a float32 Mixtral take the CPU's behaviour (flopscope._meta)."""
+    shape-only counts of a float32 Mixtral take the CPU's behaviour (flopscope.execution.meta)."""
     model = _mixtral("grouped_mm")
     ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings():

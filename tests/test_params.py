@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from flopscope.params import ParamStats, count_params, param_table
+from flopscope.core.params import ParamStats, count_params, param_table
 
 
 def _reference(model: nn.Module) -> dict[str, ParamStats]:

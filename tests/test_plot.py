@@ -12,7 +12,7 @@ from torch import nn
 
 import flopscope
 from flopscope.errors import UsageError
-from flopscope.plot import plot_report, require_matplotlib
+from flopscope.render.plot import plot_report, require_matplotlib
 
 
 def _report() -> flopscope.Report:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.render import Column, render_csv, render_json, render_markdown, render_text
+from flopscope.render.formats import Column, render_csv, render_json, render_markdown, render_text
 
 
 def _training_report() -> flopscope.Report:

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import flopscope
+from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
-from flopscope.params import ParamStats
 from flopscope.report import CommRecord, OpRecord, Report, SourceInfo
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flopscope.units import auto_prefix, human, parse_prefix, shared_prefix
+from flopscope.render.units import auto_prefix, human, parse_prefix, shared_prefix
 
 
 @pytest.mark.parametrize(("value", "prefix"), [

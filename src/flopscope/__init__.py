@@ -16,27 +16,27 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject reads i
 # public name -> the module that defines it
 _EXPORTS = {
     "Cost": "flopscope.cost",
-    "Costed": "flopscope.costed",
-    "Counter": "flopscope.counter",
+    "Costed": "flopscope.rules.costed",
+    "Counter": "flopscope.core.counter",
     "FlopscopeError": "flopscope.errors",
     "FlopscopeWarning": "flopscope.errors",
     "ForwardError": "flopscope.errors",
     "Inputs": "flopscope.run",
     "ModuleRule": "flopscope.rules.user",
-    "ModuleStats": "flopscope.report",
+    "ModuleStats": "flopscope.report.records",
     "OpCall": "flopscope.cost",
-    "OpStats": "flopscope.report",
-    "ParamStats": "flopscope.params",
+    "OpStats": "flopscope.report.records",
+    "ParamStats": "flopscope.core.params",
     "Phase": "flopscope.cost",
-    "Report": "flopscope.report",
+    "Report": "flopscope.report.report",
     "RuleError": "flopscope.errors",
     "RuleSet": "flopscope.rules",
     "StrictModeError": "flopscope.errors",
-    "SymbolicReport": "flopscope.symbolic",
+    "SymbolicReport": "flopscope.report.symbolic",
     "UsageError": "flopscope.errors",
-    "costed": "flopscope.costed",
+    "costed": "flopscope.rules.costed",
     "count": "flopscope.run",
-    "count_symbolic": "flopscope.symbolic",
+    "count_symbolic": "flopscope.symbolic.count",
     "default_rules": "flopscope.rules",
 }
 
@@ -71,7 +71,7 @@ def __getattr__(name: str) -> _Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
-    _importlib.import_module("flopscope.render")  # registers how a Report shows itself
+    _importlib.import_module("flopscope.render.formats")  # registers how a Report shows itself
     for public, where in _EXPORTS.items():
         globals()[public] = getattr(_importlib.import_module(where), public)
     return globals()[name]
@@ -82,9 +82,9 @@ def __dir__() -> list[str]:
 
 
 if _TYPE_CHECKING:  # the same names, for type checkers
+    from flopscope.core.counter import Counter
+    from flopscope.core.params import ParamStats
     from flopscope.cost import Cost, OpCall, Phase
-    from flopscope.costed import Costed, costed
-    from flopscope.counter import Counter
     from flopscope.errors import (
         FlopscopeError,
         FlopscopeWarning,
@@ -93,9 +93,11 @@ if _TYPE_CHECKING:  # the same names, for type checkers
         StrictModeError,
         UsageError,
     )
-    from flopscope.params import ParamStats
-    from flopscope.report import ModuleStats, OpStats, Report
+    from flopscope.report.records import ModuleStats, OpStats
+    from flopscope.report.report import Report
+    from flopscope.report.symbolic import SymbolicReport
     from flopscope.rules import RuleSet, default_rules
+    from flopscope.rules.costed import Costed, costed
     from flopscope.rules.user import ModuleRule
     from flopscope.run import Inputs, count
-    from flopscope.symbolic import SymbolicReport, count_symbolic
+    from flopscope.symbolic.count import count_symbolic

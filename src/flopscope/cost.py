@@ -40,7 +40,7 @@ class Phase(str, enum.Enum):
 class Cost:
     """What one or more operator calls cost. All fields are non-negative integers; costs add.
 
-    Under symbolic shapes (:mod:`flopscope.symbolic`) a field may be a ``torch.SymInt``: a formula
+    Under symbolic shapes (:mod:`flopscope.symbolic.count`) a field may be a ``torch.SymInt``: a formula
     in the symbolic sizes, which adds and multiplies like an integer.
 
     Raises:
@@ -66,7 +66,7 @@ class Cost:
             symbolic = False
             for name in ("macs", "flops", "bytes_read", "bytes_written"):
                 value = getattr(self, name)
-                if type(value) is _SymInt:  # symbolic shapes (flopscope.symbolic): a formula
+                if type(value) is _SymInt:  # symbolic shapes (flopscope.symbolic.count): a formula
                     symbolic = True
                 elif type(value) is not int:
                     raise TypeError(
@@ -147,7 +147,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 _SymInt = torch.SymInt
-# how many symbolic counts (flopscope.symbolic) are running: while any is, bytes are measured with
+# how many symbolic counts (flopscope.symbolic.count) are running: while any is, bytes are measured with
 # tensor_bytes (numel * itemsize, SymInt-safe) instead of trying .nbytes first; correct for every
 # tensor, only slower, so a concrete count in another thread meanwhile gives the same numbers
 SYMBOLIC_COUNTS = [0]

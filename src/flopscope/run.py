@@ -23,10 +23,10 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_iter, tree_map_only
 
-from flopscope._meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu, to_fake
-from flopscope.counter import CallObserver, Counter
+from flopscope.core.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
-from flopscope.report import Report
+from flopscope.execution.meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu, to_fake
+from flopscope.report.report import Report
 from flopscope.rules.user import RulesArg
 
 __all__ = ["Inputs", "count", "reset_observers"]
@@ -178,7 +178,7 @@ def count(
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
         warn: warn once about uncounted operators and opaque modules.
-        observers: objects that see every costed call (see :class:`~flopscope.counter.CallObserver`).
+        observers: objects that see every costed call (see :class:`~flopscope.core.counter.CallObserver`).
         **kwargs: keyword arguments of ``model``.
 
     Returns:
@@ -525,7 +525,7 @@ def _put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
 
 def _given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The fake mode of the first fake tensor among the model's arguments, or ``None``: inputs
-    made by :mod:`flopscope.symbolic` (fake tensors with symbolic sizes) are counted in their own
+    made by :mod:`flopscope.symbolic.count` (fake tensors with symbolic sizes) are counted in their own
     mode, whose shape environment holds their symbols."""
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -539,7 +539,7 @@ def _fake_mode(meta_model: nn.Module | None,
                given: Any = None) -> tuple[Any, dict[str, torch.Tensor] | None]:
     """A FakeTensorMode for shape-only counting, and for a model on ``meta`` its fake parameters.
 
-    A ``meta`` model that holds a module with a device-chosen fast path (see ``flopscope._meta``)
+    A ``meta`` model that holds a module with a device-chosen fast path (see ``flopscope.execution.meta``)
     is run as if it were on the CPU: it is called through ``torch.func.functional_call`` with fake
     CPU tensors in place of its meta parameters and buffers (put back on return; the model is not
     modified). Other ``meta`` models run on ``meta`` itself, which is faster.

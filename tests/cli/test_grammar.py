@@ -14,7 +14,7 @@ from tests.cli.conftest import FIXTURES, Result
 
 import flopscope
 import flopscope.cli
-import flopscope.plot
+import flopscope.render.plot
 import flopscope.zoo
 from flopscope.cli import build_parser
 from flopscope.cli._options import FORMATS
@@ -136,7 +136,7 @@ def test_plot_without_matplotlib_fails_before_counting(
         raise ImportError("plotting needs matplotlib, which is not installed: "
                           "pip install 'flopscope[plot]'")
 
-    monkeypatch.setattr(flopscope.plot, "require_matplotlib", missing)
+    monkeypatch.setattr(flopscope.render.plot, "require_matplotlib", missing)
     r = cli("count", "tiny_models:tiny", "--plot", str(tmp_path / "c.png"))
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "pip install 'flopscope[plot]'" in r.err

@@ -104,7 +104,7 @@ def test_shape_only_mask_assumption() -> None:
     q, k, v = (torch.randn(1, 1, t, 8) for _ in range(3))
     with torch.device("meta"):
         mq, mk, mv, mm = (x.to("meta") for x in (q, k, v, mask))
-    from flopscope._meta import sdpa_as_cpu
+    from flopscope.execution.meta import sdpa_as_cpu
 
     with sdpa_as_cpu(), flopscope.Counter(observers=[fig], warn=False):
         F.scaled_dot_product_attention(mq, mk, mv, attn_mask=mm)

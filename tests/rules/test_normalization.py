@@ -16,7 +16,7 @@ def _flops(module: nn.Module, x: torch.Tensor, train: bool) -> int:
 def test_batch_norm_train_and_eval() -> None:
     bn, x = nn.BatchNorm2d(3), torch.randn(2, 3, 4, 4)  # 96 elements
     # statistics 4 + scale-and-shift 2 per element; num_batches_tracked += 1 is integer work,
-    # not a FLOP (flopscope.numbers)
+    # not a FLOP (flopscope.core.numbers)
     assert _flops(bn, x, train=True) == 6 * 96
     assert _flops(bn, x, train=False) == 2 * 96  # x * a_c + b_c with running statistics
     assert _flops(nn.BatchNorm1d(3), torch.randn(4, 3), train=True) == 6 * 12

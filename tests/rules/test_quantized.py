@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.params import count_params
+from flopscope.core.params import count_params
 
 torchvision = pytest.importorskip("torchvision")
 qmodels = torchvision.models.quantization

@@ -1,4 +1,4 @@
-"""Whole repeated modules replayed in a symbolic count (flopscope._module_replay): the report is
+"""Whole repeated modules replayed in a symbolic count (flopscope.core.replay): the report is
 the one a count that runs every layer makes, record by record, and the model is left as it was."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import flopscope
-import flopscope._module_replay as module_replay
+import flopscope.core.replay as module_replay
 from flopscope.symbolic import count_symbolic
 
 SYMBOLS = {"batch": (0, 0), "seq_len": (0, 1)}

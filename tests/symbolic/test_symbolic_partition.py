@@ -75,7 +75,7 @@ def test_window_partitions_pin_to_numbers_and_equal_concrete_counts() -> None:
 
 
 def test_pinned_sizes_under_backward() -> None:
-    # backward replays nothing (flopscope._memo): the pinned sizes must hold for autograd's views
+    # backward replays nothing (flopscope.core.memo): the pinned sizes must hold for autograd's views
     model = _model(3).train()
     rep = count_symbolic(model, torch.zeros(2, 3, 56, 56), symbolic=SPEC, warn=False,
                          backward=True)

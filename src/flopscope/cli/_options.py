@@ -225,7 +225,7 @@ def unit_prefix(text: str) -> str | None:
     Raises:
         argparse.ArgumentTypeError: an unknown unit.
     """
-    from flopscope.units import parse_prefix
+    from flopscope.render.units import parse_prefix
 
     try:
         return parse_prefix(text)

@@ -125,7 +125,7 @@ def check_plot(path: str) -> None:
     """
     if Path(path).suffix.lower() not in _PLOT_SUFFIXES:
         raise usage_error(f"cannot plot to {path!r}: use a file name ending in .png, .svg or .pdf")
-    from flopscope.plot import require_matplotlib
+    from flopscope.render.plot import require_matplotlib
 
     require_matplotlib()
 
@@ -210,7 +210,7 @@ def run_count(args: argparse.Namespace) -> int:
         CheckFailed: ``--strict`` and an operator had no rule.
     """
     import flopscope
-    from flopscope.render import By, Format, render, report_warnings, rich_report
+    from flopscope.render.formats import By, Format, render, report_warnings, rich_report
 
     if getattr(args, "symbolic", None):
         from flopscope.cli.symbolic import run_symbolic
@@ -370,7 +370,7 @@ def run_count(args: argparse.Namespace) -> int:
         for w in report_warnings(report):
             print(f"warning: {w.title}: {', '.join(w.items)} ({w.advice})", file=sys.stderr)
     if args.plot:
-        from flopscope.plot import plot_report
+        from flopscope.render.plot import plot_report
 
         plot_report(report, args.plot, by=by.value,
                     depth=args.depth if args.depth is not None else 1)

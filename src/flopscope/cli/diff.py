@@ -1,5 +1,5 @@
 """``flopscope diff A.json B.json``: per-module differences of two saved reports; exit 1 beyond
-``--tolerance`` (a cost guard for CI). The comparison itself is :mod:`flopscope.diff`."""
+``--tolerance`` (a cost guard for CI). The comparison itself is :mod:`flopscope.report.diff`."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def add_subcommands(subparsers: Any) -> None:
 
 
 if TYPE_CHECKING:
-    from flopscope.report import Report
+    from flopscope.report.report import Report
 
 
 def read_report(path: str) -> Report:
@@ -56,7 +56,7 @@ def read_report(path: str) -> Report:
         UsageError: the file cannot be read or is not a flopscope report (says how to make one).
     """
     from flopscope.errors import UsageError
-    from flopscope.report import Report
+    from flopscope.report.report import Report
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -98,8 +98,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flopscope.diff import diff_reports
-    from flopscope.units import human
+    from flopscope.render.units import human
+    from flopscope.report.diff import diff_reports
 
     result = diff_reports(read_report(args.a), read_report(args.b))
     beyond = {c.path for c in result.beyond(args.tolerance)}

@@ -86,7 +86,8 @@ def run_symbolic(args: argparse.Namespace) -> int:
             that cannot run with symbolic sizes.
     """
     import flopscope
-    from flopscope.symbolic import count_symbolic, plot_symbolic, pretty
+    from flopscope.report.symbolic import pretty
+    from flopscope.symbolic.count import count_symbolic, plot_symbolic
 
     check_output(args.output)
     for flag in ("hardware", "memory", "roofline_plot"):

@@ -24,7 +24,7 @@ from torch import nn
 
 from flopscope.cost import Cost
 from flopscope.errors import RuleError, UsageError
-from flopscope.report import Report
+from flopscope.report.report import Report
 from flopscope.rules.user import ModuleRule
 from flopscope.run import Inputs, count
 

@@ -15,7 +15,7 @@ See ``docs/distributed.md``.
 
 from __future__ import annotations
 
-from flopscope._comm import CommLog
+from flopscope.core.comm import CommLog
 from flopscope.distributed.gather import gather_reports
 from flopscope.distributed.layout import Layout, apply_layout, llama_tp_plan
 from flopscope.distributed.pipeline import PipelineReport

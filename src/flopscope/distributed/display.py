@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from flopscope.distributed.pipeline import PipelineReport
-from flopscope.render import Column
-from flopscope.report import Report, is_within
-from flopscope.units import human
+from flopscope.render.formats import Column
+from flopscope.render.units import human
+from flopscope.report.report import Report, is_within
 
 __all__ = ["communication_columns", "communication_lines", "pipeline_lines"]
 
@@ -18,7 +18,7 @@ def communication_columns(report: Report) -> list[Column]:
         report: the report.
 
     Returns:
-        Columns for :func:`flopscope.render.render` (empty when no collective ran).
+        Columns for :func:`flopscope.render.formats.render` (empty when no collective ran).
     """
     if not report.communication:
         return []

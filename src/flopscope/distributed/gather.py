@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flopscope.report import Report
+from flopscope.report.report import Report
 
 __all__ = ["gather_reports"]
 

@@ -37,7 +37,8 @@ from torch import nn
 
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
-from flopscope.report import CommRecord, OpRecord, Report
+from flopscope.report.records import CommRecord, OpRecord
+from flopscope.report.report import Report
 from flopscope.rules.collectives import communication, is_collective
 
 __all__ = ["SCHEDULES", "DecoderStage", "PipelineReport", "bubble", "split_layers"]
@@ -420,7 +421,7 @@ def run_stage(
     """
     from torch.distributed import pipelining
 
-    from flopscope.counter import Counter
+    from flopscope.core.counter import Counter
 
     if schedule not in SCHEDULES:
         raise UsageError(f"unknown pipeline schedule {schedule!r}: use one of "

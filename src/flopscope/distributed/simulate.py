@@ -14,8 +14,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_iter, tree_map_only
 
+from flopscope.core.counter import Counter
 from flopscope.cost import Cost, Phase
-from flopscope.counter import Counter
 from flopscope.distributed.layout import Layout, apply_layout
 from flopscope.distributed.pipeline import (
     DecoderStage,
@@ -25,7 +25,8 @@ from flopscope.distributed.pipeline import (
     run_stage,
 )
 from flopscope.errors import UsageError
-from flopscope.report import CommRecord, OpRecord, Report
+from flopscope.report.records import CommRecord, OpRecord
+from flopscope.report.report import Report
 from flopscope.run import Inputs, count
 
 __all__ = ["after_backward", "count_rank", "count_stage", "fake_world", "simulate",

@@ -1,7 +1,7 @@
 """From counts to cost: roofline time on named hardware and peak memory.
 
 This package consumes counts; nothing in the core imports it. Per-call data arrives through
-the Counter's observer hook (:class:`flopscope.counter.CallObserver`):
+the Counter's observer hook (:class:`flopscope.core.counter.CallObserver`):
 
 - :class:`CallLog` records what the roofline needs of each call; :meth:`CallLog.estimate` gives an
   :class:`Estimate` (a lower bound on time) for a :class:`Hardware` profile;
@@ -24,14 +24,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
-from flopscope.counter import CallObserver, Counter
+from flopscope.core.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, UsageError
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog, Estimate, Row
 from flopscope.estimate.this_machine import measure_this_machine
-from flopscope.report import Report
+from flopscope.report.report import Report
 from flopscope.run import Inputs, count, reset_observers
 
 __all__ = [
@@ -230,7 +230,7 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     tensors, as :func:`flopscope.count` does."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from flopscope._meta import converted_copy, needs_fake_cpu, to_fake
+    from flopscope.execution.meta import converted_copy, needs_fake_cpu, to_fake
 
     on_meta = _on_meta(model)
     run_model = model
@@ -285,7 +285,7 @@ def _step(run_model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             if fake_mode is not None:
                 stack.enter_context(fake_mode)
             elif on_meta:
-                from flopscope._meta import sdpa_as_cpu
+                from flopscope.execution.meta import sdpa_as_cpu
 
                 stack.enter_context(sdpa_as_cpu())
             opt = _optimizer(optimizer, params)

@@ -1,6 +1,6 @@
 """How estimates show themselves: table columns, summary lines, and the roofline plot.
 
-The edge of the estimate package, as :mod:`flopscope.render` and :mod:`flopscope.plot` are for
+The edge of the estimate package, as :mod:`flopscope.render.formats` and :mod:`flopscope.render.plot` are for
 reports: units appear only here.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from flopscope.estimate.memory import MemoryProfile
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import Estimate, Row
-from flopscope.render import Column
-from flopscope.units import human
+from flopscope.render.formats import Column
+from flopscope.render.units import human
 
 __all__ = ["estimate_columns", "estimate_lines", "human_bytes", "human_seconds", "memory_lines",
            "plot_roofline"]
@@ -65,7 +65,7 @@ def estimate_columns(estimate: Estimate) -> list[Column]:
         estimate: the estimate.
 
     Returns:
-        Columns for :func:`flopscope.render.render`.
+        Columns for :func:`flopscope.render.formats.render`.
     """
     def cells(table: dict[str, Row], fn: object) -> dict[str, str]:
         return {k: fn(r) for k, r in table.items()}  # type: ignore[operator]
@@ -161,7 +161,7 @@ def plot_roofline(estimate: Estimate, path: str | Path, *, top: int = 40) -> Non
     Raises:
         ImportError: matplotlib is not installed.
     """
-    from flopscope.plot import require_matplotlib
+    from flopscope.render.plot import require_matplotlib
 
     require_matplotlib()
     import matplotlib

@@ -259,7 +259,7 @@ class CallLog:
             "", Phase.FORWARD, False, None, {})
 
     def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
-        """Record one call (the :class:`flopscope.counter.CallObserver` protocol).
+        """Record one call (the :class:`flopscope.core.counter.CallObserver` protocol).
 
         Args:
             path: the module path the call is attributed to.

@@ -82,7 +82,7 @@ def _counted_bytes(fn: Any) -> tuple[int, int]:
     accounting, so that measured bandwidths and estimates use one unit (``copy_`` counts the
     destination as read too, which is what a CPU does: a store to a line not in cache first
     reads it, write-allocate)."""
-    from flopscope.counter import Counter
+    from flopscope.core.counter import Counter
 
     with Counter(warn=False) as counter:
         fn()

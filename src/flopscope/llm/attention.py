@@ -364,7 +364,7 @@ def _scale(cost: Cost, num: int, den: int, mac_num: int = 1, mac_den: int = 1) -
 
 
 class AttentionFigures:
-    """A :class:`~flopscope.counter.CallObserver` that gives each attention call's counted,
+    """A :class:`~flopscope.core.counter.CallObserver` that gives each attention call's counted,
     executed and model figures, summed per phase.
 
     Example::
@@ -445,7 +445,7 @@ class AttentionFigures:
 
     # -- the observer ------------------------------------------------------------------------
     def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
-        """One costed call (see :class:`flopscope.counter.CallObserver`)."""
+        """One costed call (see :class:`flopscope.core.counter.CallObserver`)."""
         if call is None:
             return
         kind = _KINDS.get(op)

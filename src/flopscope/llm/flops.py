@@ -29,7 +29,7 @@ from torch import nn
 
 from flopscope.cost import Cost, Phase
 from flopscope.llm.attention import AttentionFigures, AttentionTotals
-from flopscope.report import Report
+from flopscope.report.report import Report
 
 __all__ = [
     "TokenFlops",
@@ -432,7 +432,7 @@ class Utilization:
 
     def line(self) -> str:
         """One line for a report: the rates and the arithmetic they come from."""
-        from flopscope.units import human
+        from flopscope.render.units import human
 
         parts = [f"{self.label} {self.seconds:g} s: model {human(self.model_flops)}FLOPs -> "
                  f"{self.model_flops / self.seconds / 1e12:.4g} TFLOP/s; MFU {self.mfu:.2%} "

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from flopscope.core.counter import Counter
 from flopscope.cost import Cost, OpCall, Phase, tensor_bytes
-from flopscope.counter import Counter
 from flopscope.errors import UsageError
 from flopscope.llm.attention import AttentionFigures
 from flopscope.llm.flops import Utilization
-from flopscope.report import Report
+from flopscope.report.report import Report
 from flopscope.rules.user import RulesArg
 
 __all__ = ["GenerationReport", "Step", "StepCounter", "count_generation", "weight_bytes"]
@@ -200,7 +200,7 @@ class GenerationReport:
         Returns:
             The table and a summary, as text.
         """
-        from flopscope.units import human
+        from flopscope.render.units import human
 
         head = ("step", "kind", "tokens", "context", "MACs", "FLOPs", "model FLOPs", "bytes",
                 "KV read", "KV written")
@@ -576,7 +576,7 @@ def count_generation(
     model.eval()
     try:
         if shape_only:
-            from flopscope._meta import sdpa_as_cpu
+            from flopscope.execution.meta import sdpa_as_cpu
 
             with sdpa_as_cpu(), StepCounter(model, rules=rules, warn=warn) as counter:
                 for _ in _Loop(model, batch, prompt_len, new_tokens, torch.device("meta")).steps():

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flopscope.counter import Counter
+from flopscope.core.counter import Counter
 from flopscope.llm.attention import AttentionFigures
 from flopscope.llm.flops import peak_flops, report_flops
 

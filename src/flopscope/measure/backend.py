@@ -21,7 +21,7 @@ from flopscope.errors import BackendUnavailableError
 if TYPE_CHECKING:
     from flopscope.measure.result import Measurement
     from flopscope.measure.workload import Region, Workload
-    from flopscope.report import Report
+    from flopscope.report.report import Report
 
 __all__ = [
     "Backend",

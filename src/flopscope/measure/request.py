@@ -22,7 +22,7 @@ from flopscope.measure.result import Comparison, Measurement
 from flopscope.measure.workload import Region, WorkloadSpec, segment_of, segment_paths
 
 if TYPE_CHECKING:
-    from flopscope.report import Report
+    from flopscope.report.report import Report
     from flopscope.sources import LoadedModel
 
 __all__ = [

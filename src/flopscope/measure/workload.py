@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from flopscope.errors import MeasureError
 
 if TYPE_CHECKING:
-    from flopscope.report import Report
+    from flopscope.report.report import Report
 
 __all__ = [
     "CallableWorkload",

@@ -118,7 +118,7 @@ checks that it is up to date.
   0 bytes.
 - Bytes: by default every tensor input is read once and every output written once (`numel *
   itemsize`); an embedding lookup reads only the gathered rows.
-- **An operator with no rule is decomposed** (`flopscope.decompose`): its
+- **An operator with no rule is decomposed** (`flopscope.core.decompose`): its
   `CompositeImplicitAutograd` kernel, else PyTorch's decomposition table (functional operators
   only), and the pieces are counted, recursively, under the original operator's name (its record
   is marked `decomposed`; `Report.decomposed` lists them). A rule wins over a table
@@ -128,7 +128,7 @@ checks that it is up to date.
   of a decomposed operator are its own inputs and outputs. Only an operator with neither rule nor
   decomposition is listed in `Report.uncounted` with its call count (one warning; `strict=True`
   raises) - never silently zero.
-- **Integer work is not FLOPs** (`flopscope.numbers`): a call on integer or boolean tensors only
+- **Integer work is not FLOPs** (`flopscope.core.numbers`): a call on integer or boolean tensors only
   (index arithmetic, `num_batches_tracked += 1`, quantized kernels) costs 0 FLOPs and keeps its
   bytes, and its MACs where it multiply-accumulates (MACs count sums of products whatever the
   data type: a quantized convolution's MACs equal the float one's, as torchvision publishes them).

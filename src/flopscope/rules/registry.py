@@ -151,7 +151,7 @@ class RuleSet(Mapping[str, Rule]):
 # The default table, filled by @rule at import of the op-family modules.
 DEFAULT_TABLE: dict[str, Rule] = {}
 # Default rules whose costs the counter adjusts for integer and complex numbers (see
-# flopscope.numbers): every default rule except those of a family module that counts them itself
+# flopscope.core.numbers): every default rule except those of a family module that counts them itself
 # (it sets COUNTS_REAL_NUMBERS = True). A user's rule is taken as it is.
 ADJUSTED_RULES: set[Rule] = set()
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from flopscope.cost import Cost
-from flopscope.costed import Costed
 from flopscope.errors import RuleError
 from flopscope.rules import default_rules
+from flopscope.rules.costed import Costed
 from flopscope.rules.registry import Rule, RuleSet, op_key
 
 __all__ = ["ModuleRule", "ModuleRules", "RulesArg", "as_cost", "rule_name", "split_rules"]

@@ -15,7 +15,7 @@ from torch import nn
 
 from flopscope._text import did_you_mean, one_line
 from flopscope.errors import SourceError
-from flopscope.report import SourceInfo
+from flopscope.report.source import SourceInfo
 from flopscope.sources._model import LoadedModel, build
 
 __all__ = ["DEFAULT_SEQ_LEN", "load_hf"]

@@ -12,7 +12,7 @@ from torch import nn
 
 from flopscope._text import one_line
 from flopscope.errors import SourceError
-from flopscope.report import SourceInfo
+from flopscope.report.source import SourceInfo
 from flopscope.run import Inputs
 
 __all__ = ["LoadedModel", "build"]

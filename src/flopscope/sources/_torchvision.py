@@ -10,7 +10,7 @@ import torch
 
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
-from flopscope.report import SourceInfo
+from flopscope.report.source import SourceInfo
 from flopscope.sources._model import LoadedModel, build
 
 __all__ = ["load_torchvision"]

@@ -218,7 +218,7 @@ class ValgrindBackend:
         )
         report = None
         if child.report is not None:
-            from flopscope.report import Report
+            from flopscope.report.report import Report
 
             report = Report.from_dict(child.report)
         return MeasuredRun(measurement, report)

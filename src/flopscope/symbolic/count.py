@@ -31,23 +31,16 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_map_only
 
-from flopscope._memo import same_size, symbolic_replay
-from flopscope._symbolic_report import FIELDS, SymbolicReport, SymCost, SymRecord, pretty
+from flopscope.core.memo import same_size, symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
-from flopscope.errors import DomainError, ForwardError, UsageError
-from flopscope.report import Report
+from flopscope.errors import ForwardError, UsageError
+from flopscope.report.report import Report
+from flopscope.report.symbolic import FIELDS, SymbolicReport, SymCost, SymRecord
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
 from flopscope.run import Inputs, count
 
-__all__ = [
-    "DomainError",
-    "SymCost",
-    "SymbolicReport",
-    "count_symbolic",
-    "plot_symbolic",
-    "pretty",
-]
+__all__ = ["count_symbolic", "plot_symbolic"]
 
 DimRef = tuple[int | str, int]
 """Where a symbolic dimension is: (positional argument index or keyword name, dimension)."""
@@ -185,7 +178,7 @@ def count_symbolic(
     origins: dict[str, str] = {}  # data-dependent symbol -> the operator that made it
     try:
         # without backward, repeated calls (the same operator on the same symbolic metadata: every
-        # layer of a decoder stack) are answered from memory (flopscope._memo); with backward,
+        # layer of a decoder stack) are answered from memory (flopscope.core.memo); with backward,
         # only their costs are
         with symbolic_replay(fake_mode, replay=not backward, origins=origins):
             raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict,

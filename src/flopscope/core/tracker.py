@@ -44,9 +44,9 @@ from torch.optim.optimizer import (
 )
 from torch.utils._pytree import tree_iter
 
+from flopscope.core.params import ParamStats, packed_objects, param_table, uninitialized
 from flopscope.cost import Phase
-from flopscope.costed import Costed
-from flopscope.params import ParamStats, packed_objects, param_table, uninitialized
+from flopscope.rules.costed import Costed
 from flopscope.rules.user import ModuleRule, ModuleRules
 
 __all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]

@@ -1,13 +1,13 @@
-"""What a :class:`~flopscope.report.Report` is made of, and what its queries return: one
+"""What a :class:`~flopscope.report.report.Report` is made of, and what its queries return: one
 record per (module, operator, phase), per collective kind and per ruled module, and the sums the
-breakdowns hand back. Plain frozen values; :mod:`flopscope.report` re-exports every name."""
+breakdowns hand back. Plain frozen values; :mod:`flopscope.report.report` re-exports every name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
-from flopscope.params import ParamStats
 
 __all__ = ["CommRecord", "CommStats", "ModuleStats", "OpRecord", "OpStats", "RuleRecord"]
 

@@ -1,7 +1,7 @@
 """The counter: a dispatch mode that sees every operator call, costs it with its rule and adds the
 cost under (module path, operator, phase).
 
-Which module made a call comes from :mod:`flopscope._tracker`; what a call costs from
+Which module made a call comes from :mod:`flopscope.core.tracker`; what a call costs from
 :mod:`flopscope.rules`; how a model is run (real / fake / meta, state restored) from
 :mod:`flopscope.run`. This module is the hot path between them.
 """
@@ -28,21 +28,23 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_map_only
 
-from flopscope._comm import CommLog
-from flopscope._compat import eager_flex_attention
-from flopscope._dtensor import DTensorLedger, in_sharding_propagation, is_dtensor_call
-from flopscope._integrity import WRITTEN_ARGUMENTS, WriteGuard
-from flopscope._memo import OUTPUTS as _OUTPUTS
-from flopscope._memo import SELF as _SELF
-from flopscope._memo import outputs_of as _outputs_of
-from flopscope._memo import remember as _remember
-from flopscope._memo import replay as _replay
-from flopscope._memo import replays_fake as _replays_fake
-from flopscope._memo import signature as _signature
-from flopscope._module_replay import ModuleReplay, replaying
-from flopscope._tracker import Frame, ModuleTracker, Sums
+from flopscope.core.comm import CommLog
+from flopscope.core.decompose import decomposition, runs_decomposed
+from flopscope.core.dtensor import DTensorLedger, in_sharding_propagation, is_dtensor_call
+from flopscope.core.integrity import WRITTEN_ARGUMENTS, WriteGuard
+from flopscope.core.memo import OUTPUTS as _OUTPUTS
+from flopscope.core.memo import SELF as _SELF
+from flopscope.core.memo import outputs_of as _outputs_of
+from flopscope.core.memo import remember as _remember
+from flopscope.core.memo import replay as _replay
+from flopscope.core.memo import replays_fake as _replays_fake
+from flopscope.core.memo import signature as _signature
+from flopscope.core.numbers import in_real_numbers
+from flopscope.core.params import ParamStats, param_table
+from flopscope.core.replay import ModuleReplay, replaying
+from flopscope.core.settings import eager_flex_attention
+from flopscope.core.tracker import Frame, ModuleTracker, Sums
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
-from flopscope.decompose import decomposition, runs_decomposed
 from flopscope.errors import (
     FlopscopeError,
     FlopscopeWarning,
@@ -50,9 +52,8 @@ from flopscope.errors import (
     StrictModeError,
     UsageError,
 )
-from flopscope.numbers import in_real_numbers
-from flopscope.params import ParamStats, param_table
-from flopscope.report import CommRecord, OpRecord, Report, RuleRecord
+from flopscope.report.records import CommRecord, OpRecord, RuleRecord
+from flopscope.report.report import Report
 from flopscope.rules import default_rules
 from flopscope.rules.collectives import is_collective
 from flopscope.rules.registry import ADJUSTED_RULES, Rule
@@ -79,7 +80,7 @@ _ZERO = Cost()
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 # id(phase) -> memo key -> (rule, cost) of a call on plain meta tensors whose rule is a default
-# rule (see _record, flopscope._memo): shared by every Counter, as a default rule's cost depends on
+# rule (see _record, flopscope.core.memo): shared by every Counter, as a default rule's cost depends on
 # the call's metadata and phase alone; a hit counts only where the Counter's rule for the operator
 # is that same rule (not where a user's rule replaces it). Those keys end with the default dtype;
 # other keys (a symbolic count's fake tensors, whose rules may add guards to that count's shape
@@ -199,12 +200,12 @@ class _Mode(TorchDispatchMode):
             out = self.decomposed(self, func, info, args, kwargs)
             if out is not NotImplemented:
                 return out
-        # meta tensors: outputs and cost depend on metadata alone (flopscope._memo)
+        # meta tensors: outputs and cost depend on metadata alone (flopscope.core.memo)
         memo = _signature(id(func), args, kwargs)
         if memo is not None:
             # outputs made from memory only when no other dispatch mode is below this one (it
             # would not see the call: FlopCounterMode around a Counter), save a symbolic count's
-            # own fake mode (flopscope._memo.replays_fake)
+            # own fake mode (flopscope.core.memo.replays_fake)
             made = _OUTPUTS.get(memo) if not _modes_below() or _replays_fake(memo) else None
             if made is not None:
                 out = args[0] if made is _SELF else _replay(made)
@@ -223,7 +224,7 @@ class _Mode(TorchDispatchMode):
         return out
 
     def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """An operator on DTensors (:mod:`flopscope._dtensor`): left to DTensor, whose work on the
+        """An operator on DTensors (:mod:`flopscope.core.dtensor`): left to DTensor, whose work on the
         local shards and collectives reach this mode as the rank's work, and costed once more at
         its global shapes for the logical figure. The outermost DTensor call is run again with
         this mode pushed, marked so that the mode leaves it to DTensor when it comes back
@@ -418,7 +419,7 @@ class Counter:
     # -- model integrity (count()) --------------------------------------------------------------
     def protect(self, tensors: list[torch.Tensor]) -> None:
         """Keep ``tensors`` as they were: each is saved just before an operator first writes to
-        it (copy on write, :mod:`flopscope._integrity`); :meth:`restore` puts them back. Used by
+        it (copy on write, :mod:`flopscope.core.integrity`); :meth:`restore` puts them back. Used by
         :func:`flopscope.count` for real runs; call it before the Counter is entered."""
         self._write_guard = WriteGuard(tensors)
 
@@ -490,7 +491,7 @@ class Counter:
 
     def _add_calls(self, key: tuple[str, int | str, Phase], calls: int, cost: Cost) -> None:
         """Add ``calls`` calls costing ``cost`` in all under ``key`` (a replayed module's records,
-        flopscope._module_replay)."""
+        flopscope.core.replay)."""
         sums = self._acc.get(key)
         if sums is None:
             self._add(key, cost)
@@ -579,7 +580,7 @@ class Counter:
         ``decomposed`` is given by :meth:`_decomposed`: the summed cost of a decomposition's
         pieces (``True``: counted) or an uncounted piece (``False``). ``memo`` is the call's key
         when its cost depends on argument metadata alone (meta tensors, see
-        :mod:`flopscope._memo`): a default rule's cost is then computed once per key and phase."""
+        :mod:`flopscope.core.memo`): a default rule's cost is then computed once per key and phase."""
         if self._in_rule:
             return
         fn, _, is_view, is_alloc, ignored, _, _ = info
@@ -659,7 +660,7 @@ class Counter:
                 flops = cost.flops  # on symbolic sizes: no guard (see _nonzero)
                 if (flops if type(flops) is int else _nonzero(flops)) and fn in ADJUSTED_RULES:
                     # a default rule: integer work is not FLOPs, complex work is counted in
-                    # real operations (flopscope.numbers)
+                    # real operations (flopscope.core.numbers)
                     cost = in_real_numbers(call, cost, info[1])
                 if memo is not None and self._memoizable(func, fn):
                     memo_costs = (_MEMO_COSTS if type(memo[-1]) is _dtype

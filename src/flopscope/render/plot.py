@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from flopscope.errors import UsageError
-from flopscope.report import Report
-from flopscope.units import PREFIXES, human, shared_prefix
+from flopscope.render.units import PREFIXES, human, shared_prefix
+from flopscope.report.report import Report
 
 __all__ = ["plot_report", "require_matplotlib"]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flopscope.report import ModuleStats, Report
+from flopscope.report.records import ModuleStats
+from flopscope.report.report import Report
 
 __all__ = ["ModuleChange", "ReportDiff", "diff_reports", "relative_change"]
 

@@ -21,7 +21,7 @@ holds a constant; nothing is cached when any tensor argument or output is not a 
 (subclasses, fake, functional, nested, sparse, complex with its conjugate bit), or when a
 non-tensor argument is not one of a few immutable scalar types.
 
-Symbolic counts (:mod:`flopscope.symbolic`) are the one exception: while :func:`symbolic_replay`
+Symbolic counts (:mod:`flopscope.symbolic.count`) are the one exception: while :func:`symbolic_replay`
 holds a fake mode whose shape environment carries the named sizes, calls on that mode's fake
 tensors (no constant values) are keyed the same way, sizes and strides as their sympy
 expressions, ``SymInt`` arguments (a ``view``'s sizes) likewise. Their outputs are made again as
@@ -127,7 +127,7 @@ _OBJECT = object()  # an object's place in a module call's key (key_part)
 
 
 def key_part(key: list[Any], a: Any) -> bool:
-    """Append a module call's argument to its key (:mod:`flopscope._module_replay`): tensors and
+    """Append a module call's argument to its key (:mod:`flopscope.core.replay`): tensors and
     scalars as in :func:`signature`, containers element by element, any other object by
     identity (a cache passed to every layer is the same object); ``False`` when a tensor or a
     symbolic value cannot be keyed."""

@@ -1,9 +1,9 @@
 """Replaying whole repeated modules in a symbolic count: the layers of a decoder stack.
 
-A symbolic count (:mod:`flopscope.symbolic`) runs the model on fake tensors whose sizes are
+A symbolic count (:mod:`flopscope.symbolic.count`) runs the model on fake tensors whose sizes are
 ``SymInt`` expressions; every size computed in the model's Python code (``x.view(b, t, h, d)``)
 and in PyTorch's composites goes through ``SymInt`` arithmetic, which costs tens of microseconds
-per operation. :mod:`flopscope._memo` answers repeated *operator* calls from memory, but the Python
+per operation. :mod:`flopscope.core.memo` answers repeated *operator* calls from memory, but the Python
 around them still runs once per layer, so an 80-layer decoder cost about 15x a concrete count.
 
 Here a *module* call is answered from memory instead: the 80 layers of a decoder are modules of the
@@ -11,7 +11,7 @@ same structure called on arguments of the same metadata, so the third and later 
 what the first two did, up to their path in the model. Their forward is not run; what the first
 call added to the Counter (each record, relative to the module's path; module call counts; the
 module frame's arithmetic tally) is added again under the new path, and the output is made again as
-fake tensors from templates of the first call's output (:func:`flopscope._memo.template`).
+fake tensors from templates of the first call's output (:func:`flopscope.core.memo.template`).
 
 When it applies (everything else runs as usual):
 
@@ -25,7 +25,7 @@ When it applies (everything else runs as usual):
   any module hook in the subtree, TorchScript, or a module registered under several paths
   excludes a module;
 - a call is keyed by its group and its arguments' metadata (tensors as in
-  :func:`flopscope._memo.signature`; other objects by identity: a key/value cache passed to every
+  :func:`flopscope.core.memo.signature`; other objects by identity: a key/value cache passed to every
   layer is the same object);
 - a key is replayed only after two calls on two different modules of the group ran and were *the
   same* (the key's first call and an earlier first call of the group, perhaps of another key: layer
@@ -52,8 +52,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from flopscope._memo import FAKE_MODES, RESHAPING, same_size, template
-from flopscope._memo import key_part as _key_part
+from flopscope.core.memo import FAKE_MODES, RESHAPING, same_size, template
+from flopscope.core.memo import key_part as _key_part
 
 _PLAIN = (int, float, bool, str, type(None))
 _OWN_INDEX = object()  # an int attribute holding each member's index in its container
@@ -255,7 +255,7 @@ def _output(out: Any) -> Any:
 
 
 class ModuleReplay:
-    """Replays repeated module calls for one :class:`~flopscope.counter.Counter` (see the module
+    """Replays repeated module calls for one :class:`~flopscope.core.counter.Counter` (see the module
     docstring). ``install`` wraps the candidates' ``forward`` (an instance attribute, removed by
     ``remove``)."""
 

@@ -1,7 +1,7 @@
 """The result of a symbolic count: :class:`SymCost` (a cost whose fields are sympy formulas),
 :class:`SymRecord` (one module, operator and phase) and :class:`SymbolicReport` (totals, tables,
 the domain, evaluation at a point), and :func:`pretty`, formulas for people. Made by
-:func:`flopscope.symbolic.count_symbolic`, which is where the symbols come from.
+:func:`flopscope.symbolic.count.count_symbolic`, which is where the symbols come from.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sympy  # type: ignore[import-untyped]
 
 from flopscope.cost import Cost, Phase
 from flopscope.errors import DomainError, UsageError
-from flopscope.report import OpRecord, Report, RuleRecord, is_within
+from flopscope.report.records import OpRecord, RuleRecord
+from flopscope.report.report import Report, is_within
 
 __all__ = ["FIELDS", "SymCost", "SymRecord", "SymbolicReport", "pretty"]
 
@@ -75,7 +76,7 @@ def _sum(costs: Iterable[SymCost]) -> SymCost:
 
 @dataclass(frozen=True)
 class SymRecord:
-    """One (module, operator, phase) of a symbolic report, as :class:`~flopscope.report.OpRecord`."""
+    """One (module, operator, phase) of a symbolic report, as :class:`~flopscope.report.report.OpRecord`."""
 
     module: str
     op: str
@@ -186,7 +187,7 @@ class SymbolicReport:
         return [_relation(g) for g in self.domain if not _holds(g, subs)]
 
     def evaluate(self, check: bool = True, **values: int) -> Report:
-        """A concrete :class:`~flopscope.report.Report` at the given sizes: the same modules,
+        """A concrete :class:`~flopscope.report.report.Report` at the given sizes: the same modules,
         operators and phases with integer costs, equal to a concrete count at those shapes.
 
         Args:
@@ -287,7 +288,7 @@ class SymbolicReport:
         """A JSON-ready dict: ``["symbolic"]["total"]["macs"]`` (and ``flops``, ``bytes_read``,
         ``bytes_written``) as strings ``sympy.sympify`` parses, per phase and per module."""
         return {
-            "schema": "flopscope.symbolic/1",
+            "schema": "flopscope.symbolic.count/1",
             "model": self.report.model,
             "params": self.report.params,
             "symbols": {k: str(v) for k, v in self.symbols.items()},

@@ -1,15 +1,11 @@
 """The result of a count: an immutable :class:`Report` of integers and its queries (totals,
 module-scoped breakdowns, the sharded-model views), and how it shows itself.
 
-Its pieces live beside it, one concern each, and every public name is re-exported here
-(``from flopscope.report import Report, OpRecord, SourceInfo, SCHEMA`` keeps working):
+Its pieces live beside it in :mod:`flopscope.report`, one concern each: ``records`` (what a
+report holds and what its queries return), ``source`` (where the model came from), ``schema``
+(the versioned dict/JSON form), ``rows`` (flat rows for CSV and pandas).
 
-- :mod:`flopscope._report_records` -- the records a report holds and the stats its queries return;
-- :mod:`flopscope._report_source` -- :class:`SourceInfo`, where the model came from;
-- :mod:`flopscope._report_schema` -- the versioned dict/JSON form;
-- :mod:`flopscope._report_table` -- flat rows for CSV and pandas.
-
-Rendering lives in :mod:`flopscope.render`, which registers itself (:func:`set_display`).
+Rendering lives in :mod:`flopscope.render.formats`, which registers itself (:func:`set_display`).
 """
 
 from __future__ import annotations
@@ -20,8 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flopscope import _report_schema, _report_table
-from flopscope._report_records import (
+from flopscope.core.params import ParamStats
+from flopscope.cost import Cost, Phase
+from flopscope.errors import UsageError
+from flopscope.report import rows as _report_table
+from flopscope.report import schema as _report_schema
+from flopscope.report.records import (
     CommRecord,
     CommStats,
     ModuleStats,
@@ -29,16 +29,10 @@ from flopscope._report_records import (
     OpStats,
     RuleRecord,
 )
-from flopscope._report_schema import SCHEMA
-from flopscope._report_source import SourceInfo
-from flopscope.cost import Cost, Phase
-from flopscope.errors import UsageError
-from flopscope.params import ParamStats
+from flopscope.report.schema import SCHEMA
+from flopscope.report.source import SourceInfo
 
-__all__ = [
-    "SCHEMA", "CommRecord", "CommStats", "ModuleStats", "OpRecord", "OpStats", "Report", "RuleRecord",
-    "SourceInfo",
-]
+__all__ = ["Report"]
 
 
 def _sum(costs: Iterable[Cost]) -> Cost:
@@ -291,7 +285,7 @@ class Report:
     @property
     def decomposed(self) -> dict[str, int]:
         """Operators with no rule of their own, counted as the sum of their decomposition's pieces
-        (see :mod:`flopscope.decompose`), with their call counts."""
+        (see :mod:`flopscope.core.decompose`), with their call counts."""
         out: dict[str, int] = {}
         for r in self.records:
             if r.decomposed:
@@ -360,7 +354,7 @@ class Report:
             )
         return out
 
-    # -- serialization (the schema: flopscope._report_schema) ---------------------------------
+    # -- serialization (the schema: flopscope.report.schema) ---------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with a ``schema`` version; :meth:`from_dict` reads it back."""
         out: dict[str, Any] = {
@@ -417,7 +411,7 @@ class Report:
             raise UsageError(f"not a flopscope report: invalid JSON ({e})") from None
         return cls.from_dict(data)
 
-    # -- tabular export (flopscope._report_table) ---------------------------------------------
+    # -- tabular export (flopscope.report.rows) ---------------------------------------------
     def table_rows(self, by: str = "module") -> list[dict[str, Any]]:
         """The report as flat rows of plain integers and strings (for CSV and pandas).
 
@@ -453,7 +447,7 @@ class Report:
         """
         return _report_table.data_frame(self.table_rows(by))
 
-    # -- display (made by flopscope.render, which registers itself; see set_display) ---------
+    # -- display (made by flopscope.render.formats, which registers itself; see set_display) ---------
     def table(self, depth: int = 2) -> str:
         """The module tree as a plain-text table, down to ``depth`` levels below the root."""
         return _display.text(self, depth)
@@ -472,7 +466,7 @@ class Report:
 
 
 class _Display:
-    """How a report shows itself: set by :mod:`flopscope.render` when it is imported (the
+    """How a report shows itself: set by :mod:`flopscope.render.formats` when it is imported (the
     package imports it), so the data path runs one way and the report never imports a renderer."""
 
     def __init__(self) -> None:

@@ -1,6 +1,6 @@
 """Rendering reports for people and programs: table (rich), markdown, json, csv.
 
-Units live here and in :mod:`flopscope.units` only; a :class:`~flopscope.Report` holds integers.
+Units live here and in :mod:`flopscope.render.units` only; a :class:`~flopscope.Report` holds integers.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from flopscope.cost import Phase
-from flopscope.report import Report, set_display
-from flopscope.units import PREFIXES, human
+from flopscope.render.units import PREFIXES, human
+from flopscope.report.report import Report, set_display
 
 __all__ = [
     "By",

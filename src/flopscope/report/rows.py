@@ -1,5 +1,5 @@
 """A report as flat rows of plain integers and strings, for CSV and pandas
-(:meth:`flopscope.report.Report.table_rows` and :meth:`~flopscope.report.Report.to_pandas`):
+(:meth:`flopscope.report.report.Report.table_rows` and :meth:`~flopscope.report.report.Report.to_pandas`):
 one row per module, or one per operator, the same keys in every row."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Container, Mapping
 from typing import Any
 
-from flopscope._report_records import ModuleStats, OpStats
+from flopscope.report.records import ModuleStats, OpStats
 
 __all__ = ["data_frame", "module_rows", "op_rows"]
 

@@ -9,14 +9,14 @@ an operator from a distributed namespace runs, and puts its :meth:`CommLog.recor
 from __future__ import annotations
 
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.report import CommRecord
+from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import NAMESPACES, communication
 
 __all__ = ["CommLog"]
 
 
 class CommLog:
-    """Accumulates what collectives send (a :class:`~flopscope.counter.CallObserver`)."""
+    """Accumulates what collectives send (a :class:`~flopscope.core.counter.CallObserver`)."""
 
     def __init__(self) -> None:
         # (module path, phase, kind, group size) -> [calls, payload bytes, bus bytes]
@@ -51,7 +51,7 @@ class CommLog:
         """The log as report records, in the order the collectives first ran.
 
         Returns:
-            One :class:`~flopscope.report.CommRecord` per (module, phase, kind, group size).
+            One :class:`~flopscope.report.report.CommRecord` per (module, phase, kind, group size).
         """
         return tuple(CommRecord(path, phase, kind, n, calls, payload, bus)
                      for (path, phase, kind, n), (calls, payload, bus) in self._acc.items())

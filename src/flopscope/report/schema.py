@@ -1,7 +1,7 @@
-"""A report's dict/JSON form, schema ``flopscope.report/1``: how each kind of record is written,
-and how a whole report's fields are read back. :meth:`flopscope.report.Report.to_dict` puts the
+"""A report's dict/JSON form, schema ``flopscope.report.report/1``: how each kind of record is written,
+and how a whole report's fields are read back. :meth:`flopscope.report.report.Report.to_dict` puts the
 pieces together (its totals and summaries are the report's own queries);
-:meth:`~flopscope.report.Report.from_dict` builds a report from :func:`report_fields`.
+:meth:`~flopscope.report.report.Report.from_dict` builds a report from :func:`report_fields`.
 
 Keys are written in one fixed order and only where the report has something to say (a record's
 ``decomposed`` key only when true, the distributed keys only under ``torch.distributed``), so the
@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flopscope._report_records import CommRecord, CommStats, OpRecord, RuleRecord
-from flopscope._report_source import SourceInfo
+from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
 from flopscope.errors import UsageError
-from flopscope.params import ParamStats
+from flopscope.report.records import CommRecord, CommStats, OpRecord, RuleRecord
+from flopscope.report.source import SourceInfo
 
 __all__ = [
     "SCHEMA", "communication_dict", "logical_dict", "modules_list", "op_record_dict", "report_fields",
     "rule_record_dict",
 ]
 
-SCHEMA = "flopscope.report/1"
+SCHEMA = "flopscope.report.report/1"
 
 
 def modules_list(
@@ -90,7 +90,7 @@ def _op_record(r: Mapping[str, Any], *, decomposed: bool = True) -> OpRecord:
 
 
 def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a :class:`~flopscope.report.Report`, by name, read from its dict form.
+    """The fields of a :class:`~flopscope.report.report.Report`, by name, read from its dict form.
 
     Args:
         data: what ``Report.to_dict()`` wrote (or the parsed JSON of ``Report.to_json()``).

@@ -8,7 +8,7 @@ runs to redistribute, reach the counter as the rank's work. Beside that, the cou
 - the logical cost of each outermost DTensor operator, costed once more at its global shapes
   (``Report.logical``: the work of the whole job, as if on one device).
 
-This module holds that state and the DTensor-specific questions; :mod:`flopscope.counter` decides
+This module holds that state and the DTensor-specific questions; :mod:`flopscope.core.counter` decides
 when to ask them.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
-from flopscope._tracker import Sums
+from flopscope.core.numbers import in_real_numbers
+from flopscope.core.tracker import Sums
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import FlopscopeError, RuleError
-from flopscope.numbers import in_real_numbers
 from flopscope.rules.registry import ADJUSTED_RULES, Rule
 from flopscope.rules.user import as_cost, rule_name
 

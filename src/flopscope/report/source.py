@@ -1,5 +1,5 @@
 """Typed facts about where a counted model came from (:class:`SourceInfo`), as the model loader
-knows them; a report's ``meta``. :mod:`flopscope.report` re-exports it."""
+knows them; a report's ``meta``. :mod:`flopscope.report.report` re-exports it."""
 
 from __future__ import annotations
 
