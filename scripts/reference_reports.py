@@ -1,11 +1,14 @@
-"""Write the JSON reports of 16 reference runs, to check that a refactoring changes no number.
+"""Write the JSON reports of 16 reference runs and the output of 16 command lines, to check that a
+refactoring changes no number and no rendered byte.
 
-    python scripts/reference_reports.py OUT_DIR          # one JSON file per run
+    python scripts/reference_reports.py OUT_DIR          # one file per run
     diff -r BEFORE_DIR AFTER_DIR                          # byte-identical when nothing changed
 
 The runs cover torchvision (real, shape-only, meta, backward), transformers (BERT, GPT-2, Llama;
 real, meta, backward), module rules (class, path, nested, shared module), a user training loop
-under a Counter, and a custom operator without a rule.
+under a Counter, and a custom operator without a rule. The command lines cover every output
+format and what the features add to a report: roofline estimates, peak memory (forward and a
+training step), a tensor-parallel rank, a pipeline, generation steps, symbolic formulas.
 """
 
 from __future__ import annotations
@@ -147,6 +150,50 @@ def _no_grad(model: nn.Module, x: torch.Tensor) -> flopscope.Report:
         return flopscope.count(model.eval(), x)
 
 
+_TINY = ["--config=num_hidden_layers=2", "--config=hidden_size=64", "--config=intermediate_size=128",
+         "--config=num_attention_heads=4", "--config=num_key_value_heads=2",
+         "--config=vocab_size=128"]
+_R18 = ["count", "torchvision:resnet18", "--input", "1x3x64x64"]
+COMMANDS: dict[str, list[str]] = {
+    "cli_table": _R18,
+    "cli_table_ops_depth3": [*_R18, "--by", "op", "--depth", "3"],
+    "cli_markdown": [*_R18, "--format", "markdown"],
+    "cli_csv": [*_R18, "--format", "csv"],
+    "cli_csv_ops": [*_R18, "--format", "csv", "--by", "op"],
+    "cli_roofline_memory": [*_R18, "--hardware", "h100-sxm", "--memory"],
+    "cli_roofline_memory_json": [*_R18, "--hardware", "h100-sxm", "--memory", "--format", "json"],
+    "cli_roofline_markdown": [*_R18, "--hardware", "a100-80gb", "--tf32", "--format", "markdown"],
+    "cli_training_step_memory": ["count", "torchvision:resnet18", "--input", "2x3x64x64",
+                                 "--backward", "--memory", "--format", "json"],
+    "cli_mfu": [*_R18, "--hardware", "h100-sxm", "--step-time", "0.001"],
+    "cli_tp_rank": ["count", "hf:llama", "--shape-only", "--seq-len", "16", *_TINY,
+                    "--world-size", "4", "--tp", "2", "--fsdp", "2"],
+    "cli_tp_rank_json": ["count", "hf:llama", "--shape-only", "--seq-len", "16", *_TINY,
+                         "--world-size", "2", "--tp", "2", "--format", "json"],
+    "cli_pipeline": ["count", "hf:llama", "--shape-only", "--seq-len", "16", *_TINY,
+                     "--batch", "2", "--world-size", "2", "--pp", "2", "--microbatches", "2"],
+    "cli_generate": ["generate", "hf:llama", "--shape-only", "--prompt-len", "8",
+                     "--new-tokens", "3", *_TINY],
+    "cli_generate_json": ["generate", "hf:llama", "--shape-only", "--prompt-len", "8",
+                          "--new-tokens", "3", *_TINY, "--format", "json"],
+    "cli_symbolic": ["count", "hf:gpt2", "--symbolic", "batch,seq_len", "--config=n_layer=2",
+                     "--config=n_embd=32", "--config=n_head=4", "--config=vocab_size=100"],
+}
+
+
+def _command(argv: list[str]) -> str:
+    """What the command line prints (stdout) for ``argv``, exit status first."""
+    import contextlib
+    import io
+
+    from flopscope.cli import main as cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = cli(argv)
+    return f"exit {status}\n{out.getvalue()}"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -159,6 +206,11 @@ def main(argv: list[str]) -> int:
         report = fn()
         (out / f"{name}.json").write_text(report.to_json() + "\n")
         print(f"{name}: {report.macs} MACs, {report.flops} FLOPs")
+    for name, args in COMMANDS.items():
+        torch.manual_seed(0)
+        text = _command(args)
+        (out / f"{name}.txt").write_text(text)
+        print(f"{name}: {text.splitlines()[0]}, {len(text)} characters")
     return 0
 
 
