@@ -396,7 +396,7 @@ def test_remembered_tables_do_not_keep_a_model_alive() -> None:
     import gc
     import weakref
 
-    from flopscope.core import tracker as _tracker
+    from flopscope.core import model_index as _tracker
 
     model = TwoLayer()
     count(model, torch.randn(2, 8))

@@ -127,7 +127,7 @@ def test_extension_module_is_counted_with_a_module_rule(ext: ModuleType) -> None
 
 
 def test_extension_function_is_counted_through_costed(ext: ModuleType) -> None:
-    raw_matmul = flopscope.rules.costed(ext.raw_matmul, matmul_rule, name="raw_matmul")
+    raw_matmul = flopscope.costed(ext.raw_matmul, matmul_rule, name="raw_matmul")
 
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -159,7 +159,7 @@ def test_costed_wraps_a_function_without_changing_it() -> None:
         np.matmul(a.numpy(), b.numpy(), out=out.numpy())
         return out
 
-    raw_mm = flopscope.rules.costed(raw, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
+    raw_mm = flopscope.costed(raw, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
     a, b = torch.randn(3, 5), torch.randn(5, 7)
     torch.testing.assert_close(raw_mm(a, b), a @ b)  # outside a Counter: just the function
 
@@ -179,4 +179,4 @@ def test_costed_wraps_a_function_without_changing_it() -> None:
 
 def test_costed_rejects_what_is_not_callable() -> None:
     with pytest.raises(flopscope.RuleError, match=r"rule must be callable as rule\(module, args, output\)"):
-        flopscope.rules.costed(len, 3)  # type: ignore[arg-type]
+        flopscope.costed(len, 3)  # type: ignore[arg-type]

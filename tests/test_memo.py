@@ -7,6 +7,7 @@ from torch import nn
 
 import flopscope
 from flopscope.core import memo as _memo
+from flopscope.core.facts import MemoKind, facts
 from flopscope.report import Report
 
 
@@ -100,10 +101,10 @@ def test_in_place_replay_returns_its_argument() -> None:
     second = flopscope.count(model, x)
     assert _table(first) == _table(second)
     relu = torch.ops.aten.relu_.default
-    assert _memo._kind(relu) == _memo._SELF_KIND
-    assert _memo._kind(torch.ops.aten.resize_.default) == _memo._OTHER
-    assert _memo._kind(torch.ops.aten.view.default) == _memo._OTHER
-    assert _memo._kind(torch.ops.aten.mm.default) == _memo._NEW
+    assert facts(relu).memo_kind == MemoKind.SELF
+    assert facts(torch.ops.aten.resize_.default).memo_kind == MemoKind.OTHER
+    assert facts(torch.ops.aten.view.default).memo_kind == MemoKind.OTHER
+    assert facts(torch.ops.aten.mm.default).memo_kind == MemoKind.NEW
 
 
 def test_default_dtype_is_part_of_the_key() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
+from flopscope.core.facts import facts
+
 __all__ = ["SYMBOLIC_COUNTS", "Cost", "OpCall", "Phase", "nested_parts", "tensor_bytes"]
 
 
@@ -40,7 +42,7 @@ class Phase(str, enum.Enum):
 class Cost:
     """What one or more operator calls cost. All fields are non-negative integers; costs add.
 
-    Under symbolic shapes (:mod:`flopscope.symbolic.count`) a field may be a ``torch.SymInt``: a formula
+    Under symbolic shapes (:mod:`flopscope.symbolic`) a field may be a ``torch.SymInt``: a formula
     in the symbolic sizes, which adds and multiplies like an integer.
 
     Raises:
@@ -187,41 +189,6 @@ def _tensors(tree: Any) -> Iterator[torch.Tensor]:
     return iter(_collect(tree, []))
 
 
-_SINGLE = frozenset({"Tensor", "Optional[Tensor]"})
-_LISTS = frozenset({"List[Tensor]", "List[Optional[Tensor]]"})
-# id(operator overload) -> (the overload, its layout); ids, as an OpOverload's hash is Python code
-_LAYOUTS: dict[int, tuple[Any, tuple[tuple[int, ...], tuple[int, ...]] | None]] = {}
-
-
-def _layout(op: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Where an operator's positional tensor arguments are, from its schema: the indices of
-    ``Tensor``/``Tensor?`` arguments and of ``Tensor[]``/``Tensor?[]`` ones; ``None`` when some
-    argument type may hide tensors elsewhere (then arguments are searched in full). Cached per
-    operator: on the hot path this replaces walking every argument, int lists included."""
-    entry = _LAYOUTS.get(id(op))
-    if entry is not None and entry[0] is op:
-        return entry[1]
-    layout: tuple[tuple[int, ...], tuple[int, ...]] | None
-    try:
-        single: list[int] = []
-        lists: list[int] = []
-        for i, a in enumerate(op._schema.arguments):
-            if a.kwarg_only:
-                continue  # keyword-only arguments arrive in kwargs, which are searched in full
-            kind = str(a.type)
-            if kind in _SINGLE:
-                single.append(i)
-            elif kind in _LISTS:
-                lists.append(i)
-            elif "Tensor" in kind or kind in ("Any", "t", "Optional[t]"):
-                raise LookupError(kind)
-        layout = (tuple(single), tuple(lists))
-    except (AttributeError, LookupError, RuntimeError):
-        layout = None
-    _LAYOUTS[id(op)] = (op, layout)  # the overload is kept, so its id is never reused
-    return layout
-
-
 class OpCall:
     """One operator invocation, as a rule sees it.
 
@@ -313,7 +280,7 @@ class OpCall:
     def _io_bytes(self) -> tuple[int, int]:
         read = 0
         args = self.args
-        layout = _layout(self.op)
+        layout = facts(self.op).layout
         if layout is None:
             for t in _collect(args, []):
                 read += t.nbytes

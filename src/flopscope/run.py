@@ -24,12 +24,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import CallObserver, Counter
+from flopscope.core.observers import reset_observers
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.execution.meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu, to_fake
 from flopscope.report.report import Report
 from flopscope.rules.user import RulesArg
 
-__all__ = ["Inputs", "count", "reset_observers"]
+__all__ = ["Inputs", "count"]
 
 
 class Inputs:
@@ -109,15 +110,6 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             gc.unfreeze()
 
     return frozen
-
-
-def reset_observers(observers: Sequence[CallObserver]) -> None:
-    """Make observers forget an abandoned attempt (each that has a ``reset`` method): a count
-    made again another way reports only the attempt that ran."""
-    for observer in observers:
-        reset = getattr(observer, "reset", None)
-        if reset is not None:
-            reset()
 
 
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -525,7 +517,7 @@ def _put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
 
 def _given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The fake mode of the first fake tensor among the model's arguments, or ``None``: inputs
-    made by :mod:`flopscope.symbolic.count` (fake tensors with symbolic sizes) are counted in their own
+    made by :mod:`flopscope.symbolic` (fake tensors with symbolic sizes) are counted in their own
     mode, whose shape environment holds their symbols."""
     from torch._subclasses.fake_tensor import FakeTensor
 

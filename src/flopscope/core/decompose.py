@@ -36,9 +36,6 @@ import torch
 
 __all__ = ["decomposition", "is_composite", "runs_decomposed"]
 
-_NONE: Any = object()
-# id(operator overload) -> (the overload, its decomposition or None)
-_CACHE: dict[int, tuple[Any, Callable[..., Any] | None]] = {}
 _KERNEL_KEYS = ("CPU", "CUDA", "Meta", "XPU", "MPS", "CompositeExplicitAutograd",
                 "CompositeExplicitAutogradNonFunctional")
 # Metadata queries: never decomposed (they carry no arithmetic and some subclasses rely on them).
@@ -126,9 +123,6 @@ def decomposition(op: Any) -> Callable[..., Any] | None:
         ``op.decompose`` where ``op`` has a ``CompositeImplicitAutograd`` kernel, else PyTorch's
         table decomposition for a functional ``op``, else ``None``.
     """
-    hit = _CACHE.get(id(op))
-    if hit is not None and hit[0] is op:
-        return hit[1]
     found: Callable[..., Any] | None = None
     if isinstance(op, torch._ops.HigherOrderOperator):
         found = _BODIES.get(op.name()) or op.py_kernels.get(
@@ -138,5 +132,4 @@ def decomposition(op: Any) -> Callable[..., Any] | None:
             found = op.decompose
         elif _functional(op):
             found = _table().get(op)
-    _CACHE[id(op)] = (op, found)
     return found

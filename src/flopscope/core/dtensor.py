@@ -8,8 +8,8 @@ runs to redistribute, reach the counter as the rank's work. Beside that, the cou
 - the logical cost of each outermost DTensor operator, costed once more at its global shapes
   (``Report.logical``: the work of the whole job, as if on one device).
 
-This module holds that state and the DTensor-specific questions; :mod:`flopscope.core.counter` decides
-when to ask them.
+This module holds that state and the DTensor-specific questions; :mod:`flopscope.core.mode` and
+:mod:`flopscope.core.recorder` decide when to ask them.
 """
 
 from __future__ import annotations
@@ -20,16 +20,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
-from flopscope.core.numbers import in_real_numbers
-from flopscope.core.tracker import Sums
-from flopscope.cost import Cost, OpCall, Phase
-from flopscope.errors import FlopscopeError, RuleError
-from flopscope.rules.registry import ADJUSTED_RULES, Rule
-from flopscope.rules.user import as_cost, rule_name
+from flopscope.core.ledger import Acc, Key, Sums
+from flopscope.cost import Cost
 
 __all__ = ["DTensorLedger", "in_sharding_propagation", "is_dtensor_call"]
 
-Acc = dict[tuple[str, int | str, Phase], Sums]
 # tuple of tensor subclasses in a deferred call -> whether one is a DTensor
 _DTENSORS: dict[tuple[type, ...], bool] = {}
 _SHADOW_CODES: list[frozenset[Any]] = []
@@ -98,27 +93,9 @@ class DTensorLedger:
                          for p in t.placements)
         return self.replicated if replicated else self.sharded
 
-    def add_logical(self, fn: Rule | None, name: str, call: OpCall, path: str) -> None:
-        """Add the logical cost of a call on DTensors (a rule's cost on the DTensors themselves,
-        whose shapes are global) under (``path``, the operator, the call's phase)."""
-        if fn is None:
-            read, written = call.io_bytes()
-            cost = Cost(0, 0, read, written)
-        else:
-            try:
-                cost = fn(call)
-                if type(cost) is not Cost:
-                    cost = as_cost(cost, f"rule {rule_name(fn)} for operator {call.op}")
-                if cost.flops and fn in ADJUSTED_RULES:
-                    cost = in_real_numbers(call, cost, name)
-            except FlopscopeError:
-                raise
-            except Exception as e:
-                raise RuleError(
-                    f"rule {rule_name(fn)} for operator {call.op} failed on DTensors (global "
-                    f"shapes {call.input_shapes()}) in module '{path}': {type(e).__name__}: {e}"
-                ) from e
-        key = (path, id(call.op), call.phase)
+    def add_logical(self, key: Key, cost: Cost) -> None:
+        """Add the logical cost of a call on DTensors (costed on the DTensors themselves, whose
+        shapes are global) under ``key``."""
         sums = self.logical.get(key)
         if sums is None:
             sums = self.logical[key] = Sums()

@@ -17,12 +17,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
-__all__ = ["WRITTEN_ARGUMENTS", "WriteGuard", "plain_tensors"]
+from flopscope.core.facts import facts
 
-# id(operator overload) -> the positions and names of the arguments it writes to (empty: none),
-# read on the hot path; the overloads are kept alive in _WRITERS so that their ids are not reused
-WRITTEN_ARGUMENTS: dict[int, tuple[tuple[int, str], ...]] = {}
-_WRITERS: list[Any] = []
+__all__ = ["WriteGuard", "plain_tensors"]
+
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 
 
@@ -52,14 +50,7 @@ class WriteGuard:
 
     def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before ``func`` runs: save any protected tensor it is about to write to."""
-        written = WRITTEN_ARGUMENTS.get(id(func))
-        if written is None:
-            schema = getattr(func, "_schema", None)  # a higher-order operator has none
-            written = tuple((i, a.name) for i, a in enumerate(schema.arguments if schema else ())
-                            if a.alias_info is not None and a.alias_info.is_write)
-            _WRITERS.append(func)
-            WRITTEN_ARGUMENTS[id(func)] = written
-        for i, name in written:
+        for i, name in facts(func).written:
             t = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()

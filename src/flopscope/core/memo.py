@@ -21,7 +21,7 @@ holds a constant; nothing is cached when any tensor argument or output is not a 
 (subclasses, fake, functional, nested, sparse, complex with its conjugate bit), or when a
 non-tensor argument is not one of a few immutable scalar types.
 
-Symbolic counts (:mod:`flopscope.symbolic.count`) are the one exception: while :func:`symbolic_replay`
+Symbolic counts (:mod:`flopscope.symbolic`) are the one exception: while :func:`symbolic_replay`
 holds a fake mode whose shape environment carries the named sizes, calls on that mode's fake
 tensors (no constant values) are keyed the same way, sizes and strides as their sympy
 expressions, ``SymInt`` arguments (a ``view``'s sizes) likewise. Their outputs are made again as
@@ -47,7 +47,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["FAKE_MODES", "OUTPUTS", "RESHAPING", "SELF", "is_pure", "key_part", "outputs_of", "remember",
+from flopscope.core.facts import MemoKind, facts
+
+__all__ = ["FAKE_MODES", "OUTPUTS", "SELF", "is_pure", "is_shared", "key_part", "outputs_of", "remember",
            "replay", "replays_fake", "same_size", "signature", "spec", "symbolic_replay",
            "template"]
 
@@ -62,8 +64,6 @@ _empty_strided = torch.empty_strided
 _default_dtype = torch.get_default_dtype
 # a tensor's place in a key: a marker no scalar argument can equal
 _T = object()
-# id(operator overload) -> (the overload, how its outputs can be made again: see _kind)
-_PURE: dict[int, tuple[Any, int]] = {}
 # signature -> output spec, shared by every Counter (it depends only on torch's meta kernels)
 OUTPUTS: dict[tuple[Any, ...], Any] = {}
 _LIMIT = 200_000  # entries before the output cache starts over
@@ -217,68 +217,22 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         return None
 
 
-_NEW, _SELF_KIND, _OTHER = 1, 2, 0
-# in-place operators that change their argument's metadata (or more than its values)
-RESHAPING = frozenset({
-    "aten::resize_", "aten::resize_as_", "aten::as_strided_", "aten::set_", "aten::squeeze_",
-    "aten::unsqueeze_", "aten::transpose_", "aten::t_", "aten::swapdims_", "aten::swapaxes_",
-    "aten::detach_", "aten::requires_grad_", "aten::_coalesced_", "aten::sparse_resize_",
-    "aten::sparse_resize_and_clear_", "aten::_resize_output_",
-})
+def is_shared(key: tuple[Any, ...]) -> bool:
+    """Whether what a call with this memo key costs may be remembered for every count of the
+    process (plain meta tensors: it depends on their metadata alone), not only for the count
+    that made it (fake tensors of a symbolic count, whose rules may add guards to that count's
+    shape environment)."""
+    return key[-1] is not _F
+
+
 SELF = ("self",)
 """The remembered outputs of an in-place operator: its first argument, returned as it is."""
-
-
-def _kind(func: Any) -> int:
-    """How an operator's outputs can be made again: ``_NEW`` (it returns only new tensors: no
-    output aliases an argument, no argument is written), ``_SELF_KIND`` (an in-place operator
-    that writes only its first argument's values and returns it) or ``_OTHER``."""
-    entry = _PURE.get(id(func))
-    if entry is None or entry[0] is not func:
-        schema = getattr(func, "_schema", None)
-        kind = _OTHER
-        if schema is not None and func.namespace != "prim":
-            returns = [r.alias_info for r in schema.returns]
-            written = [a.alias_info for a in schema.arguments]
-            if not any(r is not None for r in returns) and not any(w is not None for w in written):
-                kind = _NEW
-            elif (schema.name not in RESHAPING and len(returns) == 1 and written
-                  and returns[0] is not None and returns[0].is_write
-                  and written[0] is not None and written[0].is_write
-                  and returns[0].before_set == written[0].before_set
-                  and not any(w is not None for w in written[1:])):
-                kind = _SELF_KIND
-        entry = (func, kind)
-        _PURE[id(func)] = entry
-    return entry[1]
-
-
-_VIEWS: dict[int, tuple[Any, bool]] = {}
-
-
-def _is_view(func: Any) -> bool:
-    """Whether an operator returns views of its arguments and writes none (``view``, ``t``,
-    ``transpose``, ``slice``, ...). A symbolic count makes their outputs from templates too:
-    autograd (above the dispatch mode) makes them views of their base whatever their storage,
-    and fake tensors have no values that a shared storage would carry."""
-    entry = _VIEWS.get(id(func))
-    if entry is None or entry[0] is not func:
-        schema = getattr(func, "_schema", None)
-        view = bool(schema is not None and func.namespace == "aten" and schema.returns
-                    and schema.name not in RESHAPING
-                    and all(r.alias_info is not None and not r.alias_info.is_write
-                            for r in schema.returns)
-                    and not any(a.alias_info is not None and a.alias_info.is_write
-                                for a in schema.arguments))
-        entry = (func, view)
-        _VIEWS[id(func)] = entry
-    return entry[1]
 
 
 def is_pure(func: Any) -> bool:
     """Whether an operator returns only new tensors (no output aliases an argument and no
     argument is written), so that its outputs can be made from their metadata alone."""
-    return _kind(func) == _NEW
+    return facts(func).memo_kind == MemoKind.NEW
 
 
 def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
@@ -294,7 +248,7 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
     Returns:
         As above.
     """
-    kind = _kind(func)
+    kind = facts(func).memo_kind
     if FAKE_MODES and getattr(func, "namespace", None) == "prim":
         _UNKEYED.add(id(func))
         return None
@@ -306,15 +260,15 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
         if fake is not None:
             if not FAKE_MODES[id(fake[1])][2]:
                 return False  # costs only (a count with backward)
-            if kind == _SELF_KIND and args and out is args[0]:
+            if kind == MemoKind.SELF and args and out is args[0]:
                 return SELF
-            return fake if kind == _NEW or _is_view(func) else False
-    if kind == _SELF_KIND and args and out is args[0]:
+            return fake if kind == MemoKind.NEW or facts(func).pure_view else False
+    if kind == MemoKind.SELF and args and out is args[0]:
         return SELF if _meta_of(out) is not False else None
     made = spec(out)
     if made is None or made is False:
         return made
-    return made if kind == _NEW else False
+    return made if kind == MemoKind.NEW else False
 
 
 def _meta_of(t: Any) -> Any:

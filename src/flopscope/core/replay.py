@@ -1,6 +1,6 @@
 """Replaying whole repeated modules in a symbolic count: the layers of a decoder stack.
 
-A symbolic count (:mod:`flopscope.symbolic.count`) runs the model on fake tensors whose sizes are
+A symbolic count (:mod:`flopscope.symbolic`) runs the model on fake tensors whose sizes are
 ``SymInt`` expressions; every size computed in the model's Python code (``x.view(b, t, h, d)``)
 and in PyTorch's composites goes through ``SymInt`` arithmetic, which costs tens of microseconds
 per operation. :mod:`flopscope.core.memo` answers repeated *operator* calls from memory, but the Python
@@ -44,6 +44,7 @@ set in ``__init__``, as transformers does for sliding windows and no-RoPE layers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from threading import get_ident as _get_ident
 from typing import Any
 
@@ -52,8 +53,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from flopscope.core.memo import FAKE_MODES, RESHAPING, same_size, template
+from flopscope.core.ledger import Decomposed, Key, Ledger
+from flopscope.core.memo import FAKE_MODES, same_size, template
 from flopscope.core.memo import key_part as _key_part
+from flopscope.core.tracker import ModuleTracker
 
 _PLAIN = (int, float, bool, str, type(None))
 _OWN_INDEX = object()  # an int attribute holding each member's index in its container
@@ -259,9 +262,15 @@ class ModuleReplay:
     docstring). ``install`` wraps the candidates' ``forward`` (an instance attribute, removed by
     ``remove``)."""
 
-    def __init__(self, counter: Any, tracker: Any, model: nn.Module) -> None:
-        self.counter = counter
+    def __init__(self, ledger: Ledger, tracker: ModuleTracker, model: nn.Module,
+                 engine_state: Callable[[], tuple[Any, ...]], blocked: Callable[[], bool]) -> None:
+        self.ledger = ledger
         self.tracker = tracker
+        # what besides the ledger a call can change (Counter.engine_state): a layer whose calls
+        # change it is not replayed; nor is any layer while `blocked()` (observers see calls, or
+        # a DTensor operator runs)
+        self.engine_state = engine_state
+        self.blocked = blocked
         self.groups = candidates(model, tracker.shared)
         self.names: dict[nn.Module, dict[str, nn.Module]] = {}
         # (group, argument key) -> the first take and its module, or the validated take; a key
@@ -299,11 +308,10 @@ class ModuleReplay:
 
     def _call(self, module: nn.Module, forward: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
-        counter = self.counter
         group = self.groups[module]
         st = self.tracker.main
-        if (self.recording is not None or group in self.bad or counter._observers
-                or counter._dtensor.depth or not replaying() or st.shadowing is not None
+        if (self.recording is not None or group in self.bad or self.blocked()
+                or not replaying() or st.shadowing is not None
                 or not st.stack or st.stack[-1].module is not module
                 or self.tracker.owner != _get_ident()):
             return forward(*args, **kwargs)
@@ -341,16 +349,14 @@ class ModuleReplay:
     def _record(self, module: nn.Module, frame: Any, forward: Any, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[_Take | None, Any]:
         """Run the forward, noting what it adds; the take is ``None`` when it cannot be replayed."""
-        counter, tracker = self.counter, self.tracker
+        tracker = self.tracker
         prefix = frame.path
         names = self._names(module, prefix)
         take = _Take()
         ok = True
-        real_add = counter._add
 
-        def add(key: tuple[str, Any, Any], cost: Any) -> None:
+        def add(key: Key, cost: Any) -> None:
             nonlocal ok
-            real_add(key, cost)
             path, op, phase = key
             if path == prefix:
                 rel = ""
@@ -361,22 +367,19 @@ class ModuleReplay:
                 return
             if type(op) is str:  # a module rule's entry
                 ok = False
-            elif getattr(getattr(counter._ops[abs(op)][5], "_schema", None), "name",
-                         None) in RESHAPING:  # metadata changed in place (an argument's,
-                ok = False  # perhaps): a replay would not change it
+            elif (op.facts if type(op) is Decomposed else op).reshaping:  # type: ignore[union-attr]
+                ok = False  # metadata changed in place (an argument's, perhaps): not replayable
             take.adds.append((rel, op, phase, cost))
 
         calls = {rel: tracker.calls.get(p, 0) for rel, (p, _) in names.items()}
-        no_grad = {rel: tracker._no_grad_modules.get(m, 0) for rel, (_, m) in names.items()}
-        flags = (len(tracker.opaque), len(tracker.lazy), len(tracker.scripted),
-                 len(counter._rule_acc), counter._comm)
+        no_grad = {rel: tracker.no_grad_modules.get(m, 0) for rel, (_, m) in names.items()}
+        before = self.engine_state()
         arithmetic, allocations = frame.arithmetic, frame.allocations
         self.recording = take
-        counter._add = add
         try:
-            out = forward(*args, **kwargs)
+            with self.ledger.listen(add):
+                out = forward(*args, **kwargs)
         finally:
-            del counter._add
             self.recording = None
         take.arithmetic = frame.arithmetic - arithmetic
         take.allocations = frame.allocations - allocations
@@ -384,20 +387,19 @@ class ModuleReplay:
             n = tracker.calls.get(p, 0) - calls[rel]
             if n:
                 take.calls[rel] = n
-            n = tracker._no_grad_modules.get(m, 0) - no_grad[rel]
+            n = tracker.no_grad_modules.get(m, 0) - no_grad[rel]
             if n:
                 take.no_grad[rel] = n
-        if flags != (len(tracker.opaque), len(tracker.lazy), len(tracker.scripted),
-                     len(counter._rule_acc), counter._comm) or counter._observers:
+        if self.engine_state() != before or self.blocked():
             ok = False
         take.out = _output(out) if ok else None
         return (take if ok and take.out is not None else None), out
 
     def _replay(self, module: nn.Module, frame: Any, take: _Take) -> Any:
-        counter, tracker = self.counter, self.tracker
+        tracker = self.tracker
         prefix = frame.path
         names = self._names(module, prefix)
-        add = counter._add_calls
+        add = self.ledger.add_calls
         for rel, op, phase, calls, cost in take.summed():
             add((prefix + rel, op, phase), calls, cost)
         for rel, n in take.calls.items():
@@ -405,7 +407,7 @@ class ModuleReplay:
             tracker.calls[p] = tracker.calls.get(p, 0) + n
         for rel, n in take.no_grad.items():
             m = names[rel][1]
-            tracker._no_grad_modules[m] = tracker._no_grad_modules.get(m, 0) + n
+            tracker.no_grad_modules[m] = tracker.no_grad_modules.get(m, 0) + n
         frame.arithmetic += take.arithmetic
         frame.allocations += take.allocations
         self.replayed += 1

@@ -23,13 +23,9 @@ from __future__ import annotations
 import sys
 import threading
 import types
-import weakref
 from bisect import bisect_right
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from operator import attrgetter
 from typing import Any
 
 import torch
@@ -44,12 +40,14 @@ from torch.optim.optimizer import (
 )
 from torch.utils._pytree import tree_iter
 
-from flopscope.core.params import ParamStats, packed_objects, param_table, uninitialized
+from flopscope.core.ledger import Sums
+from flopscope.core.model_index import model_tables
+from flopscope.core.params import ParamStats, param_table
 from flopscope.cost import Phase
 from flopscope.rules.costed import Costed
 from flopscope.rules.user import ModuleRule, ModuleRules
 
-__all__ = ["Frame", "ModuleTracker", "Sums", "ThreadState"]
+__all__ = ["Frame", "ModuleTracker", "ThreadState"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _current_autograd_node = torch._C._current_autograd_node
@@ -67,27 +65,6 @@ _KINDS: dict[type, int] = {}
 _SCRIPTED = 1
 _COSTED = 2
 _grad_enabled = torch.is_grad_enabled
-
-
-class Sums:
-    """Running totals of calls and cost (mutable; the hot path adds to it in place)."""
-
-    __slots__ = ("bytes_read", "bytes_written", "calls", "first", "flops", "macs")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.macs = 0
-        self.flops = 0
-        self.bytes_read = 0
-        self.bytes_written = 0
-        self.first: Any = None  # the first cost added, reused as the total while they are equal
-
-    def add(self, cost: Any) -> None:
-        """Add a cost's MACs, FLOPs and bytes (not a call: callers count calls themselves)."""
-        self.macs += cost.macs
-        self.flops += cost.flops
-        self.bytes_read += cost.bytes_read
-        self.bytes_written += cost.bytes_written
 
 
 @dataclass(slots=True)
@@ -143,119 +120,6 @@ class ThreadState:
         self.seq_paths: list[str] = []
 
 
-class _Tables:
-    """A model's module paths, types and parameter counts, as a :class:`ModuleTracker` starts
-    from them: worked out once per model and reused while the model's structure is unchanged
-    (see :func:`_model_tables`). Holds the modules only weakly, so that it never keeps a model
-    alive."""
-
-    __slots__ = ("module_paths", "packed", "param_paths", "params", "refs", "shared", "stamp",
-                 "types", "uninitialized")
-
-    def __init__(self, model: nn.Module, named: list[tuple[str, nn.Module]]) -> None:
-        stats, owners = param_table(model, named)
-        modules = [m for _, m in named]
-        self.module_paths = [name for name, _ in named]
-        self.types = {name: type(m).__name__ for name, m in named}
-        self.params = stats
-        self.param_paths = owners
-        known = {id(m): name for name, m in named}
-        self.shared: set[int] = set()  # ids of modules registered under more than one path
-        for name, sub in model.named_modules(remove_duplicate=False):
-            if name and known.get(id(sub)) != name:
-                self.shared.add(id(sub))
-                self.types.setdefault(name, type(sub).__name__)
-        # modules holding quantized packed-parameter objects (their ids are part of the stamp)
-        self.packed = frozenset(id(m) for m in modules if packed_objects(m))
-        self.stamp = _stamp(modules, self.packed)
-        # lazy modules not initialised yet (their tensors have no shape, so no stamp): their
-        # parameters count 0 now and are counted again when the report is made
-        self.uninitialized = uninitialized(model) if self.stamp is None else []
-        self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
-
-
-_shape_and_grad = attrgetter("shape", "requires_grad")
-_shape = attrgetter("shape")
-# id(model) -> (weak reference to it, its tables)
-_TABLES: dict[int, tuple[Any, _Tables]] = {}
-
-
-def _stamp_tensors(extend: Any, table: dict[str, Any], describe: Any) -> bool:
-    """Add a parameter or buffer table's part of a stamp: names, identities and ``describe`` of
-    each tensor; ``False`` when a tensor has no shape yet (a lazy module's uninitialised one)."""
-    extend(table)
-    held = table.values()
-    extend(map(id, held))
-    try:
-        extend(map(describe, held))
-    except AttributeError:  # an entry set to None
-        extend(None if t is None else describe(t) for t in held)
-    except RuntimeError:
-        return False
-    return True
-
-
-def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None:
-    """Everything a model's :class:`_Tables` are made from, as a flat list of plain values: each
-    module's class and number of attributes, its children, parameters and buffers (names and
-    identities), every parameter's and buffer's shape, whether each parameter requires grad, and
-    the packed-parameter objects of the modules that hold them. Equal stamps, equal tables: a
-    structural change anywhere in the tree changes some module's children. ``None`` for a model
-    with TorchScript modules (their tables are not plain dicts; never reused)."""
-    out: list[Any] = []
-    push = out.append
-    extend = out.extend
-    for m in modules:
-        children = m._modules
-        params = m._parameters
-        buffers = m._buffers
-        if type(params) is not dict or type(buffers) is not dict or type(children) is not dict:
-            return None
-        push(type(m))
-        push(len(m.__dict__))
-        push(len(children))
-        extend(children)
-        extend(map(id, children.values()))
-        push(len(params))
-        if params and not _stamp_tensors(extend, params, _shape_and_grad):
-            return None
-        push(len(buffers))
-        if buffers and not _stamp_tensors(extend, buffers, _shape):
-            return None
-        if packed and id(m) in packed:
-            extend(map(id, packed_objects(m)))
-    return out
-
-
-def _model_tables(model: nn.Module) -> tuple[_Tables, list[nn.Module]]:
-    """``model``'s tables and modules (``named_modules()`` order): the tables made for it before
-    when its stamp is the same (a model counted again: a dictionary lookup and one walk over its
-    modules, instead of ``named_modules()`` and the parameter table), otherwise made now and
-    kept for the next time."""
-    entry = _TABLES.get(id(model))
-    if entry is not None and entry[0]() is model:
-        tables = entry[1]
-        modules = [r() for r in tables.refs]
-        if all(m is not None for m in modules) and _stamp(
-                modules, tables.packed) == tables.stamp:  # type: ignore[arg-type]
-            return tables, modules  # type: ignore[return-value]
-    named = list(model.named_modules())
-    tables = _Tables(model, named)
-    if tables.stamp is not None:
-        if len(_TABLES) > 1_000:
-            _TABLES.clear()
-        with suppress(TypeError):  # not weakly referenceable: not kept
-            _TABLES[id(model)] = (weakref.ref(model, partial(_forget, id(model))), tables)
-    return tables, [m for _, m in named]
-
-
-def _forget(key: int, ref: Any) -> None:
-    """A model whose tables are kept was freed: drop its entry (if it is still its own)."""
-    entry = _TABLES.get(key)
-    if entry is not None and entry[0] is ref:
-        del _TABLES[key]
-
-
 class ModuleTracker:
     """Module paths, types, calls and parameters, the per-thread stacks of running modules, and the
     forward-timeline of autograd sequence numbers used to attribute backward operators.
@@ -265,6 +129,9 @@ class ModuleTracker:
         module_rules: rules that cost a module as a whole.
         on_rule_exit: called with the frame and the module's output when a ruled module returns.
         counts_here: whether the calling thread (not the one that entered the Counter) is counted.
+        observers: objects told when a module starts and returns in the thread that entered the
+            Counter (those with ``on_module_enter(path, phase)`` / ``on_module_exit(path,
+            phase)``; see :mod:`flopscope.core.observers`).
     """
 
     def __init__(
@@ -273,11 +140,18 @@ class ModuleTracker:
         module_rules: ModuleRules,
         on_rule_exit: Callable[[Frame, Any], None],
         counts_here: Callable[[], bool] = lambda: False,
+        observers: Sequence[object] = (),
     ) -> None:
         self.module_rules = module_rules
         self._any_module_rule = bool(module_rules)
         self.on_rule_exit = on_rule_exit
         self.counts_here = counts_here
+        self.on_enter: tuple[Callable[[str, Phase], None], ...] = tuple(
+            o.on_module_enter for o in observers  # type: ignore[attr-defined]
+            if callable(getattr(o, "on_module_enter", None)))
+        self.on_exit: tuple[Callable[[str, Phase], None], ...] = tuple(
+            o.on_module_exit for o in observers  # type: ignore[attr-defined]
+            if callable(getattr(o, "on_module_exit", None)))
         self.paths: dict[nn.Module, str] = {}
         self.types: dict[str, str] = {}
         self.calls: dict[str, int] = {}
@@ -294,13 +168,13 @@ class ModuleTracker:
         self.scripted: dict[str, None] = {}  # TorchScript modules: their submodules are not seen
         self.lazy: dict[str, str] = {}  # modules whose forward returned a lazy object -> its type
         # modules with parameters called under no_grad -> calls (see no_grad_calls)
-        self._no_grad_modules: dict[nn.Module, int] = {}
+        self.no_grad_modules: dict[nn.Module, int] = {}
         self.foreign_calls = 0  # calls of the model's modules in threads this Counter does not count
         self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
         self._late: set[nn.Module] = set()  # modules closed by a hook of their own (install)
         if model is not None:
-            tables, self.modules = _model_tables(model)
+            tables, self.modules = model_tables(model)
             self.paths = dict(zip(self.modules, tables.module_paths, strict=True))
             self.types = dict(tables.types)
             self.calls = dict.fromkeys(tables.types, 0)
@@ -314,7 +188,7 @@ class ModuleTracker:
     @property
     def no_grad_calls(self) -> int:
         """Calls of modules with trainable parameters made with grad disabled."""
-        return sum(calls for m, calls in self._no_grad_modules.items()
+        return sum(calls for m, calls in self.no_grad_modules.items()
                    if any(p is not None and p.requires_grad for p in m._parameters.values()))
 
     # -- compatibility: the main thread's state -------------------------------------------------
@@ -450,7 +324,7 @@ class ModuleTracker:
         self.calls[path] += 1
         frame = Frame(module, path, phase)
         if not _grad_enabled() and module._parameters:  # trainable? see no_grad_calls
-            no_grad = self._no_grad_modules
+            no_grad = self.no_grad_modules
             no_grad[module] = no_grad.get(module, 0) + 1
         kind = _KINDS.get(type(module))
         if kind is None:
@@ -469,6 +343,9 @@ class ModuleTracker:
         stack.append(frame)
         st.seqs.append(_sequence_nr())
         st.seq_paths.append(path)
+        if self.on_enter and st is self.main:
+            for enter in self.on_enter:
+                enter(path, phase)
 
     def _late_post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         self._post_hook(module, args, output, True)
@@ -499,6 +376,9 @@ class ModuleTracker:
 
     def _close(self, st: ThreadState, frame: Frame, output: Any, failed: bool) -> None:
         stack = st.stack
+        if self.on_exit and st is self.main:
+            for leave in self.on_exit:
+                leave(frame.path, frame.phase)
         parent = stack[-1] if stack else None
         flagged = False
         if frame.rule is not None:

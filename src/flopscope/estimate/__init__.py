@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import CallObserver, Counter
+from flopscope.core.observers import reset_observers
 from flopscope.errors import FlopscopeError, UsageError
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
@@ -32,7 +33,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog, Estimate, Row
 from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.report.report import Report
-from flopscope.run import Inputs, count, reset_observers
+from flopscope.run import Inputs, count
 
 __all__ = [
     "CATEGORIES",

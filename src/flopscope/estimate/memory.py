@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.roofline import ancestors
 
@@ -55,22 +56,6 @@ CATEGORIES = (
 - ``other``: storages that existed before the run and were not registered (first seen read).
 """
 
-_ALIASING: dict[int, tuple[bool, Any]] = {}
-
-
-def _returns_alias(op: Any) -> bool:
-    """Whether an operator's outputs alias its inputs (views, in-place and ``out=`` forms):
-    such outputs are never new storage. (Under fake tensors a real input is converted to a fake
-    one inside the operator, so its view's storage is one the tracker never saw.)"""
-    entry = _ALIASING.get(id(op))
-    if entry is None or entry[1] is not op:
-        try:
-            aliasing = any(r.alias_info is not None for r in op._schema.returns)
-        except AttributeError:
-            aliasing = False
-        entry = (aliasing, op)
-        _ALIASING[id(op)] = entry
-    return entry[0]
 
 
 def _blas_ready(t: torch.Tensor) -> bool:
@@ -277,7 +262,9 @@ class MemoryTracker:
             found = _storage(t)
             if found is not None and found[0] not in live:
                 self._born(found[0], found[1], found[2], "other", path, phase.value)
-        aliasing = _returns_alias(call.op)
+        # outputs that alias inputs (views, in-place and out= forms) are never new storage (under
+        # fake tensors a real input is converted inside the operator: its view's storage is new)
+        aliasing = facts(call.op).aliasing
         for t in call.outputs:
             found = _storage(t)
             if found is None:

@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware, dtype_key
 
@@ -68,17 +69,6 @@ IGNORES = (
     "fusion (see the fused view), tile/wave quantisation, clocks below peak",
 )
 
-_POINTWISE: dict[int, tuple[bool, Any]] = {}
-
-
-def _is_pointwise(op: Any) -> bool:
-    """Whether an operator overload carries torch's ``pointwise`` tag (what Inductor fuses)."""
-    entry = _POINTWISE.get(id(op))
-    if entry is None or entry[1] is not op:
-        tags = getattr(op, "tags", ())
-        entry = (torch.Tag.pointwise in tags, op)
-        _POINTWISE[id(op)] = entry
-    return entry[0]
 
 
 def call_dtype(call: OpCall | None) -> torch.dtype | None:
@@ -282,7 +272,7 @@ class CallLog:
         rec.bytes_written = cost.bytes_written
         self._follow(rec, call)
         self.records.append(rec)
-        pointwise = _is_pointwise(call.op)
+        pointwise = facts(call.op).pointwise
         _, prev_phase, prev_pointwise, prev_rec, prev_out = self._prev
         if (pointwise and prev_pointwise and prev_rec is not None and prev_out
                 and prev_phase is phase):

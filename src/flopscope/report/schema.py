@@ -24,7 +24,7 @@ __all__ = [
     "rule_record_dict",
 ]
 
-SCHEMA = "flopscope.report.report/1"
+SCHEMA = "flopscope.report/1"
 
 
 def modules_list(

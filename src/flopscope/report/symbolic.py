@@ -288,7 +288,7 @@ class SymbolicReport:
         """A JSON-ready dict: ``["symbolic"]["total"]["macs"]`` (and ``flops``, ``bytes_read``,
         ``bytes_written``) as strings ``sympy.sympify`` parses, per phase and per module."""
         return {
-            "schema": "flopscope.symbolic.count/1",
+            "schema": "flopscope.symbolic/1",
             "model": self.report.model,
             "params": self.report.params,
             "symbols": {k: str(v) for k, v in self.symbols.items()},

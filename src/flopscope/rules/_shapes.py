@@ -7,28 +7,15 @@ from typing import Any
 
 import torch
 
+from flopscope.core.facts import facts
 from flopscope.cost import OpCall
-
-# (id of the operator overload, argument name) -> (the overload, the argument's position). Keyed by
-# id because an OpOverload's __hash__ is Python code; the overload is kept so its id is not reused.
-_ARG_INDEX: dict[tuple[int, str], tuple[torch._ops.OpOverload, int | None]] = {}
 
 
 def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
     """An argument of ``call`` by its schema name, positional or keyword."""
     if name in call.kwargs:
         return call.kwargs[name]
-    op = call.op
-    key = (id(op), name)
-    entry = _ARG_INDEX.get(key)
-    if entry is not None and entry[0] is op:
-        index = entry[1]
-    else:
-        index = next(
-            (i for i, a in enumerate(op._schema.arguments) if a.name == name and not a.kwarg_only),
-            None,
-        )
-        _ARG_INDEX[key] = (op, index)
+    index = facts(call.op).arg_index.get(name)
     if index is not None and index < len(call.args):
         return call.args[index]
     return default

@@ -1,7 +1,7 @@
 """Give a function whose work flopscope cannot see (a raw C++/CUDA kernel called through pybind11)
 a cost of its own, without touching the function or the model.
 
-    >>> raw_mm = flopscope.rules.costed(ext.raw_matmul, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
+    >>> raw_mm = flopscope.costed(ext.raw_matmul, lambda m, inputs, out: out.numel() * inputs[0].shape[1])
     >>> y = raw_mm(a, b)          # same result as ext.raw_matmul(a, b); costed when counted
 """
 

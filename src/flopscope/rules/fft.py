@@ -15,7 +15,7 @@ adds one real multiply per real output value (2 per complex element).
 Reference: M. Frigo and S. G. Johnson, FFTW benchmark methodology,
 http://www.fftw.org/speed/method.html.
 
-Symbolic sizes (:mod:`flopscope.symbolic.count`): the count is the sympy expression
+Symbolic sizes (:mod:`flopscope.symbolic`): the count is the sympy expression
 ``floor(5*N*B*log(N)/log(2) + 1/2)`` (half of it for r2c/c2r), ``log(N)/log(2)`` being log2 N, made
 a ``SymInt`` of the count's shape environment; evaluated at integer sizes it is the integer the
 concrete rule gives (the log is irrational unless N is a power of two, so the value is never

@@ -16,7 +16,7 @@ dimensions multiply. Conventions:
   adds).
 - Fractions (2/3 n^3 ...) are rounded to the nearest integer per matrix. The helpers below work
   in thirds of a FLOP (every count is a multiple of 1/3), so that the same integer arithmetic
-  runs on symbolic sizes (:mod:`flopscope.symbolic.count`): ``(2 t + 3) // 6`` rounds t/3 to the
+  runs on symbolic sizes (:mod:`flopscope.symbolic`): ``(2 t + 3) // 6`` rounds t/3 to the
   nearest integer (a third is never a tie). Branches on sizes (``min(m, n)``, m >= n) are guards
   of a symbolic count.
 - Reading the status tensor (``_linalg_check_errors``) and unpacking factors (``lu_unpack``) are

@@ -1,0 +1,135 @@
+"""The dispatch mode: where every operator call of a count arrives.
+
+A call on wrapper tensor subclasses (jagged nested tensors, DTensor) is left to the subclass, so
+that the work it does on its inner tensors arrives here as what runs; an operator with no rule but
+a decomposition runs as its pieces; a call on plain meta tensors is answered from the shape-only
+memo when it can be (:mod:`flopscope.core.memo`); every other call runs and is recorded
+(:class:`~flopscope.core.recorder.Recorder`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+
+from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
+from flopscope.core.integrity import WriteGuard
+from flopscope.core.memo import OUTPUTS, SELF, outputs_of, remember, replay, replays_fake, signature
+from flopscope.core.recorder import Recorder
+
+__all__ = ["CountingMode"]
+
+# tuple of tensor subclasses in a call -> whether the call is left to the subclass (see _defers)
+_DEFERS: dict[tuple[type, ...], bool] = {}
+_TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+_modes_below = torch._C._len_torch_dispatch_stack
+
+
+def _defers(types: tuple[type, ...]) -> bool:
+    """Whether a call on tensors of these subclasses is left to the subclass, so that the work
+    it does on its inner tensors reaches the counter: wrapper subclasses such as jagged nested
+    tensors and DTensor (their inner operators are what runs, on the real shapes: a nested
+    tensor's packed values, a DTensor's local shard). Fake and functional tensors are not
+    wrappers of this kind and are counted where they stand."""
+    found = _DEFERS.get(types)
+    if found is None:
+        found = any(is_traceable_wrapper_subclass_type(t) and not issubclass(t, _TRANSPARENT)
+                    for t in types)
+        _DEFERS[types] = found
+    return found
+
+
+class CountingMode(TorchDispatchMode):
+    """A Counter's dispatch mode (one per thread it counts).
+
+    Args:
+        owner: the Counter (what :meth:`owned_by` compares with).
+        recorder: where calls are recorded.
+        guard: copy on write of the model's tensors (a real :func:`flopscope.count`), or ``None``.
+    """
+
+    # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
+    supports_higher_order_operators = True
+
+    def __init__(self, owner: object, recorder: Recorder, guard: WriteGuard | None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.owner = owner
+        self.recorder = recorder
+        self.record = recorder.record
+        self.entries = recorder.costing.entries
+        self.entry = recorder.entry
+        self.guard = guard.before if guard is not None else None
+
+    def owned_by(self, owner: object) -> bool:
+        """Whether this mode counts for ``owner``."""
+        return self.owner is owner
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if types and _defers(types):
+            if is_dtensor_call(types):
+                return self._dtensor(func, args, kwargs)
+            return NotImplemented
+        recorder = self.recorder
+        if recorder.dtensor.depth and in_sharding_propagation():
+            return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
+        entry = self.entries.get(id(func)) or self.entry(func)
+        if self.guard is not None and entry.facts.written:  # count(): keep the model's tensors
+            self.guard(func, args, kwargs)
+        if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
+            out = recorder.decomposed(self, func, entry, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        # meta tensors: outputs and cost depend on metadata alone (flopscope.core.memo)
+        memo = signature(id(func), args, kwargs)
+        if memo is not None:
+            # outputs made from memory only when no other dispatch mode is below this one (it
+            # would not see the call: FlopCounterMode around a Counter), save a symbolic count's
+            # own fake mode (flopscope.core.memo.replays_fake)
+            made = OUTPUTS.get(memo) if not _modes_below() or replays_fake(memo) else None
+            if made is not None:
+                out = args[0] if made is SELF else replay(made)
+                self.record(func, entry, args, kwargs, out, None, memo)
+                return out
+            out = func(*args, **kwargs)
+            made = outputs_of(func, args, out)
+            if made is None:
+                memo = None
+            elif made is not False:
+                remember(memo, made)
+            self.record(func, entry, args, kwargs, out, None, memo)
+            return out
+        out = func(*args, **kwargs)
+        self.record(func, entry, args, kwargs, out)
+        return out
+
+    def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An operator on DTensors (:mod:`flopscope.core.dtensor`): left to DTensor, whose work on
+        the local shards and collectives reach this mode as the rank's work, and costed once more
+        at its global shapes for the logical figure. The outermost DTensor call is run again with
+        this mode pushed, marked so that the mode leaves it to DTensor when it comes back
+        (``passing``); the work inside it is accumulated apart, as the part of the rank's work
+        that the logical figure replaces."""
+        recorder = self.recorder
+        ledger = recorder.dtensor
+        if ledger.passing:
+            ledger.passing = False
+            return NotImplemented
+        if ledger.depth:  # a DTensor call inside another: only the outer one is logical
+            return NotImplemented
+        ledger.depth += 1
+        ledger.passing = True
+        try:
+            with recorder.ledger.redirect(ledger.target(args, kwargs)), self:
+                out = func(*args, **kwargs)
+        finally:
+            ledger.passing = False
+            ledger.depth -= 1
+        recorder.record_logical(func, args, kwargs, out)
+        return out
