@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import flopscope
+from flopscope.execution.copies import meta_twin
 from flopscope.llm.flops import (
     megatron_flops_per_token,
     mfu,
@@ -287,6 +288,6 @@ def test_shadow_count_on_a_meta_twin_equals_a_shape_only_count() -> None:
     assert len(model._forward_pre_hooks) == hooks
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     # the twin: meta tensors of the same shapes, the tied structure kept, nothing copied
-    twin = monitor._meta_twin()
+    twin = meta_twin(model, keep={id(monitor): monitor})
     assert all(p.is_meta for p in twin.parameters())
     assert [p.shape for p in twin.parameters()] == [p.shape for p in model.parameters()]

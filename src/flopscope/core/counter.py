@@ -29,7 +29,7 @@ from flopscope.core.notices import warn_about
 from flopscope.core.observers import CallObserver
 from flopscope.core.params import ParamStats, param_table
 from flopscope.core.recorder import Recorder
-from flopscope.core.replay import ModuleReplay, replaying
+from flopscope.core.replay import ModuleReplay
 from flopscope.core.settings import eager_flex_attention
 from flopscope.core.tracker import ModuleTracker
 from flopscope.errors import FlopscopeError, UsageError
@@ -79,6 +79,9 @@ class Counter:
         warn: emit one :class:`~flopscope.errors.FlopscopeWarning` on exit when operators went
             uncounted or modules look opaque.
         observers: objects that see every costed call (:class:`CallObserver`).
+        replay_layers: answer repeated layers of the model from what two earlier layers did
+            alike (:mod:`flopscope.core.replay`); for symbolic counts without backward, whose
+            layers run slowly on symbolic sizes (:func:`flopscope.count_symbolic` asks for it).
 
     Raises:
         UsageError: ``model`` is not an ``nn.Module``.
@@ -93,6 +96,7 @@ class Counter:
         strict: bool = False,
         warn: bool = True,
         observers: Sequence[CallObserver] = (),
+        replay_layers: bool = False,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise UsageError(
@@ -102,6 +106,7 @@ class Counter:
         self.model = model
         self.strict = strict
         self.warn = warn
+        self.replay_layers = replay_layers
         op_rules, module_rules = split_rules(rules)
         observers = tuple(observers)
         self._tracker = ModuleTracker(model, module_rules, self._on_rule_exit,
@@ -235,7 +240,7 @@ class Counter:
         self._mode = CountingMode(self, recorder, self._write_guard)
         self._report = None
         self.failed_in = None
-        if self.model is not None and replaying():  # a symbolic count: repeated layers
+        if self.model is not None and self.replay_layers:  # a symbolic count: repeated layers
             self._module_replay = ModuleReplay(recorder.ledger, tracker, self.model,
                                                self.engine_state, self._replay_blocked)
             self._module_replay.install()

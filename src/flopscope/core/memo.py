@@ -426,6 +426,13 @@ def replays_fake(key: tuple[Any, ...]) -> bool:
     return key[-1] is _F and _modes_below() == 1
 
 
+def replays_outputs(mode: Any) -> bool:
+    """Whether ``mode`` is the fake mode of a running symbolic count that replays outputs (one
+    without backward: see :func:`symbolic_replay`)."""
+    entry = FAKE_MODES.get(id(mode))
+    return entry is not None and entry[0] is mode and bool(entry[2])
+
+
 @contextmanager
 def symbolic_replay(mode: Any, *, replay: bool = True,
                     origins: dict[str, str] | None = None) -> Iterator[None]:

@@ -65,11 +65,6 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential)
 _MIN_GROUP = 3  # two calls to validate a key, the third and later replayed
 
 
-def replaying() -> bool:
-    """Whether a symbolic count that replays outputs (no backward) is running."""
-    return any(entry[2] for entry in FAKE_MODES.values())
-
-
 def _index_names(module: nn.Module, index: int, prefix: str = "") -> set[str]:
     """Dotted names of the ``int`` attributes in ``module``'s subtree equal to ``index``."""
     found = {prefix + name for name, v in module.__dict__.items()
@@ -311,7 +306,7 @@ class ModuleReplay:
         group = self.groups[module]
         st = self.tracker.main
         if (self.recording is not None or group in self.bad or self.blocked()
-                or not replaying() or st.shadowing is not None
+                or st.shadowing is not None
                 or not st.stack or st.stack[-1].module is not module
                 or self.tracker.owner != _get_ident()):
             return forward(*args, **kwargs)

@@ -25,6 +25,7 @@ from flopscope.distributed.pipeline import (
     run_stage,
 )
 from flopscope.errors import UsageError
+from flopscope.execution.copies import to_fake
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
@@ -226,13 +227,6 @@ def _eager_collectives() -> Iterator[None]:
         fc._are_we_tracing = saved
 
 
-def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
-    """An input as a fake CPU tensor (a ``meta`` one too)."""
-    if t.is_meta:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-    return mode.from_tensor(t)
-
-
 def count_stage(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -303,7 +297,7 @@ def _stage_run(
             return run_stage(stage, ids, **run)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
             stage.to_empty(device="cpu")
-            return run_stage(stage, _fake(mode, ids), **run)
+            return run_stage(stage, to_fake(mode, ids), **run)
 
 
 def simulate_pipeline(
@@ -472,7 +466,7 @@ def _one_rank(
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
             with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
                 model.to_empty(device="cpu")
-                fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
+                fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)
         del model
     return report

@@ -17,21 +17,28 @@ One-call helpers::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_iter, tree_map_only
+from torch.utils._pytree import tree_iter
 
-from flopscope.core.counter import CallObserver, Counter
-from flopscope.core.observers import reset_observers
-from flopscope.errors import FlopscopeError, UsageError
+from flopscope.core.counter import Counter
+from flopscope.core.observers import CallObserver, reset_observers
+from flopscope.errors import UsageError
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog, Estimate, Row
 from flopscope.estimate.this_machine import measure_this_machine
+from flopscope.execution.how import How
+from flopscope.execution.training import (
+    OptimizerArg,
+    Step,
+    default_loss,
+    tensors,
+    training_step,
+)
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
 
@@ -52,7 +59,6 @@ __all__ = [
     "roofline",
 ]
 
-OptimizerArg = str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None
 
 
 def roofline(
@@ -85,51 +91,6 @@ def roofline(
     observers = [*count_kwargs.pop("observers", ()), log]
     report = count(model, *args, observers=observers, **count_kwargs)
     return report, log.estimate(hw, tf32=tf32)
-
-
-def _optimizer(spec: OptimizerArg, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
-    if spec is None:
-        return None
-    if callable(spec):
-        return spec(params)
-    name = spec.lower()
-    if name == "sgd":  # momentum: one state tensor per parameter, as usually trained
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3)
-    raise UsageError(f"unknown optimizer {spec!r}: use 'sgd', 'adam', 'adamw', None, or a "
-                     "function that takes the parameters and returns an optimizer")
-
-
-def default_loss(out: Any) -> torch.Tensor:
-    """The loss a training step backpropagates when none is given: the sum of every
-    floating-point output that requires grad.
-
-    Args:
-        out: the model's output (any pytree of tensors).
-
-    Returns:
-        A scalar tensor.
-
-    Raises:
-        UsageError: no output requires grad.
-    """
-    roots = [t for t in tree_iter(out)
-             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-    if not roots:
-        raise UsageError("the model returned no floating-point output that requires grad: "
-                         "nothing to train; pass loss_fn=")
-    loss = roots[0].sum()
-    for t in roots[1:]:
-        loss = loss + t.sum()
-    return loss
-
-
-def _on_meta(model: nn.Module) -> bool:
-    tensors = [*model.parameters(), *model.buffers()]
-    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 def _split_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
@@ -218,116 +179,39 @@ def _noted(profile: MemoryProfile, train: bool, note: str) -> MemoryProfile:
     return dataclasses.replace(profile, train=train, note=note)
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in tree_iter(tree) if isinstance(t, torch.Tensor)]
-
-
 def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tracker: MemoryTracker, optimizer: OptimizerArg,
                 loss_fn: Callable[[Any], torch.Tensor], shape_only: bool, rules: Any,
                 strict: bool, observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
-    """A training step on the model's own tensors; shape-only, on ``meta`` tensors or, where
-    the model cannot run there (it reads a value, or picks a fused path by device), on fake CPU
-    tensors, as :func:`flopscope.count` does."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """A training step (:func:`flopscope.execution.training.training_step`), its tensors
+    registered with the memory tracker once the warm-up has made the optimizer's state."""
+    trackers = [tracker]
 
-    from flopscope.execution.meta import converted_copy, needs_fake_cpu, to_fake
+    def counter(step: Step) -> Counter:
+        t = trackers[-1]
+        t.register(step.model.parameters(), "parameters")
+        t.register(step.model.buffers(), "buffers")
+        t.register(step.optimizer_state(), "optimizer_state")
+        t.register(tensors((step.args, step.kwargs)), "inputs")
+        return Counter(step.model, rules=rules, strict=strict, warn=False,
+                       observers=[t, *observers])
 
-    on_meta = _on_meta(model)
-    run_model = model
-    if shape_only and not on_meta:
-        run_model = converted_copy(model, lambda t: t.to("meta"))
-        on_meta = True
-    if not on_meta:
-        return _step(run_model, args, kwargs, tracker, optimizer, loss_fn, rules, strict,
-                     observers, None)
-    if not needs_fake_cpu(list(run_model.modules())):
-        meta_args, meta_kwargs = tree_map_only(
-            torch.Tensor, lambda t: t if t.is_meta else t.detach().to("meta"), (args, kwargs))
-        try:
-            return _step(run_model, meta_args, meta_kwargs, tracker, optimizer, loss_fn, rules,
-                         strict, observers, None)
-        except FlopscopeError:
-            raise
-        except Exception:  # noqa: BLE001 - it cannot run on meta: again on fake CPU tensors
-            tracker.close()
-            tracker = MemoryTracker()  # what the attempt registered were its own meta copies
-            reset_observers(observers)  # the abandoned attempt's calls do not count
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_args, fake_kwargs = tree_map_only(torch.Tensor, lambda t: to_fake(fake_mode, t),
-                                           (args, kwargs))
-    fake_model = converted_copy(run_model, lambda t: to_fake(fake_mode, t))
-    return _step(fake_model, fake_args, fake_kwargs, tracker,
-                 optimizer, loss_fn, rules, strict, observers, fake_mode)
+    def after(step: Step) -> tuple[MemoryProfile, str]:
+        profile = trackers[-1].profile(relabel={
+            "gradients": [p.grad for p in step.params if p.grad is not None],
+            "optimizer_state": step.optimizer_state(),
+        })
+        opt = step.optimizer
+        return profile, f", {type(opt).__name__}.step()" if opt is not None else ""
 
+    def retry() -> None:
+        trackers[-1].close()
+        trackers.append(MemoryTracker())  # what the attempt registered were its own copies
+        reset_observers(observers)  # the abandoned attempt's calls do not count
 
-def _step(run_model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-          tracker: MemoryTracker, optimizer: OptimizerArg,
-          loss_fn: Callable[[Any], torch.Tensor], rules: Any, strict: bool,
-          observers: Sequence[CallObserver], fake_mode: Any) -> tuple[Report, MemoryProfile]:
-    """One tracked steady-state step of ``run_model`` (a warm-up step first), on real, ``meta``
-    or (with ``fake_mode``) fake tensors; the model's flags, gradients and values are put back."""
-    import dataclasses
-
-    on_meta = fake_mode is not None or _on_meta(run_model)
-    params = [p for p in run_model.parameters() if p.requires_grad]
-    if not params:
-        raise UsageError("train=True, but the model has no parameter that requires grad")
-    modes = [(m, m.training) for m in run_model.modules()]
-    grads = [(p, p.grad) for p in run_model.parameters()]
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if not on_meta:  # the warm-up and the step change parameters and buffers: copy them back
-        with torch.no_grad():
-            saved = [(t, t.detach().clone())
-                     for t in [*run_model.parameters(), *run_model.buffers()]]
-    try:
-        run_model.train(True)
-        with ExitStack() as stack:
-            if fake_mode is not None:
-                stack.enter_context(fake_mode)
-            elif on_meta:
-                from flopscope.execution.meta import sdpa_as_cpu
-
-                stack.enter_context(sdpa_as_cpu())
-            opt = _optimizer(optimizer, params)
-
-            def step() -> None:
-                # the output and loss are released before step(), as in
-                # loss_fn(model(x)).backward(): the logits of a language model are large
-                loss_fn(run_model(*args, **kwargs)).backward()
-                if opt is not None:
-                    opt.step()
-
-            if opt is not None:  # warm-up: the optimizer's state exists from the second step
-                step()
-                opt.zero_grad(set_to_none=True)
-            for p in params:
-                p.grad = None
-            state = _tensors([list(s.values()) for s in opt.state.values()]) if opt else []
-            tracker.register(run_model.parameters(), "parameters")
-            tracker.register(run_model.buffers(), "buffers")
-            tracker.register(state, "optimizer_state")
-            tracker.register(_tensors((args, kwargs)), "inputs")
-            with Counter(run_model, rules=rules, strict=strict, warn=False,
-                         observers=[tracker, *observers]) as counter:
-                step()
-            state = _tensors([list(s.values()) for s in opt.state.values()]) if opt else []
-            profile = tracker.profile(relabel={
-                "gradients": [p.grad for p in params if p.grad is not None],
-                "optimizer_state": state,
-            })
-            del state
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        for p, g in grads:
-            p.grad = g
-        with torch.no_grad():
-            for t, value in saved:
-                t.copy_(value)
-    report = counter.report
-    if on_meta:
-        report = dataclasses.replace(report, shape_only=True)
-    what = "zero_grad(set_to_none), forward, backward" + (
-        f", {type(opt).__name__}.step()" if opt is not None else "")
-    return report, _noted(profile, True, f"training step (steady state): {what}")
+    counted, (profile, stepped), how = training_step(
+        model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, shape_only=shape_only,
+        counter=counter, after=after, on_retry=retry)
+    report = counted.make_report(shape_only=how is not How.REAL)
+    return report, _noted(profile, True, "training step (steady state): zero_grad(set_to_none), "
+                                         f"forward, backward{stepped}")

@@ -25,8 +25,7 @@ would choose differently from a real CPU run:
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["converted_copy", "grouped_mm_as_cpu", "needs_fake_cpu", "sdpa_as_cpu", "to_fake"]
+__all__ = ["grouped_mm_as_cpu", "needs_fake_cpu", "sdpa_as_cpu"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _CPU = torch.device("cpu")
@@ -49,36 +48,6 @@ _DEVICE_CHOSEN_PATHS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.Tr
 def needs_fake_cpu(modules: list[nn.Module]) -> bool:
     """Whether a ``meta`` model must run as fake CPU tensors to take the CPU's code paths."""
     return any(isinstance(m, _DEVICE_CHOSEN_PATHS) for m in modules)
-
-
-def to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a fake tensor of ``fake_mode``: a ``meta`` tensor as a fake CPU tensor of the same
-    metadata, any other as itself (memoized by the mode's converter: the same fake each time)."""
-    if t.is_meta:
-        return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
-            fake_mode, t, _CPU
-        )
-    return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
-
-
-def converted_copy(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers are ``convert`` of the model's (to
-    ``meta``, or to fake CPU tensors with :func:`to_fake`): a model to run a training step on
-    shape-only, which an optimizer can step (``torch.func.functional_call``, which
-    :func:`flopscope.count` uses, gives it no parameter objects). A tensor held under several
-    names (tied weights) stays one tensor, and parameters stay parameters with their
-    ``requires_grad`` (``module.to("meta")`` unties weights: it makes a new parameter per name).
-    No tensor memory is copied; the model itself is not changed."""
-    memo: dict[int, Any] = {}
-    for m in model.modules():
-        for t in [*m._parameters.values(), *m._buffers.values()]:
-            if t is None or id(t) in memo:
-                continue
-            made = convert(t.detach())
-            if isinstance(t, nn.Parameter):
-                made = nn.Parameter(made, requires_grad=t.requires_grad)
-            memo[id(t)] = made
-    return copy.deepcopy(model, memo)  # each tensor in ``memo`` is taken as its own copy
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from torch import nn
 from flopscope.core.counter import Counter
 from flopscope.cost import Cost, OpCall, Phase, tensor_bytes
 from flopscope.errors import UsageError
+from flopscope.execution.how import on_meta
 from flopscope.llm.attention import AttentionFigures
 from flopscope.llm.flops import Utilization
 from flopscope.report.report import Report
@@ -482,11 +483,6 @@ class StepCounter:
         return self._result
 
 
-def _on_meta(model: nn.Module) -> bool:
-    tensors = [*model.parameters(), *model.buffers()]
-    return bool(tensors) and all(t.is_meta for t in tensors)
-
-
 @dataclass
 class _Loop:
     model: nn.Module
@@ -565,7 +561,7 @@ def count_generation(
     if prompt_len < 1 or new_tokens < 1 or batch < 1:
         raise UsageError(f"prompt_len, new_tokens and batch must be at least 1 "
                          f"(got {prompt_len}, {new_tokens}, {batch})")
-    meta = _on_meta(model)
+    meta = on_meta(model.modules())
     if shape_only is None:
         shape_only = meta
     if shape_only and not meta:

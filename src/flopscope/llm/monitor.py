@@ -30,7 +30,6 @@ executed) / seconds / peak.
 
 from __future__ import annotations
 
-import copy
 import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,8 +39,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from flopscope.core.counter import Counter
+from flopscope.execution.copies import meta_input, meta_twin
 from flopscope.llm.attention import AttentionFigures
 from flopscope.llm.flops import peak_flops, report_flops
 
@@ -316,9 +317,10 @@ class TrainingMonitor:
         self._counting = True
         try:
             try:
-                twin = self._meta_twin()
+                twin = meta_twin(self.model, keep={id(self): self})  # the monitor itself stays
                 figures = AttentionFigures(assume_mask=self.assume_mask)
-                report = count(twin, Inputs(*_to_meta(args), **_to_meta(kwargs)),
+                meta_args, meta_kwargs = tree_map_only(torch.Tensor, meta_input, (args, kwargs))
+                report = count(twin, Inputs(*meta_args, **meta_kwargs),
                                backward=train, shape_only=True, warn=False, observers=[figures])
                 self.shadow_path = "meta"
                 return _figures(report, figures)
@@ -337,20 +339,6 @@ class TrainingMonitor:
             raise AssertionError("unreachable")
         finally:
             self._counting = False
-
-    def _meta_twin(self) -> nn.Module:
-        """A deep copy of the model whose parameters and buffers are meta tensors of the same
-        shapes, dtypes and ``requires_grad`` (tied weights stay tied); the monitor itself is
-        not copied (its hook on the copy is this monitor's, which ignores forwards while it
-        counts). The model is not touched."""
-        memo: dict[int, Any] = {id(self): self}
-        for t in (*self.model.parameters(), *self.model.buffers()):
-            if id(t) not in memo:
-                twin = torch.empty_like(t, device="meta")
-                memo[id(t)] = (nn.Parameter(twin, requires_grad=t.requires_grad)
-                               if isinstance(t, nn.Parameter) else twin)
-        copied: nn.Module = copy.deepcopy(self.model, memo)
-        return copied
 
     # -- steps ----------------------------------------------------------------------------------
     def begin(self, *args: Any, **kwargs: Any) -> None:
@@ -443,18 +431,6 @@ class TrainingMonitor:
             self.abort()
             raise
         self.end()
-
-
-def _to_meta(tree: Any) -> Any:
-    """The same nesting with every tensor replaced by a meta tensor of its metadata."""
-    if isinstance(tree, torch.Tensor):
-        return torch.empty_strided(tree.shape, tree.stride(), dtype=tree.dtype,
-                                   device="meta").requires_grad_(tree.requires_grad)
-    if isinstance(tree, dict):
-        return type(tree)((k, _to_meta(v)) for k, v in tree.items())
-    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-        return type(tree)(_to_meta(v) for v in tree)
-    return tree
 
 
 def _figures(report: Any, figures: AttentionFigures) -> _Figures:
