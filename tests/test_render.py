@@ -11,7 +11,11 @@ import torch
 from torch import nn
 
 import flopscope
-from flopscope.render.formats import Column, render_csv, render_json, render_markdown, render_text
+from flopscope.render import RenderOptions, render
+from flopscope.render.data import render_csv, render_json
+from flopscope.render.markdown import render_markdown
+from flopscope.render.text import render_text
+from flopscope.report.sections import Column, DataSection
 
 
 def _training_report() -> flopscope.Report:
@@ -59,8 +63,37 @@ def test_csv_rows_match_the_report() -> None:
     assert int(by_path[""]["macs"]) == r.macs == 10
 
 
-def test_extra_columns_are_drawn_without_render_knowing_them() -> None:
+def test_a_section_is_drawn_by_every_writer_without_render_knowing_it() -> None:
     r = flopscope.count(nn.Sequential(nn.Linear(4, 2)), torch.randn(1, 4))
     column = Column("answer", by_module={"0": "42"}, by_op={}, total="42!")
-    text = render_text(r, columns=[column])
+    r = r.with_sections(DataSection("answer", {"value": 42}, ("the answer is 42",), (column,)))
+    text = render_text(r)
     assert "answer" in text and "42!" in text
+    assert text.endswith("\nthe answer is 42\n")
+    md = render_markdown(r)
+    assert "| answer |" in md.splitlines()[4] and md.endswith("\n- the answer is 42\n")
+    data = json.loads(render(r, format="json"))
+    assert data["answer"] == {"value": 42}
+    assert render(r, RenderOptions(format="table")) == text
+
+
+def test_sections_survive_a_json_round_trip_as_data() -> None:
+    r = flopscope.count(nn.Linear(4, 2), torch.randn(1, 4))
+    r = r.with_sections(DataSection("answer", {"value": 42}, ("a line",)))
+    back = flopscope.Report.from_json(r.to_json())
+    assert back == r  # sections are not compared; the counts are
+    assert back.section("answer") is not None and back.section("answer").to_dict() == {"value": 42}
+    assert back.to_json() == r.to_json()
+
+
+def test_a_report_prints_as_its_table_from_any_import_path() -> None:
+    """Nothing has to be imported first for a report to print (no display registry): in a fresh
+    interpreter that imports only flopscope.run, str(report) is the table, not a repr."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from flopscope.run import count; "
+            "print(count(torch.nn.Linear(4, 2), torch.randn(1, 4)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[0] == "Linear"
+    assert "total" in out.stdout and "Report(" not in out.stdout

@@ -71,7 +71,6 @@ def __getattr__(name: str) -> _Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
-    _importlib.import_module("flopscope.render.formats")  # registers how a Report shows itself
     for public, where in _EXPORTS.items():
         globals()[public] = getattr(_importlib.import_module(where), public)
     return globals()[name]

@@ -355,3 +355,42 @@ def test_model_left_untouched_by_sources() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     flopscope.count(model, x, warn=False)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_options_are_checked_before_the_model_is_loaded(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad combination of options fails before any model is built (each was checked only after
+    loading, contrary to run_count's own docstring)."""
+    import flopscope.cli.count as count_cli
+
+    def never(*_: object, **__: object) -> object:
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(count_cli, "load_source", never)
+    for argv, message in [
+        (["--tp", "2"], "--tp and --fsdp need --world-size"),
+        (["--world-size", "2", "--memory"], "does not combine with --memory"),
+        (["--world-size", "2", "--step-time", "1", "--peak-tflops", "1"],
+         "--step-time does not combine with --world-size"),
+        (["--world-size", "3", "--tp", "2"], "tp"),  # the layout itself: 3 ranks, TP of 2
+    ]:
+        r = cli("count", f"{TINY}:tiny", *argv)
+        assert r.code == 2 and message in r.err, (argv, r.err)
+
+
+def test_hardware_is_resolved_once(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--hardware this-machine`` measures this machine once per command, however many
+    features use the profile (the roofline, and the peak behind --step-time)."""
+    import flopscope.estimate.hardware as hardware
+
+    calls = []
+
+    def measured() -> object:
+        calls.append(1)
+        return hardware.PROFILES["xeon-8480"]
+
+    monkeypatch.setattr(hardware, "measure_this_machine", measured)
+    r = cli("count", f"{TINY}:tiny", "--hardware", "this-machine", "--step-time", "0.001")
+    assert r.code == 0, r.err
+    assert "roofline on xeon-8480" in r.out and "utilization" in r.out
+    assert calls == [1]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flopscope.estimate import roofline
-from flopscope.llm.generate import cache_keyword
+from flopscope.llm.kv_cache import cache_keyword
 
 transformers = pytest.importorskip("transformers")
 

@@ -114,7 +114,7 @@ def test_shape_only_mask_assumption() -> None:
 
 
 def test_flash2_tiles_and_executed_pairs() -> None:
-    from flopscope.llm.attention import flash2_block_sizes, flash2_executed_pairs
+    from flopscope.llm.pairs import flash2_block_sizes, flash2_executed_pairs
 
     # PyTorch's flash_fwd_launch_template.h: d = 128 on A100/H100 128 x 64; sm86 causal 64 x 64,
     # non-causal 128 x 32; d = 64 128 x 128; d = 80 rounds up to the 96 kernel

@@ -11,7 +11,7 @@ import torch
 import flopscope
 from flopscope.cli import main
 from flopscope.llm import StepCounter, count_generation
-from flopscope.llm.generate import cache_keyword, find_cache
+from flopscope.llm.kv_cache import cache_keyword, find_cache
 from flopscope.sources import load_model
 
 transformers = pytest.importorskip("transformers")

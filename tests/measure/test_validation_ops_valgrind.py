@@ -31,7 +31,7 @@ def _per_module(source: str) -> dict[str, tuple[int, int]]:
 
 
 def test_causal_flash_attention_executes_the_computed_blocks() -> None:
-    from flopscope.llm.attention import cpu_flash_executed_pairs
+    from flopscope.llm.pairs import cpu_flash_executed_pairs
 
     rows = _per_module(f"{OPS}:causal_pair")
     dense_counted, dense = rows["attention__sdpa_dense__L1024"]

@@ -1,6 +1,6 @@
 """Window partitions under symbolic sizes (torchvision's maxvit_t pattern): sizes that PyTorch's
 reshape leaves as floor-division expressions, which a guard then pins to a number, are written as
-that number (flopscope.symbolic._PinningFakeMode), so they do not grow block after block.
+that number (flopscope.symbolic.fake.PinningFakeMode), so they do not grow block after block.
 
 Before, each block below doubled the time of a symbolic count (1, 2, 3 blocks: 5.5, 11.8,
 23.3 s on this machine; maxvit_t gave no result in 14 minutes), and the blocks after the first

@@ -177,8 +177,6 @@ def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
     """
     from flopscope.distributed import Layout, simulate, simulate_pipeline
 
-    if args.memory or args.hardware:
-        raise usage_error("--world-size does not combine with --memory or --hardware yet")
     layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
                     ep=args.ep, sequence_parallel=args.sequence_parallel)
 
@@ -196,6 +194,53 @@ def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
                     **options), None
 
 
+def _check_options(args: argparse.Namespace) -> Any:
+    """Every check on ``count``'s options that needs no model, before anything is loaded; the
+    hardware profile resolved once (``this-machine`` measures this machine: once), and put back
+    in ``args.hardware`` for every later use.
+
+    Returns:
+        The :class:`~flopscope.estimate.Hardware`, or ``None`` without ``--hardware``.
+
+    Raises:
+        UsageError: a bad combination of options, a bad path, an unknown profile, a bad layout.
+    """
+    check_output(args.output)
+    if args.plot:
+        check_plot(args.plot)
+    if args.roofline_plot:
+        if not args.hardware:
+            raise usage_error("--roofline-plot needs --hardware (the roofline's roofs)")
+        check_plot(args.roofline_plot)
+    if args.optimizer is not None and not (args.memory and args.backward):
+        raise usage_error("--optimizer sizes a training step's optimizer state: it needs "
+                          "--memory --backward")
+    timed = args.step_time is not None or args.peak_tflops is not None
+    if args.world_size is None:
+        if args.tp != 1 or args.fsdp:
+            raise usage_error("--tp and --fsdp need --world-size")
+        if args.pp != 1 or args.ep != 1 or args.sequence_parallel or args.microbatches:
+            raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need "
+                              "--world-size")
+    else:
+        if args.memory or args.hardware:
+            raise usage_error("--world-size does not combine with --memory or --hardware yet")
+        if timed:
+            raise usage_error("--step-time does not combine with --world-size yet")
+        from flopscope.distributed import Layout
+
+        Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
+               ep=args.ep, sequence_parallel=args.sequence_parallel)  # a bad layout fails here
+    hardware = None
+    if args.hardware:
+        from flopscope.estimate import get_hardware
+
+        hardware = args.hardware = get_hardware(args.hardware)
+    if timed:
+        check_step_time(args, timed=args.step_time is not None)
+    return hardware
+
+
 def run_count(args: argparse.Namespace) -> int:
     """``flopscope count SOURCE``: every check on the options first, then load, count, render.
 
@@ -210,7 +255,10 @@ def run_count(args: argparse.Namespace) -> int:
         CheckFailed: ``--strict`` and an operator had no rule.
     """
     import flopscope
-    from flopscope.render.formats import By, Format, render, report_warnings, rich_report
+    from flopscope.render import By, Format, RenderOptions, render
+    from flopscope.render.common import report_warnings
+    from flopscope.render.text import rich_report, table_width
+    from flopscope.report.sections import DataSection
 
     if getattr(args, "symbolic", None):
         from flopscope.cli.symbolic import run_symbolic
@@ -218,45 +266,22 @@ def run_count(args: argparse.Namespace) -> int:
         if args.plot:
             check_plot(args.plot)
         return run_symbolic(args)
-    check_output(args.output)
-    if args.plot:
-        check_plot(args.plot)
-    if args.roofline_plot:
-        if not args.hardware:
-            raise usage_error("--roofline-plot needs --hardware (the roofline's roofs)")
-        check_plot(args.roofline_plot)
-    if args.optimizer is not None and not (args.memory and args.backward):
-        raise usage_error("--optimizer sizes a training step's optimizer state: it needs "
-                          "--memory --backward")
-    hardware = None
-    if args.hardware:
-        from flopscope.estimate import get_hardware
-
-        hardware = get_hardware(args.hardware)  # before counting: a bad name fails fast
-    if args.step_time is not None or args.peak_tflops is not None:
-        check_step_time(args, timed=args.step_time is not None)  # before loading: fail fast
+    hardware = _check_options(args)
     rules = load_rules_file(args.rules) if args.rules else None
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None
-    if args.world_size is None and (args.tp != 1 or args.fsdp):
-        raise usage_error("--tp and --fsdp need --world-size")
-    if args.world_size is None and (args.pp != 1 or args.ep != 1 or args.sequence_parallel
-                                    or args.microbatches):
-        raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need --world-size")
     pipeline = None
     util_observers: list[Any] = []
     if args.step_time is not None or args.peak_tflops is not None:
         from flopscope.llm.attention import AttentionFigures
         from flopscope.llm.flops import assumed_mask
 
-        if args.world_size is not None:
-            raise usage_error("--step-time does not combine with --world-size yet")
         peak = step_time_peak(args, loaded.model, timed=args.step_time is not None)
         util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
     try:
         if args.world_size is not None:
             report, pipeline = _simulated(args, rules)
-        elif hardware is not None or args.memory:
+        else:
             from flopscope.estimate import CallLog, peak_memory
 
             log = CallLog() if hardware is not None else None
@@ -265,19 +290,14 @@ def run_count(args: argparse.Namespace) -> int:
                 report, memory = peak_memory(
                     loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
                     optimizer=None if args.optimizer == "none" else args.optimizer or "adamw",
-                    strict=args.strict, rules=rules, observers=observers,
+                    strict=args.strict, rules=rules, observers=observers, source=loaded.meta,
                 )
             else:
                 report = flopscope.count(
                     loaded.model, loaded.inputs, shape_only=args.shape_only,
                     backward=args.backward, strict=args.strict, rules=rules, warn=False,
-                    observers=observers,
+                    observers=observers, source=loaded.meta,
                 )
-        else:
-            report = flopscope.count(
-                loaded.model, loaded.inputs, shape_only=args.shape_only, backward=args.backward,
-                strict=args.strict, rules=rules, warn=False, observers=util_observers,
-            )
     except flopscope.ForwardError as e:
         where = f" in module '{e.module_path}'" if e.module_path else ""
         cause = e.__cause__
@@ -289,90 +309,49 @@ def run_count(args: argparse.Namespace) -> int:
         ) from e
     except flopscope.StrictModeError as e:
         raise CheckFailed(f"--strict: {e}") from e
-    report = dataclasses.replace(report, meta=report.meta.merged(loaded.meta))
-
-    depth = args.depth if args.depth is not None else 2
-    by = By(args.by)
-    fmt = Format(args.format)
+    if args.world_size is not None:  # a simulated rank's report: where the model came from
+        report = dataclasses.replace(report, meta=report.meta.merged(loaded.meta))
     estimate = log.estimate(hardware, tf32=args.tf32 or None) if log and hardware else None
-    columns = []
-    notes: list[str] = []
+    sections: list[Any] = []
     if report.communication or report.rank is not None:
-        from flopscope.distributed.display import communication_columns, communication_lines
+        from flopscope.distributed.display import CommunicationSection, PipelineSection
 
-        columns = communication_columns(report)
-        notes += communication_lines(report)
+        sections.append(CommunicationSection(report))
         if pipeline is not None:
-            from flopscope.distributed.display import pipeline_lines
-
-            notes += pipeline_lines(pipeline)
-    routing = None
+            sections.append(PipelineSection(pipeline))
     if args.world_size is not None and args.ep > 1 and args.shape_only:
         from flopscope.distributed.experts import BalancedRouting
 
         routing = BalancedRouting(args.ep)  # the assumption a shape-only count makes
-        notes.append(routing.line())
-    if estimate is not None or memory is not None:
-        from flopscope.estimate.display import estimate_columns, estimate_lines, memory_lines
+        sections.append(DataSection("expert_routing", routing.to_dict(), (routing.line(),)))
+    if estimate is not None:
+        from flopscope.estimate.display import EstimateSection
 
-        if estimate is not None:
-            columns = [*columns, *estimate_columns(estimate)]
-            notes += estimate_lines(estimate)
-        if memory is not None:
-            notes += memory_lines(memory)
-    utilization = None
+        sections.append(EstimateSection(estimate))
     if util_observers:
         from flopscope.llm.flops import report_utilization
 
         utilization = report_utilization(report, util_observers[0], loaded.inputs,
                                          seconds=args.step_time, peak=peak)
-        notes.append(f"utilization: {utilization.line()}")
-    if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
+        sections.append(DataSection("utilization", utilization.to_dict(),
+                                    (f"utilization: {utilization.line()}",)))
+    report = report.with_sections(*sections)
+    options = RenderOptions(Format(args.format), depth=args.depth if args.depth is not None else 2,
+                            by=By(args.by), unit=args.unit)
+    if options.format is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
-        console = Console(width=max(Console().width, 120 + 14 * len(columns)))
-        console.print(rich_report(report, depth=depth, by=by, unit=args.unit, columns=columns))
-        for line in notes:
-            console.print(line, markup=False, highlight=False)
-    elif fmt is Format.JSON and (estimate is not None or memory is not None or utilization):
-        import json
-
-        data = report.to_dict()
-        if utilization is not None:
-            data["utilization"] = utilization.to_dict()
-        if estimate is not None:
-            data["estimate"] = estimate.to_dict()
-        if memory is not None:
-            data["memory"] = memory.to_dict()
-        write_output(json.dumps(data, indent=2) + "\n", args.output)
-    elif fmt is Format.JSON and pipeline is not None:
-        import json
-
-        data = report.to_dict()
-        data["pipeline"] = pipeline.summary()
-        write_output(json.dumps(data, indent=2) + "\n", args.output)
-    elif fmt is Format.JSON and routing is not None:
-        import json
-
-        data = report.to_dict()
-        data["expert_routing"] = routing.to_dict()
-        write_output(json.dumps(data, indent=2) + "\n", args.output)
+        console = Console(width=max(Console().width, table_width(report)))
+        console.print(rich_report(report, depth=options.depth, by=options.by, unit=args.unit))
     else:
-        width = 120 + 14 * len(columns)  # the estimate's columns widen the table
-        text = render(report, fmt, depth=depth, by=by, unit=args.unit, columns=columns,
-                      width=width)
-        if notes and fmt is Format.TABLE:
-            text += "\n" + "\n".join(notes) + "\n"
-        elif notes and fmt is Format.MARKDOWN:
-            text += "\n" + "\n".join(f"- {line.strip()}" for line in notes) + "\n"
-        write_output(text, args.output)
-    if fmt not in (Format.TABLE, Format.MARKDOWN):
+        write_output(render(report, options), args.output)
+    if options.format not in (Format.TABLE, Format.MARKDOWN):
         for w in report_warnings(report):
             print(f"warning: {w.title}: {', '.join(w.items)} ({w.advice})", file=sys.stderr)
     if args.plot:
         from flopscope.render.plot import plot_report
 
-        plot_report(report, args.plot, by=by.value,
+        plot_report(report, args.plot, by=options.by.value,
                     depth=args.depth if args.depth is not None else 1)
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.roofline_plot and estimate is not None:

@@ -1,13 +1,19 @@
-"""How a rank's communication shows in tables and summary lines (the edge: human units here)."""
+"""How a rank's communication and a pipeline show in a report: their sections (table columns,
+summary lines, JSON) (the edge: human units here)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 from flopscope.distributed.pipeline import PipelineReport
-from flopscope.render.formats import Column
 from flopscope.render.units import human
 from flopscope.report.report import Report, is_within
+from flopscope.report.sections import Column
 
-__all__ = ["communication_columns", "communication_lines", "pipeline_lines"]
+__all__ = ["CommunicationSection", "PipelineSection", "communication_columns",
+           "communication_lines", "pipeline_lines"]
 
 
 def communication_columns(report: Report) -> list[Column]:
@@ -18,7 +24,7 @@ def communication_columns(report: Report) -> list[Column]:
         report: the report.
 
     Returns:
-        Columns for :func:`flopscope.render.formats.render` (empty when no collective ran).
+        Columns of the report's tables (empty when no collective ran).
     """
     if not report.communication:
         return []
@@ -92,3 +98,52 @@ def pipeline_lines(pipeline: PipelineReport) -> list[str]:
             f"{human(p2p['send_forward'], 'B')} activations, {human(p2p['send_backward'], 'B')} "
             f"gradients per microbatch; idle {float(pipeline.stage_bubbles[s]):.1%}")
     return lines
+
+
+@dataclass(frozen=True)
+class CommunicationSection:
+    """A rank's communication as a report section: its columns and lines (the data is the
+    report's own ``communication``, so it has no JSON key).
+
+    Attributes:
+        report: the rank's report (before the section is added).
+    """
+
+    report: Report
+    key: str | None = None
+
+    def to_dict(self) -> Any:
+        """Nothing: the report writes its communication itself."""
+        return None
+
+    def columns(self) -> Sequence[Column]:
+        """See :func:`communication_columns`."""
+        return communication_columns(self.report)
+
+    def lines(self) -> Sequence[str]:
+        """See :func:`communication_lines`."""
+        return communication_lines(self.report)
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    """A pipeline's stages and bubble as a report section: ``"pipeline"`` in JSON and its lines.
+
+    Attributes:
+        pipeline: every stage's report.
+    """
+
+    pipeline: PipelineReport
+    key: str = "pipeline"
+
+    def to_dict(self) -> Any:
+        """The pipeline's summary."""
+        return self.pipeline.summary()
+
+    def columns(self) -> Sequence[Column]:
+        """None."""
+        return ()
+
+    def lines(self) -> Sequence[str]:
+        """See :func:`pipeline_lines`."""
+        return pipeline_lines(self.pipeline)

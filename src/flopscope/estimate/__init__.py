@@ -17,7 +17,7 @@ One-call helpers::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -26,10 +26,12 @@ from torch.utils._pytree import tree_iter
 from flopscope.core.counter import Counter
 from flopscope.core.observers import CallObserver, reset_observers
 from flopscope.errors import UsageError
+from flopscope.estimate.bound import Estimate, Row
+from flopscope.estimate.display import EstimateSection, MemorySection
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
 from flopscope.estimate.profile import Hardware
-from flopscope.estimate.roofline import CallLog, Estimate, Row
+from flopscope.estimate.roofline import CallLog
 from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.execution.how import How
 from flopscope.execution.training import (
@@ -40,6 +42,7 @@ from flopscope.execution.training import (
     training_step,
 )
 from flopscope.report.report import Report
+from flopscope.report.source import SourceInfo
 from flopscope.run import Inputs, count
 
 __all__ = [
@@ -53,6 +56,8 @@ __all__ = [
     "Row",
     "default_loss",
     "get_hardware",
+    "MemoryResult",
+    "RooflineResult",
     "load_hardware",
     "measure_this_machine",
     "peak_memory",
@@ -60,6 +65,28 @@ __all__ = [
 ]
 
 
+class RooflineResult(NamedTuple):
+    """What :func:`roofline` returns (it unpacks as ``report, estimate``).
+
+    Attributes:
+        report: the count, with the estimate as a section (its table shows the estimate).
+        estimate: the roofline estimate (a lower bound on time).
+    """
+
+    report: Report
+    estimate: Estimate
+
+
+class MemoryResult(NamedTuple):
+    """What :func:`peak_memory` returns (it unpacks as ``report, memory``).
+
+    Attributes:
+        report: the count, with the memory profile as a section.
+        memory: the memory profile.
+    """
+
+    report: Report
+    memory: MemoryProfile
 
 def roofline(
     model: nn.Module,
@@ -68,7 +95,7 @@ def roofline(
     hardware: str | Hardware = "h100-sxm",
     tf32: bool | None = None,
     **count_kwargs: Any,
-) -> tuple[Report, Estimate]:
+) -> RooflineResult:
     """Count ``model(*args)`` and estimate its time on ``hardware`` (a roofline lower bound).
 
     Args:
@@ -81,7 +108,7 @@ def roofline(
             (``shape_only=True``, ``backward=True``, ...).
 
     Returns:
-        The report and the estimate.
+        The report (the estimate one of its sections) and the estimate.
 
     Raises:
         UsageError: an unknown hardware profile, or bad count arguments.
@@ -90,7 +117,8 @@ def roofline(
     log = CallLog()
     observers = [*count_kwargs.pop("observers", ()), log]
     report = count(model, *args, observers=observers, **count_kwargs)
-    return report, log.estimate(hw, tf32=tf32)
+    estimate = log.estimate(hw, tf32=tf32)
+    return RooflineResult(report.with_sections(EstimateSection(estimate)), estimate)
 
 
 def _split_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
@@ -111,8 +139,9 @@ def peak_memory(
     rules: Any = None,
     strict: bool = False,
     observers: Sequence[CallObserver] = (),
+    source: SourceInfo | None = None,
     **kwargs: Any,
-) -> tuple[Report, MemoryProfile]:
+) -> MemoryResult:
     """Peak memory of an inference forward or of one training step, from tensor lifetimes.
 
     Inference (``train=False``): one forward in eval mode under ``torch.no_grad()`` (through
@@ -140,10 +169,12 @@ def peak_memory(
         rules: extra rules, as for :func:`flopscope.count`.
         strict: raise at the first operator without a rule, as for :func:`flopscope.count`.
         observers: more observers of the same run (a :class:`CallLog` for time).
+        source: where the model came from (the report's ``meta``).
         **kwargs: keyword arguments of the model.
 
     Returns:
-        The report of the counted run and its :class:`MemoryProfile`.
+        The report of the counted run (the profile one of its sections) and its
+        :class:`MemoryProfile`.
 
     Raises:
         UsageError: bad arguments, an unknown optimizer, or no output to train.
@@ -153,14 +184,19 @@ def peak_memory(
     args, kwargs = _split_inputs(args, kwargs)
     tracker = MemoryTracker()
     if not train:
-        return _inference(model, args, kwargs, tracker, shape_only, rules, strict, observers)
-    return _train_step(model, args, kwargs, tracker, optimizer, loss_fn or default_loss,
-                       shape_only, rules, strict, observers)
+        report, profile = _inference(model, args, kwargs, tracker, shape_only, rules, strict,
+                                     observers, source)
+    else:
+        report, profile = _train_step(model, args, kwargs, tracker, optimizer,
+                                      loss_fn or default_loss, shape_only, rules, strict,
+                                      observers, source)
+    return MemoryResult(report.with_sections(MemorySection(profile)), profile)
 
 
 def _inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                tracker: MemoryTracker, shape_only: bool, rules: Any, strict: bool,
-               observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
+               observers: Sequence[CallObserver],
+               source: SourceInfo | None) -> tuple[Report, MemoryProfile]:
     # count() shows observers the model's own tensors and the caller's inputs wherever it runs
     # on copies of them (meta or fake tensors: Counter.stand_ins)
     tracker.register(model.parameters(), "parameters")
@@ -168,7 +204,8 @@ def _inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     tracker.register(tree_iter((args, kwargs)), "inputs")
     with torch.no_grad():
         report = count(model, Inputs(*args, **kwargs), shape_only=shape_only, train=False,
-                       rules=rules, strict=strict, warn=False, observers=[tracker, *observers])
+                       rules=rules, strict=strict, warn=False, observers=[tracker, *observers],
+                       source=source)
     profile = tracker.profile()
     return report, _noted(profile, False, "inference forward under torch.no_grad(), eval mode")
 
@@ -182,7 +219,8 @@ def _noted(profile: MemoryProfile, train: bool, note: str) -> MemoryProfile:
 def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tracker: MemoryTracker, optimizer: OptimizerArg,
                 loss_fn: Callable[[Any], torch.Tensor], shape_only: bool, rules: Any,
-                strict: bool, observers: Sequence[CallObserver]) -> tuple[Report, MemoryProfile]:
+                strict: bool, observers: Sequence[CallObserver],
+                source: SourceInfo | None) -> tuple[Report, MemoryProfile]:
     """A training step (:func:`flopscope.execution.training.training_step`), its tensors
     registered with the memory tracker once the warm-up has made the optimizer's state."""
     trackers = [tracker]
@@ -212,6 +250,6 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     counted, (profile, stepped), how = training_step(
         model, args, kwargs, optimizer=optimizer, loss_fn=loss_fn, shape_only=shape_only,
         counter=counter, after=after, on_retry=retry)
-    report = counted.make_report(shape_only=how is not How.REAL)
+    report = counted.make_report(shape_only=how is not How.REAL, meta=source)
     return report, _noted(profile, True, "training step (steady state): zero_grad(set_to_none), "
                                          f"forward, backward{stepped}")

@@ -1,21 +1,25 @@
-"""How estimates show themselves: table columns, summary lines, and the roofline plot.
+"""How estimates show themselves: the report sections of a roofline estimate and of a memory
+profile (table columns, summary lines, JSON), and the roofline plot.
 
-The edge of the estimate package, as :mod:`flopscope.render.formats` and :mod:`flopscope.render.plot` are for
-reports: units appear only here.
+The edge of the estimate package, as :mod:`flopscope.render` is for reports: units appear only
+here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.memory import MemoryProfile
 from flopscope.estimate.profile import Hardware
-from flopscope.estimate.roofline import Estimate, Row
-from flopscope.render.formats import Column
 from flopscope.render.units import human
+from flopscope.report.sections import Column
 
-__all__ = ["estimate_columns", "estimate_lines", "human_bytes", "human_seconds", "memory_lines",
-           "plot_roofline"]
+__all__ = ["EstimateSection", "MemorySection", "estimate_columns", "estimate_lines", "human_bytes",
+           "human_seconds", "memory_lines", "plot_roofline"]
 
 
 def human_seconds(seconds: float) -> str:
@@ -65,7 +69,7 @@ def estimate_columns(estimate: Estimate) -> list[Column]:
         estimate: the estimate.
 
     Returns:
-        Columns for :func:`flopscope.render.formats.render`.
+        Columns of the report's tables.
     """
     def cells(table: dict[str, Row], fn: object) -> dict[str, str]:
         return {k: fn(r) for k, r in table.items()}  # type: ignore[operator]
@@ -146,6 +150,55 @@ def memory_lines(profile: MemoryProfile) -> list[str]:
         "  tensor storages only: no allocator rounding or caching, kernel workspaces or CUDA "
         "context",
     ]
+
+
+@dataclass(frozen=True)
+class EstimateSection:
+    """A roofline estimate as a report section: ``"estimate"`` in JSON, its columns (intensity,
+    estimated time, time share, bound) and its lines (the hardware, the lower bound).
+
+    Attributes:
+        estimate: the estimate.
+    """
+
+    estimate: Estimate
+    key: str = "estimate"
+
+    def to_dict(self) -> Any:
+        """The estimate's JSON form."""
+        return self.estimate.to_dict()
+
+    def columns(self) -> Sequence[Column]:
+        """See :func:`estimate_columns`."""
+        return estimate_columns(self.estimate)
+
+    def lines(self) -> Sequence[str]:
+        """See :func:`estimate_lines`."""
+        return estimate_lines(self.estimate)
+
+
+@dataclass(frozen=True)
+class MemorySection:
+    """A memory profile as a report section: ``"memory"`` in JSON and its lines.
+
+    Attributes:
+        profile: the profile.
+    """
+
+    profile: MemoryProfile
+    key: str = "memory"
+
+    def to_dict(self) -> Any:
+        """The profile's JSON form."""
+        return self.profile.to_dict()
+
+    def columns(self) -> Sequence[Column]:
+        """None."""
+        return ()
+
+    def lines(self) -> Sequence[str]:
+        """See :func:`memory_lines`."""
+        return memory_lines(self.profile)
 
 
 def plot_roofline(estimate: Estimate, path: str | Path, *, top: int = 40) -> None:

@@ -34,7 +34,7 @@ import torch
 
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.roofline import ancestors
+from flopscope.estimate.bound import ancestors
 
 __all__ = ["CATEGORIES", "MemoryProfile", "MemoryTracker", "layout_copy_bytes"]
 

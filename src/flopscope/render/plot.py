@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopscope.errors import UsageError
 from flopscope.render.units import PREFIXES, human, shared_prefix
-from flopscope.report.report import Report
+
+if TYPE_CHECKING:
+    from flopscope.report.report import Report
 
 __all__ = ["plot_report", "require_matplotlib"]
 

@@ -5,11 +5,16 @@ Its pieces live beside it in :mod:`flopscope.report`, one concern each: ``record
 report holds and what its queries return), ``source`` (where the model came from), ``schema``
 (the versioned dict/JSON form), ``rows`` (flat rows for CSV and pandas).
 
-Rendering lives in :mod:`flopscope.render.formats`, which registers itself (:func:`set_display`).
+What a feature adds to a report (an estimate, a memory profile, ...) is a
+:class:`~flopscope.report.sections.Section` of it. A report shows itself through
+:mod:`flopscope.render` (``str(report)``, ``rich.print(report)``): its display methods import the
+renderer when they are called, so a report prints as a table from any import path; nothing else
+here knows about rendering, and the renderer imports the report for type hints only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,6 +35,7 @@ from flopscope.report.records import (
     RuleRecord,
 )
 from flopscope.report.schema import SCHEMA
+from flopscope.report.sections import Section
 from flopscope.report.source import SourceInfo
 
 __all__ = ["Report"]
@@ -94,6 +100,8 @@ class Report:
             every mesh dimension (every rank does the same work); part of ``records``.
         rank: the rank that made the report (``None`` outside ``torch.distributed``).
         world_size: ranks in the job (``None`` outside ``torch.distributed``).
+        sections: what features added (estimates, memory, communication, ...), in the order
+            they are shown; not compared by ``==`` (two reports of equal counts are equal).
     """
 
     model: str
@@ -109,6 +117,7 @@ class Report:
     replicated: tuple[OpRecord, ...] = ()
     rank: int | None = None
     world_size: int | None = None
+    sections: tuple[Section, ...] = field(default=(), compare=False)
 
     # -- totals -------------------------------------------------------------------------------
     def _scope(self, phase: Phase | str | None, module: str | None) -> Callable[[_Located], bool]:
@@ -383,7 +392,25 @@ class Report:
         if self.logical:
             out["logical"] = _report_schema.logical_dict(
                 self.logical, self.replicated, self.logical_total(), self.replicated_total())
+        for section in self.sections:
+            if section.key is not None:
+                out[section.key] = section.to_dict()
         return out
+
+    def with_sections(self, *sections: Section) -> Report:
+        """This report with more sections (after its own).
+
+        Args:
+            sections: what features add (see :mod:`flopscope.report.sections`).
+
+        Returns:
+            A new report.
+        """
+        return dataclasses.replace(self, sections=(*self.sections, *sections))
+
+    def section(self, key: str) -> Section | None:
+        """The section with this JSON key, or ``None``."""
+        return next((s for s in self.sections if s.key == key), None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -447,42 +474,24 @@ class Report:
         """
         return _report_table.data_frame(self.table_rows(by))
 
-    # -- display (made by flopscope.render.formats, which registers itself; see set_display) ---------
+    # -- display (flopscope.render, imported when asked) ---------------------------------------
     def table(self, depth: int = 2) -> str:
-        """The module tree as a plain-text table, down to ``depth`` levels below the root."""
-        return _display.text(self, depth)
+        """The module tree as a plain-text table, down to ``depth`` levels below the root, with
+        what the sections add."""
+        from flopscope.render.text import render_text
+
+        return render_text(self, depth=depth)
 
     def __str__(self) -> str:
         return self.table()
 
     def __rich__(self) -> Any:
-        return _display.rich(self)
+        from flopscope.render.text import rich_report
+
+        return rich_report(self)
 
     def __repr__(self) -> str:
         return (
             f"Report(model={self.model!r}, params={self.params}, macs={self.macs}, "
             f"flops={self.flops}, uncounted={len(self.uncounted)})"
         )
-
-
-class _Display:
-    """How a report shows itself: set by :mod:`flopscope.render.formats` when it is imported (the
-    package imports it), so the data path runs one way and the report never imports a renderer."""
-
-    def __init__(self) -> None:
-        self.text: Callable[[Report, int], str] = _no_renderer
-        self.rich: Callable[[Report], Any] = _no_renderer
-
-
-def _no_renderer(report: Report, *_: Any) -> Any:
-    return repr(report)
-
-
-_display = _Display()
-
-
-def set_display(text: Callable[[Report, int], str], rich: Callable[[Report], Any]) -> None:
-    """Register the functions that draw a report as text (``str(report)``, ``report.table()``)
-    and for rich (``rich.print(report)``)."""
-    _display.text = text
-    _display.rich = rich

@@ -17,6 +17,7 @@ from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
 from flopscope.errors import UsageError
 from flopscope.report.records import CommRecord, CommStats, OpRecord, RuleRecord
+from flopscope.report.sections import DataSection
 from flopscope.report.source import SourceInfo
 
 __all__ = [
@@ -89,6 +90,12 @@ def _op_record(r: Mapping[str, Any], *, decomposed: bool = True) -> OpRecord:
                     bool(r["counted"]), decomposed and bool(r.get("decomposed", False)))
 
 
+# the keys a report's own fields are written under (every other key is a section's)
+_FIELDS = frozenset({"schema", "model", "shape_only", "meta", "totals", "modules", "records",
+                     "rules", "opaque", "uncounted", "rank", "world_size", "communication",
+                     "logical"})
+
+
 def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a :class:`~flopscope.report.report.Report`, by name, read from its dict form.
 
@@ -131,6 +138,8 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
             ),
             "rank": int(data["rank"]) if data.get("rank") is not None else None,
             "world_size": int(data["world_size"]) if data.get("world_size") is not None else None,
+            # what features added (estimate, memory, ...): kept as data, in the order written
+            "sections": tuple(DataSection(k, v) for k, v in data.items() if k not in _FIELDS),
         }
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"malformed flopscope report ({type(e).__name__}: {e})") from None

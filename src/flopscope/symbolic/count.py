@@ -28,7 +28,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
 from flopscope.core.memo import same_size, symbolic_replay
@@ -39,6 +39,8 @@ from flopscope.report.symbolic import FIELDS, SymbolicReport, SymCost, SymRecord
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
 from flopscope.run import Inputs, count
+from flopscope.symbolic.explain import explain
+from flopscope.symbolic.fake import PinningFakeMode
 
 __all__ = ["count_symbolic", "plot_symbolic"]
 
@@ -140,7 +142,7 @@ def count_symbolic(
         chosen[name] = h
 
     env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
-    fake_mode = _PinningFakeMode(shape_env=env, allow_non_fake_inputs=True)
+    fake_mode = PinningFakeMode(shape_env=env, allow_non_fake_inputs=True)
     # PyTorch's own dispatch cache makes an entry (a synthetic output, its symbolic metadata
     # checked) for every new call: the count's calls repeat only across layers, which flopscope
     # replays itself (_memo, _module_replay), so the entries cost more than they save (70B-shaped
@@ -184,116 +186,10 @@ def count_symbolic(
             raw = count(model, Inputs(*args, **kwargs), rules=rules, strict=strict,
                         shape_only=True, backward=backward, train=train, warn=warn)
     except ForwardError as e:
-        raise ForwardError(_explain(e, origins), module_path=e.module_path) from e
+        raise ForwardError(explain(e, origins), module_path=e.module_path) from e
     finally:
         SYMBOLIC_COUNTS[0] -= 1
     return _symbolic_report(raw, env, syms, chosen, origins)
-
-
-_CONCRETE_SIZES_ONLY = "expected to contain only concrete integers"
-# operators whose C++ kernel refused symbolic sizes (PyTorch's "SymIntArrayRef expected to contain
-# only concrete integers"): run by their Python decomposition when a size list is symbolic
-_CONCRETE_ONLY: set[Any] = {torch.ops.aten.constant_pad_nd.default}
-
-
-def _decompositions() -> Mapping[Any, Any]:
-    from torch._decomp import decomposition_table
-
-    return decomposition_table
-
-
-def _has_symbolic_list(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-    """Whether an argument is a list or tuple holding a ``SymInt`` (a padding, a size)."""
-    return any(isinstance(a, (list, tuple)) and any(type(x) is torch.SymInt for x in a)
-               for a in (*args, *kwargs.values()))
-
-
-class _PinningFakeMode(FakeTensorMode):
-    """The fake mode of a symbolic count: an operator's output sizes that a recorded guard pins
-    to a number are written as that number (its strides likewise, where they become numbers).
-
-    PyTorch's reshape splits a symbolic dimension ``n`` into ``(k, n // k)`` and then checks
-    ``n // k == m`` (a guard) without writing ``m`` into the output's sizes. A model that
-    reshapes windows back to sizes fixed when it was built (torchvision's ``maxvit_t``:
-    ``WindowDepartition`` to the ``grid_size`` of its construction) then carries nested floor
-    divisions that grow with every block, and torch's simplification of each new one with them:
-    each block doubled the time, and ``maxvit_t`` gave no result in 14 minutes. Under the
-    guards, which are the formulas' domain, those expressions *are* the numbers, so no cost
-    changes inside the domain. In-place operators keep their tensor (its identity matters).
-
-    An operator whose C++ kernel takes its sizes as concrete integers only (``constant_pad_nd``)
-    runs by PyTorch's Python decomposition when a size it is given is symbolic (:meth:`_decomposed`).
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._pins: dict[sympy.Expr, sympy.Integer] = {}  # expression -> the number a guard says
-        self._pinned_expr: dict[sympy.Expr, sympy.Expr] = {}  # memo of expression.xreplace(pins)
-        self._guards_seen = 0
-
-    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _CONCRETE_ONLY and _has_symbolic_list(args, kwargs):
-            out = self._decomposed(func, args, kwargs)
-        else:
-            try:
-                out = super().dispatch(func, types, args, kwargs)
-            except RuntimeError as e:
-                if _CONCRETE_SIZES_ONLY not in str(e) or func not in _decompositions():
-                    raise
-                _CONCRETE_ONLY.add(func)
-                out = self._decomposed(func, args, kwargs)
-        env = self.shape_env
-        if env is not None and len(env.guards) != self._guards_seen:
-            self._learn(env.guards)
-        if not self._pins or getattr(getattr(func, "_schema", None), "is_mutable", True):
-            return out
-        return tree_map_only(FakeTensor, self._pinned, out)
-
-    def _decomposed(self, func: Any, args: Any, kwargs: Any) -> Any:
-        """``func`` by PyTorch's Python decomposition of it, on this mode's fake tensors: for a
-        C++ kernel that takes its sizes as concrete integers only (``constant_pad_nd``, with
-        swin's padding to its window size). The decomposition's own operators run below the
-        counter (the count sees ``func``); its branches on sizes become guards."""
-        with self:
-            return _decompositions()[func](*args, **kwargs)
-
-    def _learn(self, guards: Sequence[Any]) -> None:
-        """Read the guards recorded since the last call: ``Eq(k*e, c)`` pins ``e`` to ``c / k``
-        (``e`` not a plain symbol: PyTorch replaces those itself)."""
-        for g in guards[self._guards_seen:]:
-            e = g.expr
-            if not isinstance(e, sympy.Eq):
-                continue
-            lhs, rhs = (e.rhs, e.lhs) if e.lhs.is_Integer else (e.lhs, e.rhs)
-            if not rhs.is_Integer or lhs.is_Integer:
-                continue
-            coeff, rest = lhs.as_coeff_Mul()
-            if rest.is_Symbol or not coeff.is_Integer or coeff == 0 or rhs % coeff != 0:
-                continue
-            if rest not in self._pins:
-                self._pins[rest] = sympy.Integer(rhs // coeff)
-                self._pinned_expr.clear()
-        self._guards_seen = len(guards)
-
-    def _pin(self, n: Any) -> Any:
-        if type(n) is not torch.SymInt:
-            return n
-        e = n.node.expr
-        if e.is_Symbol or e.is_Integer:
-            return n
-        v = self._pinned_expr.get(e)
-        if v is None:
-            v = self._pinned_expr[e] = e.xreplace(self._pins)
-        return int(v) if v.is_Integer else n
-
-    def _pinned(self, t: FakeTensor) -> FakeTensor:
-        sizes = t.shape
-        new = [self._pin(n) for n in sizes]
-        if all(a is b for a, b in zip(new, sizes, strict=True)):
-            return t
-        strides = [self._pin(n) for n in t.stride()]
-        return torch.ops.aten.as_strided.default(t, new, strides, t.storage_offset())  # type: ignore[no-any-return]
 
 
 def _slice_backward(call: OpCall) -> Cost:
@@ -308,80 +204,6 @@ def _slice_backward(call: OpCall) -> Cost:
     fn = default_rules().find(call.op)
     assert fn is not None
     return fn(call)
-
-
-def _explain(e: ForwardError, origins: Mapping[str, str]) -> str:
-    """A failure under symbolic sizes in words: the operator that was running (from the dispatch
-    mode's frame) and the module (in ``e``); for a data-dependent size or value also the operator
-    that made each data-dependent symbol (``u0``: ``aten.nonzero.default``)."""
-    text = str(e)
-    cause: BaseException | None = e.__cause__
-    while cause is not None:
-        name = type(cause).__name__
-        if "DataDependent" in name or "data-dependent" in str(cause).lower():
-            op = _running_operator(cause)
-            if op is None:
-                found = re.search(r"(aten\.[\w.]+|torch\.ops\.[\w.]+)", str(cause))
-                op = found.group(1) if found else None
-            made = [f"{u}: a size or value made by {origins[u]}"
-                    for u in dict.fromkeys(re.findall(r"\bu\d+\b", str(cause))) if u in origins]
-            return (f"symbolic counting hit a data-dependent size or value"
-                    f"{' in operator ' + op if op else ''}"
-                    f"{' (' + '; '.join(made) + ')' if made else ''}: {text}. A size computed "
-                    "from tensor values cannot be a formula of the input sizes; count concretely, "
-                    "or make that size an input.")
-        cause = cause.__cause__ or cause.__context__
-    running = next((r for r in map(_running_operator, _chain(e)) if r is not None), None)
-    why = ""
-    if _CONCRETE_SIZES_ONLY in text:  # a C++ kernel given a size that is a formula
-        caller = None if running else next((_innermost_python(c) for c in _chain(e)
-                                            if _CONCRETE_SIZES_ONLY in str(c)
-                                            and not isinstance(c, ForwardError)), None)
-        why = (" (PyTorch's kernel" + (f" called by {caller}" if caller else "")
-               + " takes its sizes as concrete integers only, and here a size is a formula of"
-               " the symbolic sizes; count at concrete sizes)")
-    return (f"symbolic counting failed{' in operator ' + running if running else ''}{why}: "
-            f"{text}")
-
-
-def _innermost_python(exc: BaseException) -> str | None:
-    """The innermost Python function of ``exc``'s traceback, as ``module.function``: the one
-    that called a C++ kernel (``torch.nn.functional.interpolate``)."""
-    tb = exc.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame
-        tb = tb.tb_next
-    if last is None:
-        return None
-    module = last.f_globals.get("__name__", "?")
-    return f"{module}.{last.f_code.co_name}"
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    """``e`` and its causes, outermost first."""
-    out: list[BaseException] = []
-    cause: BaseException | None = e
-    while cause is not None and cause not in out:
-        out.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    return out
-
-
-def _running_operator(exc: BaseException) -> str | None:
-    """The innermost operator flopscope's dispatch mode was handling where ``exc`` was raised
-    (the ``func`` of its ``__torch_dispatch__`` frame), or ``None`` (raised in the model's own
-    code, between operators)."""
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "__torch_dispatch__" and "flopscope" in frame.f_code.co_filename:
-            func = frame.f_locals.get("func")
-            if func is not None:
-                found = str(func)
-        tb = tb.tb_next
-    return found
 
 
 def _symbolic_report(raw: Report, env: Any, syms: Mapping[str, Any],

@@ -1,0 +1,261 @@
+"""The roofline bound of a run: :class:`Estimate` (per call, operator, module and phase) for one
+:class:`~flopscope.estimate.profile.Hardware`, from what a :class:`~flopscope.estimate.roofline.CallLog`
+wrote down; the model is in :mod:`flopscope.estimate.roofline`'s docstring. A lower bound, never a
+prediction: what it ignores is :data:`IGNORES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from flopscope.estimate.profile import Hardware, dtype_key
+
+if TYPE_CHECKING:
+    from flopscope.estimate.roofline import CallRecord
+
+__all__ = ["IGNORES", "Estimate", "Row", "ancestors", "call_row", "is_convolution"]
+
+IGNORES = (
+    "kernel launch and framework overhead",
+    "caches above the last level (and, for hardware without last-level cache figures, every "
+    "cache: each byte counted once to and from main memory)",
+    "fusion (see the fused view), tile/wave quantisation, clocks below peak",
+)
+
+
+
+def ancestors(path: str) -> list[str]:
+    """A module path and every module above it, root (``""``) first.
+
+    Args:
+        path: a dotted module path.
+
+    Returns:
+        ``["", "a", "a.b"]`` for ``"a.b"``.
+    """
+    if not path:
+        return [""]
+    parts = path.split(".")
+    return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
+
+
+@dataclass
+class Row:
+    """Roofline sums over a set of calls (a module, an operator, a phase, or all).
+
+    Attributes:
+        calls: operator calls.
+        macs: multiply-accumulates.
+        flops: floating-point operations.
+        bytes: bytes read plus written.
+        time_s: estimated time (a lower bound), seconds.
+        compute_s: compute time summed over calls.
+        memory_s: memory time summed over calls.
+        compute_bound_s: time of the calls that are compute-bound.
+        memory_bound_s: time of the calls that are memory-bound.
+        fused_bytes: bytes in the fused view.
+        fused_time_s: time in the fused view.
+        dram_bytes: bytes to and from main memory (``bytes`` less what the last-level cache
+            serves; equal to ``bytes`` for hardware without cache figures).
+    """
+
+    calls: int = 0
+    macs: int = 0
+    flops: int = 0
+    bytes: int = 0
+    time_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    compute_bound_s: float = 0.0
+    memory_bound_s: float = 0.0
+    fused_bytes: int = 0
+    fused_time_s: float = 0.0
+    dram_bytes: int = 0
+
+    def add(self, other: Row) -> None:
+        """Add ``other``'s sums to this row."""
+        self.calls += other.calls
+        self.macs += other.macs
+        self.flops += other.flops
+        self.bytes += other.bytes
+        self.time_s += other.time_s
+        self.compute_s += other.compute_s
+        self.memory_s += other.memory_s
+        self.compute_bound_s += other.compute_bound_s
+        self.memory_bound_s += other.memory_bound_s
+        self.fused_bytes += other.fused_bytes
+        self.fused_time_s += other.fused_time_s
+        self.dram_bytes += other.dram_bytes
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity, FLOPs per byte (``None`` when no byte moves)."""
+        return self.flops / self.bytes if self.bytes else None
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which bound holds for most of the time; ``"-"`` when
+        the time is zero."""
+        if self.time_s == 0:
+            return "-"
+        return "compute" if self.compute_bound_s >= self.memory_bound_s else "memory"
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        """FLOPs / estimated time: the rate the roofline allows (0 for no time)."""
+        return self.flops / self.time_s if self.time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (integers, seconds, and the derived fields)."""
+        return {
+            "calls": self.calls, "macs": self.macs, "flops": self.flops, "bytes": self.bytes,
+            "intensity": self.intensity, "time_s": self.time_s, "compute_s": self.compute_s,
+            "memory_s": self.memory_s, "bound": self.bound,
+            "fused_bytes": self.fused_bytes, "fused_time_s": self.fused_time_s,
+            "dram_bytes": self.dram_bytes,
+        }
+
+
+def is_convolution(op: str) -> bool:
+    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
+    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
+    convolution's, whose products run at the profile's convolution rate when it has one."""
+    name = op.split(".")[1] if op.count(".") >= 1 else op
+    return "conv" in name and "convert" not in name
+
+
+def call_row(rec: CallRecord, hw: Hardware, tf32: bool) -> Row:
+    dtype = rec.dtype
+    key = dtype_key(dtype) if dtype is not None else None
+    key = key or "fp32"
+    matrix = 2 * rec.macs
+    other = max(rec.flops - matrix, 0)
+    mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
+    special = 0.0
+    if rec.special is not None and dtype is not None and not dtype.is_complex:
+        rate = hw.special_rate(key, rec.special[0])
+        if rate is not None:
+            special = rec.special[1] / rate
+    compute = max(matrix / hw.peak(mkey, True, rec.convolution) if matrix else 0.0,
+                  other / hw.peak(key, False) if other else 0.0, special)
+    if hw.cache_bytes and hw.cache_bandwidth:
+        cached_read, cached_written = rec.cached(hw.cache_bytes)
+        dram_read = rec.bytes_read - cached_read
+        dram_written = rec.bytes_written - cached_written
+    else:
+        dram_read, dram_written = rec.bytes_read, rec.bytes_written
+    dram = dram_read + dram_written
+    # fusion drops an intermediate's write and read: from main memory only if it missed
+    fused_dram = min(rec.fused_bytes, dram)
+    if hw.write_bandwidth is None:
+        dram_s = dram / hw.memory_bandwidth
+        fused_dram_s = fused_dram / hw.memory_bandwidth
+    else:  # reads and writes share the memory channels
+        dram_s = dram_read / hw.memory_bandwidth + dram_written / hw.write_bandwidth
+        fused_dram_s = dram_s * fused_dram / dram if dram else 0.0
+    if hw.cache_bytes and hw.cache_bandwidth:
+        memory = max(rec.bytes / hw.cache_bandwidth, dram_s)
+        fused_memory = max(rec.fused_bytes / hw.cache_bandwidth, fused_dram_s)
+    else:
+        memory = dram_s
+        fused_memory = fused_dram_s
+    time_s = max(compute, memory)
+    fused_time = max(compute, fused_memory)
+    row = Row(1, rec.macs, rec.flops, rec.bytes, time_s, compute, memory,
+              fused_bytes=rec.fused_bytes, fused_time_s=fused_time, dram_bytes=dram)
+    if time_s > 0:
+        if compute >= memory:
+            row.compute_bound_s = time_s
+        else:
+            row.memory_bound_s = time_s
+    return row
+
+
+def _sorted(rows: Mapping[str, Row]) -> dict[str, Row]:
+    return dict(sorted(rows.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A roofline estimate (a lower bound on time) of counted work on one machine.
+
+    Attributes:
+        hardware: the machine.
+        tf32: whether float32 matrix products were taken as TF32.
+        total: sums over every call.
+        by_phase: phase name -> sums.
+        by_op: operator -> sums, longest first.
+        by_module: module path -> inclusive sums (the module and everything below it), in the
+            order modules were first seen.
+        by_module_self: module path -> the module's own calls.
+        by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
+    """
+
+    hardware: Hardware
+    tf32: bool
+    total: Row
+    by_phase: dict[str, Row] = field(default_factory=dict)
+    by_op: dict[str, Row] = field(default_factory=dict)
+    by_module: dict[str, Row] = field(default_factory=dict)
+    by_module_self: dict[str, Row] = field(default_factory=dict)
+    by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, records: Iterable[CallRecord], hardware: Hardware, *,
+                     tf32: bool = False) -> Estimate:
+        """Sum per-call roofline rows (see the module docstring).
+
+        Args:
+            records: the calls (``CallLog.records``).
+            hardware: the machine.
+            tf32: float32 matrix products as TF32.
+
+        Returns:
+            The estimate.
+        """
+        total = Row()
+        phases: dict[str, Row] = {}
+        ops: dict[str, Row] = {}
+        own: dict[str, Row] = {}
+        op_dtype: dict[tuple[str, str], Row] = {}
+        for rec in records:
+            row = call_row(rec, hardware, tf32)
+            total.add(row)
+            phases.setdefault(rec.phase, Row()).add(row)
+            ops.setdefault(rec.op, Row()).add(row)
+            own.setdefault(rec.path, Row()).add(row)
+            key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
+            op_dtype.setdefault((rec.op, key), Row()).add(row)
+        inclusive: dict[str, Row] = {}
+        for path, row in own.items():
+            for p in ancestors(path):
+                inclusive.setdefault(p, Row()).add(row)
+        return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype)
+
+    def share(self, row: Row) -> float:
+        """A row's share of the total estimated time (0 when the total is 0)."""
+        return row.time_s / self.total.time_s if self.total.time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the hardware, what the estimate ignores, totals, per phase, per
+        operator and per module (inclusive), each with its share of the time."""
+
+        def rows(table: Mapping[str, Row]) -> dict[str, Any]:
+            return {k: {**r.to_dict(), "share": self.share(r)} for k, r in table.items()}
+
+        return {
+            "kind": "roofline lower bound",
+            "ignores": list(IGNORES),
+            "fused_view": "chains of element-wise operators fused: intermediates not written "
+                          "or read again",
+            "hardware": self.hardware.to_dict(),
+            "tf32": self.tf32,
+            "total": self.total.to_dict(),
+            "by_phase": rows(self.by_phase),
+            "by_op": rows(self.by_op),
+            "by_module": rows(self.by_module),
+        }
