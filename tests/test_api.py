@@ -37,3 +37,33 @@ def test_importing_the_package_and_the_cli_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
+
+
+def test_feature_packages_are_attributes() -> None:
+    """``flopscope.estimate.roofline(...)`` after ``import flopscope`` alone (a fresh interpreter:
+    nothing else imported it first)."""
+    import subprocess
+    import sys
+
+    code = ("import flopscope; print(flopscope.estimate.roofline.__name__, "
+            "flopscope.llm.count_generation.__name__, flopscope.CallObserver.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["roofline", "count_generation", "CallObserver"]
+
+
+def test_module_queries_take_module() -> None:
+    """Every per-module query takes ``module=`` (fvcore's uniform shape): the subtree only."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.Linear(3, 2))
+    r = flopscope.count(model, torch.randn(1, 4))
+    assert list(r.by_module(module="0")) == ["0", "0.0", "0.1"]
+    # Linear(4, 3): 4 * 3 = 12 MACs; the 3 x 2 Linear is outside "0"
+    assert r.by_module(module="0")["0"].inclusive.macs == 12
+    assert {m for m, _ in r.by_module_and_op(module="0")} == {"0.0", "0.1"}
+    assert sum(s.cost.macs for s in r.by_module_and_op(module="1").values()) == 6  # 3 * 2
+    import pytest
+
+    with pytest.raises(flopscope.UsageError, match="no module '2'"):
+        r.by_module(module="2")

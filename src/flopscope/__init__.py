@@ -15,6 +15,7 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject reads i
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "CallObserver": "flopscope.core.observers",
     "Cost": "flopscope.cost",
     "Costed": "flopscope.rules.costed",
     "Counter": "flopscope.core.counter",
@@ -41,6 +42,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CallObserver",
     "Cost",
     "Costed",
     "Counter",
@@ -67,7 +69,15 @@ __all__ = [
 ]
 
 
+# the feature packages, reachable as attributes (``flopscope.estimate.roofline(...)``) and loaded
+# on first use like the names above
+_SUBPACKAGES = frozenset({"compat", "distributed", "estimate", "llm", "measure", "render",
+                          "report", "rules", "sources", "symbolic"})
+
+
 def __getattr__(name: str) -> _Any:
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f"flopscope.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
@@ -77,11 +87,12 @@ def __getattr__(name: str) -> _Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_SUBPACKAGES})
 
 
 if _TYPE_CHECKING:  # the same names, for type checkers
     from flopscope.core.counter import Counter
+    from flopscope.core.observers import CallObserver
     from flopscope.core.params import ParamStats
     from flopscope.cost import Cost, OpCall, Phase
     from flopscope.errors import (

@@ -325,22 +325,36 @@ class Report:
         items = sorted(acc.items(), key=lambda kv: (-kv[1][1].flops, kv[0]))
         return {op: OpStats(calls, cost) for op, (calls, cost) in items}
 
-    def by_module_and_op(self, phase: Phase | str | None = None) -> dict[tuple[str, str], OpStats]:
-        """Calls and cost per (module path, operator), in model order."""
+    def by_module_and_op(
+        self, phase: Phase | str | None = None, *, module: str | None = None
+    ) -> dict[tuple[str, str], OpStats]:
+        """Calls and cost per (module path, operator), in model order; of one module's subtree
+        if given.
+
+        Raises:
+            UsageError: unknown phase or module path.
+        """
         acc: dict[tuple[str, str], tuple[int, Cost]] = {}
-        for r in self._records(phase, None):
+        for r in self._records(phase, module):
             calls, cost = acc.get((r.module, r.op), (0, Cost()))
             acc[(r.module, r.op)] = (calls + r.calls, cost + r.cost)
         order = {p: i for i, p in enumerate(self.modules)}
         keys = sorted(acc, key=lambda k: (order.get(k[0], len(order)), k[0], -acc[k][1].flops, k[1]))
         return {k: OpStats(*acc[k]) for k in keys}
 
-    def by_module(self, phase: Phase | str | None = None) -> dict[str, ModuleStats]:
-        """Per module path: calls, parameters, self and inclusive cost, in model order.
+    def by_module(
+        self, phase: Phase | str | None = None, *, module: str | None = None
+    ) -> dict[str, ModuleStats]:
+        """Per module path: calls, parameters, self and inclusive cost, in model order; only
+        ``module`` and the modules below it if given.
 
         Inclusive cost is the module's own cost plus that of every module below it, so the root's
         inclusive cost is the report's total.
+
+        Raises:
+            UsageError: unknown phase or module path.
         """
+        self._scope(phase, module)  # an unknown phase or module is refused now
         own: dict[str, Cost] = {}
         for r in self._records(phase, None):
             own[r.module] = own.get(r.module, Cost()) + r.cost
@@ -352,6 +366,8 @@ class Report:
                 inclusive[anc] = inclusive.get(anc, Cost()) + cost
         out: dict[str, ModuleStats] = {}
         for path in list(self.modules) + [p for p in inclusive if p not in self.modules]:
+            if module is not None and not is_within(path, module):
+                continue
             type_name, calls = self.modules.get(path, ("", 0))
             out[path] = ModuleStats(
                 path=path,
