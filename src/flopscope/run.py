@@ -214,6 +214,7 @@ def count(
                 snapshot.keep_values()
             if how is How.REAL:
                 counter.protect(snapshot.params)
+                counter.memo_shape_only = False  # real tensors: nothing for the memo
             try:
                 if run_forward(how, counter, model, meta, args, kwargs, backward, alias):
                     break

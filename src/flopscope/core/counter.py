@@ -221,6 +221,17 @@ class Counter:
         return self._write_guard.restore() if self._write_guard is not None else 0
 
     @property
+    def memo_shape_only(self) -> bool:
+        """Whether calls on ``meta`` tensors are looked up in the shape-only memo
+        (:mod:`flopscope.core.memo`; on by default). :func:`flopscope.count` turns it off for a
+        run on real tensors, where nothing is on ``meta`` and the lookup is wasted work."""
+        return self._recorder.memo
+
+    @memo_shape_only.setter
+    def memo_shape_only(self, on: bool) -> None:
+        self._recorder.memo = on
+
+    @property
     def no_grad_calls(self) -> int:
         """Calls of modules with trainable parameters that ran with grad disabled (a reentrant
         checkpoint's forward)."""

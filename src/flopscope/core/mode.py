@@ -87,7 +87,7 @@ class CountingMode(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         # meta tensors: outputs and cost depend on metadata alone (flopscope.core.memo)
-        memo = signature(id(func), args, kwargs)
+        memo = signature(id(func), args, kwargs) if recorder.memo else None
         if memo is not None:
             # outputs made from memory only when no other dispatch mode is below this one (it
             # would not see the call: FlopCounterMode around a Counter), save a symbolic count's

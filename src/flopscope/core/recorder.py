@@ -60,6 +60,7 @@ class Recorder:
         self.comm: CommLog | None = None  # the communication log, once a collective ran
         self.originals: dict[int, torch.Tensor] = {}  # id(stand-in) -> original (stand_ins)
         self.in_rule = False  # a module rule is running: its tensor arithmetic is not counted
+        self.memo = True  # look calls up in the shape-only memo (off for a run on real tensors)
         self.pieces: list[tuple[Any, Cost, bool]] | None = None  # a running decomposition's
         self.main = tracker.main  # the entering thread's state, read on the hot path
         self.owner: int | None = None  # the entering thread's id

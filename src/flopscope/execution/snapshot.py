@@ -25,9 +25,14 @@ __all__ = ["ModelSnapshot"]
 
 
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` is a view of exactly ``b``'s memory: the same storage (by identity, which
-    also tells meta storages apart, whose data pointers are all 0, and reads no fake tensor's
-    data pointer), offset, sizes and strides."""
+    """Whether ``a`` is a view of exactly ``b``'s memory: the same storage, offset, sizes and
+    strides. A plain CPU or CUDA tensor is compared by data pointer (two live storages never
+    share one; ``b``, the alias taken before, keeps the old storage alive); a meta tensor (data
+    pointers all 0) or a tensor subclass (a fake tensor has no data to point to) by storage
+    identity."""
+    if type(a) is torch.Tensor and type(b) is torch.Tensor and not a.is_meta and not b.is_meta:
+        return bool(a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                    and a.stride() == b.stride())
     return bool(StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
                 and a.storage_offset() == b.storage_offset() and a.shape == b.shape
                 and a.stride() == b.stride())
@@ -64,7 +69,9 @@ class ModelSnapshot:
     def keep_values(self, *, meta: bool = False) -> None:
         """Save the buffers' values and alias the parameters (the first call only); afterwards
         :attr:`params` holds the parameters that are not on ``meta`` (what a real run protects
-        with copy on write).
+        with copy on write). Buffers are copied, not protected by copy on write: a composite
+        operator updates them inside its kernel (``aten.batch_norm``'s running statistics,
+        whose schema does not mark them written), where no dispatch mode sees the write.
 
         Args:
             meta: the model is on ``meta``: no values to protect, but ``.data =`` can still swap
