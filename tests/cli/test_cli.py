@@ -394,3 +394,34 @@ def test_hardware_is_resolved_once(cli: Cli, monkeypatch: pytest.MonkeyPatch) ->
     assert r.code == 0, r.err
     assert "roofline on xeon-8480" in r.out and "utilization" in r.out
     assert calls == [1]
+
+
+def test_the_input_label_describes_what_ran(cli: Cli) -> None:
+    """``--batch 2 --input 4x3x224x224`` counts batch 2: the label says 2x3x224x224 too."""
+    r = cli("count", "torchvision:resnet50", "--batch", "2", "--input", "4x3x224x224",
+            "--shape-only", "--format", "json")
+    data = json.loads(r.out)
+    assert data["meta"]["inputs"] == ["2x3x224x224"]
+    assert data["totals"]["macs"] == 2 * 4_089_184_256  # torchvision's 4.089 GMACs per image
+    r = cli("count", "torchvision:resnet50", "--batch", "2", "--input", "4x3x224x224",
+            "--shape-only")
+    assert "[input 2x3x224x224, shape-only]" in r.out.splitlines()[0]
+
+
+def test_shape_only_inputs_are_never_real(cli: Cli) -> None:
+    """100,000 images shape-only: the 56 GiB input is a meta tensor from the start (the count
+    needs no memory for it), not allocated and then failing."""
+    r = cli("count", "torchvision:resnet18", "--shape-only", "--input", "100000x3x224x224",
+            "--format", "json")
+    assert r.code == 0, r.err
+    # resnet18: 1,814,073,344 MACs per 224x224 image (torchvision publishes 1.814 "GFLOPS")
+    assert json.loads(r.out)["totals"]["macs"] == 100_000 * 1_814_073_344
+
+
+def test_sizes_beyond_memory_or_int64_are_one_line_errors(cli: Cli) -> None:
+    r = cli("count", "torchvision:resnet18", "--batch", "99999999999999999999")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "too large" in r.err and "int64" in r.err
+    r = cli("count", "torchvision:resnet18", "--input", "100000x3x224x224")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "GiB" in r.err and "--shape-only" in r.err

@@ -222,3 +222,46 @@ def test_shape_only_needs_meta() -> None:
     model = load_model("hf:llama", config=TINY).model
     with pytest.raises(flopscope.UsageError, match="meta device"):
         count_generation(model, prompt_len=4, new_tokens=2, shape_only=True)
+
+
+def test_cli_generate_hardware_estimates_each_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate --hardware NAME`` without a measured time: each step's roofline (a lower
+    bound), as ``count --hardware`` gives; the prefill's equals the roofline of the same forward
+    counted on its own."""
+    from flopscope.estimate import roofline
+
+    argv = ["generate", "hf:llama", "--shape-only", "--prompt-len", "16", "--new-tokens", "3",
+            "--hardware", "h100-sxm", "--format", "json"] + [f"--config={k}={v}"
+                                                              for k, v in TINY.items()]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    steps = data["steps"]
+    for step in steps:
+        est = step["estimate"]
+        assert est["kind"] == "lower bound"
+        assert est["time_s"] == max(est["compute_s"], est["memory_s"]) > 0
+    assert [s["estimate"]["bound"] for s in steps[1:]] == ["memory", "memory"]  # decode
+    model = load_model("hf:llama", config=TINY, shape_only=True).model
+    ids = torch.zeros(1, 16, dtype=torch.long, device="meta")
+    _, alone = roofline(model, input_ids=ids, logits_to_keep=1, use_cache=True,
+                        hardware="h100-sxm", warn=False)
+    assert steps[0]["estimate"]["time_s"] == pytest.approx(alone.total.time_s, rel=1e-9)
+    summary = data["estimate"]
+    assert summary["prefill_s"] == steps[0]["estimate"]["time_s"]
+    assert summary["decode_step_s"] == pytest.approx(
+        (steps[1]["estimate"]["time_s"] + steps[2]["estimate"]["time_s"]) / 2)
+    assert main([a for a in argv if a not in ("--format", "json")]) == 0
+    out = capsys.readouterr().out
+    assert "est. time" in out and "roofline on h100-sxm (a lower bound" in out
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("hf:bert", "attention is not causal"),
+    ("torchvision:resnet18", "not a generation model"),
+])
+def test_cli_generate_refuses_models_that_cannot_decode(
+        source: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    config = ["--config=num_hidden_layers=1"] if source.startswith("hf:") else []
+    assert main(["generate", source, "--prompt-len", "8", "--new-tokens", "2", *config]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--seq-len" not in err and len(err.strip().splitlines()) == 1

@@ -22,8 +22,9 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
+from flopscope.errors import UsageError
 
-__all__ = ["add_subcommands", "run_generate"]
+__all__ = ["add_subcommands", "estimate_lines", "estimate_summary", "run_generate"]
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -47,11 +48,12 @@ def add_subcommands(subparsers: Any) -> None:
                    help="tokens to generate: 1 prefill + N - 1 decode steps")
     p.add_argument("--shape-only", action="store_true",
                    help="no arithmetic: the model on meta, a growing cache of meta tensors")
-    util = p.add_argument_group("utilization of a measured generation (MFU, MBU)")
-    util.add_argument("--hardware", metavar="NAME|FILE",
-                      help="the hardware the times were measured on: a shipped profile "
-                           "(h100-sxm, a100-80gb, ...) or a JSON profile file; its matrix peak "
-                           "for the model's dtype and its memory bandwidth")
+    util = p.add_argument_group("time on named hardware; utilization of a measured generation")
+    util.add_argument("--hardware", metavar="NAME|FILE|this-machine",
+                      help="a shipped profile (h100-sxm, a100-80gb, ...), a JSON profile file or "
+                           "this-machine: each step's roofline time (a lower bound), the prefill's "
+                           "and a decode step's; with --step-time / --prefill-time also MFU and "
+                           "MBU against its matrix peak and memory bandwidth")
     add_step_time(util, step_help="measured mean time of one decode step (time per output "
                                   "token); MBU = (weights + KV cache read and written) / "
                                   "SECONDS / bandwidth")
@@ -75,6 +77,7 @@ def run_generate(args: argparse.Namespace) -> int:
         UsageError: a bad option or source, or a model that cannot generate.
     """
     from flopscope.llm import count_generation
+    from flopscope.llm.generate import StepLogs
 
     check_output(args.output)
     if args.input:
@@ -82,28 +85,30 @@ def run_generate(args: argparse.Namespace) -> int:
                           "not --input")
     if args.seq_len is not None:
         raise usage_error("generate takes --prompt-len, not --seq-len")
-    args.seq_len = args.prompt_len
+    if args.source.startswith("hf:"):
+        args.seq_len = args.prompt_len  # the prompt of the default inputs (replaced in the loop)
     timed = args.step_time is not None or args.prefill_time is not None
-    if args.hardware is not None and not timed:
-        raise usage_error("--hardware needs a measured time here: --step-time (per decode step) "
-                          "or --prefill-time")
     if args.step_time is not None and args.new_tokens < 2:
         raise usage_error("--step-time times a decode step, and --new-tokens 1 makes none: "
                           "give --new-tokens 2 or more, or time the prefill (--prefill-time)")
     if args.hardware is not None:
         from flopscope.estimate import get_hardware
 
-        get_hardware(args.hardware)  # before loading and counting: a bad name fails fast
+        args.hardware = get_hardware(args.hardware)  # once, before loading and counting
     if timed or args.peak_tflops is not None:
         check_step_time(args, timed=timed)  # before loading: fail fast
     loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)
     peak = None
     if timed or args.peak_tflops is not None:
         peak = step_time_peak(args, loaded.model, timed=timed)
+    logs = StepLogs() if args.hardware is not None else None
     try:
         result = count_generation(loaded.model, prompt_len=args.prompt_len,
                                   new_tokens=args.new_tokens, batch=args.batch or 1,
-                                  shape_only=args.shape_only)
+                                  shape_only=args.shape_only,
+                                  observers=[logs] if logs is not None else ())
+    except UsageError:  # flopscope's own: says what is wrong already
+        raise
     except (TypeError, AttributeError, ValueError) as e:
         raise usage_error(f"{args.source} cannot generate step by step: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]} (a causal LM taking input_ids, "
@@ -115,10 +120,15 @@ def run_generate(args: argparse.Namespace) -> int:
         utilization = result.utilization(peak, prefill_seconds=args.prefill_time,
                                          decode_seconds=args.step_time,
                                          weights=weight_bytes(loaded.model))
+    estimates = logs.estimates(args.hardware) if logs is not None else []
     if args.format == "json":
         data = result.to_dict()
         if utilization:
             data["utilization"] = [u.to_dict() for u in utilization]
+        if estimates:
+            for step, est in zip(data["steps"], estimates, strict=True):
+                step["estimate"] = _step_estimate(est)
+            data["estimate"] = estimate_summary(result, estimates)
         data["source"] = loaded.source
         data["prompt_len"], data["new_tokens"] = args.prompt_len, args.new_tokens
         data["batch"] = args.batch or 1
@@ -128,6 +138,69 @@ def run_generate(args: argparse.Namespace) -> int:
                 f"{args.prompt_len}, {args.new_tokens} new tokens"
                 f"{', shape-only' if args.shape_only else ''}\n")
         lines = [f"utilization: {u.line()}" for u in utilization]
-        write_output(head + result.table() + "\n" + "".join(f"{x}\n" for x in lines),
-                     args.output)
+        columns: list[tuple[str, list[str]]] = []
+        if estimates:
+            from flopscope.estimate.display import human_seconds
+
+            columns = [("est. time", [human_seconds(e.total.time_s) for e in estimates]),
+                       ("bound", [e.total.bound for e in estimates])]
+            lines += estimate_lines(result, estimates)
+        write_output(head + result.table(columns=columns) + "\n"
+                     + "".join(f"{x}\n" for x in lines), args.output)
     return EXIT_OK
+
+
+def _step_estimate(est: Any) -> dict[str, Any]:
+    t = est.total
+    return {"time_s": t.time_s, "compute_s": t.compute_s, "memory_s": t.memory_s,
+            "bound": t.bound, "kind": "lower bound"}
+
+
+def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
+    """The roofline of a generation: the hardware, the prefill's lower bound, the decode steps'
+    mean lower bound and the tokens per second it allows.
+
+    Args:
+        result: the :class:`~flopscope.llm.GenerationReport`.
+        estimates: one :class:`~flopscope.estimate.Estimate` per step.
+
+    Returns:
+        JSON-ready data.
+    """
+    prefill = [e.total.time_s for s, e in zip(result.steps, estimates, strict=True)
+               if s.kind == "prefill"]
+    decode = [(s.tokens, e.total.time_s) for s, e in zip(result.steps, estimates, strict=True)
+              if s.kind == "decode"]
+    out: dict[str, Any] = {"hardware": estimates[0].hardware.name, "kind": "lower bound",
+                           "prefill_s": sum(prefill)}
+    if decode:
+        seconds = sum(t for _, t in decode)
+        out["decode_step_s"] = seconds / len(decode)
+        out["decode_tokens_per_s"] = sum(n for n, _ in decode) / seconds if seconds else None
+    return out
+
+
+def estimate_lines(result: Any, estimates: list[Any]) -> list[str]:
+    """The roofline summary of a generation as text (see :func:`estimate_summary`).
+
+    Args:
+        result: the :class:`~flopscope.llm.GenerationReport`.
+        estimates: one estimate per step.
+
+    Returns:
+        Lines of text.
+    """
+    from flopscope.estimate.display import human_seconds
+
+    summary = estimate_summary(result, estimates)
+    bounds = {s.kind: e.total.bound for s, e in zip(result.steps, estimates, strict=True)}
+    lines = [f"roofline on {summary['hardware']} (a lower bound on time: no launch or "
+             f"framework overhead): prefill {human_seconds(summary['prefill_s'])} "
+             f"({bounds.get('prefill', '-')}-bound)"]
+    if "decode_step_s" in summary:
+        rate = summary["decode_tokens_per_s"]
+        lines[0] += (f"; decode {human_seconds(summary['decode_step_s'])} per step "
+                     f"({bounds.get('decode', '-')}-bound)")
+        if rate:
+            lines[0] += f", at most {rate:,.0f} tokens/s"
+    return lines

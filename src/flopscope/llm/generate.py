@@ -20,7 +20,7 @@ head_dim x (P + j) x dtype size x batch, written = the same with the step's toke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from flopscope.core.counter import Counter
+from flopscope.core.observers import CallObserver
 from flopscope.cost import Cost, OpCall, Phase, tensor_bytes
 from flopscope.errors import UsageError
 from flopscope.execution.how import on_meta
@@ -43,7 +44,8 @@ from flopscope.llm.kv_cache import (
 from flopscope.report.report import Report
 from flopscope.rules.user import RulesArg
 
-__all__ = ["GenerationReport", "Step", "StepCounter", "count_generation", "weight_bytes"]
+__all__ = ["GenerationReport", "Step", "StepCounter", "StepLogs", "count_generation",
+           "weight_bytes"]
 
 
 @dataclass(frozen=True)
@@ -105,12 +107,15 @@ class GenerationReport:
         between: work outside the model's forwards (sampling, logits processing).
         report: the whole run's :class:`~flopscope.Report`.
         notes: approximations met (attention masks without values, ...).
+        attention_exact: whether every attention call's visible pairs were known (masks that
+            could be read); ``False``: the model figures are the dense ones.
     """
 
     steps: tuple[Step, ...]
     between: Cost
     report: Report
     notes: tuple[str, ...] = ()
+    attention_exact: bool = True
 
     @property
     def prefill(self) -> tuple[Step, ...]:
@@ -199,11 +204,13 @@ class GenerationReport:
         return {"steps": [s.to_dict() for s in self.steps], "summary": self.summary(),
                 "notes": list(self.notes), "report": self.report.to_dict()}
 
-    def table(self, *, max_rows: int = 12) -> str:
+    def table(self, *, max_rows: int = 12,
+              columns: Sequence[tuple[str, Sequence[str]]] = ()) -> str:
         """A plain-text table of the steps (the first and last ones when there are many).
 
         Args:
             max_rows: steps shown at most.
+            columns: extra columns: (header, one cell per step).
 
         Returns:
             The table and a summary, as text.
@@ -211,7 +218,7 @@ class GenerationReport:
         from flopscope.render.units import human
 
         head = ("step", "kind", "tokens", "context", "MACs", "FLOPs", "model FLOPs", "bytes",
-                "KV read", "KV written")
+                "KV read", "KV written", *(h for h, _ in columns))
         rows: list[tuple[str, ...]] = [head]
         steps = list(self.steps)
         shown: list[Step | None] = list(steps)
@@ -224,7 +231,8 @@ class GenerationReport:
                 continue
             rows.append((str(s.index), s.kind, str(s.tokens), str(s.context), human(s.cost.macs),
                          human(s.cost.flops), human(s.model_flops), human(s.cost.bytes, "B"),
-                         human(s.kv_read, "B"), human(s.kv_written, "B")))
+                         human(s.kv_read, "B"), human(s.kv_written, "B"),
+                         *(cells[s.index] for _, cells in columns)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         summ = self.summary()
@@ -258,17 +266,21 @@ class StepCounter:
         model: the model whose top-level calls are the steps.
         rules: extra rules, as for :class:`flopscope.Counter`.
         warn: warn on exit about uncounted operators.
+        observers: more observers of every call (:class:`StepLogs` keeps a roofline log per
+            step).
 
     Raises:
         UsageError: ``model`` is not an ``nn.Module``.
     """
 
-    def __init__(self, model: nn.Module, *, rules: RulesArg = None, warn: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, rules: RulesArg = None, warn: bool = True,
+                 observers: Sequence[CallObserver] = ()) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"StepCounter takes an nn.Module, not {type(model).__name__}")
         self.model = model
         self.attention = AttentionFigures(on_call_hook=self._on_attention)
-        self.counter = Counter(model, rules=rules, warn=warn, observers=[self, self.attention])
+        self.counter = Counter(model, rules=rules, warn=warn,
+                               observers=[self, self.attention, *observers])
         self._depth = 0
         self._steps: list[Step] = []
         self._cur = Cost()
@@ -349,9 +361,10 @@ class StepCounter:
             self._remove()
             self._depth = 0
         if exc_type is None:
-            notes = tuple(sorted(self.attention.total().notes))
+            totals = self.attention.total()
             self._result = GenerationReport(tuple(self._steps), self._between,
-                                            self.counter.report, notes)
+                                            self.counter.report, tuple(sorted(totals.notes)),
+                                            totals.exact)
 
     @property
     def result(self) -> GenerationReport:
@@ -393,6 +406,60 @@ class _Loop:
                 yield None
 
 
+class StepLogs:
+    """An observer that keeps a roofline :class:`~flopscope.estimate.CallLog` per step (per call
+    of the model's top module): what :meth:`estimates` turns into each step's lower bound on
+    time on a hardware profile.
+
+    Example::
+
+        logs = StepLogs()
+        result = count_generation(model, prompt_len=512, new_tokens=8, observers=[logs])
+        per_step = logs.estimates(get_hardware("h100-sxm"))
+    """
+
+    def __init__(self) -> None:
+        from flopscope.estimate.roofline import CallLog
+
+        self._new = CallLog
+        self.logs: list[Any] = []
+        self._depth = 0
+
+    def on_module_enter(self, path: str, phase: Phase) -> None:
+        """The model's top module starts: a new step (a nested call of it is the same step)."""
+        if path == "":
+            if not self._depth:
+                self.logs.append(self._new())
+            self._depth += 1
+
+    def on_module_exit(self, path: str, phase: Phase) -> None:
+        """The model's top module returns."""
+        if path == "" and self._depth:
+            self._depth -= 1
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """A call inside a step goes to its log."""
+        if self._depth:
+            self.logs[-1].on_call(path, phase, op, call, cost)
+
+    def reset(self) -> None:
+        """Forget an abandoned attempt."""
+        self.logs.clear()
+        self._depth = 0
+
+    def estimates(self, hardware: Any, *, tf32: bool | None = None) -> list[Any]:
+        """Each step's :class:`~flopscope.estimate.Estimate` (a lower bound on its time).
+
+        Args:
+            hardware: a :class:`~flopscope.estimate.Hardware` profile.
+            tf32: float32 products as TF32 (``None``: as torch is set).
+
+        Returns:
+            One estimate per step, in order.
+        """
+        return [log.estimate(hardware, tf32=tf32) for log in self.logs]
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters, a tied (shared) weight once: what a decode step reads.
 
@@ -414,6 +481,7 @@ def count_generation(
     shape_only: bool | None = None,
     rules: RulesArg = None,
     warn: bool = False,
+    observers: Sequence[CallObserver] = (),
 ) -> GenerationReport:
     """Count a transformers causal LM generating ``new_tokens`` after a ``prompt_len`` prompt.
 
@@ -433,16 +501,52 @@ def count_generation(
         shape_only: ``None``: shape-only exactly when the model is on ``meta``.
         rules: extra rules, as for :func:`flopscope.count`.
         warn: warn about uncounted operators.
+        observers: more observers of every call (:class:`StepLogs` for each step's roofline).
 
     Returns:
         The :class:`GenerationReport`.
 
     Raises:
-        UsageError: bad lengths, or ``shape_only=True`` for a model that is not on ``meta``.
+        UsageError: bad lengths, ``shape_only=True`` for a model that is not on ``meta``, or a
+            model that cannot decode (transformers says it cannot generate, or no step returned
+            a key/value cache).
     """
     if prompt_len < 1 or new_tokens < 1 or batch < 1:
         raise UsageError(f"prompt_len, new_tokens and batch must be at least 1 "
                          f"(got {prompt_len}, {new_tokens}, {batch})")
+    can_generate = getattr(model, "can_generate", None)
+    if not callable(can_generate) and not callable(getattr(model, "generate", None)):
+        raise UsageError(
+            f"{type(model).__name__} is not a generation model (it has no generate()): "
+            "count_generation runs transformers' generate(); for a decode loop of your own, "
+            "count it with flopscope.llm.StepCounter")
+    if callable(can_generate) and not can_generate():
+        raise UsageError(
+            f"{type(model).__name__} cannot generate: it is not a causal language model "
+            "(transformers' can_generate() is False), so it has no decode step to count; give "
+            "a decoder with a key/value cache (an hf: causal LM such as hf:llama or hf:gpt2)")
+    result = _count_generation(model, prompt_len, new_tokens, batch, shape_only, rules, warn,
+                               observers)
+    prefill = result.steps[0] if result.steps else None
+    if (prefill is not None and prompt_len > 1 and result.attention_exact
+            and prefill.attention_counted_flops
+            and prefill.attention_model_flops >= prefill.attention_counted_flops):
+        raise UsageError(
+            f"{type(model).__name__} attends to every token of the prompt from every token "
+            "(its attention is not causal: an encoder such as BERT, or a decoder not configured "
+            "as one), so a new token changes every earlier key and a decode step with a "
+            "key/value cache does not describe it; count it with `flopscope count` instead")
+    if new_tokens >= 2 and not result.decode:
+        raise UsageError(
+            f"{type(model).__name__} returned no key/value cache, so every forward of the loop "
+            "started from nothing and none was a decode step: generation needs a decoder that "
+            "takes and returns a cache (past_key_values / cache)")
+    return result
+
+
+def _count_generation(model: nn.Module, prompt_len: int, new_tokens: int, batch: int,
+                      shape_only: bool | None, rules: RulesArg, warn: bool,
+                      observers: Sequence[CallObserver]) -> GenerationReport:
     meta = on_meta(model.modules())
     if shape_only is None:
         shape_only = meta
@@ -456,14 +560,16 @@ def count_generation(
         if shape_only:
             from flopscope.execution.meta import sdpa_as_cpu
 
-            with sdpa_as_cpu(), StepCounter(model, rules=rules, warn=warn) as counter:
+            with sdpa_as_cpu(), StepCounter(model, rules=rules, warn=warn,
+                                            observers=observers) as counter:
                 for _ in _Loop(model, batch, prompt_len, new_tokens, torch.device("meta")).steps():
                     pass
             return counter.result
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 2) or 2)
         device = next(model.parameters()).device
         ids = torch.randint(0, vocab, (batch, prompt_len), device=device)
-        with StepCounter(model, rules=rules, warn=warn) as counter, torch.no_grad():
+        with StepCounter(model, rules=rules, warn=warn,
+                         observers=observers) as counter, torch.no_grad():
             model.generate(  # type: ignore[operator]
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)

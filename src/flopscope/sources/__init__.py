@@ -33,8 +33,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from flopscope.errors import SourceError
+from flopscope.execution.copies import meta_input
 from flopscope.sources._config import parse_config
 from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
 from flopscope.sources._hf import DEFAULT_SEQ_LEN, load_hf
@@ -42,6 +44,7 @@ from flopscope.sources._inputs import (
     DTYPES,
     InputSpec,
     cast_floating,
+    check_size,
     describe,
     make_inputs,
     parse_dtype,
@@ -121,10 +124,17 @@ def load_model(
             "shapes"
         )
     cast = parse_dtype(dtype, floating=True) if dtype is not None else None
+    for spec in inputs or ():
+        check_size((batch, *spec.shape[1:]) if batch is not None and spec.shape else spec.shape,
+                   what=f"input {spec}" + (f" at batch {batch}" if batch is not None else ""))
+    if batch is not None:
+        check_size((batch,), what=f"batch {batch}")
     loaded = _load(source, batch=batch, seq_len=seq_len, config=config, shape_only=shape_only)
     args, kwargs = loaded.args, loaded.kwargs
+    if shape_only:  # inputs on meta from the start: never real memory, whatever their size
+        args, kwargs = tree_map_only(torch.Tensor, meta_input, (args, kwargs))
     if inputs:
-        args, kwargs = make_inputs(inputs, batch=batch), {}
+        args, kwargs = make_inputs(inputs, batch=batch, meta=shape_only), {}
     elif batch is not None and not source.startswith("hf:"):
         args = tuple(rebatch(a, batch) for a in args)
         kwargs = {k: rebatch(v, batch) for k, v in kwargs.items()}
@@ -138,11 +148,9 @@ def load_model(
         model = model.to(cast)
         args = tuple(cast_floating(a, cast) for a in args)
         kwargs = {k: cast_floating(v, cast) for k, v in kwargs.items()}
-    if inputs and cast is None:
-        described = tuple(str(s) for s in inputs)
-    else:
-        described = tuple(describe(a) for a in args) + tuple(
-            f"{k}={describe(v)}" for k, v in kwargs.items())
+    # what ran: the inputs as made (after --batch and --dtype), never the shapes as typed
+    described = tuple(describe(a) for a in args) + tuple(
+        f"{k}={describe(v)}" for k, v in kwargs.items())
     meta = dataclasses.replace(loaded.meta, source=source, inputs=described)
     return dataclasses.replace(loaded, model=model, args=args, kwargs=kwargs, source=source,
                                meta=meta)

@@ -93,7 +93,7 @@ def load_hf(
 
     model = build(construct, shape_only, f"hf:{spec}")
     model.eval()
-    kwargs = _default_inputs(model, config, seq_len or DEFAULT_SEQ_LEN, batch or 1)
+    kwargs = _default_inputs(model, config, seq_len or DEFAULT_SEQ_LEN, batch or 1, shape_only)
     meta = SourceInfo(
         model_type=model_type,
         config={k: v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))},
@@ -122,13 +122,16 @@ def _read_config_file(spec: str, known_types: Mapping[str, Any]) -> tuple[str, d
     return model_type, data
 
 
-def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int) -> dict[str, Any]:
-    """Token ids (and decoder ids for encoder-decoders), or pixel values; ``use_cache=False``."""
+def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int,
+                    meta: bool = False) -> dict[str, Any]:
+    """Token ids (and decoder ids for encoder-decoders), or pixel values; ``use_cache=False``;
+    on ``meta`` for a shape-only count (no memory, whatever the batch)."""
     main_input = getattr(model, "main_input_name", "input_ids")
     kwargs: dict[str, Any] = {}
     if main_input == "input_ids":
         vocab = int(getattr(config, "vocab_size", 0) or 2)
-        ids = torch.randint(0, max(vocab, 1), (batch, seq_len))
+        ids = (torch.zeros((batch, seq_len), dtype=torch.long, device="meta") if meta
+               else torch.randint(0, max(vocab, 1), (batch, seq_len)))
         kwargs["input_ids"] = ids
         if getattr(config, "is_encoder_decoder", False):
             kwargs["decoder_input_ids"] = ids
@@ -136,7 +139,8 @@ def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int) -> 
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else int(size[0])
         channels = int(getattr(config, "num_channels", 3))
-        kwargs["pixel_values"] = torch.randn(batch, channels, size, size)
+        kwargs["pixel_values"] = torch.randn(batch, channels, size, size,
+                                             device="meta" if meta else None)
     if main_input not in kwargs:
         return {}
     if "use_cache" in _forward_params(model):

@@ -6,6 +6,7 @@ passes its flag name (``what="--input"``) so its errors say which flag to fix.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ __all__ = [
     "DTYPES",
     "InputSpec",
     "cast_floating",
+    "check_size",
     "describe",
     "make_inputs",
     "parse_dtype",
@@ -123,11 +125,43 @@ def parse_input(text: str, *, what: str = "input shape") -> InputSpec:
     return InputSpec(shape, dtype)
 
 
+# the most elements a tensor can have: its sizes are int64
+_MAX_ELEMENTS = 2**63 - 1
+
+
+def _physical_memory() -> int:
+    """This machine's memory in bytes (effectively unlimited where it cannot be read)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return _MAX_ELEMENTS
+
+
+def check_size(shape: Sequence[int], *, what: str) -> None:
+    """Refuse a shape no tensor can have (a size or an element count beyond int64), before
+    anything is made: PyTorch would stop with a C++ stack frame.
+
+    Args:
+        shape: the dimensions.
+        what: what the shape is, for the message (``"--batch 99999"``).
+
+    Raises:
+        SourceError: the shape is too large.
+    """
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n > _MAX_ELEMENTS:
+        raise SourceError(f"{what} is too large: {n:,} elements, more than a tensor can hold "
+                          f"({_MAX_ELEMENTS:,}, the int64 limit)")
+
+
 def make_inputs(
     specs: Sequence[InputSpec],
     *,
     batch: int | None = None,
     dtype: torch.dtype | None = None,
+    meta: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Tensors for ``specs``: random floats, zeros for integer dtypes (valid indices).
 
@@ -135,6 +169,8 @@ def make_inputs(
         specs: shapes and dtypes.
         batch: when given, replaces the first dimension of every input.
         dtype: when given, the dtype of every floating-point input.
+        meta: make them on the ``meta`` device (a shape-only count: no memory, whatever the
+            size).
 
     Returns:
         One tensor per spec.
@@ -144,10 +180,29 @@ def make_inputs(
         shape = spec.shape
         if batch is not None and shape:
             shape = (batch, *shape[1:])
-        if spec.dtype.is_floating_point:
-            out.append(torch.randn(shape, dtype=dtype or spec.dtype))
-        else:
-            out.append(torch.zeros(shape, dtype=spec.dtype))
+        if meta:
+            out.append(torch.empty(shape, dtype=dtype if dtype is not None and
+                                   spec.dtype.is_floating_point else spec.dtype, device="meta"))
+            continue
+        made = InputSpec(tuple(shape), spec.dtype)
+        nbytes = torch.empty((), dtype=dtype or spec.dtype).element_size()
+        for d in shape:
+            nbytes *= d
+        if nbytes > _physical_memory():
+            raise SourceError(
+                f"input {made} needs {nbytes / 2**30:,.1f} GiB, more than this machine's "
+                f"{_physical_memory() / 2**30:,.1f} GiB of memory: count it shape-only "
+                "(--shape-only / shape_only=True), which makes no tensor memory")
+        try:
+            if spec.dtype.is_floating_point:
+                out.append(torch.randn(shape, dtype=dtype or spec.dtype))
+            else:
+                out.append(torch.zeros(shape, dtype=spec.dtype))
+        except (RuntimeError, MemoryError) as e:  # an allocation this machine cannot make
+            raise SourceError(
+                f"input {made} needs {nbytes / 2**30:,.1f} GiB of memory, which could not be "
+                f"allocated ({str(e).splitlines()[0][:120]}): count it shape-only "
+                "(--shape-only / shape_only=True), which makes no tensor memory") from e
     return tuple(out)
 
 
@@ -162,6 +217,8 @@ def rebatch(value: Any, batch: int) -> Any:
     Returns:
         The argument at that batch size.
     """
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_meta:
+        return torch.empty((batch, *value.shape[1:]), dtype=value.dtype, device="meta")
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] != batch:
         reps = (batch + value.shape[0] - 1) // value.shape[0]
         return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].contiguous()
