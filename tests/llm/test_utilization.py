@@ -112,8 +112,9 @@ def test_generate_step_time_mfu_and_mbu(capsys: pytest.CaptureFixture[str]) -> N
     (["count", "hf:llama", "--step-time", "-1", "--peak-tflops", "3"], "above 0"),
     (["generate", "hf:llama", "--shape-only", "--prompt-len", "4", "--new-tokens", "1",
       "--step-time", "0.1", "--peak-tflops", "3"], "makes none"),
+    # (generate --hardware without a time now gives each step's roofline: test_generate.py)
     (["generate", "hf:llama", "--shape-only", "--prompt-len", "4", "--new-tokens", "2",
-      "--hardware", "h100-sxm"], "needs a measured time"),
+      "--peak-tflops", "3"], "needs a measured time"),
     (["generate", "hf:llama", "--shape-only", "--prompt-len", "4", "--new-tokens", "2",
       "--hardware", "h900", "--step-time", "1"], "unknown hardware 'h900'"),
 ])

@@ -75,6 +75,40 @@ def _add_measure(sub: Any) -> None:
                 p.set_defaults(func=unavailable)
 
 
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string, of every subcommand, that takes one value (``--input``,
+    ``--tolerance``)."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _value_options(sub)
+        elif action.option_strings and action.nargs is None and not isinstance(
+                action, (argparse._StoreConstAction, argparse._CountAction,
+                         argparse._HelpAction, argparse._VersionAction)):
+            found.update(action.option_strings)
+    return found
+
+
+def _join_dash_values(argv: list[str], options: set[str]) -> list[str]:
+    """``--input -1x3x224x224`` as ``--input=-1x3x224x224``: argparse takes a value that starts
+    with ``-`` (and is not a plain negative number) for an option and says "expected one
+    argument"; joined, the value reaches the option's own check and its message."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if (token in options and i + 1 < len(argv) and argv[i + 1].startswith("-")
+                and argv[i + 1] != "--" and argv[i + 1] not in options
+                and not argv[i + 1][1:2].isalpha() and not argv[i + 1].startswith("--")):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line.
 
@@ -89,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_dash_values(argv, _value_options(parser)))
         if getattr(args, "func", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

@@ -16,7 +16,6 @@ Exit codes: :data:`EXIT_OK` 0, :data:`EXIT_CHECK_FAILED` 1, :data:`EXIT_USAGE` 2
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from flopscope._text import did_you_mean, one_line
+from flopscope.cli.types import dtype_name, non_negative_int, positive_int, positive_number
 from flopscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -47,15 +47,10 @@ __all__ = [
     "add_source_options",
     "check_output",
     "did_you_mean",
-    "dtype_name",
     "load_source",
-    "non_negative_int",
     "one_line",
-    "positive_int",
     "print_error",
     "print_traceback_if_asked",
-    "tolerance",
-    "unit_prefix",
     "usage_error",
     "write_output",
 ]
@@ -127,134 +122,6 @@ def print_traceback_if_asked() -> None:
 
 
 # -- argument types ----------------------------------------------------------------------------
-def _whole_number(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < minimum:
-        wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
-        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """Argument type: a whole number, at least 1 (``--batch``, ``--seq-len``).
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The number.
-
-    Raises:
-        argparse.ArgumentTypeError: not a whole number, or below 1.
-    """
-    return _whole_number(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """Argument type: a whole number, 0 or more (``--depth``).
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The number.
-
-    Raises:
-        argparse.ArgumentTypeError: not a whole number, or negative.
-    """
-    return _whole_number(text, 0)
-
-
-def tolerance(text: str) -> float:
-    """Argument type: a relative tolerance, ``1%`` or ``0.01``.
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The fraction (``0.01`` for ``1%``).
-
-    Raises:
-        argparse.ArgumentTypeError: malformed or negative.
-    """
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"malformed tolerance {text!r}: write a percentage like 1% or a fraction like 0.01"
-        ) from None
-    if value < 0 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"tolerance must be 0 or more, got {text!r}")
-    return value
-
-
-def positive_number(text: str) -> float:
-    """Argument type: a finite number above 0 (``--step-time 0.41``, ``--peak-tflops 989``).
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The number.
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or not above 0.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number such as 0.41, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
-    return value
-
-
-def unit_prefix(text: str) -> str | None:
-    """Argument type: ``--unit auto|K|M|G|T|P``.
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The SI prefix, ``None`` for automatic.
-
-    Raises:
-        argparse.ArgumentTypeError: an unknown unit.
-    """
-    from flopscope.render.units import parse_prefix
-
-    try:
-        return parse_prefix(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def dtype_name(text: str) -> str:
-    """Argument type: ``--dtype`` (a floating-point dtype name: ``float64``, ``double``, ``bf16``).
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        The canonical name (``float64``).
-
-    Raises:
-        argparse.ArgumentTypeError: an unknown or non-floating dtype (close names suggested).
-    """
-    from flopscope.errors import SourceError
-    from flopscope.sources import parse_dtype
-
-    try:
-        return str(parse_dtype(text, floating=True)).removeprefix("torch.")
-    except SourceError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-# -- shared options ----------------------------------------------------------------------------
 def add_format(
     parser: argparse.ArgumentParser,
     *,

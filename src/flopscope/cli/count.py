@@ -24,10 +24,10 @@ from flopscope.cli._options import (
     load_source,
     one_line,
     step_time_peak,
-    unit_prefix,
     usage_error,
     write_output,
 )
+from flopscope.cli.types import profile, unit_prefix
 
 __all__ = ["add_subcommands", "run_count"]
 
@@ -67,7 +67,7 @@ def add_subcommands(subparsers: Any) -> None:
     count.add_argument("--rules", metavar="FILE.py",
                        help="a Python file defining RULES, a dict of extra rules")
     est = count.add_argument_group("time and memory estimates")
-    est.add_argument("--hardware", metavar="NAME|FILE|this-machine",
+    est.add_argument("--hardware", type=profile, metavar="NAME|FILE|this-machine",
                      help="add a roofline estimate (lower bound on time) on this hardware: a "
                           "shipped profile (h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l4, "
                           "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
@@ -212,6 +212,9 @@ def _check_options(args: argparse.Namespace) -> Any:
         if not args.hardware:
             raise usage_error("--roofline-plot needs --hardware (the roofline's roofs)")
         check_plot(args.roofline_plot)
+    if args.tf32 and not args.hardware:
+        raise usage_error("--tf32 says how float32 matrix products run on the --hardware "
+                          "profile: give --hardware NAME too")
     if args.optimizer is not None and not (args.memory and args.backward):
         raise usage_error("--optimizer sizes a training step's optimizer state: it needs "
                           "--memory --backward")
@@ -287,10 +290,14 @@ def run_count(args: argparse.Namespace) -> int:
             log = CallLog() if hardware is not None else None
             observers = [log, *util_observers] if log is not None else util_observers
             if args.memory:
+                step: dict[str, Any] = {}  # a training step's optimizer (none for inference)
+                if args.backward:
+                    step["optimizer"] = (None if args.optimizer == "none"
+                                         else args.optimizer or "adamw")
                 report, memory = peak_memory(
                     loaded.model, loaded.inputs, train=args.backward, shape_only=args.shape_only,
-                    optimizer=None if args.optimizer == "none" else args.optimizer or "adamw",
                     strict=args.strict, rules=rules, observers=observers, source=loaded.meta,
+                    **step,
                 )
             else:
                 report = flopscope.count(

@@ -12,9 +12,9 @@ from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     add_depth,
-    tolerance,
     usage_error,
 )
+from flopscope.cli.types import tolerance
 
 __all__ = ["add_subcommands", "read_report", "run_diff"]
 

@@ -16,12 +16,11 @@ from flopscope.cli._options import (
     check_output,
     check_step_time,
     load_source,
-    positive_int,
-    positive_number,
     step_time_peak,
     usage_error,
     write_output,
 )
+from flopscope.cli.types import positive_int, positive_number, profile
 from flopscope.errors import UsageError
 
 __all__ = ["add_subcommands", "estimate_lines", "estimate_summary", "run_generate"]
@@ -49,7 +48,7 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--shape-only", action="store_true",
                    help="no arithmetic: the model on meta, a growing cache of meta tensors")
     util = p.add_argument_group("time on named hardware; utilization of a measured generation")
-    util.add_argument("--hardware", metavar="NAME|FILE|this-machine",
+    util.add_argument("--hardware", type=profile, metavar="NAME|FILE|this-machine",
                       help="a shipped profile (h100-sxm, a100-80gb, ...), a JSON profile file or "
                            "this-machine: each step's roofline time (a lower bound), the prefill's "
                            "and a decode step's; with --step-time / --prefill-time also MFU and "

@@ -27,12 +27,10 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     check_output,
-    dtype_name,
-    positive_int,
-    tolerance,
     usage_error,
     write_output,
 )
+from flopscope.cli.types import dtype_name, positive_int, tolerance
 from flopscope.errors import BackendUnavailableError, MeasureError
 
 if TYPE_CHECKING:

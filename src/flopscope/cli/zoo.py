@@ -17,11 +17,11 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     check_output,
-    positive_int,
     print_error,
     usage_error,
     write_output,
 )
+from flopscope.cli.types import positive_int
 from flopscope.zoo import LIBRARIES, ZooRow, default_jobs, sweep, zoo_models
 
 __all__ = ["add_subcommands", "run_zoo", "zoo_table"]

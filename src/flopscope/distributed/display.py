@@ -9,7 +9,8 @@ from typing import Any
 
 from flopscope.distributed.pipeline import PipelineReport
 from flopscope.render.units import human
-from flopscope.report.report import Report, is_within
+from flopscope.report.records import is_within
+from flopscope.report.report import Report
 from flopscope.report.sections import Column
 
 __all__ = ["CommunicationSection", "PipelineSection", "communication_columns",

@@ -65,6 +65,13 @@ __all__ = [
 ]
 
 
+class _Unset:
+    """The default of an option whose presence matters (``optimizer=`` without ``train=``)."""
+
+
+_DEFAULT = _Unset()
+
+
 class RooflineResult(NamedTuple):
     """What :func:`roofline` returns (it unpacks as ``report, estimate``).
 
@@ -133,7 +140,7 @@ def peak_memory(
     /,
     *args: Any,
     train: bool = False,
-    optimizer: OptimizerArg = "adamw",
+    optimizer: OptimizerArg | _Unset = _DEFAULT,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     shape_only: bool = False,
     rules: Any = None,
@@ -162,9 +169,11 @@ def peak_memory(
         model: the model.
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         train: a training step instead of an inference forward.
-        optimizer: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adamw"``, ``None`` (forward and
-            backward only), or a function from the parameter list to an optimizer.
-        loss_fn: output -> scalar loss (default: the sum of floating-point outputs).
+        optimizer: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adamw"`` (the default), ``None``
+            (forward and backward only), or a function from the parameter list to an optimizer;
+            with ``train=True`` only.
+        loss_fn: output -> scalar loss (default: the sum of floating-point outputs); with
+            ``train=True`` only.
         shape_only: run on meta tensors.
         rules: extra rules, as for :func:`flopscope.count`.
         strict: raise at the first operator without a rule, as for :func:`flopscope.count`.
@@ -181,6 +190,13 @@ def peak_memory(
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"peak_memory() takes an nn.Module, not {type(model).__name__}")
+    if not train and (optimizer is not _DEFAULT or loss_fn is not None):
+        given = "optimizer=" if optimizer is not _DEFAULT else "loss_fn="
+        raise UsageError(f"peak_memory({given}...) sizes a training step, but train is False: "
+                         "pass train=True, or leave it out for an inference forward")
+    if optimizer is _DEFAULT:
+        optimizer = "adamw"
+    assert not isinstance(optimizer, _Unset)
     args, kwargs = _split_inputs(args, kwargs)
     tracker = MemoryTracker()
     if not train:

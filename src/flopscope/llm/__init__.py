@@ -17,7 +17,7 @@ See docs/llm.md.
 from __future__ import annotations
 
 from flopscope.llm.attention import AttentionFigures, AttentionTotals
-from flopscope.llm.generate import GenerationReport, Step, StepCounter, count_generation
+from flopscope.llm.generate import StepCounter, count_generation
 from flopscope.llm.pairs import (
     causal_pairs,
     cpu_flash_block_sizes,
@@ -26,6 +26,7 @@ from flopscope.llm.pairs import (
     flash2_executed_pairs,
     sliding_window_pairs,
 )
+from flopscope.llm.steps import GenerationReport, Step
 
 __all__ = [
     "AttentionFigures",

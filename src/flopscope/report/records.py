@@ -4,12 +4,16 @@ breakdowns hand back. Plain frozen values; :mod:`flopscope.report.report` re-exp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
+from flopscope.errors import UsageError
 
-__all__ = ["CommRecord", "CommStats", "ModuleStats", "OpRecord", "OpStats", "RuleRecord"]
+__all__ = ["CommRecord", "CommStats", "Located", "ModuleStats", "OpRecord", "OpStats",
+           "RuleRecord", "as_phase", "is_within", "sum_costs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +123,42 @@ class ModuleStats:
     params: ParamStats
     self_cost: Cost
     inclusive: Cost
+
+
+def sum_costs(costs: Iterable[Cost]) -> Cost:
+    """The sum of some costs (a zero cost for none)."""
+    total = Cost()
+    for c in costs:
+        total = total + c
+    return total
+
+
+def as_phase(phase: Phase | str | None) -> Phase | None:
+    """A phase given as a :class:`Phase`, its name or ``None`` (all phases).
+
+    Raises:
+        UsageError: an unknown phase name.
+    """
+    if phase is None or isinstance(phase, Phase):
+        return phase
+    try:
+        return Phase(phase)
+    except ValueError:
+        raise UsageError(
+            f"unknown phase {phase!r}: use one of {[p.value for p in Phase]} or None for all"
+        ) from None
+
+
+class Located(Protocol):
+    """A record that ran in one module in one phase (:class:`OpRecord`, :class:`CommRecord`)."""
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def phase(self) -> Phase: ...
+
+
+def is_within(path: str, ancestor: str) -> bool:
+    """True when module ``path`` is ``ancestor`` or lies below it (the root ``""`` holds all)."""
+    return ancestor == "" or path == ancestor or path.startswith(ancestor + ".")

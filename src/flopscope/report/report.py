@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
@@ -29,49 +29,19 @@ from flopscope.report import schema as _report_schema
 from flopscope.report.records import (
     CommRecord,
     CommStats,
+    Located,
     ModuleStats,
     OpRecord,
     OpStats,
     RuleRecord,
+    as_phase,
+    is_within,
+    sum_costs,
 )
-from flopscope.report.schema import SCHEMA
 from flopscope.report.sections import Section
 from flopscope.report.source import SourceInfo
 
 __all__ = ["Report"]
-
-
-def _sum(costs: Iterable[Cost]) -> Cost:
-    total = Cost()
-    for c in costs:
-        total = total + c
-    return total
-
-
-def _phase(phase: Phase | str | None) -> Phase | None:
-    if phase is None or isinstance(phase, Phase):
-        return phase
-    try:
-        return Phase(phase)
-    except ValueError:
-        raise UsageError(
-            f"unknown phase {phase!r}: use one of {[p.value for p in Phase]} or None for all"
-        ) from None
-
-
-class _Located(Protocol):
-    """A record that ran in one module in one phase (:class:`OpRecord`, :class:`CommRecord`)."""
-
-    @property
-    def module(self) -> str: ...
-
-    @property
-    def phase(self) -> Phase: ...
-
-
-def is_within(path: str, ancestor: str) -> bool:
-    """True when module ``path`` is ``ancestor`` or lies below it (the root ``""`` holds all)."""
-    return ancestor == "" or path == ancestor or path.startswith(ancestor + ".")
 
 
 @dataclass(frozen=True)
@@ -120,20 +90,20 @@ class Report:
     sections: tuple[Section, ...] = field(default=(), compare=False)
 
     # -- totals -------------------------------------------------------------------------------
-    def _scope(self, phase: Phase | str | None, module: str | None) -> Callable[[_Located], bool]:
+    def _scope(self, phase: Phase | str | None, module: str | None) -> Callable[[Located], bool]:
         """Check ``phase`` and ``module`` now; the test that a record ran in that phase (or any,
         ``None``) within that module's subtree (or anywhere, ``None``).
 
         Raises:
             UsageError: unknown phase or module path.
         """
-        ph = _phase(phase)
+        ph = as_phase(phase)
         if module is not None and module not in self.modules:
             close = difflib.get_close_matches(module, [p for p in self.modules if p], n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise UsageError(f"the report has no module {module!r}{hint} (the root is '')")
 
-        def inside(r: _Located) -> bool:
+        def inside(r: Located) -> bool:
             return (ph is None or r.phase == ph) and (module is None or is_within(r.module, module))
 
         return inside
@@ -154,7 +124,7 @@ class Report:
         Raises:
             UsageError: unknown phase or module path.
         """
-        return _sum(r.cost for r in self._records(phase, module))
+        return sum_costs(r.cost for r in self._records(phase, module))
 
     @property
     def macs(self) -> int:
@@ -230,7 +200,7 @@ class Report:
         if not self.logical:
             return self.total(phase, module=module)
         inside = self._scope(phase, module)
-        return _sum(r.cost for r in self.logical if inside(r))
+        return sum_costs(r.cost for r in self.logical if inside(r))
 
     def replicated_total(self, phase: Phase | str | None = None) -> Cost:
         """This rank's work on fully replicated DTensors (see ``replicated``): redundant work that
@@ -240,7 +210,7 @@ class Report:
             UsageError: unknown phase.
         """
         inside = self._scope(phase, None)
-        return _sum(r.cost for r in self.replicated if inside(r))
+        return sum_costs(r.cost for r in self.replicated if inside(r))
 
     def communication_by_kind(
         self, phase: Phase | str | None = None, *, module: str | None = None
@@ -381,37 +351,9 @@ class Report:
 
     # -- serialization (the schema: flopscope.report.schema) ---------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with a ``schema`` version; :meth:`from_dict` reads it back."""
-        out: dict[str, Any] = {
-            "schema": SCHEMA,
-            "model": self.model,
-            "shape_only": self.shape_only,
-            "meta": self.meta.to_dict(),
-            "totals": {
-                "params": self.params,
-                **self.total().to_dict(),
-                **{f"{p.value}": self.total(p).to_dict() for p in self.phases},
-            },
-            "modules": _report_schema.modules_list(self.modules, self.module_params),
-            "records": [_report_schema.op_record_dict(r) for r in self.records],
-            "rules": [_report_schema.rule_record_dict(r) for r in self.rules],
-            "opaque": list(self.opaque),
-            "uncounted": self.uncounted,
-        }
-        # The keys of a report made under torch.distributed (absent otherwise).
-        if self.rank is not None:
-            out["rank"] = self.rank
-            out["world_size"] = self.world_size
-        if self.communication:
-            out["communication"] = _report_schema.communication_dict(
-                self.communication, self.communication_by_kind(), self.communication_total())
-        if self.logical:
-            out["logical"] = _report_schema.logical_dict(
-                self.logical, self.replicated, self.logical_total(), self.replicated_total())
-        for section in self.sections:
-            if section.key is not None:
-                out[section.key] = section.to_dict()
-        return out
+        """A JSON-ready dict with a ``schema`` version (see :mod:`flopscope.report.schema`);
+        :meth:`from_dict` reads it back."""
+        return _report_schema.report_dict(self)
 
     def with_sections(self, *sections: Section) -> Report:
         """This report with more sections (after its own).

@@ -11,7 +11,7 @@ same count always gives the same text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
@@ -20,7 +20,11 @@ from flopscope.report.records import CommRecord, CommStats, OpRecord, RuleRecord
 from flopscope.report.sections import DataSection
 from flopscope.report.source import SourceInfo
 
+if TYPE_CHECKING:
+    from flopscope.report.report import Report
+
 __all__ = [
+    "report_dict",
     "SCHEMA", "communication_dict", "logical_dict", "modules_list", "op_record_dict", "report_fields",
     "rule_record_dict",
 ]
@@ -143,3 +147,45 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         }
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"malformed flopscope report ({type(e).__name__}: {e})") from None
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """A report's dict form (``Report.to_dict``): its fields, the sharded views where they
+    exist, and every section's data under its key.
+
+    Args:
+        report: the report.
+
+    Returns:
+        A JSON-ready dict with a ``schema`` version.
+    """
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": report.model,
+        "shape_only": report.shape_only,
+        "meta": report.meta.to_dict(),
+        "totals": {
+            "params": report.params,
+            **report.total().to_dict(),
+            **{f"{p.value}": report.total(p).to_dict() for p in report.phases},
+        },
+        "modules": modules_list(report.modules, report.module_params),
+        "records": [op_record_dict(r) for r in report.records],
+        "rules": [rule_record_dict(r) for r in report.rules],
+        "opaque": list(report.opaque),
+        "uncounted": report.uncounted,
+    }
+    # The keys of a report made under torch.distributed (absent otherwise).
+    if report.rank is not None:
+        out["rank"] = report.rank
+        out["world_size"] = report.world_size
+    if report.communication:
+        out["communication"] = communication_dict(
+            report.communication, report.communication_by_kind(), report.communication_total())
+    if report.logical:
+        out["logical"] = logical_dict(
+            report.logical, report.replicated, report.logical_total(), report.replicated_total())
+    for section in report.sections:
+        if section.key is not None:
+            out[section.key] = section.to_dict()
+    return out

@@ -16,8 +16,8 @@ import sympy  # type: ignore[import-untyped]
 
 from flopscope.cost import Cost, Phase
 from flopscope.errors import DomainError, UsageError
-from flopscope.report.records import OpRecord, RuleRecord
-from flopscope.report.report import Report, is_within
+from flopscope.report.records import OpRecord, RuleRecord, is_within
+from flopscope.report.report import Report
 
 __all__ = ["FIELDS", "SymCost", "SymRecord", "SymbolicReport", "pretty"]
 

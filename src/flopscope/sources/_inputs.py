@@ -106,6 +106,8 @@ def parse_input(text: str, *, what: str = "input shape") -> InputSpec:
         SourceError: the text is not of that form, or names an unknown dtype.
     """
     shape_text, _, dtype_text = text.strip().partition(":")
+    if re.fullmatch(r"-?\d+(x-?\d+)*", shape_text.lower()) and "-" in shape_text:
+        raise SourceError(f"malformed {what} {text!r}: every dimension must be at least 1")
     if not re.fullmatch(r"\d+(x\d+)*", shape_text.lower()):
         raise SourceError(
             f"malformed {what} {text!r}: write the shape as dimensions joined by 'x', optionally "

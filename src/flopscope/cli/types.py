@@ -1,0 +1,166 @@
+"""The value types of the command line's options (argparse ``type=``): each turns the user's
+string into a value or raises :class:`argparse.ArgumentTypeError` with a message that says what
+to write instead (argparse prints it as a one-line usage error)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+__all__ = ["dtype_name", "non_negative_int", "positive_int", "positive_number", "profile",
+           "tolerance", "unit_prefix"]
+
+
+def _whole_number(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """Argument type: a whole number, at least 1 (``--batch``, ``--seq-len``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or below 1.
+    """
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """Argument type: a whole number, 0 or more (``--depth``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or negative.
+    """
+    return _whole_number(text, 0)
+
+
+def tolerance(text: str) -> float:
+    """Argument type: a relative tolerance, a percentage (``1%``) or a fraction below 1
+    (``0.01``). A bare number of 1 or more is refused as ambiguous: ``1`` could mean 1% or 100%.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The fraction (``0.01`` for ``1%``).
+
+    Raises:
+        argparse.ArgumentTypeError: malformed, negative, or a bare number of 1 or more.
+    """
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw[:-1]) / 100 if percent else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"malformed tolerance {text!r}: write a percentage like 1% or a fraction like 0.01"
+        ) from None
+    if value < 0 or math.isnan(value) or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"tolerance must be 0 or more, got {text!r}")
+    if not percent and value >= 1:
+        raise argparse.ArgumentTypeError(
+            f"ambiguous tolerance {text!r}: write {raw}% for {raw} percent, or a fraction below 1 "
+            f"(0.01 is 1%); {raw} as a fraction would be {100 * value:g}%")
+    return value
+
+
+def profile(text: str) -> str:
+    """Argument type: a hardware profile's name or file (``--hardware``), not empty.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The text.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value (``--hardware ''`` was silently ignored).
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty profile: give a shipped profile (h100-sxm, a100-80gb, ...), a JSON profile "
+            "file or this-machine (flopscope count --help lists them)")
+    return text
+
+
+def positive_number(text: str) -> float:
+    """Argument type: a finite number above 0 (``--step-time 0.41``, ``--peak-tflops 989``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The number.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not above 0.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.41, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return value
+
+
+def unit_prefix(text: str) -> str | None:
+    """Argument type: ``--unit auto|K|M|G|T|P``.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The SI prefix, ``None`` for automatic.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown unit.
+    """
+    from flopscope.render.units import parse_prefix
+
+    try:
+        return parse_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def dtype_name(text: str) -> str:
+    """Argument type: ``--dtype`` (a floating-point dtype name: ``float64``, ``double``, ``bf16``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The canonical name (``float64``).
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown or non-floating dtype (close names suggested).
+    """
+    from flopscope.errors import SourceError
+    from flopscope.sources import parse_dtype
+
+    try:
+        return str(parse_dtype(text, floating=True)).removeprefix("torch.")
+    except SourceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# -- shared options ----------------------------------------------------------------------------
