@@ -38,6 +38,7 @@ _EXPORTS = {
     "costed": "flopscope.rules.costed",
     "count": "flopscope.run",
     "count_symbolic": "flopscope.symbolic.count",
+    "profile": "flopscope.timing.api",
     "default_rules": "flopscope.rules",
 }
 
@@ -66,13 +67,14 @@ __all__ = [
     "count",
     "count_symbolic",
     "default_rules",
+    "profile",
 ]
 
 
 # the feature packages, reachable as attributes (``flopscope.estimate.roofline(...)``) and loaded
 # on first use like the names above
 _SUBPACKAGES = frozenset({"compat", "distributed", "estimate", "llm", "measure", "render",
-                          "report", "rules", "sources", "symbolic"})
+                          "report", "rules", "sources", "symbolic", "timing"})
 
 
 def __getattr__(name: str) -> _Any:
@@ -111,3 +113,4 @@ if _TYPE_CHECKING:  # the same names, for type checkers
     from flopscope.rules.user import ModuleRule
     from flopscope.run import Inputs, count
     from flopscope.symbolic.count import count_symbolic
+    from flopscope.timing.api import profile

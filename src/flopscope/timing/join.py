@@ -1,0 +1,120 @@
+"""Joining counted operator calls to what ``torch.profiler`` measured.
+
+A count sees each operator call at PyTorch's Python dispatch key (:mod:`flopscope.core.mode`);
+the profiler records every operator the dispatcher enters, with its start, duration, thread and
+nesting: composite operators above the call (``aten::linear`` around ``aten::addmm``), the
+operators a kernel dispatches inside it (``aten::addmm``'s ``aten::copy_``), and on CUDA the
+kernels each operator launched. The join walks the calls of a run in order and takes, for each,
+the next profiler event of its name on the counting thread that starts after the previous match
+ended: its children are inside it, its parents started before it and are skipped, so each call
+gets the event of its own dispatch. The run's measured time is then split into the matched
+events (each counted call's time) and the rest of the region (Python, module hooks, composite
+wrappers, launch gaps): nothing is dropped, and the parts add up to the region's wall time.
+
+The measured runs are made without flopscope's dispatch mode (see :mod:`flopscope.timing.run`),
+so the times carry none of flopscope's own overhead; the join needs only the calls' names and
+order, which the count gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["REGION", "Event", "events_of", "match", "region_events"]
+
+REGION = "flopscope::region"
+"""The name of the ``record_function`` range around each measured run."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One profiler event, as the join needs it.
+
+    Attributes:
+        name: the operator (``aten::addmm``) or range name.
+        start_us: its start, microseconds on the profiler's clock.
+        end_us: its end.
+        thread: the thread it ran on.
+        device_us: the time of the device kernels it launched, itself and below (0 on the CPU).
+        kind: ``"op"`` for an operator or range on the CPU side.
+    """
+
+    name: str
+    start_us: float
+    end_us: float
+    thread: int
+    device_us: float = 0.0
+    kind: str = "op"
+
+    @property
+    def dur_us(self) -> float:
+        """Its duration."""
+        return self.end_us - self.start_us
+
+
+def events_of(function_events: Iterable[Any]) -> list[Event]:
+    """The CPU-side events of ``torch.profiler``'s ``prof.events()``, sorted by start.
+
+    Args:
+        function_events: ``FunctionEvent`` objects.
+
+    Returns:
+        The events, with each one's device (kernel) time where it launched kernels.
+    """
+    out = []
+    for e in function_events:
+        if str(getattr(e, "device_type", "")).endswith("CPU") is False:
+            continue  # a kernel itself: counted through the operator that launched it
+        device = float(getattr(e, "device_time_total", 0.0) or 0.0)
+        out.append(Event(e.name, float(e.time_range.start), float(e.time_range.end),
+                         int(e.thread), device))
+    out.sort(key=lambda ev: (ev.start_us, -ev.end_us))
+    return out
+
+
+def region_events(events: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
+    """Each measured run's region event and the events inside it on its thread, in order.
+
+    Args:
+        events: every event of a profile, sorted by start.
+
+    Returns:
+        (region, events inside it) per run.
+    """
+    regions = [e for e in events if e.name == REGION]
+    return [(r, [e for e in events if e.thread == r.thread and e is not r
+                 and r.start_us <= e.start_us and e.end_us <= r.end_us]) for r in regions]
+
+
+def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
+    """For each call (by operator name, in order), the index of its event in ``events``.
+
+    A call takes the next event of its name that starts at or after the end of the previous
+    call's event (so a matched event's children and enclosing parents are never taken); a call
+    with no such event gets ``None``, and the search for the next call starts where this one
+    did.
+
+    Args:
+        names: the calls' operator names (``aten::addmm``), in the order they ran.
+        events: the events of the same run and thread, sorted by start.
+
+    Returns:
+        One index (or ``None``) per call.
+    """
+    found: list[int | None] = []
+    j = 0
+    last_end = float("-inf")
+    n = len(events)
+    for name in names:
+        k = j
+        while k < n and not (events[k].name == name and events[k].start_us >= last_end):
+            k += 1
+        if k == n:
+            found.append(None)
+            continue
+        found.append(k)
+        last_end = events[k].end_us
+        j = k + 1
+    return found

@@ -1,0 +1,326 @@
+"""Measured time beside every count: :func:`measure`.
+
+The model is counted once (every operator call in order, with its module, phase and cost, and
+what the roofline needs of it), then run for real, without flopscope's dispatch mode: warm-up
+runs, then ``repeat`` runs under ``torch.profiler`` (CPU activities; CUDA too where the model is
+on a GPU), each inside a ``record_function`` range (:data:`~flopscope.timing.join.REGION`), with
+each module call inside a range of its own (``module::<path>``, for the trace's module track).
+The counted calls are joined to the profiler's events by name and order
+(:mod:`flopscope.timing.join`); per call, the median over the runs and its spread. The model is
+left as it was (its state saved before the runs and put back after).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_iter
+
+from flopscope.core.facts import facts
+from flopscope.cost import Cost, OpCall, Phase
+from flopscope.errors import UsageError
+from flopscope.estimate.bound import Row, call_row
+from flopscope.estimate.profile import Hardware
+from flopscope.estimate.roofline import CallLog
+from flopscope.execution.forward import backward as run_backward
+from flopscope.execution.how import on_meta
+from flopscope.execution.snapshot import ModelSnapshot
+from flopscope.report.report import Report
+from flopscope.report.source import SourceInfo
+from flopscope.run import Inputs, count
+from flopscope.timing.join import REGION, Event, events_of, match, region_events
+
+__all__ = ["NOISY", "CallTime", "Timing", "measure"]
+
+NOISY = 0.10  # a spread (max - min) / median above this is called out as large
+
+
+class _Calls:
+    """An observer that keeps every counted call in order: module, phase, operator, cost."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Phase, str, str, Cost]] = []
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """One costed call (a module rule's, with no call, is never matched to an event)."""
+        schema = facts(call.op).schema_name if call is not None else ""
+        self.calls.append((path, phase, op, schema, cost))
+
+    def reset(self) -> None:
+        """Forget an abandoned attempt."""
+        self.calls.clear()
+
+
+@dataclass(frozen=True)
+class CallTime:
+    """One counted operator call and its measured time.
+
+    Attributes:
+        index: its place in the run (0 first).
+        module: the module path it is attributed to.
+        phase: its phase.
+        op: the operator's report name.
+        cost: what it costs (as counted).
+        seconds: its measured time in the median run (the run of median wall time; 0 when it
+            was not matched there), so that the calls and the time outside them add up to
+            that run's wall time.
+        runs: its time in each run (``None`` where not matched).
+        bound: its roofline row on the profile (a lower bound), or ``None`` without one.
+        start_s: its start in the median run, from the region's start (for the trace).
+    """
+
+    index: int
+    module: str
+    phase: Phase
+    op: str
+    cost: Cost
+    seconds: float
+    runs: tuple[float | None, ...]
+    bound: Row | None = None
+    start_s: float = 0.0
+
+    @property
+    def matched(self) -> bool:
+        """Whether a profiler event was found for it in every run."""
+        return all(t is not None for t in self.runs)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a profiled run measured, joined to its count.
+
+    Attributes:
+        calls: every counted call with its time.
+        walls: the region's wall time of each measured run, seconds.
+        outsides: per run, the wall time not inside any counted call (Python, module hooks,
+            composite operators' own dispatch, launch gaps).
+        median_run: the run whose wall time is the median: the one the figures are of.
+        warmup: unmeasured runs before.
+        device: ``"cpu"`` or ``"cuda"`` (on CUDA a call's time is its kernels' time).
+        hardware: the profile the bounds are on, or ``None``.
+        modules: the module spans of the median run: (path, start, end) seconds from the
+            region's start, for the trace.
+        events: the median run's profiler events (seconds from its start), for the trace.
+    """
+
+    calls: tuple[CallTime, ...]
+    walls: tuple[float, ...]
+    outsides: tuple[float, ...]
+    warmup: int
+    device: str
+    median_run: int = 0
+    hardware: Hardware | None = None
+    modules: tuple[tuple[str, float, float], ...] = ()
+    events: tuple[Event, ...] = field(default=(), repr=False)
+
+    @property
+    def wall_s(self) -> float:
+        """The median run's wall time."""
+        return self.walls[self.median_run]
+
+    @property
+    def outside_s(self) -> float:
+        """The median run's time outside every counted call (its calls' times plus this are its
+        wall time)."""
+        return self.outsides[self.median_run]
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median wall time of the runs."""
+        return (max(self.walls) - min(self.walls)) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def unmatched(self) -> int:
+        """Counted calls that do work (FLOPs or bytes) with no profiler event in some run.
+        Calls that only make views without dispatching a recorded operator (the ``detach`` of
+        a tensor autograd saves) are not among them: they show 0 s."""
+        return sum(not c.matched and bool(c.cost.flops or c.cost.bytes) for c in self.calls)
+
+
+def _region_runs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 with_backward: bool, repeat: int, cuda: bool) -> list[Any]:
+    """``repeat`` runs of the model under ``torch.profiler``; the profiler's events."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    paths = {m: p for p, m in model.named_modules()}
+    spans: list[Any] = []
+
+    def enter(module: nn.Module, _: Any) -> None:
+        path = paths.get(module)
+        if path is not None:
+            span = record_function(f"module::{path or '(root)'}")
+            span.__enter__()
+            spans.append(span)
+
+    def leave(module: nn.Module, _: Any, __: Any) -> None:
+        if module in paths and spans:
+            spans.pop().__exit__(None, None, None)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad() if not with_backward else torch.enable_grad())
+        hooks = [nn.modules.module.register_module_forward_pre_hook(enter),
+                 nn.modules.module.register_module_forward_hook(leave, always_call=True)]
+        for handle in hooks:
+            stack.callback(handle.remove)
+        prof = profile(activities=activities)
+        with _native_stderr_muted():  # kineto prints a line at start and one at stop
+            prof.__enter__()
+        stack.callback(_stop, prof)
+        for _ in range(repeat):
+            with record_function(REGION):
+                _one_run(model, args, kwargs, with_backward)
+                if cuda:
+                    torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def _stop(prof: Any) -> None:
+    with _native_stderr_muted():
+        prof.__exit__(None, None, None)
+
+
+@contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Native code's writes to standard error dropped while the block runs (the profiler's own
+    start and stop lines; Python's ``sys.stderr`` is flushed first and left alone after)."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (an embedded interpreter): nothing to mute
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _one_run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+             with_backward: bool) -> None:
+    out = model(*args, **kwargs)
+    if with_backward:
+        run_backward(model, out, None, (args, kwargs), None, alias=True)
+
+
+def measure(
+    model: nn.Module,
+    /,
+    *args: Any,
+    backward: bool = False,
+    warmup: int = 2,
+    repeat: int = 5,
+    hardware: Hardware | None = None,
+    tf32: bool | None = None,
+    rules: Any = None,
+    source: SourceInfo | None = None,
+    **kwargs: Any,
+) -> tuple[Report, Timing]:
+    """Count ``model(*args, **kwargs)`` and measure it: every counted call joined to its time.
+
+    Args:
+        model: the model (real tensors; counted as :func:`flopscope.count` counts it).
+        *args: its positional arguments (or one :class:`flopscope.Inputs`).
+        backward: a forward and backward (gradients of the parameters), as
+            ``count(..., backward=True)``; otherwise an inference forward under ``no_grad``.
+        warmup: unmeasured runs first.
+        repeat: measured runs (the median and the spread are over them).
+        hardware: a profile for each call's roofline bound, or ``None``.
+        tf32: float32 products as TF32 on ``hardware`` (``None``: as torch is set).
+        rules: extra rules, as for :func:`flopscope.count`.
+        source: where the model came from (the report's ``meta``).
+        **kwargs: keyword arguments of the model.
+
+    Returns:
+        The count's report and the :class:`Timing`.
+
+    Raises:
+        UsageError: a model or input on ``meta`` (nothing to measure), or bad counts of runs.
+    """
+    if len(args) == 1 and isinstance(args[0], Inputs):
+        args, kwargs = args[0].args, {**args[0].kwargs, **kwargs}
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"profile() takes an nn.Module, not {type(model).__name__}")
+    if warmup < 0 or repeat < 1:
+        raise UsageError(f"profile needs warmup >= 0 and repeat >= 1 (got {warmup}, {repeat})")
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in tree_iter((args, kwargs)) if isinstance(t, torch.Tensor))]
+    if on_meta(model.modules()) or any(t.is_meta for t in tensors):
+        raise UsageError("profile measures a real run: the model and its inputs must hold real "
+                         "tensors, not meta ones (count shape-only with flopscope count)")
+    cuda = any(t.is_cuda for t in tensors)
+    calls, log = _Calls(), CallLog()
+    with torch.no_grad() if not backward else torch.enable_grad():
+        report = count(model, Inputs(*args, **kwargs), backward=backward, rules=rules,
+                       warn=False, observers=[calls, log], source=source)
+    snapshot = ModelSnapshot(list(model.modules()))
+    snapshot.keep_values()
+    try:
+        with torch.no_grad() if not backward else torch.enable_grad():
+            for _ in range(warmup):
+                _one_run(model, args, kwargs, backward)
+            if cuda:
+                torch.cuda.synchronize()
+        events = events_of(_region_runs(model, args, kwargs, backward, repeat, cuda))
+    finally:
+        snapshot.restore()
+    timing = _joined(calls.calls, log, events, warmup, "cuda" if cuda else "cpu", hardware,
+                     tf32)
+    return report, timing
+
+
+def _joined(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
+            events: list[Event], warmup: int, device: str, hardware: Hardware | None,
+            tf32: bool | None) -> Timing:
+    """The counted calls joined to each measured run's events (see :mod:`.join`)."""
+    names = [schema for _, _, _, schema, _ in calls]
+    runs = region_events(events)
+    per_call: list[list[float | None]] = [[] for _ in calls]
+    starts: list[list[float | None]] = [[] for _ in calls]
+    walls, outsides = [], []
+    for region, inside in runs:
+        ops = [e for e in inside if not e.name.startswith("module::")]
+        found = match(names, ops)
+        total = 0.0
+        for i, k in enumerate(found):
+            if k is None:
+                per_call[i].append(None)
+                starts[i].append(None)
+                continue
+            ev = ops[k]
+            seconds = (ev.device_us if device == "cuda" else ev.dur_us) / 1e6
+            per_call[i].append(seconds)
+            starts[i].append((ev.start_us - region.start_us) / 1e6)
+            total += seconds
+        wall = region.dur_us / 1e6
+        walls.append(wall)
+        outsides.append(wall - total)
+    if not runs:
+        raise UsageError("the profiler recorded no measured run (no region event)")
+    if tf32 is None:
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+    median_run = sorted(range(len(walls)), key=lambda r: walls[r])[len(walls) // 2]
+    out = []
+    for i, (path, phase, op, _, cost) in enumerate(calls):
+        mine = per_call[i][median_run]
+        bound = (call_row(log.records[i], hardware, tf32)
+                 if hardware is not None and i < len(log.records) else None)
+        start = starts[i][median_run] or 0.0
+        out.append(CallTime(i, path, phase, op, cost, mine if mine is not None else 0.0,
+                            tuple(per_call[i]), bound, start))
+    region, inside = runs[median_run]
+    modules = tuple((e.name.removeprefix("module::"), (e.start_us - region.start_us) / 1e6,
+                     (e.end_us - region.start_us) / 1e6)
+                    for e in inside if e.name.startswith("module::"))
+    return Timing(tuple(out), tuple(walls), tuple(outsides), warmup, device, median_run,
+                  hardware, modules, tuple(inside))

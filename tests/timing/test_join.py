@@ -1,0 +1,49 @@
+"""The join of counted calls to profiler events, on recorded events (no profiler needed): each
+call takes its own dispatch's event, never a parent or a child; a call with no event is None."""
+
+from __future__ import annotations
+
+from flopscope.timing.join import REGION, Event, match, region_events
+
+
+def _ev(name: str, start: float, end: float, device: float = 0.0, thread: int = 1) -> Event:
+    return Event(name, start, end, thread, device)
+
+
+# what the profiler records for Linear -> ReLU -> Linear under no_grad (as torch 2.14 does):
+# aten::linear { aten::t { aten::transpose }, aten::addmm { aten::copy_ } }, aten::relu ...;
+# flopscope's mode sees t, addmm, relu, t, addmm (linear is decomposed above it)
+EVENTS = [
+    _ev("aten::linear", 0, 30), _ev("aten::t", 1, 5), _ev("aten::transpose", 2, 4),
+    _ev("aten::addmm", 6, 28), _ev("aten::copy_", 7, 9),
+    _ev("aten::relu", 31, 40), _ev("aten::clamp_min", 32, 39),
+    _ev("aten::linear", 41, 60), _ev("aten::t", 42, 44), _ev("aten::addmm", 45, 59),
+]
+
+
+def test_each_call_takes_its_own_event() -> None:
+    names = ["aten::t", "aten::addmm", "aten::relu", "aten::t", "aten::addmm"]
+    assert match(names, EVENTS) == [1, 3, 5, 8, 9]
+
+
+def test_children_and_parents_are_never_taken() -> None:
+    # an addmm nested inside the previous call's event is its child: the call takes the next one
+    events = [_ev("aten::mm", 0, 10), _ev("aten::mm", 2, 3), _ev("aten::mm", 11, 12)]
+    assert match(["aten::mm", "aten::mm"], events) == [0, 2]
+
+
+def test_a_call_without_an_event_is_none_and_the_rest_still_match() -> None:
+    names = ["aten::t", "aten::nonexistent", "aten::addmm", "aten::relu"]
+    assert match(names, EVENTS) == [1, None, 3, 5]
+
+
+def test_runs_are_split_by_their_region() -> None:
+    events = sorted([
+        _ev(REGION, 0, 100), _ev("aten::mm", 10, 20), _ev("aten::mm", 30, 40),
+        _ev(REGION, 200, 300), _ev("aten::mm", 210, 230),
+        _ev("aten::mm", 220, 225, thread=2),  # another thread: not this run's
+    ], key=lambda e: e.start_us)
+    runs = region_events(events)
+    assert [r.start_us for r, _ in runs] == [0, 200]
+    assert [[e.start_us for e in inside] for _, inside in runs] == [[10, 30], [210]]
+    assert runs[0][0].dur_us == 100
