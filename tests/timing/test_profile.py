@@ -125,3 +125,24 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         v["calls"] for v in measured["by_op"].values())
     assert main(["profile", "torchvision:resnet18", "--hardware", "none",
                  "--estimated-trace", str(trace)]) == 2
+
+
+def test_diff_of_profiled_reports_shows_measured_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before and after: the counts are compared as always, the measured time shown beside them
+    (read back from the JSON's "measured" section)."""
+    paths = []
+    for batch, name in ((8, "a.json"), (16, "b.json")):
+        report, _ = flopscope.profile(_model(), torch.randn(batch, 64), warmup=1, repeat=2)
+        path = tmp_path / name
+        path.write_text(report.to_json())
+        paths.append(str(path))
+    from flopscope.report import Report
+    from flopscope.report.diff import measured_times
+
+    back = Report.from_json(Path(paths[0]).read_text())
+    times = measured_times(back)
+    assert times is not None and set(times) == {"", "0", "1", "2"} and times[""] > 0
+    assert main(["diff", *paths, "--tolerance", "200%"]) == 0  # twice the batch: +100%
+    out = capsys.readouterr().out
+    assert "measured time" in out and "time A" in out and "(root)" in out

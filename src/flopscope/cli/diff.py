@@ -82,6 +82,33 @@ def _signed_pct(a: int, b: int) -> str:
     return f"{100 * (b - a) / abs(a):+.2f}%"
 
 
+def _print_times(console: Any, a: Report, b: Report, args: argparse.Namespace) -> None:
+    """Both reports profiled (``flopscope profile``): their measured time per module, before
+    and after. Shown, never checked: time on a shared machine is noise beside counts."""
+    from rich import box
+    from rich.table import Table
+
+    from flopscope.estimate.display import human_seconds
+    from flopscope.report.diff import measured_times
+
+    ta, tb = measured_times(a), measured_times(b)
+    if ta is None or tb is None:
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  title="measured time (the median run of each; not checked against "
+                        "--tolerance)", title_justify="left")
+    for col in ("module", "time A", "time B", "Δ time"):
+        table.add_column(col, justify="left" if col == "module" else "right", no_wrap=True)
+    for path in [*ta, *(p for p in tb if p not in ta)]:
+        if (0 if path == "" else path.count(".") + 1) > args.depth:
+            continue
+        x, y = ta.get(path), tb.get(path)
+        change = f"{100 * (y - x) / x:+.1f}%" if x and y is not None else "-"
+        table.add_row(path or "(root)", human_seconds(x) if x is not None else "-",
+                      human_seconds(y) if y is not None else "-", change)
+    console.print(table)
+
+
 def run_diff(args: argparse.Namespace) -> int:
     """``flopscope diff A.json B.json``.
 
@@ -101,7 +128,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from flopscope.render.units import human
     from flopscope.report.diff import diff_reports
 
-    result = diff_reports(read_report(args.a), read_report(args.b))
+    report_a, report_b = read_report(args.a), read_report(args.b)
+    result = diff_reports(report_a, report_b)
     beyond = {c.path for c in result.beyond(args.tolerance)}
     rows = [c for c in result.changes if c.counts_differ and c.depth <= args.depth]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
@@ -121,6 +149,7 @@ def run_diff(args: argparse.Namespace) -> int:
     tol = f"{100 * args.tolerance:g}%"
     if rows:
         console.print(table)
+    _print_times(console, report_a, report_b, args)
     if beyond:
         names = [c.path or "(root)" for c in result.beyond(args.tolerance)]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")

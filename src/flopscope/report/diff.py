@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from flopscope.report.records import ModuleStats
 from flopscope.report.report import Report
 
-__all__ = ["ModuleChange", "ReportDiff", "diff_reports", "relative_change"]
+__all__ = ["ModuleChange", "ReportDiff", "diff_reports", "measured_times", "relative_change"]
 
 
 def relative_change(a: int, b: int) -> float:
@@ -133,3 +133,22 @@ def diff_reports(a: Report, b: Report) -> ReportDiff:
             continue
         changes.append(ModuleChange(path, ma, mb))
     return ReportDiff(tuple(changes), len(paths))
+
+
+def measured_times(report: Report) -> dict[str, float] | None:
+    """A profiled report's measured time per module (inclusive, the median run's), read from its
+    ``"measured"`` section, whether made by :func:`flopscope.profile` or read back from JSON.
+
+    Args:
+        report: the report.
+
+    Returns:
+        Module path -> seconds, or ``None`` when the report has no measured time.
+    """
+    section = report.section("measured")
+    if section is None:
+        return None
+    data = section.to_dict()
+    if not isinstance(data, dict) or not isinstance(data.get("by_module"), dict):
+        return None
+    return {path: float(row["seconds"]) for path, row in data["by_module"].items()}
