@@ -47,3 +47,13 @@ def test_runs_are_split_by_their_region() -> None:
     assert [r.start_us for r, _ in runs] == [0, 200]
     assert [[e.start_us for e in inside] for _, inside in runs] == [[10, 30], [210]]
     assert runs[0][0].dur_us == 100
+
+
+def test_a_call_with_no_event_does_not_take_a_later_one() -> None:
+    """autograd detaches a tensor it saves without an event of its own; a detach event later in
+    the run (another one's) must not be taken, or every call after it would be out of place."""
+    events = [_ev("aten::relu_", 0, 5), _ev("aten::max_pool2d", 6, 10),
+              _ev("aten::convolution", 11, 20), _ev("aten::detach", 21, 22)]
+    names = ["aten::relu_", "aten::detach", "aten::max_pool2d", "aten::convolution",
+             "aten::detach"]
+    assert match(names, events) == [0, None, 1, 2, 3]

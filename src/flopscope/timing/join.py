@@ -92,9 +92,12 @@ def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
     """For each call (by operator name, in order), the index of its event in ``events``.
 
     A call takes the next event of its name that starts at or after the end of the previous
-    call's event (so a matched event's children and enclosing parents are never taken); a call
-    with no such event gets ``None``, and the search for the next call starts where this one
-    did.
+    call's event (so a matched event's children and enclosing parents are never taken). Some
+    calls have no event of their own (autograd's ``detach`` of a tensor it saves, the gradient
+    ``add`` of its input buffers): such a call would take a later event of its name and push
+    every call after it out of place, so a call whose next call (of another name) has an event
+    first is taken to have none. A call with no event gets ``None``, and the search for the
+    next call starts where this one did.
 
     Args:
         names: the calls' operator names (``aten::addmm``), in the order they ran.
@@ -103,15 +106,27 @@ def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
     Returns:
         One index (or ``None``) per call.
     """
-    found: list[int | None] = []
-    j = 0
-    last_end = float("-inf")
     n = len(events)
-    for name in names:
+
+    def first(name: str, j: int, last_end: float) -> int:
         k = j
         while k < n and not (events[k].name == name and events[k].start_us >= last_end):
             k += 1
-        if k == n:
+        return k
+
+    # the name of the next call whose name differs, for each call
+    following: list[str | None] = [None] * len(names)
+    nxt: str | None = None
+    for i in range(len(names) - 1, -1, -1):
+        following[i] = nxt if nxt != names[i] else following[i + 1] if i + 1 < len(names) else None
+        nxt = names[i]
+    found: list[int | None] = []
+    j = 0
+    last_end = float("-inf")
+    for i, name in enumerate(names):
+        k = first(name, j, last_end)
+        after = following[i]
+        if k == n or (after is not None and first(after, j, last_end) < k):
             found.append(None)
             continue
         found.append(k)

@@ -138,9 +138,11 @@ class Timing:
 
     @property
     def unmatched(self) -> int:
-        """Counted calls that do work (FLOPs or bytes) with no profiler event in some run.
-        Calls that only make views without dispatching a recorded operator (the ``detach`` of
-        a tensor autograd saves) are not among them: they show 0 s."""
+        """Counted calls that do work (FLOPs or bytes) with no profiler event in some run: the
+        gradient ``add`` autograd's engine makes where a tensor feeds several operators (its
+        input buffers, recorded by no event; their time is in the time outside the calls).
+        Calls that only make views without a recorded event (the ``detach`` of a tensor autograd
+        saves) are not among them; every unmatched call shows 0 s."""
         return sum(not c.matched and bool(c.cost.flops or c.cost.bytes) for c in self.calls)
 
 
