@@ -57,3 +57,12 @@ def test_a_call_with_no_event_does_not_take_a_later_one() -> None:
     names = ["aten::relu_", "aten::detach", "aten::max_pool2d", "aten::convolution",
              "aten::detach"]
     assert match(names, events) == [0, None, 1, 2, 3]
+
+
+def test_two_calls_in_a_row_without_events() -> None:
+    """The gradient add of autograd's input buffer, then a detach: neither has an event; a later
+    add event (another one's) is not taken by the first."""
+    events = [_ev("aten::sum", 0, 5), _ev("aten::pow", 6, 8), _ev("aten::mul", 9, 10),
+              _ev("aten::add", 11, 12)]
+    names = ["aten::sum", "aten::add", "aten::detach", "aten::pow", "aten::mul", "aten::add"]
+    assert match(names, events) == [0, None, None, 1, 2, 3]

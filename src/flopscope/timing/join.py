@@ -24,6 +24,8 @@ from typing import Any
 
 __all__ = ["REGION", "Event", "events_of", "match", "region_events"]
 
+_LOOKAHEAD = 4  # following calls whose events a call may not jump over
+
 REGION = "flopscope::region"
 """The name of the ``record_function`` range around each measured run."""
 
@@ -95,8 +97,8 @@ def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
     call's event (so a matched event's children and enclosing parents are never taken). Some
     calls have no event of their own (autograd's ``detach`` of a tensor it saves, the gradient
     ``add`` of its input buffers): such a call would take a later event of its name and push
-    every call after it out of place, so a call whose next call (of another name) has an event
-    first is taken to have none. A call with no event gets ``None``, and the search for the
+    every call after it out of place, so a call is taken to have none when one of the next few
+    calls (of another name) has an event before the candidate. A call with no event gets ``None``, and the search for the
     next call starts where this one did.
 
     Args:
@@ -114,19 +116,15 @@ def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
             k += 1
         return k
 
-    # the name of the next call whose name differs, for each call
-    following: list[str | None] = [None] * len(names)
-    nxt: str | None = None
-    for i in range(len(names) - 1, -1, -1):
-        following[i] = nxt if nxt != names[i] else following[i + 1] if i + 1 < len(names) else None
-        nxt = names[i]
     found: list[int | None] = []
     j = 0
     last_end = float("-inf")
     for i, name in enumerate(names):
         k = first(name, j, last_end)
-        after = following[i]
-        if k == n or (after is not None and first(after, j, last_end) < k):
+        # the next few calls of other names: when one of them has an event before this call's
+        # candidate, this call has no event of its own (it would jump over theirs)
+        ahead = {m for m in names[i + 1:i + 1 + _LOOKAHEAD] if m != name}
+        if k == n or any(first(m, j, last_end) < k for m in ahead):
             found.append(None)
             continue
         found.append(k)
