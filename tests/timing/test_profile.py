@@ -146,3 +146,22 @@ def test_diff_of_profiled_reports_shows_measured_time(
     assert main(["diff", *paths, "--tolerance", "200%"]) == 0  # twice the batch: +100%
     out = capsys.readouterr().out
     assert "measured time" in out and "time A" in out and "(root)" in out
+
+
+def test_a_training_step_with_its_optimizer_is_measured() -> None:
+    """train=True: forward, backward and AdamW's step, every phase's calls measured; the model's
+    values and mode are put back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(),
+                          nn.Linear(128, 10)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report, timing = flopscope.profile(model, torch.randn(16, 64), train=True, warmup=1,
+                                       repeat=2)
+    phases = {c.phase.value for c in timing.calls}
+    assert phases == {"forward", "backward", "optimizer"}
+    assert timing.unmatched == 0
+    inside = sum(c.seconds for c in timing.calls)
+    assert inside + timing.outside_s == pytest.approx(timing.wall_s, rel=1e-9)
+    assert report.total("optimizer").flops > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model.training

@@ -43,6 +43,11 @@ def add_subcommands(subparsers: Any) -> None:
     add_source_options(p)
     p.add_argument("--backward", action="store_true",
                    help="measure forward + backward (parameter gradients)")
+    p.add_argument("--train", action="store_true",
+                   help="measure a training step: train mode, forward, backward, the optimizer's "
+                        "step (a warm-up step first)")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw", "none"], default=None,
+                   help="with --train: the optimizer whose step is measured (default adamw)")
     p.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                    help="unmeasured runs first (default 2)")
     p.add_argument("--repeat", type=positive_int, default=5, metavar="N",
@@ -89,6 +94,12 @@ def run_profile(args: argparse.Namespace) -> int:
     for flag, path in (("--trace", args.trace), ("--estimated-trace", args.estimated_trace)):
         if path:
             check_output(path, flag=flag)
+    if args.optimizer is not None and not args.train:
+        raise usage_error("--optimizer is the optimizer of a measured training step: it needs "
+                          "--train")
+    if args.train and args.backward:
+        raise usage_error("--train measures forward, backward and the optimizer's step: drop "
+                          "--backward")
     no_hardware = args.hardware.strip().lower() == "none"
     if args.estimated_trace and no_hardware:
         raise usage_error("--estimated-trace lays out roofline times: it needs --hardware")
@@ -102,7 +113,9 @@ def run_profile(args: argparse.Namespace) -> int:
         hardware = get_hardware(args.hardware)
     loaded = load_source(args)
     report, timing = measure_profile(
-        loaded.model, loaded.inputs, backward=args.backward, warmup=args.warmup,
+        loaded.model, loaded.inputs, backward=args.backward, train=args.train,
+        optimizer=None if args.optimizer == "none" else args.optimizer or "adamw",
+        warmup=args.warmup,
         repeat=args.repeat, hardware=hardware, tf32=args.tf32 or None, source=loaded.meta)
     options = RenderOptions(Format(args.format), depth=args.depth if args.depth is not None else 2,
                             by=By(args.by))

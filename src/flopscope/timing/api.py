@@ -34,6 +34,8 @@ def profile(
     /,
     *args: Any,
     backward: bool = False,
+    train: bool = False,
+    optimizer: Any = "adamw",
     warmup: int = 2,
     repeat: int = 5,
     hardware: str | Hardware | None = None,
@@ -56,6 +58,10 @@ def profile(
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         backward: forward and backward (parameter gradients); otherwise an inference forward
             under ``no_grad``.
+        train: a steady-state training step (train mode, forward, backward of the summed
+            outputs, ``optimizer.step()``; a warm-up step first).
+        optimizer: with ``train``: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``None``, or a
+            function of the parameters.
         warmup: unmeasured runs first.
         repeat: measured runs (the figures are the median run's; the spread is over all).
         hardware: a profile (name, file, ``"this-machine"`` or a Hardware) for each call's
@@ -72,7 +78,8 @@ def profile(
         UsageError: a model on ``meta``, bad run counts, an unknown hardware profile.
     """
     hw = get_hardware(hardware) if hardware is not None else None
-    report, timing = measure(model, *args, backward=backward, warmup=warmup, repeat=repeat,
+    report, timing = measure(model, *args, backward=backward, train=train, optimizer=optimizer,
+                             warmup=warmup, repeat=repeat,
                              hardware=hw, tf32=tf32, rules=rules, source=source, **kwargs)
     section = MeasuredSection(timing, tuple(report.modules))
     return ProfileResult(report.with_sections(section), timing)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,9 +146,9 @@ class Timing:
         return sum(not c.matched and bool(c.cost.flops or c.cost.bytes) for c in self.calls)
 
 
-def _region_runs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 with_backward: bool, repeat: int, cuda: bool) -> list[Any]:
-    """``repeat`` runs of the model under ``torch.profiler``; the profiler's events."""
+def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: bool) -> list[Any]:
+    """``repeat`` calls of ``run`` (one run of ``model``) under ``torch.profiler``, each in a
+    region, each module call in a range of its own; the profiler's events."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     paths = {m: p for p, m in model.named_modules()}
@@ -167,7 +167,6 @@ def _region_runs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with ExitStack() as stack:
-        stack.enter_context(torch.no_grad() if not with_backward else torch.enable_grad())
         hooks = [nn.modules.module.register_module_forward_pre_hook(enter),
                  nn.modules.module.register_module_forward_hook(leave, always_call=True)]
         for handle in hooks:
@@ -178,7 +177,7 @@ def _region_runs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         stack.callback(_stop, prof)
         for _ in range(repeat):
             with record_function(REGION):
-                _one_run(model, args, kwargs, with_backward)
+                run()
                 if cuda:
                     torch.cuda.synchronize()
     return list(prof.events())
@@ -220,6 +219,8 @@ def measure(
     /,
     *args: Any,
     backward: bool = False,
+    train: bool = False,
+    optimizer: Any = "adamw",
     warmup: int = 2,
     repeat: int = 5,
     hardware: Hardware | None = None,
@@ -235,6 +236,11 @@ def measure(
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         backward: a forward and backward (gradients of the parameters), as
             ``count(..., backward=True)``; otherwise an inference forward under ``no_grad``.
+        train: a steady-state training step in train mode: ``zero_grad``, the sum of the
+            floating outputs backpropagated, ``optimizer.step()`` (as ``peak_memory``'s step;
+            a warm-up step first, so the optimizer's state exists).
+        optimizer: with ``train``: ``"adamw"``, ``"adam"``, ``"sgd"``, ``None`` or a function of
+            the parameters.
         warmup: unmeasured runs first.
         repeat: measured runs (the median and the spread are over them).
         hardware: a profile for each call's roofline bound, or ``None``.
@@ -262,6 +268,9 @@ def measure(
                          "tensors, not meta ones (count shape-only with flopscope count)")
     cuda = any(t.is_cuda for t in tensors)
     calls, log = _Calls(), CallLog()
+    if train:
+        return _train(model, args, kwargs, optimizer, warmup, repeat, hardware, tf32, rules,
+                      source, cuda, calls, log)
     with torch.no_grad() if not backward else torch.enable_grad():
         report = count(model, Inputs(*args, **kwargs), backward=backward, rules=rules,
                        warn=False, observers=[calls, log], source=source)
@@ -273,12 +282,47 @@ def measure(
                 _one_run(model, args, kwargs, backward)
             if cuda:
                 torch.cuda.synchronize()
-        events = events_of(_region_runs(model, args, kwargs, backward, repeat, cuda))
+            events = events_of(_region_runs(
+                model, lambda: _one_run(model, args, kwargs, backward), repeat, cuda))
     finally:
         snapshot.restore()
     timing = _joined(calls.calls, log, events, warmup, "cuda" if cuda else "cpu", hardware,
                      tf32)
     return report, timing
+
+
+def _train(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], optimizer: Any,
+           warmup: int, repeat: int, hardware: Hardware | None, tf32: bool | None, rules: Any,
+           source: SourceInfo | None, cuda: bool, calls: _Calls,
+           log: CallLog) -> tuple[Report, Timing]:
+    """A training step counted (:func:`flopscope.execution.training.training_step`), then run
+    for real inside it (its model, optimizer and state are the counted step's, put back after)."""
+    from flopscope.core.counter import Counter
+    from flopscope.execution.how import How
+    from flopscope.execution.training import Step, default_loss, training_step
+
+    def counter(step: Step) -> Counter:
+        return Counter(step.model, rules=rules, warn=False, observers=[calls, log])
+
+    def after(step: Step) -> list[Event]:
+        def run() -> None:
+            if step.optimizer is not None:
+                step.optimizer.zero_grad(set_to_none=True)
+            default_loss(step.model(*step.args, **step.kwargs)).backward()
+            if step.optimizer is not None:
+                step.optimizer.step()
+
+        for _ in range(warmup):
+            run()
+        return events_of(_region_runs(step.model, run, repeat, cuda))
+
+    counted, events, how = training_step(
+        model, args, kwargs, optimizer=optimizer, loss_fn=default_loss, shape_only=False,
+        counter=counter, after=after, on_retry=calls.reset)
+    assert how is How.REAL
+    report = counted.make_report(meta=source)
+    return report, _joined(calls.calls, log, events, warmup, "cuda" if cuda else "cpu",
+                           hardware, tf32)
 
 
 def _joined(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
