@@ -25,7 +25,13 @@ from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
-from flopscope.execution.meta import grouped_mm_as_cpu, needs_fake_cpu, sdpa_as_cpu, to_fake
+from flopscope.execution.meta import (
+    ShapeOnlyFakeMode,
+    grouped_mm_as_cpu,
+    needs_fake_cpu,
+    sdpa_as_cpu,
+    to_fake,
+)
 from flopscope.report.report import Report
 from flopscope.rules.user import RulesArg
 
@@ -544,9 +550,7 @@ def _fake_mode(meta_model: nn.Module | None,
     CPU tensors in place of its meta parameters and buffers (put back on return; the model is not
     modified). Other ``meta`` models run on ``meta`` itself, which is faster.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    fake_mode = given if given is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = given if given is not None else ShapeOnlyFakeMode(allow_non_fake_inputs=True)
     if meta_model is None:
         return fake_mode, None
     fake_params: dict[str, torch.Tensor] = {}

@@ -25,6 +25,7 @@ from flopscope.distributed.pipeline import (
     run_stage,
 )
 from flopscope.errors import UsageError
+from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
@@ -301,7 +302,7 @@ def _stage_run(
                    backward=backward, config=config, count_kwargs=count_kwargs)
         if not shape_only:
             return run_stage(stage, ids, **run)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
             stage.to_empty(device="cpu")
             return run_stage(stage, _fake(mode, ids), **run)
 
@@ -470,7 +471,7 @@ def _one_rank(
             report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+            with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
                 model.to_empty(device="cpu")
                 fake = tree_map_only(torch.Tensor, lambda t: _fake(mode, t), (args, kwargs))
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)

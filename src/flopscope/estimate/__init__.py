@@ -228,9 +228,12 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     """A training step on the model's own tensors; shape-only, on ``meta`` tensors or, where
     the model cannot run there (it reads a value, or picks a fused path by device), on fake CPU
     tensors, as :func:`flopscope.count` does."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from flopscope.execution.meta import converted_copy, needs_fake_cpu, to_fake
+    from flopscope.execution.meta import (
+        ShapeOnlyFakeMode,
+        converted_copy,
+        needs_fake_cpu,
+        to_fake,
+    )
 
     on_meta = _on_meta(model)
     run_model = model
@@ -252,7 +255,7 @@ def _train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             tracker.close()
             tracker = MemoryTracker()  # what the attempt registered were its own meta copies
             reset_observers(observers)  # the abandoned attempt's calls do not count
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = ShapeOnlyFakeMode(allow_non_fake_inputs=True)
     fake_args, fake_kwargs = tree_map_only(torch.Tensor, lambda t: to_fake(fake_mode, t),
                                            (args, kwargs))
     fake_model = converted_copy(run_model, lambda t: to_fake(fake_mode, t))

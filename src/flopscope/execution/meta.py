@@ -21,6 +21,10 @@ would choose differently from a real CPU run:
 - ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` choose their fused "fast path" in
   Python, only for tensors on the CPU or an accelerator. :func:`needs_fake_cpu` says when a model
   holds such a module; such models are run as fake CPU tensors instead (slower, same counts).
+
+Fake CPU tensors themselves come from :class:`ShapeOnlyFakeMode`: PyTorch's fake mode, in which
+an assertion on values (``torch._check_tensor_all``) holds, since a shape-only count has no values
+to check (a real run raises where it fails).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["converted_copy", "grouped_mm_as_cpu", "needs_fake_cpu", "sdpa_as_cpu", "to_fake"]
+__all__ = ["ShapeOnlyFakeMode", "converted_copy", "grouped_mm_as_cpu", "needs_fake_cpu",
+           "sdpa_as_cpu", "to_fake"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _CPU = torch.device("cpu")
@@ -44,6 +50,28 @@ _META = torch.device("meta")
 _DEVICE = object()  # in a recorded program: "the device the program runs on"
 # modules whose forward takes a fused path only for tensors on a real device (checked in Python)
 _DEVICE_CHOSEN_PATHS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
+# the tensor form of torch._check: whether every (any) element is true, read with .item()
+_VALUE_CHECKS = frozenset({torch.ops.aten._is_all_true.default, torch.ops.aten._is_any_true.default})
+
+
+class ShapeOnlyFakeMode(FakeTensorMode):
+    """PyTorch's fake tensor mode for a shape-only count, in which assertions on values hold.
+
+    ``torch._check_tensor_all(cond)`` (transformers' ``torch_compilable_check``) reads
+    ``cond._is_all_true().item()``: a value, which fake tensors do not have, so every shape-only
+    count of such a model failed. Here a check on a tensor whose value is unknown answers a
+    constant ``True`` (the check passes; a check on constants is computed as PyTorch does).
+    Assertions cost nothing (rule ``assertion``), so the count equals the real run's wherever
+    the real run does not raise.
+    """
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _VALUE_CHECKS and isinstance(args[0], FakeTensor) and args[0].constant is None:
+            return self.fake_tensor_converter.from_real_tensor(
+                self, torch.ones((), dtype=torch.bool), make_constant=True)
+        return super().dispatch(func, types, args, kwargs)
 
 
 def needs_fake_cpu(modules: list[nn.Module]) -> bool:

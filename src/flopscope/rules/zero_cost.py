@@ -97,7 +97,9 @@ def assertion(call: OpCall) -> Cost:
     and their functional forms, size constraints, ``_assert_tensor_metadata``: 0 FLOPs, by
     decision. They verify the program and compute nothing the model returns; an ``all``/``any``
     written by the model itself is a reduction and counted as one, the same reduction made to
-    decide whether to raise is not. Bytes of inputs and outputs are counted."""
+    decide whether to raise is not. Bytes of inputs and outputs are counted. A shape-only count
+    has no values to check: there an assertion on values is taken to hold (the real run raises
+    where it fails)."""
     return call.cost()
 
 

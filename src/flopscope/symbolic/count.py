@@ -28,12 +28,13 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
 from flopscope.core.memo import same_size, symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import ForwardError, UsageError
+from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.report.report import Report
 from flopscope.report.symbolic import FIELDS, SymbolicReport, SymCost, SymRecord
 from flopscope.rules import default_rules
@@ -208,7 +209,7 @@ def _has_symbolic_list(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
                for a in (*args, *kwargs.values()))
 
 
-class _PinningFakeMode(FakeTensorMode):
+class _PinningFakeMode(ShapeOnlyFakeMode):
     """The fake mode of a symbolic count: an operator's output sizes that a recorded guard pins
     to a number are written as that number (its strides likewise, where they become numbers).
 
