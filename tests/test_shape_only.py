@@ -52,3 +52,25 @@ def test_a_failing_assertion_still_raises_in_a_real_count() -> None:
     with pytest.raises(flopscope.ForwardError, match="inputs must be finite"):
         flopscope.count(_Checked(), torch.full((2, 8), -1e10))
 
+
+class _HoldsCpuTensors(nn.Module):
+    """Built under ``torch.device("meta")``, it still holds CPU tensors, each way a model can:
+    a parameter and a buffer made with an explicit device (transformers' ``masked_spec_embed``
+    and ImageGPT's layer-norm weight, made with ``torch.Tensor(n)``), a plain attribute, and a
+    tensor made inside forward with ``device="cpu"``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.ones(8, device="cpu"))
+        self.register_buffer("shift", torch.zeros(8, device="cpu"))
+        self.table = torch.ones(8, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x) * self.scale + self.shift
+        return y * self.table + torch.arange(8, device="cpu", dtype=torch.float32)
+
+
+def test_a_meta_model_holding_cpu_tensors_counts_like_the_real_one() -> None:
+    # linear 2 x 8 x 8 = 128 MACs, 256 + 16 FLOPs; then 4 element-wise ops on 16 elements: 64
+    assert _three_ways(_HoldsCpuTensors, torch.randn(2, 8)) == [(128, 256 + 16 + 64)] * 3

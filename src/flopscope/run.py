@@ -81,16 +81,12 @@ def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
         )
 
 
-def _all_meta(modules: list[nn.Module]) -> bool:
-    """Whether every parameter and buffer of these modules is on ``meta`` (and there is one)."""
-    found = False
-    for m in modules:
-        for t in (*m._parameters.values(), *m._buffers.values()):
-            if t is not None:
-                if not t.is_meta:
-                    return False
-                found = True
-    return found
+def _on_meta(modules: list[nn.Module]) -> bool:
+    """Whether a parameter or buffer of these modules is on ``meta``: such a model cannot run on
+    real tensors and is counted shape-only, with the tensors it holds on the CPU (made by code
+    that ignores the default device: ``torch.Tensor(n)``, ``device="cpu"``) converted with it."""
+    return any(t is not None and t.is_meta
+               for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
 
 
 _P = ParamSpec("_P")
@@ -180,7 +176,8 @@ def count(
         rules: extra operator and module rules (see :class:`Counter`).
         strict: raise at the first operator without a rule.
         shape_only: run on fake tensors: no arithmetic, no activation memory; same counts.
-            Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``).
+            Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``),
+            also one that holds a few tensors on the CPU (they are converted with it).
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
         warn: warn once about uncounted operators and opaque modules.
@@ -218,7 +215,7 @@ def count(
         model = _initialized_copy(model, counter.uninitialized, args, kwargs)
         counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
     modules = counter.modules
-    on_meta = _all_meta(modules)
+    on_meta = _on_meta(modules)
     modes = [(m, m.training) for m in modules]
     saved: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
     # which tensor each parameter/buffer slot held, and each tensor attribute of a module with
@@ -372,10 +369,10 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                 raise ForwardError(f"the inputs cannot be put on the meta device: "
                                    f"{type(e).__name__}: {e}", module_path=None) from e
             cleanup.enter_context(sdpa_as_cpu())
-            if not on_meta:  # a real model, shape-only: meta copies of its tensors, for now
-                swapped = _swap_to_meta(counter.modules)
-                cleanup.callback(_put_back, swapped)
-                stand.update((id(table[name]), (table[name], t)) for table, name, t in swapped)
+            # meta copies of the model's tensors not on meta (all of a real model's), for now
+            swapped = _swap_to_meta(counter.modules)
+            cleanup.callback(_put_back, swapped)
+            stand.update((id(table[name]), (table[name], t)) for table, name, t in swapped)
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
