@@ -74,3 +74,52 @@ class _HoldsCpuTensors(nn.Module):
 def test_a_meta_model_holding_cpu_tensors_counts_like_the_real_one() -> None:
     # linear 2 x 8 x 8 = 128 MACs, 256 + 16 FLOPs; then 4 element-wise ops on 16 elements: 64
     assert _three_ways(_HoldsCpuTensors, torch.randn(2, 8)) == [(128, 256 + 16 + 64)] * 3
+
+
+def _adjacency() -> torch.Tensor:
+    a = torch.zeros(6, 5)
+    a[0, 1], a[2, 3], a[5, 0] = 1.0, 2.0, 3.0  # 3 stored entries
+    return a
+
+
+class _Graph(nn.Module):
+    """A graph layer: a sparse adjacency buffer times the features (torch.sparse.mm)."""
+
+    def __init__(self, layout: torch.layout) -> None:
+        super().__init__()
+        a = _adjacency()
+        self.register_buffer("adjacency", a.to_sparse() if layout is torch.sparse_coo
+                             else a.to_sparse_csr())
+        self.weight = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(self.adjacency, self.weight * x)
+
+
+def _real_and_shape_only(model: nn.Module, *args: Any, **options: Any) -> list[tuple[int, int]]:
+    reports = [flopscope.count(model, *args, **options),
+               flopscope.count(model, *args, shape_only=True, **options)]
+    return [(r.macs, r.flops) for r in reports]
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_a_sparse_buffer_keeps_its_stored_entries(layout: torch.layout) -> None:
+    # weight * x: 20 FLOPs; the sparse product: nnz x n = 3 x 4 = 12 MACs, 2 x 12 FLOPs + 6 x 4
+    # adds of the (zero) output it accumulates into
+    assert _real_and_shape_only(_Graph(layout), torch.randn(5, 4)) == [(12, 20 + 24 + 24)] * 2
+
+
+def test_the_backward_of_a_sparse_coo_product_keeps_its_stored_entries() -> None:
+    # forward as above; backward: the weight's gradient through A^T @ dY, 3 x 4 = 12 MACs, and
+    # the product rule of weight * x: 20 FLOPs
+    twice = _real_and_shape_only(_Graph(torch.sparse_coo), torch.randn(5, 4), backward=True)
+    assert twice == [(24, 68 + 24 + 20)] * 2
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_a_sparse_input_keeps_its_stored_entries(layout: torch.layout) -> None:
+    a = _adjacency()
+    x = a.to_sparse() if layout is torch.sparse_coo else a.to_sparse_csr()
+    product = nn.Linear(5, 4, bias=False)
+    # x @ W^T through linear on a sparse input: nnz x 4 = 12 MACs
+    assert _real_and_shape_only(product, x) == [(12, 24)] * 2

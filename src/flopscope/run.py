@@ -27,7 +27,10 @@ from flopscope.core.counter import CallObserver, Counter
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.execution.meta import (
     ShapeOnlyFakeMode,
+    fake_sparse,
     grouped_mm_as_cpu,
+    is_sparse,
+    meta_sparse,
     needs_fake_cpu,
     sdpa_as_cpu,
     to_fake,
@@ -383,6 +386,8 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
                 own = dict([*model.named_parameters(remove_duplicate=False),
                             *model.named_buffers(remove_duplicate=False)])
                 stand.update((id(fake), (fake, own[name])) for name, fake in fake_params.items())
+            if not on_meta:  # (a meta model's are among fake_params)
+                fake_sparse(fake_mode, counter.modules)
             cleanup.enter_context(fake_mode)
             cleanup.enter_context(grouped_mm_as_cpu())
         if alias:  # inputs take part in autograd, as a training step's activations do
@@ -464,6 +469,8 @@ def _to_meta(t: torch.Tensor) -> torch.Tensor:
     """An input for a model on ``meta``: the same metadata on ``meta`` (a leaf, like the input)."""
     if t.is_meta:
         return t
+    if is_sparse(t):  # its stored entries kept
+        return meta_sparse(t.detach())
     return t.detach().to("meta").requires_grad_(t.requires_grad)
 
 
@@ -505,6 +512,8 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor like ``t`` (a trainable parameter's copy requires grad), reused across
     counts while neither changed."""
     grad = t.requires_grad and isinstance(t, nn.Parameter)  # (isinstance is Python code here)
+    if is_sparse(t):  # no strides; its stored entries kept
+        return meta_sparse(t.detach()).requires_grad_(grad)
     facts = (t.shape, t.stride(), t.dtype, grad)
     entry = _COPIES.get(id(t))
     if entry is not None and entry[0]() is t and entry[2] == facts:

@@ -24,12 +24,16 @@ would choose differently from a real CPU run:
 
 Fake CPU tensors themselves come from :class:`ShapeOnlyFakeMode`: PyTorch's fake mode, in which
 an assertion on values (``torch._check_tensor_all``) holds, since a shape-only count has no values
-to check (a real run raises where it fails).
+to check (a real run raises where it fails), and in which a sparse tensor keeps its number of
+stored entries, which a sparse product's cost depends on: PyTorch's meta and fake conversions
+make every sparse COO tensor empty (:func:`meta_sparse`, :func:`to_fake`; operators that keep
+their input's entries, such as the transpose in a sparse product's backward, keep them too).
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,9 +44,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ShapeOnlyFakeMode", "converted_copy", "grouped_mm_as_cpu", "needs_fake_cpu",
-           "sdpa_as_cpu", "to_fake"]
+__all__ = ["ShapeOnlyFakeMode", "converted_copy", "fake_sparse", "grouped_mm_as_cpu",
+           "is_sparse", "meta_sparse", "needs_fake_cpu", "sdpa_as_cpu", "to_fake"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _CPU = torch.device("cpu")
@@ -54,6 +59,13 @@ _DEVICE_CHOSEN_PATHS = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.Tr
 
 # the tensor form of torch._check: whether every (any) element is true, read with .item()
 _VALUE_CHECKS = frozenset({torch.ops.aten._is_all_true.default, torch.ops.aten._is_any_true.default})
+_aten = torch.ops.aten
+# operators whose sparse COO output stores the entries of their (first) sparse COO input
+_SAME_ENTRIES = frozenset({
+    _aten.t.default, _aten.transpose.int, _aten.permute.default, _aten.clone.default,
+    _aten.detach.default, _aten.alias.default, _aten._to_copy.default, _aten.neg.default,
+    _aten.mul.Scalar, _aten.div.Scalar, _aten.relu.default, _aten.abs.default,
+})
 
 
 class ShapeOnlyFakeMode(FakeTensorMode):
@@ -71,7 +83,27 @@ class ShapeOnlyFakeMode(FakeTensorMode):
         if func in _VALUE_CHECKS and isinstance(args[0], FakeTensor) and args[0].constant is None:
             return self.fake_tensor_converter.from_real_tensor(
                 self, torch.ones((), dtype=torch.bool), make_constant=True)
-        return super().dispatch(func, types, args, kwargs)
+        out = super().dispatch(func, types, args, kwargs)
+        if (type(out) is FakeTensor and out.layout is torch.sparse_coo and func in _SAME_ENTRIES
+                and isinstance(args[0], torch.Tensor) and args[0].layout is torch.sparse_coo):
+            # (the input: a fake tensor, or a real one that this mode converts, such as a
+            # model's sparse buffer saved for backward)
+            return self._with_entries(out, args[0]._nnz())
+        return out
+
+    def _with_entries(self, out: FakeTensor, nnz: int) -> FakeTensor:
+        """``out`` (a sparse COO fake tensor, which fake kernels make empty) with ``nnz`` stored
+        entries: the output of an operator that keeps its input's entries where they are or
+        moves them (``t``, ``clone``, ``neg``, ...), such as the transpose in the backward of a
+        sparse product."""
+        if nnz == out._nnz():
+            return out
+        sparse_dim = out.sparse_dim()
+        indices = torch.empty((sparse_dim, nnz), dtype=torch.int64, device=_META)
+        values = torch.empty((nnz, *out.shape[sparse_dim:]), dtype=out.dtype, device=_META)
+        made = torch.sparse_coo_tensor(indices, values, out.shape, is_coalesced=out.is_coalesced(),
+                                       check_invariants=False)
+        return FakeTensor(self, made, out.device)
 
 
 def needs_fake_cpu(modules: list[nn.Module]) -> bool:
@@ -79,9 +111,63 @@ def needs_fake_cpu(modules: list[nn.Module]) -> bool:
     return any(isinstance(m, _DEVICE_CHOSEN_PATHS) for m in modules)
 
 
+def meta_sparse(t: torch.Tensor) -> torch.Tensor:
+    """A sparse tensor on ``meta`` with ``t``'s layout, sizes and number of stored entries: a
+    sparse product costs one MAC per stored entry and column, and PyTorch's conversions of a
+    sparse COO tensor (``.to("meta")``, ``empty_like``, fake tensors) make it empty (its indices
+    and values are made meta here instead; compressed layouts keep theirs in ``empty_like``)."""
+    if t.layout is torch.sparse_coo:
+        made = torch.sparse_coo_tensor(t._indices().to("meta"), t._values().to("meta"), t.shape,
+                                       is_coalesced=t.is_coalesced(), check_invariants=False)
+    else:
+        made = torch.empty_like(t, device="meta")
+    return made.requires_grad_(t.requires_grad)
+
+
+_SPARSE_LAYOUTS = frozenset({torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                             torch.sparse_bsc})
+
+
+def is_sparse(t: torch.Tensor) -> bool:
+    """Whether ``t`` has a sparse layout (COO or compressed)."""
+    return t.layout in _SPARSE_LAYOUTS
+
+
+# fake mode -> sparse tensor -> its fake: each made once per mode, and kept while both live
+# (the converter's own memo, which a real sparse tensor met inside the run is looked up in,
+# holds its fakes weakly)
+_SPARSE_FAKES: weakref.WeakKeyDictionary[Any, WeakIdKeyDictionary] = weakref.WeakKeyDictionary()
+
+
+def _sparse_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """A sparse tensor as a fake tensor with its stored entries (see :func:`meta_sparse`)."""
+    known = _SPARSE_FAKES.setdefault(fake_mode, WeakIdKeyDictionary())
+    fake = known.get(t)
+    if fake is None:
+        fake = FakeTensor(fake_mode, t if t.is_meta else meta_sparse(t),
+                          _CPU if t.is_meta else t.device)
+        if not t.is_meta:  # the same fake where the run meets t itself (a model's buffer)
+            fake_mode.fake_tensor_converter.set_tensor_memo(t, fake)
+        known[t] = fake
+    return fake  # type: ignore[no-any-return]
+
+
+def fake_sparse(fake_mode: Any, modules: list[nn.Module]) -> None:
+    """Make the sparse parameters and buffers of a real model's ``modules`` fake tensors of
+    ``fake_mode`` now, with their stored entries, so that a shape-only run that meets them (as
+    the model's own tensors, which the mode converts itself) uses those."""
+    for m in modules:
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None and is_sparse(t):
+                _sparse_fake(fake_mode, t)
+
+
 def to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
     """``t`` as a fake tensor of ``fake_mode``: a ``meta`` tensor as a fake CPU tensor of the same
-    metadata, any other as itself (memoized by the mode's converter: the same fake each time)."""
+    metadata, any other as itself (memoized by the mode's converter: the same fake each time). A
+    sparse tensor keeps its number of stored entries (see :func:`meta_sparse`)."""
+    if is_sparse(t):
+        return _sparse_fake(fake_mode, t)
     if t.is_meta:
         return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
             fake_mode, t, _CPU
