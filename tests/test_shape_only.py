@@ -123,3 +123,28 @@ def test_a_sparse_input_keeps_its_stored_entries(layout: torch.layout) -> None:
     product = nn.Linear(5, 4, bias=False)
     # x @ W^T through linear on a sparse input: nnz x 4 = 12 MACs
     assert _real_and_shape_only(product, x) == [(12, 24)] * 2
+
+
+class _Quantized(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+        self.lstm = nn.LSTM(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(self.lin(x))[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.float16])
+def test_dynamically_quantized_layers_count_shape_only(dtype: torch.dtype) -> None:
+    # The rules read the packed weights (a script object holding real tensors), which failed
+    # (int8: NotImplemented on QuantizedMeta) or crashed the process (float16) under the fake
+    # mode of a shape-only run.
+    model = torch.ao.quantization.quantize_dynamic(_Quantized(), {nn.Linear, nn.LSTM}, dtype=dtype)
+    x = torch.randn(5, 2, 16)  # 5 steps, batch 2
+    real, shape_only = _real_and_shape_only(model, x)
+    # MACs as the float model: linear 10 x 16 x 32 = 5,120; LSTM 10 rows x 4 gates x 8 x (32 + 8)
+    # = 12,800
+    assert real == shape_only
+    assert real[0] == 5120 + 12800
+

@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import CallObserver, Counter
+from flopscope.core.unseen import caller_modes, sets_modes_aside
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.execution.meta import (
     ShapeOnlyFakeMode,
@@ -135,6 +136,7 @@ def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @_heap_frozen
+@sets_modes_aside  # a user's dispatch modes see the model's calls, not flopscope's bookkeeping
 def count(
     model: nn.Module,
     /,
@@ -394,7 +396,7 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             args, kwargs = tree_map_only(torch.Tensor, standing(_differentiable), (args, kwargs))
         if counter.observed and stand:
             counter.stand_ins(stand.values())
-        with counter:
+        with caller_modes(), counter:
             try:
                 if fake_params is None:
                     out = model(*args, **kwargs)

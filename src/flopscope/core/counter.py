@@ -44,6 +44,7 @@ from flopscope.core.params import ParamStats, param_table
 from flopscope.core.replay import ModuleReplay, replaying
 from flopscope.core.settings import eager_flex_attention
 from flopscope.core.tracker import Frame, ModuleTracker, Sums
+from flopscope.core.unseen import unseen_calls
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
 from flopscope.errors import (
     FlopscopeError,
@@ -179,6 +180,10 @@ class _Mode(TorchDispatchMode):
         self.decomposed = counter._decomposed
         self.counter = counter
         self.guard = counter._write_guard.before if counter._write_guard is not None else None
+        if _modes_below():  # (made just before it is pushed) modes below see the model's calls,
+            # not flopscope's work on them: costing, observers, copies (flopscope.core.unseen)
+            self.record = unseen_calls(self.record)
+            self.guard = unseen_calls(self.guard) if self.guard is not None else None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

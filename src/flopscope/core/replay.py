@@ -54,6 +54,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from flopscope.core.memo import FAKE_MODES, RESHAPING, same_size, template
 from flopscope.core.memo import key_part as _key_part
+from flopscope.core.unseen import unseen
 
 _PLAIN = (int, float, bool, str, type(None))
 _OWN_INDEX = object()  # an int attribute holding each member's index in its container
@@ -225,7 +226,8 @@ class _Made(torch.autograd.Function):
         return None, None  # pragma: no cover - replay runs only in counts without backward
 
 
-_ANCHOR = torch.zeros((), requires_grad=True)  # what _Made's outputs depend on, for autograd
+with unseen():  # (made on import, which may happen inside a user's dispatch mode)
+    _ANCHOR = torch.zeros((), requires_grad=True)  # what _Made's outputs depend on, for autograd
 
 
 def _made(leaf: tuple[Any, Any, Any, bool]) -> torch.Tensor:

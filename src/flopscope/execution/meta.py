@@ -133,15 +133,15 @@ def is_sparse(t: torch.Tensor) -> bool:
     return t.layout in _SPARSE_LAYOUTS
 
 
-# fake mode -> sparse tensor -> its fake: each made once per mode, and kept while both live
-# (the converter's own memo, which a real sparse tensor met inside the run is looked up in,
-# holds its fakes weakly)
-_SPARSE_FAKES: weakref.WeakKeyDictionary[Any, WeakIdKeyDictionary] = weakref.WeakKeyDictionary()
+# fake mode -> real tensor -> its fake (a sparse tensor's, an input's that holds sizes): each
+# made once per mode, and kept while both live (the converter's own memo, which a real tensor met
+# inside the run is looked up in, holds its fakes weakly)
+_KEPT_FAKES: weakref.WeakKeyDictionary[Any, WeakIdKeyDictionary] = weakref.WeakKeyDictionary()
 
 
 def _sparse_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
     """A sparse tensor as a fake tensor with its stored entries (see :func:`meta_sparse`)."""
-    known = _SPARSE_FAKES.setdefault(fake_mode, WeakIdKeyDictionary())
+    known = _KEPT_FAKES.setdefault(fake_mode, WeakIdKeyDictionary())
     fake = known.get(t)
     if fake is None:
         fake = FakeTensor(fake_mode, t if t.is_meta else meta_sparse(t),
