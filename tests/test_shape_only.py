@@ -148,3 +148,29 @@ def test_dynamically_quantized_layers_count_shape_only(dtype: torch.dtype) -> No
     assert real == shape_only
     assert real[0] == 5120 + 12800
 
+
+def test_an_lstm_on_a_packed_sequence_counts_shape_only() -> None:
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    lstm = nn.LSTM(4, 6, num_layers=2, bidirectional=True)
+    packed = pack_padded_sequence(torch.randn(5, 3, 4), [5, 3, 2])  # batch sizes 3, 3, 2, 1, 1
+    # per direction, each row of each step: 4 gates x 6 x (input + 6) MACs; 10 rows;
+    # layer 0: input 4 -> 10 x 24 x 10 = 2,400 per direction; layer 1: input 12 -> 10 x 24 x 18
+    # = 4,320 per direction
+    macs = 2 * (2400 + 4320)
+    assert [r[0] for r in _real_and_shape_only(lstm, packed)] == [macs, macs]
+    assert len(set(_real_and_shape_only(lstm, packed))) == 1
+    with torch.device("meta"):
+        on_meta = nn.LSTM(4, 6, num_layers=2, bidirectional=True)
+    assert flopscope.count(on_meta, packed).macs == macs
+
+
+def test_packing_a_padded_batch_is_counted() -> None:
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    x = torch.randn(5, 3, 4)  # 60 floats: 240 bytes
+    with flopscope.Counter() as counter:
+        pack_padded_sequence(x, [5, 3, 2])
+    packing = counter.report.by_op()["aten._pack_padded_sequence.default"]
+    assert packing.cost.flops == 0  # rows gathered, no arithmetic
+    assert counter.report.uncounted == {}

@@ -28,8 +28,10 @@ from flopscope.core.unseen import caller_modes, sets_modes_aside
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
 from flopscope.execution.meta import (
     ShapeOnlyFakeMode,
+    fake_input,
     fake_sparse,
     grouped_mm_as_cpu,
+    holds_sizes,
     is_sparse,
     meta_sparse,
     needs_fake_cpu,
@@ -382,7 +384,7 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
             args, kwargs = tree_map_only(
-                torch.Tensor, standing(lambda t: to_fake(fake_mode, t)), (args, kwargs)
+                torch.Tensor, standing(lambda t: fake_input(fake_mode, t)), (args, kwargs)
             )
             if fake_params is not None:
                 own = dict([*model.named_parameters(remove_duplicate=False),
@@ -469,7 +471,7 @@ def _data_dependent(exc: BaseException) -> str | None:
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
     """An input for a model on ``meta``: the same metadata on ``meta`` (a leaf, like the input)."""
-    if t.is_meta:
+    if t.is_meta or holds_sizes(t):  # (sizes: see fake_input)
         return t
     if is_sparse(t):  # its stored entries kept
         return meta_sparse(t.detach())

@@ -28,6 +28,7 @@ to check (a real run raises where it fails), and in which a sparse tensor keeps 
 stored entries, which a sparse product's cost depends on: PyTorch's meta and fake conversions
 make every sparse COO tensor empty (:func:`meta_sparse`, :func:`to_fake`; operators that keep
 their input's entries, such as the transpose in a sparse product's backward, keep them too).
+An input that holds sizes (a ``PackedSequence``'s batch sizes) stays as it is (:func:`fake_input`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ShapeOnlyFakeMode", "converted_copy", "fake_sparse", "grouped_mm_as_cpu",
-           "is_sparse", "meta_sparse", "needs_fake_cpu", "sdpa_as_cpu", "to_fake"]
+__all__ = ["ShapeOnlyFakeMode", "converted_copy", "fake_input", "fake_sparse", "grouped_mm_as_cpu",
+           "holds_sizes", "is_sparse", "meta_sparse", "needs_fake_cpu", "sdpa_as_cpu", "to_fake"]
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _CPU = torch.device("cpu")
@@ -137,6 +138,29 @@ def is_sparse(t: torch.Tensor) -> bool:
 # made once per mode, and kept while both live (the converter's own memo, which a real tensor met
 # inside the run is looked up in, holds its fakes weakly)
 _KEPT_FAKES: weakref.WeakKeyDictionary[Any, WeakIdKeyDictionary] = weakref.WeakKeyDictionary()
+
+
+def holds_sizes(t: torch.Tensor) -> bool:
+    """Whether an input tensor holds sizes rather than data: a 1-D integer tensor on the CPU (a
+    ``PackedSequence``'s batch sizes and its sorting indices, sequence lengths), which kernels
+    read on the host and models read with ``.item()``. A shape-only count keeps it as it is."""
+    return (t.dim() == 1 and t.device.type == "cpu" and t.layout is torch.strided
+            and not t.dtype.is_floating_point and not t.dtype.is_complex
+            and t.dtype is not torch.bool and not isinstance(t, FakeTensor))
+
+
+def fake_input(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """An input of a shape-only run on fake tensors of ``fake_mode``: :func:`to_fake`, save a
+    tensor that :func:`holds_sizes`, which stays itself (a C++ kernel reads its memory: the
+    packed LSTM its batch sizes) and is a constant to the mode (where Python reads it:
+    ``batch_sizes[0]``)."""
+    if not holds_sizes(t):
+        return to_fake(fake_mode, t)
+    known = _KEPT_FAKES.setdefault(fake_mode, WeakIdKeyDictionary())
+    if t not in known:
+        known[t] = fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t,
+                                                                    make_constant=True)
+    return t
 
 
 def _sparse_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
