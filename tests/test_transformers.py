@@ -173,3 +173,25 @@ def test_built_on_meta_with_a_few_cpu_tensors_counts_like_the_real_model(name: s
                    flopscope.count(real, shape_only=True, **inputs)]
     assert len({(r.macs, r.flops) for r in reports}) == 1
     assert reports[0].macs > 0
+
+
+def test_a_counter_around_a_meta_mistral_counts_what_the_cpu_runs() -> None:
+    """Sliding-window attention (a mask SDPA takes): a Counter around forward + backward of a
+    meta-built Mistral counts the CPU's fused kernels, as count() and a real run do."""
+    config = transformers.MistralConfig(vocab_size=V, hidden_size=D, intermediate_size=FFN,
+                                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                        num_key_value_heads=KV_HEADS, sliding_window=4,
+                                        max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    ids = _ids()
+    real = transformers.MistralForCausalLM(config)
+    with torch.device("meta"):
+        meta = transformers.MistralForCausalLM(config)
+    reports = []
+    for model, inputs in ((real, ids), (meta, ids.to("meta"))):
+        with flopscope.Counter(model) as counter:
+            model(inputs).logits.sum().backward()
+        reports.append(counter.report)
+    assert (reports[1].macs, reports[1].flops) == (reports[0].macs, reports[0].flops)
+    assert reports[1].macs == flopscope.count(meta, ids, backward=True).macs
+    assert "aten.bmm.default" not in reports[1].by_op()  # not SDPA's math form

@@ -42,7 +42,7 @@ from flopscope.core.memo import signature as _signature
 from flopscope.core.numbers import in_real_numbers
 from flopscope.core.params import ParamStats, param_table
 from flopscope.core.replay import ModuleReplay, replaying
-from flopscope.core.settings import eager_flex_attention
+from flopscope.core.settings import while_counting
 from flopscope.core.tracker import Frame, ModuleTracker, Sums
 from flopscope.core.unseen import unseen_calls
 from flopscope.cost import Cost, OpCall, Phase, nested_parts
@@ -728,7 +728,7 @@ class Counter:
         if self.model is not None and replaying():  # a symbolic count: repeated layers
             self._module_replay = ModuleReplay(self, self._tracker, self.model)
             self._module_replay.install()
-        self._torch_settings = eager_flex_attention()
+        self._torch_settings = while_counting()
         try:
             self._torch_settings.__enter__()
             self._mode.__enter__()  # type: ignore[no-untyped-call]

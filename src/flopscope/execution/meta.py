@@ -34,6 +34,7 @@ An input that holds sizes (a ``PackedSequence``'s batch sizes) stays as it is (:
 from __future__ import annotations
 
 import copy
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -316,13 +317,36 @@ def _record_on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Program | 
         return None
 
 
+# the override's activations (nested and in several threads: one registration) and its library
+_SDPA_LOCK = threading.Lock()
+_SDPA_ACTIVE: list[Any] = [0, None]  # depth, the torch.library.Library holding the kernel
+
+
 @contextmanager
 def sdpa_as_cpu() -> Iterator[None]:
     """Within the block, ``scaled_dot_product_attention`` on meta tensors runs what the CPU runs.
 
-    The kernel is registered on ``AutogradMeta`` for the block only (removed on exit); under
-    ``torch.inference_mode`` autograd keys are skipped and the meta math form runs instead.
+    The kernel is registered on ``AutogradMeta`` for the block only (removed when the outermost
+    block, of any thread, exits); under ``torch.inference_mode`` autograd keys are skipped and
+    the meta math form runs instead. Every :class:`~flopscope.Counter` is such a block.
     """
+    with _SDPA_LOCK:
+        if not _SDPA_ACTIVE[0]:
+            _SDPA_ACTIVE[1] = _sdpa_override()
+        _SDPA_ACTIVE[0] += 1
+    try:
+        with grouped_mm_as_cpu():
+            yield
+    finally:
+        with _SDPA_LOCK:
+            _SDPA_ACTIVE[0] -= 1
+            if not _SDPA_ACTIVE[0]:
+                _SDPA_ACTIVE[1]._destroy()
+                _SDPA_ACTIVE[1] = None
+
+
+def _sdpa_override() -> Any:
+    """A temporary library registering the replaying kernel (see :func:`sdpa_as_cpu`)."""
     programs: dict[tuple[Any, ...], _Program | None] = {}
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -338,13 +362,13 @@ def sdpa_as_cpu() -> Iterator[None]:
             return _SDPA.decompose(*args, **kwargs)
         return program.run([x for x in leaves if isinstance(x, torch.Tensor)])
 
-    lib = torch.library.Library("aten", "IMPL")  # a temporary override, destroyed below
+    lib = torch.library.Library("aten", "IMPL")  # a temporary override, destroyed on exit
     try:
         lib.impl("scaled_dot_product_attention", kernel, "AutogradMeta")
-        with grouped_mm_as_cpu():
-            yield
-    finally:
+    except BaseException:
         lib._destroy()
+        raise
+    return lib
 
 
 @contextmanager
