@@ -72,6 +72,17 @@ def test_nested_sdpa_backward_counts_both_gradient_products() -> None:
     assert r.total("forward").macs == 1216  # 2 x 2 x 8 x 38, as test_nested_sdpa_... above
 
 
+def test_nested_inputs_that_fake_tensors_refuse_are_a_clear_error_shape_only() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return nn.functional.scaled_dot_product_attention(q, q, q)
+
+    q = torch.nested.nested_tensor([torch.randn(n, 2, 8) for n in LENGTHS],
+                                   layout=torch.jagged).transpose(1, 2)
+    with pytest.raises(flopscope.ForwardError, match="cannot make the inputs fake tensors"):
+        flopscope.count(Attention(), q, shape_only=True)
+
+
 def test_sparse_products_count_stored_entries() -> None:
     a = torch.zeros(6, 5)
     a[0, 1], a[2, 3], a[5, 0] = 1.0, 2.0, 3.0  # 3 stored entries

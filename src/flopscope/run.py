@@ -383,9 +383,15 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
         elif way == "fake":
             fake_mode, fake_params = _fake_mode(model if on_meta else None,
                                                 _given_fake_mode(args, kwargs))
-            args, kwargs = tree_map_only(
-                torch.Tensor, standing(lambda t: fake_input(fake_mode, t)), (args, kwargs)
-            )
+            try:
+                args, kwargs = tree_map_only(
+                    torch.Tensor, standing(lambda t: fake_input(fake_mode, t)), (args, kwargs)
+                )
+            except Exception as e:  # (jagged nested tensors: PyTorch's fake tensors refuse them)
+                raise ForwardError(
+                    "shape-only counting cannot make the inputs fake tensors "
+                    f"({type(e).__name__}: {e}); count with real tensors (shape_only=False)",
+                    module_path=None) from e
             if fake_params is not None:
                 own = dict([*model.named_parameters(remove_duplicate=False),
                             *model.named_buffers(remove_duplicate=False)])
