@@ -30,12 +30,9 @@ from flopscope.execution.meta import (
     ShapeOnlyFakeMode,
     fake_input,
     fake_sparse,
-    grouped_mm_as_cpu,
-    holds_sizes,
     is_sparse,
     meta_sparse,
     needs_fake_cpu,
-    sdpa_as_cpu,
     to_fake,
 )
 from flopscope.report.report import Report
@@ -369,13 +366,12 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
         return convert
 
     with ExitStack() as cleanup:
-        if way == "meta":  # SDPA is made to pick the CPU's kernel
+        if way == "meta":  # (SDPA picks the CPU's kernel: the Counter sees to it)
             try:
                 args, kwargs = tree_map_only(torch.Tensor, standing(_to_meta), (args, kwargs))
             except Exception as e:  # an input that refuses meta tensors (PackedSequence): fake
                 raise ForwardError(f"the inputs cannot be put on the meta device: "
                                    f"{type(e).__name__}: {e}", module_path=None) from e
-            cleanup.enter_context(sdpa_as_cpu())
             # meta copies of the model's tensors not on meta (all of a real model's), for now
             swapped = _swap_to_meta(counter.modules)
             cleanup.callback(_put_back, swapped)
@@ -399,7 +395,6 @@ def _run(way: str, counter: Counter, model: nn.Module, on_meta: bool, args: tupl
             if not on_meta:  # (a meta model's are among fake_params)
                 fake_sparse(fake_mode, counter.modules)
             cleanup.enter_context(fake_mode)
-            cleanup.enter_context(grouped_mm_as_cpu())
         if alias:  # inputs take part in autograd, as a training step's activations do
             args, kwargs = tree_map_only(torch.Tensor, standing(_differentiable), (args, kwargs))
         if counter.observed and stand:
@@ -477,7 +472,7 @@ def _data_dependent(exc: BaseException) -> str | None:
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
     """An input for a model on ``meta``: the same metadata on ``meta`` (a leaf, like the input)."""
-    if t.is_meta or holds_sizes(t):  # (sizes: see fake_input)
+    if t.is_meta:
         return t
     if is_sparse(t):  # its stored entries kept
         return meta_sparse(t.detach())
