@@ -78,12 +78,27 @@ def test_sdpa_override_removed_when_the_forward_raises() -> None:
         model = Broken()
     with pytest.raises(flopscope.ForwardError, match="boom"):
         flopscope.count(model, torch.randn(2, 8, 32))
-    assert not _registered()
-    # and meta SDPA outside a count is PyTorch's own again: the unfused math form
-    q = torch.empty(1, 2, 4, 8, device="meta")
-    with flopscope.Counter() as c:
-        F.scaled_dot_product_attention(q, q, q)
-    assert FLASH not in c.report.by_op() and "aten.bmm.default" in c.report.by_op()
+    assert not _registered()  # meta SDPA outside a count is PyTorch's own again
+
+
+def test_a_counter_on_meta_tensors_counts_what_the_cpu_runs() -> None:
+    """A Counter around a meta model's forward and backward (not only count()) sees the CPU's
+    attention kernels: on meta, SDPA alone would take its unfused math form (two bmm)."""
+    torch.manual_seed(0)
+    model = _Sdpa(mask="causal")
+    x = torch.randn(2, 8, 32)
+    on_meta = copy.deepcopy(model).to("meta")
+    reports = []
+    for m, inputs in ((model, x), (on_meta, x.to("meta"))):
+        with flopscope.Counter(m) as c:
+            m(inputs).sum().backward()
+        reports.append(c.report)
+        assert not _registered()  # only while a Counter is active
+    assert _records(reports[1]) == _records(reports[0])
+    assert "aten.bmm.default" not in reports[1].by_op()
+    assert reports[1].by_op()[FLASH].calls == 1
+    # and counted once, as the count() of the same step
+    assert reports[1].macs == flopscope.count(on_meta, x, backward=True).macs
 
 
 def test_identical_layers_probe_the_cpu_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,43 @@ def test_nested_sdpa_equals_the_sum_of_dense_sequences() -> None:
     assert nested.macs == dense == 1216
 
 
+def test_nested_sdpa_backward_counts_both_gradient_products() -> None:
+    """On jagged nested tensors the CPU runs SDPA as matmuls on strided nested tensors, whose
+    backward is ``aten.matmul_backward``: two products per matmul, each as large as the forward
+    one."""
+    heads, d = 2, 8
+
+    def jagged() -> torch.Tensor:
+        return torch.nested.nested_tensor([torch.randn(n, heads, d) for n in LENGTHS],
+                                          layout=torch.jagged).transpose(1, 2).requires_grad_(True)
+
+    q, k, v = jagged(), jagged(), jagged()
+
+    def step() -> None:
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        torch.autograd.grad(out.values().sum(), [q, k, v])
+
+    r = _count(step)  # nothing uncounted
+    backward = r.by_op(phase="backward")["aten.matmul_backward.default"]
+    # per sequence of n tokens, a forward product is heads x n x n x d MACs (S = QK^T, then PV);
+    # matmul_backward computes dA = dC @ B^T and dB = A^T @ dC, each as many MACs:
+    # 2 matmuls x 2 products x heads x d x (4 + 9 + 25) = 4 x 2 x 8 x 38 = 2,432
+    assert backward.calls == 2
+    assert (backward.cost.macs, backward.cost.flops) == (2432, 2 * 2432)
+    assert r.total("forward").macs == 1216  # 2 x 2 x 8 x 38, as test_nested_sdpa_... above
+
+
+def test_nested_inputs_that_fake_tensors_refuse_are_a_clear_error_shape_only() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return nn.functional.scaled_dot_product_attention(q, q, q)
+
+    q = torch.nested.nested_tensor([torch.randn(n, 2, 8) for n in LENGTHS],
+                                   layout=torch.jagged).transpose(1, 2)
+    with pytest.raises(flopscope.ForwardError, match="cannot make the inputs fake tensors"):
+        flopscope.count(Attention(), q, shape_only=True)
+
+
 def test_sparse_products_count_stored_entries() -> None:
     a = torch.zeros(6, 5)
     a[0, 1], a[2, 3], a[5, 0] = 1.0, 2.0, 3.0  # 3 stored entries

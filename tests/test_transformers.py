@@ -144,3 +144,54 @@ def test_llama_meta_matches_flop_counter_mode(attn: str) -> None:
         # fused kernels): the difference is exactly that recompute, B*H*L*L*d per layer.
         recompute = LAYERS * B * HEADS * L * L * HEAD_DIM  # 2 * 4,096
         assert 2 * both.macs == theirs + 2 * recompute
+
+
+# Built under torch.device("meta"), these still make a few tensors on the CPU (hubert's
+# masked_spec_embed, ImageGPT's layer-norm weights: torch.Tensor(n) ignores the default device).
+TINY_MIXED = {
+    "hubert": (dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+                    num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, vocab_size=8),
+               "input_values", (1, 400)),
+    "imagegpt": (dict(vocab_size=17, n_positions=16, n_embd=16, n_layer=1, n_head=2),
+                 "input_ids", (1, 16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MIXED))
+def test_built_on_meta_with_a_few_cpu_tensors_counts_like_the_real_model(name: str) -> None:
+    settings, key, shape = TINY_MIXED[name]
+    config = transformers.AutoConfig.for_model(name, **settings)
+    inputs = {key: torch.randint(0, 16, shape) if key == "input_ids" else torch.randn(shape)}
+    real = transformers.AutoModel.from_config(config).eval()
+    with torch.device("meta"):
+        meta = transformers.AutoModel.from_config(config).eval()
+    assert any(not t.is_meta for t in meta.parameters())  # the case: a meta model, not all meta
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", flopscope.FlopscopeWarning)
+        reports = [flopscope.count(real, **inputs), flopscope.count(meta, **inputs),
+                   flopscope.count(real, shape_only=True, **inputs)]
+    assert len({(r.macs, r.flops) for r in reports}) == 1
+    assert reports[0].macs > 0
+
+
+def test_a_counter_around_a_meta_mistral_counts_what_the_cpu_runs() -> None:
+    """Sliding-window attention (a mask SDPA takes): a Counter around forward + backward of a
+    meta-built Mistral counts the CPU's fused kernels, as count() and a real run do."""
+    config = transformers.MistralConfig(vocab_size=V, hidden_size=D, intermediate_size=FFN,
+                                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                        num_key_value_heads=KV_HEADS, sliding_window=4,
+                                        max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    ids = _ids()
+    real = transformers.MistralForCausalLM(config)
+    with torch.device("meta"):
+        meta = transformers.MistralForCausalLM(config)
+    reports = []
+    for model, inputs in ((real, ids), (meta, ids.to("meta"))):
+        with flopscope.Counter(model) as counter:
+            model(inputs).logits.sum().backward()
+        reports.append(counter.report)
+    assert (reports[1].macs, reports[1].flops) == (reports[0].macs, reports[0].flops)
+    assert reports[1].macs == flopscope.count(meta, ids, backward=True).macs
+    assert "aten.bmm.default" not in reports[1].by_op()  # not SDPA's math form

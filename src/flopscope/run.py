@@ -22,6 +22,7 @@ from torch import nn
 from flopscope.core.counter import Counter
 from flopscope.core.memo import replays_outputs
 from flopscope.core.observers import CallObserver, reset_observers
+from flopscope.core.unseen import sets_modes_aside
 from flopscope.errors import ForwardError, UsageError
 from flopscope.execution.forward import initialized_copy, run_forward
 from flopscope.execution.how import How, given_fake_mode, ladder, on_meta
@@ -102,6 +103,7 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 @_heap_frozen
+@sets_modes_aside  # a user's dispatch modes see the model's calls, not flopscope's bookkeeping
 def count(
     model: nn.Module,
     /,
@@ -147,7 +149,8 @@ def count(
         rules: extra operator and module rules (see :class:`Counter`).
         strict: raise at the first operator without a rule.
         shape_only: run on fake tensors: no arithmetic, no activation memory; same counts.
-            Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``).
+            Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``),
+            also one that holds a few tensors on the CPU (they are converted with it).
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
         warn: warn once about uncounted operators and opaque modules.

@@ -75,3 +75,21 @@ def test_in_place_metadata_changes_move_no_bytes() -> None:
                  "aten.squeeze_.dim"):
         assert ops[name].cost.bytes_read == ops[name].cost.bytes_written == 0, name
     assert counter.report.total().bytes_read == 128
+
+
+def test_assertions_do_no_flops() -> None:
+    checked = torch.ones(3, 4, dtype=torch.bool)  # 12 bools: 12 bytes
+
+    def checks() -> None:
+        torch._check_tensor_all(checked)  # what transformers' torch_compilable_check runs
+        torch._assert_async(torch.tensor(True))
+
+    r = count(checks)
+    assert r.uncounted == {}
+    cost = op(r, "aten._is_all_true.default")
+    # reads the 12 bools, writes one
+    assert (cost.macs, cost.flops, cost.bytes_read, cost.bytes_written) == (0, 0, 12, 1)
+    assert op(r, "aten._assert_async.default").flops == 0
+    for name in ("aten::_is_any_true", "aten::_functional_assert_scalar",
+                 "aten::_functional_sym_constrain_range_for_size"):
+        assert name in default_rules()

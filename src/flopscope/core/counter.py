@@ -30,7 +30,7 @@ from flopscope.core.observers import CallObserver
 from flopscope.core.params import ParamStats, param_table
 from flopscope.core.recorder import Recorder
 from flopscope.core.replay import ModuleReplay
-from flopscope.core.settings import eager_flex_attention
+from flopscope.core.settings import while_counting
 from flopscope.core.tracker import ModuleTracker
 from flopscope.errors import FlopscopeError, UsageError
 from flopscope.report.records import CommRecord, OpRecord
@@ -255,7 +255,7 @@ class Counter:
             self._module_replay = ModuleReplay(recorder.ledger, tracker, self.model,
                                                self.engine_state, self._replay_blocked)
             self._module_replay.install()
-        self._torch_settings = eager_flex_attention()
+        self._torch_settings = while_counting()
         try:
             self._torch_settings.__enter__()
             self._mode.__enter__()  # type: ignore[no-untyped-call]

@@ -20,6 +20,7 @@ from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
 from flopscope.core.integrity import WriteGuard
 from flopscope.core.memo import OUTPUTS, SELF, outputs_of, remember, replay, replays_fake, signature
 from flopscope.core.recorder import Recorder
+from flopscope.core.unseen import unseen_calls
 
 __all__ = ["CountingMode"]
 
@@ -63,6 +64,10 @@ class CountingMode(TorchDispatchMode):
         self.entries = recorder.costing.entries
         self.entry = recorder.entry
         self.guard = guard.before if guard is not None else None
+        if _modes_below():  # (made just before it is pushed) modes below see the model's calls,
+            # not flopscope's work on them: costing, observers, copies (flopscope.core.unseen)
+            self.record = unseen_calls(self.record)
+            self.guard = unseen_calls(self.guard) if self.guard is not None else None
 
     def owned_by(self, owner: object) -> bool:
         """Whether this mode counts for ``owner``."""

@@ -57,6 +57,7 @@ from flopscope.core.ledger import Decomposed, Key, Ledger
 from flopscope.core.memo import FAKE_MODES, same_size, template
 from flopscope.core.memo import key_part as _key_part
 from flopscope.core.tracker import ModuleTracker
+from flopscope.core.unseen import unseen
 
 _PLAIN = (int, float, bool, str, type(None))
 _OWN_INDEX = object()  # an int attribute holding each member's index in its container
@@ -223,7 +224,8 @@ class _Made(torch.autograd.Function):
         return None, None  # pragma: no cover - replay runs only in counts without backward
 
 
-_ANCHOR = torch.zeros((), requires_grad=True)  # what _Made's outputs depend on, for autograd
+with unseen():  # (made on import, which may happen inside a user's dispatch mode)
+    _ANCHOR = torch.zeros((), requires_grad=True)  # what _Made's outputs depend on, for autograd
 
 
 def _made(leaf: tuple[Any, Any, Any, bool]) -> torch.Tensor:

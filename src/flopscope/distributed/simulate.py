@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import Counter
@@ -26,6 +25,7 @@ from flopscope.distributed.pipeline import (
 )
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
+from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
@@ -295,7 +295,7 @@ def _stage_run(
                    backward=backward, config=config, count_kwargs=count_kwargs)
         if not shape_only:
             return run_stage(stage, ids, **run)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
             stage.to_empty(device="cpu")
             return run_stage(stage, to_fake(mode, ids), **run)
 
@@ -464,7 +464,7 @@ def _one_rank(
             report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+            with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
                 model.to_empty(device="cpu")
                 fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)

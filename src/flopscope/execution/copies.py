@@ -21,7 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["converted_copy", "fake_mode_for", "meta_input", "meta_twin", "put_back",
+from flopscope.execution.meta import (
+    ShapeOnlyFakeMode,
+    constant_input,
+    holds_sizes,
+    is_sparse,
+    meta_sparse,
+    sparse_fake,
+)
+
+__all__ = ["converted_copy", "fake_input", "fake_mode_for", "meta_input", "meta_twin", "put_back",
            "swap_to_meta", "to_fake"]
 
 _CPU = torch.device("cpu")
@@ -39,6 +48,8 @@ def meta_input(t: torch.Tensor) -> torch.Tensor:
     """
     if t.is_meta:
         return t
+    if is_sparse(t):  # its stored entries kept
+        return meta_sparse(t.detach())
     return t.detach().to("meta").requires_grad_(t.requires_grad)
 
 
@@ -80,6 +91,8 @@ def _meta_copy(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor like ``t`` (a trainable parameter's copy requires grad), reused across
     counts while neither changed."""
     grad = t.requires_grad and isinstance(t, nn.Parameter)  # (isinstance is Python code here)
+    if is_sparse(t):  # no strides; its stored entries kept
+        return meta_sparse(t.detach()).requires_grad_(grad)
     facts = (t.shape, t.stride(), t.dtype, grad)
     entry = _COPIES.get(id(t))
     if entry is not None and entry[0]() is t and entry[2] == facts:
@@ -140,12 +153,25 @@ def meta_twin(model: nn.Module, keep: dict[int, Any] | None = None) -> nn.Module
 
 def to_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
     """``t`` as a fake tensor of ``fake_mode``: a ``meta`` tensor as a fake CPU tensor of the same
-    metadata, any other as itself (memoized by the mode's converter: the same fake each time)."""
+    metadata, any other as itself (memoized by the mode's converter: the same fake each time). A
+    sparse tensor keeps its number of stored entries (see :func:`meta_sparse`)."""
+    if is_sparse(t):
+        return sparse_fake(fake_mode, t)
     if t.is_meta:
         return fake_mode.fake_tensor_converter.from_meta_and_device(  # type: ignore[no-any-return]
             fake_mode, t, _CPU
         )
     return fake_mode.from_tensor(t)  # type: ignore[no-any-return]
+
+
+def fake_input(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """An input of a shape-only run on fake tensors of ``fake_mode``: :func:`to_fake`, save a
+    tensor that holds sizes (:func:`~flopscope.execution.meta.holds_sizes`), which stays itself
+    (a C++ kernel reads its memory: the packed LSTM its batch sizes) and is a constant to the
+    mode (where Python reads it: ``batch_sizes[0]``)."""
+    if not holds_sizes(t):
+        return to_fake(fake_mode, t)
+    return constant_input(fake_mode, t)
 
 
 def fake_mode_for(meta_model: nn.Module | None,
@@ -157,9 +183,7 @@ def fake_mode_for(meta_model: nn.Module | None,
     CPU tensors in place of its meta parameters and buffers (put back on return; the model is not
     modified). Other ``meta`` models run on ``meta`` itself, which is faster.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    fake_mode = given if given is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = given if given is not None else ShapeOnlyFakeMode(allow_non_fake_inputs=True)
     if meta_model is None:
         return fake_mode, None
     fake_params: dict[str, torch.Tensor] = {}

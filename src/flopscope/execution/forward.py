@@ -20,10 +20,17 @@ from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import Counter
+from flopscope.core.unseen import caller_modes
 from flopscope.errors import FlopscopeError, ForwardError, UsageError
-from flopscope.execution.copies import fake_mode_for, meta_input, put_back, swap_to_meta, to_fake
+from flopscope.execution.copies import (
+    fake_input,
+    fake_mode_for,
+    meta_input,
+    put_back,
+    swap_to_meta,
+)
 from flopscope.execution.how import How, given_fake_mode
-from flopscope.execution.meta import grouped_mm_as_cpu, sdpa_as_cpu
+from flopscope.execution.meta import fake_sparse
 
 __all__ = ["backward", "initialized_copy", "run_forward"]
 
@@ -96,34 +103,40 @@ def run_forward(how: How, counter: Counter, model: nn.Module, on_meta: bool,
         return convert
 
     with ExitStack() as cleanup:
-        if how is How.META:  # SDPA is made to pick the CPU's kernel
+        if how is How.META:  # (SDPA picks the CPU's kernel: the Counter sees to it)
             try:
                 args, kwargs = tree_map_only(torch.Tensor, standing(meta_input), (args, kwargs))
             except Exception as e:  # an input that refuses meta tensors (PackedSequence): fake
                 raise ForwardError(f"the inputs cannot be put on the meta device: "
                                    f"{type(e).__name__}: {e}", module_path=None) from e
-            cleanup.enter_context(sdpa_as_cpu())
-            if not on_meta:  # a real model, shape-only: meta copies of its tensors, for now
-                swapped = swap_to_meta(counter.modules)
-                cleanup.callback(put_back, swapped)
-                stand.update((id(table[name]), (table[name], t)) for table, name, t in swapped)
+            # meta copies of the model's tensors not on meta (all of a real model's), for now
+            swapped = swap_to_meta(counter.modules)
+            cleanup.callback(put_back, swapped)
+            stand.update((id(table[name]), (table[name], t)) for table, name, t in swapped)
         elif how is How.FAKE:
             fake_mode, fake_params = fake_mode_for(model if on_meta else None,
                                                    given_fake_mode(args, kwargs))
-            args, kwargs = tree_map_only(
-                torch.Tensor, standing(lambda t: to_fake(fake_mode, t)), (args, kwargs)
-            )
+            try:
+                args, kwargs = tree_map_only(
+                    torch.Tensor, standing(lambda t: fake_input(fake_mode, t)), (args, kwargs)
+                )
+            except Exception as e:  # (jagged nested tensors: PyTorch's fake tensors refuse them)
+                raise ForwardError(
+                    "shape-only counting cannot make the inputs fake tensors "
+                    f"({type(e).__name__}: {e}); count with real tensors (shape_only=False)",
+                    module_path=None) from e
             if fake_params is not None:
                 own = dict([*model.named_parameters(remove_duplicate=False),
                             *model.named_buffers(remove_duplicate=False)])
                 stand.update((id(fake), (fake, own[name])) for name, fake in fake_params.items())
+            if not on_meta:  # (a meta model's are among the fake parameters)
+                fake_sparse(fake_mode, counter.modules)
             cleanup.enter_context(fake_mode)
-            cleanup.enter_context(grouped_mm_as_cpu())
         if alias:  # inputs take part in autograd, as a training step's activations do
             args, kwargs = tree_map_only(torch.Tensor, standing(_differentiable), (args, kwargs))
         if counter.observed and stand:
             counter.stand_ins(stand.values())
-        with counter:
+        with caller_modes(), counter:
             try:
                 if fake_params is None:
                     out = model(*args, **kwargs)

@@ -35,7 +35,9 @@ class How(str, enum.Enum):
 
 
 def on_meta(modules: Iterable[nn.Module]) -> bool:
-    """Whether every parameter and buffer of these modules is on ``meta`` (and there is one).
+    """Whether a parameter or buffer of these modules is on ``meta``: such a model cannot run on
+    real tensors and is counted shape-only, with the tensors it holds on the CPU (made by code
+    that ignores the default device: ``torch.Tensor(n)``, ``device="cpu"``) converted with it.
 
     Args:
         modules: the model's modules (``model.modules()``).
@@ -43,14 +45,8 @@ def on_meta(modules: Iterable[nn.Module]) -> bool:
     Returns:
         As above.
     """
-    found = False
-    for m in modules:
-        for t in (*m._parameters.values(), *m._buffers.values()):
-            if t is not None:
-                if not t.is_meta:
-                    return False
-                found = True
-    return found
+    return any(t is not None and t.is_meta
+               for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
 
 
 def given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

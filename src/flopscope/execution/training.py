@@ -24,7 +24,7 @@ from flopscope.core.counter import Counter
 from flopscope.errors import FlopscopeError, UsageError
 from flopscope.execution.copies import converted_copy, meta_input, meta_twin, to_fake
 from flopscope.execution.how import How, ladder, on_meta
-from flopscope.execution.meta import sdpa_as_cpu
+from flopscope.execution.meta import ShapeOnlyFakeMode, sdpa_as_cpu
 
 __all__ = ["OptimizerArg", "Step", "default_loss", "optimizer_by_name", "tensors",
            "training_step"]
@@ -155,9 +155,7 @@ def training_step(
         last = i + 1 == len(ways)
         try:
             if how is How.FAKE:
-                from torch._subclasses.fake_tensor import FakeTensorMode
-
-                mode = FakeTensorMode(allow_non_fake_inputs=True)
+                mode = ShapeOnlyFakeMode(allow_non_fake_inputs=True)
                 fake = functools.partial(to_fake, mode)
                 fake_args, fake_kwargs = tree_map_only(torch.Tensor, fake, (args, kwargs))
                 fake_model = converted_copy(run_model, fake)

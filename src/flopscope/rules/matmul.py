@@ -140,17 +140,29 @@ def _matmul_macs(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return numel(tuple(batch)) * a[-2] * a[-1] * b[-1]
 
 
+def _product_macs(a: torch.Tensor, b: torch.Tensor) -> int:
+    """MACs of ``torch.matmul(a, b)``; on nested tensors the sum over their components."""
+    if a.is_nested or b.is_nested:
+        parts_a = a.unbind() if a.is_nested else [a] * b.size(0)
+        parts_b = b.unbind() if b.is_nested else [b] * a.size(0)
+        return sum(_matmul_macs(tuple(x.shape), tuple(y.shape))
+                   for x, y in zip(parts_a, parts_b, strict=True))
+    return _matmul_macs(tuple(a.shape), tuple(b.shape))
+
+
 @rule("aten::matmul")
 def matmul(call: OpCall) -> Cost:
     """torch.matmul: one MAC per (batch, m, n, k) after broadcasting; on nested tensors the sum
     over their components. (Seen only where ``matmul`` is not decomposed: on nested tensors, whose
     CPU attention fallback multiplies strided nested tensors.)"""
-    a, b = call.args[0], call.args[1]
-    if a.is_nested or b.is_nested:
-        parts_a = a.unbind() if a.is_nested else [a] * b.size(0)
-        parts_b = b.unbind() if b.is_nested else [b] * a.size(0)
-        macs = sum(_matmul_macs(tuple(x.shape), tuple(y.shape))
-                   for x, y in zip(parts_a, parts_b, strict=True))
-    else:
-        macs = _matmul_macs(tuple(a.shape), tuple(b.shape))
-    return call.cost(macs=macs)
+    return call.cost(macs=_product_macs(call.args[0], call.args[1]))
+
+
+@rule("aten::matmul_backward")
+def matmul_backward(call: OpCall) -> Cost:
+    """The two gradients of ``C = A @ B`` (nested tensors' backward of ``matmul``, which their
+    CPU attention fallback runs): ``dA = dC @ B^T`` and ``dB = A^T @ dC``, each as many MACs as
+    the forward product (the same (batch, m, n, k) terms), counted for each gradient that
+    ``mask`` asks for; FLOPs = 2 * MACs. On nested tensors: the sum over their components."""
+    mask = named_arg(call, "mask", (True, True))
+    return call.cost(macs=sum(map(bool, mask)) * _product_macs(call.args[1], call.args[2]))

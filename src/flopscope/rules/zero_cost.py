@@ -33,7 +33,7 @@ COPIES = [
     "_copy_from", "_copy_from_and_resize", "pin_memory", "_pin_memory", "to_mkldnn",
     "to_dense", "_to_dense", "mkldnn_reorder_conv2d_weight", "_nested_tensor_from_tensor_list",
     "_nested_from_padded", "_nested_from_padded_and_nested_example", "to_padded_tensor",
-    "_nested_tensor_from_mask",
+    "_nested_tensor_from_mask", "_pack_padded_sequence",
 ]
 # Indexing, gathering, concatenation, padding, reordering: data movement only.
 INDEXING = [
@@ -63,11 +63,16 @@ CREATION = [
 # Bookkeeping with no data at all.
 META = [
     "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
-    "is_same_size", "_assert_async", "_assert_scalar", "_functional_assert_async",
-    "_assert_tensor_metadata", "sym_constrain_range", "sym_constrain_range_for_size",
-    "record_stream", "_has_compatible_shallow_copy_type", "is_nonzero", "equal",
-    "_version", "_make_dep_token", "_print", "_functional_sym_constrain_range",
-    "_resize_output_", "_check_is_size", "result_type",
+    "is_same_size", "record_stream", "_has_compatible_shallow_copy_type", "is_nonzero", "equal",
+    "_version", "_print", "_resize_output_", "_check_is_size", "result_type",
+]
+# Assertions and checks: torch._check_tensor_all (_is_all_true), torch._assert_async, the
+# exported forms of asserts and size constraints, metadata checks (see `assertion` below).
+ASSERTIONS = [
+    "_is_all_true", "_is_any_true", "_assert_async", "_assert_scalar", "_functional_assert_async",
+    "_functional_assert_scalar", "_assert_tensor_metadata", "_make_dep_token",
+    "sym_constrain_range", "sym_constrain_range_for_size", "_functional_sym_constrain_range",
+    "_functional_sym_constrain_range_for_size",
 ]
 
 # Profiler ranges (optimizers wrap their step in one).
@@ -82,6 +87,19 @@ def zero_flop(call: OpCall) -> Cost:
     """No arithmetic: views, copies and dtype casts, indexing/gather/cat/pad, tensor creation and
     random-number filling, bookkeeping: 0 FLOPs. Bytes of inputs and outputs are counted (0 for
     views)."""
+    return call.cost()
+
+
+@rule(*(f"aten::{name}" for name in ASSERTIONS))
+def assertion(call: OpCall) -> Cost:
+    """Assertions and checks: ``_is_all_true`` / ``_is_any_true`` (``torch._check_tensor_all``,
+    which transformers' ``torch_compilable_check`` calls), ``_assert_async``, ``_assert_scalar``
+    and their functional forms, size constraints, ``_assert_tensor_metadata``: 0 FLOPs, by
+    decision. They verify the program and compute nothing the model returns; an ``all``/``any``
+    written by the model itself is a reduction and counted as one, the same reduction made to
+    decide whether to raise is not. Bytes of inputs and outputs are counted. A shape-only count
+    has no values to check: there an assertion on values is taken to hold (the real run raises
+    where it fails)."""
     return call.cost()
 
 

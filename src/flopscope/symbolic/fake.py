@@ -9,8 +9,10 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
+
+from flopscope.execution.meta import ShapeOnlyFakeMode
 
 __all__ = ["CONCRETE_SIZES_ONLY", "PinningFakeMode"]
 
@@ -33,7 +35,7 @@ def _has_symbolic_list(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
                for a in (*args, *kwargs.values()))
 
 
-class PinningFakeMode(FakeTensorMode):
+class PinningFakeMode(ShapeOnlyFakeMode):
     """The fake mode of a symbolic count: an operator's output sizes that a recorded guard pins
     to a number are written as that number (its strides likewise, where they become numbers).
 
