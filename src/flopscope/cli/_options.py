@@ -127,6 +127,9 @@ def print_traceback_if_asked() -> None:
 
 
 # -- argument types ----------------------------------------------------------------------------
+_LARGEST = 2**63 - 1  # PyTorch's sizes are signed 64-bit integers
+
+
 def _whole_number(text: str, minimum: int) -> int:
     try:
         value = int(text)
@@ -135,11 +138,16 @@ def _whole_number(text: str, minimum: int) -> int:
     if value < minimum:
         wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+    if value > _LARGEST:  # checked here, before anything is built: torch would fail deep inside
+        raise argparse.ArgumentTypeError(
+            f"expected at most {_LARGEST:,} (2^63 - 1, the largest size PyTorch holds), "
+            f"got {value:,}")
     return value
 
 
 def positive_int(text: str) -> int:
-    """Argument type: a whole number, at least 1 (``--batch``, ``--seq-len``).
+    """Argument type: a whole number, at least 1 and at most 2^63 - 1 (``--batch``,
+    ``--seq-len``).
 
     Args:
         text: the user's string.
@@ -148,13 +156,13 @@ def positive_int(text: str) -> int:
         The number.
 
     Raises:
-        argparse.ArgumentTypeError: not a whole number, or below 1.
+        argparse.ArgumentTypeError: not a whole number, below 1, or beyond 2^63 - 1.
     """
     return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    """Argument type: a whole number, 0 or more (``--depth``).
+    """Argument type: a whole number, 0 or more, at most 2^63 - 1 (``--depth``).
 
     Args:
         text: the user's string.
@@ -163,7 +171,7 @@ def non_negative_int(text: str) -> int:
         The number.
 
     Raises:
-        argparse.ArgumentTypeError: not a whole number, or negative.
+        argparse.ArgumentTypeError: not a whole number, negative, or beyond 2^63 - 1.
     """
     return _whole_number(text, 0)
 
@@ -214,7 +222,7 @@ def positive_number(text: str) -> float:
 
 
 def unit_prefix(text: str) -> str | None:
-    """Argument type: ``--unit auto|K|M|G|T|P``.
+    """Argument type: ``--unit auto|k|M|G|T|P|E|Z|Y|R|Q`` (any case).
 
     Args:
         text: the user's string.

@@ -58,8 +58,9 @@ def add_subcommands(subparsers: Any) -> None:
     count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
     count.add_argument("--strict", action="store_true",
                        help="fail (exit 1) when an operator has no rule")
-    count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|K|M|G|T",
-                       help="fixed prefix for MACs and FLOPs (default auto)")
+    count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|k|M|G|T|P|E",
+                       help="fixed SI prefix for MACs and FLOPs: k, M, G, T, P, E, Z, Y, R or Q "
+                            "(default auto; bytes always take binary prefixes, KiB, MiB, ...)")
     count.add_argument("--symbolic", metavar="NAMES",
                        help="costs as formulas of these sizes, comma-separated: batch, seq_len "
                             "(hf: token ids), height, width or resolution (images); see "

@@ -22,6 +22,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
+from flopscope.render.units import scaled
 from flopscope.zoo import LIBRARIES, ZooRow, default_jobs, sweep, zoo_models
 
 __all__ = ["add_subcommands", "run_zoo", "zoo_table"]
@@ -95,8 +96,8 @@ def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
             cells = [f"`{r.model}`", asked, "", "", f"failed: {r.error}"]
             cells += [""] * (len(header) - len(cells) - 1) + [f"{r.seconds:.2f}"]
         else:
-            cells = [f"`{r.model}`", r.input, f"{r.params / 1e6:.2f}",
-                     f"{r.macs / 1e9:.3f}", f"{r.flops / 1e9:.3f}"]
+            cells = [f"`{r.model}`", r.input, scaled(r.params, "M"), scaled(r.macs, "G", 3),
+                     scaled(r.flops, "G", 3)]
             if with_ref:
                 ref = r.reference_gmacs
                 cells.append(f"{ref:.3f}" if ref is not None else "")

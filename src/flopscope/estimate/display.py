@@ -12,10 +12,9 @@ from flopscope.estimate.memory import MemoryProfile
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import Estimate, Row
 from flopscope.render.formats import Column
-from flopscope.render.units import human
+from flopscope.render.units import human, human_bytes
 
-__all__ = ["estimate_columns", "estimate_lines", "human_bytes", "human_seconds", "memory_lines",
-           "plot_roofline"]
+__all__ = ["estimate_columns", "estimate_lines", "human_seconds", "memory_lines", "plot_roofline"]
 
 
 def human_seconds(seconds: float) -> str:
@@ -33,23 +32,6 @@ def human_seconds(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:,.3g} {unit}"
     return f"{seconds / 1e-9:,.3g} ns"
-
-
-def human_bytes(nbytes: int) -> str:
-    """Bytes in binary units (memory sizes): ``"1.50 GiB"``.
-
-    Args:
-        nbytes: bytes.
-
-    Returns:
-        The size.
-    """
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:,.0f} B" if unit == "B" else f"{value:,.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _intensity(row: Row) -> str:

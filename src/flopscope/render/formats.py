@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flopscope.cost import Phase
-from flopscope.render.units import PREFIXES, human
+from flopscope.render.units import human, scaled
 from flopscope.report.report import Report, set_display
 
 __all__ = [
@@ -107,9 +107,7 @@ def _num(value: int, prefix: str | None) -> str:
     """A table cell: auto prefix in the cell, or a bare number when the header names the unit."""
     if prefix is None:
         return human(value)
-    if value == 0:
-        return "0"
-    return f"{value / PREFIXES[prefix]:,.2f}"
+    return scaled(value, prefix)
 
 
 def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:

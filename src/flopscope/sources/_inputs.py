@@ -6,26 +6,37 @@ passes its flag name (``what="--input"``) so its errors say which flag to fix.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
+from flopscope.render.units import human
 
 __all__ = [
     "DTYPES",
+    "MAX_SIZE",
     "InputSpec",
     "cast_floating",
+    "check_fits",
     "describe",
+    "example_tensor",
     "make_inputs",
+    "on_meta",
     "parse_dtype",
     "parse_input",
     "rebatch",
 ]
+
+MAX_SIZE = 2**63 - 1
+"""The largest tensor dimension, and the most bytes one tensor's storage can hold: PyTorch keeps
+sizes in signed 64-bit integers (9,223,372,036,854,775,807; 8 EiB of storage)."""
 
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -53,6 +64,77 @@ class InputSpec:
     def __str__(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         return "x".join(map(str, self.shape)) + ("" if dtype == "float32" else f":{dtype}")
+
+
+def check_fits(shape: Sequence[int], dtype: torch.dtype, *, what: str = "input") -> None:
+    """Refuse a tensor that PyTorch cannot describe: a dimension, or a storage in bytes, beyond
+    :data:`MAX_SIZE` (torch would fail deep inside with a stack frame, or an overflow).
+
+    Args:
+        shape: the dimensions.
+        dtype: the element type.
+        what: what the tensor is, for the message (``"input 1x3x224x224"``, ``"batch 8"``).
+
+    Raises:
+        SourceError: it does not fit; the message says the limit.
+    """
+    big = [d for d in shape if d > MAX_SIZE]
+    if big:
+        raise SourceError(
+            f"{what}: dimension {big[0]:,} is beyond the largest tensor dimension, "
+            f"{MAX_SIZE:,} (2^63 - 1); use a smaller size"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_SIZE:
+        name = str(dtype).removeprefix("torch.")
+        raise SourceError(
+            f"{what}: {'x'.join(map(str, shape))} {name} would take {human(nbytes, 'B')}, beyond "
+            f"the {human(MAX_SIZE, 'B')} (2^63 - 1 bytes) one tensor can hold; use a smaller size"
+        )
+
+
+def example_tensor(shape: Sequence[int], dtype: torch.dtype = torch.float32, *,
+                   shape_only: bool = False, what: str = "input") -> torch.Tensor:
+    """An example input: random floats, zeros for integer dtypes (valid indices); on the
+    ``meta`` device (no memory, no values) when ``shape_only``.
+
+    Args:
+        shape: the dimensions.
+        dtype: the element type.
+        shape_only: make it on ``meta``: a shape-only count never reads an input's values.
+        what: what the tensor is, for the message when it does not fit.
+
+    Returns:
+        The tensor.
+
+    Raises:
+        SourceError: the shape does not fit in a tensor (see :func:`check_fits`).
+    """
+    check_fits(shape, dtype, what=what)
+    if shape_only:
+        return torch.empty(tuple(shape), dtype=dtype, device="meta")
+    if dtype.is_floating_point:
+        return torch.randn(tuple(shape), dtype=dtype)
+    return torch.zeros(tuple(shape), dtype=dtype)
+
+
+def on_meta(value: Any) -> Any:
+    """``value`` with every tensor in it (also inside tuples, lists and dicts) as a ``meta`` tensor
+    of the same metadata (a leaf that requires grad where the tensor did); everything else as it
+    is. What a shape-only count of a factory's inputs needs: their shapes, not their memory.
+
+    Args:
+        value: forward arguments.
+
+    Returns:
+        The arguments on ``meta``.
+    """
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t
+        return t.detach().to("meta").requires_grad_(t.requires_grad)
+
+    return tree_map_only(torch.Tensor, meta, value)
 
 
 def parse_dtype(text: str | torch.dtype, *, what: str = "dtype", floating: bool = False
@@ -120,6 +202,7 @@ def parse_input(text: str, *, what: str = "input shape") -> InputSpec:
     shape = tuple(int(d) for d in shape_text.lower().split("x"))
     if any(d == 0 for d in shape):
         raise SourceError(f"malformed {what} {text!r}: every dimension must be at least 1")
+    check_fits(shape, dtype, what=f"{what} {text!r}")
     return InputSpec(shape, dtype)
 
 
@@ -128,26 +211,31 @@ def make_inputs(
     *,
     batch: int | None = None,
     dtype: torch.dtype | None = None,
+    shape_only: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """Tensors for ``specs``: random floats, zeros for integer dtypes (valid indices).
+    """Tensors for ``specs``: random floats, zeros for integer dtypes (valid indices); ``meta``
+    tensors (no memory) when ``shape_only``.
 
     Args:
         specs: shapes and dtypes.
         batch: when given, replaces the first dimension of every input.
         dtype: when given, the dtype of every floating-point input.
+        shape_only: make them on ``meta`` (see :func:`example_tensor`).
 
     Returns:
         One tensor per spec.
+
+    Raises:
+        SourceError: an input (at ``batch``) does not fit in a tensor.
     """
     out = []
     for spec in specs:
         shape = spec.shape
         if batch is not None and shape:
             shape = (batch, *shape[1:])
-        if spec.dtype.is_floating_point:
-            out.append(torch.randn(shape, dtype=dtype or spec.dtype))
-        else:
-            out.append(torch.zeros(shape, dtype=spec.dtype))
+        kind = (dtype or spec.dtype) if spec.dtype.is_floating_point else spec.dtype
+        what = f"input {spec}" + (f" at batch {batch:,}" if batch is not None else "")
+        out.append(example_tensor(shape, kind, shape_only=shape_only, what=what))
     return tuple(out)
 
 
@@ -161,8 +249,12 @@ def rebatch(value: Any, batch: int) -> Any:
 
     Returns:
         The argument at that batch size.
+
+    Raises:
+        SourceError: the input at that batch size does not fit in a tensor.
     """
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] != batch:
+        check_fits((batch, *value.shape[1:]), value.dtype, what=f"batch {batch:,}")
         reps = (batch + value.shape[0] - 1) // value.shape[0]
         return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].contiguous()
     return value

@@ -1,0 +1,95 @@
+"""The numbers a user sees on the command line: one unit convention (SI prefixes for counts, binary
+prefixes for bytes), sizes that do not fit refused before anything is built, shape-only inputs
+that never take memory, and what a long count says while it runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+import pytest
+from tests.cli.conftest import FIXTURES, Result
+
+Cli = Callable[..., Result]
+
+
+@pytest.fixture(autouse=True)
+def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+# -- units -----------------------------------------------------------------------------------------
+def test_bytes_take_binary_prefixes_in_tables_and_notes(cli: Cli) -> None:
+    r = cli("count", "tiny_models:tiny", "--memory", "--hardware", "h100-sxm")
+    assert r.code == 0, r.err
+    # the module table's bytes were decimal ("14.38 KB") while the memory lines were binary
+    # ("5.90 KiB"): no decimal byte unit is left anywhere
+    assert not re.findall(r"\d\.\d+ (?:[kKMGTPEZY])B\b", r.out)
+    # the root moves 14,304 bytes (an eval-mode forward: --memory counts one) = 13.97 KiB
+    # (14,304 / 1,024 = 13.97), not 14.30 KB
+    assert re.search(r"^\(root\)\s+Tiny\s+276\s+13\.86 k\s+30\.28 k\s+13\.97 KiB\s", r.out, re.M)
+    # the parameters: 276 float32 = 1,104 bytes = 1.08 KiB; the input 1x3x8x8 float32 = 768 B
+    assert "parameters 1.08 KiB" in r.out and "inputs 768 B" in r.out
+    # the H100's 3.35 TB/s datasheet bandwidth is 3.35e12 / 2^40 = 3.05 TiB/s
+    assert "3.05 TiB/s" in r.out
+
+
+# -- sizes: shape-only inputs take no memory; sizes that do not fit are refused --------------------
+# resnet50 at 1x3x224x224 is 4,089,184,256 MACs (torchvision publishes 4.089 GFLOPS, which are MACs)
+RESNET50_MACS = 4_089_184_256
+
+
+@pytest.mark.parametrize("size", [["--input", "100000x3x224x224"], ["--batch", "100000"]])
+def test_shape_only_inputs_take_no_memory(cli: Cli, size: list[str]) -> None:
+    # 100,000 images of 3x224x224 float32 are 60 GB: the input used to be allocated (and fail)
+    r = cli("count", "torchvision:resnet50", "--shape-only", *size, "--format", "json")
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert report["meta"]["inputs"] == ["100000x3x224x224"]
+    assert report["totals"]["macs"] == 100_000 * RESNET50_MACS  # 408,918,425,600,000
+
+
+def test_shape_only_token_ids_take_no_memory(cli: Cli) -> None:
+    # 10^10 x 8 int64 token ids are 640 GB; a one-layer GPT-2 of width 8 counts them on meta
+    r = cli("count", "hf:gpt2", "--shape-only", "--batch", "10000000000", "--seq-len", "8",
+            "--config", "n_layer=1", "--config", "n_embd=8", "--config", "n_head=2",
+            "--config", "vocab_size=16", "--config", "n_positions=8", "--format", "json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["meta"]["inputs"][0] == "input_ids=10000000000x8:int64"
+
+
+def test_huge_counts_take_the_prefix_they_need(cli: Cli) -> None:
+    # 10^9 images: 4.089 * 10^18 MACs is 4.089 EMAC (it printed as "4,089 PMAC"), and the bytes
+    # moved take binary prefixes up to PiB and beyond
+    r = cli("count", "torchvision:resnet50", "--shape-only", "--batch", "1000000000")
+    assert r.code == 0, r.err
+    assert "25,557,032 params (25.56 M) · 4.089 EMAC · 8.218 EFLOP" in r.out
+    assert re.search(r"^\(root\)\s+ResNet\s+25\.56 M\s+4\.09 E\s+8\.22 E\s+\d+\.\d\d PiB\s", r.out,
+                     re.M)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--batch", "99999999999999999999"],
+     r"^flopscope: error: argument --batch: expected at most 9,223,372,036,854,775,807 \(2\^63 - 1, "
+     r"the largest size PyTorch holds\), got 99,999,999,999,999,999,999"),
+    (["--seq-len", "99999999999999999999", "--input", "1x8:int64"],
+     r"^flopscope: error: argument --seq-len: expected at most 9,223,372,036,854,775,807"),
+    (["--input", "99999999999999999999x3x224x224"],
+     r"^flopscope: error: --input '99999999999999999999x3x224x224': dimension "
+     r"99,999,999,999,999,999,999 is beyond the largest tensor dimension, "
+     r"9,223,372,036,854,775,807 \(2\^63 - 1\)"),
+    # fits a dimension, but 10^16 x 3 x 224 x 224 float32 is 6.0e21 bytes = 5.10 ZiB of storage
+    (["--batch", "9999999999999999"],
+     r"^flopscope: error: batch 9,999,999,999,999,999: 9999999999999999x3x224x224 float32 would "
+     r"take 5\.10 ZiB, beyond the 8\.00 EiB \(2\^63 - 1 bytes\) one tensor can hold"),
+    (["--input", "9999999999999999x3x224x224"],
+     r"^flopscope: error: --input '9999999999999999x3x224x224': 9999999999999999x3x224x224 "
+     r"float32 would take 5\.10 ZiB"),
+])
+def test_sizes_that_do_not_fit_are_one_usage_error(cli: Cli, argv: list[str], message: str) -> None:
+    r = cli("count", "torchvision:resnet50", "--shape-only", *argv)
+    assert r.code == 2
+    assert r.out == "" and len(r.err.strip().splitlines()) == 1, r.err
+    assert re.match(message, r.err), r.err
+    assert "frame #" not in r.err and "Exception raised from" not in r.err
