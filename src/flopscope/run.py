@@ -177,7 +177,11 @@ def count(
             Models on the ``meta`` device are counted this way too (inputs are moved to ``meta``).
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
-        warn: warn once about uncounted operators and opaque modules.
+        warn: warn once about uncounted operators and opaque modules, and, when ``train`` is
+            ``None`` and no backward runs, about layers whose cost depends on the training flag
+            (batch norm, dropout) found in training mode (:mod:`flopscope.core.modes`): a
+            freshly built model is in training mode, and its forward is then a training-mode
+            forward.
         observers: objects that see every costed call (see :class:`~flopscope.core.counter.CallObserver`).
         **kwargs: keyword arguments of ``model``.
 
@@ -206,11 +210,13 @@ def count(
                  "train": train, "warn": warn, "observers": observers or None}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
-    counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
+    counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers,
+                      mode_warning=train is None)
     if counter.uninitialized:  # counted as it will be after its first forward, on a copy: the
         # model stays lazy
         model = _initialized_copy(model, counter.uninitialized, args, kwargs)
-        counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
+        counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers,
+                          mode_warning=train is None)
     modules = counter.modules
     on_meta = _all_meta(modules)
     modes = [(m, m.training) for m in modules]
@@ -265,7 +271,8 @@ def count(
             if i:
                 counter.restore()  # the abandoned attempt's writes
                 reset_observers(observers)  # the abandoned attempt's calls do not count
-                counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers)
+                counter = Counter(model, rules=rules, strict=strict, warn=warn, observers=observers,
+                          mode_warning=train is None)
             if not kept and way != "meta":
                 kept = True
                 save_buffers()

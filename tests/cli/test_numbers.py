@@ -93,3 +93,18 @@ def test_sizes_that_do_not_fit_are_one_usage_error(cli: Cli, argv: list[str], me
     assert r.out == "" and len(r.err.strip().splitlines()) == 1, r.err
     assert re.match(message, r.err), r.err
     assert "frame #" not in r.err and "Exception raised from" not in r.err
+
+
+# -- training mode ---------------------------------------------------------------------------------
+def test_a_factory_model_in_training_mode_is_named_on_stderr(cli: Cli) -> None:
+    # tiny_models:tiny returns a fresh model (training mode) with one BatchNorm2d
+    r = cli("count", "tiny_models:tiny", "--format", "json")
+    assert r.code == 0, r.err
+    json.loads(r.out)  # stdout is the JSON alone
+    (line,) = [x for x in r.err.splitlines() if "training mode" in x]
+    assert line.startswith("warning: the model is in training mode") and "BatchNorm2d x1" in line
+    assert "--backward" in line and "model.eval()" in line
+    # a training step is what training mode is for; library models are built in eval mode
+    for argv in (["tiny_models:tiny", "--backward"], ["torchvision:resnet18", "--shape-only"]):
+        r = cli("count", *argv, "--format", "json")
+        assert r.code == 0 and "training mode" not in r.err, r.err

@@ -29,7 +29,7 @@ from flopscope.cli._options import (
     write_output,
 )
 
-__all__ = ["add_subcommands", "run_count"]
+__all__ = ["add_subcommands", "run_count", "warn_training_mode"]
 
 _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -166,6 +166,24 @@ def load_rules_file(path: str) -> Mapping[Any, Any]:
     return rules
 
 
+def warn_training_mode(model: Any) -> None:
+    """Say on stderr (one line) when a model is in training mode with layers whose cost depends
+    on it: library models are built in eval mode, a factory's model is counted in the mode it
+    returns (see :mod:`flopscope.core.modes`).
+
+    Args:
+        model: the loaded model.
+    """
+    from flopscope.core.modes import describe_layers, mode_dependent
+
+    found = mode_dependent(model)
+    if found:
+        print(f"warning: the model is in training mode, and these layers compute differently in "
+              f"training than in eval: {describe_layers(found)}; this counts a training-mode "
+              "forward (call model.eval() in the factory to count inference, or add --backward "
+              "to count a training step)", file=sys.stderr)
+
+
 def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
     """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp/--pp/--ep`` say.
 
@@ -291,6 +309,8 @@ def run_count(args: argparse.Namespace) -> int:
     except flopscope.StrictModeError as e:
         raise CheckFailed(f"--strict: {e}") from e
     report = dataclasses.replace(report, meta=report.meta.merged(loaded.meta))
+    if not (args.backward or args.memory or args.world_size):  # a forward, in the model's mode
+        warn_training_mode(loaded.model)
 
     depth = args.depth if args.depth is not None else 2
     by = By(args.by)

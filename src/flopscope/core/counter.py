@@ -39,6 +39,7 @@ from flopscope.core.memo import remember as _remember
 from flopscope.core.memo import replay as _replay
 from flopscope.core.memo import replays_fake as _replays_fake
 from flopscope.core.memo import signature as _signature
+from flopscope.core.modes import TRAINING_ADVICE, mode_dependent, warn_training_mode
 from flopscope.core.numbers import in_real_numbers
 from flopscope.core.params import ParamStats, param_table
 from flopscope.core.replay import ModuleReplay, replaying
@@ -286,7 +287,11 @@ class Counter:
             of the defaults, and module rules that cost a module as a whole.
         strict: raise :class:`~flopscope.errors.StrictModeError` at the first operator with no rule.
         warn: emit one :class:`~flopscope.errors.FlopscopeWarning` on exit when operators went
-            uncounted or modules look opaque.
+            uncounted or modules look opaque, or when layers whose cost depends on the training
+            flag (batch norm, dropout: :mod:`flopscope.core.modes`) ran in training mode and no
+            backward did (a training-mode forward outside a training step).
+        mode_warning: with ``warn``, warn about the training mode as above (``count(train=...)``
+            passes ``False``: the caller chose the mode).
         observers: objects that see every costed call (:class:`CallObserver`).
 
     Raises:
@@ -302,6 +307,7 @@ class Counter:
         strict: bool = False,
         warn: bool = True,
         observers: Sequence[CallObserver] = (),
+        mode_warning: bool = True,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise UsageError(
@@ -311,6 +317,7 @@ class Counter:
         self.model = model
         self.strict = strict
         self.warn = warn
+        self.mode_warning = mode_warning
         self._rules, module_rules = split_rules(rules)
         self._observers = tuple(observers)
         self._originals: dict[int, torch.Tensor] = {}  # id(stand-in) -> original (stand_ins)
@@ -801,6 +808,9 @@ class Counter:
                 FlopscopeWarning,
                 stacklevel=3,
             )
+        if self.mode_warning and self.model is not None and Phase.BACKWARD not in report.phases:
+            ran = {path for path, n in tracker.calls.items() if n}
+            warn_training_mode(mode_dependent(self.model, ran), TRAINING_ADVICE, stacklevel=3)
 
     # -- results ------------------------------------------------------------------------------
     @property
