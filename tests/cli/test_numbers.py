@@ -11,6 +11,8 @@ from collections.abc import Callable
 import pytest
 from tests.cli.conftest import FIXTURES, Result
 
+import flopscope
+
 Cli = Callable[..., Result]
 
 
@@ -108,3 +110,35 @@ def test_a_factory_model_in_training_mode_is_named_on_stderr(cli: Cli) -> None:
     for argv in (["tiny_models:tiny", "--backward"], ["torchvision:resnet18", "--shape-only"]):
         r = cli("count", *argv, "--format", "json")
         assert r.code == 0 and "training mode" not in r.err, r.err
+
+
+# -- rules: the convention of every operator -------------------------------------------------------
+def test_rules_shows_each_operators_family_and_convention_on_its_row(cli: Cli) -> None:
+    r = cli("rules")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    rows = flopscope.rules.conventions()
+    assert f"{len(rows)} rules covering {sum(len(row.ops) for row in rows)} operators" in lines[0]
+    starts = {}
+    for line in lines:
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and "::" in parts[0]:
+            starts[parts[0]] = (parts[1], parts[2])
+    for row in rows:
+        first = row.text.split()[0]
+        for op in row.ops:  # the operator's own line: its family, then its convention's start
+            assert starts.get(op, ("", ""))[0] == row.family, op
+            assert starts[op][1].startswith(first), (op, starts[op][1])
+
+
+def test_rules_looks_operators_up_by_name(cli: Cli) -> None:
+    r = cli("rules", "addmm")
+    assert r.code == 0, r.err
+    shown = [line.split()[0] for line in r.out.splitlines() if "::" in line.split(maxsplit=1)[0]]
+    assert "aten::addmm" in shown and "aten::addmm_" in shown and "aten::_sparse_addmm" in shown
+    assert all("addmm" in op for op in shown)
+    assert re.search(r"^aten::addmm\s+matmul\s+out\[m,n\] = beta\*bias", r.out, re.M)
+    bad = cli("rules", "softmx")
+    assert bad.code == 2 and bad.out == ""
+    assert re.match(r"flopscope: error: no rule covers an operator named like 'softmx' "
+                    r"\(did you mean softmax", bad.err)
