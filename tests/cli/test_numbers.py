@@ -4,14 +4,20 @@ that never take memory, and what a long count says while it runs."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 from collections.abc import Callable
 
 import pytest
+from rich.console import Console
 from tests.cli.conftest import FIXTURES, Result
 
 import flopscope
+from flopscope.cli import main
+from flopscope.cli.count import simulating_what
+from flopscope.cli.progress import Progress
 
 Cli = Callable[..., Result]
 
@@ -142,3 +148,55 @@ def test_rules_looks_operators_up_by_name(cli: Cli) -> None:
     assert bad.code == 2 and bad.out == ""
     assert re.match(r"flopscope: error: no rule covers an operator named like 'softmx' "
                     r"\(did you mean softmax", bad.err)
+
+
+# -- progress: what a long count is doing, on a terminal's stderr only -----------------------------
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_shows_on_a_terminal_console() -> None:
+    buf = io.StringIO()
+    shown = Progress(Console(file=buf, force_terminal=True, width=100))
+    shown.say("loading torchvision:resnet18")
+    shown.say("counting forward (shape-only)")
+    shown.stop()
+    text = buf.getvalue()
+    assert "loading torchvision:resnet18" in text and "counting forward (shape-only)" in text
+    silent = Progress(Console(file=io.StringIO(), force_terminal=False))
+    silent.say("counting forward")  # not a terminal: nothing, no error
+    silent.stop()
+
+
+def test_count_shows_its_steps_when_stderr_is_a_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["count", "torchvision:resnet18", "--shape-only", "--backward", "--format", "json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert json.loads(out)["totals"]["macs"] > 0  # stdout: the JSON alone, no status
+    assert "\x1b" not in out and "counting" not in out
+    shown = terminal.getvalue()
+    assert "loading torchvision:resnet18" in shown
+    assert "counting forward + backward (shape-only)" in shown
+
+
+def test_count_shows_nothing_when_stderr_is_a_pipe(cli: Cli) -> None:
+    r = cli("count", "torchvision:resnet18", "--shape-only", "--backward", "--format", "csv")
+    assert r.code == 0
+    assert r.err == ""  # capsys's stderr is not a terminal: no status line, no control codes
+    assert r.out.startswith("module,type,depth,calls,")  # stdout: the CSV alone
+
+
+def test_simulated_ranks_are_named() -> None:
+    from flopscope.distributed import Layout
+
+    assert simulating_what(Layout(8, tp=2, fsdp=4, rank=3), 0) == "simulating rank 3 of 8"
+    assert simulating_what(Layout(8, tp=2, fsdp=4, rank=3), 1) == (
+        "counting the unsharded model (the logical figures)")
+    assert simulating_what(Layout(4, tp=2, pp=2, rank=2), 1) == (
+        "simulating pipeline stage 2 of 2 (rank 2 of 4)")

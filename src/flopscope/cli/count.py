@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flopscope.cli import progress
 from flopscope.cli._options import (
     EXIT_OK,
     SOURCE_FORMS,
@@ -29,7 +30,7 @@ from flopscope.cli._options import (
     write_output,
 )
 
-__all__ = ["add_subcommands", "run_count", "warn_training_mode"]
+__all__ = ["add_subcommands", "counting_what", "run_count", "simulating_what", "warn_training_mode"]
 
 _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -184,6 +185,48 @@ def warn_training_mode(model: Any) -> None:
               "to count a training step)", file=sys.stderr)
 
 
+def counting_what(args: argparse.Namespace) -> str:
+    """What ``count`` is doing while it counts, for the progress line.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        A few words: ``"counting forward + backward (shape-only)"``.
+    """
+    if args.world_size is not None:
+        return f"simulating rank {args.rank} of {args.world_size}"
+    if args.memory and args.backward:
+        what = "counting a training step (forward, backward, optimizer) for peak memory"
+    elif args.memory:
+        what = "counting forward for peak memory"
+    else:
+        what = "counting forward + backward" if args.backward else "counting forward"
+    return what + (" (shape-only)" if args.shape_only else "")
+
+
+def simulating_what(layout: Any, built: int) -> str:
+    """The progress line of a simulated job when its model is built the ``built``-th time
+    (from 0): every pipeline stage is a rank of its own; after the rank, :func:`simulate`
+    builds the unsharded model for the logical figures.
+
+    Args:
+        layout: the :class:`~flopscope.distributed.Layout`.
+        built: how many times the model was built before.
+
+    Returns:
+        A few words.
+    """
+    if layout.pp > 1:
+        ranks = layout.stage_ranks()
+        rank = ranks[built] if built < len(ranks) else layout.rank
+        return (f"simulating pipeline stage {min(built + 1, layout.pp)} of {layout.pp} "
+                f"(rank {rank} of {layout.world_size})")
+    if built and layout.ep == 1:
+        return "counting the unsharded model (the logical figures)"
+    return f"simulating rank {layout.rank} of {layout.world_size}"
+
+
 def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
     """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp/--pp/--ep`` say.
 
@@ -201,7 +244,11 @@ def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
     layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
                     ep=args.ep, sequence_parallel=args.sequence_parallel)
 
+    builds = [0]
+
     def build() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        progress.say(simulating_what(layout, builds[0]))
+        builds[0] += 1
         loaded = load_source(args, shape_only=args.shape_only)
         return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
@@ -255,6 +302,7 @@ def run_count(args: argparse.Namespace) -> int:
     if args.step_time is not None or args.peak_tflops is not None:
         check_step_time(args, timed=args.step_time is not None)  # before loading: fail fast
     rules = load_rules_file(args.rules) if args.rules else None
+    progress.say(f"loading {args.source}")
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None
     if args.world_size is None and (args.tp != 1 or args.fsdp):
@@ -272,6 +320,7 @@ def run_count(args: argparse.Namespace) -> int:
             raise usage_error("--step-time does not combine with --world-size yet")
         peak = step_time_peak(args, loaded.model, timed=args.step_time is not None)
         util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
+    progress.say(counting_what(args))
     try:
         if args.world_size is not None:
             report, pipeline = _simulated(args, rules)
@@ -348,6 +397,7 @@ def run_count(args: argparse.Namespace) -> int:
         utilization = report_utilization(report, util_observers[0], loaded.inputs,
                                          seconds=args.step_time, peak=peak)
         notes.append(f"utilization: {utilization.line()}")
+    progress.stop()  # before anything is written to stdout
     if fmt is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
@@ -393,12 +443,14 @@ def run_count(args: argparse.Namespace) -> int:
     if args.plot:
         from flopscope.render.plot import plot_report
 
+        progress.say(f"writing {args.plot}")
         plot_report(report, args.plot, by=by.value,
                     depth=args.depth if args.depth is not None else 1)
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.roofline_plot and estimate is not None:
         from flopscope.estimate.display import plot_roofline
 
+        progress.say(f"writing {args.roofline_plot}")
         plot_roofline(estimate, args.roofline_plot)
         print(f"wrote {args.roofline_plot}", file=sys.stderr)
     return EXIT_OK
