@@ -127,10 +127,7 @@ def print_traceback_if_asked() -> None:
 
 
 # -- argument types ----------------------------------------------------------------------------
-_LARGEST = 2**63 - 1  # PyTorch's sizes are signed 64-bit integers
-
-
-def _whole_number(text: str, minimum: int) -> int:
+def _whole_number(text: str, minimum: int, largest: int = 2**63 - 1) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -138,10 +135,9 @@ def _whole_number(text: str, minimum: int) -> int:
     if value < minimum:
         wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
-    if value > _LARGEST:  # checked here, before anything is built: torch would fail deep inside
-        raise argparse.ArgumentTypeError(
-            f"expected at most {_LARGEST:,} (2^63 - 1, the largest size PyTorch holds), "
-            f"got {value:,}")
+    if value > largest:  # before anything is built (torch's sizes are signed 64-bit integers)
+        raise argparse.ArgumentTypeError(f"expected at most {largest:,} (2^63 - 1, the largest "
+                                         f"size PyTorch holds), got {value:,}")
     return value
 
 

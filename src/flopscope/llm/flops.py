@@ -208,10 +208,8 @@ def token_flops(
     from flopscope.run import count
 
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 2) or 2)
-    if shape_only:  # the ids' values never matter to a shape-only count: no memory for them
-        ids = torch.empty((batch, seq_len), dtype=torch.long, device="meta")
-    else:
-        ids = torch.randint(0, vocab, (batch, seq_len))
+    ids = (torch.empty((batch, seq_len), dtype=torch.long, device="meta") if shape_only  # no memory
+           else torch.randint(0, vocab, (batch, seq_len)))
     if hasattr(model, "config"):
         model_kwargs.setdefault("use_cache", False)
     figures = AttentionFigures(assume_mask=assumed_mask(model) if assume_mask == "auto"
