@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from flopscope.render.units import human, scaled
+
 TOKENS = 4096  # per rank: batch 1 x 4096
 #: (tp, fsdp) of the table's layouts
 LAYOUTS = [(8, 16), (8, 128), (4, 256), (1, 1024)]
@@ -35,6 +37,11 @@ def build(batch: int = 1) -> tuple[torch.nn.Module, tuple[()], dict[str, torch.T
     return model, (), {"input_ids": ids}
 
 
+def _peak_rss() -> str:
+    """This process's peak resident memory (``ru_maxrss`` is in KiB on Linux)."""
+    return human(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "B")
+
+
 def pipeline() -> None:
     """Every stage of PP 8 x TP 8 x FSDP 16 (1,024 ranks), 1F1B, 8 microbatches: one line each."""
     from flopscope.distributed import Layout, simulate_pipeline
@@ -48,14 +55,14 @@ def pipeline() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for s, r in enumerate(report.stages):
         p2p = report.p2p_per_microbatch(s)
-        bus = {k: f"{v.bus_bytes / 1e9:.1f} GB" for k, v in r.communication_by_kind().items()}
-        print(f"| {s} ({report.ranks[s]}) | {r.flops / 1e12:.1f} | "
-              f"{p2p['send_forward'] / 2**20:.0f} MiB | {p2p['send_backward'] / 2**20:.0f} MiB | "
+        bus = {k: human(v.bus_bytes, "B", digits=1)
+               for k, v in r.communication_by_kind().items()}
+        print(f"| {s} ({report.ranks[s]}) | {scaled(r.flops, 'T', 1)} | "
+              f"{human(p2p['send_forward'], 'B')} | {human(p2p['send_backward'], 'B')} | "
               f"{bus.get('all_reduce', '0')} | {bus.get('all_gather', '0')} | "
               f"{bus.get('reduce_scatter', '0')} | {float(report.stage_bubbles[s]):.1%} |")
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"bubble {float(report.bubble):.2%} ({report.bubble}); textbook (p-1)/(m+p-1) = "
-          f"{7 / 15:.2%}; {seconds:.0f} s, peak RSS {peak_mb:.0f} MB")
+          f"{7 / 15:.2%}; {seconds:.0f} s, peak RSS {_peak_rss()}")
 
 
 def table() -> None:
@@ -70,15 +77,14 @@ def table() -> None:
         report = simulate(build, Layout(tp * fsdp, tp=tp, fsdp=fsdp), backward=True, warn=False,
                           logical=False)
         seconds = time.perf_counter() - start
-        bus = {kind: f"{s.bus_bytes / 1e9:.1f} GB"
+        bus = {kind: human(s.bus_bytes, "B", digits=1)
                for kind, s in report.communication_by_kind().items()}
         total = report.communication_total().bus_bytes
-        print(f"| TP {tp} x FSDP {fsdp} ({tp * fsdp:,}) | {report.flops / TOKENS / 1e12:.4f} | "
+        print(f"| TP {tp} x FSDP {fsdp} ({tp * fsdp:,}) | {scaled(report.flops / TOKENS, 'T', 4)} | "
               f"{bus.get('all_gather', '0')} | {bus.get('all_reduce', '0')} | "
               f"{bus.get('reduce_scatter', '0')} | "
-              f"{total / 1e9:.1f} GB | {seconds:.0f} s |", flush=True)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {peak_mb:.0f} MB")
+              f"{human(total, 'B', digits=1)} | {seconds:.0f} s |", flush=True)
+    print(f"peak RSS {_peak_rss()}")
 
 
 def main() -> None:
@@ -95,8 +101,7 @@ def main() -> None:
     start = time.perf_counter()
     report = simulate(build, Layout(1024, tp=8, fsdp=128), backward=True, warn=False)
     seconds = time.perf_counter() - start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"time {seconds:.1f} s, peak RSS {peak_mb:.0f} MB")
+    print(f"time {seconds:.1f} s, peak RSS {_peak_rss()}")
     print(f"rank FLOPs {report.flops:,}, logical {report.logical_total().flops:,}")
     for kind, stats in report.communication_by_kind().items():
         print(f"{kind}: {stats.calls} calls, payload {stats.payload_bytes:,} B, "

@@ -153,7 +153,11 @@ def count(
             also one that holds a few tensors on the CPU (they are converted with it).
         backward: also run backward from every floating-point output that requires grad.
         train: run in training (True) or eval (False) mode; ``None`` keeps the model's mode.
-        warn: warn once about uncounted operators and opaque modules.
+        warn: warn once about uncounted operators and opaque modules, and, when ``train`` is
+            ``None`` and no backward runs, about layers whose cost depends on the training flag
+            (batch norm, dropout) found in training mode (:mod:`flopscope.core.training_mode`): a
+            freshly built model is in training mode, and its forward is then a training-mode
+            forward.
         observers: objects that see every costed call (see
             :class:`~flopscope.core.observers.CallObserver`).
         source: where the model came from (:class:`~flopscope.report.source.SourceInfo`, as
@@ -190,6 +194,7 @@ def count(
     # a symbolic count (fake inputs of a fake mode that replays outputs) replays repeated layers
     new_counter = functools.partial(
         Counter, rules=rules, strict=strict, warn=warn, observers=observers,
+        mode_warning=train is None,
         replay_layers=fake_mode is not None and replays_outputs(fake_mode))
     counter = new_counter(model)
     if counter.uninitialized:  # counted as it will be after its first forward, on a copy: the

@@ -50,6 +50,18 @@ def test_gpt2_training_flops_per_token() -> None:
     assert 0.93 < tf.model_flops / 874_944_921_600 < 0.94
 
 
+def test_shape_only_token_ids_take_no_memory() -> None:
+    pytest.importorskip("transformers")
+    config = {"n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 16, "n_positions": 8}
+    model = load_model("hf:gpt2", config=config, shape_only=True).model
+    # 10^10 x 8 token ids would be 640 GB of int64 if made real (they were: torch.randint)
+    tf = token_flops(model, seq_len=8, batch=10**10, train=False)
+    small = token_flops(model, seq_len=8, batch=1, train=False)
+    assert tf.tokens == 8 * 10**10
+    assert tf.by_phase[flopscope.Phase.FORWARD].macs == 10**10 * small.by_phase[
+        flopscope.Phase.FORWARD].macs
+
+
 def test_mfu_and_peaks() -> None:
     assert peak_flops(1e12) == 1e12
     assert peak_flops("h100-sxm", torch.bfloat16) > 5e14

@@ -153,3 +153,49 @@ def test_hf_errors(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(SourceError, match=r"has no 'model_type' key"):
         load_model(f"hf:{bad}")
+
+
+# -- shape-only inputs are meta from the start, in every loader -------------------------------------
+def _tensors(loaded: flopscope.sources.LoadedModel) -> list[torch.Tensor]:
+    return [t for t in (*loaded.args, *loaded.kwargs.values()) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize(("source", "kwargs", "shapes"), [
+    ("torchvision:resnet18", {"batch": 100_000}, [(100_000, 3, 224, 224)]),  # 60 GB if real
+    ("torchvision:resnet18", {"inputs": [parse_input("100000x3x224x224")]},
+     [(100_000, 3, 224, 224)]),
+    ("timm:resnet18", {"batch": 100_000}, [(100_000, 3, 224, 224)]),
+    ("hf:llama", {"config": LLAMA, "batch": 10**10, "seq_len": 8}, [(10**10, 8)]),  # 640 GB
+    (f"{TINY}:tiny", {"batch": 10**9}, [(10**9, 3, 8, 8)]),  # a factory's real input, moved
+])
+def test_shape_only_inputs_are_meta(source: str, kwargs: dict[str, object],
+                                    shapes: list[tuple[int, ...]]) -> None:
+    library = source.split(":")[0]
+    if library in ("torchvision", "timm"):
+        pytest.importorskip(library)
+    elif library == "hf":
+        pytest.importorskip("transformers")
+    loaded = load_model(source, shape_only=True, **kwargs)  # type: ignore[arg-type]
+    tensors = _tensors(loaded)
+    assert [tuple(t.shape) for t in tensors] == shapes
+    assert all(t.is_meta for t in tensors)
+
+
+def test_real_inputs_stay_real() -> None:
+    loaded = load_model(f"{TINY}:tiny", batch=2)
+    (x,) = loaded.args
+    assert x.device.type == "cpu" and x.shape == (2, 3, 8, 8)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch": 2**63}, r"batch 9,223,372,036,854,775,808 is beyond the largest tensor dimension, "
+                       r"9,223,372,036,854,775,807 \(2\^63 - 1\)"),
+    # 2 * 10^16 x 3 x 8 x 8 float32 = 1.536e19 bytes = 13.32 EiB (/ 2^60) > 2^63 - 1 bytes
+    ({"batch": 2 * 10**16}, r"batch 20,000,000,000,000,000: 20000000000000000x3x8x8 float32 "
+                            r"would take 13\.32 EiB, beyond the 8\.00 EiB \(2\^63 - 1 bytes\)"),
+    ({"inputs": [parse_input("1x3x8x8")], "batch": 10**17},
+     r"input 1x3x8x8 at batch 100,000,000,000,000,000: 100000000000000000x3x8x8 float32 would take"),
+])
+def test_sizes_that_do_not_fit_name_the_limit(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SourceError, match=message):
+        load_model(f"{TINY}:tiny", shape_only=True, **kwargs)  # type: ignore[arg-type]

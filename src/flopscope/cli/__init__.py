@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flopscope.cli import count, diff, generate, profile, rules, zoo
+from flopscope.cli import count, diff, generate, profile, progress, rules, zoo
 from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "func", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        code: int = args.func(args)
+        with progress.shown():  # what a long command is doing, on a terminal's stderr
+            code: int = args.func(args)
         return code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)

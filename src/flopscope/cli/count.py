@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flopscope.cli import progress
 from flopscope.cli._options import (
     EXIT_OK,
     SOURCE_FORMS,
@@ -27,6 +28,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
+from flopscope.cli.count_notes import counting_what, simulating_what, warn_training_mode
 from flopscope.cli.types import profile, unit_prefix
 
 __all__ = ["add_subcommands", "run_count"]
@@ -58,8 +60,9 @@ def add_subcommands(subparsers: Any) -> None:
     count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
     count.add_argument("--strict", action="store_true",
                        help="fail (exit 1) when an operator has no rule")
-    count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|K|M|G|T",
-                       help="fixed prefix for MACs and FLOPs (default auto)")
+    count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|k|M|G|T|P|E",
+                       help="fixed SI prefix for MACs and FLOPs: k, M, G, T, P, E, Z, Y, R or Q "
+                            "(default auto; bytes always take binary prefixes, KiB, MiB, ...)")
     count.add_argument("--symbolic", metavar="NAMES",
                        help="costs as formulas of these sizes, comma-separated: batch, seq_len "
                             "(hf: token ids), height, width or resolution (images); see "
@@ -180,7 +183,11 @@ def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
     layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
                     ep=args.ep, sequence_parallel=args.sequence_parallel)
 
+    builds = [0]
+
     def build() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        progress.say(simulating_what(layout, builds[0]))
+        builds[0] += 1
         loaded = load_source(args, shape_only=args.shape_only)
         return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
@@ -271,6 +278,7 @@ def run_count(args: argparse.Namespace) -> int:
         return run_symbolic(args)
     hardware = _check_options(args)
     rules = load_rules_file(args.rules) if args.rules else None
+    progress.say(f"loading {args.source}")
     loaded = load_source(args, shape_only=args.shape_only)
     log = memory = None
     pipeline = None
@@ -281,6 +289,7 @@ def run_count(args: argparse.Namespace) -> int:
 
         peak = step_time_peak(args, loaded.model, timed=args.step_time is not None)
         util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
+    progress.say(counting_what(args))
     try:
         if args.world_size is not None:
             report, pipeline = _simulated(args, rules)
@@ -318,6 +327,8 @@ def run_count(args: argparse.Namespace) -> int:
         raise CheckFailed(f"--strict: {e}") from e
     if args.world_size is not None:  # a simulated rank's report: where the model came from
         report = dataclasses.replace(report, meta=report.meta.merged(loaded.meta))
+    if not (args.backward or args.memory or args.world_size):  # a forward, in the model's mode
+        warn_training_mode(loaded.model)
     estimate = log.estimate(hardware, tf32=args.tf32 or None) if log and hardware else None
     sections: list[Any] = []
     if report.communication or report.rank is not None:
@@ -345,6 +356,7 @@ def run_count(args: argparse.Namespace) -> int:
     report = report.with_sections(*sections)
     options = RenderOptions(Format(args.format), depth=args.depth if args.depth is not None else 2,
                             by=By(args.by), unit=args.unit)
+    progress.stop()  # before anything is written to stdout
     if options.format is Format.TABLE and args.output is None and sys.stdout.isatty():
         from rich.console import Console
 
@@ -358,12 +370,14 @@ def run_count(args: argparse.Namespace) -> int:
     if args.plot:
         from flopscope.render.plot import plot_report
 
+        progress.say(f"writing {args.plot}")
         plot_report(report, args.plot, by=options.by.value,
                     depth=args.depth if args.depth is not None else 1)
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.roofline_plot and estimate is not None:
         from flopscope.estimate.display import plot_roofline
 
+        progress.say(f"writing {args.roofline_plot}")
         plot_roofline(estimate, args.roofline_plot)
         print(f"wrote {args.roofline_plot}", file=sys.stderr)
     return EXIT_OK

@@ -11,7 +11,7 @@ __all__ = ["dtype_name", "non_negative_int", "positive_int", "positive_number", 
            "tolerance", "unit_prefix"]
 
 
-def _whole_number(text: str, minimum: int) -> int:
+def _whole_number(text: str, minimum: int, largest: int = 2**63 - 1) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -19,11 +19,15 @@ def _whole_number(text: str, minimum: int) -> int:
     if value < minimum:
         wanted = "at least 1" if minimum == 1 else f"{minimum} or more"
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+    if value > largest:  # before anything is built (torch's sizes are signed 64-bit integers)
+        raise argparse.ArgumentTypeError(f"expected at most {largest:,} (2^63 - 1, the largest "
+                                         f"size PyTorch holds), got {value:,}")
     return value
 
 
 def positive_int(text: str) -> int:
-    """Argument type: a whole number, at least 1 (``--batch``, ``--seq-len``).
+    """Argument type: a whole number, at least 1 and at most 2^63 - 1 (``--batch``,
+    ``--seq-len``).
 
     Args:
         text: the user's string.
@@ -32,13 +36,13 @@ def positive_int(text: str) -> int:
         The number.
 
     Raises:
-        argparse.ArgumentTypeError: not a whole number, or below 1.
+        argparse.ArgumentTypeError: not a whole number, below 1, or beyond 2^63 - 1.
     """
     return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    """Argument type: a whole number, 0 or more (``--depth``).
+    """Argument type: a whole number, 0 or more, at most 2^63 - 1 (``--depth``).
 
     Args:
         text: the user's string.
@@ -47,7 +51,7 @@ def non_negative_int(text: str) -> int:
         The number.
 
     Raises:
-        argparse.ArgumentTypeError: not a whole number, or negative.
+        argparse.ArgumentTypeError: not a whole number, negative, or beyond 2^63 - 1.
     """
     return _whole_number(text, 0)
 
@@ -123,7 +127,7 @@ def positive_number(text: str) -> float:
 
 
 def unit_prefix(text: str) -> str | None:
-    """Argument type: ``--unit auto|K|M|G|T|P``.
+    """Argument type: ``--unit auto|k|M|G|T|P|E|Z|Y|R|Q`` (any case).
 
     Args:
         text: the user's string.

@@ -59,17 +59,20 @@ def _int_list(text: str) -> list[int]:
     return [positive_int(part) for part in text.split(",") if part.strip()]
 
 
-def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
+def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str, *, times: bool = True) -> str:
     """The sweep's rows as CSV (plain numbers) or a Markdown table (M params, G MACs/FLOPs).
 
     Args:
         rows: the finished rows.
         fmt: ``"csv"`` or ``"markdown"``.
         library: the library swept (torchvision adds its published GFLOPS column).
+        times: with the Markdown table's "count time" column (README's table leaves it out).
 
     Returns:
         The text.
     """
+    from flopscope.render.units import scaled
+
     with_ref = library == "torchvision" and any(r.reference_gmacs for r in rows)
     if fmt == "csv":
         buf = io.StringIO()
@@ -85,7 +88,8 @@ def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
     header = ["model", "input", "params (M)", "MACs (G)", "FLOPs (G)"]
     if with_ref:
         header.append("torchvision GFLOPS")
-    header += ["count time (s)"]
+    if times:
+        header += ["count time (s)"]
     lines = ["| " + " | ".join(header) + " |",
              "| " + " | ".join([":---", ":---"] + ["---:"] * (len(header) - 2)) + " |"]
     for r in rows:
@@ -93,14 +97,16 @@ def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str) -> str:
             asked = " ".join(f"{k}={v}" for k, v in (("batch", r.batch), ("seq_len", r.seq_len))
                              if v is not None)
             cells = [f"`{r.model}`", asked, "", "", f"failed: {r.error}"]
-            cells += [""] * (len(header) - len(cells) - 1) + [f"{r.seconds:.2f}"]
+            timing = [f"{r.seconds:.2f}"] if times else []
+            cells += [""] * (len(header) - len(cells) - len(timing)) + timing
         else:
-            cells = [f"`{r.model}`", r.input, f"{r.params / 1e6:.2f}",
-                     f"{r.macs / 1e9:.3f}", f"{r.flops / 1e9:.3f}"]
+            cells = [f"`{r.model}`", r.input, scaled(r.params, "M"), scaled(r.macs, "G", 3),
+                     scaled(r.flops, "G", 3)]
             if with_ref:
                 ref = r.reference_gmacs
                 cells.append(f"{ref:.3f}" if ref is not None else "")
-            cells.append(f"{r.seconds:.2f}")
+            if times:
+                cells.append(f"{r.seconds:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -77,7 +77,11 @@ class Counter:
             of the defaults, and module rules that cost a module as a whole.
         strict: raise :class:`~flopscope.errors.StrictModeError` at the first operator with no rule.
         warn: emit one :class:`~flopscope.errors.FlopscopeWarning` on exit when operators went
-            uncounted or modules look opaque.
+            uncounted or modules look opaque, or when layers whose cost depends on the training
+            flag (batch norm, dropout: :mod:`flopscope.core.training_mode`) ran in training mode and no
+            backward did (a training-mode forward outside a training step).
+        mode_warning: with ``warn``, warn about the training mode as above (``count(train=...)``
+            passes ``False``: the caller chose the mode).
         observers: objects that see every costed call (:class:`CallObserver`).
         replay_layers: answer repeated layers of the model from what two earlier layers did
             alike (:mod:`flopscope.core.replay`); for symbolic counts without backward, whose
@@ -97,6 +101,7 @@ class Counter:
         warn: bool = True,
         observers: Sequence[CallObserver] = (),
         replay_layers: bool = False,
+        mode_warning: bool = True,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise UsageError(
@@ -107,6 +112,7 @@ class Counter:
         self.strict = strict
         self.warn = warn
         self.replay_layers = replay_layers
+        self.mode_warning = mode_warning
         op_rules, module_rules = split_rules(rules)
         observers = tuple(observers)
         self._tracker = ModuleTracker(model, module_rules, self._on_rule_exit,
@@ -285,7 +291,8 @@ class Counter:
                     exc.add_note(f"flopscope: raised in module '{failed_in}'")
             return
         if self.warn:
-            warn_about(self.report, self._tracker, stacklevel=2)
+            warn_about(self.report, self._tracker, stacklevel=2,
+                       model=self.model if self.mode_warning else None)
 
     # -- results ------------------------------------------------------------------------------
     @property

@@ -1,25 +1,33 @@
 """What a Counter tells the user when its ``with`` block ends: one warning per kind of thing a
 report cannot show by itself (operators with no rule, TorchScript modules, lazy outputs, work in
-threads that were not counted, modules whose work may bypass the dispatcher)."""
+threads that were not counted, modules whose work may bypass the dispatcher, layers that ran in
+training mode outside a training step)."""
 
 from __future__ import annotations
 
 import warnings
 
+from torch import nn
+
 from flopscope.core.tracker import ModuleTracker
+from flopscope.core.training_mode import TRAINING_ADVICE, mode_dependent, warn_training_mode
+from flopscope.cost import Phase
 from flopscope.errors import FlopscopeWarning
 from flopscope.report.report import Report
 
 __all__ = ["warn_about"]
 
 
-def warn_about(report: Report, tracker: ModuleTracker, stacklevel: int) -> None:
+def warn_about(report: Report, tracker: ModuleTracker, stacklevel: int,
+               model: nn.Module | None = None) -> None:
     """Emit the warnings a finished count calls for.
 
     Args:
         report: the count's report.
         tracker: its module tracker (TorchScript, lazy outputs, foreign threads).
         stacklevel: where the warning points, from the caller's frame.
+        model: the counted model, to warn about layers that ran in training mode when no
+            backward did (:mod:`flopscope.core.training_mode`); ``None`` not to.
     """
     level = stacklevel + 1
     if report.uncounted:
@@ -55,3 +63,6 @@ def warn_about(report: Report, tracker: ModuleTracker, stacklevel: int) -> None:
             f"allocations), so their work may bypass the dispatcher: {', '.join(report.opaque)}. "
             "Give them a module rule.",
             FlopscopeWarning, stacklevel=level)
+    if model is not None and Phase.BACKWARD not in report.phases:
+        ran = {path for path, n in tracker.calls.items() if n}
+        warn_training_mode(mode_dependent(model, ran), TRAINING_ADVICE, stacklevel=level)

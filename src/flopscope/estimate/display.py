@@ -15,10 +15,10 @@ from typing import Any
 from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.memory import MemoryProfile
 from flopscope.estimate.profile import Hardware
-from flopscope.render.units import human
+from flopscope.render.units import human, human_bytes
 from flopscope.report.sections import Column
 
-__all__ = ["EstimateSection", "MemorySection", "estimate_columns", "estimate_lines", "human_bytes",
+__all__ = ["EstimateSection", "MemorySection", "estimate_columns", "estimate_lines",
            "human_seconds", "memory_lines", "plot_roofline"]
 
 
@@ -37,23 +37,6 @@ def human_seconds(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:,.3g} {unit}"
     return f"{seconds / 1e-9:,.3g} ns"
-
-
-def human_bytes(nbytes: int) -> str:
-    """Bytes in binary units (memory sizes): ``"1.50 GiB"``.
-
-    Args:
-        nbytes: bytes.
-
-    Returns:
-        The size.
-    """
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:,.0f} B" if unit == "B" else f"{value:,.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _intensity(row: Row) -> str:

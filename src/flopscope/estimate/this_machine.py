@@ -16,6 +16,7 @@ import torch
 
 from flopscope.errors import UsageError
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+from flopscope.render.units import human
 
 __all__ = ["best_seconds", "last_level_cache_bytes", "measure_this_machine"]
 
@@ -256,7 +257,8 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         cdst = torch.empty_like(csrc)
         seconds = best_seconds(lambda: cdst.copy_(csrc), max(repeats, 5) * 20)
         cache_bandwidth = sum(_counted_bytes(lambda: cdst.copy_(csrc))) / seconds
-        what = f", {small * 4 // 2**10} KiB copy in the {cache_bytes // 2**20} MiB last-level cache"
+        what = (f", {human(small * 4, 'B')} copy in the {human(cache_bytes, 'B')} last-level "
+                "cache")
     special_rates = {"fp32": _special_rates(repeats, cache_bytes)} if special else {}
     threads = torch.get_num_threads()
     # a CPU GEMM runs on the same FMA units as everything else: one rate for matrix and vector
@@ -268,7 +270,7 @@ def measure_this_machine(*, gemm_size: int = 2048, copy_mib: int = 256,
         description=f"this machine, measured ({threads} threads): best of {n}^3 and 512^3 GEMM "
                     f"and a 1x1 convolution, best of two 3x3 convolutions, "
                     f"{'fp32 special-function element rates, ' if special else ''}"
-                    f"{copy_mib} MiB sum and copy{what}",
+                    f"{human(copy_mib * 2**20, 'B')} sum and copy{what}",
         source="measured by flopscope.estimate.measure_this_machine (cache capacity from the "
                "operating system)",
         measured=True,

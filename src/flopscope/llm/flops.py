@@ -208,7 +208,8 @@ def token_flops(
     from flopscope.run import count
 
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 2) or 2)
-    ids = torch.randint(0, vocab, (batch, seq_len))
+    ids = (torch.empty((batch, seq_len), dtype=torch.long, device="meta") if shape_only  # no memory
+           else torch.randint(0, vocab, (batch, seq_len)))
     if hasattr(model, "config"):
         model_kwargs.setdefault("use_cache", False)
     figures = AttentionFigures(assume_mask=assumed_mask(model) if assume_mask == "auto"
@@ -434,9 +435,10 @@ class Utilization:
         """One line for a report: the rates and the arithmetic they come from."""
         from flopscope.render.units import human
 
-        parts = [f"{self.label} {self.seconds:g} s: model {human(self.model_flops)}FLOPs -> "
-                 f"{self.model_flops / self.seconds / 1e12:.4g} TFLOP/s; MFU {self.mfu:.2%} "
-                 f"(HFU {self.hfu:.2%}) of {self.peak / 1e12:.4g} TFLOP/s"
+        rate = int(self.model_flops / self.seconds) if self.seconds > 0 else 0
+        parts = [f"{self.label} {self.seconds:g} s: model {human(self.model_flops, 'FLOPs')} -> "
+                 f"{human(rate, 'FLOP/s')}; MFU {self.mfu:.2%} "
+                 f"(HFU {self.hfu:.2%}) of {human(int(self.peak), 'FLOP/s')}"
                  + (f" {self.peak_name}" if self.peak_name else "")]
         tps = self.tokens_per_second
         if tps is not None:
@@ -444,7 +446,7 @@ class Utilization:
         mbu = self.mbu
         if mbu is not None and self.bytes is not None and self.bandwidth:
             parts.append(f"MBU {mbu:.2%} ({human(self.bytes, 'B')} / {self.seconds:g} s of "
-                         f"{self.bandwidth / 1e9:.4g} GB/s)")
+                         f"{human(int(self.bandwidth), 'B/s')})")
         return "; ".join(parts)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flopscope.cost import Phase
-from flopscope.render.units import PREFIXES, human
+from flopscope.render.units import human, scaled
 
 if TYPE_CHECKING:
     from flopscope.report.report import Report
@@ -48,9 +48,7 @@ def num(value: int, prefix: str | None) -> str:
     """A table cell: auto prefix in the cell, or a bare number when the header names the unit."""
     if prefix is None:
         return human(value)
-    if value == 0:
-        return "0"
-    return f"{value / PREFIXES[prefix]:,.2f}"
+    return scaled(value, prefix)
 
 
 def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:

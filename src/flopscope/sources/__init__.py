@@ -42,9 +42,10 @@ from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
 from flopscope.sources._hf import DEFAULT_SEQ_LEN, load_hf
 from flopscope.sources._inputs import (
     DTYPES,
+    MAX_SIZE,
     InputSpec,
     cast_floating,
-    check_size,
+    check_fits,
     describe,
     make_inputs,
     parse_dtype,
@@ -95,7 +96,8 @@ def load_model(
             sources only together with ``inputs``.
         config: overrides of an ``hf:`` config.
         shape_only: the count will not run arithmetic, so build the model on the ``meta`` device
-            where possible (no memory for weights).
+            where possible (no memory for weights), and make every input a ``meta`` tensor (no
+            memory for inputs, whatever their size; a factory's inputs are moved to ``meta``).
         dtype: a floating-point dtype (or its name, ``"float64"``) for the model's floating
             parameters and buffers and for every floating-point input; integer inputs (token ids)
             keep theirs. ``None`` keeps what the source built.
@@ -106,13 +108,21 @@ def load_model(
         The :class:`LoadedModel`; its ``meta`` records the source and its inputs.
 
     Raises:
-        SourceError: the source, an input, an override or the dtype is wrong; the message says
-            what to change.
+        SourceError: the source, an input, an override or the dtype is wrong, or a size does not
+            fit in a tensor (checked before the model is built where the shapes are known); the
+            message says what to change.
     """
     if batch is not None and batch < 1:
         raise SourceError(f"batch must be at least 1, not {batch}")
     if seq_len is not None and seq_len < 1:
         raise SourceError(f"seq_len must be at least 1, not {seq_len}")
+    for name, size in (("batch", batch), ("seq_len", seq_len)):
+        if size is not None and size > MAX_SIZE:
+            raise SourceError(f"{name} {size:,} is beyond the largest tensor dimension, "
+                              f"{MAX_SIZE:,} (2^63 - 1); use a smaller one")
+    for spec in inputs or ():  # before anything is built
+        check_fits((batch, *spec.shape[1:]) if batch is not None and spec.shape else spec.shape,
+                   spec.dtype, what=f"input {spec}" + (f" at batch {batch:,}" if batch else ""))
     if config and not source.startswith("hf:"):
         raise SourceError(
             f"config overrides apply to hf: sources only, not {source!r}; drop them or use an "
@@ -124,17 +134,12 @@ def load_model(
             "shapes"
         )
     cast = parse_dtype(dtype, floating=True) if dtype is not None else None
-    for spec in inputs or ():
-        check_size((batch, *spec.shape[1:]) if batch is not None and spec.shape else spec.shape,
-                   what=f"input {spec}" + (f" at batch {batch}" if batch is not None else ""))
-    if batch is not None:
-        check_size((batch,), what=f"batch {batch}")
     loaded = _load(source, batch=batch, seq_len=seq_len, config=config, shape_only=shape_only)
     args, kwargs = loaded.args, loaded.kwargs
     if shape_only:  # inputs on meta from the start: never real memory, whatever their size
         args, kwargs = tree_map_only(torch.Tensor, meta_input, (args, kwargs))
     if inputs:
-        args, kwargs = make_inputs(inputs, batch=batch, meta=shape_only), {}
+        args, kwargs = make_inputs(inputs, batch=batch, shape_only=shape_only), {}
     elif batch is not None and not source.startswith("hf:"):
         args = tuple(rebatch(a, batch) for a in args)
         kwargs = {k: rebatch(v, batch) for k, v in kwargs.items()}

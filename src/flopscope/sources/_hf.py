@@ -16,6 +16,7 @@ from torch import nn
 from flopscope._text import did_you_mean, one_line
 from flopscope.errors import SourceError
 from flopscope.report.source import SourceInfo
+from flopscope.sources._inputs import check_fits, example_tensor
 from flopscope.sources._model import LoadedModel, build
 
 __all__ = ["DEFAULT_SEQ_LEN", "load_hf"]
@@ -38,7 +39,8 @@ def load_hf(
         overrides: config settings to change; unknown keys are rejected with close matches.
         seq_len: length of the token ids (default :data:`DEFAULT_SEQ_LEN`).
         batch: batch size of the input (default 1).
-        shape_only: build on the ``meta`` device where possible.
+        shape_only: build on the ``meta`` device where possible; the inputs are ``meta``
+            tensors.
 
     Returns:
         The model (eval mode) and its keyword inputs; ``meta`` records the model type and the
@@ -91,6 +93,9 @@ def load_hf(
         model: nn.Module = auto.from_config(config)  # type: ignore[no-untyped-call]
         return model
 
+    # token ids are the input of most models: refused before the model is built if they cannot fit
+    check_fits((batch or 1, seq_len or DEFAULT_SEQ_LEN), torch.int64,
+               what=f"token ids at batch {batch or 1} and seq_len {seq_len or DEFAULT_SEQ_LEN}")
     model = build(construct, shape_only, f"hf:{spec}")
     model.eval()
     kwargs = _default_inputs(model, config, seq_len or DEFAULT_SEQ_LEN, batch or 1, shape_only)
@@ -123,15 +128,17 @@ def _read_config_file(spec: str, known_types: Mapping[str, Any]) -> tuple[str, d
 
 
 def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int,
-                    meta: bool = False) -> dict[str, Any]:
+                    shape_only: bool) -> dict[str, Any]:
     """Token ids (and decoder ids for encoder-decoders), or pixel values; ``use_cache=False``;
-    on ``meta`` for a shape-only count (no memory, whatever the batch)."""
+    on ``meta`` when ``shape_only``."""
     main_input = getattr(model, "main_input_name", "input_ids")
     kwargs: dict[str, Any] = {}
     if main_input == "input_ids":
-        vocab = int(getattr(config, "vocab_size", 0) or 2)
-        ids = (torch.zeros((batch, seq_len), dtype=torch.long, device="meta") if meta
-               else torch.randint(0, max(vocab, 1), (batch, seq_len)))
+        if shape_only:
+            ids = example_tensor((batch, seq_len), torch.int64, shape_only=True)
+        else:
+            vocab = int(getattr(config, "vocab_size", 0) or 2)
+            ids = torch.randint(0, max(vocab, 1), (batch, seq_len))
         kwargs["input_ids"] = ids
         if getattr(config, "is_encoder_decoder", False):
             kwargs["decoder_input_ids"] = ids
@@ -139,8 +146,8 @@ def _default_inputs(model: nn.Module, config: Any, seq_len: int, batch: int,
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else int(size[0])
         channels = int(getattr(config, "num_channels", 3))
-        kwargs["pixel_values"] = torch.randn(batch, channels, size, size,
-                                             device="meta" if meta else None)
+        kwargs["pixel_values"] = example_tensor((batch, channels, size, size),
+                                                shape_only=shape_only)
     if main_input not in kwargs:
         return {}
     if "use_cache" in _forward_params(model):

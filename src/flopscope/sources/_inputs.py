@@ -6,6 +6,7 @@ passes its flag name (``what="--input"``) so its errors say which flag to fix.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -16,18 +17,25 @@ import torch
 
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
+from flopscope.render.units import human
 
 __all__ = [
     "DTYPES",
+    "MAX_SIZE",
     "InputSpec",
     "cast_floating",
-    "check_size",
+    "check_fits",
     "describe",
+    "example_tensor",
     "make_inputs",
     "parse_dtype",
     "parse_input",
     "rebatch",
 ]
+
+MAX_SIZE = 2**63 - 1
+"""The largest tensor dimension, and the most bytes one tensor's storage can hold: PyTorch keeps
+sizes in signed 64-bit integers (9,223,372,036,854,775,807; 8 EiB of storage)."""
 
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -55,6 +63,65 @@ class InputSpec:
     def __str__(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         return "x".join(map(str, self.shape)) + ("" if dtype == "float32" else f":{dtype}")
+
+
+def check_fits(shape: Sequence[int], dtype: torch.dtype, *, what: str = "input") -> None:
+    """Refuse a tensor that PyTorch cannot describe: a dimension, or a storage in bytes, beyond
+    :data:`MAX_SIZE` (torch would fail deep inside with a stack frame, or an overflow).
+
+    Args:
+        shape: the dimensions.
+        dtype: the element type.
+        what: what the tensor is, for the message (``"input 1x3x224x224"``, ``"batch 8"``).
+
+    Raises:
+        SourceError: it does not fit; the message says the limit.
+    """
+    big = [d for d in shape if d > MAX_SIZE]
+    if big:
+        raise SourceError(
+            f"{what}: dimension {big[0]:,} is beyond the largest tensor dimension, "
+            f"{MAX_SIZE:,} (2^63 - 1); use a smaller size"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_SIZE:
+        name = str(dtype).removeprefix("torch.")
+        raise SourceError(
+            f"{what}: {'x'.join(map(str, shape))} {name} would take {human(nbytes, 'B')}, beyond "
+            f"the {human(MAX_SIZE, 'B')} (2^63 - 1 bytes) one tensor can hold; use a smaller size"
+        )
+
+
+def example_tensor(shape: Sequence[int], dtype: torch.dtype = torch.float32, *,
+                   shape_only: bool = False, what: str = "input") -> torch.Tensor:
+    """An example input: random floats, zeros for integer dtypes (valid indices); on the
+    ``meta`` device (no memory, no values) when ``shape_only``.
+
+    Args:
+        shape: the dimensions.
+        dtype: the element type.
+        shape_only: make it on ``meta``: a shape-only count never reads an input's values.
+        what: what the tensor is, for the message when it does not fit.
+
+    Returns:
+        The tensor.
+
+    Raises:
+        SourceError: the shape does not fit in a tensor (see :func:`check_fits`), or a real
+            tensor in this machine's memory.
+    """
+    check_fits(shape, dtype, what=what)
+    if shape_only:
+        return torch.empty(tuple(shape), dtype=dtype, device="meta")
+    nbytes = math.prod(shape) * dtype.itemsize
+    _check_memory(nbytes, what)
+    try:
+        if dtype.is_floating_point:
+            return torch.randn(tuple(shape), dtype=dtype)
+        return torch.zeros(tuple(shape), dtype=dtype)
+    except (RuntimeError, MemoryError) as e:  # an allocation this machine cannot make
+        raise SourceError(f"{what} needs {human(nbytes, 'B')} of memory, which could not be "
+                          f"allocated ({str(e).splitlines()[0][:120]}): {_SHAPE_ONLY}") from e
 
 
 def parse_dtype(text: str | torch.dtype, *, what: str = "dtype", floating: bool = False
@@ -124,11 +191,18 @@ def parse_input(text: str, *, what: str = "input shape") -> InputSpec:
     shape = tuple(int(d) for d in shape_text.lower().split("x"))
     if any(d == 0 for d in shape):
         raise SourceError(f"malformed {what} {text!r}: every dimension must be at least 1")
+    check_fits(shape, dtype, what=f"{what} {text!r}")
     return InputSpec(shape, dtype)
 
 
-# the most elements a tensor can have: its sizes are int64
-_MAX_ELEMENTS = 2**63 - 1
+_SHAPE_ONLY = "count it shape-only (--shape-only / shape_only=True), which makes no tensor memory"
+
+
+def _check_memory(nbytes: int, what: str) -> None:
+    """Refuse a real tensor of more bytes than this machine's memory, before it is made."""
+    if nbytes > _physical_memory():
+        raise SourceError(f"{what} needs {human(nbytes, 'B')}, more than this machine's "
+                          f"{human(_physical_memory(), 'B')} of memory: {_SHAPE_ONLY}")
 
 
 def _physical_memory() -> int:
@@ -136,26 +210,7 @@ def _physical_memory() -> int:
     try:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):
-        return _MAX_ELEMENTS
-
-
-def check_size(shape: Sequence[int], *, what: str) -> None:
-    """Refuse a shape no tensor can have (a size or an element count beyond int64), before
-    anything is made: PyTorch would stop with a C++ stack frame.
-
-    Args:
-        shape: the dimensions.
-        what: what the shape is, for the message (``"--batch 99999"``).
-
-    Raises:
-        SourceError: the shape is too large.
-    """
-    n = 1
-    for d in shape:
-        n *= int(d)
-    if n > _MAX_ELEMENTS:
-        raise SourceError(f"{what} is too large: {n:,} elements, more than a tensor can hold "
-                          f"({_MAX_ELEMENTS:,}, the int64 limit)")
+        return MAX_SIZE
 
 
 def make_inputs(
@@ -163,48 +218,31 @@ def make_inputs(
     *,
     batch: int | None = None,
     dtype: torch.dtype | None = None,
-    meta: bool = False,
+    shape_only: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """Tensors for ``specs``: random floats, zeros for integer dtypes (valid indices).
+    """Tensors for ``specs``: random floats, zeros for integer dtypes (valid indices); ``meta``
+    tensors (no memory) when ``shape_only``.
 
     Args:
         specs: shapes and dtypes.
         batch: when given, replaces the first dimension of every input.
         dtype: when given, the dtype of every floating-point input.
-        meta: make them on the ``meta`` device (a shape-only count: no memory, whatever the
-            size).
+        shape_only: make them on ``meta`` (see :func:`example_tensor`).
 
     Returns:
         One tensor per spec.
+
+    Raises:
+        SourceError: an input (at ``batch``) does not fit in a tensor.
     """
     out = []
     for spec in specs:
         shape = spec.shape
         if batch is not None and shape:
             shape = (batch, *shape[1:])
-        if meta:
-            out.append(torch.empty(shape, dtype=dtype if dtype is not None and
-                                   spec.dtype.is_floating_point else spec.dtype, device="meta"))
-            continue
-        made = InputSpec(tuple(shape), spec.dtype)
-        nbytes = torch.empty((), dtype=dtype or spec.dtype).element_size()
-        for d in shape:
-            nbytes *= d
-        if nbytes > _physical_memory():
-            raise SourceError(
-                f"input {made} needs {nbytes / 2**30:,.1f} GiB, more than this machine's "
-                f"{_physical_memory() / 2**30:,.1f} GiB of memory: count it shape-only "
-                "(--shape-only / shape_only=True), which makes no tensor memory")
-        try:
-            if spec.dtype.is_floating_point:
-                out.append(torch.randn(shape, dtype=dtype or spec.dtype))
-            else:
-                out.append(torch.zeros(shape, dtype=spec.dtype))
-        except (RuntimeError, MemoryError) as e:  # an allocation this machine cannot make
-            raise SourceError(
-                f"input {made} needs {nbytes / 2**30:,.1f} GiB of memory, which could not be "
-                f"allocated ({str(e).splitlines()[0][:120]}): count it shape-only "
-                "(--shape-only / shape_only=True), which makes no tensor memory") from e
+        kind = (dtype or spec.dtype) if spec.dtype.is_floating_point else spec.dtype
+        what = f"input {spec}" + (f" at batch {batch:,}" if batch is not None else "")
+        out.append(example_tensor(shape, kind, shape_only=shape_only, what=what))
     return tuple(out)
 
 
@@ -218,13 +256,19 @@ def rebatch(value: Any, batch: int) -> Any:
 
     Returns:
         The argument at that batch size.
+
+    Raises:
+        SourceError: the input at that batch size does not fit in a tensor.
     """
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_meta:
-        return torch.empty((batch, *value.shape[1:]), dtype=value.dtype, device="meta")
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] != batch:
-        reps = (batch + value.shape[0] - 1) // value.shape[0]
-        return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].contiguous()
-    return value
+    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] == batch:
+        return value
+    shape = (batch, *value.shape[1:])
+    check_fits(shape, value.dtype, what=f"batch {batch:,}")
+    if value.is_meta:
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    _check_memory(math.prod(shape) * value.dtype.itemsize, f"batch {batch:,}")
+    reps = (batch + value.shape[0] - 1) // value.shape[0]
+    return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].contiguous()
 
 
 def cast_floating(value: Any, dtype: torch.dtype) -> Any:

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
+from flopscope.sources._inputs import example_tensor
 from flopscope.sources._model import LoadedModel, build
 
 __all__ = ["load_timm"]
@@ -17,7 +16,7 @@ def load_timm(name: str, *, shape_only: bool = False) -> LoadedModel:
 
     Args:
         name: a name of ``timm.list_models()``.
-        shape_only: build on the ``meta`` device where possible.
+        shape_only: build on the ``meta`` device where possible; the input is a ``meta`` tensor.
 
     Returns:
         The model.
@@ -39,4 +38,4 @@ def load_timm(name: str, *, shape_only: bool = False) -> LoadedModel:
     model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}
     size = tuple(int(d) for d in cfg.get("input_size", (3, 224, 224)))
-    return LoadedModel(model, (torch.randn(1, *size),), name=name)
+    return LoadedModel(model, (example_tensor((1, *size), shape_only=shape_only),), name=name)

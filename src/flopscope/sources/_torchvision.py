@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
 from flopscope.report.source import SourceInfo
+from flopscope.sources._inputs import example_tensor
 from flopscope.sources._model import LoadedModel, build
 
 __all__ = ["load_torchvision"]
@@ -21,7 +20,7 @@ def load_torchvision(name: str, *, shape_only: bool = False) -> LoadedModel:
 
     Args:
         name: a name of ``torchvision.models.list_models()``.
-        shape_only: build on the ``meta`` device where possible.
+        shape_only: build on the ``meta`` device where possible; the input is a ``meta`` tensor.
 
     Returns:
         The model; ``meta.reference_gmacs`` is torchvision's published GFLOPS figure (MACs) when
@@ -65,9 +64,9 @@ def load_torchvision(name: str, *, shape_only: bool = False) -> LoadedModel:
     h, w = size
     args: tuple[Any, ...]
     if kind == "VideoClassification":
-        args = (torch.randn(1, 3, 16, h, w),)
+        args = (example_tensor((1, 3, 16, h, w), shape_only=shape_only),)
     elif kind == "OpticalFlow":
-        args = (torch.randn(1, 3, 224, 224), torch.randn(1, 3, 224, 224))
+        args = tuple(example_tensor((1, 3, 224, 224), shape_only=shape_only) for _ in range(2))
     else:
-        args = (torch.randn(1, 3, h, w),)
+        args = (example_tensor((1, 3, h, w), shape_only=shape_only),)
     return LoadedModel(model, args, name=name, meta=SourceInfo(reference_gmacs=reference))
