@@ -39,6 +39,7 @@ _EXPORTS = {
     "count": "flopscope.run",
     "count_symbolic": "flopscope.symbolic.count",
     "profile": "flopscope.timing.api",
+    "profiling": "flopscope.timing.block",
     "default_rules": "flopscope.rules",
 }
 
@@ -68,6 +69,7 @@ __all__ = [
     "count_symbolic",
     "default_rules",
     "profile",
+    "profiling",
 ]
 
 
@@ -114,3 +116,4 @@ if _TYPE_CHECKING:  # the same names, for type checkers
     from flopscope.run import Inputs, count
     from flopscope.symbolic.count import count_symbolic
     from flopscope.timing.api import profile
+    from flopscope.timing.block import profiling

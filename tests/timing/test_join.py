@@ -3,7 +3,7 @@ call takes its own dispatch's event, never a parent or a child; a call with no e
 
 from __future__ import annotations
 
-from flopscope.timing.join import REGION, Event, match, region_events
+from flopscope.timing.join import REGION, Event, innermost, match, region_events
 
 
 def _ev(name: str, start: float, end: float, device: float = 0.0, thread: int = 1) -> Event:
@@ -66,3 +66,19 @@ def test_two_calls_in_a_row_without_events() -> None:
               _ev("aten::add", 11, 12)]
     names = ["aten::sum", "aten::add", "aten::detach", "aten::pow", "aten::mul", "aten::add"]
     assert match(names, events) == [0, None, None, 1, 2, 3]
+
+
+def test_under_the_counting_mode_the_operators_own_event_is_the_innermost() -> None:
+    # what the profiler records for one addmm under a Counter (torch 2.14): the call's event,
+    # the Python mode's, and the addmm dispatched again below the mode, with its own children
+    events = [_ev("aten::addmm", 0, 100), _ev("PythonDispatchMode", 2, 98),
+              _ev("aten::addmm", 40, 90), _ev("aten::copy_", 41, 45),
+              _ev("aten::relu", 101, 150), _ev("PythonDispatchMode", 102, 149),
+              _ev("aten::relu", 120, 140), _ev("aten::clamp_min", 121, 139)]
+    found = match(["aten::addmm", "aten::relu"], events)
+    assert found == [0, 4]
+    assert [innermost(events, k) for k in found if k is not None] == [2, 6]
+    # without a nested event of its name, an event is its own innermost; another thread's is not
+    assert innermost(events, 3) == 3
+    other = [_ev("aten::mm", 0, 10), _ev("aten::mm", 2, 8, thread=2)]
+    assert innermost(other, 0) == 0

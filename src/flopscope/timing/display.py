@@ -145,6 +145,7 @@ class MeasuredSection:
         return {
             "kind": "measured", "device": t.device, "warmup": t.warmup, "repeat": len(t.walls),
             "wall_s": t.wall_s, "walls_s": list(t.walls), "outside_s": t.outside_s,
+            "counting_s": t.counting_s,
             "spread": t.spread, "unmatched_calls": t.unmatched,
             "hardware": t.hardware.name if t.hardware is not None else None,
             "by_op": {k: v.to_dict() for k, v in by_op(t).items()},
@@ -179,10 +180,18 @@ class MeasuredSection:
         """The run's wall time and its parts, the spread, and where to look first."""
         t = self.timing
         inside = t.wall_s - t.outside_s
-        lines = [f"measured ({t.device}, median of {len(t.walls)} runs after {t.warmup} warm-up): "
-                 f"{human_seconds(t.wall_s)} per run = {human_seconds(inside)} in counted "
-                 f"operators + {human_seconds(t.outside_s)} outside them (Python, module hooks, "
-                 "composite operators' dispatch)"]
+        if t.counting_s is None:
+            lines = [f"measured ({t.device}, median of {len(t.walls)} runs after {t.warmup} "
+                     f"warm-up): {human_seconds(t.wall_s)} per run = {human_seconds(inside)} in "
+                     f"counted operators + {human_seconds(t.outside_s)} outside them (Python, "
+                     "module hooks, composite operators' dispatch)"]
+        else:
+            lines = [f"measured ({t.device}, one counted run of the block): "
+                     f"{human_seconds(t.wall_s)} = {human_seconds(inside)} in counted operators + "
+                     f"{human_seconds(t.outside_s)} outside them (Python, module hooks, composite "
+                     f"operators' dispatch, and flopscope's counting: "
+                     f"{human_seconds(t.counting_s)} of it measured inside the operators' events; "
+                     "an uncounted run of the block is at least that much faster)"]
         if t.spread > NOISY:
             lines.append(f"  the runs spread by {100 * t.spread:.0f}% of the median (slowest - "
                          "fastest): this machine is shared; read the times with that margin")

@@ -11,9 +11,12 @@ gets the event of its own dispatch. The run's measured time is then split into t
 events (each counted call's time) and the rest of the region (Python, module hooks, composite
 wrappers, launch gaps): nothing is dropped, and the parts add up to the region's wall time.
 
-The measured runs are made without flopscope's dispatch mode (see :mod:`flopscope.timing.run`),
-so the times carry none of flopscope's own overhead; the join needs only the calls' names and
-order, which the count gives.
+The measured runs of :func:`flopscope.profile` are made without flopscope's dispatch mode (see
+:mod:`flopscope.timing.run`), so the times carry none of flopscope's own overhead; the join needs
+only the calls' names and order, which the count gives. A block counted and measured in one run
+(:func:`flopscope.profiling`) runs under the counting mode: each operator's event then holds the
+mode's work and, nested in it, the operator dispatched again below the mode, an event of the same
+name: :func:`innermost` finds it, the operator's own time.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REGION", "Event", "events_of", "match", "region_events"]
+__all__ = ["REGION", "Event", "events_of", "innermost", "match", "region_events"]
 
 _LOOKAHEAD = 4  # following calls whose events a call may not jump over
 
@@ -131,3 +134,25 @@ def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
         last_end = events[k].end_us
         j = k + 1
     return found
+
+
+def innermost(events: Sequence[Event], k: int) -> int:
+    """The index of the innermost event of ``events[k]``'s name nested in it (``k`` itself when
+    there is none): under a dispatch mode the operator runs again below the mode, inside the
+    event of its call.
+
+    Args:
+        events: events of one thread, sorted by start.
+        k: the matched event.
+
+    Returns:
+        The index of the operator's own event.
+    """
+    outer = events[k]
+    j = k + 1
+    while j < len(events) and events[j].start_us <= outer.end_us:
+        ev = events[j]
+        if ev.name == outer.name and ev.end_us <= outer.end_us and ev.thread == outer.thread:
+            return innermost(events, j)
+        j += 1
+    return k

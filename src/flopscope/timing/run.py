@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter
 
 from flopscope.core.facts import facts
+from flopscope.core.unseen import unseen
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
 from flopscope.estimate.bound import Row, call_row
@@ -35,14 +36,15 @@ from flopscope.execution.snapshot import ModelSnapshot
 from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
 from flopscope.run import Inputs, count
-from flopscope.timing.join import REGION, Event, events_of, match, region_events
+from flopscope.timing.join import REGION, Event, events_of, innermost, match, region_events
 
-__all__ = ["NOISY", "CallTime", "Timing", "measure"]
+__all__ = ["NOISY", "CallList", "CallTime", "Timing", "join_calls", "measure", "module_ranges",
+           "recording"]
 
 NOISY = 0.10  # a spread (max - min) / median above this is called out as large
 
 
-class _Calls:
+class CallList:
     """An observer that keeps every counted call in order: module, phase, operator, cost."""
 
     def __init__(self) -> None:
@@ -108,6 +110,9 @@ class Timing:
         modules: the module spans of the median run: (path, start, end) seconds from the
             region's start, for the trace.
         events: the median run's profiler events (seconds from its start), for the trace.
+        countings: per run, the time flopscope's counting mode spent inside the counted calls'
+            events (a block counted and measured in one run, :func:`flopscope.profiling`; part
+            of the time outside the calls); empty when the runs were not counted.
     """
 
     calls: tuple[CallTime, ...]
@@ -119,6 +124,7 @@ class Timing:
     hardware: Hardware | None = None
     modules: tuple[tuple[str, float, float], ...] = ()
     events: tuple[Event, ...] = field(default=(), repr=False)
+    countings: tuple[float, ...] = ()
 
     @property
     def wall_s(self) -> float:
@@ -130,6 +136,12 @@ class Timing:
         """The median run's time outside every counted call (its calls' times plus this are its
         wall time)."""
         return self.outsides[self.median_run]
+
+    @property
+    def counting_s(self) -> float | None:
+        """The median run's time in flopscope's counting mode inside the calls' events, or
+        ``None`` when the runs were not counted."""
+        return self.countings[self.median_run] if self.countings else None
 
     @property
     def spread(self) -> float:
@@ -146,10 +158,12 @@ class Timing:
         return sum(not c.matched and bool(c.cost.flops or c.cost.bytes) for c in self.calls)
 
 
-def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: bool) -> list[Any]:
-    """``repeat`` calls of ``run`` (one run of ``model``) under ``torch.profiler``, each in a
-    region, each module call in a range of its own; the profiler's events."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+@contextmanager
+def module_ranges(model: nn.Module) -> Iterator[None]:
+    """Within the block, each call of a module of ``model`` runs inside a profiler range of its
+    own (``module::<path>``, the trace's module track); the ranges are opened unseen by the
+    dispatch modes (a Counter around the block does not count the profiler's own operators)."""
+    from torch.profiler import record_function
 
     paths = {m: p for p, m in model.named_modules()}
     spans: list[Any] = []
@@ -158,23 +172,28 @@ def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: b
         path = paths.get(module)
         if path is not None:
             span = record_function(f"module::{path or '(root)'}")
-            span.__enter__()
+            with unseen():
+                span.__enter__()
             spans.append(span)
 
     def leave(module: nn.Module, _: Any, __: Any) -> None:
         if module in paths and spans:
-            spans.pop().__exit__(None, None, None)
+            with unseen():
+                spans.pop().__exit__(None, None, None)
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with ExitStack() as stack:
-        hooks = [nn.modules.module.register_module_forward_pre_hook(enter),
-                 nn.modules.module.register_module_forward_hook(leave, always_call=True)]
-        for handle in hooks:
+        for handle in (nn.modules.module.register_module_forward_pre_hook(enter),
+                       nn.modules.module.register_module_forward_hook(leave, always_call=True)):
             stack.callback(handle.remove)
-        prof = profile(activities=activities)
-        with _native_stderr_muted():  # kineto prints a line at start and one at stop
-            prof.__enter__()
-        stack.callback(_stop, prof)
+        yield
+
+
+def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: bool) -> list[Any]:
+    """``repeat`` calls of ``run`` (one run of ``model``) under ``torch.profiler``, each in a
+    region, each module call in a range of its own; the profiler's events."""
+    from torch.profiler import record_function
+
+    with recording(cuda) as prof, module_ranges(model):
         for _ in range(repeat):
             with record_function(REGION):
                 run()
@@ -183,9 +202,27 @@ def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: b
     return list(prof.events())
 
 
-def _stop(prof: Any) -> None:
-    with _native_stderr_muted():
-        prof.__exit__(None, None, None)
+@contextmanager
+def recording(cuda: bool) -> Iterator[Any]:
+    """``torch.profiler`` recording within the block: CPU activities, and CUDA ones with
+    ``cuda``; its own start and stop lines muted.
+
+    Args:
+        cuda: record CUDA kernels too.
+
+    Yields:
+        The profiler (its ``events()`` after the block).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    with _native_stderr_muted():  # kineto prints a line at start and one at stop
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_muted():
+            prof.__exit__(None, None, None)
 
 
 @contextmanager
@@ -267,7 +304,7 @@ def measure(
         raise UsageError("profile measures a real run: the model and its inputs must hold real "
                          "tensors, not meta ones (count shape-only with flopscope count)")
     cuda = any(t.is_cuda for t in tensors)
-    calls, log = _Calls(), CallLog()
+    calls, log = CallList(), CallLog()
     if train:
         return _train(model, args, kwargs, optimizer, warmup, repeat, hardware, tf32, rules,
                       source, cuda, calls, log)
@@ -286,14 +323,14 @@ def measure(
                 model, lambda: _one_run(model, args, kwargs, backward), repeat, cuda))
     finally:
         snapshot.restore()
-    timing = _joined(calls.calls, log, events, warmup, "cuda" if cuda else "cpu", hardware,
+    timing = join_calls(calls.calls, log, events, warmup, "cuda" if cuda else "cpu", hardware,
                      tf32)
     return report, timing
 
 
 def _train(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], optimizer: Any,
            warmup: int, repeat: int, hardware: Hardware | None, tf32: bool | None, rules: Any,
-           source: SourceInfo | None, cuda: bool, calls: _Calls,
+           source: SourceInfo | None, cuda: bool, calls: CallList,
            log: CallLog) -> tuple[Report, Timing]:
     """A training step counted (:func:`flopscope.execution.training.training_step`), then run
     for real inside it (its model, optimizer and state are the counted step's, put back after)."""
@@ -321,29 +358,49 @@ def _train(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         counter=counter, after=after, on_retry=calls.reset)
     assert how is How.REAL
     report = counted.make_report(meta=source)
-    return report, _joined(calls.calls, log, events, warmup, "cuda" if cuda else "cpu",
+    return report, join_calls(calls.calls, log, events, warmup, "cuda" if cuda else "cpu",
                            hardware, tf32)
 
 
-def _joined(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
-            events: list[Event], warmup: int, device: str, hardware: Hardware | None,
-            tf32: bool | None) -> Timing:
-    """The counted calls joined to each measured run's events (see :mod:`.join`)."""
+def join_calls(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
+               events: list[Event], warmup: int, device: str, hardware: Hardware | None,
+               tf32: bool | None, *, counted: bool = False) -> Timing:
+    """The counted calls joined to each measured run's events (see :mod:`.join`).
+
+    Args:
+        calls: the counted calls, in order (:class:`CallList`).
+        log: the same calls' roofline records.
+        events: the profile's events.
+        warmup: unmeasured runs before.
+        device: ``"cpu"`` or ``"cuda"``.
+        hardware: the profile of the bounds, or ``None``.
+        tf32: float32 products as TF32 (``None``: as torch is set).
+        counted: the runs ran under the counting mode (:func:`flopscope.profiling`): each call's
+            time is its operator's own event below the mode (:func:`~.join.innermost`), and the
+            mode's share of the calls' events is :attr:`Timing.countings`.
+
+    Returns:
+        The timing.
+
+    Raises:
+        UsageError: no measured run was recorded.
+    """
     names = [schema for _, _, _, schema, _ in calls]
     runs = region_events(events)
     per_call: list[list[float | None]] = [[] for _ in calls]
     starts: list[list[float | None]] = [[] for _ in calls]
-    walls, outsides = [], []
+    walls, outsides, countings = [], [], []
     for region, inside in runs:
         ops = [e for e in inside if not e.name.startswith("module::")]
         found = match(names, ops)
-        total = 0.0
+        total = counting = 0.0
         for i, k in enumerate(found):
             if k is None:
                 per_call[i].append(None)
                 starts[i].append(None)
                 continue
-            ev = ops[k]
+            ev = ops[innermost(ops, k)] if counted else ops[k]
+            counting += (ops[k].dur_us - ev.dur_us) / 1e6
             seconds = (ev.device_us if device == "cuda" else ev.dur_us) / 1e6
             per_call[i].append(seconds)
             starts[i].append((ev.start_us - region.start_us) / 1e6)
@@ -351,6 +408,7 @@ def _joined(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
         wall = region.dur_us / 1e6
         walls.append(wall)
         outsides.append(wall - total)
+        countings.append(counting)
     if not runs:
         raise UsageError("the profiler recorded no measured run (no region event)")
     if tf32 is None:
@@ -369,4 +427,4 @@ def _joined(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
                      (e.end_us - region.start_us) / 1e6)
                     for e in inside if e.name.startswith("module::"))
     return Timing(tuple(out), tuple(walls), tuple(outsides), warmup, device, median_run,
-                  hardware, modules, tuple(inside))
+                  hardware, modules, tuple(inside), tuple(countings) if counted else ())
