@@ -1,34 +1,37 @@
 """GPU truth (issue 28): flopscope's counts, memory and time checked on a real GPU, in one command.
 
-    python -m benchmarks.gpu_check --out DIR [--parts flops,attention,memory,time] [--force]
+    python -m benchmarks.gpu_check --out DIR [--parts attention,memory,time,calib,flops]
+                                   [--budget SECONDS] [--force]
 
-Parts (each writes ``DIR/<part>.json``; a part whose file exists is skipped unless ``--force``, so
-a run cut short resumes):
+Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped unless
+``--force``, and ``flops`` keeps each workload it finished, so a run cut short resumes):
 
-- ``flops``: counted FLOPs against the floating-point instructions the GPU executed, from Nsight
-  Compute's SASS counters (``smsp__sass_thread_inst_executed_op_{f,d,h}{add,mul,fma}_pred_on``,
-  an FMA as 2, as the seed study counted PAPI_DP_OPS on the CPU) and the tensor pipe's operation
-  counters (``sm__ops_path_tensor_src_*``), per workload: GEMMs (fp32, fp64), a convolution, layer
-  norm, softmax, element-wise operators, SDPA. Each workload runs in a child process under
-  ``ncu`` (``--profile-from-start off``, the region between ``cudaProfilerStart/Stop``).
 - ``attention``: every SDPA backend (flash, memory-efficient, cuDNN, math; causal and not):
-  flopscope's MACs against ``FlopCounterMode``'s, and the causal flash kernel's executed work
-  (from ``flops``) against flopscope's block-skipping model.
+  flopscope's MACs against ``FlopCounterMode``'s.
 - ``memory``: ``peak_memory`` (inference under no_grad, a training step with AdamW) against
-  ``torch.cuda.max_memory_allocated`` minus what was allocated before.
+  ``torch.cuda.max_memory_allocated`` for resnet50, GPT-2 small and a Llama-style decoder.
 - ``time``: ``flopscope.profile`` on CUDA (kernels joined to operators): every call's roofline
-  bound against its measured kernel time, and where the run is launch-bound.
+  bound against its measured kernel time, and the share of the run outside every kernel
+  (launch-bound), at batch 1 and a large batch, inference and a training step.
+- ``calib``: raw calibration points (GEMMs, streaming operators, attention, convolutions, host
+  time per call) for the prediction issue (``benchmarks/gpu_calib.py``).
+- ``flops``: counted FLOPs against the floating-point instructions the GPU executed, from Nsight
+  Compute's SASS and tensor-pipe counters (``benchmarks/gpu_ncu.py``), per workload: GEMMs (fp32,
+  fp64, fp16), a convolution, layer norm, softmax, element-wise operators, SDPA, and whole models
+  (resnet50, vit_b_16, BERT-base, a Llama-style decoder layer; forward, and forward + backward).
+  Each workload runs in a child process under ``ncu`` (the region between
+  ``cudaProfilerStart/Stop``, after a warm-up run).
 
-Without CUDA (here, and in CI) every part runs in a dry mode on CPU tensors with small shapes:
-the workloads are built and counted, nothing is measured, and the results say so; the ncu output
-parser and the ratios are tested on recorded output.
+``--budget`` stops starting new ``flops`` workloads after that many seconds from the start (the
+rest are left for a rerun). Without CUDA (here, and in CI) every part runs in a dry mode on CPU
+tensors with small shapes: the workloads are built and counted, nothing is measured by ncu, and the
+results say so.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
+import gc
 import json
 import os
 import shutil
@@ -43,18 +46,11 @@ import torch
 from torch import nn
 
 import flopscope
+from benchmarks import gpu_ncu
+from benchmarks.gpu_calib import part_calib
 
-PARTS = ("flops", "attention", "memory", "time")
-SASS = {  # metric suffix -> (precision, operations per instruction)
-    "fadd": ("fp32", 1), "fmul": ("fp32", 1), "ffma": ("fp32", 2),
-    "dadd": ("fp64", 1), "dmul": ("fp64", 1), "dfma": ("fp64", 2),
-    "hadd": ("fp16", 1), "hmul": ("fp16", 1), "hfma": ("fp16", 2),
-}
-TENSOR = ("sm__ops_path_tensor_src_fp16_dst_fp32", "sm__ops_path_tensor_src_bf16_dst_fp32",
-          "sm__ops_path_tensor_src_fp16_dst_fp16", "sm__ops_path_tensor_src_tf32_dst_fp32",
-          "sm__ops_path_tensor_src_fp64")
-METRICS = [f"smsp__sass_thread_inst_executed_op_{k}_pred_on.sum" for k in SASS] + [
-    f"{m}.sum" for m in TENSOR]
+PARTS = ("attention", "memory", "time", "calib", "flops")
+Build = Callable[[], tuple[nn.Module, tuple[Any, ...]]]
 
 
 # -- workloads -----------------------------------------------------------------------------------
@@ -69,137 +65,196 @@ class _Fn(nn.Module):
         return self.fn(*args)
 
 
-def workloads(device: str, dry: bool) -> dict[str, Callable[[], tuple[nn.Module, tuple[Any, ...]]]]:
+class _Hidden(nn.Module):
+    """A transformers model returning one tensor (its ``attr`` output), so a backward is one sum."""
+
+    def __init__(self, model: nn.Module, attr: str) -> None:
+        super().__init__()
+        self.model, self.attr = model, attr
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(ids), self.attr)
+
+
+def hf_model(kind: str, dry: bool, device: str) -> tuple[nn.Module, torch.Tensor]:
+    """BERT-base, GPT-2 small or a Llama-style model from its config (no weights), and its ids.
+
+    ``kind``: ``bert``, ``gpt2`` (with its LM head), ``llama_layer`` (one decoder layer of a
+    2B-shaped Llama with grouped-query attention) or ``llama`` (4 layers, its LM head)."""
+    import transformers as tf
+
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_hidden_layers": 1, "vocab_size": 256}
+    seq = 16 if dry else 512
+    if kind == "bert":
+        cfg = tf.BertConfig(**tiny) if dry else tf.BertConfig()
+        model, attr, seq = tf.BertModel(cfg), "last_hidden_state", 16 if dry else 128
+    elif kind == "gpt2":
+        cfg = tf.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256) if dry else tf.GPT2Config()
+        model, attr = tf.GPT2LMHeadModel(cfg), "logits"
+    else:
+        shape = tiny if dry else {"hidden_size": 2048, "intermediate_size": 5632,
+                                  "num_attention_heads": 16, "num_key_value_heads": 4,
+                                  "num_hidden_layers": 1 if kind == "llama_layer" else 4,
+                                  "vocab_size": 32000}
+        cfg = tf.LlamaConfig(**shape)
+        model = tf.LlamaModel(cfg) if kind == "llama_layer" else tf.LlamaForCausalLM(cfg)
+        attr = "last_hidden_state" if kind == "llama_layer" else "logits"
+    ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
+    return _Hidden(model, attr).to(device).eval(), ids
+
+
+def workloads(device: str, dry: bool) -> dict[str, Build]:
     """Name -> builder of (module, inputs); small shapes in dry mode, the smallest that show the
-    effect on a GPU (ncu replays each kernel once per metric group)."""
+    effect on a GPU (ncu replays each kernel once per pass). A name ending ``_bwd`` runs forward
+    and backward (gradients of the parameters from ones, as ``count(backward=True)``)."""
+    import torchvision
+
     n = 64 if dry else 1024
     f16 = torch.float32 if dry else torch.float16
 
-    def mm(dtype: torch.dtype) -> Callable[[], tuple[nn.Module, tuple[Any, ...]]]:
+    def mm(dtype: torch.dtype) -> Build:
         return lambda: (_Fn(torch.mm), (torch.randn(n, n, device=device, dtype=dtype),
                                         torch.randn(n, n, device=device, dtype=dtype)))
 
-    def conv() -> tuple[nn.Module, tuple[Any, ...]]:
-        return (nn.Conv2d(64, 64, 3, padding=1).to(device),
-                (torch.randn(8, 64, 16 if dry else 56, 16 if dry else 56, device=device),))
-
-    def pointwise(fn: Callable[..., Any]) -> Callable[[], tuple[nn.Module, tuple[Any, ...]]]:
+    def pointwise(fn: Callable[..., Any]) -> Build:
         return lambda: (_Fn(fn), (torch.randn(n, n, device=device),))
 
-    def sdpa(causal: bool) -> Callable[[], tuple[nn.Module, tuple[Any, ...]]]:
+    def sdpa(causal: bool) -> Build:
         def build() -> tuple[nn.Module, tuple[Any, ...]]:
             q = torch.randn(1, 8, 128 if dry else 1024, 64, device=device, dtype=f16)
             return (_Fn(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
                 a, b, c, is_causal=causal)), (q, q.clone(), q.clone()))
         return build
 
-    return {
-        "mm_fp32": mm(torch.float32),
-        "mm_fp64": mm(torch.float64),
-        "conv3x3_fp32": conv,
+    def vision(name: str) -> Build:
+        def build() -> tuple[nn.Module, tuple[Any, ...]]:
+            if name == "vit_b_16":
+                model = (torchvision.models.VisionTransformer(32, 16, 1, 2, 32, 64) if dry
+                         else torchvision.models.vit_b_16())
+                size = 32 if dry else 224
+            else:
+                model, size = torchvision.models.resnet50(), 64 if dry else 224
+            return model.to(device).eval(), (torch.randn(1, 3, size, size, device=device),)
+        return build
+
+    def hf(kind: str) -> Build:
+        def build() -> tuple[nn.Module, tuple[Any, ...]]:
+            model, ids = hf_model(kind, dry, device)
+            return model, (ids,)
+        return build
+
+    micro: dict[str, Build] = {
+        "mm_fp32": mm(torch.float32), "mm_fp64": mm(torch.float64), "mm_fp16": mm(f16),
+        "conv3x3_fp32": lambda: (nn.Conv2d(64, 64, 3, padding=1).to(device), (torch.randn(
+            8, 64, 16 if dry else 56, 16 if dry else 56, device=device),)),
         "layer_norm": lambda: (nn.LayerNorm(n).to(device), (torch.randn(64, n, device=device),)),
         "softmax": pointwise(lambda x: torch.softmax(x, -1)),
         "gelu": pointwise(torch.nn.functional.gelu),
         "add": lambda: (_Fn(torch.add), (torch.randn(n, n, device=device),
                                          torch.randn(n, n, device=device))),
-        "sdpa": sdpa(False),
-        "sdpa_causal": sdpa(True),
+        "sdpa": sdpa(False), "sdpa_causal": sdpa(True),
     }
+    models = {"llama_layer": hf("llama_layer"), "bert": hf("bert"),
+              "resnet50": vision("resnet50"), "vit_b_16": vision("vit_b_16")}
+    return {**micro, **models, **{f"{k}_bwd": v for k, v in models.items()}}
 
 
-def counted(module: nn.Module, inputs: tuple[Any, ...]) -> dict[str, int]:
-    """flopscope's count of one forward (no_grad)."""
-    with torch.no_grad():
-        report = flopscope.count(module, *inputs, warn=False)
+def _forward(module: nn.Module, inputs: tuple[Any, ...], backward: bool) -> None:
+    """The measured region: one forward (no_grad), or forward and backward as count does it."""
+    if not backward:
+        with torch.no_grad():
+            module(*inputs)
+        return
+    out = module(*inputs)
+    params = [p for p in module.parameters() if p.requires_grad]
+    torch.autograd.grad(out, params, grad_outputs=torch.ones_like(out), allow_unused=True)
+
+
+def counted(module: nn.Module, inputs: tuple[Any, ...], backward: bool) -> dict[str, int]:
+    """flopscope's count of the same region."""
+    if backward:
+        report = flopscope.count(module, *inputs, backward=True, warn=False)
+    else:
+        with torch.no_grad():
+            report = flopscope.count(module, *inputs, warn=False)
     return {"macs": report.macs, "flops": report.flops}
-
-
-# -- ncu -----------------------------------------------------------------------------------------
-def parse_ncu_csv(text: str) -> dict[str, float]:
-    """Each metric summed over every kernel of an ``ncu --csv --metrics ...`` report.
-
-    Args:
-        text: ncu's standard output (lines before the CSV header are skipped).
-
-    Returns:
-        Metric name -> total.
-    """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
-        return {}
-    totals: dict[str, float] = {}
-    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        name, value = row.get("Metric Name"), (row.get("Metric Value") or "").replace(",", "")
-        if not name:
-            continue
-        try:
-            totals[name] = totals.get(name, 0.0) + float(value)
-        except ValueError:
-            continue  # "n/a" for a metric the architecture does not have
-    return totals
-
-
-def executed(metrics: dict[str, float]) -> dict[str, float]:
-    """Floating-point operations per precision from the SASS counters (an FMA as 2), and the
-    tensor pipe's operations as reported.
-
-    Args:
-        metrics: from :func:`parse_ncu_csv`.
-
-    Returns:
-        ``{"fp32": ..., "fp64": ..., "fp16": ..., "tensor_ops": ..., "total": ...}``.
-    """
-    out = {"fp32": 0.0, "fp64": 0.0, "fp16": 0.0}
-    for key, (precision, ops) in SASS.items():
-        out[precision] += ops * metrics.get(f"smsp__sass_thread_inst_executed_op_{key}_pred_on.sum",
-                                            0.0)
-    out["tensor_ops"] = sum(metrics.get(f"{m}.sum", 0.0) for m in TENSOR)
-    out["total"] = out["fp32"] + out["fp64"] + out["fp16"] + out["tensor_ops"]
-    return out
 
 
 def _run_one(name: str) -> None:
     """In the ncu child: build one workload, warm it up, run it once between
     cudaProfilerStart/Stop."""
     module, inputs = workloads("cuda", False)[name]()
-    with torch.no_grad():
-        module(*inputs)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        module(*inputs)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-
-
-def measure_flops(name: str, timeout: int = 300) -> dict[str, float] | None:
-    """Run one workload under ncu; ``None`` without ncu."""
-    ncu = shutil.which("ncu")
-    if ncu is None:
-        return None
-    cmd = [ncu, "--csv", "--profile-from-start", "off", "--target-processes", "all",
-           "--metrics", ",".join(METRICS), sys.executable, "-m", "benchmarks.gpu_check",
-           "--run-one", name]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
-                          cwd=Path(__file__).resolve().parent.parent)
-    if done.returncode != 0:
-        raise RuntimeError(f"ncu failed for {name}: {done.stderr[-800:]}")
-    return executed(parse_ncu_csv(done.stdout))
+    backward = name.endswith("_bwd")
+    _forward(module, inputs, backward)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    _forward(module, inputs, backward)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 # -- parts ---------------------------------------------------------------------------------------
-def part_flops(device: str, dry: bool) -> dict[str, Any]:
-    rows = []
+def part_flops(device: str, dry: bool, path: Path, deadline: float) -> dict[str, Any]:
+    """Counted against executed per workload; each finished row is written at once, and rows
+    already in ``path`` are kept (a rerun goes on where the last stopped)."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    done = {r["workload"]: r for r in old.get("rows", [])
+            if "error" not in r or str(r["error"]).startswith("timeout")}
+    ncu = None if dry else gpu_ncu.find_ncu()
+    data: dict[str, Any] = {"note": "dry mode: counted only (no CUDA)" if dry else
+                            "executed from ncu's SASS and tensor-pipe counters", "rows": []}
+    metrics: list[str] = []
+    if ncu is not None:
+        if "metrics" in old:
+            metrics, missing = old["metrics"], old.get("metrics_missing", [])
+        else:
+            metrics, missing = gpu_ncu.available_metrics(ncu)
+        data.update(metrics=metrics, metrics_missing=missing,
+                    ncu_version=subprocess.run([ncu, "--version"], capture_output=True,
+                                               text=True, check=False).stdout.strip()[-80:])
+    elif not dry:
+        data["note"] = "ncu not found: counted only"
     for name, build in workloads(device, dry).items():
-        module, inputs = build()
-        row: dict[str, Any] = {"workload": name, **counted(module, inputs)}
-        ex = None if dry else measure_flops(name)
-        if ex is not None:
-            row["executed"] = ex
-            row["ratio"] = ex["total"] / row["flops"] if row["flops"] else None
-        rows.append(row)
-    return {"rows": rows, "note": "executed from ncu's SASS and tensor-pipe counters"
-            if not dry else "dry mode: counted only (no CUDA)"}
+        if name in done:
+            data["rows"].append(done[name])
+            continue
+        row: dict[str, Any] = {"workload": name}
+        try:
+            module, inputs = build()
+            row.update(counted(module, inputs, name.endswith("_bwd")))
+            del module, inputs
+            left = deadline - time.time()
+            if ncu is not None and left < 20:
+                row["error"] = "not run: out of budget (rerun to go on)"
+            elif ncu is not None:
+                start = time.time()
+                raw = gpu_ncu.measure(name, metrics, timeout=min(240.0, left))
+                row.update(executed=gpu_ncu.executed(raw), raw=raw,
+                           ncu_seconds=round(time.time() - start, 1))
+                row["ratio"] = row["executed"]["total"] / row["flops"] if row["flops"] else None
+        except subprocess.TimeoutExpired:
+            row["error"] = "timeout under ncu"
+        except Exception as e:  # noqa: BLE001 - one workload failing must not lose the others
+            row["error"] = f"{type(e).__name__}: {e}"[:600]
+        data["rows"].append(row)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        _free()
+    return data
+
+
+class _Attention(nn.Module):
+    """SDPA over query, key and value held as parameters, so that ``count(backward=True)``
+    counts the attention's backward (gradients of the parameters)."""
+
+    def __init__(self, q: torch.Tensor, causal: bool) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Parameter(q.clone()) for _ in range(3))
+        self.causal = causal
+
+    def forward(self) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v,
+                                                                 is_causal=self.causal)
 
 
 def part_attention(device: str, dry: bool) -> dict[str, Any]:
@@ -214,112 +269,193 @@ def part_attention(device: str, dry: bool) -> dict[str, Any]:
     rows = []
     for backend in backends:
         for causal in (False, True):
-            def fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                   causal: bool = causal) -> torch.Tensor:
-                return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=causal)
-            row: dict[str, Any] = {"backend": backend.name, "causal": causal}
-            try:
-                with sdpa_kernel(backend), torch.no_grad():
-                    report = flopscope.count(_Fn(fn), q, q.clone(), q.clone(), warn=False)
-                    with FlopCounterMode(display=False) as mode:
-                        fn(q, q.clone(), q.clone())
-                row.update(macs=report.macs, flop_counter_macs=mode.get_total_flops() // 2,
-                           ops=sorted(report.by_op()))
-            except RuntimeError as e:  # a backend this device or dtype does not support
-                row["error"] = str(e).splitlines()[0][:200]
-            rows.append(row)
+            for backward in (False, True):
+                row: dict[str, Any] = {"backend": backend.name, "causal": causal,
+                                       "backward": backward}
+                try:
+                    module = _Attention(q, causal)
+                    with sdpa_kernel(backend):
+                        with torch.set_grad_enabled(backward):
+                            report = flopscope.count(module, backward=backward, warn=False)
+                        with FlopCounterMode(display=False) as mode, \
+                                torch.set_grad_enabled(backward):
+                            out = module()
+                            if backward:
+                                out.backward(torch.ones_like(out))
+                    row.update(macs=report.macs, flop_counter_macs=mode.get_total_flops() // 2,
+                               ops=sorted(report.by_op()))
+                except RuntimeError as e:  # a backend this device or dtype does not support
+                    row["error"] = str(e).splitlines()[0][:200]
+                rows.append(row)
     return {"rows": rows}
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _memory_models(device: str, dry: bool) -> dict[str, Build]:
+    import torchvision
+
+    def resnet() -> tuple[nn.Module, tuple[Any, ...]]:
+        size = 64 if dry else 224
+        return (torchvision.models.resnet50().to(device),
+                (torch.randn(1 if dry else 8, 3, size, size, device=device),))
+
+    def hf(kind: str) -> Build:
+        def build() -> tuple[nn.Module, tuple[Any, ...]]:
+            model, ids = hf_model(kind, dry, device)
+            return model, (ids.repeat(1 if dry else 4, 1),)
+        return build
+
+    return {"resnet50": resnet, "gpt2": hf("gpt2"), "llama": hf("llama")}
+
+
+def _measured_step(model: nn.Module, x: Any, train: bool) -> dict[str, int]:
+    """The allocator's peak over one inference forward, or one steady-state AdamW step (a
+    warm-up step first), as flopscope's step runs it."""
+    _free()
+    torch.cuda.synchronize()
+    if train:
+        model.train()
+        opt = torch.optim.AdamW(model.parameters())
+        model(*x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    else:
+        model.eval()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    if train:
+        model(*x).sum().backward()
+        opt.step()
+    else:
+        with torch.no_grad():
+            model(*x)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return {"allocated_before": before, "max_allocated": peak,
+            "max_reserved": torch.cuda.max_memory_reserved()}
 
 
 def part_memory(device: str, dry: bool) -> dict[str, Any]:
-    import torchvision
-
     from flopscope.estimate import peak_memory
 
-    size = 64 if dry else 224
     rows = []
-    for name, build in (("resnet50", lambda: torchvision.models.resnet50()),):
+    for name, build in _memory_models(device, dry).items():
         for train in (False, True):
-            model = build().to(device)
-            x = torch.randn(1 if dry else 8, 3, size, size, device=device)
-            kw = {"train": True, "optimizer": "adamw"} if train else {}
-            _, mem = peak_memory(model, x, **kw)
-            row: dict[str, Any] = {"model": name, "train": train, "predicted": mem.peak_bytes}
-            if not dry:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
+            row: dict[str, Any] = {"model": name, "train": train}
+            try:
+                model, x = build()
+                kw: dict[str, Any] = {"train": True, "optimizer": "adamw"} if train else {}
+                row["predicted"] = peak_memory(model, *x, **kw).memory.to_dict()
+                row["predicted"].pop("by_module", None)
+                # what a user sizing the GPU from a laptop gets: shape-only, the GPU's foreach AdamW
                 if train:
-                    opt = torch.optim.AdamW(model.parameters())
-                    model(x).sum().backward()
-                    opt.step()  # warm-up: the optimizer's state
-                    opt.zero_grad(set_to_none=True)
-                    torch.cuda.reset_peak_memory_stats()
-                    before = torch.cuda.memory_allocated()
-                    model(x).sum().backward()
-                    opt.step()
-                else:
-                    with torch.no_grad():
-                        model.eval()(x)
-                torch.cuda.synchronize()
-                measured = torch.cuda.max_memory_allocated() - before
-                row.update(measured_above_before=measured, allocated_before=before,
-                           note="the training step's prediction includes what was allocated "
-                                "before it (parameters, optimizer state)")
+                    kw["optimizer"] = lambda p: torch.optim.AdamW(p, foreach=True)
+                meta = peak_memory(model, *x, shape_only=True, **kw).memory
+                row["predicted_shape_only"] = meta.peak_bytes
+                if not dry:
+                    row["measured"] = _measured_step(model, x, train)
+                del model, x
+            except Exception as e:  # noqa: BLE001 - one model failing must not lose the others
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
             rows.append(row)
-    return {"rows": rows}
+            _free()
+    return {"rows": rows, "note": "predicted peak_bytes counts every live tensor (parameters, "
+            "gradients and optimizer state included); measured max_allocated is the allocator's "
+            "absolute peak in a process that holds only this model and its inputs"}
+
+
+def _hardware() -> str:
+    name = torch.cuda.get_device_name().lower()
+    return "h200" if "h200" in name else "h100-sxm"
 
 
 def part_time(device: str, dry: bool) -> dict[str, Any]:
     import torchvision
 
-    if dry:
-        model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
-        report, timing = flopscope.profile(model, x, warmup=0, repeat=1, hardware="xeon-8480")
-    else:
-        name = torch.cuda.get_device_name().lower()
-        hardware = "h200" if "h200" in name else "h100-sxm"
-        model, x = torchvision.models.resnet50().eval().to(device), torch.randn(
-            1, 3, 224, 224, device=device)
-        report, timing = flopscope.profile(model, x, warmup=3, repeat=5, hardware=hardware)
-    above = [c for c in timing.calls if c.bound is not None and c.seconds
-             and c.bound.time_s > c.seconds]
-    return {"device": timing.device, "wall_s": timing.wall_s, "outside_s": timing.outside_s,
-            "calls": len(timing.calls), "unmatched": timing.unmatched,
-            "bound_above_measured": [{"op": c.op, "module": c.module, "bound_s": c.bound.time_s,
-                                      "measured_s": c.seconds} for c in above if c.bound],
-            "launch_bound_share": timing.outside_s / timing.wall_s if timing.wall_s else None}
+    runs = []
+    cases = [(1, False), (32, False), (32, True)] if not dry else [(1, False), (2, True)]
+    for batch, train in cases:
+        model = (torchvision.models.resnet18() if dry else torchvision.models.resnet50()).to(device)
+        x = torch.randn(batch, 3, 32 if dry else 224, 32 if dry else 224, device=device)
+        case: dict[str, Any] = {"model": "resnet18" if dry else "resnet50", "batch": batch,
+                                "train": train}
+        try:
+            _, timing = flopscope.profile(model.eval(), x, train=train, warmup=0 if dry else 3,
+                                          repeat=1 if dry else 5,
+                                          hardware="xeon-8480" if dry else _hardware())
+            calls = [c for c in timing.calls if c.seconds]
+            above = [c for c in calls if c.bound is not None and c.bound.time_s > c.seconds]
+            top = sorted(calls, key=lambda c: c.seconds or 0.0, reverse=True)[:12]
+            case.update(
+                device=timing.device, wall_s=timing.wall_s, outside_s=timing.outside_s,
+                calls=len(timing.calls), unmatched=timing.unmatched,
+                bound_sum_s=sum(c.bound.time_s for c in calls if c.bound),
+                measured_sum_s=sum(c.seconds or 0.0 for c in calls),
+                launch_bound_share=timing.outside_s / timing.wall_s if timing.wall_s else None,
+                bound_above_measured=[{"op": c.op, "module": c.module, "bound_s": c.bound.time_s,
+                                       "measured_s": c.seconds} for c in above if c.bound][:20],
+                top=[{"op": c.op, "module": c.module, "measured_s": c.seconds,
+                      "bound_s": c.bound.time_s if c.bound else None} for c in top])
+        except Exception as e:  # noqa: BLE001
+            case["error"] = f"{type(e).__name__}: {e}"[:400]
+        runs.append(case)
+        del model, x
+        _free()
+    return {"runs": runs}
 
 
-PART_FUNCTIONS = {"flops": part_flops, "attention": part_attention, "memory": part_memory,
-                  "time": part_time}
-
-
-def run(out: Path, parts: list[str], force: bool, dry: bool | None = None) -> dict[str, Any]:
-    """Run the parts (skipping those already written unless ``force``); write the summary."""
+def run(out: Path, parts: list[str], force: bool, dry: bool | None = None,
+        budget: float = 1e9) -> dict[str, Any]:
+    """Run the parts (skipping those complete unless ``force``); write the summary."""
+    deadline = time.time() + budget
     dry = not torch.cuda.is_available() if dry is None else dry
     device = "cpu" if dry else "cuda"
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"dry": dry, "torch": torch.__version__,
+                               "cuda": torch.version.cuda,
                                "device": "cpu (dry)" if dry else torch.cuda.get_device_name(),
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "parts": {}}
+    if not dry:
+        smi = shutil.which("nvidia-smi")
+        summary["driver"] = subprocess.run(
+            [smi, "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, check=False).stdout.strip() if smi else None
     for part in parts:
         path = out / f"{part}.json"
-        if path.exists() and not force:
+        if path.exists() and not force and json.loads(path.read_text()).get("complete"):
             summary["parts"][part] = "kept"
             continue
+        if force and path.exists():
+            path.unlink()
         start = time.perf_counter()
+        print(f"[gpu_check] {part} ...", file=sys.stderr, flush=True)
         try:
-            data = PART_FUNCTIONS[part](device, dry)
+            data = (part_flops(device, dry, path, deadline) if part == "flops"
+                    else PART_FUNCTIONS[part](device, dry))
             status = "ok"
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others
             data, status = {"error": f"{type(e).__name__}: {e}"}, "failed"
+        unfinished = [r["workload"] for r in data.get("rows", []) if part == "flops"
+                      and str(r.get("error", "")).startswith("not run")]
+        data["complete"] = status == "ok" and not unfinished
         data["seconds"] = time.perf_counter() - start
         path.write_text(json.dumps(data, indent=2) + "\n")
-        summary["parts"][part] = status
+        summary["parts"][part] = status if not unfinished else f"partial: {len(unfinished)} left"
+        print(f"[gpu_check] {part}: {summary['parts'][part]} in {data['seconds']:.0f} s",
+              file=sys.stderr, flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+PART_FUNCTIONS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
+    "attention": part_attention, "memory": part_memory, "time": part_time, "calib": part_calib}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check")))
     parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--budget", type=float, default=1e9,
+                        help="seconds after which no new flops workload starts")
     parser.add_argument("--force", action="store_true", help="run parts already written again")
     parser.add_argument("--dry", action="store_true", help="dry mode even where CUDA exists")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)  # the ncu child
@@ -338,9 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
-    summary = run(args.out, parts, args.force, True if args.dry else None)
+    summary = run(args.out, parts, args.force, True if args.dry else None, args.budget)
     print(json.dumps(summary, indent=2))
-    return 0 if all(v != "failed" for v in summary["parts"].values()) else 1
+    return 0 if all(v == "ok" or v == "kept" for v in summary["parts"].values()) else 1
 
 
 if __name__ == "__main__":

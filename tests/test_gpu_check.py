@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_ncu
 
 # the shape of `ncu --csv --metrics ...` output (two kernels; values as ncu prints them)
 NCU = '''==PROF== Connected to process 1234
@@ -22,15 +22,16 @@ NCU = '''==PROF== Connected to process 1234
 
 
 def test_ncu_output_is_read_and_fma_counts_two() -> None:
-    metrics = gpu_check.parse_ncu_csv(NCU)
+    metrics = gpu_ncu.parse_csv(NCU)
     assert metrics["smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"] == 1_048_576 + 512
     assert "sm__ops_path_tensor_src_fp64.sum" not in metrics  # n/a on this architecture
-    ex = gpu_check.executed(metrics)
+    assert metrics["kernels"] == 2
+    ex = gpu_ncu.executed(metrics)
     # a 1024^3 fp32 GEMM: 1024^3 FFMA = 2 * 1024^3 FLOPs, plus the adds; dfma 10 = 20 fp64 ops
     assert ex["fp32"] == 2 * 1_073_741_824 + 1_048_576 + 512
     assert ex["fp64"] == 20 and ex["tensor_ops"] == 0
     assert ex["total"] == ex["fp32"] + 20
-    assert gpu_check.parse_ncu_csv("no csv here") == {}
+    assert gpu_ncu.parse_csv("no csv here") == {}
 
 
 def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
@@ -38,15 +39,31 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert summary["dry"] and summary["parts"] == {p: "ok" for p in gpu_check.PARTS}
     flops = json.loads((tmp_path / "flops.json").read_text())
     rows = {r["workload"]: r for r in flops["rows"]}
+    assert not [r for r in flops["rows"] if "error" in r]
     assert rows["mm_fp32"]["macs"] == 64 ** 3  # dry shapes: 64 x 64 x 64
     assert "executed" not in rows["mm_fp32"]  # nothing measured without CUDA
+    # forward + backward of a whole model: the backward's two products per layer (grad of the
+    # input, grad of the weight) make it about 3x the forward
+    assert 2.5 < rows["resnet50_bwd"]["macs"] / rows["resnet50"]["macs"] < 3.1
     attention = json.loads((tmp_path / "attention.json").read_text())["rows"]
     assert all(r["macs"] == r["flop_counter_macs"] for r in attention)  # math backend
+    # math SDPA on 1 x 8 x 128 x 64: QK^T and PV, 2 * 8 * 128 * 128 * 64 MACs; backward 2x that
+    assert [r["macs"] for r in attention] == [2 * 8 * 128 * 128 * 64, 6 * 8 * 128 * 128 * 64] * 2
     memory = json.loads((tmp_path / "memory.json").read_text())["rows"]
-    assert [r["train"] for r in memory] == [False, True] and all(r["predicted"] > 0 for r in memory)
-    # a second run keeps what is written
+    assert [(r["model"], r["train"]) for r in memory] == [
+        (m, t) for m in ("resnet50", "gpt2", "llama") for t in (False, True)]
+    assert all(r["predicted"]["peak_bytes"] > 0 and r["predicted_shape_only"] > 0 for r in memory)
+    calib = json.loads((tmp_path / "calib.json").read_text())
+    assert calib["gemm"][0]["tflops"] > 0 and calib["host"][0]["host_s_per_call"] > 0
+    # a second run keeps what is complete; a flops file cut short goes on where it stopped
     again = gpu_check.run(tmp_path, ["flops"], force=False, dry=True)
     assert again["parts"] == {"flops": "kept"}
+    flops["complete"] = False
+    flops["rows"] = flops["rows"][:3]
+    (tmp_path / "flops.json").write_text(json.dumps(flops))
+    resumed = gpu_check.run(tmp_path, ["flops"], force=False, dry=True)
+    assert resumed["parts"] == {"flops": "ok"}
+    assert len(json.loads((tmp_path / "flops.json").read_text())["rows"]) == len(rows)
 
 
 def test_unknown_part_is_a_usage_error() -> None:
