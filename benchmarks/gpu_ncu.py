@@ -23,9 +23,13 @@ SASS = {  # metric suffix -> (precision, operations per instruction)
     "dadd": ("fp64", 1), "dmul": ("fp64", 1), "dfma": ("fp64", 2),
     "hadd": ("fp16", 1), "hmul": ("fp16", 1), "hfma": ("fp16", 2),
 }
-TENSOR = ("sm__ops_path_tensor_src_fp16_dst_fp32", "sm__ops_path_tensor_src_bf16_dst_fp32",
-          "sm__ops_path_tensor_src_fp16_dst_fp16", "sm__ops_path_tensor_src_tf32_dst_fp32",
-          "sm__ops_path_tensor_src_fp64")
+# The tensor pipe's operations per source type (each the sum over its hmma/hgmma/... paths, dense
+# and sparse), as Nsight Compute 2025.3 lists them on an H200; every operation a FLOP (an FP64
+# 1024^3 product read 2 * 1024^3). Where a source type has destination variants only (bf16, tf32)
+# the fp32-destination one is the one the GPUs have.
+TENSOR = ("sm__ops_path_tensor_src_fp16", "sm__ops_path_tensor_src_bf16_dst_fp32",
+          "sm__ops_path_tensor_src_tf32_dst_fp32", "sm__ops_path_tensor_src_fp64",
+          "sm__ops_path_tensor_src_fp8")
 SASS_METRICS = [f"smsp__sass_thread_inst_executed_op_{k}_pred_on" for k in SASS]
 ROOT = Path(__file__).resolve().parent.parent
 

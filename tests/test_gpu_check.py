@@ -69,3 +69,20 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
 def test_unknown_part_is_a_usage_error() -> None:
     with pytest.raises(SystemExit):
         gpu_check.main(["--parts", "flops,bogus", "--dry"])
+
+
+def test_the_gpu_page_holds_the_tables_made_from_its_results() -> None:
+    """docs/gpu.md's figures come from docs/gpu/*.json (benchmarks/gpu_tables.py), never typed."""
+    from benchmarks import gpu_tables
+
+    root = Path(__file__).resolve().parent.parent
+    assert gpu_tables.render(root / "docs" / "gpu") in (root / "docs" / "gpu.md").read_text()
+    rows = {r["workload"]: r for r in json.loads((root / "docs/gpu/flops.json").read_text())["rows"]}
+    # the causal flash kernel on the H200: 36 of 64 128 x 128 tiles of a 1024-long sequence,
+    # 8 heads of 64: 36 * 128 * 128 * 64 * 2 (products) * 2 (FLOPs) * 8 = 1,207,959,552
+    assert gpu_ncu.executed(rows["sdpa_causal"]["raw"])["tensor_ops"] == 1_207_959_552
+    # ... which is flopscope's block-skipping model of the flash kernel on compute capability 9.0
+    from flopscope.llm import flash2_block_sizes, flash2_executed_pairs
+
+    bm, bn = flash2_block_sizes(64, capability=(9, 0))
+    assert flash2_executed_pairs(1024, 1024, block_m=bm, block_n=bn) * 64 * 2 * 2 * 8 == 1_207_959_552

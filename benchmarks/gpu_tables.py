@@ -1,0 +1,130 @@
+"""The tables of docs/gpu.md, made from the GPU check's JSON (``python -m benchmarks.gpu_tables
+docs/gpu``): the numbers in the page come from the files, never typed by hand.
+
+Executed operations are recomputed from each workload's raw counters with the current
+:data:`benchmarks.gpu_ncu.TENSOR` list (the first run's own total missed fp16 tensor work: the
+device lists ``sm__ops_path_tensor_src_fp16`` without a destination type).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks import gpu_ncu
+
+
+def _g(x: float) -> str:
+    return f"{x / 1e9:,.3f}"
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:,.1f}"
+
+
+def flops_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| workload | counted GFLOP | executed SIMT fp32 | fp64 | fp16 | tensor pipe | "
+             "executed / counted | kernels |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in data["rows"]:
+        if "raw" not in row:
+            lines.append(f"| {row['workload']} | {_g(row['flops'])} | {row.get('error', '-')} "
+                         "| | | | | |")
+            continue
+        ex = gpu_ncu.executed(row["raw"])
+        lines.append(f"| {row['workload']} | {_g(row['flops'])} | {_g(ex['fp32'])} | "
+                     f"{_g(ex['fp64'])} | {_g(ex['fp16'])} | {_g(ex['tensor_ops'])} | "
+                     f"{ex['total'] / row['flops']:.3f} | {int(row['raw']['kernels'])} |")
+    return lines
+
+
+def attention_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| backend | causal | backward | flopscope MACs | FlopCounterMode MACs | equal |",
+             "|---|---|---|---:|---:|---|"]
+    for r in data["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['backend']} | {r['causal']} | {r['backward']} | "
+                         f"{r['error']} | | |")
+            continue
+        lines.append(f"| {r['backend']} | {r['causal']} | {r['backward']} | {r['macs']:,} | "
+                     f"{r['flop_counter_macs']:,} | "
+                     f"{'yes' if r['macs'] == r['flop_counter_macs'] else 'NO'} |")
+    return lines
+
+
+def _live_before(predicted: dict[str, Any]) -> int:
+    """What the prediction holds live before the step starts: parameters, buffers, inputs and
+    (training) the optimizer's state; gradients are set to None between steps."""
+    at = predicted["at_peak"]
+    return sum(at.get(k, 0) for k in ("parameters", "buffers", "inputs", "optimizer_state"))
+
+
+def memory_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| model | step | predicted peak MiB | measured peak MiB | predicted / measured | "
+             "held before, not a tensor of the model MiB | with it: predicted / measured | "
+             "shape-only prediction MiB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['train']} | {r['error']} | | | | | |")
+            continue
+        p, m = r["predicted"]["peak_bytes"], r["measured"]
+        extra = m["allocated_before"] - _live_before(r["predicted"])
+        lines.append(
+            f"| {r['model']} | {'AdamW step' if r['train'] else 'inference'} | {_mib(p)} | "
+            f"{_mib(m['max_allocated'])} | {p / m['max_allocated']:.3f} | {_mib(extra)} | "
+            f"{(p + extra) / m['max_allocated']:.3f} | {_mib(r['predicted_shape_only'])} |")
+    return lines
+
+
+def time_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| resnet50 | wall ms | kernels ms | outside kernels | roofline bound ms (sum) | "
+             "calls | unmatched | calls with bound > measured |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in data["runs"]:
+        above = len(r["bound_above_measured"])
+        lines.append(
+            f"| batch {r['batch']}{', AdamW step' if r['train'] else ', inference'} | "
+            f"{r['wall_s'] * 1e3:.2f} | {r['measured_sum_s'] * 1e3:.2f} | "
+            f"{r['launch_bound_share']:.0%} | {r['bound_sum_s'] * 1e3:.3f} | {r['calls']} | "
+            f"{r['unmatched']} | {above if above < 20 else '20 or more'} |")
+    return lines
+
+
+def calib_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| point | measured |", "|---|---:|"]
+    gemm = [r for r in data["gemm"] if r["m"] == r["n"] == r["k"]]
+    for dtype in ("bfloat16", "float32"):
+        best = max((r for r in gemm if r["dtype"] == dtype), key=lambda r: r["tflops"])
+        lines.append(f"| best square {dtype} matrix product ({best['m']}^3) | "
+                     f"{best['tflops']:.0f} TFLOP/s |")
+    for r in data["gemm"]:
+        if r["dtype"] == "bfloat16" and r["m"] in (1, 128) and r["n"] == r["k"] == 4096:
+            lines.append(f"| bfloat16 {r['m']} x 4096 x 4096 (decode-like) | "
+                         f"{r['tflops']:.1f} TFLOP/s |")
+    copy = max((r for r in data["stream"] if r["op"] == "copy"), key=lambda r: r["numel"])
+    lines.append(f"| copy of {_mib(copy['numel'] * (4 if copy['dtype'] == 'float32' else 2))} "
+                 f"MiB ({copy['dtype']}), read + written | {copy['gbps']:,.0f} GB/s |")
+    for r in data["host"]:
+        if r["op"] in ("add", "linear", "conv2d", "view"):
+            lines.append(f"| host time per eager {r['op']} call | "
+                         f"{r['host_s_per_call'] * 1e6:.1f} us |")
+    return lines
+
+
+def render(folder: Path) -> str:
+    """Every table, each under its part's name."""
+    out: list[str] = []
+    summary = json.loads((folder / "summary.json").read_text())
+    out.append(f"Device: {summary['device']} (driver {summary.get('driver', '?')}), torch "
+               f"{summary['torch']}, CUDA {summary['cuda']}, {summary['date']}.")
+    for name, table in (("flops", flops_table), ("attention", attention_table),
+                        ("memory", memory_table), ("time", time_table), ("calib", calib_table)):
+        path = folder / f"{name}.json"
+        if path.exists():
+            out += ["", f"#### {name}", "", *table(json.loads(path.read_text()))]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/gpu")))
