@@ -55,6 +55,41 @@ def test_fp32_products_use_tf32_only_when_asked() -> None:
     assert log.estimate(H100, tf32=True).total.time_s == flops / 494.5e12  # 4.34e-6 s
 
 
+def test_fp32_convolutions_are_tf32_as_cudnn_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN takes TF32 for float32 convolutions by default (torch.backends.cudnn.allow_tf32),
+    while matrix products stay float32: measured on an H200, a float32 3x3 convolution ran on the
+    tensor pipe as TF32 and beat a bound taken at the CUDA cores' 67 TFLOP/s (docs/gpu.md)."""
+    x, w = torch.empty(8, 64, 56, 56, device="meta"), torch.empty(64, 64, 3, 3, device="meta")
+    pointwise = torch.empty(64, 64, 1, 1, device="meta")
+    a = torch.empty(1024, 1024, device="meta")
+    log = _log(lambda: (torch.nn.functional.conv2d(x, w, padding=1),
+                        torch.nn.functional.conv2d(x, pointwise), a @ a))
+    conv_flops = 2 * 8 * 64 * 56 * 56 * 64 * 9  # 1,849,688,064: the count ncu's TF32 pipe saw
+    one_flops = 2 * 8 * 64 * 56 * 56 * 64  # a 1x1 convolution is cuDNN's too
+    mm_flops = 2 * 1024**3
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert torch.get_float32_matmul_precision() == "highest"
+    est = log.estimate(H100)  # as torch is set: convolutions TF32, the product float32
+    convs = [r for r in (flopscope.estimate.Estimate.from_records(
+        [rec], H100, tf32=est.tf32, tf32_convolution=est.tf32_convolution).total
+        for rec in log.records) if r.macs]
+    assert est.tf32_convolution and not est.tf32
+    assert [r.compute_s for r in convs] == [conv_flops / 494.5e12, one_flops / 494.5e12,
+                                            mm_flops / 67e12]
+    assert est.to_dict()["tf32_convolution"] is True
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert not log.estimate(H100).tf32_convolution
+    conv_row = log.estimate(H100).by_op["aten.convolution.default"]
+    assert conv_row.compute_s == pytest.approx((conv_flops + one_flops) / 67e12)
+    # tf32=False: both float32; tf32=True: both TF32
+    assert log.estimate(H100, tf32=True).total.compute_s == pytest.approx(
+        (conv_flops + one_flops + mm_flops) / 494.5e12)
+    # a machine without TF32 units runs them as float32 whatever the switch says
+    cpu = flopscope.estimate.Hardware("cpu", 1e15, matrix={"fp32": 1e11}, vector={"fp32": 5e10})
+    assert log.estimate(cpu, tf32=True).total.compute_s == pytest.approx(
+        (conv_flops + one_flops + mm_flops) / 1e11)
+
+
 def test_elementwise_chain_fused_view() -> None:
     x = torch.empty(1024, device="meta")
     est = _log(lambda: x.exp().mul(2.0)).estimate(H100)

@@ -76,7 +76,7 @@ def add_subcommands(subparsers: Any) -> None:
                           "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
                           "or this-machine (measured now)")
     est.add_argument("--tf32", action="store_true",
-                     help="with --hardware: float32 matrix products run as TF32")
+                     help="with --hardware: float32 matrix products run as TF32 (convolutions: as cuDNN is set, TF32 by default)")
     est.add_argument("--roofline-plot", metavar="FILE",
                      help="with --hardware: write a roofline chart (.png, .svg or .pdf)")
     est.add_argument("--memory", action="store_true",

@@ -58,7 +58,7 @@ def add_subcommands(subparsers: Any) -> None:
                         "this-machine: its peaks measured first, about 20 s; none: measured time "
                         "only)")
     p.add_argument("--tf32", action="store_true",
-                   help="with --hardware: float32 matrix products run as TF32")
+                   help="with --hardware: float32 matrix products run as TF32 (convolutions: as cuDNN is set, TF32 by default)")
     p.add_argument("--trace", metavar="FILE",
                    help="write the median run as a Chrome/Perfetto trace (operators with their "
                         "counts, rates and bounds; module spans)")

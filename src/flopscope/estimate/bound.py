@@ -128,13 +128,37 @@ def is_convolution(op: str) -> bool:
     return "conv" in name and "convert" not in name
 
 
-def call_row(rec: CallRecord, hw: Hardware, tf32: bool) -> Row:
+def resolve_tf32(tf32: bool | None) -> tuple[bool, bool]:
+    """Whether float32 matrix products and float32 convolutions run as TF32.
+
+    PyTorch has a switch for each, with different defaults: matrix products stay float32
+    (``torch.get_float32_matmul_precision() == "highest"``), while cuDNN takes TF32 for float32
+    convolutions (``torch.backends.cudnn.allow_tf32`` is True). Measured on an H200
+    (docs/gpu.md): a float32 3x3 convolution ran on the tensor pipe as TF32 by default.
+
+    Args:
+        tf32: ``True`` or ``False`` for both; ``None``: each as torch is set now.
+
+    Returns:
+        ``(matrix products, convolutions)``.
+    """
+    if tf32 is not None:
+        return tf32, tf32
+    return (torch.get_float32_matmul_precision() != "highest",
+            bool(torch.backends.cudnn.allow_tf32))
+
+
+def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool = False) -> Row:
+    """One call's roofline row on ``hw``; float32 products as TF32 where ``tf32`` (matrix
+    products) or ``tf32_convolution`` (convolutions) says so and the machine has TF32 units."""
     dtype = rec.dtype
     key = dtype_key(dtype) if dtype is not None else None
     key = key or "fp32"
     matrix = 2 * rec.macs
     other = max(rec.flops - matrix, 0)
-    mkey = "tf32" if key == "fp32" and tf32 and dtype is not torch.complex64 else key
+    as_tf32 = tf32_convolution if is_convolution(rec.op) else tf32  # 1x1 ones too: cuDNN's
+    mkey = ("tf32" if key == "fp32" and as_tf32 and dtype is not torch.complex64
+            and "tf32" in hw.matrix else key)
     special = 0.0
     if rec.special is not None and dtype is not None and not dtype.is_complex:
         rate = hw.special_rate(key, rec.special[0])
@@ -186,6 +210,7 @@ class Estimate:
     Attributes:
         hardware: the machine.
         tf32: whether float32 matrix products were taken as TF32.
+        tf32_convolution: whether float32 convolutions were (cuDNN's default).
         total: sums over every call.
         by_phase: phase name -> sums.
         by_op: operator -> sums, longest first.
@@ -203,16 +228,18 @@ class Estimate:
     by_module: dict[str, Row] = field(default_factory=dict)
     by_module_self: dict[str, Row] = field(default_factory=dict)
     by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
+    tf32_convolution: bool = False
 
     @classmethod
     def from_records(cls, records: Iterable[CallRecord], hardware: Hardware, *,
-                     tf32: bool = False) -> Estimate:
+                     tf32: bool = False, tf32_convolution: bool = False) -> Estimate:
         """Sum per-call roofline rows (see the module docstring).
 
         Args:
             records: the calls (``CallLog.records``).
             hardware: the machine.
             tf32: float32 matrix products as TF32.
+            tf32_convolution: float32 convolutions as TF32.
 
         Returns:
             The estimate.
@@ -223,7 +250,7 @@ class Estimate:
         own: dict[str, Row] = {}
         op_dtype: dict[tuple[str, str], Row] = {}
         for rec in records:
-            row = call_row(rec, hardware, tf32)
+            row = call_row(rec, hardware, tf32, tf32_convolution)
             total.add(row)
             phases.setdefault(rec.phase, Row()).add(row)
             ops.setdefault(rec.op, Row()).add(row)
@@ -234,7 +261,8 @@ class Estimate:
         for path, row in own.items():
             for p in ancestors(path):
                 inclusive.setdefault(p, Row()).add(row)
-        return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype)
+        return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype,
+                   tf32_convolution)
 
     def share(self, row: Row) -> float:
         """A row's share of the total estimated time (0 when the total is 0)."""
@@ -254,6 +282,7 @@ class Estimate:
                           "or read again",
             "hardware": self.hardware.to_dict(),
             "tf32": self.tf32,
+            "tf32_convolution": self.tf32_convolution,
             "total": self.total.to_dict(),
             "by_phase": rows(self.by_phase),
             "by_op": rows(self.by_op),

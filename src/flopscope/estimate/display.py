@@ -79,6 +79,17 @@ def _describe(hw: Hardware) -> str:
     return f"{hw.description or hw.name} ({what})"
 
 
+
+def _tf32_words(estimate: Estimate) -> str:
+    """Which float32 work the estimate took as TF32 (only where the machine has TF32 units)."""
+    if "tf32" not in estimate.hardware.matrix:
+        return ""
+    if estimate.tf32 and estimate.tf32_convolution:
+        return ", float32 products and convolutions as TF32"
+    if estimate.tf32:
+        return ", float32 products as TF32"
+    return ", float32 convolutions as TF32 (cuDNN's default)" if estimate.tf32_convolution else ""
+
 def estimate_lines(estimate: Estimate) -> list[str]:
     """A few lines that say what the estimate is and its range.
 
@@ -93,7 +104,7 @@ def estimate_lines(estimate: Estimate) -> list[str]:
     lines = [
         f"roofline on {hw.name}: {_describe(hw)}, {human(int(hw.memory_bandwidth), 'B/s')}"
         + (f" (writes {human(int(hw.write_bandwidth), 'B/s')})" if hw.write_bandwidth else "")
-        + (", float32 products as TF32" if estimate.tf32 else ""),
+        + _tf32_words(estimate),
         f"  estimated time (lower bound) {human_seconds(total.time_s)}; with element-wise chains "
         f"fused {human_seconds(total.fused_time_s)}; {total.bound}-bound overall "
         f"(compute-bound calls {human_seconds(total.compute_bound_s)}, memory-bound "

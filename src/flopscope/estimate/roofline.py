@@ -54,7 +54,7 @@ import torch
 
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.bound import Estimate, is_convolution
+from flopscope.estimate.bound import Estimate, is_convolution, resolve_tf32
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 
 __all__ = ["CallLog", "CallRecord", "call_dtype", "special_function"]
@@ -302,12 +302,14 @@ class CallLog:
 
         Args:
             hardware: the machine.
-            tf32: float32 matrix products run as TF32; ``None``: as torch is set now
-                (``torch.get_float32_matmul_precision() != "highest"``).
+            tf32: float32 matrix products and convolutions run as TF32; ``None``: each as torch
+                is set now (:func:`flopscope.estimate.bound.resolve_tf32`: matrix products by
+                ``torch.get_float32_matmul_precision()``, convolutions by
+                ``torch.backends.cudnn.allow_tf32``, True by default).
 
         Returns:
             The :class:`Estimate`.
         """
-        if tf32 is None:
-            tf32 = torch.get_float32_matmul_precision() != "highest"
-        return Estimate.from_records(self.records, hardware, tf32=tf32)
+        matmul, convolution = resolve_tf32(tf32)
+        return Estimate.from_records(self.records, hardware, tf32=matmul,
+                                     tf32_convolution=convolution)

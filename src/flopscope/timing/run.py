@@ -27,7 +27,7 @@ from flopscope.core.facts import facts
 from flopscope.core.unseen import unseen
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
-from flopscope.estimate.bound import Row, call_row
+from flopscope.estimate.bound import Row, call_row, resolve_tf32
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.execution.forward import backward as run_backward
@@ -411,13 +411,12 @@ def join_calls(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
         countings.append(counting)
     if not runs:
         raise UsageError("the profiler recorded no measured run (no region event)")
-    if tf32 is None:
-        tf32 = torch.get_float32_matmul_precision() != "highest"
+    matmul_tf32, convolution_tf32 = resolve_tf32(tf32)
     median_run = sorted(range(len(walls)), key=lambda r: walls[r])[len(walls) // 2]
     out = []
     for i, (path, phase, op, _, cost) in enumerate(calls):
         mine = per_call[i][median_run]
-        bound = (call_row(log.records[i], hardware, tf32)
+        bound = (call_row(log.records[i], hardware, matmul_tf32, convolution_tf32)
                  if hardware is not None and i < len(log.records) else None)
         start = starts[i][median_run] or 0.0
         out.append(CallTime(i, path, phase, op, cost, mine if mine is not None else 0.0,
