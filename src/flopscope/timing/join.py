@@ -80,7 +80,13 @@ def events_of(function_events: Iterable[Any]) -> list[Event]:
 
 
 def region_events(events: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
-    """Each measured run's region event and the events inside it on its thread, in order.
+    """Each measured run's region event and the events inside it, in order of start.
+
+    The region's own thread, and another thread's events while the region's thread is in none
+    of its own: on CUDA the autograd engine runs a backward on a thread of its own per device
+    while the thread that called ``backward()`` waits (on the CPU it runs on the calling thread),
+    so a training step's backward calls are there. Another thread's work that overlaps the
+    region thread's operators (a thread running beside the model) is not this run's.
 
     Args:
         events: every event of a profile, sorted by start.
@@ -88,9 +94,24 @@ def region_events(events: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
     Returns:
         (region, events inside it) per run.
     """
-    regions = [e for e in events if e.name == REGION]
-    return [(r, [e for e in events if e.thread == r.thread and e is not r
-                 and r.start_us <= e.start_us and e.end_us <= r.end_us]) for r in regions]
+    out = []
+    for r in (e for e in events if e.name == REGION):
+        inside = [e for e in events if e is not r and e.name != REGION
+                  and r.start_us <= e.start_us and e.end_us <= r.end_us]
+        busy: list[list[float]] = []  # the region thread's top-level spans, merged
+        for e in inside:
+            if e.thread != r.thread:
+                continue
+            if busy and e.start_us <= busy[-1][1]:
+                busy[-1][1] = max(busy[-1][1], e.end_us)
+            else:
+                busy.append([e.start_us, e.end_us])
+
+        def waiting(e: Event) -> bool:
+            return not any(lo < e.end_us and e.start_us < hi for lo, hi in busy)
+
+        out.append((r, [e for e in inside if e.thread == r.thread or waiting(e)]))
+    return out
 
 
 def match(names: Sequence[str], events: Sequence[Event]) -> list[int | None]:
