@@ -106,11 +106,8 @@ def region_events(events: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
                 busy[-1][1] = max(busy[-1][1], e.end_us)
             else:
                 busy.append([e.start_us, e.end_us])
-
-        def waiting(e: Event) -> bool:
-            return not any(lo < e.end_us and e.start_us < hi for lo, hi in busy)
-
-        out.append((r, [e for e in inside if e.thread == r.thread or waiting(e)]))
+        out.append((r, [e for e in inside if e.thread == r.thread
+                        or not any(lo < e.end_us and e.start_us < hi for lo, hi in busy)]))
     return out
 
 
