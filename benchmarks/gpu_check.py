@@ -199,8 +199,7 @@ def part_flops(device: str, dry: bool, path: Path, deadline: float) -> dict[str,
     """Counted against executed per workload; each finished row is written at once, and rows
     already in ``path`` are kept (a rerun goes on where the last stopped)."""
     old = json.loads(path.read_text()) if path.exists() else {}
-    done = {r["workload"]: r for r in old.get("rows", [])
-            if "error" not in r or str(r["error"]).startswith("timeout")}
+    done = {r["workload"]: r for r in old.get("rows", []) if "error" not in r}
     ncu = None if dry else gpu_ncu.find_ncu()
     data: dict[str, Any] = {"note": "dry mode: counted only (no CUDA)" if dry else
                             "executed from ncu's SASS and tensor-pipe counters", "rows": []}
