@@ -115,7 +115,7 @@ def test_report_renders_with_rich() -> None:
 
 def test_count_output_file_and_plot(cli: Cli, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    out, png, svg = tmp_path / "r.md", tmp_path / "chart.png", tmp_path / "sub" / "chart.svg"
+    out, png, svg = tmp_path / "r.md", tmp_path / "chart.png", tmp_path / "chart.svg"
     r = cli("count", "tiny_models:tiny", "--format", "markdown", "--output", str(out),
             "--plot", str(png))
     assert r.code == 0, r.err

@@ -80,3 +80,81 @@ def test_peak_memory_refuses_training_options_without_train() -> None:
     # 4 x 2 weights + 2 biases, float32: 40 B of parameters, live at any peak
     assert peak_memory(model, x).memory.at_peak["parameters"] == 40
     assert json.dumps(peak_memory(model, x, train=True).memory.to_dict())
+
+
+# -- one rule for every file a subcommand writes: its folder must exist; checked before loading --
+PATH_OPTIONS = [
+    ["count", f"{TINY}:tiny", "--output", "{missing}/out.json"],
+    ["count", f"{TINY}:tiny", "--plot", "{missing}/chart.png"],
+    ["count", f"{TINY}:tiny", "--hardware", "h100-sxm", "--roofline-plot", "{missing}/roof.png"],
+    ["count", f"{TINY}:tiny", "--symbolic", "batch", "--plot", "{missing}/formula.png"],
+    ["count", f"{TINY}:tiny", "--symbolic", "batch", "--output", "{missing}/formula.json"],
+    ["generate", "hf:gpt2", "--prompt-len", "4", "--new-tokens", "2", "--output",
+     "{missing}/steps.json"],
+    ["rules", "--output", "{missing}/rules.txt"],
+    ["zoo", "torchvision", "--models", "alexnet", "--output", "{missing}/zoo.md"],
+    ["measure", f"{TINY}:tiny", "--output", "{missing}/measure.json"],
+    ["validate", f"{TINY}:tiny", "--output", "{missing}/validate.csv"],
+    ["profile", f"{TINY}:tiny", "--hardware", "none", "--output", "{missing}/profile.json"],
+    ["profile", f"{TINY}:tiny", "--hardware", "none", "--trace", "{missing}/trace.json"],
+    ["profile", f"{TINY}:tiny", "--hardware", "h100-sxm", "--estimated-trace",
+     "{missing}/estimated.json"],
+]
+
+
+@pytest.mark.parametrize("argv", PATH_OPTIONS, ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_every_written_file_refuses_a_missing_folder_before_loading(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """``--plot`` created a missing folder; ``--roofline-plot`` and the symbolic ``--plot`` ran
+    the whole count and then failed with a raw FileNotFoundError."""
+    import flopscope.sources
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the path was checked")
+
+    monkeypatch.setattr(flopscope.sources, "load_model", never)
+    missing = tmp_path / "no_such_dir"
+    argv = [a.format(missing=missing) for a in argv]
+    flag = argv[-2]
+    r = cli(*argv)
+    assert r.code == 2 and r.out == ""
+    _one_line(r, f"argument {flag}: cannot write '{argv[-1]}': the directory '{missing}' does "
+                 "not exist; create it first")
+    assert not missing.exists()  # never created
+
+
+def test_a_plot_suffix_is_checked_with_the_path(cli: Cli, tmp_path: Path) -> None:
+    _one_line(cli("count", f"{TINY}:tiny", "--plot", str(tmp_path / "chart.txt")),
+              "argument --plot: cannot plot to", "use a file name ending in .png, .svg or .pdf")
+    _one_line(cli("count", f"{TINY}:tiny", "--hardware", "h100-sxm", "--roofline-plot",
+                  str(tmp_path / "roof.jpg")), "argument --roofline-plot: cannot plot to")
+    _one_line(cli("rules", "--output", str(tmp_path)), "argument --output: cannot write",
+              "it is a directory")
+
+
+def test_every_written_file_option_has_the_one_rule() -> None:
+    """Every option whose value is a FILE that flopscope writes takes its value through the one
+    argument type: a new written-file option without it fails here."""
+    import argparse
+
+    from flopscope.cli import build_parser
+    from flopscope.cli.types import output_file, plot_file
+
+    def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+        return list(parser._actions)  # argparse has no public list of a parser's options
+
+    subs = next(a for a in actions(build_parser()) if isinstance(a, argparse._SubParsersAction))
+    written = {}
+    for name, sub in subs.choices.items():
+        for action in actions(sub):
+            if action.metavar == "FILE":
+                assert action.type in (output_file, plot_file), (name, action.option_strings)
+                written[name, action.option_strings[0]] = action.type
+    # --output of count, generate, measure, validate, profile, rules and zoo; count's --plot and
+    # --roofline-plot; profile's --trace and --estimated-trace
+    assert sorted(written) == sorted(
+        [(name, "--output") for name in
+         ("count", "generate", "measure", "validate", "profile", "rules", "zoo")]
+        + [("count", "--plot"), ("count", "--roofline-plot"), ("profile", "--trace"),
+           ("profile", "--estimated-trace")])
+    assert written["count", "--plot"] is written["count", "--roofline-plot"] is plot_file

@@ -20,7 +20,6 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     add_step_time,
-    check_output,
     check_step_time,
     load_source,
     one_line,
@@ -29,11 +28,9 @@ from flopscope.cli._options import (
     write_output,
 )
 from flopscope.cli.count_notes import counting_what, simulating_what, warn_training_mode
-from flopscope.cli.types import profile, unit_prefix
+from flopscope.cli.types import plot_file, profile, unit_prefix
 
 __all__ = ["add_subcommands", "run_count"]
-
-_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -57,7 +54,8 @@ def add_subcommands(subparsers: Any) -> None:
                        help="break down by module tree or by operator")
     add_format(count)
     add_output(count)
-    count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
+    count.add_argument("--plot", metavar="FILE", type=plot_file,
+                       help="also write a chart (.png, .svg or .pdf; its folder must exist)")
     count.add_argument("--strict", action="store_true",
                        help="fail (exit 1) when an operator has no rule")
     count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|k|M|G|T|P|E",
@@ -77,7 +75,7 @@ def add_subcommands(subparsers: Any) -> None:
                           "or this-machine (measured now)")
     est.add_argument("--tf32", action="store_true",
                      help="with --hardware: float32 matrix products run as TF32")
-    est.add_argument("--roofline-plot", metavar="FILE",
+    est.add_argument("--roofline-plot", metavar="FILE", type=plot_file,
                      help="with --hardware: write a roofline chart (.png, .svg or .pdf)")
     est.add_argument("--memory", action="store_true",
                      help="add peak memory: of an inference forward (counted under no_grad), or "
@@ -116,18 +114,15 @@ def add_subcommands(subparsers: Any) -> None:
 
 
 def check_plot(path: str) -> None:
-    """Fail early (exit 2) when ``--plot`` cannot be written: a suffix other than .png, .svg or
-    .pdf, or matplotlib missing. Call before counting.
+    """Fail early when a chart cannot be drawn: matplotlib missing. Call before counting (the
+    path itself was checked as the command line was parsed: :func:`flopscope.cli.types.plot_file`).
 
     Args:
-        path: the user's ``--plot`` file name.
+        path: the user's ``--plot`` or ``--roofline-plot`` file name.
 
     Raises:
-        UsageError: a bad suffix.
         ImportError: matplotlib is not installed (the message says what to install).
     """
-    if Path(path).suffix.lower() not in _PLOT_SUFFIXES:
-        raise usage_error(f"cannot plot to {path!r}: use a file name ending in .png, .svg or .pdf")
     from flopscope.render.plot import require_matplotlib
 
     require_matplotlib()
@@ -212,7 +207,6 @@ def _check_options(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: a bad combination of options, a bad path, an unknown profile, a bad layout.
     """
-    check_output(args.output)
     if args.plot:
         check_plot(args.plot)
     if args.roofline_plot:

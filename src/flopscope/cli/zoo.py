@@ -16,7 +16,6 @@ from flopscope.cli._options import (
     PROG,
     add_format,
     add_output,
-    check_output,
     print_error,
     usage_error,
     write_output,
@@ -138,7 +137,6 @@ def run_zoo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    check_output(args.output)
     try:
         names = zoo_models(args.library, args.models)
     except ImportError:
