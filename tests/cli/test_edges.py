@@ -158,3 +158,37 @@ def test_every_written_file_option_has_the_one_rule() -> None:
         + [("count", "--plot"), ("count", "--roofline-plot"), ("profile", "--trace"),
            ("profile", "--estimated-trace")])
     assert written["count", "--plot"] is written["count", "--roofline-plot"] is plot_file
+
+
+# -- a misspelt zoo model is a usage error, on one line, before anything is counted --------------
+@pytest.mark.parametrize(("library", "models", "message"), [
+    ("torchvision", "resnet18,resnet5", "--models: unknown torchvision model 'resnet5' (did you "
+                                        "mean resnet50"),
+    ("timm", "resnet18,resnet5O", "--models: unknown timm model 'resnet5O' (did you mean"),
+    ("hf", "lama", "--models: unknown transformers model type 'lama' (did you mean llama"),
+])
+def test_zoo_misspelt_model(cli: Cli, monkeypatch: pytest.MonkeyPatch, library: str,
+                            models: str, message: str) -> None:
+    """It exited 1 after counting, with the message wrapped over three lines."""
+    pytest.importorskip({"torchvision": "torchvision", "timm": "timm"}.get(library, "transformers"))
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("counting started before the names were checked")
+
+    monkeypatch.setattr("flopscope.zoo.count_model", never)
+    monkeypatch.setattr("flopscope.cli.zoo.sweep", never)
+    _one_line(cli("zoo", library, "--models", models, "--jobs", "1"), message)
+
+
+def test_zoo_row_error_stays_on_one_line(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flopscope.zoo import ZooRow
+
+    long_error = "RuntimeError: " + "a very long reason " * 12
+
+    def sweep(library: str, names: list[str], **kwargs: object) -> object:
+        yield ZooRow(names[0], 0.1, error=long_error)
+
+    monkeypatch.setattr("flopscope.cli.zoo.sweep", sweep)
+    r = cli("zoo", "torchvision", "--models", "alexnet")
+    assert r.code == 1
+    assert r.err.splitlines()[0] == f"flopscope: zoo: alexnet: {long_error}", r.err

@@ -186,6 +186,9 @@ def test_rules_output_file(cli: Cli, tmp_path: Path) -> None:
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------------------
+_NAMES = ("alexnet", "resnet18", "vgg11", "resnet34", "squeezenet1_0")  # torchvision's names
+
+
 def _fake_count_model(calls: list[str]) -> Callable[[str, str], ZooRow]:
     def count_model(library: str, name: str) -> ZooRow:
         calls.append(name)
@@ -201,21 +204,23 @@ def test_zoo_interrupted_keeps_finished_rows(cli: Cli, tmp_path: Path,
     calls: list[str] = []
     monkeypatch.setattr(flopscope.zoo, "count_model", _fake_count_model(calls))
     out = tmp_path / "zoo.csv"
-    r = cli("zoo", "torchvision", "--models", "a,b,c,d,e", "--format", "csv", "--output", str(out),
-            "--jobs", "1")
+    r = cli("zoo", "torchvision", "--models", ",".join(_NAMES), "--format", "csv", "--output",
+            str(out), "--jobs", "1")
     assert r.code == 130
     assert r.err.count("\n") == 1 and "interrupted" in r.err and "2 of 5" in r.err, r.err
-    assert calls == ["a", "b", "c"]
+    assert calls == list(_NAMES[:3])
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert [(row["model"], row["macs"]) for row in rows] == [("a", "100"), ("b", "200")]
+    assert [(row["model"], row["macs"]) for row in rows] == [(_NAMES[0], "100"),
+                                                             (_NAMES[1], "200")]
 
 
 def test_zoo_interrupted_to_stdout(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flopscope.zoo, "count_model", _fake_count_model([]))
-    r = cli("zoo", "torchvision", "--models", "a", "b", "c", "d", "--jobs", "1")
+    r = cli("zoo", "torchvision", "--models", *_NAMES[:4], "--jobs", "1")
     assert r.code == 130 and r.err.count("\n") == 1
-    assert "`a`" in r.out and "`b`" in r.out and "`c`" not in r.out
+    assert f"`{_NAMES[0]}`" in r.out and f"`{_NAMES[1]}`" in r.out
+    assert f"`{_NAMES[2]}`" not in r.out
 
 
 def test_interrupt_anywhere_exits_130(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
