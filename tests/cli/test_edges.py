@@ -4,7 +4,8 @@ one-line usage errors that name the flag and what to do."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,80 @@ def test_zoo_row_error_stays_on_one_line(cli: Cli, monkeypatch: pytest.MonkeyPat
     r = cli("zoo", "torchvision", "--models", "alexnet")
     assert r.code == 1
     assert r.err.splitlines()[0] == f"flopscope: zoo: alexnet: {long_error}", r.err
+
+
+# -- a bug in the user's forward is not "rejected its input" -------------------------------------
+BAD_PACKAGE = '''\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.weights: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1 / len(self.weights)
+        return self.proj(x) * scale
+
+
+class Mismatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, self.w)
+
+
+class Net(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.block = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def raises() -> tuple[nn.Module, torch.Tensor]:
+    return Net(Block()), torch.randn(2, 4)
+
+
+def mismatch() -> tuple[nn.Module, torch.Tensor]:
+    return Net(Mismatch()), torch.randn(2, 4)
+'''
+
+
+@pytest.fixture
+def mypkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A user's package on sys.path, imported afresh by each test (its file is in tmp_path)."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "bad.py").write_text(BAD_PACKAGE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield package / "bad.py"
+    for name in ("mypkg.bad", "mypkg"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_a_bug_in_the_forward_is_reported_as_the_users_error(cli: Cli, mypkg: Path,
+                                                             shape_only: bool) -> None:
+    """It was "rejected its input ... pass shapes it accepts with --input"."""
+    line = BAD_PACKAGE.splitlines().index("        scale = 1 / len(self.weights)") + 1
+    r = cli("count", "mypkg.bad:raises", *(["--shape-only"] if shape_only else []))
+    assert r.out == ""
+    _one_line(r, "mypkg.bad:raises: the model's forward raised ZeroDivisionError: division by "
+                 f"zero in module 'block', at {mypkg}:{line} in forward (scale = 1 / "
+                 "len(self.weights)): an error in the model's code, not in its input")
+    assert "rejected its input" not in r.err and "--input" not in r.err
+
+
+def test_a_real_shape_mismatch_is_still_rejected_input(cli: Cli, mypkg: Path) -> None:
+    # torch.mm called in the user's own code with (2x4) @ (5x3): the operator refused its shapes
+    r = cli("count", "mypkg.bad:mismatch")
+    _one_line(r, "mypkg.bad:mismatch rejected its input (2x4) in module 'block': RuntimeError:",
+              "pass shapes it accepts with --input")

@@ -22,7 +22,6 @@ from flopscope.cli._options import (
     add_step_time,
     check_step_time,
     load_source,
-    one_line,
     step_time_peak,
     usage_error,
     write_output,
@@ -255,7 +254,8 @@ def run_count(args: argparse.Namespace) -> int:
         The exit code (0; failures raise).
 
     Raises:
-        UsageError: a bad option or source, or the model rejected its input.
+        UsageError: a bad option or source, the model rejected its input, or its forward
+            raised (:func:`flopscope.cli.failures.forward_failure` tells them apart).
         CheckFailed: ``--strict`` and an operator had no rule.
     """
     import flopscope
@@ -308,15 +308,11 @@ def run_count(args: argparse.Namespace) -> int:
                     backward=args.backward, strict=args.strict, rules=rules, warn=False,
                     observers=observers, source=loaded.meta,
                 )
-    except flopscope.ForwardError as e:
-        where = f" in module '{e.module_path}'" if e.module_path else ""
-        cause = e.__cause__
-        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+    except flopscope.ForwardError as e:  # the model's own bug, or an input it rejected
+        from flopscope.cli.failures import forward_failure
+
         shapes = ", ".join(loaded.meta.inputs) or "the default input"
-        raise usage_error(
-            f"{args.source} rejected its input ({shapes}){where}: {one_line(reason, 240)}; "
-            "pass shapes it accepts with --input"
-        ) from e
+        raise forward_failure(e, args.source, shapes) from e
     except flopscope.StrictModeError as e:
         raise CheckFailed(f"--strict: {e}") from e
     if args.world_size is not None:  # a simulated rank's report: where the model came from
