@@ -61,3 +61,71 @@ def test_count_right_observers() -> None:
     assert report.macs == 24
     assert "aten.addmm.default" in [rec.op for rec in log.records]
     assert flopscope.count(model, x, observers=(), warn=False).macs == 24
+
+
+# -- get_hardware: an empty name, a profile file that does not exist ------------------------------
+def test_get_hardware_empty_name() -> None:
+    """``get_hardware('')`` said "unknown hardware ''"."""
+    for empty in ("", "  "):
+        with pytest.raises(UsageError, match=r"the hardware name is empty \('\s*'\): name one of "
+                                             r"h100-sxm, .*, this-machine, or a JSON or TOML "
+                                             r"file of profiles"):
+            flopscope.estimate.get_hardware(empty)
+
+
+def test_get_hardware_missing_file(tmp_path: object) -> None:
+    """``get_hardware('missing.json')`` said "unknown hardware 'missing.json'"."""
+    with pytest.raises(UsageError, match=r"hardware profile file 'missing.json' does not exist; "
+                                         r"give an existing file or a shipped profile: h100-sxm"):
+        flopscope.estimate.get_hardware("missing.json")
+    with pytest.raises(UsageError, match=r"hardware profile file 'gone.toml' does not exist"):
+        flopscope.estimate.get_hardware("gone.toml:h100")
+    folder = f"{tmp_path}/profiles.json"
+    import os
+
+    os.mkdir(folder)
+    with pytest.raises(UsageError, match=r"does not exist \(it is a directory\)"):
+        flopscope.estimate.get_hardware(folder)
+    # the shipped profiles and a real file are still found
+    assert flopscope.estimate.get_hardware(" H100-SXM ").name == \
+        flopscope.estimate.get_hardware("h100-sxm").name
+
+
+def test_get_hardware_wrong_kind() -> None:
+    with pytest.raises(UsageError, match=r"hardware must be a profile name, a file or a "
+                                         r"Hardware, not int"):
+        flopscope.estimate.get_hardware(5)  # type: ignore[arg-type]
+
+
+# -- a RuleSet naming an operator that does not exist ---------------------------------------------
+def _zero(call: flopscope.OpCall) -> flopscope.Cost:
+    return flopscope.Cost()
+
+
+def test_a_ruleset_naming_no_operator_is_refused() -> None:
+    """``count(rules={...})`` refused "aten::mmm"; a RuleSet built from it, or ``with_rules``,
+    took it silently and the count went on without the rule."""
+    from flopscope.errors import RuleError
+
+    model = Recorded()
+    with pytest.raises(RuleError, match=r"'aten::mmm', which does not exist \(did you mean "
+                                        r"aten::mm"):
+        flopscope.RuleSet({"aten::mmm": _zero})
+    with pytest.raises(RuleError, match=r"'aten::mmm', which does not exist"):
+        flopscope.default_rules().with_rules({"aten::mmm": _zero})
+    with pytest.raises(RuleError, match=r"'atne::mm', which does not exist \(did you mean "
+                                        r"aten::mm"):
+        flopscope.RuleSet({"atne::mm": _zero})
+    with pytest.raises(RuleError, match=r"aten::mm has no overload 'fast' \(it has: "):
+        flopscope.RuleSet({"aten::mm.fast": _zero})
+    assert model.forwards == 0
+    # the default table's own names (some exist only with their library) and every spelling of
+    # an operator that exists are accepted
+    rules = flopscope.default_rules()
+    assert len(flopscope.RuleSet({k: rules[k] for k in rules})) == len(rules)
+    accepted = flopscope.RuleSet({"aten::mm": _zero, "aten.addmm.default": _zero,
+                                  torch.ops.aten.bmm: _zero, "higher_order::flex_attention": _zero})
+    assert len(accepted) == 4
+    # addmm of (2 x 4) @ (4 x 3) costed 0 by the user's rule
+    assert flopscope.count(model, torch.randn(2, 4), rules=rules.with_rules(accepted),
+                           warn=False).macs == 0

@@ -270,3 +270,17 @@ def test_a_real_shape_mismatch_is_still_rejected_input(cli: Cli, mypkg: Path) ->
     r = cli("count", "mypkg.bad:mismatch")
     _one_line(r, "mypkg.bad:mismatch rejected its input (2x4) in module 'block': RuntimeError:",
               "pass shapes it accepts with --input")
+
+
+def test_a_missing_hardware_file_says_so_before_loading(cli: Cli,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--hardware missing.json`` said "unknown hardware 'missing.json'"."""
+    import flopscope.sources
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before --hardware was checked")
+
+    monkeypatch.setattr(flopscope.sources, "load_model", never)
+    _one_line(cli("count", f"{TINY}:tiny", "--hardware", "missing.json"),
+              "hardware profile file 'missing.json' does not exist; give an existing file or a "
+              "shipped profile: h100-sxm,")
