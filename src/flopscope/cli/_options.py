@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from flopscope._text import did_you_mean, one_line
+from flopscope.cli import interrupt
 from flopscope.cli.types import (
     dtype_name,
     non_negative_int,
@@ -65,7 +66,7 @@ PROG = "flopscope"
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = interrupt.EXIT_INTERRUPTED  # 130
 
 FORMATS = ("table", "markdown", "json", "csv")
 
