@@ -5,12 +5,21 @@ from __future__ import annotations
 import pytest
 
 import flopscope.zoo
+from flopscope.errors import SourceError
 from flopscope.zoo import TIMM_ZOO, ZooRow, count_model, sweep, zoo_models
 
 
 def test_zoo_models() -> None:
-    assert zoo_models("timm", ["a,b", "c"]) == ["a", "b", "c"]
+    pytest.importorskip("timm")
+    assert zoo_models("timm", ["resnet18,resnet50", " levit_128"]) == [
+        "resnet18", "resnet50", "levit_128"]
     assert zoo_models("timm") == list(TIMM_ZOO)
+
+
+def test_zoo_models_refuses_a_misspelt_name() -> None:
+    pytest.importorskip("timm")
+    with pytest.raises(SourceError, match=r"unknown timm model 'resnet5O' \(did you mean"):
+        zoo_models("timm", ["resnet18", "resnet5O"])
 
 
 def test_a_failing_model_is_a_row() -> None:

@@ -85,9 +85,15 @@ def zoo_models(library: str, models: Sequence[str] | None = None) -> list[str]:
 
     Raises:
         ImportError: the library is needed to list its models and is not installed.
+        SourceError: an explicit name the library does not have (close names suggested),
+            checked before anything is counted.
     """
-    names = [m for item in models or () for m in item.split(",") if m]
+    from flopscope.sources import check_library_name
+
+    names = [m.strip() for item in models or () for m in item.split(",") if m.strip()]
     if names and names != ["all"]:
+        for name in names:
+            check_library_name(library, name)
         return names
     if library == "torchvision":
         import torchvision.models as tvm  # type: ignore[import-untyped]

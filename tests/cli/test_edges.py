@@ -4,7 +4,8 @@ one-line usage errors that name the flag and what to do."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,206 @@ def test_peak_memory_refuses_training_options_without_train() -> None:
     # 4 x 2 weights + 2 biases, float32: 40 B of parameters, live at any peak
     assert peak_memory(model, x).memory.at_peak["parameters"] == 40
     assert json.dumps(peak_memory(model, x, train=True).memory.to_dict())
+
+
+# -- one rule for every file a subcommand writes: its folder must exist; checked before loading --
+PATH_OPTIONS = [
+    ["count", f"{TINY}:tiny", "--output", "{missing}/out.json"],
+    ["count", f"{TINY}:tiny", "--plot", "{missing}/chart.png"],
+    ["count", f"{TINY}:tiny", "--hardware", "h100-sxm", "--roofline-plot", "{missing}/roof.png"],
+    ["count", f"{TINY}:tiny", "--symbolic", "batch", "--plot", "{missing}/formula.png"],
+    ["count", f"{TINY}:tiny", "--symbolic", "batch", "--output", "{missing}/formula.json"],
+    ["generate", "hf:gpt2", "--prompt-len", "4", "--new-tokens", "2", "--output",
+     "{missing}/steps.json"],
+    ["rules", "--output", "{missing}/rules.txt"],
+    ["zoo", "torchvision", "--models", "alexnet", "--output", "{missing}/zoo.md"],
+    ["measure", f"{TINY}:tiny", "--output", "{missing}/measure.json"],
+    ["validate", f"{TINY}:tiny", "--output", "{missing}/validate.csv"],
+    ["profile", f"{TINY}:tiny", "--hardware", "none", "--output", "{missing}/profile.json"],
+    ["profile", f"{TINY}:tiny", "--hardware", "none", "--trace", "{missing}/trace.json"],
+    ["profile", f"{TINY}:tiny", "--hardware", "h100-sxm", "--estimated-trace",
+     "{missing}/estimated.json"],
+]
+
+
+@pytest.mark.parametrize("argv", PATH_OPTIONS, ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_every_written_file_refuses_a_missing_folder_before_loading(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """``--plot`` created a missing folder; ``--roofline-plot`` and the symbolic ``--plot`` ran
+    the whole count and then failed with a raw FileNotFoundError."""
+    import flopscope.sources
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the path was checked")
+
+    monkeypatch.setattr(flopscope.sources, "load_model", never)
+    missing = tmp_path / "no_such_dir"
+    argv = [a.format(missing=missing) for a in argv]
+    flag = argv[-2]
+    r = cli(*argv)
+    assert r.code == 2 and r.out == ""
+    _one_line(r, f"argument {flag}: cannot write '{argv[-1]}': the directory '{missing}' does "
+                 "not exist; create it first")
+    assert not missing.exists()  # never created
+
+
+def test_a_plot_suffix_is_checked_with_the_path(cli: Cli, tmp_path: Path) -> None:
+    _one_line(cli("count", f"{TINY}:tiny", "--plot", str(tmp_path / "chart.txt")),
+              "argument --plot: cannot plot to", "use a file name ending in .png, .svg or .pdf")
+    _one_line(cli("count", f"{TINY}:tiny", "--hardware", "h100-sxm", "--roofline-plot",
+                  str(tmp_path / "roof.jpg")), "argument --roofline-plot: cannot plot to")
+    _one_line(cli("rules", "--output", str(tmp_path)), "argument --output: cannot write",
+              "it is a directory")
+
+
+def test_every_written_file_option_has_the_one_rule() -> None:
+    """Every option whose value is a FILE that flopscope writes takes its value through the one
+    argument type: a new written-file option without it fails here."""
+    import argparse
+
+    from flopscope.cli import build_parser
+    from flopscope.cli.types import output_file, plot_file
+
+    def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+        return list(parser._actions)  # argparse has no public list of a parser's options
+
+    subs = next(a for a in actions(build_parser()) if isinstance(a, argparse._SubParsersAction))
+    written = {}
+    for name, sub in subs.choices.items():
+        for action in actions(sub):
+            if action.metavar == "FILE":
+                assert action.type in (output_file, plot_file), (name, action.option_strings)
+                written[name, action.option_strings[0]] = action.type
+    # --output of count, generate, measure, validate, profile, rules and zoo; count's --plot and
+    # --roofline-plot; profile's --trace and --estimated-trace
+    assert sorted(written) == sorted(
+        [(name, "--output") for name in
+         ("count", "generate", "measure", "validate", "profile", "rules", "zoo")]
+        + [("count", "--plot"), ("count", "--roofline-plot"), ("profile", "--trace"),
+           ("profile", "--estimated-trace")])
+    assert written["count", "--plot"] is written["count", "--roofline-plot"] is plot_file
+
+
+# -- a misspelt zoo model is a usage error, on one line, before anything is counted --------------
+@pytest.mark.parametrize(("library", "models", "message"), [
+    ("torchvision", "resnet18,resnet5", "--models: unknown torchvision model 'resnet5' (did you "
+                                        "mean resnet50"),
+    ("timm", "resnet18,resnet5O", "--models: unknown timm model 'resnet5O' (did you mean"),
+    ("hf", "lama", "--models: unknown transformers model type 'lama' (did you mean llama"),
+])
+def test_zoo_misspelt_model(cli: Cli, monkeypatch: pytest.MonkeyPatch, library: str,
+                            models: str, message: str) -> None:
+    """It exited 1 after counting, with the message wrapped over three lines."""
+    pytest.importorskip({"torchvision": "torchvision", "timm": "timm"}.get(library, "transformers"))
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("counting started before the names were checked")
+
+    monkeypatch.setattr("flopscope.zoo.count_model", never)
+    monkeypatch.setattr("flopscope.cli.zoo.sweep", never)
+    _one_line(cli("zoo", library, "--models", models, "--jobs", "1"), message)
+
+
+def test_zoo_row_error_stays_on_one_line(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flopscope.zoo import ZooRow
+
+    long_error = "RuntimeError: " + "a very long reason " * 12
+
+    def sweep(library: str, names: list[str], **kwargs: object) -> object:
+        yield ZooRow(names[0], 0.1, error=long_error)
+
+    monkeypatch.setattr("flopscope.cli.zoo.sweep", sweep)
+    r = cli("zoo", "torchvision", "--models", "alexnet")
+    assert r.code == 1
+    assert r.err.splitlines()[0] == f"flopscope: zoo: alexnet: {long_error}", r.err
+
+
+# -- a bug in the user's forward is not "rejected its input" -------------------------------------
+BAD_PACKAGE = '''\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.weights: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1 / len(self.weights)
+        return self.proj(x) * scale
+
+
+class Mismatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, self.w)
+
+
+class Net(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.block = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def raises() -> tuple[nn.Module, torch.Tensor]:
+    return Net(Block()), torch.randn(2, 4)
+
+
+def mismatch() -> tuple[nn.Module, torch.Tensor]:
+    return Net(Mismatch()), torch.randn(2, 4)
+'''
+
+
+@pytest.fixture
+def mypkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A user's package on sys.path, imported afresh by each test (its file is in tmp_path)."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "bad.py").write_text(BAD_PACKAGE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield package / "bad.py"
+    for name in ("mypkg.bad", "mypkg"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_a_bug_in_the_forward_is_reported_as_the_users_error(cli: Cli, mypkg: Path,
+                                                             shape_only: bool) -> None:
+    """It was "rejected its input ... pass shapes it accepts with --input"."""
+    line = BAD_PACKAGE.splitlines().index("        scale = 1 / len(self.weights)") + 1
+    r = cli("count", "mypkg.bad:raises", *(["--shape-only"] if shape_only else []))
+    assert r.out == ""
+    _one_line(r, "mypkg.bad:raises: the model's forward raised ZeroDivisionError: division by "
+                 f"zero in module 'block', at {mypkg}:{line} in forward (scale = 1 / "
+                 "len(self.weights)): an error in the model's code, not in its input")
+    assert "rejected its input" not in r.err and "--input" not in r.err
+
+
+def test_a_real_shape_mismatch_is_still_rejected_input(cli: Cli, mypkg: Path) -> None:
+    # torch.mm called in the user's own code with (2x4) @ (5x3): the operator refused its shapes
+    r = cli("count", "mypkg.bad:mismatch")
+    _one_line(r, "mypkg.bad:mismatch rejected its input (2x4) in module 'block': RuntimeError:",
+              "pass shapes it accepts with --input")
+
+
+def test_a_missing_hardware_file_says_so_before_loading(cli: Cli,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--hardware missing.json`` said "unknown hardware 'missing.json'"."""
+    import flopscope.sources
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before --hardware was checked")
+
+    monkeypatch.setattr(flopscope.sources, "load_model", never)
+    _one_line(cli("count", f"{TINY}:tiny", "--hardware", "missing.json"),
+              "hardware profile file 'missing.json' does not exist; give an existing file or a "
+              "shipped profile: h100-sxm,")

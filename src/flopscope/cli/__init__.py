@@ -12,23 +12,19 @@ tolerance, ``--strict`` with uncounted operators, a ``zoo`` model that failed), 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flopscope.cli import count, diff, generate, profile, progress, rules, zoo
-from flopscope.cli._options import (
-    EXIT_CHECK_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    PROG,
-    CheckFailed,
-    Parser,
-    print_error,
-    print_traceback_if_asked,
-    usage_error,
-)
+from flopscope.cli import interrupt
+
+if TYPE_CHECKING:
+    import argparse
+
+# Nothing else is imported here: ``python -m flopscope`` installs its Ctrl-C handler
+# (:mod:`flopscope.cli.interrupt`) before importing this package, and the console script as
+# main_entry starts; the subcommands (and torch) are imported by main(), where an interrupt is
+# reported as one line.
 
 __all__ = ["build_parser", "main", "main_entry"]
 
@@ -40,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         The parser; each subcommand sets ``func(args) -> int``.
     """
     from flopscope import __version__
+    from flopscope.cli import count, diff, generate, profile, rules, zoo
+    from flopscope.cli._options import PROG, Parser
 
     parser = Parser(
         prog=PROG,
@@ -58,6 +56,10 @@ def _add_measure(sub: Any) -> None:
     """Register ``measure`` and ``validate`` (:mod:`flopscope.cli.measure`); if that module
     cannot load, the two commands still exist and say why they cannot run (counting is
     unaffected)."""
+    import argparse
+
+    from flopscope.cli._options import usage_error
+
     try:
         from flopscope.cli import measure as measure_cli
 
@@ -78,6 +80,8 @@ def _add_measure(sub: Any) -> None:
 def _value_options(parser: argparse.ArgumentParser) -> set[str]:
     """Every option string, of every subcommand, that takes one value (``--input``,
     ``--tolerance``)."""
+    import argparse
+
     found: set[str] = set()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -118,6 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code: 0 ok, 1 a check failed, 2 usage error, 130 interrupted.
     """
+    from flopscope.cli import progress
+    from flopscope.cli._options import (
+        EXIT_CHECK_FAILED,
+        EXIT_INTERRUPTED,
+        EXIT_USAGE,
+        CheckFailed,
+        print_error,
+        print_traceback_if_asked,
+    )
     from flopscope.errors import FlopscopeError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -132,29 +145,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    except CheckFailed as e:
-        print_traceback_if_asked()
-        print_error(f"check failed: {e}")
-        return EXIT_CHECK_FAILED
-    except (FlopscopeError, ImportError) as e:
-        print_traceback_if_asked()
-        print_error(f"error: {e}")
-        return EXIT_USAGE
     except KeyboardInterrupt as e:
         print_error("interrupted" + (f" ({e})" if str(e) else ""))
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001  (one line, never a traceback; FLOPSCOPE_TRACEBACK=1 shows it)
         print_traceback_if_asked()
+        if interrupt.interrupted():  # an error the interrupt caused (a half-imported module)
+            print_error("interrupted")
+            return EXIT_INTERRUPTED
+        if isinstance(e, CheckFailed):
+            print_error(f"check failed: {e}")
+            return EXIT_CHECK_FAILED
+        if isinstance(e, (FlopscopeError, ImportError)):
+            print_error(f"error: {e}")
+            return EXIT_USAGE
         print_error(f"error: {type(e).__name__}: {e} (set FLOPSCOPE_TRACEBACK=1 to see where)")
         return EXIT_USAGE
 
 
 def main_entry() -> None:
     """Console-script entry point: ``sys.exit(main())``; Ctrl-C at any moment (also while an
-    error is printed) exits 130 with one line."""
+    error is printed, or while the interpreter shuts down) exits 130 with one line
+    (:mod:`flopscope.cli.interrupt`)."""
+    interrupt.install()
     try:
         code = main()
-    except KeyboardInterrupt:
-        print_error("interrupted")
-        code = EXIT_INTERRUPTED
-    sys.exit(code)
+    except KeyboardInterrupt:  # before main() could say it (while it imported): one line here
+        code = interrupt.EXIT_INTERRUPTED
+        interrupt.say()
+    except Exception:  # an error the interrupt caused before main() could catch it
+        if not interrupt.interrupted():
+            raise
+        code = interrupt.EXIT_INTERRUPTED
+        interrupt.say()
+    interrupt.finish(code)

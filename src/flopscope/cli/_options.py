@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from flopscope._text import did_you_mean, one_line
-from flopscope.cli.types import dtype_name, non_negative_int, positive_int, positive_number
+from flopscope.cli import interrupt
+from flopscope.cli.types import (
+    dtype_name,
+    non_negative_int,
+    output_file,
+    positive_int,
+    positive_number,
+)
 from flopscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +52,6 @@ __all__ = [
     "add_format",
     "add_output",
     "add_source_options",
-    "check_output",
     "did_you_mean",
     "load_source",
     "one_line",
@@ -60,7 +66,7 @@ PROG = "flopscope"
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = interrupt.EXIT_INTERRUPTED  # 130
 
 FORMATS = ("table", "markdown", "json", "csv")
 
@@ -142,14 +148,15 @@ def add_format(
 
 
 def add_output(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:  # noqa: A002
-    """Add ``--output FILE`` (``-`` or absent: stdout). Check it with :func:`check_output` before
-    the work starts, write with :func:`write_output`.
+    """Add ``--output FILE`` (``-`` or absent: stdout), checked as the command line is parsed
+    (:func:`flopscope.cli.types.output_file`: its folder must exist); write with
+    :func:`write_output`.
 
     Args:
         parser: the subcommand's parser.
         help: the help text.
     """
-    parser.add_argument("--output", metavar="FILE",
+    parser.add_argument("--output", metavar="FILE", type=output_file,
                         help=help or "write the result to FILE instead of stdout")
 
 
@@ -171,33 +178,6 @@ def add_depth(
 
 
 # -- output ------------------------------------------------------------------------------------
-def check_output(path: str | None, *, flag: str = "--output") -> None:
-    """Fail early (exit 2) when ``path`` cannot be written: its folder does not exist, or it is a
-    folder. Call it before any slow work. ``None`` and ``-`` mean stdout and always pass.
-
-    Args:
-        path: the user's file name.
-        flag: the flag that named it, for the message.
-
-    Raises:
-        UsageError: the file cannot be created there.
-    """
-    if path is None or path == "-":
-        return
-    file = Path(path)
-    if file.is_dir():
-        raise usage_error(f"cannot write {flag} {path!r}: it is a directory; give a file name")
-    folder = file.parent
-    if not folder.is_dir():
-        raise usage_error(
-            f"cannot write {flag} {path!r}: the directory {str(folder)!r} does not exist; "
-            "create it first or choose another path"
-        )
-    if not os.access(folder, os.W_OK):
-        raise usage_error(f"cannot write {flag} {path!r}: the directory {str(folder)!r} "
-                          "is not writable")
-
-
 def write_output(text: str, path: str | None, *, flag: str = "--output") -> None:
     """Write ``text`` to stdout (``path`` ``None`` or ``-``) or to the file ``path``; a file
     written is announced on stderr. Directories are never created.

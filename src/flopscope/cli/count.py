@@ -20,20 +20,16 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     add_step_time,
-    check_output,
     check_step_time,
     load_source,
-    one_line,
     step_time_peak,
     usage_error,
     write_output,
 )
 from flopscope.cli.count_notes import counting_what, simulating_what, warn_training_mode
-from flopscope.cli.types import profile, unit_prefix
+from flopscope.cli.types import plot_file, profile, unit_prefix
 
 __all__ = ["add_subcommands", "run_count"]
-
-_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -57,7 +53,8 @@ def add_subcommands(subparsers: Any) -> None:
                        help="break down by module tree or by operator")
     add_format(count)
     add_output(count)
-    count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
+    count.add_argument("--plot", metavar="FILE", type=plot_file,
+                       help="also write a chart (.png, .svg or .pdf; its folder must exist)")
     count.add_argument("--strict", action="store_true",
                        help="fail (exit 1) when an operator has no rule")
     count.add_argument("--unit", type=unit_prefix, default=None, metavar="auto|k|M|G|T|P|E",
@@ -76,8 +73,9 @@ def add_subcommands(subparsers: Any) -> None:
                           "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
                           "or this-machine (measured now)")
     est.add_argument("--tf32", action="store_true",
-                     help="with --hardware: float32 matrix products run as TF32 (convolutions: as cuDNN is set, TF32 by default)")
-    est.add_argument("--roofline-plot", metavar="FILE",
+                     help="with --hardware: float32 matrix products run as TF32 (convolutions: as "
+                          "cuDNN is set, TF32 by default)")
+    est.add_argument("--roofline-plot", metavar="FILE", type=plot_file,
                      help="with --hardware: write a roofline chart (.png, .svg or .pdf)")
     est.add_argument("--memory", action="store_true",
                      help="add peak memory: of an inference forward (counted under no_grad), or "
@@ -116,18 +114,15 @@ def add_subcommands(subparsers: Any) -> None:
 
 
 def check_plot(path: str) -> None:
-    """Fail early (exit 2) when ``--plot`` cannot be written: a suffix other than .png, .svg or
-    .pdf, or matplotlib missing. Call before counting.
+    """Fail early when a chart cannot be drawn: matplotlib missing. Call before counting (the
+    path itself was checked as the command line was parsed: :func:`flopscope.cli.types.plot_file`).
 
     Args:
-        path: the user's ``--plot`` file name.
+        path: the user's ``--plot`` or ``--roofline-plot`` file name.
 
     Raises:
-        UsageError: a bad suffix.
         ImportError: matplotlib is not installed (the message says what to install).
     """
-    if Path(path).suffix.lower() not in _PLOT_SUFFIXES:
-        raise usage_error(f"cannot plot to {path!r}: use a file name ending in .png, .svg or .pdf")
     from flopscope.render.plot import require_matplotlib
 
     require_matplotlib()
@@ -212,7 +207,6 @@ def _check_options(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: a bad combination of options, a bad path, an unknown profile, a bad layout.
     """
-    check_output(args.output)
     if args.plot:
         check_plot(args.plot)
     if args.roofline_plot:
@@ -261,7 +255,8 @@ def run_count(args: argparse.Namespace) -> int:
         The exit code (0; failures raise).
 
     Raises:
-        UsageError: a bad option or source, or the model rejected its input.
+        UsageError: a bad option or source, the model rejected its input, or its forward
+            raised (:func:`flopscope.cli.failures.forward_failure` tells them apart).
         CheckFailed: ``--strict`` and an operator had no rule.
     """
     import flopscope
@@ -314,15 +309,11 @@ def run_count(args: argparse.Namespace) -> int:
                     backward=args.backward, strict=args.strict, rules=rules, warn=False,
                     observers=observers, source=loaded.meta,
                 )
-    except flopscope.ForwardError as e:
-        where = f" in module '{e.module_path}'" if e.module_path else ""
-        cause = e.__cause__
-        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+    except flopscope.ForwardError as e:  # the model's own bug, or an input it rejected
+        from flopscope.cli.failures import forward_failure
+
         shapes = ", ".join(loaded.meta.inputs) or "the default input"
-        raise usage_error(
-            f"{args.source} rejected its input ({shapes}){where}: {one_line(reason, 240)}; "
-            "pass shapes it accepts with --input"
-        ) from e
+        raise forward_failure(e, args.source, shapes) from e
     except flopscope.StrictModeError as e:
         raise CheckFailed(f"--strict: {e}") from e
     if args.world_size is not None:  # a simulated rank's report: where the model came from

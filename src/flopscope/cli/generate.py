@@ -13,7 +13,6 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     add_step_time,
-    check_output,
     check_step_time,
     load_source,
     step_time_peak,
@@ -78,7 +77,6 @@ def run_generate(args: argparse.Namespace) -> int:
     from flopscope.llm import count_generation
     from flopscope.llm.generate import StepLogs
 
-    check_output(args.output)
     if args.input:
         raise usage_error("generate makes its own token ids: give --prompt-len and --batch, "
                           "not --input")

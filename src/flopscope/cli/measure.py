@@ -26,7 +26,6 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
-    check_output,
     usage_error,
     write_output,
 )
@@ -181,7 +180,6 @@ def run_measure(args: argparse.Namespace) -> int:
     """
     from flopscope import measure
 
-    check_output(args.output)
     (request,) = _requests(args, [args.source])
     say = _progress()
     try:
@@ -238,7 +236,6 @@ def run_validate(args: argparse.Namespace) -> int:
     """
     from flopscope import measure
 
-    check_output(args.output)
     requests = _requests(args, args.sources)
     say = _progress()
     try:

@@ -14,12 +14,11 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
-    check_output,
     load_source,
     usage_error,
     write_output,
 )
-from flopscope.cli.types import non_negative_int, positive_int, profile
+from flopscope.cli.types import non_negative_int, output_file, positive_int, profile
 
 __all__ = ["add_subcommands", "run_profile"]
 
@@ -58,11 +57,12 @@ def add_subcommands(subparsers: Any) -> None:
                         "this-machine: its peaks measured first, about 20 s; none: measured time "
                         "only)")
     p.add_argument("--tf32", action="store_true",
-                   help="with --hardware: float32 matrix products run as TF32 (convolutions: as cuDNN is set, TF32 by default)")
-    p.add_argument("--trace", metavar="FILE",
+                   help="with --hardware: float32 matrix products run as TF32 (convolutions: as "
+                        "cuDNN is set, TF32 by default)")
+    p.add_argument("--trace", metavar="FILE", type=output_file,
                    help="write the median run as a Chrome/Perfetto trace (operators with their "
                         "counts, rates and bounds; module spans)")
-    p.add_argument("--estimated-trace", metavar="FILE",
+    p.add_argument("--estimated-trace", metavar="FILE", type=output_file,
                    help="with --hardware: write each call's roofline time laid end to end, on the "
                         "same time axis")
     add_depth(p, help="levels of the module tree to show (default 2)")
@@ -90,10 +90,6 @@ def run_profile(args: argparse.Namespace) -> int:
     from flopscope.timing import profile as measure_profile
     from flopscope.timing.trace import estimated_trace, measured_trace, write_trace
 
-    check_output(args.output)
-    for flag, path in (("--trace", args.trace), ("--estimated-trace", args.estimated_trace)):
-        if path:
-            check_output(path, flag=flag)
     if args.optimizer is not None and not args.train:
         raise usage_error("--optimizer is the optimizer of a measured training step: it needs "
                           "--train")

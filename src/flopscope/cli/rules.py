@@ -13,7 +13,6 @@ from flopscope.cli._options import (
     EXIT_OK,
     add_format,
     add_output,
-    check_output,
     did_you_mean,
     usage_error,
     write_output,
@@ -120,7 +119,6 @@ def run_rules(args: argparse.Namespace) -> int:
     """
     import flopscope.rules as rules_pkg
 
-    check_output(args.output)
     if args.format == "markdown":
         if args.names:
             raise usage_error("--format markdown writes the whole conventions page; drop the "

@@ -17,7 +17,6 @@ import torch
 
 from flopscope.cli._options import (
     EXIT_OK,
-    check_output,
     load_source,
     one_line,
     usage_error,
@@ -89,7 +88,6 @@ def run_symbolic(args: argparse.Namespace) -> int:
     from flopscope.report.symbolic import pretty
     from flopscope.symbolic.count import count_symbolic, plot_symbolic
 
-    check_output(args.output)
     for flag in ("hardware", "memory", "roofline_plot"):
         if getattr(args, flag, None):
             raise usage_error(f"--{flag.replace('_', '-')} does not combine with --symbolic")

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
-__all__ = ["dtype_name", "non_negative_int", "positive_int", "positive_number", "profile",
-           "tolerance", "unit_prefix"]
+__all__ = ["PLOT_SUFFIXES", "dtype_name", "non_negative_int", "output_file", "plot_file",
+           "positive_int", "positive_number", "profile", "tolerance", "unit_prefix",
+           "unwritable"]
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def _whole_number(text: str, minimum: int, largest: int = 2**63 - 1) -> int:
@@ -167,4 +172,65 @@ def dtype_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-# -- shared options ----------------------------------------------------------------------------
+# -- files a subcommand writes -----------------------------------------------------------------
+def unwritable(path: str) -> str | None:
+    """Why a file cannot be written at ``path``, or ``None`` when it can: the one rule of every
+    file any subcommand writes. The folder must exist already (it is never created) and be
+    writable, and the path must not be a folder.
+
+    Args:
+        path: the user's file name.
+
+    Returns:
+        The reason, to follow "cannot write PATH: ", or ``None``.
+    """
+    file = Path(path)
+    if file.is_dir():
+        return "it is a directory; give a file name"
+    folder = file.parent
+    if not folder.is_dir():
+        return (f"the directory {str(folder)!r} does not exist; create it first or choose "
+                "another path")
+    if not os.access(folder, os.W_OK):
+        return f"the directory {str(folder)!r} is not writable"
+    return None
+
+
+def output_file(text: str) -> str:
+    """Argument type: a file to write a result to (``--output``, ``--trace``); ``-`` is stdout.
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The path, unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: the file cannot be written there (:func:`unwritable`).
+    """
+    problem = unwritable(text) if text != "-" else None
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {problem}")
+    return text
+
+
+def plot_file(text: str) -> str:
+    """Argument type: a chart to write (``--plot``, ``--roofline-plot``): a .png, .svg or .pdf
+    file whose folder exists (:func:`unwritable`).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The path, unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: another suffix, or the file cannot be written there.
+    """
+    if Path(text).suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"cannot plot to {text!r}: use a file name ending in .png, .svg or .pdf")
+    problem = unwritable(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {problem}")
+    return text

@@ -16,7 +16,6 @@ from flopscope.cli._options import (
     PROG,
     add_format,
     add_output,
-    check_output,
     print_error,
     usage_error,
     write_output,
@@ -132,19 +131,23 @@ def run_zoo(args: argparse.Namespace) -> int:
         0, or 1 when a model failed.
 
     Raises:
-        UsageError: the library is not installed, or ``--output`` cannot be written.
+        UsageError: the library is not installed, or ``--models`` names a model it does not
+            have.
         KeyboardInterrupt: Ctrl-C, after the finished rows were written.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    check_output(args.output)
+    from flopscope.errors import SourceError
+
     try:
         names = zoo_models(args.library, args.models)
     except ImportError:
         raise usage_error(
             f"zoo {args.library} needs {args.library}: pip install 'flopscope[vision]'"
         ) from None
+    except SourceError as e:  # a misspelt name: before anything is counted
+        raise usage_error(f"--models: {e}") from None
     batches: list[int | None] = list(getattr(args, "batch", None) or [None])
     seq_lens: list[int | None] = list(getattr(args, "seq_len", None) or [None])
     jobs = getattr(args, "jobs", None) or default_jobs()
@@ -166,7 +169,7 @@ def run_zoo(args: argparse.Namespace) -> int:
                 rows.sort(key=lambda r: order.get((r.model, r.batch, r.seq_len), total))
                 if row.error is not None:
                     progress.console.print(f"{PROG}: zoo: {row.model}: {row.error}",
-                                           markup=False)
+                                           markup=False, highlight=False, soft_wrap=True)
                 progress.advance(task)
     except KeyboardInterrupt:
         if rows:

@@ -26,7 +26,7 @@ from flopscope.core.integrity import WriteGuard
 from flopscope.core.ledger import Ledger
 from flopscope.core.mode import CountingMode
 from flopscope.core.notices import warn_about
-from flopscope.core.observers import CallObserver
+from flopscope.core.observers import CallObserver, checked_observers
 from flopscope.core.params import ParamStats, param_table
 from flopscope.core.recorder import Recorder
 from flopscope.core.replay import ModuleReplay
@@ -114,7 +114,7 @@ class Counter:
         self.replay_layers = replay_layers
         self.mode_warning = mode_warning
         op_rules, module_rules = split_rules(rules)
-        observers = tuple(observers)
+        observers = checked_observers(observers)  # a clear error for observers=5
         self._tracker = ModuleTracker(model, module_rules, self._on_rule_exit,
                                       self._active_here, observers)
         self._recorder = Recorder(self._tracker, Costing(op_rules), observers, strict)

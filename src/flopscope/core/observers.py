@@ -11,11 +11,15 @@ or returns, in the thread that entered the Counter) and ``reset()`` (forget an a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from flopscope.cost import Cost, OpCall, Phase
+from flopscope.errors import UsageError
 
-__all__ = ["CallObserver", "reset_observers"]
+__all__ = ["CallObserver", "checked_observers", "reset_observers"]
+
+_WHAT = ("a list of objects with an on_call(path, phase, op, call, cost) method, e.g. "
+         "[flopscope.estimate.CallLog()]")
 
 
 @runtime_checkable
@@ -45,3 +49,34 @@ def reset_observers(observers: Iterable[object]) -> None:
         reset = getattr(observer, "reset", None)
         if reset is not None:
             reset()
+
+
+def checked_observers(observers: Any) -> tuple[CallObserver, ...]:
+    """The ``observers=`` argument (of a Counter, and so of :func:`flopscope.count`,
+    :func:`flopscope.estimate.peak_memory`, ...) as a tuple, each item checked to be an observer,
+    before anything runs (``observers=5`` was a bare ``TypeError``, and an item without
+    ``on_call`` failed inside the first operator).
+
+    Args:
+        observers: what the caller passed (``None`` or empty: no observer).
+
+    Returns:
+        The observers.
+
+    Raises:
+        UsageError: not a list, one bare observer, or an item without an ``on_call`` method.
+    """
+    if observers is None:
+        return ()
+    if callable(getattr(observers, "on_call", None)):
+        raise UsageError(f"observers= takes a list: observers=[{type(observers).__name__}(...)], "
+                         "not one bare observer")
+    if isinstance(observers, (str, bytes)) or not isinstance(observers, Iterable):
+        raise UsageError(f"observers= must be {_WHAT}, not {type(observers).__name__} "
+                         f"{observers!r}")
+    items = tuple(observers)
+    for i, item in enumerate(items):
+        if not callable(getattr(item, "on_call", None)):
+            raise UsageError(f"observers[{i}] is {type(item).__name__} {item!r}, which has no "
+                             f"on_call method: observers= must be {_WHAT}")
+    return items

@@ -224,10 +224,17 @@ def get_hardware(spec: str | Hardware) -> Hardware:
         The profile.
 
     Raises:
-        UsageError: no such profile or file (close matches are suggested).
+        UsageError: an empty name, no such profile, or a profile file that does not exist (close
+            matches are suggested; the shipped profiles are listed).
     """
     if isinstance(spec, Hardware):
         return spec
+    known = f"{', '.join(PROFILES)}, this-machine, or a JSON or TOML file of profiles"
+    if not isinstance(spec, str):
+        raise UsageError(f"hardware must be a profile name, a file or a Hardware, not "
+                         f"{type(spec).__name__}; known: {known}")
+    if not spec.strip():
+        raise UsageError(f"the hardware name is empty ({spec!r}): name one of {known}")
     key = spec.strip().lower()
     key = _ALIASES.get(key, key)
     if key in PROFILES:
@@ -235,6 +242,11 @@ def get_hardware(spec: str | Hardware) -> Hardware:
     if key in THIS_MACHINE:
         return measure_this_machine()
     path, _, name = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+    if Path(path).suffix.lower() in (".json", ".toml") and not Path(path).is_file():
+        raise UsageError(
+            f"hardware profile file {path!r} does not exist"
+            + (" (it is a directory)" if Path(path).is_dir() else "")
+            + f"; give an existing file or a shipped profile: {known}")
     if Path(path).is_file():
         profiles = load_hardware(path)
         if not name:
@@ -248,5 +260,5 @@ def get_hardware(spec: str | Hardware) -> Hardware:
 
     raise UsageError(
         f"unknown hardware {spec!r}{did_you_mean(key, [*PROFILES, 'this-machine'])}; known: "
-        f"{', '.join(PROFILES)}, this-machine, or a JSON file of profiles"
+        f"{known}"
     )

@@ -26,6 +26,7 @@ __all__ = [
     "OpTarget",
     "Rule",
     "RuleSet",
+    "check_operator",
     "op_key",
     "rule",
 ]
@@ -75,6 +76,37 @@ def op_key(target: object) -> str:
     )
 
 
+def check_operator(name: str) -> None:
+    """Refuse an operator name that names nothing (``"aten::mmm"``): a rule for it would never
+    apply, and the count would silently go on without it. Names of the default table are
+    accepted as they are (some exist only once their library is imported).
+
+    Args:
+        name: a canonical name (:func:`op_key`).
+
+    Raises:
+        RuleError: no such namespace, operator or overload (close matches named).
+    """
+    if name in DEFAULT_TABLE:
+        return
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    if packet is not None and (not overload or hasattr(packet, overload)):
+        return
+    if packet is not None:
+        known = ", ".join(sorted(packet.overloads()))
+        raise RuleError(f"a rule names operator {name!r}, but {namespace}::{op} has no overload "
+                        f"{overload!r} (it has: {known}); name an overload it has, or the "
+                        f"operator '{namespace}::{op}' for all of them")
+    from flopscope._text import did_you_mean
+
+    everything = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    raise RuleError(f"a rule names operator {name!r}, which does not exist"
+                    f"{did_you_mean(f'{namespace}::{op}', sorted(everything))}; a custom "
+                    "operator must be registered (torch.library) before counting")
+
+
 def _overload_keys(op: torch._ops.OpOverload) -> tuple[str, str]:
     if isinstance(op, torch._ops.HigherOrderOperator):  # flex_attention, cond, ...: one key
         key = f"higher_order::{op.name()}"  # type: ignore[no-untyped-call]
@@ -98,6 +130,7 @@ class RuleSet(Mapping[str, Rule]):
             key = op_key(target)
             if not callable(fn):
                 raise RuleError(f"rule for {key} is not callable: {fn!r}")
+            check_operator(key)
             table[key] = fn
         self._rules = table
         self._cache: dict[torch._ops.OpOverload, Rule | None] = {}
@@ -141,7 +174,8 @@ class RuleSet(Mapping[str, Rule]):
             The new RuleSet; ``self`` is unchanged.
 
         Raises:
-            RuleError: a target is malformed or a rule is not callable.
+            RuleError: a target is malformed or names no operator
+                (:func:`check_operator`), or a rule is not callable.
         """
         merged: dict[str, Rule] = dict(self._rules)
         merged.update(RuleSet(rules)._rules)

@@ -87,7 +87,8 @@ def split_rules(rules: RulesArg) -> tuple[RuleSet, ModuleRules]:
     path (a string without ``"::"``) makes a module rule.
 
     Raises:
-        RuleError: a key is of no known kind or a rule is not callable.
+        RuleError: a key is of no known kind, names an operator that does not exist
+            (:func:`~flopscope.rules.registry.check_operator`), or a rule is not callable.
     """
     base = default_rules()
     modules = ModuleRules()
@@ -112,35 +113,8 @@ def split_rules(rules: RulesArg) -> tuple[RuleSet, ModuleRules]:
         elif isinstance(key, str) and "::" not in key:
             modules.by_path[key] = fn
         else:
-            name = op_key(key)
-            _check_exists(name)
-            ops[name] = fn
+            ops[op_key(key)] = fn  # an operator that does not exist: RuleSet refuses it
     return (base.with_rules(ops) if ops else base), modules
-
-
-def _check_exists(name: str) -> None:
-    """Refuse a rule for an operator that does not exist (``"aten::mmm"``): it would never
-    apply, and the count would silently go on without it.
-
-    Raises:
-        RuleError: no such namespace, operator or overload (close matches named).
-    """
-    namespace, _, rest = name.partition("::")
-    op, _, overload = rest.partition(".")
-    packet = getattr(getattr(torch.ops, namespace), op, None)
-    if packet is not None and (not overload or hasattr(packet, overload)):
-        return
-    if packet is not None:
-        known = ", ".join(sorted(packet.overloads()))
-        raise RuleError(f"a rule names operator {name!r}, but {namespace}::{op} has no overload "
-                        f"{overload!r} (it has: {known}); name an overload it has, or the "
-                        f"operator '{namespace}::{op}' for all of them")
-    from flopscope._text import did_you_mean
-
-    everything = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
-    raise RuleError(f"a rule names operator {name!r}, which does not exist"
-                    f"{did_you_mean(f'{namespace}::{op}', sorted(everything))}; a custom "
-                    "operator must be registered (torch.library) before counting")
 
 
 def as_cost(result: Any, what: str) -> Cost:

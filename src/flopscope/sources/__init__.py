@@ -39,7 +39,7 @@ from flopscope.errors import SourceError
 from flopscope.execution.copies import meta_input
 from flopscope.sources._config import parse_config
 from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
-from flopscope.sources._hf import DEFAULT_SEQ_LEN, load_hf
+from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, load_hf
 from flopscope.sources._inputs import (
     DTYPES,
     MAX_SIZE,
@@ -53,8 +53,8 @@ from flopscope.sources._inputs import (
     rebatch,
 )
 from flopscope.sources._model import LoadedModel
-from flopscope.sources._timm import load_timm
-from flopscope.sources._torchvision import load_torchvision
+from flopscope.sources._timm import check_timm_name, load_timm
+from flopscope.sources._torchvision import check_torchvision_name, load_torchvision
 
 __all__ = [
     "DEFAULT_SEQ_LEN",
@@ -64,6 +64,7 @@ __all__ = [
     "InputSpec",
     "LoadedModel",
     "SourceError",
+    "check_library_name",
     "load_model",
     "make_inputs",
     "parse_config",
@@ -159,6 +160,27 @@ def load_model(
     meta = dataclasses.replace(loaded.meta, source=source, inputs=described)
     return dataclasses.replace(loaded, model=model, args=args, kwargs=kwargs, source=source,
                                meta=meta)
+
+
+def check_library_name(library: str, name: str) -> None:
+    """Check that a model library has a model ``name``, without building it: what
+    ``load_model(f"{library}:{name}")`` would refuse first.
+
+    Args:
+        library: ``"torchvision"``, ``"timm"`` or ``"hf"`` (a transformers model type).
+        name: the model name.
+
+    Raises:
+        SourceError: the library is missing, or it has no such model (close names suggested).
+    """
+    if library == "torchvision":
+        check_torchvision_name(name)
+    elif library == "timm":
+        check_timm_name(name)
+    elif library == "hf":
+        check_hf_model_type(name)
+    else:
+        raise SourceError(f"unknown model library {library!r}: use torchvision, timm or hf")
 
 
 def _load(source: str, *, batch: int | None, seq_len: int | None,

@@ -19,7 +19,7 @@ from flopscope.report.source import SourceInfo
 from flopscope.sources._inputs import check_fits, example_tensor
 from flopscope.sources._model import LoadedModel, build
 
-__all__ = ["DEFAULT_SEQ_LEN", "load_hf"]
+__all__ = ["DEFAULT_SEQ_LEN", "check_hf_model_type", "load_hf"]
 
 DEFAULT_SEQ_LEN = 128
 
@@ -66,11 +66,7 @@ def load_hf(
         base = {**saved, **overrides}
     else:
         model_type = spec
-        if model_type not in CONFIG_MAPPING_NAMES:
-            raise SourceError(
-                f"unknown transformers model type {model_type!r}"
-                f"{did_you_mean(model_type, list(CONFIG_MAPPING_NAMES))}"
-            )
+        check_hf_model_type(model_type)
         base = dict(overrides)
     defaults = transformers.AutoConfig.for_model(model_type)
     for key in overrides:
@@ -104,6 +100,28 @@ def load_hf(
         config={k: v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))},
     )
     return LoadedModel(model, (), kwargs, name=type(model).__name__, meta=meta)
+
+
+def check_hf_model_type(model_type: str) -> None:
+    """Check that transformers knows the model type ``model_type``, without building a model.
+
+    Args:
+        model_type: a transformers model type (``llama``).
+
+    Raises:
+        SourceError: transformers is missing, or the type is unknown (close names suggested).
+    """
+    try:
+        from transformers.models.auto.configuration_auto import (  # type: ignore[attr-defined]
+            CONFIG_MAPPING_NAMES,
+        )
+    except ImportError:
+        raise SourceError("hf: sources need transformers: pip install 'flopscope[hf]'") from None
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise SourceError(
+            f"unknown transformers model type {model_type!r}"
+            f"{did_you_mean(model_type, list(CONFIG_MAPPING_NAMES))}"
+        )
 
 
 def _read_config_file(spec: str, known_types: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

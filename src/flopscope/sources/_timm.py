@@ -3,12 +3,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flopscope._text import did_you_mean
 from flopscope.errors import SourceError
 from flopscope.sources._inputs import example_tensor
 from flopscope.sources._model import LoadedModel, build
 
-__all__ = ["load_timm"]
+__all__ = ["check_timm_name", "load_timm"]
+
+
+def check_timm_name(name: str) -> Any:
+    """Check that timm has a model ``name``, without building it.
+
+    Args:
+        name: a name of ``timm.list_models()``.
+
+    Returns:
+        The ``timm`` module.
+
+    Raises:
+        SourceError: timm is missing, or the name is unknown (close names suggested).
+    """
+    try:
+        import timm
+    except ImportError:
+        raise SourceError("timm: sources need timm: pip install 'flopscope[vision]'") from None
+    if not timm.is_model(name):
+        names = timm.list_models()
+        raise SourceError(
+            f"unknown timm model {name!r}{did_you_mean(name, names)} "
+            "(timm.list_models() lists them all)"
+        )
+    return timm
 
 
 def load_timm(name: str, *, shape_only: bool = False) -> LoadedModel:
@@ -24,16 +51,7 @@ def load_timm(name: str, *, shape_only: bool = False) -> LoadedModel:
     Raises:
         SourceError: timm is missing, or the name is unknown (close names suggested).
     """
-    try:
-        import timm
-    except ImportError:
-        raise SourceError("timm: sources need timm: pip install 'flopscope[vision]'") from None
-    if not timm.is_model(name):
-        names = timm.list_models()
-        raise SourceError(
-            f"unknown timm model {name!r}{did_you_mean(name, names)} "
-            "(timm.list_models() lists them all)"
-        )
+    timm = check_timm_name(name)
     model = build(lambda: timm.create_model(name, pretrained=False), shape_only, f"timm:{name}")
     model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}

@@ -12,19 +12,17 @@ from flopscope.report.source import SourceInfo
 from flopscope.sources._inputs import example_tensor
 from flopscope.sources._model import LoadedModel, build
 
-__all__ = ["load_torchvision"]
+__all__ = ["check_torchvision_name", "load_torchvision"]
 
 
-def load_torchvision(name: str, *, shape_only: bool = False) -> LoadedModel:
-    """A torchvision model (random weights, eval mode) and its default input.
+def check_torchvision_name(name: str) -> Any:
+    """Check that torchvision has a model ``name``, without building it.
 
     Args:
         name: a name of ``torchvision.models.list_models()``.
-        shape_only: build on the ``meta`` device where possible; the input is a ``meta`` tensor.
 
     Returns:
-        The model; ``meta.reference_gmacs`` is torchvision's published GFLOPS figure (MACs) when
-        the weights publish one for this input size.
+        The ``torchvision.models`` module.
 
     Raises:
         SourceError: torchvision is missing, or the name is unknown (close names suggested).
@@ -41,6 +39,24 @@ def load_torchvision(name: str, *, shape_only: bool = False) -> LoadedModel:
             f"unknown torchvision model {name!r}{did_you_mean(name, names)} "
             "(torchvision.models.list_models() lists them all)"
         )
+    return tvm
+
+
+def load_torchvision(name: str, *, shape_only: bool = False) -> LoadedModel:
+    """A torchvision model (random weights, eval mode) and its default input.
+
+    Args:
+        name: a name of ``torchvision.models.list_models()``.
+        shape_only: build on the ``meta`` device where possible; the input is a ``meta`` tensor.
+
+    Returns:
+        The model; ``meta.reference_gmacs`` is torchvision's published GFLOPS figure (MACs) when
+        the weights publish one for this input size.
+
+    Raises:
+        SourceError: torchvision is missing, or the name is unknown (close names suggested).
+    """
+    tvm = check_torchvision_name(name)
     model = build(lambda: tvm.get_model(name, weights=None), shape_only, f"torchvision:{name}")
     model.eval()
     reference: float | None = None

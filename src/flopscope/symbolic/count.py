@@ -51,11 +51,20 @@ SymbolSpec = Mapping[str, DimRef | Sequence[DimRef]]
 # -- counting --------------------------------------------------------------------------------
 def _refs(spec: SymbolSpec) -> dict[str, list[DimRef]]:
     out: dict[str, list[DimRef]] = {}
+    if not isinstance(spec, Mapping):
+        raise UsageError(
+            "symbolic= must be a dict of symbol name -> place (argument index or keyword name, "
+            f"dimension), e.g. {{'batch': (0, 0)}}, not {type(spec).__name__} {spec!r}")
     for name, where in spec.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise UsageError(f"symbol name {name!r} is not an identifier (use e.g. 'batch', 'seq_len')")
-        refs = [where] if (isinstance(where, tuple) and len(where) == 2
-                           and isinstance(where[1], int)) else list(where)
+        one = isinstance(where, tuple) and len(where) == 2 and isinstance(where[1], int)
+        if not one and not isinstance(where, (list, tuple)):
+            raise UsageError(
+                f"symbolic={{{name!r}: {where!r}}}: a place is (argument index or keyword name, "
+                f"dimension), e.g. {{{name!r}: (0, 0)}} for dimension 0 of the first argument, or "
+                "a list of such places")
+        refs: list[Any] = [where] if one else list(where)
         for ref in refs:
             if not (isinstance(ref, tuple) and len(ref) == 2 and isinstance(ref[0], (int, str))
                     and isinstance(ref[1], int)):
