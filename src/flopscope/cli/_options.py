@@ -46,6 +46,7 @@ __all__ = [
     "add_output",
     "add_source_options",
     "check_output",
+    "check_page_output",
     "did_you_mean",
     "load_source",
     "one_line",
@@ -219,6 +220,22 @@ def write_output(text: str, path: str | None, *, flag: str = "--output") -> None
     except OSError as e:
         raise usage_error(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
     print(f"wrote {path}", file=sys.stderr)
+
+
+def check_page_output(fmt: str, path: str | None) -> None:
+    """Fail early (exit 2) when ``--format html`` would print a web page into a terminal; a
+    file, or stdout sent to a pipe or a file, is fine.
+
+    Args:
+        fmt: the ``--format`` given.
+        path: the ``--output`` given (``None`` or ``-``: stdout).
+
+    Raises:
+        UsageError: an HTML page would go to a terminal.
+    """
+    if fmt == "html" and path in (None, "-") and sys.stdout.isatty():
+        raise usage_error("--format html writes a web page: give --output FILE.html (or send "
+                          "stdout to a file)")
 
 
 # -- SOURCE and its inputs ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 from flopscope.cli import progress
 from flopscope.cli._options import (
     EXIT_OK,
+    FORMATS,
     SOURCE_FORMS,
     CheckFailed,
     add_depth,
@@ -21,6 +22,7 @@ from flopscope.cli._options import (
     add_source_options,
     add_step_time,
     check_output,
+    check_page_output,
     check_step_time,
     load_source,
     one_line,
@@ -55,7 +57,7 @@ def add_subcommands(subparsers: Any) -> None:
     add_depth(count, help="levels of the module tree to show (table default 2, plot default 1)")
     count.add_argument("--by", choices=["module", "op"], default="module",
                        help="break down by module tree or by operator")
-    add_format(count)
+    add_format(count, choices=(*FORMATS, "html"))
     add_output(count)
     count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
     count.add_argument("--strict", action="store_true",
@@ -213,6 +215,7 @@ def _check_options(args: argparse.Namespace) -> Any:
         UsageError: a bad combination of options, a bad path, an unknown profile, a bad layout.
     """
     check_output(args.output)
+    check_page_output(args.format, args.output)
     if args.plot:
         check_plot(args.plot)
     if args.roofline_plot:
