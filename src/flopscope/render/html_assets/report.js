@@ -376,11 +376,14 @@
       append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
         sv("text", { x: (L + R) / 2, y: B + 34, "text-anchor": "middle", text: "arithmetic intensity (FLOP / byte)" }),
         sv("text", { x: 14, y: (T + B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + B) / 2 + ")", text: "FLOP/s" })]);
-      roofs.forEach(function (r, i) {
+      roofs.forEach(function (r, i) {  // the roof, and its name in a key at the top left
         var ridge = r.peak / bw, path = "M" + X(x0) + "," + Y(bw * x0) + " L" + X(ridge) + "," + Y(r.peak) + " L" + X(x1) + "," + Y(r.peak);
-        append(svg, [sv("path", { d: path, fill: "none", stroke: i ? "#7a8699" : "#1d2330", "stroke-width": 1.6, "stroke-dasharray": r.dash, cls: "roof" }),
-          sv("text", { x: R - 4, y: Y(r.peak) - 5, "text-anchor": "end", text: r.label + " " + human(r.peak, "FLOP/s") })]);
+        var colour = i ? "#7a8699" : "#1d2330", ky = T + 14 + 16 * i;
+        append(svg, [sv("path", { d: path, fill: "none", stroke: colour, "stroke-width": 1.6, "stroke-dasharray": r.dash, cls: "roof" }),
+          sv("line", { x1: L + 10, x2: L + 34, y1: ky - 4, y2: ky - 4, stroke: colour, "stroke-width": 1.6, "stroke-dasharray": r.dash }),
+          sv("text", { x: L + 40, y: ky, text: r.label + " roof " + human(r.peak, "FLOP/s") + ", ridge at " + (r.peak / bw).toFixed(0) + " FLOP/B" })]);
       });
+      append(svg, sv("text", { x: L + 40, y: T + 14 + 16 * roofs.length, text: "slope: memory bandwidth " + human(bw, "B/s") }));
       var total = est.total.time_s || 1;
       pts.sort(function (a, b) { return b.r.time_s - a.r.time_s; });
       pts.forEach(function (p, i) {
