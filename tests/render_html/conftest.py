@@ -11,7 +11,7 @@ from tests.cli.conftest import TINY, cli
 
 from flopscope.cli import main
 
-__all__ = ["TINY_FULL", "cli", "count_both"]  # cli: the command-line fixture, shared
+__all__ = ["GENERATE", "TINY_FULL", "cli", "count_both"]  # cli: the command-line fixture, shared
 
 
 def count_both(tmp_path: Path, *args: str) -> tuple[str, Any]:
@@ -23,3 +23,11 @@ def count_both(tmp_path: Path, *args: str) -> tuple[str, Any]:
 
 
 TINY_FULL = (f"{TINY}:tiny", "--hardware", "h100-sxm", "--memory")
+
+
+# a small Llama-style decoder generating: prefill of 8 tokens, then 2 decode steps
+GENERATE = ("generate", "hf:llama", "--shape-only", "--config", "num_hidden_layers=2",
+            "--config", "hidden_size=64", "--config", "intermediate_size=128",
+            "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2",
+            "--config", "vocab_size=256", "--prompt-len", "8", "--new-tokens", "3",
+            "--hardware", "h100-sxm")

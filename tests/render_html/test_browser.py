@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from benchmarks.html_render import Chromium, chromium_path, llama_70b_report
 from tests.cli.conftest import TINY
-from tests.render_html.conftest import TINY_FULL
+from tests.render_html.conftest import GENERATE, TINY_FULL
+from torch import nn
 
 from flopscope.cli import main
 from flopscope.render.html import render_html
+from flopscope.symbolic import count_symbolic
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(chromium_path() is None, reason="no chromium installed")]
@@ -127,3 +130,37 @@ def test_a_70b_shaped_page_stays_responsive(browser: Chromium, tmp_path: Path) -
     assert browser.evaluate("document.getElementById('icicle').dataset.focus") == "model.layers"
     assert int(_value(browser, '#icicle g.node[data-path="model.layers"]')) == sum(
         r.cost.flops for r in report.records if r.module.startswith("model.layers."))
+
+
+def test_diff_page_highlights_the_changes(browser: Chromium, tmp_path: Path) -> None:
+    a, b, page = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "d.html"
+    assert main(["count", f"{TINY}:tiny", "--format", "json", "--output", str(a)]) == 0
+    assert main(["count", f"{TINY}:tiny_wider", "--format", "json", "--output", str(b)]) == 0
+    assert main(["diff", str(a), str(b), "--format", "html", "--output", str(page)]) == 1
+    _opened(browser, page)
+    changed = browser.evaluate("[...document.querySelectorAll('#diff tbody tr.changed')]"
+                               ".map(r => r.cells[0].textContent)")
+    assert changed == ["(root)", "head"]  # tiny_wider widens the head only
+    browser.click("#icicle-b g.node[data-path='features']")
+    assert browser.evaluate("document.getElementById('icicle-b').dataset.focus") == "features"
+    assert browser.evaluate("document.getElementById('icicle-a').dataset.focus") == ""
+
+
+def test_symbolic_page_draws_a_curve_per_symbol(browser: Chromium, tmp_path: Path) -> None:
+    sym = count_symbolic(nn.Linear(4, 3), torch.ones(2, 4), symbolic={"batch": [(0, 0)]})
+    page = tmp_path / "s.html"
+    page.write_text(sym.to_html(), encoding="utf-8")
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelectorAll('svg[data-symbol=\"batch\"] circle')"
+                            ".length") == 33
+    assert browser.evaluate("document.querySelector('#formulas-total code').textContent") == str(
+        sym.total().macs)
+
+
+def test_generate_page_draws_its_steps(browser: Chromium, tmp_path: Path) -> None:
+    page = tmp_path / "g.html"
+    assert main([*GENERATE, "--format", "html", "--output", str(page)]) == 0
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelectorAll('#steps-chart rect.step').length") == 3
+    # the report of all steps is drawn under the steps, its icicle included
+    assert browser.evaluate("document.querySelectorAll('#icicle g.node').length") > 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -13,14 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 from tests.cli.conftest import TINY, Result
-from tests.render_html.conftest import TINY_FULL, count_both
+from tests.render_html.conftest import GENERATE, TINY_FULL, count_both
 from torch import nn
 
 import flopscope
+from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.render import render
 from flopscope.render.html import embedded_data, page
 from flopscope.report.report import Report
+from flopscope.symbolic import count_symbolic
 
 
 def _report() -> Report:
@@ -102,3 +105,62 @@ def test_resnet50_page_is_under_2_mb(tmp_path: Path) -> None:
                               "h100-sxm", "--memory")
     size = len(page_text.encode("utf-8"))
     assert size < 2 * 1024 * 1024, size
+
+
+def test_diff_page_holds_both_reports(tmp_path: Path, cli: Callable[..., Result]) -> None:
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "d.html"
+    assert cli("count", f"{TINY}:tiny", "--format", "json", "--output", str(a)).code == 0
+    assert cli("count", f"{TINY}:tiny_wider", "--format", "json", "--output", str(b)).code == 0
+    r = cli("diff", str(a), str(b), "--format", "html", "--output", str(out))
+    assert r.code == 1  # the head changed: the verdict (exit 1 beyond tolerance) still holds
+    assert "FAIL: 2 module(s) differ" in r.err and r.out == ""
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data == {"a": json.loads(a.read_text()), "b": json.loads(b.read_text()),
+                    "names": [str(a), str(b)]}
+
+
+def test_zoo_page_is_a_table(tmp_path: Path, cli: Callable[..., Result]) -> None:
+    out = tmp_path / "z.html"
+    r = cli("zoo", "torchvision", "--models", "alexnet", "--format", "html", "--output", str(out))
+    assert r.code == 0
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data["columns"][:5] == ["model", "input", "params", "macs", "flops"]
+    [row] = data["rows"]
+    # alexnet at 1x3x224x224: torchvision publishes 0.714 GFLOPS (MACs); params 61,100,840
+    assert (row["model"], row["input"], row["params"]) == ("alexnet", "1x3x224x224", 61100840)
+    assert row["reference_gmacs"] == 0.714 and row["error"] is None
+
+
+def test_symbolic_page_holds_formulas_and_curves(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    sym = count_symbolic(model, torch.ones(2, 4), symbolic={"batch": [(0, 0)]})
+    data = embedded_data(sym.to_html())
+    curves = data.pop("curves")
+    assert data == json.loads(json.dumps(sym.to_dict()))
+    [curve] = curves
+    assert curve["symbol"] == "batch" and curve["fixed"] == {}
+    # every point is the formula at that size: what a concrete count there gives
+    for x, flops in curve["points"]:
+        assert flops == int(sym.evaluate(batch=x).flops)
+    assert curve["points"][-1][0] == 32 * sym.hints["batch"]
+
+
+def test_generate_page_holds_the_json(tmp_path: Path) -> None:
+
+
+    page_file, json_file = tmp_path / "g.html", tmp_path / "g.json"
+    assert main([*GENERATE, "--format", "html", "--output", str(page_file)]) == 0
+    assert main([*GENERATE, "--format", "json", "--output", str(json_file)]) == 0
+    data = embedded_data(page_file.read_text(encoding="utf-8"))
+    assert data == json.loads(json_file.read_text(encoding="utf-8"))
+    assert [s["kind"] for s in data["steps"]] == ["prefill", "decode", "decode"]
+
+
+def test_profile_page_holds_the_measured_section(tmp_path: Path) -> None:
+    out = tmp_path / "p.html"
+    assert main(["profile", f"{TINY}:tiny", "--repeat", "1", "--warmup", "0", "--hardware",
+                 "none", "--format", "html", "--output", str(out)]) == 0
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data["measured"]["repeat"] == 1 and data["measured"]["wall_s"] > 0
+    # the counts beside the times are the count's: conv 8*64*27 + linear 8*4 = 13,856 MACs
+    assert Report.from_dict(data).macs == 8 * 64 * 27 + 8 * 4

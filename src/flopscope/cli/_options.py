@@ -1,7 +1,7 @@
 """The one grammar of the command line, shared by every subcommand.
 
 Every subcommand adds its options through these helpers, so a flag means the same thing
-everywhere: ``--format table|markdown|json|csv``, ``--output FILE``, ``--input SHAPE[:DTYPE]``,
+everywhere: ``--format table|markdown|json|csv|html``, ``--output FILE``, ``--input SHAPE[:DTYPE]``,
 ``--batch N``, ``--seq-len N``, ``--dtype NAME``, ``--depth N``, ``--config KEY=VALUE``.
 
 Errors: a subcommand raises :func:`usage_error` (exit 2) or :class:`CheckFailed` (exit 1);
@@ -63,7 +63,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-FORMATS = ("table", "markdown", "json", "csv")
+FORMATS = ("table", "markdown", "json", "csv", "html")
 
 SOURCE_FORMS = (
     "torchvision:NAME, timm:NAME, hf:MODEL_TYPE, hf:path/to/config.json, "
@@ -130,7 +130,7 @@ def add_format(
     default: str = "table",
     help: str | None = None,  # noqa: A002  (argparse's own name)
 ) -> None:
-    """Add ``--format`` (a subset of ``table|markdown|json|csv``, in that order).
+    """Add ``--format`` (a subset of ``table|markdown|json|csv|html``, in that order).
 
     Args:
         parser: the subcommand's parser.

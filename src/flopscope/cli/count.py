@@ -13,7 +13,6 @@ from typing import Any
 from flopscope.cli import progress
 from flopscope.cli._options import (
     EXIT_OK,
-    FORMATS,
     SOURCE_FORMS,
     CheckFailed,
     add_depth,
@@ -57,7 +56,7 @@ def add_subcommands(subparsers: Any) -> None:
     add_depth(count, help="levels of the module tree to show (table default 2, plot default 1)")
     count.add_argument("--by", choices=["module", "op"], default="module",
                        help="break down by module tree or by operator")
-    add_format(count, choices=(*FORMATS, "html"))
+    add_format(count)
     add_output(count)
     count.add_argument("--plot", metavar="FILE", help="also write a chart (.png, .svg or .pdf)")
     count.add_argument("--strict", action="store_true",

@@ -22,12 +22,17 @@ from typing import TYPE_CHECKING, Any
 from flopscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from collections.abc import Mapping, Sequence
 
-__all__ = ["KINDS", "embedded_data", "notebook_frame", "page", "render_html"]
+    from flopscope.report.report import Report
+    from flopscope.report.symbolic import SymbolicReport
+
+__all__ = ["KINDS", "embedded_data", "notebook_frame", "page", "render_diff_html",
+           "render_generation_html", "render_html",
+           "render_symbolic_html", "render_table_html", "symbolic_curves"]
 
 # what a page shows: one report, two reports compared, a plain table, a symbolic report
-KINDS = ("report", "diff", "table", "symbolic")
+KINDS = ("report", "diff", "table", "symbolic", "generation")
 
 _DATA_ID = "flopscope-data"
 _PAGE_ID = "flopscope-page"
@@ -61,7 +66,8 @@ def page(kind: str, data: Any, *, title: str) -> str:
     Args:
         kind: what the data is: ``"report"`` (a report's dict), ``"diff"`` (``{"a": dict,
             "b": dict, "names": [a, b]}``), ``"table"`` (``{"columns": [...], "rows": [...]}``)
-            or ``"symbolic"`` (a symbolic report's dict).
+            ``"symbolic"`` (a symbolic report's dict) or ``"generation"`` (what ``flopscope
+            generate --format json`` writes).
         data: JSON-ready data (no NaN or infinity).
         title: the page's title.
 
@@ -124,6 +130,110 @@ def notebook_frame(text: str, *, height: int = 900) -> str:
     return (f'<iframe srcdoc="{html.escape(text, quote=True)}" title="flopscope report" '
             f'style="width:100%;height:{height}px;border:1px solid #d9dee7;border-radius:6px">'
             "</iframe>")
+
+
+def render_diff_html(a: Report, b: Report, names: Sequence[str] = ("A", "B")) -> str:
+    """Two reports side by side (``flopscope diff A.json B.json --format html``): both headlines,
+    every module's inclusive FLOPs, MACs and parameters in each, the changed ones highlighted,
+    both icicles.
+
+    Args:
+        a: the report before.
+        b: the report after.
+        names: what to call them (the file names).
+
+    Returns:
+        The page; its data is ``{"a": a.to_dict(), "b": b.to_dict(), "names": [...]}``.
+    """
+    data = {"a": a.to_dict(), "b": b.to_dict(), "names": list(names)}
+    return page("diff", data, title=f"flopscope diff: {names[0]} -> {names[1]}")
+
+
+def render_generation_html(data: Mapping[str, Any]) -> str:
+    """A generation (``flopscope generate ... --format html``): its steps (prefill, decode) as a
+    chart and a table, the summary per token, and the report of all steps.
+
+    Args:
+        data: what ``flopscope generate --format json`` writes (``GenerationReport.to_dict()``
+            with the command's additions).
+
+    Returns:
+        The page; its data is ``data``.
+    """
+    name = data.get("source") or data.get("report", {}).get("model", "model")
+    return page("generation", data, title=f"flopscope generate: {name}")
+
+
+def render_table_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *,
+                      note: str = "") -> str:
+    """A sortable, filterable table as a page (``flopscope zoo ... --format html``).
+
+    Args:
+        title: the page's heading.
+        columns: the keys of ``rows`` to show, in order.
+        rows: one mapping per row, plain numbers and strings (``None``: no value).
+        note: a line under the heading.
+
+    Returns:
+        The page; its data is ``{"title", "note", "columns", "rows"}``.
+    """
+    data = {"title": title, "note": note, "columns": list(columns),
+            "rows": [{c: r.get(c) for c in columns} for r in rows]}
+    return page("table", data, title=title)
+
+
+def symbolic_curves(report: SymbolicReport, *, field: str = "flops",
+                    points: int = 33) -> list[dict[str, Any]]:
+    """The total ``field`` against each symbol, the others at the sizes traced: ``points``
+    values from the smallest size the formulas' domain allows to 32 times the traced size (the
+    range of ``plot_symbolic``). A symbol whose formula holds a data-dependent size has none.
+
+    Args:
+        report: the symbolic report.
+        field: ``macs``, ``flops``, ``bytes_read`` or ``bytes_written``.
+        points: values per symbol.
+
+    Returns:
+        ``[{"symbol", "field", "fixed": {name: size}, "points": [[x, value], ...]}]``.
+    """
+    import sympy  # type: ignore[import-untyped]
+
+    expr = getattr(report.total(), field)
+    out = []
+    for name in report.symbols:
+        fixed = {k: v for k, v in report.hints.items() if k != name and k in report.symbols}
+        hi = 32 * report.hints.get(name, 1)
+        # from the smallest size the domain allows (seq_len >= 2, ...) to 32 times the traced one
+        lo = next((x for x in range(1, hi) if not report.violated(**{**fixed, name: x})), hi)
+        xs = sorted({round(lo + (hi - lo) * i / (points - 1)) for i in range(points)})
+        values = []
+        for x in xs:
+            at = {**fixed, name: x}
+            if report.violated(**at):
+                continue
+            value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in at.items()})
+            if not value.is_number:
+                break  # a data-dependent size: no curve
+            values.append([x, int(value)])
+        else:
+            if values:
+                out.append({"symbol": name, "field": field, "fixed": fixed, "points": values})
+    return out
+
+
+def render_symbolic_html(report: SymbolicReport) -> str:
+    """A symbolic report as a page (``SymbolicReport.to_html``, ``count --symbolic ...
+    --format html``): the formulas of the total, per module and per operator, and the total
+    FLOPs plotted against each symbol.
+
+    Args:
+        report: the symbolic report.
+
+    Returns:
+        The page; its data is ``report.to_dict()`` with ``"curves"`` (:func:`symbolic_curves`).
+    """
+    data = {**report.to_dict(), "curves": symbolic_curves(report)}
+    return page("symbolic", data, title=f"flopscope symbolic: {report.report.model}")
 
 
 _SCRIPT = re.compile(r'<script id="(?P<id>[\w-]+)" type="application/json">(?P<body>.*?)</script>',

@@ -699,7 +699,7 @@
   function drawSymbolic(root, data, about) {
     var sym = data.symbolic;
     append(root, [el("h1", { id: "subject", text: "flopscope symbolic: " + (data.model || "model") }),
-      el("p", { cls: "sub", text: "symbols: " + Object.keys(data.symbols || {}).map(function (k) { return k + " = " + data.symbols[k]; }).join(", ") +
+      el("p", { cls: "sub", text: "symbols: " + Object.keys(data.symbols || {}).map(function (k) { return k + (data.hints && data.hints[k] !== undefined ? " (traced at " + data.hints[k] + ")" : ""); }).join(", ") +
         ((data.domain || []).length ? " \u00b7 domain: " + data.domain.join(", ") : "") })]);
     var dl = el("dl", { cls: "facts", id: "formulas-total" });
     ["macs", "flops", "bytes_read", "bytes_written"].forEach(function (k) {
@@ -740,11 +740,71 @@
     append(root, [el("h3", { text: c.field + " against " + c.symbol + (others ? " (" + others + ")" : "") }), svg]);
   }
 
+  // -- a generation: prefill and decode steps ----------------------------------------------------
+  function drawGeneration(root, data, about) {
+    var steps = data.steps || [];
+    append(root, [el("h1", { id: "generation-subject", text: "flopscope generate: " + (data.source || (data.report && data.report.model) || "model") }),
+      el("p", { cls: "sub", text: "batch " + data.batch + ", prompt " + data.prompt_len + ", " + data.new_tokens + " new tokens" +
+        (data.report && data.report.shape_only ? ", shape-only" : "") })]);
+    var s = data.summary || {}, cards = [];
+    ["prefill", "decode"].forEach(function (k) {
+      if (!s[k]) return;
+      cards.push(card(k + " FLOPs per token", human(s[k].per_token.flops, "FLOP"), k + "-flops-per-token", s[k].per_token.flops, s[k].steps + " step(s), " + s[k].tokens + " token(s)"));
+      cards.push(card(k + " bytes per token", bytes(s[k].per_token.bytes_read + s[k].per_token.bytes_written), k + "-bytes-per-token", null, "KV cache read " + bytes(s[k].per_token.kv_read)));
+    });
+    if (data.estimate) {
+      cards.push(card("prefill (lower bound)", secs(data.estimate.prefill_s), "prefill-time", data.estimate.prefill_s, "on " + data.estimate.hardware));
+      if (data.estimate.decode_tokens_per_s) cards.push(card("decode tokens/s (upper bound)", human(data.estimate.decode_tokens_per_s), "decode-rate", data.estimate.decode_tokens_per_s, secs(data.estimate.decode_step_s) + " per step"));
+    }
+    append(root, el("div", { cls: "cards" }, cards));
+    (data.notes || []).forEach(function (n) { append(root, el("p", { cls: "warn", text: String(n) })); });
+    // FLOPs and bytes per step, bars on a log scale (the prefill dwarfs the decode steps)
+    var W = 760, H = 240, L = 70, R = 740, T = 12, B = 200, n = steps.length;
+    var svg = sv("svg", { cls: "chart", id: "steps-chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    var vals = steps.map(function (st) { return st.flops; }), top = Math.max.apply(null, vals.concat([1]));
+    var bot = Math.max(Math.min.apply(null, vals.filter(function (v) { return v > 0; }).concat([top])) / 10, 1);
+    function Y(v) { return B - (B - T) * (Math.log10(Math.max(v, bot)) - Math.log10(bot)) / ((Math.log10(top) - Math.log10(bot)) || 1); }
+    var bw = Math.max((R - L) / Math.max(n, 1) - 2, 1);
+    steps.forEach(function (st, i) {
+      var x = L + i * (R - L) / Math.max(n, 1), y = Y(st.flops);
+      var bar = sv("rect", { x: x.toFixed(1), y: y.toFixed(1), width: bw.toFixed(1), height: (B - y).toFixed(1), cls: "step",
+        fill: st.kind === "prefill" ? "var(--compute)" : "var(--memory)" });
+      bar.addEventListener("mousemove", function (ev) {
+        showTip(ev, "step " + st.index + " (" + st.kind + "): " + st.tokens + " token(s), context " + st.context +
+          "\n" + human(st.flops, "FLOP") + ", " + bytes(st.bytes_read + st.bytes_written) +
+          (st.estimate ? "\nestimate " + secs(st.estimate.time_s) + ", " + st.estimate.bound + "-bound" : ""));
+      });
+      bar.addEventListener("mouseleave", hideTip);
+      svg.appendChild(bar);
+    });
+    append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("text", { x: L - 6, y: T + 8, "text-anchor": "end", text: human(top) }),
+      sv("text", { x: L - 6, y: B, "text-anchor": "end", text: human(bot) }),
+      sv("text", { x: (L + R) / 2, y: B + 22, "text-anchor": "middle", text: "step (orange: prefill, blue: decode); FLOPs, log scale" })]);
+    append(root, [el("h2", { text: "Steps" }), svg]);
+    var host = el("section"), rows = steps.map(function (st) {
+      return { index: st.index, kind: st.kind, tokens: st.tokens, context: st.context, macs: st.macs, flops: st.flops,
+        bytes: st.bytes_read + st.bytes_written, kv_read: st.kv_read, kv_written: st.kv_written,
+        est: st.estimate ? st.estimate.time_s : null, bound: st.estimate ? st.estimate.bound : null };
+    });
+    var cols = [{ key: "index", label: "step", num: true }, { key: "kind", label: "kind", num: false },
+      { key: "tokens", label: "tokens", num: true }, { key: "context", label: "context", num: true }].concat(countColumns(),
+      [{ key: "kv_read", label: "KV read", num: true, fmt: bytes }, { key: "kv_written", label: "KV written", num: true, fmt: bytes }]);
+    if (data.estimate) cols.push({ key: "est", label: "est. time", num: true, fmt: secs }, { key: "bound", label: "bound", num: false, cls: boundCls });
+    append(root, host);
+    table(host, "steps", cols, rows, {});
+    if (data.report) {
+      append(root, el("h2", { text: "All steps together" }));
+      var inner = el("div");
+      append(root, inner);
+      drawReport(inner, data.report, about);
+    }
+  }
+
   // -- start ------------------------------------------------------------------------------------------
   var about = readJSON("flopscope-page") || { kind: "report" }, data = readJSON("flopscope-data");
   var root = document.getElementById("flopscope");
   root.textContent = "";
-  var draw = { report: drawReport, diff: drawDiff, table: drawTable, symbolic: drawSymbolic }[about.kind];
+  var draw = { report: drawReport, diff: drawDiff, table: drawTable, symbolic: drawSymbolic, generation: drawGeneration }[about.kind];
   draw(root, data, about);
   root.setAttribute("data-ready", "1");
 })();
