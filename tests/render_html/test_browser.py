@@ -62,6 +62,8 @@ def test_totals_in_the_dom_equal_the_json(browser: Chromium, tiny: tuple[Path, A
                                                                  + totals["bytes_written"])
     assert float(_value(browser, '.total[data-key="estimate"]')) == data["estimate"]["total"]["time_s"]
     assert int(_value(browser, "#memory-peak")) == data["memory"]["peak_bytes"]
+    # the timeline's highest call is the peak, marked
+    assert int(_value(browser, "#timeline-peak")) == data["memory"]["peak_bytes"]
     # the icicle's root block is the records summed over the tree: the report's total
     assert int(_value(browser, '#icicle g.node[data-path=""]')) == totals["flops"]
 

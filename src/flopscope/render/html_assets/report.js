@@ -413,7 +413,9 @@
   }
 
   // -- memory -------------------------------------------------------------------------------------
-  var CATEGORY_COLOURS = ["#3b7dd8", "#e8743b", "#5aa469", "#b36bc2", "#d4a017", "#4bb3b3", "#c0392b"];
+  var CATEGORY_COLOURS = { parameters: "#3b7dd8", buffers: "#e8743b", inputs: "#5aa469", gradients: "#b36bc2",
+    optimizer_state: "#d4a017", activations: "#4bb3b3", temporaries: "#8e9aaf", workspace: "#c0392b", other: "#6b4f3a" };
+  function categoryColour(k) { return CATEGORY_COLOURS[k] || "#999"; }
   function memory(host, mem) {
     var facts = el("dl", { cls: "facts" });
     function fact(k, v) { append(facts, [el("dt", { text: k }), el("dd", {}, v)]); }
@@ -429,30 +431,59 @@
     if (sum) {
       append(host, el("h3", { text: "live at the peak" }));
       var bar = el("div", { cls: "bar" }), legend = el("div", { cls: "legend" });
-      keys.forEach(function (k, i) {
-        var c = CATEGORY_COLOURS[i % CATEGORY_COLOURS.length];
+      keys.forEach(function (k) {
+        var c = categoryColour(k);
         append(bar, el("span", { style: "width:" + (100 * at[k] / sum) + "%;background:" + c, title: k + ": " + bytes(at[k]) }));
         append(legend, el("span", {}, [el("i", { style: "background:" + c }), k.replace(/_/g, " ") + " " + bytes(at[k]) + " (" + pct(at[k], sum) + ")"]));
       });
       append(host, [bar, legend]);
     }
-    if (Array.isArray(mem.timeline) && mem.timeline.length) timeline(host, mem.timeline, mem.peak_bytes);
+    if (mem.timeline && mem.timeline.index && mem.timeline.index.length) timeline(host, mem.timeline, mem);
   }
-  function timeline(host, points, peak) {  // [{call, <category>: bytes, ...}] -> stacked areas
-    var cats = Object.keys(points[0]).filter(function (k) { return typeof points[0][k] === "number" && k !== "call" && k !== "index"; });
-    var svg = sv("svg", { cls: "chart", id: "memory-timeline", width: 760, height: 260, viewBox: "0 0 760 260" });
-    var L = 70, R = 740, T = 10, B = 230, n = points.length, top = peak || 1;
-    var base = points.map(function () { return 0; });
-    cats.forEach(function (k, ci) {
-      var upper = points.map(function (p, i) { return base[i] + (p[k] || 0); });
-      var d = upper.map(function (v, i) { return (i ? "L" : "M") + (L + (R - L) * i / Math.max(n - 1, 1)).toFixed(1) + "," + (B - (B - T) * v / top).toFixed(1); }).join(" ");
-      for (var i = n - 1; i >= 0; i--) d += " L" + (L + (R - L) * i / Math.max(n - 1, 1)).toFixed(1) + "," + (B - (B - T) * base[i] / top).toFixed(1);
-      append(svg, sv("path", { d: d + " Z", fill: CATEGORY_COLOURS[ci % CATEGORY_COLOURS.length], "fill-opacity": 0.7 }, sv("title", { text: k })));
+  function timeline(host, tl, mem) {  // {calls, index: [call], phase: [..], categories: {cat: [bytes]}}
+    var cats = Object.keys(tl.categories), n = tl.index.length;
+    var svg = sv("svg", { cls: "chart", id: "memory-timeline", width: 760, height: 280, viewBox: "0 0 760 280" });
+    var L = 80, R = 740, T = 14, B = 230, top = mem.peak_bytes || 1, last = Math.max(tl.calls - 1, 1);
+    function X(call) { return L + (R - L) * call / last; }
+    function Y(v) { return B - (B - T) * v / top; }
+    var base = tl.index.map(function () { return 0; });
+    cats.forEach(function (k) {
+      var vals = tl.categories[k], upper = vals.map(function (v, i) { return base[i] + v; });
+      var d = upper.map(function (v, i) { return (i ? "L" : "M") + X(tl.index[i]).toFixed(1) + "," + Y(v).toFixed(1); }).join(" ");
+      for (var i = n - 1; i >= 0; i--) d += " L" + X(tl.index[i]).toFixed(1) + "," + Y(base[i]).toFixed(1);
+      append(svg, sv("path", { d: d + " Z", fill: categoryColour(k), "fill-opacity": 0.75, cls: "area", "data-category": k },
+        sv("title", { text: k.replace(/_/g, " ") })));
       base = upper;
     });
-    append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("text", { x: L - 6, y: T + 10, "text-anchor": "end", text: bytes(top) }),
-      sv("text", { x: (L + R) / 2, y: B + 22, "text-anchor": "middle", text: "operator calls" })]);
-    append(host, [el("h3", { text: "live memory over the step" }), svg]);
+    var peakAt = 0;
+    base.forEach(function (v, i) { if (v > base[peakAt]) peakAt = i; });
+    var px = X(tl.index[peakAt]);
+    append(svg, [sv("line", { x1: px, x2: px, y1: T, y2: B, stroke: "#c0392b", "stroke-dasharray": "3,3" }),
+      sv("text", { x: Math.min(px + 4, R - 150), y: T + 10, id: "timeline-peak", "data-value": String(base[peakAt]), text: "peak " + bytes(base[peakAt]) + " at call " + tl.index[peakAt] }),
+      sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
+      sv("text", { x: L - 6, y: T + 4, "text-anchor": "end", text: bytes(top) }), sv("text", { x: L - 6, y: B, "text-anchor": "end", text: "0" }),
+      sv("text", { x: L, y: B + 16, "text-anchor": "middle", text: "0" }), sv("text", { x: R, y: B + 16, "text-anchor": "middle", text: String(tl.calls - 1) }),
+      sv("text", { x: (L + R) / 2, y: B + 34, "text-anchor": "middle", text: "operator call" })]);
+    var prev = null;  // phase boundaries
+    tl.phase.forEach(function (p, i) {
+      if (p !== prev && i) {
+        var x = X(tl.index[i]);
+        append(svg, [sv("line", { x1: x, x2: x, y1: T, y2: B, stroke: "#888", "stroke-width": 0.8 }), sv("text", { x: x + 3, y: B - 6, text: p })]);
+      }
+      prev = p;
+    });
+    var hover = sv("rect", { x: L, y: T, width: R - L, height: B - T, fill: "transparent" });
+    hover.addEventListener("mousemove", function (ev) {
+      var box = svg.getBoundingClientRect(), call = (ev.clientX - box.left) * 760 / box.width;
+      var k = 0, want = (call - L) / (R - L) * last;
+      tl.index.forEach(function (c, i) { if (Math.abs(c - want) < Math.abs(tl.index[k] - want)) k = i; });
+      showTip(ev, "call " + tl.index[k] + " (" + tl.phase[k] + "): " + bytes(base[k]) + " live\n" +
+        cats.map(function (c) { return c.replace(/_/g, " ") + " " + bytes(tl.categories[c][k]); }).join("\n"));
+    });
+    hover.addEventListener("mouseleave", hideTip);
+    svg.appendChild(hover);
+    append(host, [el("h3", { text: "live memory over the run's " + tl.calls + " operator calls" }),
+      el("p", { cls: "hint", text: tl.calls > n ? "The highest of every " + Math.ceil(tl.calls / n) + " calls is drawn, so the peak is exact." : "Every call." }), svg]);
   }
 
   // -- the report page ------------------------------------------------------------------------------
