@@ -1,5 +1,5 @@
 """A report as one self-contained HTML page: the report's own JSON dict embedded as data, and a
-small hand-written script (``html_assets/report.js``) that draws the page from it in the browser:
+small hand-written script (``html_assets/*.js``) that draws the page from it in the browser:
 the module tree as an icicle, sortable and filterable tables of modules and operators, the
 roofline and the memory figures where the report has those sections, the warnings and where the
 numbers came from.
@@ -41,6 +41,19 @@ _PAGE_ID = "flopscope-page"
 @cache
 def _asset(name: str) -> str:
     return resources.files("flopscope.render").joinpath("html_assets").joinpath(name).read_text("utf-8")
+
+
+# the page's script, in three files joined inside one function: helpers and widgets, one report,
+# the other pages (which also starts the drawing)
+_SCRIPTS = ("widgets.js", "report.js", "pages.js")
+
+
+@cache
+def _script() -> str:
+    """The page's script: draws the page from the embedded data with the DOM and SVG only;
+    nothing is fetched, no library is used."""
+    return ('(function () {\n  "use strict";\n' + "".join(_asset(n) for n in _SCRIPTS)
+            + "})();\n")
 
 
 def _script_json(data: Any) -> str:
@@ -92,7 +105,7 @@ def page(kind: str, data: Any, *, title: str) -> str:
         "with JavaScript; the data is in the script element below.</noscript></div>\n"
         f"<script id=\"{_PAGE_ID}\" type=\"application/json\">{_script_json(about)}</script>\n"
         f"<script id=\"{_DATA_ID}\" type=\"application/json\">{_script_json(data)}</script>\n"
-        f"<script>\n{_asset('report.js')}</script>\n</body>\n</html>\n"
+        f"<script>\n{_script()}</script>\n</body>\n</html>\n"
     )
 
 
