@@ -4,6 +4,7 @@ it asks the network for nothing, and it is small and quick enough for big models
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import html
 import json
 import re
@@ -12,12 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from tests.cli.conftest import TINY, Result
 from tests.render_html.conftest import GENERATE, TINY_FULL, count_both
 from torch import nn
 
 import flopscope
+import flopscope.render.html
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.render import render
@@ -164,3 +167,15 @@ def test_profile_page_holds_the_measured_section(tmp_path: Path) -> None:
     assert data["measured"]["repeat"] == 1 and data["measured"]["wall_s"] > 0
     # the counts beside the times are the count's: conv 8*64*27 + linear 8*4 = 13,856 MACs
     assert Report.from_dict(data).macs == 8 * 64 * 27 + 8 * 4
+
+
+def test_the_wheel_carries_the_page_assets() -> None:
+    # setuptools ships package data by pyproject's globs (a wheel built from the tree was checked
+    # by hand to hold them): every asset the page inlines must match one
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["flopscope"]
+    assets = Path(flopscope.render.html.__file__).parent / "html_assets"
+    names = sorted(p.name for p in assets.iterdir())
+    assert names == ["pages.js", "report.css", "report.js", "widgets.js"]
+    for name in names:
+        assert any(fnmatch.fnmatch(f"render/html_assets/{name}", g) for g in globs), name
