@@ -143,6 +143,9 @@ def test_diff_page_highlights_the_changes(browser: Chromium, tmp_path: Path) -> 
     changed = browser.evaluate("[...document.querySelectorAll('#diff tbody tr.changed')]"
                                ".map(r => r.cells[0].textContent)")
     assert changed == ["(root)", "head"]  # tiny_wider widens the head only
+    colour = "document.querySelector('#icicle-b g.node[data-path=\"{}\"]').dataset.colour"
+    assert browser.evaluate(colour.format("head")) == "#f0b429"  # changed: yellow in the icicle
+    assert browser.evaluate(colour.format("features")) == "#b9c6d8"  # the same
     browser.click("#icicle-b g.node[data-path='features']")
     assert browser.evaluate("document.getElementById('icicle-b').dataset.focus") == "features"
     assert browser.evaluate("document.getElementById('icicle-a').dataset.focus") == ""

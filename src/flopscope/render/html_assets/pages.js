@@ -43,8 +43,13 @@
     var two = el("div", { cls: "side" }), ia = el("div"), ib = el("div");
     append(two, [el("div", {}, [el("h3", { text: names[0] }), ia]), el("div", {}, [el("h3", { text: names[1] }), ib])]);
     append(root, [el("h2", { text: "Where the cost sits" }), two]);
-    icicle(ia, a, ta, { id: "icicle-a" });
-    icicle(ib, b, tb, { id: "icicle-b" });
+    // each side coloured by what happened to the module: the same, changed, only on this side
+    var what = new Map(rows.map(function (r) { return [r.path === "(root)" ? "" : r.path, r._cls]; }));
+    function colourBy(only) {
+      return function (n) { var w = what.get(n.path); return w === "changed" ? "#f0b429" : w === only ? (only === "added" ? "#5aa469" : "#d9534f") : "#b9c6d8"; };
+    }
+    icicle(ia, a, ta, { id: "icicle-a", colour: colourBy("removed"), legend: [["#b9c6d8", "the same"], ["#f0b429", "changed"], ["#d9534f", "only in " + names[0]]] });
+    icicle(ib, b, tb, { id: "icicle-b", colour: colourBy("added"), legend: [["#b9c6d8", "the same"], ["#f0b429", "changed"], ["#5aa469", "only in " + names[1]]] });
     append(root, [el("h2", { text: "Where these numbers come from" }), el("div", { cls: "side" }, [provenance(a, about), provenance(b, about)])]);
   }
 

@@ -160,7 +160,9 @@
     var crumbs = el("div", { cls: "crumbs" });
     var svg = sv("svg", { cls: "icicle", id: opts.id, role: "img" });
     var legend = el("div", { cls: "legend" });
-    if (bound) {
+    if (opts.legend) {
+      append(legend, opts.legend.map(function (l) { return el("span", {}, [el("i", { style: "background:" + l[0] }), l[1]]); }));
+    } else if (bound) {
       append(legend, [el("span", {}, [el("i", { style: "background:var(--compute)" }), "compute-bound"]),
         el("span", {}, [el("i", { style: "background:var(--memory)" }), "memory-bound"]),
         el("span", {}, [el("i", { style: "background:var(--other)" }), "no work"]),
@@ -173,6 +175,7 @@
       crumbs, svg, legend]);
     append(host, wrap);
     function colour(n) {
+      if (opts.colour) return opts.colour(n);
       if (bound) {
         var b = bound[n.path] && bound[n.path].bound;
         return b === "compute" ? "var(--compute)" : b === "memory" ? "var(--memory)" : "var(--other)";
@@ -193,7 +196,7 @@
         drawn++;
         rows = Math.max(rows, level + 1);
         var v = m.value(n);
-        var g = sv("g", { cls: "node", "data-path": n.path, "data-value": String(v),
+        var g = sv("g", { cls: "node", "data-path": n.path, "data-value": String(v), "data-colour": colour(n),
                           transform: "translate(" + x.toFixed(2) + "," + (level * rowH) + ")" });
         append(g, sv("rect", { width: Math.max(w - 0.5, 0.5).toFixed(2), height: rowH - 1, fill: colour(n) }));
         if (w > 46) {
