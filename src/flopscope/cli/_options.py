@@ -1,7 +1,7 @@
 """The one grammar of the command line, shared by every subcommand.
 
 Every subcommand adds its options through these helpers, so a flag means the same thing
-everywhere: ``--format table|markdown|json|csv``, ``--output FILE``, ``--input SHAPE[:DTYPE]``,
+everywhere: ``--format table|markdown|json|csv|html``, ``--output FILE``, ``--input SHAPE[:DTYPE]``,
 ``--batch N``, ``--seq-len N``, ``--dtype NAME``, ``--depth N``, ``--config KEY=VALUE``.
 
 Errors: a subcommand raises :func:`usage_error` (exit 2) or :class:`CheckFailed` (exit 1);
@@ -52,6 +52,7 @@ __all__ = [
     "add_format",
     "add_output",
     "add_source_options",
+    "check_page_output",
     "did_you_mean",
     "load_source",
     "one_line",
@@ -68,7 +69,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = interrupt.EXIT_INTERRUPTED  # 130
 
-FORMATS = ("table", "markdown", "json", "csv")
+FORMATS = ("table", "markdown", "json", "csv", "html")
 
 SOURCE_FORMS = (
     "torchvision:NAME, timm:NAME, hf:MODEL_TYPE, hf:path/to/config.json, "
@@ -135,7 +136,7 @@ def add_format(
     default: str = "table",
     help: str | None = None,  # noqa: A002  (argparse's own name)
 ) -> None:
-    """Add ``--format`` (a subset of ``table|markdown|json|csv``, in that order).
+    """Add ``--format`` (a subset of ``table|markdown|json|csv|html``, in that order).
 
     Args:
         parser: the subcommand's parser.
@@ -199,6 +200,22 @@ def write_output(text: str, path: str | None, *, flag: str = "--output") -> None
     except OSError as e:
         raise usage_error(f"cannot write {flag} {path!r}: {e.strerror or e}") from None
     print(f"wrote {path}", file=sys.stderr)
+
+
+def check_page_output(fmt: str, path: str | None) -> None:
+    """Fail early (exit 2) when ``--format html`` would print a web page into a terminal; a
+    file, or stdout sent to a pipe or a file, is fine.
+
+    Args:
+        fmt: the ``--format`` given.
+        path: the ``--output`` given (``None`` or ``-``: stdout).
+
+    Raises:
+        UsageError: an HTML page would go to a terminal.
+    """
+    if fmt == "html" and path in (None, "-") and sys.stdout.isatty():
+        raise usage_error("--format html writes a web page: give --output FILE.html (or send "
+                          "stdout to a file)")
 
 
 # -- SOURCE and its inputs ---------------------------------------------------------------------

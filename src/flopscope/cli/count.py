@@ -20,6 +20,7 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     add_step_time,
+    check_page_output,
     check_step_time,
     load_source,
     step_time_peak,
@@ -207,6 +208,7 @@ def _check_options(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: a bad combination of options, a bad path, an unknown profile, a bad layout.
     """
+    check_page_output(args.format, args.output)
     if args.plot:
         check_plot(args.plot)
     if args.roofline_plot:

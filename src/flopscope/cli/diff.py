@@ -12,7 +12,11 @@ from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     add_depth,
+    add_format,
+    add_output,
+    check_page_output,
     usage_error,
+    write_output,
 )
 from flopscope.cli.types import tolerance
 
@@ -36,6 +40,10 @@ def add_subcommands(subparsers: Any) -> None:
     diff.add_argument("--tolerance", type=tolerance, default=0.0,
                       help="allowed relative change per module, e.g. 1%% (default 0)")
     add_depth(diff, default=2, help="levels of changed modules to list (all are checked)")
+    add_format(diff, choices=("table", "html"),
+               help="table (default), or html: both reports side by side as one page (with "
+                    "--output FILE; the verdict goes to stderr)")
+    add_output(diff)
     diff.set_defaults(func=run_diff)
 
 
@@ -128,8 +136,14 @@ def run_diff(args: argparse.Namespace) -> int:
     from flopscope.render.units import human
     from flopscope.report.diff import diff_reports
 
+    check_page_output(args.format, args.output)
     report_a, report_b = read_report(args.a), read_report(args.b)
     result = diff_reports(report_a, report_b)
+    page = args.format == "html"
+    if page:
+        from flopscope.render.html import render_diff_html
+
+        write_output(render_diff_html(report_a, report_b, (args.a, args.b)), args.output)
     beyond = {c.path for c in result.beyond(args.tolerance)}
     rows = [c for c in result.changes if c.counts_differ and c.depth <= args.depth]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
@@ -144,12 +158,13 @@ def run_diff(args: argparse.Namespace) -> int:
                       _signed_pct(va[1], vb[1]), human(va[2]), human(vb[2]),
                       _signed_pct(va[2], vb[2]),
                       (c.presence + " " if c.presence else "") + ("BEYOND" if over else ""))
-    console = Console(file=sys.stdout, width=160 if not sys.stdout.isatty() else None,
-                      highlight=False)
+    console = Console(file=sys.stderr if page else sys.stdout,
+                      width=160 if not sys.stdout.isatty() else None, highlight=False)
     tol = f"{100 * args.tolerance:g}%"
-    if rows:
+    if rows and not page:
         console.print(table)
-    _print_times(console, report_a, report_b, args)
+    if not page:
+        _print_times(console, report_a, report_b, args)
     if beyond:
         names = [c.path or "(root)" for c in result.beyond(args.tolerance)]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")

@@ -13,6 +13,7 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     add_step_time,
+    check_page_output,
     check_step_time,
     load_source,
     step_time_peak,
@@ -57,7 +58,7 @@ def add_subcommands(subparsers: Any) -> None:
                                   "SECONDS / bandwidth")
     util.add_argument("--prefill-time", type=positive_number, metavar="SECONDS",
                       help="measured time of the prefill (time to first token): its MFU")
-    add_format(p, choices=("table", "json"))
+    add_format(p, choices=("table", "json", "html"))
     add_output(p)
     p.set_defaults(func=run_generate)
 
@@ -77,6 +78,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from flopscope.llm import count_generation
     from flopscope.llm.generate import StepLogs
 
+    check_page_output(args.format, args.output)
     if args.input:
         raise usage_error("generate makes its own token ids: give --prompt-len and --batch, "
                           "not --input")
@@ -118,7 +120,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                          decode_seconds=args.step_time,
                                          weights=weight_bytes(loaded.model))
     estimates = logs.estimates(args.hardware) if logs is not None else []
-    if args.format == "json":
+    if args.format in ("json", "html"):
         data = result.to_dict()
         if utilization:
             data["utilization"] = [u.to_dict() for u in utilization]
@@ -129,7 +131,12 @@ def run_generate(args: argparse.Namespace) -> int:
         data["source"] = loaded.source
         data["prompt_len"], data["new_tokens"] = args.prompt_len, args.new_tokens
         data["batch"] = args.batch or 1
-        write_output(json.dumps(data, indent=2) + "\n", args.output)
+        if args.format == "html":
+            from flopscope.render.html import render_generation_html
+
+            write_output(render_generation_html(data), args.output)
+        else:
+            write_output(json.dumps(data, indent=2) + "\n", args.output)
     else:
         head = (f"{loaded.source} ({loaded.name}): batch {args.batch or 1}, prompt "
                 f"{args.prompt_len}, {args.new_tokens} new tokens"

@@ -14,6 +14,7 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
+    check_page_output,
     load_source,
     usage_error,
     write_output,
@@ -68,7 +69,7 @@ def add_subcommands(subparsers: Any) -> None:
     add_depth(p, help="levels of the module tree to show (default 2)")
     p.add_argument("--by", choices=["module", "op"], default="module",
                    help="break down by module tree or by operator")
-    add_format(p, choices=("table", "markdown", "json"))
+    add_format(p, choices=("table", "markdown", "json", "html"))
     add_output(p)
     p.set_defaults(func=run_profile)
 
@@ -90,6 +91,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from flopscope.timing import profile as measure_profile
     from flopscope.timing.trace import estimated_trace, measured_trace, write_trace
 
+    check_page_output(args.format, args.output)
     if args.optimizer is not None and not args.train:
         raise usage_error("--optimizer is the optimizer of a measured training step: it needs "
                           "--train")

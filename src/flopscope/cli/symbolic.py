@@ -17,6 +17,7 @@ import torch
 
 from flopscope.cli._options import (
     EXIT_OK,
+    check_page_output,
     load_source,
     one_line,
     usage_error,
@@ -88,11 +89,12 @@ def run_symbolic(args: argparse.Namespace) -> int:
     from flopscope.report.symbolic import pretty
     from flopscope.symbolic.count import count_symbolic, plot_symbolic
 
+    check_page_output(args.format, args.output)
     for flag in ("hardware", "memory", "roofline_plot"):
         if getattr(args, flag, None):
             raise usage_error(f"--{flag.replace('_', '-')} does not combine with --symbolic")
     if args.format == "csv":
-        raise usage_error("--symbolic writes table, markdown or json")
+        raise usage_error("--symbolic writes table, markdown, json or html")
     names = [n.strip() for n in args.symbolic.split(",") if n.strip()]
     loaded = load_source(args, shape_only=True)
     places = symbol_places(names, loaded.args, loaded.kwargs)
@@ -121,6 +123,8 @@ def run_symbolic(args: argparse.Namespace) -> int:
         data = report.to_dict()
         data["source"] = args.source
         write_output(json.dumps(data, indent=2) + "\n", args.output)
+    elif args.format == "html":
+        write_output(report.to_html(), args.output)
     elif args.format == "markdown":
         write_output(report.markdown(depth) + "\n" + "".join(f"\n- {d}" for d in derived) + "\n",
                      args.output)

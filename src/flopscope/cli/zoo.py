@@ -16,6 +16,7 @@ from flopscope.cli._options import (
     PROG,
     add_format,
     add_output,
+    check_page_output,
     print_error,
     usage_error,
     write_output,
@@ -48,7 +49,7 @@ def add_subcommands(subparsers: Any) -> None:
                      help="batch sizes to count every model at, e.g. 1,8,64")
     zoo.add_argument("--seq-len", type=_int_list, default=None, metavar="N[,N...]",
                      help="sequence lengths to count every hf model at, e.g. 128,2048,32768")
-    add_format(zoo, choices=("markdown", "csv"), default="markdown")
+    add_format(zoo, choices=("markdown", "csv", "html"), default="markdown")
     add_output(zoo)
     zoo.set_defaults(func=run_zoo)
 
@@ -59,11 +60,12 @@ def _int_list(text: str) -> list[int]:
 
 
 def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str, *, times: bool = True) -> str:
-    """The sweep's rows as CSV (plain numbers) or a Markdown table (M params, G MACs/FLOPs).
+    """The sweep's rows as CSV (plain numbers), a Markdown table (M params, G MACs/FLOPs) or a
+    sortable HTML page (plain numbers).
 
     Args:
         rows: the finished rows.
-        fmt: ``"csv"`` or ``"markdown"``.
+        fmt: ``"csv"``, ``"markdown"`` or ``"html"``.
         library: the library swept (torchvision adds its published GFLOPS column).
         times: with the Markdown table's "count time" column (README's table leaves it out).
 
@@ -73,6 +75,17 @@ def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str, *, times: bool = T
     from flopscope.render.units import scaled
 
     with_ref = library == "torchvision" and any(r.reference_gmacs for r in rows)
+    if fmt == "html":
+        from flopscope.render.html import render_table_html
+
+        columns = ["model", "input", "params", "macs", "flops",
+                   *(["reference_gmacs"] if with_ref else []), "uncounted_ops", "seconds", "error"]
+        return render_table_html(f"flopscope zoo {library}", columns,
+                                 [{**_csv_row(r), "seconds": r.seconds, "error": r.error}
+                                  for r in rows],
+                                 note="params, MACs and FLOPs of each model at its input" + (
+                                     " (reference_gmacs: torchvision's published GMACs)"
+                                     if with_ref else ""))
     if fmt == "csv":
         buf = io.StringIO()
         fields = ["model", "input", "params", "macs", "flops", "uncounted_ops", "seconds"]
@@ -140,6 +153,7 @@ def run_zoo(args: argparse.Namespace) -> int:
 
     from flopscope.errors import SourceError
 
+    check_page_output(args.format, args.output)
     try:
         names = zoo_models(args.library, args.models)
     except ImportError:

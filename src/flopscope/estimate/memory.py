@@ -26,7 +26,7 @@ objects and non-tensor memory are never seen.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import ancestors
 
-__all__ = ["CATEGORIES", "MemoryProfile", "MemoryTracker", "layout_copy_bytes"]
+__all__ = ["CATEGORIES", "TIMELINE_POINTS", "MemoryProfile", "MemoryTracker", "layout_copy_bytes",
+           "timeline"]
 
 CATEGORIES = (
     "parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations",
@@ -161,6 +162,7 @@ class MemoryTracker:
         self._peak_event = 0
         self._peak_at: tuple[str, str, str] = ("", Phase.FORWARD.value, "")
         self._hwm: dict[str, int] = {}  # module path -> live bytes high-water mark (own calls)
+        self._calls: list[tuple[int, str]] = []  # (event, phase) of each operator call, in order
         self._closed = False
         # what register() made live (storage, key, bytes, category): kept by reset()
         self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
@@ -257,6 +259,7 @@ class MemoryTracker:
         if call is None or self._closed:
             return
         self._event += 1
+        self._calls.append((self._event, phase.value))
         live = self._live
         for t in call.inputs:
             found = _storage(t)
@@ -341,7 +344,47 @@ class MemoryTracker:
             at_peak={c: v for c, v in at_peak.items() if v},
             end_bytes=self.current,
             by_module=inclusive,
+            timeline=timeline(self._allocs, self._calls),
         )
+
+
+TIMELINE_POINTS = 400
+
+
+def timeline(allocs: Sequence[_Alloc], calls: Sequence[tuple[int, str]],
+             points: int = TIMELINE_POINTS) -> dict[str, Any]:
+    """Live bytes by category over the run's operator calls, at most ``points`` of them: each a
+    call's moment (its inputs, outputs and workspace live, as at the peak); when there are more
+    calls, the highest call of each equal run of calls, so the peak is always one of them.
+
+    Args:
+        allocs: every allocation, with the events it was born and died at.
+        calls: (event, phase) of each operator call, in order.
+        points: the most calls kept.
+
+    Returns:
+        ``{"calls": total calls, "index": [call number], "phase": [phase], "categories":
+        {category: [bytes]}}``, categories that were ever live only; ``{}`` with no call.
+    """
+    if not calls:
+        return {}
+    cats = [c for c in CATEGORIES if any(a.category == c for a in allocs)]
+    where = {c: i for i, c in enumerate(cats)}
+    # live at event e: born <= e and not died <= e (the rule of the peak's breakdown)
+    changes = sorted([(a.born, where[a.category], a.nbytes) for a in allocs]
+                     + [(a.died, where[a.category], -a.nbytes) for a in allocs
+                        if a.died is not None], key=lambda c: c[0])
+    live, rows, j = [0] * len(cats), [], 0
+    for event, _ in calls:
+        while j < len(changes) and changes[j][0] <= event:
+            live[changes[j][1]] += changes[j][2]
+            j += 1
+        rows.append(tuple(live))
+    step = -(-len(rows) // points)  # ceil
+    keep = [max(range(i, min(i + step, len(rows))), key=lambda k: sum(rows[k]))
+            for i in range(0, len(rows), step)]
+    return {"calls": len(calls), "index": keep, "phase": [calls[k][1] for k in keep],
+            "categories": {c: [rows[k][i] for k in keep] for i, c in enumerate(cats)}}
 
 
 @dataclass(frozen=True)
@@ -359,6 +402,7 @@ class MemoryProfile:
             the modules below it).
         train: whether the run was a training step.
         note: what the run was (filled in by the helpers).
+        timeline: live bytes by category over the operator calls (see :func:`timeline`).
     """
 
     peak_bytes: int
@@ -370,6 +414,7 @@ class MemoryProfile:
     by_module: dict[str, int] = field(default_factory=dict)
     train: bool = False
     note: str = ""
+    timeline: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (integers in bytes)."""
@@ -385,4 +430,5 @@ class MemoryProfile:
             "note": self.note,
             "excludes": "allocator rounding and caching, kernel workspaces (cuBLAS/cuDNN/oneDNN), "
                         "CUDA context, allocations inside module-rule modules",
+            **({"timeline": self.timeline} if self.timeline else {}),
         }

@@ -4,6 +4,7 @@ holds integers.
 - ``options``: :class:`RenderOptions` and the :class:`Format` / :class:`By` enums;
 - ``common``: what every text rendering shows (module rows, warnings, headline);
 - ``text``: the rich table and plain text; ``markdown``; ``data``: JSON and CSV;
+- ``html``: one self-contained page that draws the report's JSON (no network);
 - ``plot``: charts (matplotlib).
 
 Every writer takes a report's sections (what features added: columns, lines, JSON data) the same
@@ -50,4 +51,8 @@ def render(report: Report, options: RenderOptions | None = None, **changes: Any)
                                top_ops=opts.top_ops)
     if opts.format is Format.JSON:
         return render_json(report)
+    if opts.format is Format.HTML:
+        from flopscope.render.html import render_html
+
+        return render_html(report)
     return render_csv(report, by=opts.by)

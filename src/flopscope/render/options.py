@@ -23,6 +23,7 @@ class Format(str, Enum):
     MARKDOWN = "markdown"
     JSON = "json"
     CSV = "csv"
+    HTML = "html"
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class RenderOptions:
     """What a rendering shows and how.
 
     Attributes:
-        format: table, markdown, json or csv.
+        format: table, markdown, json, csv or html.
         depth: levels of the module tree below the root (table, markdown).
         by: the module tree or every operator (table, markdown, csv).
         unit: a fixed SI prefix for MACs and FLOPs (``"G"``), or ``None`` for automatic.

@@ -440,6 +440,19 @@ class Report:
 
         return render_text(self, depth=depth)
 
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page (no network request): the module tree as
+        an icicle, sortable tables, the roofline and memory where the report has them; drawn from
+        :meth:`to_dict`, embedded in the page."""
+        from flopscope.render.html import render_html
+
+        return render_html(self)
+
+    def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
+        from flopscope.render.html import notebook_frame, render_html
+
+        return notebook_frame(render_html(self))
+
     def __str__(self) -> str:
         return self.table()
 

@@ -338,6 +338,18 @@ class SymbolicReport:
         out += ["", self.domain_text()]
         return "\n".join(out)
 
+    def to_html(self) -> str:
+        """One self-contained HTML page: the formulas per module and operator, and the total
+        FLOPs against each symbol (see :func:`flopscope.render.html.render_symbolic_html`)."""
+        from flopscope.render.html import render_symbolic_html
+
+        return render_symbolic_html(self)
+
+    def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
+        from flopscope.render.html import notebook_frame, render_symbolic_html
+
+        return notebook_frame(render_symbolic_html(self))
+
     def __str__(self) -> str:
         return self.table()
 

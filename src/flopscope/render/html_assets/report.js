@@ -1,0 +1,343 @@
+/* flopscope page, part 2 of 3: the roofline, memory, and the page of one report. */
+  // -- the roofline chart ---------------------------------------------------------------------------
+  function roofline(host, rep) {
+    var est = rep.estimate, hw = est.hardware, bw = hw.memory_bandwidth_gb_s * 1e9;
+    var pts = Object.keys(est.by_op).map(function (op) {
+      var r = est.by_op[op];
+      return { op: op, x: r.intensity, y: r.time_s ? r.flops / r.time_s : 0, r: r };
+    }).filter(function (p) { return p.x && p.y && p.r.bytes; });
+    var measured = [];
+    if (rep.measured && rep.measured.by_op) {
+      measured = Object.keys(rep.measured.by_op).map(function (op) {
+        var r = rep.measured.by_op[op];
+        return { op: op, x: r.bytes ? r.flops / r.bytes : 0, y: r.flops_per_s || 0, r: r };
+      }).filter(function (p) { return p.x && p.y; });
+    }
+    var dtypes = Object.keys(Object.assign({}, hw.vector_tflops || {}, hw.matrix_tflops || {}));
+    var pick = dtypes.indexOf("fp32") >= 0 ? "fp32" : dtypes.indexOf("bf16") >= 0 ? "bf16" : dtypes[0];
+    var select = el("select", { id: "roofline-dtype", "aria-label": "roofs of" },
+      dtypes.map(function (d) { return el("option", { value: d, text: d, selected: d === pick ? "selected" : null }); }));
+    var svg = sv("svg", { cls: "chart", id: "roofline", width: 760, height: 440, viewBox: "0 0 760 440" });
+    append(host, [el("p", { cls: "hint", text: "Each operator at its arithmetic intensity and the FLOP rate the estimate gives it " +
+      "(a bound: real kernels are slower); area by its share of the estimated time. Roofs: the memory bandwidth (" +
+      human(bw, "B/s") + ") and the peaks of the chosen data type on " + hw.name + (hw.measured ? " (measured)." : " (datasheet).") +
+      (measured.length ? " Hollow points: measured rates." : "")}),
+      el("div", { cls: "controls" }, [el("label", { text: "roofs of" }), select]), svg]);
+    select.addEventListener("change", draw);
+    function draw() {
+      while (svg.firstChild) svg.removeChild(svg.firstChild);
+      var d = select.value;
+      var tf = est.tf32 && d === "fp32" ? "tf32" : d;
+      var roofs = [];
+      if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ label: tf + " matrix", peak: hw.matrix_tflops[tf] * 1e12, dash: null });
+      if (hw.vector_tflops && hw.vector_tflops[d]) roofs.push({ label: d + " vector", peak: hw.vector_tflops[d] * 1e12, dash: "5,4" });
+      var all = pts.concat(measured);
+      var xs = all.map(function (p) { return p.x; }).concat(roofs.map(function (r) { return r.peak / bw; }));
+      var ys = all.map(function (p) { return p.y; }).concat(roofs.map(function (r) { return r.peak; }));
+      var x0 = Math.pow(10, Math.floor(Math.log10(Math.min.apply(null, xs.concat([1])) / 2)));
+      var x1 = Math.pow(10, Math.ceil(Math.log10(Math.max.apply(null, xs.concat([100])) * 2)));
+      var y0 = Math.pow(10, Math.floor(Math.log10(Math.min.apply(null, ys.concat([bw * x0])) / 2)));
+      var y1 = Math.pow(10, Math.ceil(Math.log10(Math.max.apply(null, ys) * 1.5)));
+      var L = 70, R = 740, T = 14, B = 400;
+      function X(v) { return L + (R - L) * (Math.log10(v) - Math.log10(x0)) / (Math.log10(x1) - Math.log10(x0)); }
+      function Y(v) { return B - (B - T) * (Math.log10(v) - Math.log10(y0)) / (Math.log10(y1) - Math.log10(y0)); }
+      for (var e = Math.log10(x0); e <= Math.log10(x1) + 1e-9; e++) {
+        var gx = X(Math.pow(10, e));
+        append(svg, [sv("line", { cls: "grid", x1: gx, x2: gx, y1: T, y2: B }),
+          sv("text", { x: gx, y: B + 16, "text-anchor": "middle", text: human(Math.pow(10, e)) })]);
+      }
+      for (e = Math.log10(y0); e <= Math.log10(y1) + 1e-9; e++) {
+        var gy = Y(Math.pow(10, e));
+        append(svg, [sv("line", { cls: "grid", x1: L, x2: R, y1: gy, y2: gy }),
+          sv("text", { x: L - 6, y: gy + 4, "text-anchor": "end", text: human(Math.pow(10, e)) })]);
+      }
+      append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
+        sv("text", { x: (L + R) / 2, y: B + 34, "text-anchor": "middle", text: "arithmetic intensity (FLOP / byte)" }),
+        sv("text", { x: 14, y: (T + B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + B) / 2 + ")", text: "FLOP/s" })]);
+      roofs.forEach(function (r, i) {  // the roof, and its name in a key at the top left
+        var ridge = r.peak / bw, path = "M" + X(x0) + "," + Y(bw * x0) + " L" + X(ridge) + "," + Y(r.peak) + " L" + X(x1) + "," + Y(r.peak);
+        var colour = i ? "#7a8699" : "#1d2330", ky = T + 14 + 16 * i;
+        append(svg, [sv("path", { d: path, fill: "none", stroke: colour, "stroke-width": 1.6, "stroke-dasharray": r.dash, cls: "roof" }),
+          sv("line", { x1: L + 10, x2: L + 34, y1: ky - 4, y2: ky - 4, stroke: colour, "stroke-width": 1.6, "stroke-dasharray": r.dash }),
+          sv("text", { x: L + 40, y: ky, text: r.label + " roof " + human(r.peak, "FLOP/s") + ", ridge at " + (r.peak / bw).toFixed(0) + " FLOP/B" })]);
+      });
+      append(svg, sv("text", { x: L + 40, y: T + 14 + 16 * roofs.length, text: "slope: memory bandwidth " + human(bw, "B/s") }));
+      var total = est.total.time_s || 1;
+      pts.sort(function (a, b) { return b.r.time_s - a.r.time_s; });
+      pts.forEach(function (p, i) {
+        var rad = 3 + 22 * Math.sqrt(p.r.time_s / total);
+        var c = sv("circle", { cx: X(p.x), cy: Y(p.y), r: rad.toFixed(1), cls: "point", "data-op": p.op,
+          fill: p.r.bound === "compute" ? "var(--compute)" : "var(--memory)", "fill-opacity": 0.55, stroke: "#333", "stroke-width": 0.6 });
+        c.addEventListener("mousemove", function (ev) {
+          showTip(ev, p.op + "\n" + p.r.calls + " calls, " + human(p.r.flops, "FLOP") + ", " + bytes(p.r.bytes) +
+            "\nintensity " + p.x.toFixed(2) + " FLOP/B, " + human(p.y, "FLOP/s") +
+            "\nestimated " + secs(p.r.time_s) + " (" + pct(p.r.share, 1) + " of the estimate), " + p.r.bound + "-bound");
+        });
+        c.addEventListener("mouseleave", hideTip);
+        svg.appendChild(c);
+        if (i < 8) svg.appendChild(sv("text", { x: X(p.x) + rad + 2, y: Y(p.y) + 4, text: shortOp(p.op) }));
+      });
+      measured.forEach(function (p) {
+        var c = sv("circle", { cx: X(p.x), cy: Y(p.y), r: 4, fill: "none", stroke: "#c0392b", "stroke-width": 1.4, cls: "measured-point" });
+        c.addEventListener("mousemove", function (ev) {
+          showTip(ev, p.op + " (measured)\n" + secs(p.r.seconds) + ", " + human(p.y, "FLOP/s") +
+            (p.r.efficiency !== null && p.r.efficiency !== undefined ? ", " + (100 * p.r.efficiency).toFixed(0) + "% of its roof" : ""));
+        });
+        c.addEventListener("mouseleave", hideTip);
+        svg.appendChild(c);
+      });
+    }
+    draw();
+  }
+
+  // -- memory -------------------------------------------------------------------------------------
+  var CATEGORY_COLOURS = { parameters: "#3b7dd8", buffers: "#e8743b", inputs: "#5aa469", gradients: "#b36bc2",
+    optimizer_state: "#d4a017", activations: "#4bb3b3", temporaries: "#8e9aaf", workspace: "#c0392b", other: "#6b4f3a" };
+  function categoryColour(k) { return CATEGORY_COLOURS[k] || "#999"; }
+  function memory(host, mem) {
+    var facts = el("dl", { cls: "facts" });
+    function fact(k, v) { append(facts, [el("dt", { text: k }), el("dd", {}, v)]); }
+    fact("peak", el("b", { id: "memory-peak", "data-value": String(mem.peak_bytes), text: bytes(mem.peak_bytes) }));
+    fact("reached", (mem.peak_phase || "") + " in " + (mem.peak_module ? "'" + mem.peak_module + "'" : "the root") +
+      (mem.peak_op ? " at " + mem.peak_op : ""));
+    if (mem.end_bytes !== undefined) fact("live at the end", bytes(mem.end_bytes));
+    if (mem.note) fact("what ran", mem.note);
+    if (mem.excludes) fact("not counted", mem.excludes);
+    append(host, facts);
+    var at = mem.at_peak || {}, keys = Object.keys(at), sum = 0;
+    keys.forEach(function (k) { sum += at[k]; });
+    if (sum) {
+      append(host, el("h3", { text: "live at the peak" }));
+      var bar = el("div", { cls: "bar" }), legend = el("div", { cls: "legend" });
+      keys.forEach(function (k) {
+        var c = categoryColour(k);
+        append(bar, el("span", { style: "width:" + (100 * at[k] / sum) + "%;background:" + c, title: k + ": " + bytes(at[k]) }));
+        append(legend, el("span", {}, [el("i", { style: "background:" + c }), k.replace(/_/g, " ") + " " + bytes(at[k]) + " (" + pct(at[k], sum) + ")"]));
+      });
+      append(host, [bar, legend]);
+    }
+    if (mem.timeline && mem.timeline.index && mem.timeline.index.length) timeline(host, mem.timeline, mem);
+  }
+  function timeline(host, tl, mem) {  // {calls, index: [call], phase: [..], categories: {cat: [bytes]}}
+    var cats = Object.keys(tl.categories), n = tl.index.length;
+    var svg = sv("svg", { cls: "chart", id: "memory-timeline", width: 760, height: 280, viewBox: "0 0 760 280" });
+    var L = 80, R = 740, T = 14, B = 230, top = mem.peak_bytes || 1, last = Math.max(tl.calls - 1, 1);
+    function X(call) { return L + (R - L) * call / last; }
+    function Y(v) { return B - (B - T) * v / top; }
+    var base = tl.index.map(function () { return 0; });
+    cats.forEach(function (k) {
+      var vals = tl.categories[k], upper = vals.map(function (v, i) { return base[i] + v; });
+      var d = upper.map(function (v, i) { return (i ? "L" : "M") + X(tl.index[i]).toFixed(1) + "," + Y(v).toFixed(1); }).join(" ");
+      for (var i = n - 1; i >= 0; i--) d += " L" + X(tl.index[i]).toFixed(1) + "," + Y(base[i]).toFixed(1);
+      append(svg, sv("path", { d: d + " Z", fill: categoryColour(k), "fill-opacity": 0.75, cls: "area", "data-category": k },
+        sv("title", { text: k.replace(/_/g, " ") })));
+      base = upper;
+    });
+    var peakAt = 0;
+    base.forEach(function (v, i) { if (v > base[peakAt]) peakAt = i; });
+    var px = X(tl.index[peakAt]);
+    append(svg, [sv("line", { x1: px, x2: px, y1: T, y2: B, stroke: "#c0392b", "stroke-dasharray": "3,3" }),
+      sv("text", { x: Math.min(px + 4, R - 150), y: T + 10, id: "timeline-peak", "data-value": String(base[peakAt]), text: "peak " + bytes(base[peakAt]) + " at call " + tl.index[peakAt] }),
+      sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
+      sv("text", { x: L - 6, y: T + 4, "text-anchor": "end", text: bytes(top) }), sv("text", { x: L - 6, y: B, "text-anchor": "end", text: "0" }),
+      sv("text", { x: L, y: B + 16, "text-anchor": "middle", text: "0" }), sv("text", { x: R, y: B + 16, "text-anchor": "middle", text: String(tl.calls - 1) }),
+      sv("text", { x: (L + R) / 2, y: B + 34, "text-anchor": "middle", text: "operator call" })]);
+    var prev = null;  // phase boundaries
+    tl.phase.forEach(function (p, i) {
+      if (p !== prev && i) {
+        var x = X(tl.index[i]);
+        append(svg, [sv("line", { x1: x, x2: x, y1: T, y2: B, stroke: "#888", "stroke-width": 0.8 }), sv("text", { x: x + 3, y: B - 6, text: p })]);
+      }
+      prev = p;
+    });
+    var hover = sv("rect", { x: L, y: T, width: R - L, height: B - T, fill: "transparent" });
+    hover.addEventListener("mousemove", function (ev) {
+      var box = svg.getBoundingClientRect(), call = (ev.clientX - box.left) * 760 / box.width;
+      var k = 0, want = (call - L) / (R - L) * last;
+      tl.index.forEach(function (c, i) { if (Math.abs(c - want) < Math.abs(tl.index[k] - want)) k = i; });
+      showTip(ev, "call " + tl.index[k] + " (" + tl.phase[k] + "): " + bytes(base[k]) + " live\n" +
+        cats.map(function (c) { return c.replace(/_/g, " ") + " " + bytes(tl.categories[c][k]); }).join("\n"));
+    });
+    hover.addEventListener("mouseleave", hideTip);
+    svg.appendChild(hover);
+    append(host, [el("h3", { text: "live memory over the run's " + tl.calls + " operator calls" }),
+      el("p", { cls: "hint", text: tl.calls > n ? "The highest of every " + Math.ceil(tl.calls / n) + " calls is drawn, so the peak is exact." : "Every call." }), svg]);
+  }
+
+  // -- the report page ------------------------------------------------------------------------------
+  function card(label, value, key, raw, note) {
+    return el("div", { cls: "card" }, [el("div", { cls: "label", text: label }),
+      el("div", { cls: "value total", "data-key": key, "data-value": raw === undefined ? null : String(raw), text: value }),
+      note ? el("div", { cls: "exact", text: note }) : null]);
+  }
+  function subjectOf(rep) {
+    var src = rep.meta && rep.meta.source, name = rep.model || "counted code";
+    return src && src !== name ? name + " (" + src + ")" : name;
+  }
+  var PHASES = ["forward", "backward", "optimizer"];
+  function headlineCards(rep) {
+    var t = rep.totals, cards = [
+      card("parameters", human(t.params), "params", t.params, exact(t.params)),
+      card("MACs", human(t.macs, "MAC"), "macs", t.macs, exact(t.macs)),
+      card("FLOPs", human(t.flops, "FLOP"), "flops", t.flops, exact(t.flops)),
+      card("bytes read + written", bytes(t.bytes_read + t.bytes_written), "bytes", t.bytes_read + t.bytes_written,
+           bytes(t.bytes_read) + " read, " + bytes(t.bytes_written) + " written")];
+    if (rep.estimate) cards.push(card("estimated time (lower bound)", secs(rep.estimate.total.time_s), "estimate", rep.estimate.total.time_s,
+      rep.estimate.total.bound + "-bound on " + rep.estimate.hardware.name));
+    if (rep.measured) cards.push(card("measured time", secs(rep.measured.wall_s), "measured", rep.measured.wall_s,
+      "median of " + rep.measured.repeat + " on " + rep.measured.device));
+    if (rep.memory) cards.push(card("peak memory", bytes(rep.memory.peak_bytes), "memory", rep.memory.peak_bytes, rep.memory.note || ""));
+    return el("div", { cls: "cards" }, cards);
+  }
+  function phaseLine(rep) {
+    var ph = PHASES.filter(function (p) { return rep.totals[p]; });
+    if (ph.length < 2) return null;
+    return el("p", { cls: "sub", text: ph.map(function (p) {
+      return p + ": " + human(rep.totals[p].macs, "MAC") + ", " + human(rep.totals[p].flops, "FLOP");
+    }).join(" \u00b7 ") });
+  }
+  function warnings(rep) {
+    var out = [], unc = rep.uncounted || {}, ops = Object.keys(unc);
+    if (ops.length) out.push(el("div", { cls: "warn", id: "warn-uncounted" }, [
+      el("b", { text: ops.length + " operator(s) had no rule and count as 0 FLOPs" }),
+      el("ul", {}, ops.map(function (op) { return el("li", {}, [el("code", { text: op }), " (" + unc[op] + " call" + (unc[op] === 1 ? "" : "s") + ")"]); })),
+      el("span", { cls: "hint", text: "add a rule (--rules file.py), or fail on them with --strict" })]));
+    if ((rep.opaque || []).length) out.push(el("div", { cls: "warn", id: "warn-opaque" }, [
+      el("b", { text: rep.opaque.length + " module(s) produced outputs without arithmetic (possibly opaque)" }),
+      el("ul", {}, rep.opaque.map(function (p) { return el("li", {}, el("code", { text: p })); })),
+      el("span", { cls: "hint", text: "their work may bypass the dispatcher: give them a module rule" })]));
+    var bad = (rep.rules || []).filter(function (r) {
+      return r.macs_only ? r.cost.macs !== r.shadowed.macs : (r.cost.macs !== r.shadowed.macs || r.cost.flops !== r.shadowed.flops);
+    });
+    if (bad.length) out.push(el("div", { cls: "warn", id: "warn-rules" }, [
+      el("b", { text: bad.length + " module rule(s) disagree with the operators they replaced" }),
+      el("ul", {}, bad.map(function (r) {
+        return el("li", { text: "'" + r.module + "' (" + r.rule + "): rule " + human(r.cost.macs, "MAC") + " / " + human(r.cost.flops, "FLOP") +
+          ", operators " + human(r.shadowed.macs, "MAC") + " / " + human(r.shadowed.flops, "FLOP") });
+      }))]));
+    if (!out.length) out.push(el("p", { cls: "ok", id: "warn-none", text: "Every operator that ran had a rule; no module looked opaque." }));
+    return out;
+  }
+  function provenance(rep, about) {
+    var dl = el("dl", { cls: "facts", id: "provenance" }), m = rep.meta || {};
+    function fact(k, v) { if (v !== undefined && v !== null && v !== "") append(dl, [el("dt", { text: k }), el("dd", { text: String(v) })]); }
+    fact("model", rep.model || "counted code");
+    fact("source", m.source);
+    fact("inputs", (m.inputs || []).join(", "));
+    if (m.model_type) fact("model type", m.model_type);
+    if (m.config && Object.keys(m.config).length) fact("config", JSON.stringify(m.config));
+    fact("run", rep.shape_only ? "shape-only (fake tensors: no arithmetic ran)" : "real tensors");
+    fact("phases", PHASES.filter(function (p) { return rep.totals[p]; }).join(" + "));
+    if (m.reference_gmacs) fact("published figure", m.reference_gmacs + " GMAC (counted: " + (rep.totals.macs / 1e9).toFixed(3) + " GMAC)");
+    if (rep.world_size) fact("rank", rep.rank + " of " + rep.world_size);
+    var v = (about && about.versions) || {};
+    fact("versions", Object.keys(v).map(function (k) { return k + " " + v[k]; }).join(", "));
+    fact("page made", about && about.created);
+    fact("schema", rep.schema);
+    return dl;
+  }
+  function moduleRows(rep, tree) {
+    var est = rep.estimate && rep.estimate.by_module, mes = rep.measured && rep.measured.by_module,
+        mem = rep.memory && rep.memory.by_module;
+    return tree.order.map(function (n) {
+      var r = { path: n.path || "(root)", indent: n.depth, type: n.type, depth: n.depth, params: n.params, calls: n.calls,
+                macs: n.incl.macs, flops: n.incl.flops, bytes: n.incl.bytes, self_flops: n.self.flops };
+      if (est) { var e = est[n.path]; r.est = e ? e.time_s : null; r.bound = e ? e.bound : null; r.intensity = e ? e.intensity : null; }
+      if (mes) { var s = mes[n.path]; r.measured = s ? s.seconds : null; }
+      if (mem) r.peak = mem[n.path] === undefined ? null : mem[n.path];
+      return r;
+    });
+  }
+  function opRows(rep) {
+    var acc = new Map();
+    (rep.records || []).forEach(function (r) {
+      var a = acc.get(r.op);
+      if (!a) { a = { op: r.op, calls: 0, macs: 0, flops: 0, bytes: 0, counted: r.counted ? "yes" : "no rule" }; acc.set(r.op, a); }
+      a.calls += r.calls; a.macs += r.macs; a.flops += r.flops; a.bytes += r.bytes_read + r.bytes_written;
+    });
+    var est = rep.estimate && rep.estimate.by_op, mes = rep.measured && rep.measured.by_op;
+    return Array.from(acc.values()).map(function (a) {
+      if (est) { var e = est[a.op]; a.est = e ? e.time_s : null; a.bound = e ? e.bound : null; a.intensity = e ? e.intensity : null; a.share = e ? e.share : null; }
+      if (mes) { var s = mes[a.op]; a.measured = s ? s.seconds : null; a.rate = s ? s.flops_per_s : null; a.efficiency = s ? s.efficiency : null; }
+      return a;
+    });
+  }
+  function boundCls(v) { return v === "compute" ? "bound-compute" : v === "memory" ? "bound-memory" : ""; }
+  function fixed(d) { return function (v) { return v === null || v === undefined ? "-" : v.toFixed(d); }; }
+  function share(v) { return v === null || v === undefined ? "-" : (100 * v).toFixed(1) + "%"; }
+  function countColumns() {
+    return [{ key: "macs", label: "MACs", num: true, fmt: function (v) { return human(v); } },
+            { key: "flops", label: "FLOPs", num: true, fmt: function (v) { return human(v); } },
+            { key: "bytes", label: "bytes", num: true, fmt: bytes }];
+  }
+  function sectionColumns(rep, ops) {
+    var c = [];
+    if (rep.estimate) c.push({ key: "est", label: "est. time", num: true, fmt: secs, title: "roofline lower bound" },
+      { key: "intensity", label: "FLOP/B", num: true, fmt: fixed(1) },
+      { key: "bound", label: "bound", num: false, cls: boundCls });
+    if (rep.estimate && ops) c.push({ key: "share", label: "share", num: true, fmt: share });
+    if (rep.measured) {
+      c.push({ key: "measured", label: "measured", num: true, fmt: secs });
+      if (ops) c.push({ key: "rate", label: "FLOP/s", num: true, fmt: function (v) { return human(v); } },
+        { key: "efficiency", label: "efficiency", num: true, fmt: share });
+    }
+    if (rep.memory && !ops) c.push({ key: "peak", label: "peak memory", num: true, fmt: bytes, title: "the most live while the module ran" });
+    return c;
+  }
+  function moduleTable(host, rep, tree, id) {
+    var depth = el("select", { id: id + "-depth", "aria-label": "depth" },
+      ["1", "2", "3", "4", "all"].map(function (d) { return el("option", { value: d, text: d === "all" ? "every level" : "depth \u2264 " + d, selected: d === "2" ? "selected" : null }); }));
+    var cols = [{ key: "path", label: "module", num: false, fmt: function (v, r) { return "\u00a0\u00a0".repeat(Math.min(r.indent, 12)) + v; } },
+      { key: "type", label: "type", num: false }, { key: "params", label: "params", num: true, fmt: function (v) { return human(v); } }]
+      .concat(countColumns(), [{ key: "self_flops", label: "self FLOPs", num: true, fmt: function (v) { return human(v); } },
+        { key: "calls", label: "calls", num: true }], sectionColumns(rep, false));
+    var t = table(host, id, cols, moduleRows(rep, tree), {
+      controls: [depth],
+      keep: function (r) { return depth.value === "all" || r.depth <= Number(depth.value); } });
+    depth.addEventListener("change", t.redraw);
+  }
+  function opTable(host, rep, id) {
+    var cols = [{ key: "op", label: "operator", num: false }, { key: "calls", label: "calls", num: true }]
+      .concat(countColumns(), [{ key: "counted", label: "rule", num: false }], sectionColumns(rep, true));
+    table(host, id, cols, opRows(rep), { sort: rep.estimate ? "est" : "flops" });
+  }
+  var KNOWN = ["schema", "model", "shape_only", "meta", "totals", "modules", "records", "rules", "opaque", "uncounted",
+               "rank", "world_size", "estimate", "memory", "measured"];
+  function otherSections(host, rep) {
+    var keys = Object.keys(rep).filter(function (k) { return KNOWN.indexOf(k) < 0; });
+    if (!keys.length) return;
+    append(host, el("h2", { text: "Other sections" }));
+    keys.forEach(function (k) {
+      append(host, el("details", { id: "section-" + k }, [el("summary", { text: k }), el("pre", { cls: "json", text: JSON.stringify(rep[k], null, 2) })]));
+    });
+  }
+  function drawReport(root, rep, about) {
+    var tree = buildTree(rep);
+    append(root, [el("h1", { id: "subject", text: subjectOf(rep) }),
+      el("p", { cls: "sub", text: [(rep.meta && rep.meta.inputs || []).join(", ") ? "input " + rep.meta.inputs.join(", ") : "",
+        rep.shape_only ? "shape-only" : "", rep.records.length + " operator records, " + tree.order.length + " modules"].filter(Boolean).join(" \u00b7 ") }),
+      headlineCards(rep), phaseLine(rep)]);
+    append(root, [el("h2", { text: "Warnings" })].concat(warnings(rep)));
+    var ice = el("section", { id: "tree" });
+    append(root, [el("h2", { text: "Where the cost sits" }), el("p", { cls: "hint",
+      text: "The module tree as an icicle: each block is a module, as wide as its share of the chosen measure (itself and everything inside it). Click a block to zoom in, click it again (or a name above) to zoom out; hover for its own and inclusive values." }), ice]);
+    icicle(ice, rep, tree, { id: "icicle" });
+    if (rep.estimate) {
+      var rl = el("section", { id: "roofline-section" });
+      append(root, [el("h2", { text: "Roofline" }), rl]);
+      roofline(rl, rep);
+    }
+    if (rep.memory) {
+      var mh = el("section", { id: "memory" });
+      append(root, [el("h2", { text: "Memory" }), mh]);
+      memory(mh, rep.memory);
+    }
+    var mt = el("section"), ot = el("section");
+    append(root, [el("h2", { text: "Modules" }), el("p", { cls: "hint", text: "Inclusive values (the module and everything inside it); click a header to sort." }), mt]);
+    moduleTable(mt, rep, tree, "modules");
+    append(root, [el("h2", { text: "Operators" }), ot]);
+    opTable(ot, rep, "operators");
+    otherSections(root, rep);
+    append(root, [el("h2", { text: "Where these numbers come from" }), provenance(rep, about)]);
+  }
+

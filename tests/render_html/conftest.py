@@ -1,0 +1,33 @@
+"""Pages to look at: a tiny model counted with every section a count can add, written by the
+command line as HTML and as JSON (the same count, so the page's data must equal the JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.cli.conftest import TINY, cli
+
+from flopscope.cli import main
+
+__all__ = ["GENERATE", "TINY_FULL", "cli", "count_both"]  # cli: the command-line fixture, shared
+
+
+def count_both(tmp_path: Path, *args: str) -> tuple[str, Any]:
+    """``flopscope count ARGS`` written once as HTML and once as JSON: (page, parsed JSON)."""
+    page, data = tmp_path / "r.html", tmp_path / "r.json"
+    assert main(["count", *args, "--format", "html", "--output", str(page)]) == 0
+    assert main(["count", *args, "--format", "json", "--output", str(data)]) == 0
+    return page.read_text(encoding="utf-8"), json.loads(data.read_text(encoding="utf-8"))
+
+
+TINY_FULL = (f"{TINY}:tiny", "--hardware", "h100-sxm", "--memory")
+
+
+# a small Llama-style decoder generating: prefill of 8 tokens, then 2 decode steps
+GENERATE = ("generate", "hf:llama", "--shape-only", "--config", "num_hidden_layers=2",
+            "--config", "hidden_size=64", "--config", "intermediate_size=128",
+            "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2",
+            "--config", "vocab_size=256", "--prompt-len", "8", "--new-tokens", "3",
+            "--hardware", "h100-sxm")

@@ -1,0 +1,171 @@
+"""The HTML page in a real browser: Debian's headless Chromium loads it from disk with the network
+off (``benchmarks.html_render.Chromium``, the DevTools protocol over a pipe). Skipped when no
+chromium is installed (``apt-get install chromium``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from benchmarks.html_render import Chromium, chromium_path, llama_70b_report
+from tests.cli.conftest import TINY
+from tests.render_html.conftest import GENERATE, TINY_FULL
+from torch import nn
+
+from flopscope.cli import main
+from flopscope.render.html import render_html
+from flopscope.symbolic import count_symbolic
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(chromium_path() is None, reason="no chromium installed")]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    with Chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The tiny model's page with the estimate and memory sections, and its JSON."""
+    folder = tmp_path_factory.mktemp("tiny")
+    page, data = folder / "r.html", folder / "r.json"
+    assert main(["count", *TINY_FULL, "--format", "html", "--output", str(page)]) == 0
+    assert main(["count", *TINY_FULL, "--format", "json", "--output", str(data)]) == 0
+    return page, json.loads(data.read_text())
+
+
+def _opened(browser: Chromium, page: Path) -> None:
+    browser.open(page)
+    assert browser.evaluate("document.getElementById('flopscope').dataset.ready") == "1"
+    assert browser.errors() == []
+    # the page's own file, and nothing else (the network is off: anything else would fail)
+    assert browser.requests() == [page.resolve().as_uri()]
+
+
+def _value(browser: Chromium, selector: str) -> Any:
+    return browser.evaluate(f"document.querySelector({json.dumps(selector)}).dataset.value")
+
+
+def test_totals_in_the_dom_equal_the_json(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    page, data = tiny
+    _opened(browser, page)
+    totals = data["totals"]
+    for key in ("params", "macs", "flops"):
+        assert int(_value(browser, f'.total[data-key="{key}"]')) == totals[key]
+    assert int(_value(browser, '.total[data-key="bytes"]')) == (totals["bytes_read"]
+                                                                 + totals["bytes_written"])
+    assert float(_value(browser, '.total[data-key="estimate"]')) == data["estimate"]["total"]["time_s"]
+    assert int(_value(browser, "#memory-peak")) == data["memory"]["peak_bytes"]
+    # the timeline's highest call is the peak, marked
+    assert int(_value(browser, "#timeline-peak")) == data["memory"]["peak_bytes"]
+    # the icicle's root block is the records summed over the tree: the report's total
+    assert int(_value(browser, '#icicle g.node[data-path=""]')) == totals["flops"]
+
+
+def test_a_click_zooms_the_icicle(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    page, data = tiny
+    _opened(browser, page)
+    focus = "document.getElementById('icicle').dataset.focus"
+    first = "document.querySelector('#icicle g.node').dataset.path"
+    assert browser.evaluate(focus) == ""
+    browser.click('#icicle g.node[data-path="features"]')
+    assert browser.evaluate(focus) == "features"
+    assert browser.evaluate(first) == "features"  # the zoomed module is the top block now
+    assert browser.evaluate("document.querySelector('#icicle g.node[data-path=\"head\"]')") is None
+    browser.click('#icicle g.node[data-path="features"]')  # again: back to its parent
+    assert browser.evaluate(focus) == ""
+    assert browser.errors() == []
+
+
+def test_size_by_the_estimate(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    page, data = tiny
+    _opened(browser, page)
+    browser.evaluate("(() => { const s = document.getElementById('icicle-measure'); "
+                     "s.value = 'estimate'; s.dispatchEvent(new Event('change')); })()")
+    assert browser.evaluate("document.getElementById('icicle').dataset.measure") == "estimate"
+    root = float(_value(browser, '#icicle g.node[data-path=""]'))
+    assert root == data["estimate"]["by_module"][""]["time_s"]
+
+
+def test_tables_sort_and_filter(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    page, data = tiny
+    _opened(browser, page)
+    browser.click('#operators th[data-key="flops"]')  # numbers sort largest first
+    top = browser.evaluate("document.querySelector('#operators tbody td').textContent")
+    flops: dict[str, int] = {}
+    for r in data["records"]:
+        flops[r["op"]] = flops.get(r["op"], 0) + r["flops"]
+    assert top == max(flops, key=lambda op: flops[op])
+    browser.evaluate("(() => { const f = document.getElementById('modules-filter'); "
+                     "f.value = 'batchnorm'; f.dispatchEvent(new Event('input')); })()")
+    rows = browser.evaluate("[...document.querySelectorAll('#modules tbody tr')]"
+                            ".map(r => r.cells[1].textContent)")
+    assert rows == ["BatchNorm2d"]
+
+
+def test_uncounted_operators_are_shown(browser: Chromium, tmp_path: Path) -> None:
+    page = tmp_path / "opaque.html"
+    assert main(["count", f"{TINY}:opaque", "--format", "html", "--output", str(page)]) == 0
+    _opened(browser, page)
+    text = browser.evaluate("document.getElementById('warn-uncounted').textContent")
+    assert "tinyfix.smear" in text
+
+
+def test_a_70b_shaped_page_stays_responsive(browser: Chromium, tmp_path: Path) -> None:
+    report = llama_70b_report(tokens=512)
+    page = tmp_path / "llama70b.html"
+    page.write_text(render_html(report), encoding="utf-8")
+    _opened(browser, page)
+    load_ms = browser.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd")
+    assert load_ms < 3000, load_ms  # measured: about 230 ms on this 2-core machine
+    zoom_ms = browser.evaluate(
+        "(() => { const n = document.querySelector('#icicle g.node[data-path=\"model.layers\"]');"
+        " const t = performance.now(); n.dispatchEvent(new MouseEvent('click', {bubbles: true}));"
+        " return performance.now() - t; })()")
+    assert zoom_ms < 500, zoom_ms  # measured: about 17 ms
+    assert browser.evaluate("document.getElementById('icicle').dataset.focus") == "model.layers"
+    assert int(_value(browser, '#icicle g.node[data-path="model.layers"]')) == sum(
+        r.cost.flops for r in report.records if r.module.startswith("model.layers."))
+
+
+def test_diff_page_highlights_the_changes(browser: Chromium, tmp_path: Path) -> None:
+    a, b, page = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "d.html"
+    assert main(["count", f"{TINY}:tiny", "--format", "json", "--output", str(a)]) == 0
+    assert main(["count", f"{TINY}:tiny_wider", "--format", "json", "--output", str(b)]) == 0
+    assert main(["diff", str(a), str(b), "--format", "html", "--output", str(page)]) == 1
+    _opened(browser, page)
+    changed = browser.evaluate("[...document.querySelectorAll('#diff tbody tr.changed')]"
+                               ".map(r => r.cells[0].textContent)")
+    assert changed == ["(root)", "head"]  # tiny_wider widens the head only
+    colour = "document.querySelector('#icicle-b g.node[data-path=\"{}\"]').dataset.colour"
+    assert browser.evaluate(colour.format("head")) == "#f0b429"  # changed: yellow in the icicle
+    assert browser.evaluate(colour.format("features")) == "#b9c6d8"  # the same
+    browser.click("#icicle-b g.node[data-path='features']")
+    assert browser.evaluate("document.getElementById('icicle-b').dataset.focus") == "features"
+    assert browser.evaluate("document.getElementById('icicle-a').dataset.focus") == ""
+
+
+def test_symbolic_page_draws_a_curve_per_symbol(browser: Chromium, tmp_path: Path) -> None:
+    sym = count_symbolic(nn.Linear(4, 3), torch.ones(2, 4), symbolic={"batch": [(0, 0)]})
+    page = tmp_path / "s.html"
+    page.write_text(sym.to_html(), encoding="utf-8")
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelectorAll('svg[data-symbol=\"batch\"] circle')"
+                            ".length") == 33
+    assert browser.evaluate("document.querySelector('#formulas-total code').textContent") == str(
+        sym.total().macs)
+
+
+def test_generate_page_draws_its_steps(browser: Chromium, tmp_path: Path) -> None:
+    page = tmp_path / "g.html"
+    assert main([*GENERATE, "--format", "html", "--output", str(page)]) == 0
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelectorAll('#steps-chart rect.step').length") == 3
+    # the report of all steps is drawn under the steps, its icicle included
+    assert browser.evaluate("document.querySelectorAll('#icicle g.node').length") > 10

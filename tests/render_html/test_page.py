@@ -1,0 +1,181 @@
+"""The HTML page (``--format html``, ``Report.to_html``): its embedded data is the report's JSON,
+it asks the network for nothing, and it is small and quick enough for big models."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import html
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+from tests.cli.conftest import TINY, Result
+from tests.render_html.conftest import GENERATE, TINY_FULL, count_both
+from torch import nn
+
+import flopscope
+import flopscope.render.html
+from flopscope.cli import main
+from flopscope.errors import UsageError
+from flopscope.render import render
+from flopscope.render.html import embedded_data, page
+from flopscope.report.report import Report
+from flopscope.symbolic import count_symbolic
+
+
+def _report() -> Report:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    return flopscope.count(model, torch.ones(2, 4), warn=False)
+
+
+def test_cli_page_holds_the_json_of_the_same_count(tmp_path: Path) -> None:
+    # --hardware and --memory add the estimate and memory sections: the page carries them too
+    page_text, data = count_both(tmp_path, *TINY_FULL)
+    embedded = embedded_data(page_text)
+    assert embedded == data
+    assert {"estimate", "memory"} <= set(embedded)
+    assert page_text.startswith("<!DOCTYPE html>")
+
+
+def test_render_and_to_html_embed_to_dict() -> None:
+    report = _report()
+    for text in (render(report, format="html"), report.to_html()):
+        data = embedded_data(text)
+        assert data == report.to_dict()
+        assert Report.from_dict(data) == report
+    # Linear(4, 3) on 2 rows: 2*4*3 = 24 MACs; Linear(3, 2): 2*3*2 = 12; 36 in all
+    assert embedded_data(report.to_html())["totals"]["macs"] == 36
+
+
+def test_page_asks_the_network_for_nothing() -> None:
+    text = _report().to_html()
+    lowered = text.lower()
+    for marker in ("<script src", "<link", "<img", "<iframe", "@import", "url(", "fetch(",
+                   "xmlhttprequest", "websocket", "import(", "<object", "<embed"):
+        assert marker not in lowered, marker
+    # the one URL in the page is SVG's namespace name, which is never fetched
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", text)) <= {"http://www.w3.org/2000/svg"}
+    assert "default-src 'none'" in text  # and the page's policy forbids any connection
+
+
+def test_data_cannot_close_the_script_element() -> None:
+    hostile = "</script><script>alert(1)</script><!--"
+    report = dataclasses.replace(_report(), model=hostile)
+    text = report.to_html()
+    assert hostile not in text
+    assert embedded_data(text)["model"] == hostile
+
+
+def test_jupyter_shows_the_page_in_a_frame() -> None:
+    report = _report()
+    frame = report._repr_html_()
+    m = re.fullmatch(r'<iframe srcdoc="(?P<doc>[^"]*)"[^>]*></iframe>', frame)
+    assert m is not None
+    assert embedded_data(html.unescape(m.group("doc"))) == report.to_dict()
+
+
+def test_format_html_refuses_a_terminal(cli: Callable[..., Result],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    r = cli("count", f"{TINY}:tiny", "--format", "html")
+    assert r.code == 2
+    assert "--format html writes a web page: give --output FILE.html" in r.err
+    assert r.out == ""
+
+
+def test_format_html_to_a_pipe(cli: Callable[..., Result]) -> None:
+    r = cli("count", f"{TINY}:tiny", "--format", "html")  # capsys: stdout is not a terminal
+    assert r.code == 0
+    assert r.out.startswith("<!DOCTYPE html>")
+    assert embedded_data(r.out)["model"] == "Tiny"
+
+
+def test_bad_kind_and_not_a_page() -> None:
+    with pytest.raises(UsageError, match="unknown page kind 'pie'"):
+        page("pie", {}, title="x")
+    with pytest.raises(UsageError, match="not a flopscope HTML page"):
+        embedded_data("<html></html>")
+
+
+def test_resnet50_page_is_under_2_mb(tmp_path: Path) -> None:
+    page_text, _ = count_both(tmp_path, "torchvision:resnet50", "--shape-only", "--hardware",
+                              "h100-sxm", "--memory")
+    size = len(page_text.encode("utf-8"))
+    assert size < 2 * 1024 * 1024, size
+
+
+def test_diff_page_holds_both_reports(tmp_path: Path, cli: Callable[..., Result]) -> None:
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "d.html"
+    assert cli("count", f"{TINY}:tiny", "--format", "json", "--output", str(a)).code == 0
+    assert cli("count", f"{TINY}:tiny_wider", "--format", "json", "--output", str(b)).code == 0
+    r = cli("diff", str(a), str(b), "--format", "html", "--output", str(out))
+    assert r.code == 1  # the head changed: the verdict (exit 1 beyond tolerance) still holds
+    assert "FAIL: 2 module(s) differ" in r.err and r.out == ""
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data == {"a": json.loads(a.read_text()), "b": json.loads(b.read_text()),
+                    "names": [str(a), str(b)]}
+
+
+def test_zoo_page_is_a_table(tmp_path: Path, cli: Callable[..., Result]) -> None:
+    out = tmp_path / "z.html"
+    r = cli("zoo", "torchvision", "--models", "alexnet", "--format", "html", "--output", str(out))
+    assert r.code == 0
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data["columns"][:5] == ["model", "input", "params", "macs", "flops"]
+    [row] = data["rows"]
+    # alexnet at 1x3x224x224: torchvision publishes 0.714 GFLOPS (MACs); params 61,100,840
+    assert (row["model"], row["input"], row["params"]) == ("alexnet", "1x3x224x224", 61100840)
+    assert row["reference_gmacs"] == 0.714 and row["error"] is None
+
+
+def test_symbolic_page_holds_formulas_and_curves(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    sym = count_symbolic(model, torch.ones(2, 4), symbolic={"batch": [(0, 0)]})
+    data = embedded_data(sym.to_html())
+    curves = data.pop("curves")
+    assert data == json.loads(json.dumps(sym.to_dict()))
+    [curve] = curves
+    assert curve["symbol"] == "batch" and curve["fixed"] == {}
+    # every point is the formula at that size: what a concrete count there gives
+    for x, flops in curve["points"]:
+        assert flops == int(sym.evaluate(batch=x).flops)
+    assert curve["points"][-1][0] == 32 * sym.hints["batch"]
+
+
+def test_generate_page_holds_the_json(tmp_path: Path) -> None:
+
+
+    page_file, json_file = tmp_path / "g.html", tmp_path / "g.json"
+    assert main([*GENERATE, "--format", "html", "--output", str(page_file)]) == 0
+    assert main([*GENERATE, "--format", "json", "--output", str(json_file)]) == 0
+    data = embedded_data(page_file.read_text(encoding="utf-8"))
+    assert data == json.loads(json_file.read_text(encoding="utf-8"))
+    assert [s["kind"] for s in data["steps"]] == ["prefill", "decode", "decode"]
+
+
+def test_profile_page_holds_the_measured_section(tmp_path: Path) -> None:
+    out = tmp_path / "p.html"
+    assert main(["profile", f"{TINY}:tiny", "--repeat", "1", "--warmup", "0", "--hardware",
+                 "none", "--format", "html", "--output", str(out)]) == 0
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    assert data["measured"]["repeat"] == 1 and data["measured"]["wall_s"] > 0
+    # the counts beside the times are the count's: conv 8*64*27 + linear 8*4 = 13,856 MACs
+    assert Report.from_dict(data).macs == 8 * 64 * 27 + 8 * 4
+
+
+def test_the_wheel_carries_the_page_assets() -> None:
+    # setuptools ships package data by pyproject's globs (a wheel built from the tree was checked
+    # by hand to hold them): every asset the page inlines must match one
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["flopscope"]
+    assets = Path(flopscope.render.html.__file__).parent / "html_assets"
+    names = sorted(p.name for p in assets.iterdir())
+    assert names == ["pages.js", "report.css", "report.js", "widgets.js"]
+    for name in names:
+        assert any(fnmatch.fnmatch(f"render/html_assets/{name}", g) for g in globs), name
