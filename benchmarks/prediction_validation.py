@@ -185,6 +185,38 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tables(data: dict[str, Any]) -> str:
+    """The markdown tables of docs/prediction.md from a results JSON."""
+    lines = ["| model | run | measured (median) | fastest | profile's wall | predicted | "
+             "predicted / measured | bound | host part | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        lines.append(
+            f"| {r['model']} | {r['kind']} | {r['measured_s'] * 1e3:,.1f} ms | "
+            f"{r['measured_min_s'] * 1e3:,.1f} ms | {r['profile_wall_s'] * 1e3:,.1f} ms | "
+            f"{r['predicted_s'] * 1e3:,.1f} ms | {r['ratio']:.2f} | {r['bound_s'] * 1e3:,.1f} ms"
+            f"{'' if r['bound_holds'] else ' (above!)'} | {r['host_s'] * 1e3:,.2f} ms | "
+            f"{r['load_before']:.1f} |")
+    lines += ["", "| set | n | median abs. error | 90th percentile | median predicted / measured |",
+              "|---|---:|---:|---:|---:|"]
+    summary = data["summary"]
+    for key, s in summary.items():
+        if key == "families":
+            continue
+        lines.append(f"| {key} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
+                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} |")
+    lines += ["", "| family | models | median abs. error | 90th percentile | median predicted / "
+              "measured | per-call median predicted / measured (all models) |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for fam, s in summary["families"].items():
+        per_call = [f["per_call_median_ratio"] for r in data["rows"]
+                    if r["kind"] != "host check" for k, f in r["families"].items() if k == fam]
+        lines.append(f"| {fam} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
+                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} | "
+                     f"{statistics.median(per_call):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Calibrate, then validate; write the results JSON and the profile with its error bars."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -192,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two small models only")
     parser.add_argument("--profile", default=str(RESULTS / "prediction_profile.json"))
     parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
+    parser.add_argument("--tables", action="store_true",
+                        help="print the markdown tables of --output's results and stop")
     opts = parser.parse_args(argv)
+    if opts.tables:
+        print(tables(json.loads(Path(opts.output).read_text())))
+        return 0
     torch.set_num_threads(1)
     from benchmarks.models import torchvision_benches, transformer_benches
 

@@ -36,8 +36,10 @@ POINTS = (
     Point("elementwise", "fp32", "add large", 10_000, 100_000, 1.1e-5),
     # matrix products: one point, 2e6 FLOPs in 1e-3 s of device time: 2e9 FLOP/s
     Point("matmul", "fp32", "mm", 2_000_000, 10_000, 2e-6 + 1e-3),
-    # a host-dominated point (device time under a tenth of the measured): not a rate
-    Point("matmul", "fp32", "mm tiny", 2, 12, 2.05e-6),
+    # a host-dominated point (device time under half the measured): not a rate
+    Point("matmul", "fp32", "mm tiny", 2, 12, 3.9e-6),
+    # in place (no new output storage): 1e5 B in 1e-6 s of device time, 1e11 B/s
+    Point("elementwise", "fp32", "add_", 10_000, 100_000, 2e-6, inplace=True),
 )
 
 
@@ -78,10 +80,19 @@ def test_matmul_prediction_uses_the_matmul_rate_and_host() -> None:
             return a @ b
 
     _, est = flopscope.estimate.roofline(Mm(), a, b, hardware=hw)
-    # 2 x 64^3 FLOPs at 2e9 FLOP/s (the one usable point), plus the matmul host time; its
-    # 49152 B at the streaming rate (about 1e10 B/s) take far less
+    # 2 x 64^3 FLOPs at 2e9 FLOP/s (the one usable point), plus the matmul host time
     assert est.by_family["matmul"].predicted_s == pytest.approx(2e-6 + 2 * 64**3 / 2e9,
                                                                 rel=1e-12)
+
+
+def test_in_place_calls_take_the_in_place_points() -> None:
+    class AddInPlace(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.add_(x)
+
+    _, est = flopscope.estimate.roofline(AddInPlace(), torch.randn(1024), hardware=synthetic())
+    # 12288 B at the one in-place point's 1e11 B/s (not the fresh-output points' rates)
+    assert est.total.predicted_s == pytest.approx(1e-6 + 12288 / 1e11, rel=1e-12)
 
 
 def test_view_is_host_time_only() -> None:

@@ -10,7 +10,8 @@ and predictions use one unit. The workloads are generic shapes, no model's:
   fp32, and a few bf16 squares;
 - convolutions (fp32, batch 1): dense 3x3 and 1x1 over 16-256 channels, depthwise 3x3 and 7x7,
   a strided 7x7 with 3 input channels;
-- element-wise (add, scalar multiply, ReLU, a copy), reductions (a full sum, row sums, row
+- element-wise (add, scalar multiply, ReLU, a copy; in place: add, multiply, a copy into a
+  tensor), reductions (a full sum, row sums, row
   maxima) and normalisations (layer norm over rows of 256, batch norm in eval mode) over
   2^8-2^24 fp32 elements: cache-resident to streaming;
 - pooling (3x3 stride-2 max pooling, 2x2 average pooling, global average pooling) over 16-128
@@ -84,9 +85,9 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
     return statistics.median(batch(n) for _ in range(batches))
 
 
-def _counted(fn: Fn) -> tuple[str, int, int, str]:
-    """(family, FLOPs, bytes, special function) flopscope counts for ``fn()``: the call of the
-    most work (the others, e.g. a ``t`` view, are summed in)."""
+def _counted(fn: Fn) -> tuple[str, int, int, str, bool]:
+    """(family, FLOPs, bytes, special function, in place) flopscope counts for ``fn()``: the
+    call of the most work (the others, e.g. a ``t`` view, are summed in)."""
     from flopscope.core.counter import Counter
     from flopscope.estimate.predict import family
     from flopscope.estimate.roofline import CallLog
@@ -95,11 +96,11 @@ def _counted(fn: Fn) -> tuple[str, int, int, str]:
     with Counter(warn=False, observers=[log]):
         fn()
     if not log.records:
-        return "view", 0, 0, ""
+        return "view", 0, 0, "", False
     main = max(log.records, key=lambda r: (r.flops, r.bytes))
     function = main.special[0] if main.special is not None else ""
     return (family(main), sum(r.flops for r in log.records),
-            sum(r.bytes for r in log.records), function)
+            sum(r.bytes for r in log.records), function, main.fresh_bytes == 0)
 
 
 def _matmul(device: str) -> list[tuple[str, str, Fn]]:
@@ -138,10 +139,13 @@ def _streams(device: str) -> list[tuple[str, str, Fn]]:
     for p in (8, 12, 16, 18, 20, 22, 24):
         n = 2**p
         x = torch.randn(n, device=device)
+        zeros, dst = torch.zeros_like(x), torch.empty_like(x)  # x + 0 in place: x stays
         rows = x.view(-1, 256)
         ones = torch.ones(n // 256 if n >= 256 else 1, device=device)
         calls: dict[str, Fn] = {
             "add": _bind(torch.add, x, x), "mul": _bind(torch.mul, x, 2.0),
+            "add_ (in place)": _bind(x.add_, zeros), "mul_ (in place)": _bind(x.mul_, 1.0),
+            "copy_ (into)": _bind(dst.copy_, x),
             "relu": _bind(torch.relu, x), "copy": _bind(torch.clone, x),
             "sum": _bind(torch.sum, x), "row sum": _bind(torch.sum, rows, -1),
             "row max": _bind(torch.amax, rows, -1),
@@ -259,9 +263,9 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.02,
                             ("attention", _attention)):
             start = time.perf_counter()
             for what, dtype, fn in make(device):
-                fam, flops, nbytes, function = _counted(fn)
+                fam, flops, nbytes, function, inplace = _counted(fn)
                 seconds = time_per_call(fn, device, budget_s=budget_s)
-                points.append(Point(fam, dtype, what, flops, nbytes, seconds, function))
+                points.append(Point(fam, dtype, what, flops, nbytes, seconds, function, inplace))
             if progress is not None:
                 progress(f"{group}: {time.perf_counter() - start:.1f} s")
     return points

@@ -48,6 +48,7 @@ class Point:
         bytes: the bytes flopscope counts for it (read plus written).
         seconds: measured time per call, the host's time included (median of batches).
         function: the special function it evaluates (``"exp"``), for the special family.
+        inplace: it writes into one of its inputs (no new output storage).
     """
 
     family: str
@@ -57,6 +58,7 @@ class Point:
     bytes: int
     seconds: float
     function: str = ""
+    inplace: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The point in the file format."""
@@ -64,6 +66,8 @@ class Point:
                                "flops": self.flops, "bytes": self.bytes, "seconds": self.seconds}
         if self.function:
             out["function"] = self.function
+        if self.inplace:
+            out["inplace"] = True
         return out
 
 
@@ -142,7 +146,7 @@ class Calibration:
             try:
                 point = Point(str(p["family"]), str(p["dtype"]), str(p.get("what", "")),
                               int(p["flops"]), int(p["bytes"]), float(p["seconds"]),
-                              str(p.get("function", "")))
+                              str(p.get("function", "")), bool(p.get("inplace", False)))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise UsageError(f"{where}: point {i} is malformed ({type(e).__name__}: {e}); "
                                  "each needs family, dtype, flops, bytes, seconds") from None
