@@ -79,6 +79,47 @@ def gemm_points(device: str, dry: bool) -> list[dict[str, Any]]:
     return rows
 
 
+_OTHERS: dict[int, torch.Tensor] = {}
+
+
+def _other(x: torch.Tensor) -> torch.Tensor:
+    """A second tensor like ``x`` (made once per tensor), so a binary operator reads two."""
+    if id(x) not in _OTHERS:
+        _OTHERS.clear()
+        _OTHERS[id(x)] = torch.empty_like(x).fill_(1.0)
+    return _OTHERS[id(x)]
+
+
+def cache_points(device: str, dry: bool) -> list[dict[str, Any]]:
+    """Copies whose source and destination fit in the L2 (up to 2 x 16 MiB of 50 MiB), many in a
+    row inside one CUDA graph (no host launch between them): the cache's bandwidth, which the
+    roofline lacks for NVIDIA GPUs (a bound charged at HBM bandwidth was beaten by an L2-resident
+    ReLU on the H200). In dry mode: plain copies timed on the CPU."""
+    timer = _timer(device)
+    rows = []
+    for mib in ([1] if dry else [1, 4, 8, 16]):
+        x = torch.empty(mib * 2**20 // 4, device=device)
+        y = torch.empty_like(x)
+        copies = 4 if dry else 200
+        if device == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                y.copy_(x)  # warm-up outside the capture
+                with torch.cuda.graph(graph):
+                    for _ in range(copies):
+                        y.copy_(x)
+            torch.cuda.current_stream().wait_stream(stream)
+            seconds = timer(graph.replay, 5) / copies
+        else:
+            seconds = timer(lambda x=x, y=y: y.copy_(x), copies)
+        nbytes = 2 * x.numel() * 4
+        rows.append({"op": "copy_in_graph" if device == "cuda" else "copy", "mib": mib,
+                     "bytes": nbytes, "seconds": seconds, "gbps": nbytes / seconds / 1e9})
+    return rows
+
+
 def stream_points(device: str, dry: bool) -> list[dict[str, Any]]:
     """Element-wise, reductions, normalisation and softmax by size (cache-resident to
     streaming); bytes are what the operator must read and write once."""
@@ -86,7 +127,8 @@ def stream_points(device: str, dry: bool) -> list[dict[str, Any]]:
     sizes = [1 << 10, 1 << 14] if dry else [1 << p for p in (12, 16, 20, 22, 24, 26, 28)]
     dtypes = [torch.float32] if dry else [torch.float32, torch.bfloat16]
     ops: dict[str, tuple[Callable[[torch.Tensor], Any], int]] = {  # fn, tensors moved
-        "add": (lambda x: torch.add(x, x), 3), "mul_scalar": (lambda x: x * 2.0, 2),
+        # add reads two tensors (x and x + 1 made once); add(x, x) would read x once
+        "add": (lambda x: torch.add(x, _other(x)), 3), "mul_scalar": (lambda x: x * 2.0, 2),
         "gelu": (F.gelu, 2), "sum": (lambda x: x.sum(), 1),
         "softmax": (lambda x: torch.softmax(x.view(-1, 1024), -1), 2),
         "layer_norm": (lambda x: F.layer_norm(x.view(-1, 1024), (1024,)), 2),
@@ -184,6 +226,7 @@ def part_calib(device: str, dry: bool) -> dict[str, Any]:
                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     for name, fn in (("host", host_points), ("gemm", gemm_points), ("stream", stream_points),
+                     ("cache", cache_points),
                      ("attention", attention_points), ("conv", conv_points)):
         start = time.perf_counter()
         try:

@@ -199,8 +199,7 @@ def part_flops(device: str, dry: bool, path: Path, deadline: float) -> dict[str,
     """Counted against executed per workload; each finished row is written at once, and rows
     already in ``path`` are kept (a rerun goes on where the last stopped)."""
     old = json.loads(path.read_text()) if path.exists() else {}
-    done = {r["workload"]: r for r in old.get("rows", [])
-            if "error" not in r or str(r["error"]).startswith("timeout")}
+    done = {r["workload"]: r for r in old.get("rows", []) if "error" not in r}
     ncu = None if dry else gpu_ncu.find_ncu()
     data: dict[str, Any] = {"note": "dry mode: counted only (no CUDA)" if dry else
                             "executed from ncu's SASS and tensor-pipe counters", "rows": []}
@@ -229,8 +228,8 @@ def part_flops(device: str, dry: bool, path: Path, deadline: float) -> dict[str,
                 row["error"] = "not run: out of budget (rerun to go on)"
             elif ncu is not None:
                 start = time.time()
-                raw = gpu_ncu.measure(name, metrics, timeout=min(240.0, left))
-                row.update(executed=gpu_ncu.executed(raw), raw=raw,
+                raw, kernels = gpu_ncu.measure(name, metrics, timeout=min(240.0, left))
+                row.update(executed=gpu_ncu.executed(raw), raw=raw, top_kernels=kernels,
                            ncu_seconds=round(time.time() - start, 1))
                 row["ratio"] = row["executed"]["total"] / row["flops"] if row["flops"] else None
         except subprocess.TimeoutExpired:
@@ -375,6 +374,54 @@ def _hardware() -> str:
     return "h200" if "h200" in name else "h100-sxm"
 
 
+def _walls(model: nn.Module, x: torch.Tensor, train: bool, device: str) -> dict[str, float]:
+    """The run's own time without any profiler, median of 10 after 3 warm-ups: eager, and (an
+    inference forward on CUDA) replayed as a CUDA graph (no host launches): what issue 29's
+    prediction is checked against, and how much of an eager run the host costs."""
+    import statistics
+
+    cuda = device == "cuda"
+    opt = torch.optim.AdamW(model.parameters()) if train else None
+
+    def step() -> None:
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+            opt.step()
+        else:
+            with torch.no_grad():
+                model(x)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(10):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    model.train(train)
+    out = {"eager_s": timed(step)}
+    if cuda and not train:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(3):
+                model(x)
+            with torch.cuda.graph(graph):
+                model(x)
+        torch.cuda.current_stream().wait_stream(stream)
+        out["graph_s"] = timed(graph.replay)
+    return out
+
+
 def part_time(device: str, dry: bool) -> dict[str, Any]:
     import torchvision
 
@@ -398,10 +445,15 @@ def part_time(device: str, dry: bool) -> dict[str, Any]:
                 bound_sum_s=sum(c.bound.time_s for c in calls if c.bound),
                 measured_sum_s=sum(c.seconds or 0.0 for c in calls),
                 launch_bound_share=timing.outside_s / timing.wall_s if timing.wall_s else None,
+                unmatched_by_phase={  # as Timing.unmatched: calls that do work
+                    str(p): sum(1 for c in timing.calls if not c.matched and c.phase == p
+                                and (c.cost.flops or c.cost.bytes))
+                    for p in {c.phase for c in timing.calls}},
                 bound_above_measured=[{"op": c.op, "module": c.module, "bound_s": c.bound.time_s,
                                        "measured_s": c.seconds} for c in above if c.bound][:20],
                 top=[{"op": c.op, "module": c.module, "measured_s": c.seconds,
                       "bound_s": c.bound.time_s if c.bound else None} for c in top])
+            case.update(_walls(model, x, train, device))
         except Exception as e:  # noqa: BLE001
             case["error"] = f"{type(e).__name__}: {e}"[:400]
         runs.append(case)

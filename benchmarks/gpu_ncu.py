@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SASS = {  # metric suffix -> (precision, operations per instruction)
     "fadd": ("fp32", 1), "fmul": ("fp32", 1), "ffma": ("fp32", 2),
@@ -100,6 +101,35 @@ def parse_csv(text: str) -> dict[str, float]:
     return totals
 
 
+def per_kernel(text: str, top: int = 15) -> list[dict[str, Any]]:
+    """The kernels of a report that executed the most operations, each with its executed
+    operations (:func:`executed`), so a whole model's ratio can be attributed to kernels.
+
+    Args:
+        text: ncu's standard output.
+        top: how many to keep.
+
+    Returns:
+        ``[{"id", "name", "fp32", "fp64", "fp16", "tensor_ops", "total"}, ...]``, most first.
+    """
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    kernels: dict[str, dict[str, Any]] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        kid, name = row.get("ID") or "", row.get("Metric Name")
+        value = (row.get("Metric Value") or "").replace(",", "")
+        entry = kernels.setdefault(kid, {"name": (row.get("Kernel Name") or "")[:160],
+                                         "metrics": {}})
+        try:
+            entry["metrics"][name] = float(value)
+        except ValueError:
+            continue
+    rows = [{"id": kid, "name": k["name"], **executed(k["metrics"])} for kid, k in kernels.items()]
+    return sorted(rows, key=lambda r: -r["total"])[:top]
+
+
 def executed(metrics: dict[str, float]) -> dict[str, float]:
     """Floating-point operations per precision from the SASS counters (an FMA as 2), and the
     tensor pipe's operations as reported.
@@ -119,7 +149,8 @@ def executed(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def measure(name: str, metrics: list[str], timeout: float) -> dict[str, float]:
+def measure(name: str, metrics: list[str], timeout: float) -> tuple[dict[str, float],
+                                                                   list[dict[str, Any]]]:
     """Run workload ``name`` in a child under ``ncu`` (only the region between
     ``cudaProfilerStart/Stop``) and return its summed metrics.
 
@@ -129,7 +160,7 @@ def measure(name: str, metrics: list[str], timeout: float) -> dict[str, float]:
         timeout: seconds.
 
     Returns:
-        From :func:`parse_csv`.
+        From :func:`parse_csv`, and the top kernels from :func:`per_kernel`.
 
     Raises:
         RuntimeError: ncu failed or printed no report.
@@ -145,4 +176,4 @@ def measure(name: str, metrics: list[str], timeout: float) -> dict[str, float]:
     found = parse_csv(done.stdout)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"ncu exit {done.returncode}: {(done.stderr or done.stdout)[-600:]}")
-    return found
+    return found, per_kernel(done.stdout)

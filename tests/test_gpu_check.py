@@ -32,6 +32,10 @@ def test_ncu_output_is_read_and_fma_counts_two() -> None:
     assert ex["fp64"] == 20 and ex["tensor_ops"] == 0
     assert ex["total"] == ex["fp32"] + 20
     assert gpu_ncu.parse_csv("no csv here") == {}
+    kernels = gpu_ncu.per_kernel(NCU)  # the GEMM first: 2 * 2^30 + 2^20 fp32 operations
+    assert [(k["name"], k["total"]) for k in kernels] == [
+        ("ampere_sgemm_128x64_nn", 2 * 1_073_741_824 + 1_048_576),
+        ("elementwise_kernel", 512 + 20)]
 
 
 def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:

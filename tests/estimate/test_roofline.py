@@ -55,7 +55,7 @@ def test_fp32_products_use_tf32_only_when_asked() -> None:
     assert log.estimate(H100, tf32=True).total.time_s == flops / 494.5e12  # 4.34e-6 s
 
 
-def test_fp32_convolutions_are_tf32_as_cudnn_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fp32_convolutions_are_tf32_as_cudnn_is_set() -> None:
     """cuDNN takes TF32 for float32 convolutions by default (torch.backends.cudnn.allow_tf32),
     while matrix products stay float32: measured on an H200, a float32 3x3 convolution ran on the
     tensor pipe as TF32 and beat a bound taken at the CUDA cores' 67 TFLOP/s (docs/gpu.md)."""
@@ -67,9 +67,11 @@ def test_fp32_convolutions_are_tf32_as_cudnn_is_set(monkeypatch: pytest.MonkeyPa
     conv_flops = 2 * 8 * 64 * 56 * 56 * 64 * 9  # 1,849,688,064: the count ncu's TF32 pipe saw
     one_flops = 2 * 8 * 64 * 56 * 56 * 64  # a 1x1 convolution is cuDNN's too
     mm_flops = 2 * 1024**3
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     assert torch.get_float32_matmul_precision() == "highest"
-    est = log.estimate(H100)  # as torch is set: convolutions TF32, the product float32
+    # (torch.backends.cudnn.flags: the one way to set them once torch's test utilities have
+    # called disable_global_flags, as some of our tests' imports do)
+    with torch.backends.cudnn.flags(allow_tf32=True):
+        est = log.estimate(H100)  # as torch is set: convolutions TF32, the product float32
     convs = [r for r in (flopscope.estimate.Estimate.from_records(
         [rec], H100, tf32=est.tf32, tf32_convolution=est.tf32_convolution).total
         for rec in log.records) if r.macs]
@@ -77,9 +79,9 @@ def test_fp32_convolutions_are_tf32_as_cudnn_is_set(monkeypatch: pytest.MonkeyPa
     assert [r.compute_s for r in convs] == [conv_flops / 494.5e12, one_flops / 494.5e12,
                                             mm_flops / 67e12]
     assert est.to_dict()["tf32_convolution"] is True
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert not log.estimate(H100).tf32_convolution
-    conv_row = log.estimate(H100).by_op["aten.convolution.default"]
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        assert not log.estimate(H100).tf32_convolution
+        conv_row = log.estimate(H100).by_op["aten.convolution.default"]
     assert conv_row.compute_s == pytest.approx((conv_flops + one_flops) / 67e12)
     # tf32=False: both float32; tf32=True: both TF32
     assert log.estimate(H100, tf32=True).total.compute_s == pytest.approx(
