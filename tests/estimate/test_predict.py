@@ -21,6 +21,7 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import Calibration, Hardware, calibrate, get_hardware, load_hardware
 from flopscope.estimate.calibration import FAMILIES, Point
+from flopscope.estimate.display import human_seconds
 
 Cli = Callable[..., Result]
 # the module (the package's ``calibrate`` attribute is the function of that name)
@@ -256,3 +257,26 @@ def test_cli_calibrate_usage_errors(cli: Cli, argv: list[str], message: str) -> 
 def test_cli_calibrate_cuda_without_a_device(cli: Cli, tmp_path: Path) -> None:
     r = cli("calibrate", "--device", "cuda", "--output", str(tmp_path / "x.json"))
     assert r.code == 2 and "torch sees no CUDA device" in r.err
+
+
+def test_profile_shows_predicted_beside_measured() -> None:
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    report, timing = flopscope.profile(model, torch.randn(4, 16), hardware=synthetic(),
+                                       warmup=1, repeat=2)
+    predicted = sum(c.bound.predicted_s for c in timing.calls if c.bound is not None)
+    assert predicted > 0
+    data = report.to_dict()["measured"]
+    # per operator, the calls' predictions summed; over the operators, the run's
+    assert sum(v["predicted_s"] or 0.0 for v in data["by_op"].values()) == pytest.approx(predicted)
+    assert "predicted (calibrated 2026-11-26, 1 thread(s))" in str(report)
+
+
+def test_phases_show_their_prediction() -> None:
+    model = nn.Linear(16, 16)
+    report, est = flopscope.estimate.roofline(model, torch.randn(4, 16), hardware=synthetic(),
+                                              backward=True)
+    fwd, bwd = est.by_phase["forward"], est.by_phase["backward"]
+    assert fwd.predicted_s + bwd.predicted_s == pytest.approx(est.total.predicted_s)
+    assert f"forward: {human_seconds(fwd.time_s)} (predicted {human_seconds(fwd.predicted_s)})" \
+        in str(report)
+    assert est.to_dict()["by_phase"]["backward"]["predicted_s"] == bwd.predicted_s

@@ -114,8 +114,10 @@ def estimate_lines(estimate: Estimate) -> list[str]:
         f"{human_seconds(total.memory_bound_s)})",
     ]
     if len(estimate.by_phase) > 1:
-        lines.append("  " + "; ".join(f"{phase}: {human_seconds(r.time_s)}"
-                                      for phase, r in estimate.by_phase.items()))
+        lines.append("  " + "; ".join(
+            f"{phase}: {human_seconds(r.time_s)}"
+            + (f" (predicted {human_seconds(r.predicted_s)})" if estimate.calibrated else "")
+            for phase, r in estimate.by_phase.items()))
     if hw.has_cache:
         assert hw.cache_bytes is not None and hw.cache_bandwidth is not None
         lines.append(f"  last-level cache {human_bytes(hw.cache_bytes)} at "
