@@ -217,6 +217,41 @@ def tables(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(runs: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
+    """Predicted against measured (log-log), one marker per run, the line y = x and the band of
+    the first run's 90th-percentile error; ``False`` without matplotlib."""
+    from benchmarks.plotting import counted_vs_measured_axes, pyplot, save
+
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    rows = [(label, r) for label, data in runs for r in data["rows"]]
+    values = [v for _, r in rows for v in (r["measured_s"] * 1e3, r["predicted_s"] * 1e3)]
+    lo, hi = counted_vs_measured_axes(
+        ax, values, title="predicted vs measured, this machine, 1 thread (docs/prediction.md)",
+        xlabel="measured (median wall time of plain runs), ms",
+        ylabel="predicted (calibrated model), ms")
+    band = runs[0][1]["summary"]["all models"]["p90_abs_error"]
+    ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)],
+                    [lo * (1 + band), hi * (1 + band)], color="0.85", alpha=0.6,
+                    label=f"+-{100 * band:.0f}% (90th percentile, {runs[0][0]})")
+    markers = {"forward (torchvision, batch 1)": "o", "training step (AdamW, 128 tokens)": "s",
+               "host check": "^"}
+    for i, (label, data) in enumerate(runs):
+        for kind, marker in markers.items():
+            pts = [r for r in data["rows"] if r["kind"] == kind]
+            ax.scatter([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
+                       marker=marker, color=f"C{i}", alpha=0.75, s=28,
+                       label=f"{kind}, {label}")
+    for r in runs[0][1]["rows"]:
+        ax.annotate(r["model"].split(",")[0], (r["measured_s"] * 1e3, r["predicted_s"] * 1e3),
+                    fontsize=6, xytext=(3, -3), textcoords="offset points")
+    ax.legend(fontsize=6, loc="upper left")
+    save(plt, fig, path)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Calibrate, then validate; write the results JSON and the profile with its error bars."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -226,7 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
     parser.add_argument("--tables", action="store_true",
                         help="print the markdown tables of --output's results and stop")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="draw predicted vs measured of --output's results (and of the "
+                             "repeat's, when there) and stop")
     opts = parser.parse_args(argv)
+    if opts.plot:
+        runs = [("run", json.loads(Path(opts.output).read_text()))]
+        repeat = Path(opts.output).with_name(Path(opts.output).stem + "_repeat.json")
+        if repeat.exists():
+            runs.append(("repeat", json.loads(repeat.read_text())))
+        return 0 if plot(runs, Path(opts.plot)) else 1
     if opts.tables:
         print(tables(json.loads(Path(opts.output).read_text())))
         return 0

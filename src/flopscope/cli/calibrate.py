@@ -29,7 +29,7 @@ def add_subcommands(subparsers: Any) -> None:
                     "functions by size, attention, and the host time of an eager call per "
                     "operator family) and write them, raw, with the date and versions, into a "
                     "hardware profile file. --hardware FILE then predicts time beside the "
-                    "roofline bound. About 30-60 s on a CPU core.",
+                    "roofline bound. About 15-60 s on one CPU core.",
         epilog="Example: flopscope calibrate --threads 1 --output cpu.json; flopscope count "
                "torchvision:resnet18 --hardware cpu.json",
     )
