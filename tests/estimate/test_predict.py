@@ -280,3 +280,34 @@ def test_phases_show_their_prediction() -> None:
     assert f"forward: {human_seconds(fwd.time_s)} (predicted {human_seconds(fwd.predicted_s)})" \
         in str(report)
     assert est.to_dict()["by_phase"]["backward"]["predicted_s"] == bwd.predicted_s
+
+
+def test_cli_generate_predicts_prefill_and_decode(
+        cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(synthetic().to_dict()))
+    config = [f"--config={k}={v}" for k, v in {
+        "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}.items()]
+    argv = ["generate", "hf:llama", "--prompt-len", "8", "--new-tokens", "3", "--hardware",
+            str(path), *config]
+    r = cli(*argv, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    steps = [s["estimate"]["predicted_s"] for s in data["steps"]]
+    guess = data["estimate"]["prediction"]
+    assert guess["prefill_s"] == steps[0] > 0
+    assert guess["decode_step_s"] == pytest.approx((steps[1] + steps[2]) / 2)
+    r = cli(*argv)
+    assert r.code == 0, r.err
+    assert "prediction (calibrated 2026-11-26): prefill" in r.out and "predicted" in r.out
+
+
+def test_a_gpu_calibration_says_the_overlap_is_not_modelled() -> None:
+    hw = synthetic()
+    assert hw.calibration is not None
+    hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
+                                                                 device="cuda (test)"))
+    report, est = flopscope.estimate.roofline(Add(), torch.randn(8), hardware=hw)
+    assert "overlap of host and device on a GPU is not modelled yet" in str(report)
+    assert "overlap is not modelled yet" in est.to_dict()["prediction"]["model"]

@@ -153,8 +153,10 @@ def prediction_lines(estimate: Estimate) -> list[str]:
     lines = [f"  prediction (calibrated {cal.date[:10]}, {cal.device}, {cal.threads} "
              f"thread{'s' if cal.threads != 1 else ''}): {human_seconds(total.predicted_s)} = "
              f"host {human_seconds(total.host_s)} + device {human_seconds(device)} "
-             "(per call: host time of its family + work at the attained rate; one timeline on "
-             "a CPU)"]
+             "(per call: host time of its family + work at the attained rate; "
+             + ("one timeline on a CPU)" if not cal.device.startswith("cuda") else
+                "added: the overlap of host and device on a GPU is not modelled yet, so this "
+                "is high where both are busy)")]
     import torch
 
     if torch.get_num_threads() != cal.threads:

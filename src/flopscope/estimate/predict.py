@@ -324,7 +324,9 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
         "status": "calibrated", "calibrated": cal.date, "device": cal.device,
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
         "model": "per call: host time of its family + max(work at the attained rate, the "
-                 "roofline bound); host and device on one timeline (CPU)",
+                 "roofline bound); host and device on one timeline (CPU)"
+                 + ("; on this GPU added too: their overlap is not modelled yet"
+                    if cal.device.startswith("cuda") else ""),
         "predicted_s": total.predicted_s, "host_s": total.host_s, "device_s": device,
         "uncalibrated_s": total.uncalibrated_s,
         "host_bound": host_bound,
