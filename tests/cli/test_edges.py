@@ -151,11 +151,12 @@ def test_every_written_file_option_has_the_one_rule() -> None:
             if action.metavar == "FILE":
                 assert action.type in (output_file, plot_file), (name, action.option_strings)
                 written[name, action.option_strings[0]] = action.type
-    # --output of count, diff, generate, measure, validate, profile, rules and zoo; count's --plot and
+    # --output of calibrate, count, diff, generate, measure, validate, profile, rules, zoo; --plot and
     # --roofline-plot; profile's --trace and --estimated-trace
     assert sorted(written) == sorted(
         [(name, "--output") for name in
-         ("count", "diff", "generate", "measure", "validate", "profile", "rules", "zoo")]
+         ("calibrate", "count", "diff", "generate", "measure", "validate", "profile", "rules",
+          "zoo")]
         + [("count", "--plot"), ("count", "--roofline-plot"), ("profile", "--trace"),
            ("profile", "--estimated-trace")])
     assert written["count", "--plot"] is written["count", "--roofline-plot"] is plot_file

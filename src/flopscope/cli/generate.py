@@ -148,6 +148,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
             columns = [("est. time", [human_seconds(e.total.time_s) for e in estimates]),
                        ("bound", [e.total.bound for e in estimates])]
+            if estimates[0].calibrated:
+                columns.append(("predicted", [human_seconds(e.total.predicted_s)
+                                              for e in estimates]))
             lines += estimate_lines(result, estimates)
         write_output(head + result.table(columns=columns) + "\n"
                      + "".join(f"{x}\n" for x in lines), args.output)
@@ -156,8 +159,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def _step_estimate(est: Any) -> dict[str, Any]:
     t = est.total
-    return {"time_s": t.time_s, "compute_s": t.compute_s, "memory_s": t.memory_s,
-            "bound": t.bound, "kind": "lower bound"}
+    out = {"time_s": t.time_s, "compute_s": t.compute_s, "memory_s": t.memory_s,
+           "bound": t.bound, "kind": "lower bound"}
+    if est.calibrated:
+        out.update(predicted_s=t.predicted_s, host_s=t.host_s)
+    return out
 
 
 def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
@@ -181,6 +187,18 @@ def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
         seconds = sum(t for _, t in decode)
         out["decode_step_s"] = seconds / len(decode)
         out["decode_tokens_per_s"] = sum(n for n, _ in decode) / seconds if seconds else None
+    cal = estimates[0].hardware.calibration
+    if cal is not None:  # the calibrated prediction of the same steps (docs/prediction.md)
+        steps = list(zip(result.steps, estimates, strict=True))
+        predicted = {"calibrated": cal.date, "prefill_s": sum(
+            e.total.predicted_s for s, e in steps if s.kind == "prefill")}
+        guesses = [(s.tokens, e.total.predicted_s) for s, e in steps if s.kind == "decode"]
+        if guesses:
+            seconds = sum(t for _, t in guesses)
+            predicted["decode_step_s"] = seconds / len(guesses)
+            predicted["decode_tokens_per_s"] = (sum(n for n, _ in guesses) / seconds
+                                                if seconds else None)
+        out["prediction"] = predicted
     return out
 
 
@@ -207,4 +225,13 @@ def estimate_lines(result: Any, estimates: list[Any]) -> list[str]:
                      f"({bounds.get('decode', '-')}-bound)")
         if rate:
             lines[0] += f", at most {rate:,.0f} tokens/s"
+    guess = summary.get("prediction")
+    if guess is not None:
+        line = (f"prediction (calibrated {guess['calibrated'][:10]}): prefill "
+                f"{human_seconds(guess['prefill_s'])}")
+        if "decode_step_s" in guess:
+            line += f"; decode {human_seconds(guess['decode_step_s'])} per step"
+            if guess["decode_tokens_per_s"]:
+                line += f", {guess['decode_tokens_per_s']:,.0f} tokens/s"
+        lines.append(line)
     return lines

@@ -27,6 +27,8 @@ from flopscope.core.counter import Counter
 from flopscope.core.observers import CallObserver, reset_observers
 from flopscope.errors import UsageError
 from flopscope.estimate.bound import Estimate, Row
+from flopscope.estimate.calibrate import calibrate
+from flopscope.estimate.calibration import Calibration
 from flopscope.estimate.display import EstimateSection, MemorySection
 from flopscope.estimate.hardware import PROFILES, get_hardware, load_hardware
 from flopscope.estimate.memory import CATEGORIES, MemoryProfile, MemoryTracker
@@ -49,11 +51,13 @@ __all__ = [
     "CATEGORIES",
     "PROFILES",
     "CallLog",
+    "Calibration",
     "Estimate",
     "Hardware",
     "MemoryProfile",
     "MemoryTracker",
     "Row",
+    "calibrate",
     "default_loss",
     "get_hardware",
     "MemoryResult",

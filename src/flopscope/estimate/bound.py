@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flopscope.estimate.predict import family, is_convolution, prediction_summary, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ class Row:
         fused_time_s: time in the fused view.
         dram_bytes: bytes to and from main memory (``bytes`` less what the last-level cache
             serves; equal to ``bytes`` for hardware without cache figures).
+        predicted_s: predicted time from the profile's calibration
+            (:mod:`flopscope.estimate.predict`): host plus device time; 0 when uncalibrated.
+        host_s: the host time in ``predicted_s``.
+        uncalibrated_s: the part of ``predicted_s`` of calls whose family had no calibration
+            points (taken at their bound).
     """
 
     calls: int = 0
@@ -75,6 +81,9 @@ class Row:
     fused_bytes: int = 0
     fused_time_s: float = 0.0
     dram_bytes: int = 0
+    predicted_s: float = 0.0
+    host_s: float = 0.0
+    uncalibrated_s: float = 0.0
 
     def add(self, other: Row) -> None:
         """Add ``other``'s sums to this row."""
@@ -90,6 +99,9 @@ class Row:
         self.fused_bytes += other.fused_bytes
         self.fused_time_s += other.fused_time_s
         self.dram_bytes += other.dram_bytes
+        self.predicted_s += other.predicted_s
+        self.host_s += other.host_s
+        self.uncalibrated_s += other.uncalibrated_s
 
     @property
     def intensity(self) -> float | None:
@@ -109,23 +121,17 @@ class Row:
         """FLOPs / estimated time: the rate the roofline allows (0 for no time)."""
         return self.flops / self.time_s if self.time_s else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (integers, seconds, and the derived fields)."""
-        return {
+    def to_dict(self, predicted: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict (integers, seconds, and the derived fields); with ``predicted``,
+        the predicted time and its host part too."""
+        extra = ({"predicted_s": self.predicted_s, "host_s": self.host_s} if predicted else {})
+        return {**extra,
             "calls": self.calls, "macs": self.macs, "flops": self.flops, "bytes": self.bytes,
             "intensity": self.intensity, "time_s": self.time_s, "compute_s": self.compute_s,
             "memory_s": self.memory_s, "bound": self.bound,
             "fused_bytes": self.fused_bytes, "fused_time_s": self.fused_time_s,
             "dram_bytes": self.dram_bytes,
         }
-
-
-def is_convolution(op: str) -> bool:
-    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
-    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
-    convolution's, whose products run at the profile's convolution rate when it has one."""
-    name = op.split(".")[1] if op.count(".") >= 1 else op
-    return "conv" in name and "convert" not in name
 
 
 def resolve_tf32(tf32: bool | None) -> tuple[bool, bool]:
@@ -196,6 +202,10 @@ def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool =
             row.compute_bound_s = time_s
         else:
             row.memory_bound_s = time_s
+    if hw.calibration is not None:
+        guess = predictor(hw.calibration).call(rec, time_s)
+        row.predicted_s, row.host_s = guess.seconds, guess.host_s
+        row.uncalibrated_s = 0.0 if guess.calibrated else guess.seconds
     return row
 
 
@@ -218,6 +228,7 @@ class Estimate:
             order modules were first seen.
         by_module_self: module path -> the module's own calls.
         by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
+        by_family: operator family (:func:`flopscope.estimate.predict.family`) -> sums.
     """
 
     hardware: Hardware
@@ -229,6 +240,12 @@ class Estimate:
     by_module_self: dict[str, Row] = field(default_factory=dict)
     by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
     tf32_convolution: bool = False
+    by_family: dict[str, Row] = field(default_factory=dict)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the hardware has calibration data: the rows then carry a prediction."""
+        return self.hardware.calibration is not None
 
     @classmethod
     def from_records(cls, records: Iterable[CallRecord], hardware: Hardware, *,
@@ -249,6 +266,7 @@ class Estimate:
         ops: dict[str, Row] = {}
         own: dict[str, Row] = {}
         op_dtype: dict[tuple[str, str], Row] = {}
+        families: dict[str, Row] = {}
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
             total.add(row)
@@ -257,12 +275,13 @@ class Estimate:
             own.setdefault(rec.path, Row()).add(row)
             key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
             op_dtype.setdefault((rec.op, key), Row()).add(row)
+            families.setdefault(family(rec), Row()).add(row)
         inclusive: dict[str, Row] = {}
         for path, row in own.items():
             for p in ancestors(path):
                 inclusive.setdefault(p, Row()).add(row)
         return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype,
-                   tf32_convolution)
+                   tf32_convolution, _sorted(families))
 
     def share(self, row: Row) -> float:
         """A row's share of the total estimated time (0 when the total is 0)."""
@@ -272,8 +291,11 @@ class Estimate:
         """A JSON-ready dict: the hardware, what the estimate ignores, totals, per phase, per
         operator and per module (inclusive), each with its share of the time."""
 
+        predicted = self.calibrated
+
         def rows(table: Mapping[str, Row]) -> dict[str, Any]:
-            return {k: {**r.to_dict(), "share": self.share(r)} for k, r in table.items()}
+            return {k: {**r.to_dict(predicted), "share": self.share(r)}
+                    for k, r in table.items()}
 
         return {
             "kind": "roofline lower bound",
@@ -283,8 +305,10 @@ class Estimate:
             "hardware": self.hardware.to_dict(),
             "tf32": self.tf32,
             "tf32_convolution": self.tf32_convolution,
-            "total": self.total.to_dict(),
+            "total": self.total.to_dict(predicted),
+            "prediction": prediction_summary(self),
             "by_phase": rows(self.by_phase),
             "by_op": rows(self.by_op),
             "by_module": rows(self.by_module),
+            "by_family": rows(self.by_family),
         }

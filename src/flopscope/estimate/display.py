@@ -19,7 +19,7 @@ from flopscope.render.units import human, human_bytes
 from flopscope.report.sections import Column
 
 __all__ = ["EstimateSection", "MemorySection", "estimate_columns", "estimate_lines",
-           "human_seconds", "memory_lines", "plot_roofline"]
+           "human_seconds", "memory_lines", "plot_roofline", "prediction_lines"]
 
 
 def human_seconds(seconds: float) -> str:
@@ -67,6 +67,9 @@ def estimate_columns(estimate: Estimate) -> list[Column]:
         Column("est. time", cells(estimate.by_module, lambda r: human_seconds(r.time_s)),
                cells(estimate.by_op, lambda r: human_seconds(r.time_s)),
                human_seconds(total.time_s)),
+        *([Column("predicted", cells(estimate.by_module, lambda r: human_seconds(r.predicted_s)),
+                  cells(estimate.by_op, lambda r: human_seconds(r.predicted_s)),
+                  human_seconds(total.predicted_s))] if estimate.calibrated else []),
         Column("time share", cells(estimate.by_module, share), cells(estimate.by_op, share),
                share(total)),
         Column("bound", cells(estimate.by_module, lambda r: r.bound),
@@ -111,8 +114,10 @@ def estimate_lines(estimate: Estimate) -> list[str]:
         f"{human_seconds(total.memory_bound_s)})",
     ]
     if len(estimate.by_phase) > 1:
-        lines.append("  " + "; ".join(f"{phase}: {human_seconds(r.time_s)}"
-                                      for phase, r in estimate.by_phase.items()))
+        lines.append("  " + "; ".join(
+            f"{phase}: {human_seconds(r.time_s)}"
+            + (f" (predicted {human_seconds(r.predicted_s)})" if estimate.calibrated else "")
+            for phase, r in estimate.by_phase.items()))
     if hw.has_cache:
         assert hw.cache_bytes is not None and hw.cache_bandwidth is not None
         lines.append(f"  last-level cache {human_bytes(hw.cache_bytes)} at "
@@ -123,6 +128,57 @@ def estimate_lines(estimate: Estimate) -> list[str]:
         caches = "caches"
     lines.append(f"  ignores kernel launch, {caches}, fusion (see the fused figure), clocks below "
                  "peak: real time is longer")
+    return lines + prediction_lines(estimate)
+
+
+def prediction_lines(estimate: Estimate) -> list[str]:
+    """What the estimate predicts beside its bound (:mod:`flopscope.estimate.predict`): the
+    predicted time marked with its calibration's date, its host and device parts, whether the
+    run is host-bound, and the error bars per family; ``uncalibrated`` without calibration data.
+
+    Args:
+        estimate: the estimate.
+
+    Returns:
+        Lines of text.
+    """
+    from flopscope.estimate.predict import HOST_BOUND_ADVICE
+
+    cal = estimate.hardware.calibration
+    if cal is None:
+        return ["  prediction: uncalibrated (the profile has no calibration data; `flopscope "
+                "calibrate --output FILE` writes one): the bound only"]
+    total = estimate.total
+    device = total.predicted_s - total.host_s
+    lines = [f"  prediction (calibrated {cal.date[:10]}, {cal.device}, {cal.threads} "
+             f"thread{'s' if cal.threads != 1 else ''}): {human_seconds(total.predicted_s)} = "
+             f"host {human_seconds(total.host_s)} + device {human_seconds(device)} "
+             "(per call: host time of its family + work at the attained rate; "
+             + ("one timeline on a CPU)" if not cal.device.startswith("cuda") else
+                "added: the overlap of host and device on a GPU is not modelled yet, so this "
+                "is high where both are busy)")]
+    import torch
+
+    if torch.get_num_threads() != cal.threads:
+        lines.append(f"  note: calibrated with {cal.threads} thread(s), torch now uses "
+                     f"{torch.get_num_threads()}: recalibrate with --threads for this setting")
+    if total.uncalibrated_s:
+        lines.append(f"  {human_seconds(total.uncalibrated_s)} of it at the bound: families "
+                     "without calibration points")
+    if cal.error_bars:
+        bars = ", ".join(f"{fam} +-{100 * err:.0f}%" for fam, err in cal.error_bars.items()
+                         if fam in estimate.by_family or fam == "total")
+        lines.append("  error bars (from the validation: 90th percentile of |predicted / measured "
+                     f"- 1| over its models): {bars or '-'}")
+    else:
+        lines.append("  error bars: none in the profile (not validated)")
+    if total.host_s > device:
+        ratio = f"{total.host_s / device:,.1f}x" if device > 0 else "all"
+        lines.append(f"  {HOST_BOUND_ADVICE.split(':')[0]}: host {ratio} the device work; "
+                     f"{HOST_BOUND_ADVICE.split(': ', 1)[1]}")
+    else:
+        share = total.host_s / total.predicted_s if total.predicted_s else 0.0
+        lines.append(f"  not host-bound: host time {100 * share:.0f}% of the prediction")
     return lines
 
 

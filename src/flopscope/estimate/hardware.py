@@ -15,6 +15,10 @@ File format (JSON; TOML takes the same keys), one profile or ``{"profiles": [...
      "memory_gb": 80, "cache_mib": 50, "cache_bandwidth_gb_s": 7000,
      "special_gelem_s": {"fp32": {"exp": 1.5, "tanh": 0.45}},
      "description": "...", "source": "..."}
+
+A profile may also carry a ``"calibration"`` block (raw microbenchmark points that
+``flopscope calibrate`` writes, :mod:`flopscope.estimate.calibration`): estimates on it then
+predict time beside the bound.
 """
 
 from __future__ import annotations

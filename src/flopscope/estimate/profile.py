@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from flopscope.errors import UsageError
+from flopscope.estimate.calibration import Calibration
 
 __all__ = ["DTYPE_KEYS", "SPECIAL_FUNCTIONS", "Hardware", "dtype_key"]
 
@@ -80,6 +81,9 @@ class Hardware:
             the attained element rate of an element-wise special function (a transcendental
             evaluation costs tens of instructions, not the one FLOP it is counted as); empty:
             no such rate, the function's elements cost what its FLOPs cost.
+        calibration: microbenchmarks run on the machine (:mod:`flopscope.estimate.calibration`),
+            from which estimates predict time beside the bound; ``None``: uncalibrated, the
+            bound only.
     """
 
     name: str
@@ -95,6 +99,7 @@ class Hardware:
     write_bandwidth: float | None = None
     convolution: Mapping[str, float] = field(default_factory=dict)
     special: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_bandwidth > 0:
@@ -193,6 +198,8 @@ class Hardware:
         if self.special:
             out["special_gelem_s"] = {k: {f: v / _GIGA for f, v in table.items()}
                                       for k, table in self.special.items()}
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_dict()
         return out
 
     @classmethod
@@ -211,7 +218,7 @@ class Hardware:
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
                  "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
-                 "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s"}
+                 "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s", "calibration"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -270,6 +277,8 @@ class Hardware:
             write_bandwidth=write_bandwidth,
             convolution=rates("convolution_tflops"),
             special=special(),
+            calibration=(Calibration.from_dict(data["calibration"], where=where)
+                         if data.get("calibration") is not None else None),
         )
 
 

@@ -154,7 +154,8 @@ def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
 
 class CallRecord:
     __slots__ = ("bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
-                 "fused_bytes", "macs", "op", "out_bytes", "path", "phase", "reuse", "special")
+                 "fresh_bytes", "fused_bytes", "macs", "op", "out_bytes", "path", "phase", "reuse",
+                 "special")
 
     def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
                  dtype: torch.dtype | None) -> None:
@@ -172,6 +173,9 @@ class CallRecord:
         # storage bytes of the outputs (None: unknown, never cached)
         self.reuse: tuple[tuple[int, int], ...] = ()
         self.out_bytes: int | None = None
+        # storage bytes of the outputs that are none of the inputs' (new allocations; 0 for an
+        # in-place call; None: unknown)
+        self.fresh_bytes: int | None = None
         # products at the convolution rate (a convolution that is not a 1x1 GEMM)
         self.convolution = is_convolution(op)
         # (special function, evaluations), see special_function
@@ -279,6 +283,7 @@ class CallLog:
             last = touched.get(key)
             if last is not None:
                 reuse.append((size, clock - last))
+        inputs = set(seen)
         out: dict[int, int] = {}  # written storages, in-place and out= ones included
         known = True
         for t in call.outputs:
@@ -292,6 +297,7 @@ class CallLog:
             out[key] = known_size
         rec.reuse = tuple(reuse)
         rec.out_bytes = sum(out.values()) if known else None
+        rec.fresh_bytes = sum(n for k, n in out.items() if k not in inputs) if known else None
         clock += sum(seen.values())
         for key in seen:
             touched[key] = clock

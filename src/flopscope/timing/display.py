@@ -30,6 +30,8 @@ class Totals:
         flops: counted FLOPs.
         bytes: counted bytes read and written.
         bound_s: their roofline time (a lower bound), when a profile was given.
+        predicted_s: their predicted time, when the profile is calibrated
+            (:mod:`flopscope.estimate.predict`).
     """
 
     calls: int = 0
@@ -37,6 +39,7 @@ class Totals:
     flops: int = 0
     bytes: int = 0
     bound_s: float | None = None
+    predicted_s: float | None = None
 
     def add(self, c: CallTime) -> None:
         """Add one call."""
@@ -46,6 +49,8 @@ class Totals:
         self.bytes += c.cost.bytes
         if c.bound is not None:
             self.bound_s = (self.bound_s or 0.0) + c.bound.time_s
+            if c.bound.predicted_s:
+                self.predicted_s = (self.predicted_s or 0.0) + c.bound.predicted_s
 
     @property
     def flops_per_s(self) -> float | None:
@@ -72,6 +77,7 @@ class Totals:
         return {"calls": self.calls, "seconds": self.seconds, "flops": self.flops,
                 "bytes": self.bytes, "flops_per_s": self.flops_per_s,
                 "bytes_per_s": self.bytes_per_s, "bound_s": self.bound_s,
+                "predicted_s": self.predicted_s,
                 "efficiency": self.efficiency, "above_roof_s": self.above_roof_s}
 
 
@@ -102,6 +108,8 @@ def by_module(timing: Timing, modules: Sequence[str]) -> dict[str, Totals]:
                 total.bytes += t.bytes
                 if t.bound_s is not None:
                     total.bound_s = (total.bound_s or 0.0) + t.bound_s
+                if t.predicted_s is not None:
+                    total.predicted_s = (total.predicted_s or 0.0) + t.predicted_s
         out[path] = total
     return out
 
@@ -174,6 +182,9 @@ class MeasuredSection:
                       else f"{100 * v.efficiency:.0f}%"),
                      ("above roof", lambda v: "-" if v.above_roof_s is None
                       else human_seconds(max(v.above_roof_s, 0.0)))]
+        if t.hardware is not None and t.hardware.calibration is not None:
+            cols.append(("predicted", lambda v: "-" if v.predicted_s is None
+                         else human_seconds(v.predicted_s)))
         return [Column(name, *cells(fn)) for name, fn in cols]
 
     def lines(self) -> Sequence[str]:
@@ -192,6 +203,12 @@ class MeasuredSection:
                      f"operators' dispatch, and flopscope's counting: "
                      f"{human_seconds(t.counting_s)} of it measured inside the operators' events; "
                      "an uncounted run of the block is at least that much faster)"]
+        cal = t.hardware.calibration if t.hardware is not None else None
+        if cal is not None:
+            predicted = sum(c.bound.predicted_s for c in t.calls if c.bound is not None)
+            lines.append(f"  predicted (calibrated {cal.date[:10]}, {cal.threads} thread(s)): "
+                         f"{human_seconds(predicted)} per run, {predicted / t.wall_s:.2f}x the "
+                         "measured wall time (the calls' predictions; docs/prediction.md)")
         if t.spread > NOISY:
             lines.append(f"  the runs spread by {100 * t.spread:.0f}% of the median (slowest - "
                          "fastest): this machine is shared; read the times with that margin")

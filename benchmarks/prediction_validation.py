@@ -1,0 +1,318 @@
+"""Validate the calibrated prediction (issue 29) on this machine: predicted / measured time.
+
+1. Calibrate first (``flopscope.estimate.calibrate`` on the ``this-machine`` profile, 1 thread):
+   microbenchmarks only, none of the models below. The profile is written to
+   ``benchmarks/results/prediction_profile.json`` before any model runs.
+2. Forward (batch 1) of torchvision classifiers, and a training step (forward, backward, AdamW)
+   of BERT-base, GPT-2 and a Llama-style decoder (128 tokens), each measured by
+   ``flopscope.profile`` (the median run's wall time of ``--repeat`` runs) with the calibrated
+   profile: the prediction is the sum of every counted call's predicted time, the bound the sum
+   of their roofline bounds.
+3. Per family: the joined calls' predicted time summed per model and family against their
+   measured time (profiler events: the Python binding's time is outside them), and per call.
+4. Host-bound checks: a 50-layer MLP of width 16 at batch 1 (host-bound), a 2048^3 product (not).
+5. The error bars per family (90th percentile over the models of |predicted / measured - 1| of
+   the family's summed time) are written into the profile's calibration (``error_bars``).
+
+Measured: the median wall time of ``--repeat`` plain runs (no profiler: what the prediction is
+for); beside it the fastest of them and ``flopscope.profile``'s median wall time (the profiler
+adds its own time per event: several microseconds per operator call on this machine).
+
+torch runs 1 thread (``torch.set_num_threads(1)``); the machine is shared (2 cores, other jobs):
+the load average is recorded beside every model.
+
+    PYTHONPATH=src python -m benchmarks.prediction_validation [--repeat 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import flopscope
+from flopscope.estimate import calibrate, measure_this_machine
+from flopscope.estimate.bound import is_convolution
+from flopscope.estimate.predict import family_of
+from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+
+RESULTS = Path(__file__).parent / "results"
+VISION = ["resnet18", "resnet50", "mobilenet_v3_large", "mobilenet_v2", "efficientnet_b0",
+          "vit_b_16", "convnext_tiny", "regnet_y_400mf", "shufflenet_v2_x1_0", "squeezenet1_1",
+          "densenet121", "mnasnet1_0", "googlenet", "alexnet"]
+_SPECIAL_BASES = {("_" + f if f.endswith("softmax") else f) for f in SPECIAL_FUNCTIONS}
+
+
+def _family(op: str, cost: Any) -> str:
+    base = op.split(".")[1] if op.count(".") >= 1 else op
+    special = base.rstrip("_") in _SPECIAL_BASES
+    return family_of(op, int(cost.macs), int(cost.flops),
+                     int(cost.bytes_read + cost.bytes_written), special, is_convolution(op))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def plain_wall(model: nn.Module, args: tuple[Any, ...], repeat: int,
+               train: bool) -> list[float]:
+    """Wall times of ``repeat`` runs without the profiler (after warm-up): the forward under
+    ``no_grad``, or the training step ``profile(train=True)`` measures (zero_grad, the summed
+    outputs backpropagated, AdamW's step; the model's weights change, it is not used after)."""
+    from flopscope.execution.training import default_loss
+
+    if train:
+        model.train()
+        opt = torch.optim.AdamW(model.parameters())
+
+        def run() -> None:
+            opt.zero_grad(set_to_none=True)
+            default_loss(model(*args)).backward()
+            opt.step()
+    else:
+        def run() -> None:
+            with torch.no_grad():
+                model(*args)
+    for _ in range(2):
+        run()
+    walls = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - start)
+    return walls
+
+
+def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardware,
+        repeat: int, train: bool) -> dict[str, Any]:
+    """Profile one model: wall, prediction, bound, per family and per call."""
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    _, timing = flopscope.profile(model, *args, train=train, hardware=hw, repeat=repeat,
+                                  warmup=1 if train else 2)
+    predicted = sum(c.bound.predicted_s for c in timing.calls if c.bound is not None)
+    host = sum(c.bound.host_s for c in timing.calls if c.bound is not None)
+    bound = sum(c.bound.time_s for c in timing.calls if c.bound is not None)
+    fams: dict[str, dict[str, float]] = {}
+    per_call: dict[str, list[float]] = {}
+    for c in timing.calls:
+        if c.bound is None or not c.matched or c.seconds <= 0:
+            continue
+        fam = _family(c.op, c.cost)
+        f = fams.setdefault(fam, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0,
+                                  "bound_s": 0.0})
+        f["calls"] += 1
+        f["predicted_s"] += c.bound.predicted_s
+        f["measured_s"] += c.seconds
+        f["bound_s"] += c.bound.time_s
+        per_call.setdefault(fam, []).append(c.bound.predicted_s / c.seconds)
+    for fam, f in fams.items():
+        f["ratio"] = f["predicted_s"] / f["measured_s"] if f["measured_s"] else float("nan")
+        ratios = per_call[fam]
+        f["per_call_median_ratio"] = statistics.median(ratios)
+        f["per_call_p90_abs_error"] = _quantile([abs(r - 1) for r in ratios], 0.9)
+    walls = plain_wall(model, args, repeat, train)
+    wall = statistics.median(walls)
+    row = {"model": name, "kind": kind, "measured_s": wall, "measured_min_s": min(walls),
+           "profile_wall_s": timing.wall_s, "predicted_s": predicted,
+           "host_s": host, "bound_s": bound, "ratio": predicted / wall,
+           "ratio_to_min": predicted / min(walls), "ratio_to_profile": predicted / timing.wall_s,
+           "bound_holds": min(walls) >= bound and timing.wall_s >= bound,
+           "spread": timing.spread, "calls": len(timing.calls),
+           "unmatched": timing.unmatched, "outside_s": timing.outside_s,
+           "load_before": load, "load_after": os.getloadavg()[0],
+           "seconds_taken": time.perf_counter() - start, "families": fams}
+    print(f"{name:22s} measured {wall * 1e3:9.2f} ms (profile {timing.wall_s * 1e3:9.2f}) "
+          f"predicted {predicted * 1e3:9.2f} ms ({predicted / wall:5.2f}x)  bound "
+          f"{bound * 1e3:9.2f} ms  load {load:.1f}",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def host_checks(hw: Hardware, repeat: int) -> list[dict[str, Any]]:
+    """The MLP of 50 tiny layers (host-bound) and one large product (not)."""
+    out = []
+    torch.manual_seed(0)
+    mlp = nn.Sequential(*[m for _ in range(50) for m in (nn.Linear(16, 16), nn.ReLU())])
+    gemm = nn.Linear(2048, 2048, bias=False)
+    for name, model, x, expect in (("mlp 50 x width 16, batch 1", mlp, torch.randn(1, 16), True),
+                                   ("linear 2048 x 2048, 2048 rows", gemm,
+                                    torch.randn(2048, 2048), False)):
+        _, est = flopscope.estimate.roofline(model, x, hardware=hw)
+        device = est.total.predicted_s - est.total.host_s
+        row = one(name, "host check", model, (x,), hw, repeat, False)
+        row.update({"host_bound": est.total.host_s > device, "expected_host_bound": expect,
+                    "host_over_device": est.total.host_s / device if device else None})
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and 90th percentile of |predicted / measured - 1|, per kind and per family."""
+    def stats(values: list[float]) -> dict[str, float]:
+        errors = [abs(v - 1) for v in values]
+        return {"n": len(values), "median_abs_error": statistics.median(errors),
+                "p90_abs_error": _quantile(errors, 0.9),
+                "median_ratio": statistics.median(values)}
+
+    models = [r for r in rows if r["kind"] != "host check"]
+    out: dict[str, Any] = {"all models": stats([r["ratio"] for r in models]),
+                           "all models, against the fastest run": stats(
+                               [r["ratio_to_min"] for r in models]),
+                           "all models, against flopscope.profile's wall": stats(
+                               [r["ratio_to_profile"] for r in models])}
+    for kind in sorted({r["kind"] for r in rows}):
+        out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
+    families: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kind"] == "host check":
+            continue
+        for fam, f in r["families"].items():
+            families.setdefault(fam, []).append(f["ratio"])
+    out["families"] = {fam: stats(v) for fam, v in sorted(families.items())}
+    return out
+
+
+def tables(data: dict[str, Any]) -> str:
+    """The markdown tables of docs/prediction.md from a results JSON."""
+    lines = ["| model | run | measured (median) | fastest | profile's wall | predicted | "
+             "predicted / measured | bound | host part | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        lines.append(
+            f"| {r['model']} | {r['kind']} | {r['measured_s'] * 1e3:,.1f} ms | "
+            f"{r['measured_min_s'] * 1e3:,.1f} ms | {r['profile_wall_s'] * 1e3:,.1f} ms | "
+            f"{r['predicted_s'] * 1e3:,.1f} ms | {r['ratio']:.2f} | {r['bound_s'] * 1e3:,.1f} ms"
+            f"{'' if r['bound_holds'] else ' (above!)'} | {r['host_s'] * 1e3:,.2f} ms | "
+            f"{r['load_before']:.1f} |")
+    lines += ["", "| set | n | median abs. error | 90th percentile | median predicted / measured |",
+              "|---|---:|---:|---:|---:|"]
+    summary = data["summary"]
+    for key, s in summary.items():
+        if key == "families":
+            continue
+        lines.append(f"| {key} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
+                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} |")
+    lines += ["", "| family | models | median abs. error | 90th percentile | median predicted / "
+              "measured | per-call median predicted / measured (all models) |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for fam, s in summary["families"].items():
+        per_call = [f["per_call_median_ratio"] for r in data["rows"]
+                    if r["kind"] != "host check" for k, f in r["families"].items() if k == fam]
+        lines.append(f"| {fam} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
+                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} | "
+                     f"{statistics.median(per_call):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
+    """Predicted against measured (log-log), one marker per run, the line y = x and the band of
+    the first run's 90th-percentile error; ``False`` without matplotlib."""
+    from benchmarks.plotting import counted_vs_measured_axes, pyplot, save
+
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    rows = [(label, r) for label, data in runs for r in data["rows"]]
+    values = [v for _, r in rows for v in (r["measured_s"] * 1e3, r["predicted_s"] * 1e3)]
+    lo, hi = counted_vs_measured_axes(
+        ax, values, title="predicted vs measured, this machine, 1 thread (docs/prediction.md)",
+        xlabel="measured (median wall time of plain runs), ms",
+        ylabel="predicted (calibrated model), ms")
+    band = runs[0][1]["summary"]["all models"]["p90_abs_error"]
+    ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)],
+                    [lo * (1 + band), hi * (1 + band)], color="0.85", alpha=0.6,
+                    label=f"+-{100 * band:.0f}% (90th percentile, {runs[0][0]})")
+    markers = {"forward (torchvision, batch 1)": "o", "training step (AdamW, 128 tokens)": "s",
+               "host check": "^"}
+    for i, (label, data) in enumerate(runs):
+        for kind, marker in markers.items():
+            pts = [r for r in data["rows"] if r["kind"] == kind]
+            ax.scatter([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
+                       marker=marker, color=f"C{i}", alpha=0.75, s=28,
+                       label=f"{kind}, {label}")
+    for r in runs[0][1]["rows"]:
+        ax.annotate(r["model"].split(",")[0], (r["measured_s"] * 1e3, r["predicted_s"] * 1e3),
+                    fontsize=6, xytext=(3, -3), textcoords="offset points")
+    ax.legend(fontsize=6, loc="upper left")
+    save(plt, fig, path)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Calibrate, then validate; write the results JSON and the profile with its error bars."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="two small models only")
+    parser.add_argument("--profile", default=str(RESULTS / "prediction_profile.json"))
+    parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
+    parser.add_argument("--tables", action="store_true",
+                        help="print the markdown tables of --output's results and stop")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="draw predicted vs measured of --output's results (and of the "
+                             "repeat's, when there) and stop")
+    opts = parser.parse_args(argv)
+    if opts.plot:
+        runs = [("run", json.loads(Path(opts.output).read_text()))]
+        repeat = Path(opts.output).with_name(Path(opts.output).stem + "_repeat.json")
+        if repeat.exists():
+            runs.append(("repeat", json.loads(repeat.read_text())))
+        return 0 if plot(runs, Path(opts.plot)) else 1
+    if opts.tables:
+        print(tables(json.loads(Path(opts.output).read_text())))
+        return 0
+    torch.set_num_threads(1)
+    from benchmarks.models import torchvision_benches, transformer_benches
+
+    start = time.perf_counter()
+    hw = calibrate(measure_this_machine(), threads=1)
+    calibration_s = time.perf_counter() - start
+    Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
+    print(f"calibrated in {calibration_s:.0f} s", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
+    device = torch.device("cpu")
+    names = ["resnet18", "mobilenet_v3_large"] if opts.quick else VISION
+    for bench in torchvision_benches(names):
+        torch.manual_seed(0)
+        rows.append(one(bench.name, "forward (torchvision, batch 1)", bench.build(device),
+                        bench.inputs(device), hw, opts.repeat, False))
+    if not opts.quick:
+        for bench in transformer_benches():
+            torch.manual_seed(0)
+            model = bench.build(device)
+            rows.append(one(bench.name, "training step (AdamW, 128 tokens)", model,
+                            bench.inputs(device), hw, max(3, opts.repeat - 2), True))
+    rows += host_checks(hw, opts.repeat)
+    result = summary(rows)
+    bars = {fam: s["p90_abs_error"] for fam, s in result["families"].items() if s["n"] >= 3}
+    bars["total"] = result["all models"]["p90_abs_error"]
+    assert hw.calibration is not None
+    hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
+                                                                 error_bars=bars))
+    Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
+    out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
+           "calibration_s": calibration_s, "calibrated": hw.calibration.date,
+           "cpu_count": os.cpu_count(), "repeat": opts.repeat,
+           "note": "1 torch thread on a shared 2-core machine (other jobs running: load average "
+                   "per model); measured = flopscope.profile's median run wall time",
+           "summary": result, "error_bars": bars, "rows": rows}
+    Path(opts.output).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(result, indent=1), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

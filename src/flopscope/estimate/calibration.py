@@ -1,0 +1,169 @@
+"""Calibration data of a hardware profile: the raw points of microbenchmarks flopscope ran on the
+machine (:mod:`flopscope.estimate.calibrate`), with their date, versions, device and thread
+count, and the host time per eager call of each operator family. Nothing here is fitted: the
+model that turns the points into a prediction is :mod:`flopscope.estimate.predict`.
+
+In a profile file the block is ``"calibration"``::
+
+    "calibration": {"date": "2026-11-26T23:40:00+00:00", "device": "cpu", "threads": 1,
+                    "versions": {"torch": "2.14.1", "flopscope": "...", "python": "3.12.3"},
+                    "host_s": {"elementwise": 2.1e-06, "matmul": 3.0e-06, ...},
+                    "points": [{"family": "matmul", "dtype": "fp32", "what": "mm 64x64x64",
+                                "flops": 524288, "bytes": 49152, "seconds": 1.2e-05}, ...],
+                    "error_bars": {"matmul": 0.12, ...}}
+
+``error_bars`` (optional) are the validation's relative errors per family and for whole models
+(``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
+of the family's summed time (``benchmarks/prediction_validation.py`` writes them); a profile
+without them says its prediction is not validated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flopscope.errors import UsageError
+
+__all__ = ["FAMILIES", "Calibration", "Point"]
+
+FAMILIES = ("matmul", "conv", "attention", "elementwise", "reduction", "normalization",
+            "pooling", "special", "view")
+"""Operator families of the prediction (:func:`flopscope.estimate.predict.family`): matrix
+products, convolutions, attention kernels, element-wise and copies, reductions, normalisations,
+pooling, special functions (:data:`~flopscope.estimate.profile.SPECIAL_FUNCTIONS`), and calls that move
+no byte (views, metadata: host time only)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One microbenchmark: an operator on one shape, timed per eager call.
+
+    Attributes:
+        family: its family (:data:`FAMILIES`).
+        dtype: its dtype key (``"fp32"``).
+        what: what ran (``"mm 1x1024x1024"``), for people reading the file.
+        flops: the FLOPs flopscope counts for it.
+        bytes: the bytes flopscope counts for it (read plus written).
+        seconds: measured time per call, the host's time included (median of batches).
+        function: the special function it evaluates (``"exp"``), for the special family.
+        inplace: it writes into one of its inputs (no new output storage).
+    """
+
+    family: str
+    dtype: str
+    what: str
+    flops: int
+    bytes: int
+    seconds: float
+    function: str = ""
+    inplace: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The point in the file format."""
+        out: dict[str, Any] = {"family": self.family, "dtype": self.dtype, "what": self.what,
+                               "flops": self.flops, "bytes": self.bytes, "seconds": self.seconds}
+        if self.function:
+            out["function"] = self.function
+        if self.inplace:
+            out["inplace"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a calibration measured on one machine.
+
+    Attributes:
+        date: when (ISO 8601, UTC).
+        device: ``"cpu"`` or ``"cuda"`` (and the device's name where known).
+        threads: torch's intra-op threads during the run.
+        versions: torch, flopscope and Python versions.
+        host_s: family -> seconds per eager call of a tiny operator of that family.
+        points: the microbenchmarks.
+        error_bars: family (or ``"total"``: whole models) -> relative error from a validation
+            (empty: not validated).
+    """
+
+    date: str
+    device: str
+    threads: int
+    versions: Mapping[str, str] = field(default_factory=dict)
+    host_s: Mapping[str, float] = field(default_factory=dict)
+    points: tuple[Point, ...] = ()
+    error_bars: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The block in the file format (see the module docstring)."""
+        out: dict[str, Any] = {
+            "date": self.date, "device": self.device, "threads": self.threads,
+            "versions": dict(self.versions), "host_s": dict(self.host_s),
+            "points": [p.to_dict() for p in self.points],
+        }
+        if self.error_bars:
+            out["error_bars"] = dict(self.error_bars)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "profile") -> Calibration:
+        """Read the block (see the module docstring).
+
+        Args:
+            data: the ``"calibration"`` value of a profile.
+            where: what to name in error messages.
+
+        Returns:
+            The calibration.
+
+        Raises:
+            UsageError: a missing or malformed field.
+        """
+        where = f"{where}: calibration"
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{where} must be a table, not {type(data).__name__}")
+        for key in ("date", "device", "threads", "points"):
+            if key not in data:
+                raise UsageError(f"{where} needs {key!r}")
+
+        def families(table: Any, name: str, extra: tuple[str, ...] = ()) -> dict[str, float]:
+            if not isinstance(table, Mapping):
+                raise UsageError(f"{where}: {name} must be a table of family -> number")
+            unknown = sorted(set(table) - set(FAMILIES) - set(extra))
+            if unknown:
+                raise UsageError(f"{where}: {name}: unknown famil{'y' if len(unknown) == 1 else 'ies'} "
+                                 f"{', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+            try:
+                return {str(k): float(v) for k, v in table.items()}
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"{where}: {name}: {e}") from None
+
+        raw = data["points"]
+        if not isinstance(raw, list):
+            raise UsageError(f"{where}: points must be a list")
+        points = []
+        for i, p in enumerate(raw):
+            try:
+                point = Point(str(p["family"]), str(p["dtype"]), str(p.get("what", "")),
+                              int(p["flops"]), int(p["bytes"]), float(p["seconds"]),
+                              str(p.get("function", "")), bool(p.get("inplace", False)))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise UsageError(f"{where}: point {i} is malformed ({type(e).__name__}: {e}); "
+                                 "each needs family, dtype, flops, bytes, seconds") from None
+            if point.family not in FAMILIES:
+                raise UsageError(f"{where}: point {i}: unknown family {point.family!r}; known: "
+                                 f"{', '.join(FAMILIES)}")
+            if not point.seconds > 0:
+                raise UsageError(f"{where}: point {i}: seconds must be positive")
+            points.append(point)
+        versions = data.get("versions", {})
+        if not isinstance(versions, Mapping):
+            raise UsageError(f"{where}: versions must be a table")
+        try:
+            threads = int(data["threads"])
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}: threads must be an integer") from None
+        return cls(str(data["date"]), str(data["device"]), threads,
+                   {str(k): str(v) for k, v in versions.items()},
+                   families(data.get("host_s", {}), "host_s"), tuple(points),
+                   families(data.get("error_bars", {}), "error_bars", ("total",)))

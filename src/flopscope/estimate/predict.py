@@ -1,0 +1,341 @@
+"""A prediction of each call's time from a profile's calibration (:mod:`.calibration`), beside
+the roofline bound.
+
+The model, in full:
+
+- every call belongs to a family (:func:`family`): matrix products, convolutions, attention,
+  element-wise (copies included), reductions, normalisations, pooling, special functions, or
+  calls that move no byte (views);
+- its *work* is its FLOPs for the compute families (matrix products, convolutions, attention)
+  and its bytes (read plus written, as flopscope counts them) for the others;
+- each calibration point's *device time* is its measured time less the host time of an eager
+  call of its family (``host_s``); points where that is under a tenth of the measured time are
+  host time and are not used for rates;
+- the *attained rate* (work per second) of a call is interpolated from the points of its family
+  and dtype (a special function's own points first, then the family's): for the memory families
+  linearly in log(work) between the two points around it (the nearest point's rate beyond the
+  ends); for the compute families, whose rate depends on shape as well as size, by
+  inverse-distance weighting (power 2) of the four nearest points in (log work, log intensity),
+  intensity = FLOPs / bytes (a tall-skinny product or a depthwise convolution is near its own
+  kind, not near a square product of the same FLOPs); a point at distance 0 gives its own rate;
+- a call that writes into one of its inputs (no new output storage: ``add_``, ``copy_``, an
+  optimizer's updates) takes the family's in-place points where it has them: a large new output
+  costs the page faults of a fresh allocation (the CPU allocator returns large blocks to the
+  system), an in-place update does not;
+- device time = max(work / attained rate, the roofline bound): no prediction is below the
+  bound (the bound's memory term charges what misses the last-level cache at main-memory
+  bandwidth: the weights a model reads once);
+- **predicted time = host time of the family + device time**. On a CPU the host and the
+  device are one timeline, so they add; on a GPU (not calibrated yet) they would overlap;
+- a dtype without points uses the fp32 points; a family without points (or a call of no
+  family's points at all) is predicted at its roofline bound and counted as *uncalibrated*.
+
+Nothing is fitted to a model under validation: the points are microbenchmarks
+(:func:`flopscope.estimate.calibrate.calibrate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flopscope.estimate.calibration import Calibration
+
+if TYPE_CHECKING:
+    from flopscope.estimate.bound import Estimate
+    from flopscope.estimate.roofline import CallRecord
+
+__all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
+           "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
+           "predictor"]
+
+COMPUTE_FAMILIES = ("matmul", "conv", "attention")
+"""Families whose work is FLOPs (the others' is bytes)."""
+
+HOST_DOMINATED = 0.5
+"""A point whose device time is under this fraction of its measured time is host time: the
+host times of one family's operators differ by more than the device time there (a scalar
+multiply's host time is twice an add's)."""
+
+_NEAREST = 4
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean",
+               "prod", "argmax", "argmin", "logsumexp", "linalg_vector_norm", "norm", "cumsum",
+               "any", "all", "_foreach_norm", "nansum", "aminmax"}
+
+
+def family_of(op: str, macs: int, flops: int, nbytes: int, special: bool,
+              convolution: bool) -> str:
+    """The family of an operator call (:data:`~.calibration.FAMILIES`), from its report name
+    and counts.
+
+    Args:
+        op: the report name (``"aten.addmm.default"``).
+        macs: its MACs.
+        flops: its FLOPs.
+        nbytes: its bytes read plus written.
+        special: whether it evaluates a special function.
+        convolution: whether it is a convolution (forward or backward).
+
+    Returns:
+        The family.
+    """
+    base = op.split(".")[1] if op.count(".") >= 1 else op
+    if flops == 0 and nbytes == 0:
+        return "view"
+    if "attention" in base:
+        return "attention"
+    if convolution:
+        return "conv"
+    if macs > 0:
+        return "matmul"
+    if special:
+        return "special"
+    if "norm" in base and base not in _REDUCTIONS and "linalg" not in base:
+        return "normalization"
+    if "pool" in base:
+        return "pooling"
+    if base.removesuffix("_") in _REDUCTIONS or base.removesuffix("_backward") in _REDUCTIONS:
+        return "reduction"
+    return "elementwise"
+
+
+def is_convolution(op: str) -> bool:
+    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
+    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
+    convolution's, whose products run at the profile's convolution rate when it has one."""
+    name = op.split(".")[1] if op.count(".") >= 1 else op
+    return "conv" in name and "convert" not in name
+
+
+def family(rec: CallRecord) -> str:
+    """The family of a recorded call (:func:`family_of`).
+
+    Args:
+        rec: the call's record.
+
+    Returns:
+        The family.
+    """
+    return family_of(rec.op, rec.macs, rec.flops, rec.bytes, rec.special is not None,
+                     is_convolution(rec.op))
+
+
+def _work(fam: str, flops: int, nbytes: int) -> float:
+    return float(flops if fam in COMPUTE_FAMILIES else nbytes)
+
+
+def _coords(fam: str, flops: int, nbytes: int) -> tuple[float, ...]:
+    work = _work(fam, flops, nbytes)
+    if fam in COMPUTE_FAMILIES:
+        intensity = flops / nbytes if nbytes else 1.0
+        return (math.log10(work), math.log10(max(intensity, 1e-6)))
+    return (math.log10(work),)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Points (coordinates, log10 attained rate), equal coordinates merged (mean log rate)."""
+
+    points: tuple[tuple[tuple[float, ...], float], ...]
+
+    @classmethod
+    def of(cls, raw: Iterable[tuple[tuple[float, ...], float]]) -> _Curve:
+        merged: dict[tuple[float, ...], list[float]] = {}
+        for c, y in raw:
+            merged.setdefault(tuple(round(v, 9) for v in c), []).append(y)
+        return cls(tuple(sorted((c, sum(ys) / len(ys)) for c, ys in merged.items())))
+
+    def log_rate(self, at: tuple[float, ...]) -> float:
+        pts = self.points
+        if len(at) == 1:  # linear in log work, constant beyond the ends
+            x = at[0]
+            if x <= pts[0][0][0]:
+                return pts[0][1]
+            for (c0, y0), (c1, y1) in zip(pts, pts[1:], strict=False):
+                if x <= c1[0]:
+                    return y0 + (y1 - y0) * (x - c0[0]) / (c1[0] - c0[0])
+            return pts[-1][1]
+        near = sorted(pts, key=lambda p: math.dist(p[0], at))[:_NEAREST]
+        weights = []
+        for c, y in near:
+            d = math.dist(c, at)
+            if d == 0:
+                return y
+            weights.append((1 / d**2, y))
+        return sum(w * y for w, y in weights) / sum(w for w, _ in weights)
+
+
+@dataclass(frozen=True)
+class CallPrediction:
+    """One call's prediction.
+
+    Attributes:
+        family: its family.
+        host_s: host time of an eager call of the family.
+        device_s: device time (work at the attained rate, at least the roofline bound); the
+            bound where uncalibrated.
+        calibrated: whether points of the family were found (else the device time is the bound).
+    """
+
+    family: str
+    host_s: float
+    device_s: float
+    calibrated: bool
+
+    @property
+    def seconds(self) -> float:
+        """Predicted time: host plus device."""
+        return self.host_s + self.device_s
+
+
+class Predictor:
+    """The calibrated model of one :class:`~.calibration.Calibration` (see the module
+    docstring).
+
+    Args:
+        calibration: the points and host times.
+    """
+
+    def __init__(self, calibration: Calibration) -> None:
+        self.calibration = calibration
+        self.host = dict(calibration.host_s)
+        raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
+        for p in calibration.points:
+            device = p.seconds - self.host.get(p.family, 0.0)
+            work = _work(p.family, p.flops, p.bytes)
+            if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
+                continue
+            point = (_coords(p.family, p.flops, p.bytes), math.log10(work / device))
+            if p.inplace:  # no new output: no page faults of a fresh allocation
+                raw.setdefault((p.family, p.dtype, "inplace"), []).append(point)
+                continue
+            raw.setdefault((p.family, p.dtype, ""), []).append(point)
+            if p.function:
+                raw.setdefault((p.family, p.dtype, p.function), []).append(point)
+        self._curves = {k: _Curve.of(v) for k, v in raw.items()}
+
+    def _curve(self, fam: str, dtype: str, function: str = "") -> _Curve | None:
+        for key in ((fam, dtype, function), (fam, dtype, ""), (fam, "fp32", function),
+                    (fam, "fp32", "")):
+            curve = self._curves.get(key)
+            if curve is not None:
+                return curve
+        return None
+
+    def host_s(self, fam: str) -> float:
+        """Host time of an eager call of family ``fam`` (the element-wise one where the family
+        was not measured; 0 without either)."""
+        return self.host.get(fam, self.host.get("elementwise", 0.0))
+
+    def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
+                 function: str = "") -> float | None:
+        """Device time of work of family ``fam``, or ``None`` when the family has no points.
+
+        Args:
+            fam: the family.
+            dtype: its dtype key.
+            flops: its FLOPs.
+            nbytes: its bytes.
+            function: the special function, for the special family.
+
+        Returns:
+            Seconds, or ``None``.
+        """
+        if fam == "view":
+            return 0.0
+        curve = self._curve(fam, dtype, function)
+        work = _work(fam, flops, nbytes)
+        if curve is None:
+            return None
+        return work / 10 ** curve.log_rate(_coords(fam, flops, nbytes)) if work > 0 else 0.0
+
+    def call(self, rec: CallRecord, bound_s: float) -> CallPrediction:
+        """One call's prediction.
+
+        Args:
+            rec: the call's record.
+            bound_s: its roofline bound (the device time where the family is uncalibrated).
+
+        Returns:
+            The prediction.
+        """
+        from flopscope.estimate.profile import dtype_key
+
+        fam = family(rec)
+        key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
+        function = rec.special[0] if rec.special is not None else ""
+        if rec.fresh_bytes == 0 and rec.bytes_written > 0:
+            function = "inplace"  # the in-place points, where the family has them
+        device = self.device_s(fam, key, rec.flops, rec.bytes, function)
+        if device is None:
+            return CallPrediction(fam, self.host_s(fam), bound_s, False)
+        return CallPrediction(fam, self.host_s(fam), max(device, bound_s), True)
+
+
+_PREDICTORS: dict[int, tuple[Calibration, Predictor]] = {}
+
+
+def predictor(calibration: Calibration) -> Predictor:
+    """The :class:`Predictor` of a calibration, built once per calibration object.
+
+    Args:
+        calibration: the calibration.
+
+    Returns:
+        Its predictor.
+    """
+    entry = _PREDICTORS.get(id(calibration))
+    if entry is None or entry[0] is not calibration:
+        entry = (calibration, Predictor(calibration))
+        _PREDICTORS[id(calibration)] = entry
+    return entry[1]
+
+
+HOST_BOUND_ADVICE = ("host-bound: the time per operator call outside the kernels dominates; "
+                     "fewer, larger calls help (on a GPU: CUDA graphs or torch.compile's "
+                     "mode='reduce-overhead'; anywhere: torch.compile fuses calls, a larger "
+                     "batch amortises them)")
+
+
+def prediction_summary(estimate: Estimate) -> dict[str, Any]:
+    """The prediction of an estimate as JSON: whether the hardware is calibrated, when and
+    where, the predicted total, its host and device parts, whether the run is host-bound
+    (host time above device time) and by how much, and the error bars per family.
+
+    Args:
+        estimate: the estimate.
+
+    Returns:
+        ``{"status": "uncalibrated", ...}`` without calibration data.
+    """
+    cal = estimate.hardware.calibration
+    if cal is None:
+        return {"status": "uncalibrated",
+                "note": "the hardware profile has no calibration data: the bound only "
+                        "(flopscope calibrate writes a calibrated profile)"}
+    total = estimate.total
+    device = total.predicted_s - total.host_s
+    host_bound = total.host_s > device
+    import torch
+
+    out: dict[str, Any] = {
+        "status": "calibrated", "calibrated": cal.date, "device": cal.device,
+        "threads": cal.threads, "threads_now": torch.get_num_threads(),
+        "model": "per call: host time of its family + max(work at the attained rate, the "
+                 "roofline bound); host and device on one timeline (CPU)"
+                 + ("; on this GPU added too: their overlap is not modelled yet"
+                    if cal.device.startswith("cuda") else ""),
+        "predicted_s": total.predicted_s, "host_s": total.host_s, "device_s": device,
+        "uncalibrated_s": total.uncalibrated_s,
+        "host_bound": host_bound,
+        "host_over_device": total.host_s / device if device > 0 else None,
+        "error_bars": dict(cal.error_bars),
+        "by_family": {k: {"calls": r.calls, "predicted_s": r.predicted_s, "host_s": r.host_s,
+                          "bound_s": r.time_s}
+                      for k, r in estimate.by_family.items()},
+    }
+    if host_bound:
+        out["suggestion"] = HOST_BOUND_ADVICE
+    return out
