@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flopscope.cli import count, diff, generate, profile, progress, rules, zoo
+from flopscope.cli import count, diff, generate, plan, profile, progress, rules, zoo
 from flopscope.cli._options import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (count, diff, generate, profile, rules, zoo):
+    for module in (count, diff, generate, plan, profile, rules, zoo):
         module.add_subcommands(sub)
     _add_measure(sub)
     return parser
