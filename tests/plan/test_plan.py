@@ -207,3 +207,33 @@ def test_cli_refuses_batch(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "hf:llama", "--gpus", "2", "--batch", "4"])
     assert code == 2
     assert "--batch does not apply to plan" in capsys.readouterr().err
+
+
+def test_middle_stages_of_equal_layers_share_a_role() -> None:
+    from flopscope.plan.roles import roles_of
+
+    # 8 layers on 8 stages: one each; the first (embedding) and last (head) stages are their own
+    # roles, the six middle stages run the same shapes: stage 1 stands for them
+    stages = [k.stage for k in roles_of(Choice(1, 8, 1, 1, 8, "none"), 8)]
+    assert stages == [0, 1, 1, 1, 1, 1, 1, 7]
+    # 6 layers on 4 stages: 2, 2, 1, 1: stage 2 has one layer fewer than stage 1, so a role of
+    # its own
+    assert [k.stage for k in roles_of(Choice(1, 4, 1, 1, 4, "none"), 6)] == [0, 1, 2, 3]
+    assert [k.stage for k in roles_of(Choice(2, 1, 4, 1, 1, "block"), 6)] == [0]
+
+
+def test_a_shared_middle_stage_does_the_same_work() -> None:
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model
+    from flopscope.plan.roles import RoleKey, Roles
+
+    # 4 layers on 4 stages, 4 microbatches: stages 1 and 2 share stage 1's role; simulated
+    # apart, stage 2 computes and sends exactly what stage 1 does, and keeps fewer microbatches
+    # in flight (1F1B: 4 - 2 = 2 against 3), so its peak is no higher
+    roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), get_hardware("h100"), "t")
+    one, two = (roles.get(RoleKey(1, 4, s, 1, 1, 4, False)) for s in (1, 2))
+    assert one.report.flops == two.report.flops and one.report.macs == two.report.macs
+    assert sorted((c.kind, c.phase, c.calls, c.bus_bytes) for c in one.report.communication) == \
+        sorted((c.kind, c.phase, c.calls, c.bus_bytes) for c in two.report.communication)
+    assert two.estimate.total.time_s == pytest.approx(one.estimate.total.time_s)
+    assert two.memory.peak_bytes < one.memory.peak_bytes

@@ -24,7 +24,7 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
-from flopscope.plan.roles import RoleKey, RoleRun, Roles
+from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.space import (
     CHECKPOINTING,
     Choice,
@@ -33,7 +33,7 @@ from flopscope.plan.space import (
 )
 from flopscope.plan.timing import Links, StepTime, step_time
 
-__all__ = ["Candidate", "Plan", "plan"]
+__all__ = ["Candidate", "Plan", "build_model", "plan"]
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,21 @@ class Plan:
         }
 
 
-def _loader(source: str, seq_len: int | None, dtype: str,
-            config: Mapping[str, Any] | None) -> Any:
+def build_model(source: str, seq_len: int | None, dtype: str,
+                config: Mapping[str, Any] | None) -> Build:
+    """How a plan builds ``source``'s model for a role (:data:`~flopscope.plan.roles.Build`):
+    on ``meta``, in train mode, each decoder block checkpointed (transformers' own switch,
+    non-reentrant) when asked.
+
+    Args:
+        source: the SOURCE string.
+        seq_len: tokens per sequence (``None``: the source's).
+        dtype: the model's dtype.
+        config: config overrides.
+
+    Returns:
+        ``build(batch, checkpoint) -> (model, args, kwargs)``.
+    """
     from flopscope import sources
 
     def build(batch: int, checkpoint: bool) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
@@ -191,7 +204,7 @@ def _pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
     return tuple(front)
 
 
-def _model_flops(build: Any, global_batch: int) -> int:
+def _model_flops(build: Build, global_batch: int) -> int:
     """The unsharded model's forward + backward FLOPs for one sequence, times the batch
     (every operator's work is linear in the batch dimension)."""
     from flopscope.run import Inputs, count
@@ -253,7 +266,7 @@ def plan(
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
                          "(--memory-budget 80GiB)")
     batch = global_batch if global_batch is not None else gpus
-    build = _loader(source, seq_len, dtype, config)
+    build = build_model(source, seq_len, dtype, config)
     probe, args, _ = build(1, False)
     shape = ModelShape.from_config(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -273,10 +286,7 @@ def plan(
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     for choice in choices:
-        micro = choice.microbatches if choice.pp > 1 else 1
-        sim = min(micro, choice.pp) if choice.pp > 1 else 1
-        runs = [roles.get(RoleKey(choice.tp, choice.pp, s, choice.dp, choice.micro_batch, sim,
-                                  choice.checkpoint == "block")) for s in range(choice.pp)]
+        runs = [roles.get(key) for key in roles_of(choice, shape.layers)]
         t = step_time(runs, choice, links)
         used, at, where = _memory(runs, choice)
         tokens = batch * seq / t.total / gpus if t.total else 0.0

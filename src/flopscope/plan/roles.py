@@ -24,9 +24,10 @@ from torch import nn
 
 from flopscope.distributed import Layout, simulate
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
-__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor"]
+__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "roles_of"]
 
 #: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
 #: mode and ``batch`` sequences of token ids
@@ -56,6 +57,40 @@ class RoleKey:
     micro_batch: int
     microbatches: int
     checkpoint: bool
+
+
+def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
+    """The role of each rank of a layout's pipeline group, in stage order (one stage without
+    pipelining: every rank runs the same shapes).
+
+    A stage is simulated over ``pp`` microbatches, the most 1F1B keeps in flight on any stage,
+    so its peak memory is the step's; :func:`~flopscope.plan.timing.step_time` scales its work
+    to the step's microbatches. Middle stages (neither the first, with the embedding, nor the
+    last, with the head) that hold as many layers run the same shapes per microbatch; the
+    earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
+    theirs: they share its role. A pipeline has at most four roles: the first stage, the
+    last, and the earliest middle stage of each layer count (``split_layers`` gives the first
+    ``layers % pp`` stages one layer more).
+
+    Args:
+        choice: the layout.
+        layers: the model's decoder layers.
+
+    Returns:
+        One role per stage (middle stages may share one).
+    """
+    from flopscope.distributed.pipeline import split_layers
+
+    simulated = choice.pp if choice.pp > 1 else 1
+    sizes = [len(r) for r in split_layers(layers, choice.pp)]
+    out = []
+    for s in range(choice.pp):
+        stage = s
+        if 0 < s < choice.pp - 1:
+            stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
+        out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
+                           simulated, choice.checkpoint == "block"))
+    return out
 
 
 @dataclass(frozen=True)
