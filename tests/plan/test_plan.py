@@ -237,3 +237,10 @@ def test_a_shared_middle_stage_does_the_same_work() -> None:
         sorted((c.kind, c.phase, c.calls, c.bus_bytes) for c in two.report.communication)
     assert two.estimate.total.time_s == pytest.approx(one.estimate.total.time_s)
     assert two.memory.peak_bytes < one.memory.peak_bytes
+
+
+def test_no_layout_is_a_usage_error() -> None:
+    # 3 GPUs: tp 3 does not divide 8 heads; pp 1 needs dp 3 to divide the batch of 1, pp 3 needs
+    # 3 microbatches of a batch of 1
+    with pytest.raises(UsageError, match="no layout of 3 devices divides this model"):
+        flopscope.plan("hf:llama", **{**ARGS, "gpus": 3, "global_batch": 1})
