@@ -144,6 +144,19 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str], two_gpus: Plan
     assert "layout" in out and "tok/s/GPU" in out and "MFU" in out
     assert f"Best: {two_gpus.ranked[0].choice.label}," in out
     assert "Pareto front" in out and "where its time goes" in out
+    # why the best wins: against the next fastest, by how much and where
+    second = two_gpus.ranked[1]
+    assert (f"  {second.choice.label}: " in out.split("Why it wins")[1])
+
+
+def test_compare_names_where_the_other_spends_more(two_gpus: Plan) -> None:
+    from flopscope.plan.timing import compare
+
+    best, tp = two_gpus.ranked[0], _by_label(two_gpus)["TP2 PP1 DP1 mb2x1"]
+    diffs = dict(compare(best.time, tp.time))
+    assert diffs["tensor-parallel all-reduces"] == pytest.approx(tp.time.tp_comm
+                                                                 - best.time.tp_comm)
+    assert sum(diffs.values()) == pytest.approx(tp.time.total - best.time.total)
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str], two_gpus: Plan) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flopscope.plan.planner import Candidate, Plan
-from flopscope.plan.timing import describe
+from flopscope.plan.timing import compare, describe
 from flopscope.render.units import human_bytes
 
 __all__ = ["plan_text", "seconds"]
@@ -38,6 +38,28 @@ def _row(rank: str, c: Candidate) -> list[str]:
     return [rank, c.choice.label, human_bytes(c.memory_bytes), seconds(t.total),
             f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", seconds(t.forward + t.backward),
             seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p), seconds(t.bubble)]
+
+
+def _why(plan: Plan) -> list[str]:
+    """Why the best layout wins: against the next fastest, and against the fastest of each
+    other (tp, pp) family, where the others spend more time (or need the memory)."""
+    best = plan.ranked[0]
+    rivals: list[Candidate] = []
+    seen = {(best.choice.tp, best.choice.pp)}
+    for c in plan.ranked[1:]:
+        family = (c.choice.tp, c.choice.pp)
+        if c is plan.ranked[1] or family not in seen:
+            rivals.append(c)
+            seen.add(family)
+    if not rivals:
+        return []
+    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP):"]
+    for c in rivals[:4]:
+        diffs = compare(best.time, c.time)[:2]
+        said = "; ".join(f"{name} {'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
+        out.append(f"  {c.choice.label}: {seconds(c.time.total)} "
+                   f"(+{c.time.total / best.time.total - 1:.0%}): {said}")
+    return out
 
 
 def plan_text(plan: Plan, top: int = 10) -> str:
@@ -78,6 +100,7 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         if best.time.fsdp_hidden:
             lines.append(f"  (FSDP communication hidden behind compute: "
                          f"{seconds(best.time.fsdp_hidden)})")
+        lines += _why(plan)
     else:
         lines.append("No layout fits the memory budget.")
     if plan.dropped:

@@ -35,7 +35,7 @@ from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
-__all__ = ["Links", "StepTime", "describe", "one_f_one_b", "step_time"]
+__all__ = ["PART_NAMES", "Links", "StepTime", "compare", "describe", "one_f_one_b", "step_time"]
 
 _TP_KINDS = ("all_reduce",)
 _FSDP_KINDS = ("all_gather", "reduce_scatter")
@@ -238,6 +238,14 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
                     max(0.0, hidden), p2p, span - slow.busy, total)
 
 
+#: the parts of a step by :meth:`StepTime.parts` key, as the table names them
+PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
+              "recompute": "recomputation (checkpointing)",
+              "tp_comm": "tensor-parallel all-reduces",
+              "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
+              "p2p": "pipeline sends/receives", "bubble": "pipeline bubble"}
+
+
 def describe(time: StepTime) -> list[tuple[str, float, float]]:
     """Where the time goes: (part, seconds, share of the step), largest first.
 
@@ -247,11 +255,23 @@ def describe(time: StepTime) -> list[tuple[str, float, float]]:
     Returns:
         The parts with a non-zero time.
     """
-    names = {"forward": "forward compute", "backward": "backward compute",
-             "recompute": "recomputation (checkpointing)", "tp_comm": "tensor-parallel "
-             "all-reduces", "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
-             "p2p": "pipeline sends/receives", "bubble": "pipeline bubble"}
     parts: list[tuple[str, float, float]] = [
-        (names[k], v, v / time.total if time.total else 0.0)
+        (PART_NAMES[k], v, v / time.total if time.total else 0.0)
         for k, v in time.parts().items() if v > 0]
     return sorted(parts, key=lambda p: -p[1])
+
+
+def compare(best: StepTime, other: StepTime) -> list[tuple[str, float]]:
+    """Why one step is shorter than another: the parts where they differ, ``other - best``
+    (positive: ``other`` spends more there), the largest differences first.
+
+    Args:
+        best: the shorter step.
+        other: the step it is compared with.
+
+    Returns:
+        (part, seconds more in ``other``) for the parts that differ.
+    """
+    mine, theirs = best.parts(), other.parts()
+    diff = [(PART_NAMES[k], theirs[k] - mine[k]) for k in mine if theirs[k] != mine[k]]
+    return sorted(diff, key=lambda d: -abs(d[1]))
