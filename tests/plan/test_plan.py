@@ -257,3 +257,27 @@ def test_no_layout_is_a_usage_error() -> None:
     # 3 microbatches of a batch of 1
     with pytest.raises(UsageError, match="no layout of 3 devices divides this model"):
         flopscope.plan("hf:llama", **{**ARGS, "gpus": 3, "global_batch": 1})
+
+
+def test_one_gpu_memory_agrees_with_peak_memory_of_a_training_step() -> None:
+    """On one GPU the plan's figure is flopscope.estimate.peak_memory's training step (the real
+    AdamW step, shape-only) but for two known differences: the simulated rank keeps the model's
+    output (the logits) through backward, as `outputs = model(x); outputs.loss.backward()`
+    does, 1 x 256 x 512 bfloat16 = 262,144 bytes; and AdamW's step counters (one float32 scalar
+    per parameter tensor: 4 layers x 9 + embedding, norm, head = 39, x 4 bytes = 156), which the
+    plan leaves out."""
+    from flopscope import sources
+    from flopscope.estimate import peak_memory
+
+    one = flopscope.plan("hf:llama", **{**ARGS, "gpus": 1, "global_batch": 1})
+    (c,) = [c for c in one.ranked if c.choice.checkpoint == "none"]
+    loaded = sources.load_model("hf:llama", batch=1, seq_len=256, config=CONFIG,
+                                shape_only=True, dtype="bfloat16")
+    loaded.model.train()
+    _, mem = peak_memory(loaded.model, *loaded.inputs.args, train=True, optimizer="adamw",
+                         shape_only=True, **loaded.inputs.kwargs)
+    assert (mem.peak_module, mem.peak_phase) == ("model.norm", "backward")
+    assert c.peak_where == "model.norm (backward)"
+    assert c.at_peak["activations"] == mem.at_peak["activations"] + 262_144
+    assert c.at_peak["optimizer_state"] == mem.at_peak["optimizer_state"] - 156
+    assert c.memory_bytes == mem.peak_bytes + 262_144 - 156
