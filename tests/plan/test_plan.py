@@ -281,3 +281,13 @@ def test_one_gpu_memory_agrees_with_peak_memory_of_a_training_step() -> None:
     assert c.at_peak["activations"] == mem.at_peak["activations"] + 262_144
     assert c.at_peak["optimizer_state"] == mem.at_peak["optimizer_state"] - 156
     assert c.memory_bytes == mem.peak_bytes + 262_144 - 156
+
+
+def test_simulate_prepare_is_refused_with_experts() -> None:
+    from flopscope.distributed import Layout, simulate
+
+    def build() -> Any:
+        raise AssertionError("not reached: refused before the model is built")
+
+    with pytest.raises(UsageError, match=r"simulate\(prepare=...\) is not built for expert"):
+        simulate(build, Layout(2, ep=2), prepare=lambda m, a, k: None)

@@ -386,7 +386,7 @@ def simulate(
             rank's stage is counted over one step (every stage: :func:`simulate_pipeline`).
         prepare: called with the rank's model (sharded; shape-only: its shards fake tensors)
             and inputs just before the rank is counted, e.g. to register them with a
-            :class:`~flopscope.estimate.MemoryTracker` passed in ``observers`` (not with
+            :class:`~flopscope.estimate.MemoryTracker` passed in ``observers`` (refused with
             ``ep`` > 1).
 
     With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
@@ -408,6 +408,8 @@ def simulate(
                             microbatches=microbatches, schedule=schedule,
                             count_kwargs=count_kwargs, prepare=prepare).report
     elif layout.ep > 1:
+        if prepare is not None:
+            raise UsageError("simulate(prepare=...) is not built for expert parallelism (ep > 1)")
         report, local = _expert_rank(build, layout, backward=backward, shape_only=shape_only,
                                      count_kwargs=count_kwargs)
     else:
