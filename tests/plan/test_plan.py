@@ -291,3 +291,41 @@ def test_simulate_prepare_is_refused_with_experts() -> None:
 
     with pytest.raises(UsageError, match=r"simulate\(prepare=...\) is not built for expert"):
         simulate(build, Layout(2, ep=2), prepare=lambda m, a, k: None)
+
+
+@pytest.mark.parametrize("key", [(1, 1, 0, 2, 1, 1, False), (2, 1, 0, 2, 1, 1, True),
+                                 (1, 2, 0, 1, 1, 2, True), (1, 2, 1, 1, 1, 2, False)],
+                         ids=["fsdp", "tp-fsdp-ckpt", "stage0-ckpt", "stage1"])
+def test_a_role_extrapolated_in_its_layers_equals_the_whole_simulation(
+        key: tuple[int, int, int, int, int, int, bool]) -> None:
+    """12 layers (6 per stage with two stages): the role from simulations with 3 and 4 layers
+    per stage equals the role simulated whole: memory (peak, every category, where), the
+    collectives, the parameter shards and each phase's roofline time."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model
+    from flopscope.plan.roles import RoleKey, Roles
+
+    config = {**CONFIG, "num_hidden_layers": 12}
+    build = build_model("hf:llama", 256, "bfloat16", config)
+    role = RoleKey(*key)
+    by_layers = Roles(build, get_hardware("h100"), ("extrapolated", key), 12).get(role)
+    whole = Roles(build, get_hardware("h100"), ("whole", key)).get(role)
+    assert by_layers.extrapolated and not whole.extrapolated
+    assert by_layers.memory.peak_bytes == whole.memory.peak_bytes
+    assert by_layers.memory.at_peak == whole.memory.at_peak
+    assert (by_layers.memory.peak_module, by_layers.memory.peak_phase) == \
+        (whole.memory.peak_module, whole.memory.peak_phase)
+    assert by_layers.parameter_bytes == whole.parameter_bytes
+
+    def sums(run: Any) -> dict[tuple[str, str], tuple[int, int]]:
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for c in run.report.communication:
+            calls, bus = out.get((c.kind, c.phase.value), (0, 0))
+            out[(c.kind, c.phase.value)] = (calls + c.calls, bus + c.bus_bytes)
+        return out
+
+    assert sums(by_layers) == sums(whole)
+    assert set(by_layers.estimate.by_phase) == set(whole.estimate.by_phase)
+    for phase, row in whole.estimate.by_phase.items():
+        assert by_layers.estimate.by_phase[phase].time_s == pytest.approx(row.time_s, rel=1e-9)
+        assert by_layers.estimate.by_phase[phase].flops == row.flops
