@@ -82,7 +82,7 @@ def big(gpus: int = 256, seq_len: int = 4096) -> dict[str, Any]:
     choices = enumerate_layouts(gpus, shape, gpus)
     keys = {k for c in choices for k in roles_of(c, shape.layers)}
     roles = Roles(build_model("hf:llama", seq_len, "bfloat16", LLAMA_70B),
-                  get_hardware("h100-sxm"), "70b", LLAMA_70B["num_hidden_layers"])
+                  get_hardware("h100-sxm"), "70b")
     timed = {}
     for checkpoint in (False, True):
         start = time.perf_counter()

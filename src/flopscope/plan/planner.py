@@ -133,8 +133,7 @@ class Plan:
 def build_model(source: str, seq_len: int | None, dtype: str,
                 config: Mapping[str, Any] | None) -> Build:
     """How a plan builds ``source``'s model for a role (:data:`~flopscope.plan.roles.Build`):
-    on ``meta``, in train mode (with another layer count when asked), each decoder block
-    checkpointed (transformers' own switch,
+    on ``meta``, in train mode, each decoder block checkpointed (transformers' own switch,
     non-reentrant) when asked.
 
     Args:
@@ -144,16 +143,12 @@ def build_model(source: str, seq_len: int | None, dtype: str,
         config: config overrides.
 
     Returns:
-        ``build(batch, checkpoint, layers) -> (model, args, kwargs)``.
+        ``build(batch, checkpoint) -> (model, args, kwargs)``.
     """
     from flopscope import sources
 
-    def build(batch: int, checkpoint: bool,
-              layers: int | None = None) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-        overrides = dict(config or {})
-        if layers is not None:
-            overrides["num_hidden_layers"] = layers
-        loaded = sources.load_model(source, batch=batch, seq_len=seq_len, config=overrides,
+    def build(batch: int, checkpoint: bool) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+        loaded = sources.load_model(source, batch=batch, seq_len=seq_len, config=config,
                                     shape_only=True, dtype=dtype)
         model = loaded.model
         model.train()
@@ -214,7 +209,7 @@ def _model_flops(build: Build, global_batch: int) -> int:
     (every operator's work is linear in the batch dimension)."""
     from flopscope.run import Inputs, count
 
-    model, args, kwargs = build(1, False, None)
+    model, args, kwargs = build(1, False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = count(model, Inputs(*args, **kwargs), backward=True, shape_only=True,
@@ -272,7 +267,7 @@ def plan(
                          "(--memory-budget 80GiB)")
     batch = global_batch if global_batch is not None else gpus
     build = build_model(source, seq_len, dtype, config)
-    probe, args, _ = build(1, False, None)
+    probe, args, _ = build(1, False)
     shape = ModelShape.from_config(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
     seq = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
@@ -285,7 +280,7 @@ def plan(
             f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch of "
             f"{batch}: change --gpus or --global-batch")
     identity = (source, seq_len, dtype, tuple(sorted((config or {}).items())))
-    roles = Roles(build, hw, identity, shape.layers)
+    roles = Roles(build, hw, identity)
     flops = _model_flops(build, batch)
     peak = hw.peak(dtype_key(param_dtype) or "fp32", matrix=True)
     fitting: list[Candidate] = []

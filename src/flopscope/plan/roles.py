@@ -13,7 +13,6 @@ them (another microbatch count, another world of the same degrees) reuse the sim
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -30,10 +29,9 @@ from flopscope.report.report import Report
 
 __all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "roles_of"]
 
-#: ``build(batch, checkpoint, layers)`` -> ``(model, args, kwargs)``: the model (on ``meta``)
-#: in train mode, with ``layers`` decoder layers (``None``: its own), and ``batch`` sequences of
-#: token ids
-Build = Callable[[int, bool, "int | None"], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+#: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
+#: mode and ``batch`` sequences of token ids
+Build = Callable[[int, bool], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -106,11 +104,6 @@ class RoleRun:
         estimate: the roofline estimate of its calls (a lower bound on time).
         parameter_bytes: the rank's own parameter shards.
         seconds: how long the simulation took here.
-        extrapolated: the figures come from two simulations with fewer layers
-            (:mod:`flopscope.plan.layers`): the estimate has its total and phases only, the
-            memory profile no per-module marks, the report the collectives of the whole role
-            (the layers' summed under ``model.layers.*``) and the operator records of the
-            smaller model.
     """
 
     key: RoleKey
@@ -119,7 +112,6 @@ class RoleRun:
     estimate: Estimate
     parameter_bytes: int
     seconds: float
-    extrapolated: bool = False
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -147,9 +139,6 @@ class Roles:
         hardware: the profile the roofline estimate is for.
         identity: what ``build`` builds (source, config, sequence length, dtype), the cache's
             key with the role.
-        layers: the model's decoder layers; with it, a role whose stages hold six layers or
-            more each (the layers split evenly) is extrapolated from two small simulations
-            (:mod:`flopscope.plan.layers`) unless their peaks do not correspond.
 
     Attributes:
         simulations: simulations run (cache misses).
@@ -157,12 +146,10 @@ class Roles:
         seconds: time spent simulating.
     """
 
-    def __init__(self, build: Build, hardware: Hardware, identity: Hashable,
-                 layers: int | None = None) -> None:
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
         self._build = build
         self._hardware = hardware
         self._identity = identity
-        self._layers = layers
         self._used: set[RoleKey] = set()
         self.simulations = 0
         self.seconds = 0.0
@@ -185,29 +172,10 @@ class Roles:
         full = (self._identity, self._hardware.name, key)
         found = _CACHE.get(full)
         if found is None:
-            found = _CACHE[full] = self._by_layers(key) or self._simulate(key)
+            found = _CACHE[full] = self._simulate(key)
         return found
 
-    def _by_layers(self, key: RoleKey) -> RoleRun | None:
-        """The role from two simulations with ``SMALL_LAYERS`` layers per stage, or ``None``
-        where that does not apply or their peaks do not correspond."""
-        from flopscope.plan import layers as by
-
-        total = self._layers
-        if total is None or total % key.pp or total // key.pp < by.MIN_LAYERS:
-            return None
-        k = total // key.pp
-        a, b = (self._simulate(key, n * key.pp) for n in by.SMALL_LAYERS)
-        if not by.corresponding_peak(a.memory, b.memory, key.stage):
-            return None
-        report = dataclasses.replace(b.report, communication=by.extrapolate_comm(
-            a.report.communication, b.report.communication, k))
-        return RoleRun(key, report, by.extrapolate_memory(a.memory, b.memory, key.stage, k),
-                       by.extrapolate_estimate(a.estimate, b.estimate, k),
-                       by.line(a.parameter_bytes, b.parameter_bytes, k), a.seconds + b.seconds,
-                       extrapolated=True)
-
-    def _simulate(self, key: RoleKey, layers: int | None = None) -> RoleRun:
+    def _simulate(self, key: RoleKey) -> RoleRun:
         start = time.perf_counter()
         tracker, log = MemoryTracker(), CallLog()
         kept: list[nn.Module] = []
@@ -219,7 +187,7 @@ class Roles:
             tracker.register(_tensors(args, kwargs), "inputs")
 
         def build() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-            return self._build(key.micro_batch * key.microbatches, key.checkpoint, layers)
+            return self._build(key.micro_batch * key.microbatches, key.checkpoint)
 
         world = key.tp * key.pp * key.dp
         rank = key.stage * key.dp * key.tp
