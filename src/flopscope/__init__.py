@@ -40,6 +40,7 @@ _EXPORTS = {
     "count_symbolic": "flopscope.symbolic.count",
     "profile": "flopscope.timing.api",
     "profiling": "flopscope.timing.block",
+    "plan": "flopscope.plan",
     "default_rules": "flopscope.rules",
 }
 
@@ -68,6 +69,7 @@ __all__ = [
     "count",
     "count_symbolic",
     "default_rules",
+    "plan",
     "profile",
     "profiling",
 ]
@@ -107,6 +109,7 @@ if _TYPE_CHECKING:  # the same names, for type checkers
         StrictModeError,
         UsageError,
     )
+    from flopscope.plan import plan
     from flopscope.report.records import ModuleStats, OpStats
     from flopscope.report.report import Report
     from flopscope.report.symbolic import SymbolicReport

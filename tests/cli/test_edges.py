@@ -151,11 +151,11 @@ def test_every_written_file_option_has_the_one_rule() -> None:
             if action.metavar == "FILE":
                 assert action.type in (output_file, plot_file), (name, action.option_strings)
                 written[name, action.option_strings[0]] = action.type
-    # --output of calibrate, count, diff, generate, measure, validate, profile, rules, zoo; --plot and
+    # --output of every subcommand that writes a result; count's --plot and
     # --roofline-plot; profile's --trace and --estimated-trace
     assert sorted(written) == sorted(
         [(name, "--output") for name in
-         ("calibrate", "count", "diff", "generate", "measure", "validate", "profile", "rules",
+         ("calibrate", "count", "diff", "generate", "measure", "validate", "plan", "profile", "rules",
           "zoo")]
         + [("count", "--plot"), ("count", "--roofline-plot"), ("profile", "--trace"),
            ("profile", "--estimated-trace")])

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         The parser; each subcommand sets ``func(args) -> int``.
     """
     from flopscope import __version__
-    from flopscope.cli import calibrate, count, diff, generate, profile, rules, zoo
+    from flopscope.cli import calibrate, count, diff, generate, plan, profile, rules, zoo
     from flopscope.cli._options import PROG, Parser
 
     parser = Parser(
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for module in (count, diff, generate, profile, rules, zoo, calibrate):
+    for module in (count, diff, generate, plan, profile, rules, zoo, calibrate):
         module.add_subcommands(sub)
     _add_measure(sub)
     return parser

@@ -30,7 +30,11 @@ from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
 
-__all__ = ["after_backward", "count_rank", "count_stage", "fake_world", "simulate",
+#: called with a simulated rank's model (sharded, its shards materialized) and inputs just
+#: before the rank is counted: e.g. to register them with a memory tracker among the observers
+Prepare = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]
+
+__all__ = ["Prepare", "after_backward", "count_rank", "count_stage", "fake_world", "simulate",
            "simulate_pipeline"]
 
 
@@ -280,6 +284,7 @@ def _stage_run(
     microbatches: int | None,
     schedule: str,
     count_kwargs: dict[str, Any],
+    prepare: Prepare | None = None,
 ) -> StageRun:
     """Count the pipeline stage of ``layout.rank`` (sharded by the rest of the layout)."""
     with fake_world(layout.world_size, layout.rank):
@@ -294,10 +299,15 @@ def _stage_run(
                    microbatches=microbatches or layout.pp, schedule=schedule,
                    backward=backward, config=config, count_kwargs=count_kwargs)
         if not shape_only:
+            if prepare is not None:
+                prepare(stage, (ids,), {})
             return run_stage(stage, ids, **run)
         with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
             stage.to_empty(device="cpu")
-            return run_stage(stage, to_fake(mode, ids), **run)
+            fake_ids = to_fake(mode, ids)
+            if prepare is not None:
+                prepare(stage, (fake_ids,), {})
+            return run_stage(stage, fake_ids, **run)
 
 
 def simulate_pipeline(
@@ -349,6 +359,7 @@ def simulate(
     logical: bool = True,
     microbatches: int | None = None,
     schedule: str = "1f1b",
+    prepare: Prepare | None = None,
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -373,6 +384,10 @@ def simulate(
         microbatches: with ``layout.pp`` > 1, microbatches per step (``None``: ``pp``).
         schedule: with ``layout.pp`` > 1, the pipeline schedule (``1f1b`` or ``gpipe``); the
             rank's stage is counted over one step (every stage: :func:`simulate_pipeline`).
+        prepare: called with the rank's model (sharded; shape-only: its shards fake tensors)
+            and inputs just before the rank is counted, e.g. to register them with a
+            :class:`~flopscope.estimate.MemoryTracker` passed in ``observers`` (refused with
+            ``ep`` > 1).
 
     With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
     expert-parallel group's batch, split along dimension 0 into the ranks' batches, and must
@@ -391,13 +406,15 @@ def simulate(
     if layout.pp > 1:
         report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
                             microbatches=microbatches, schedule=schedule,
-                            count_kwargs=count_kwargs).report
+                            count_kwargs=count_kwargs, prepare=prepare).report
     elif layout.ep > 1:
+        if prepare is not None:
+            raise UsageError("simulate(prepare=...) is not built for expert parallelism (ep > 1)")
         report, local = _expert_rank(build, layout, backward=backward, shape_only=shape_only,
                                      count_kwargs=count_kwargs)
     else:
         report = _one_rank(build, layout, backward=backward, shape_only=shape_only,
-                           count_kwargs=count_kwargs)
+                           count_kwargs=count_kwargs, prepare=prepare)
     if not logical:
         return dataclasses.replace(report, shape_only=shape_only)
     # the logical figure: the same model unsharded, on the same (local) inputs
@@ -455,18 +472,23 @@ def _one_rank(
     backward: bool,
     shape_only: bool,
     count_kwargs: dict[str, Any],
+    prepare: Prepare | None = None,
 ) -> Report:
     """Count ``layout.rank`` of a layout without pipeline stages."""
     with fake_world(layout.world_size, layout.rank):
         model, args, kwargs = build()
         apply_layout(model, layout, layout.mesh())
         if not shape_only:
+            if prepare is not None:
+                prepare(model, args, kwargs)
             report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
             with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
                 model.to_empty(device="cpu")
                 fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
+                if prepare is not None:
+                    prepare(model, *fake)
                 report = count_rank(model, *fake, backward=backward, **count_kwargs)
         del model
     return report

@@ -14,11 +14,17 @@ File format (JSON; TOML takes the same keys), one profile or ``{"profiles": [...
      "vector_tflops": {"fp32": 60, "fp64": 30},
      "memory_gb": 80, "cache_mib": 50, "cache_bandwidth_gb_s": 7000,
      "special_gelem_s": {"fp32": {"exp": 1.5, "tanh": 0.45}},
+     "intra_node_gb_s": 450, "intra_node_latency_us": 12,
+     "inter_node_gb_s": 50, "inter_node_latency_us": 25,
      "description": "...", "source": "..."}
 
 A profile may also carry a ``"calibration"`` block (raw microbenchmark points that
 ``flopscope calibrate`` writes, :mod:`flopscope.estimate.calibration`): estimates on it then
 predict time beside the bound.
+
+The link keys (bytes one device sends per second in one direction, inside its node and to other
+nodes, and the latency of one collective call) are what :mod:`flopscope.plan` charges a layout's
+collectives at; the shipped NVIDIA data-centre profiles carry them (sources below).
 """
 
 from __future__ import annotations
@@ -63,12 +69,34 @@ _GIGA = 1e9
 
 def _gpu(name: str, description: str, source: str, bandwidth_gb_s: float,
          memory_gb: float | None, matrix: dict[str, float], vector: dict[str, float],
-         cache_mib: float | None = None, cache_gb_s: float | None = None) -> Hardware:
+         cache_mib: float | None = None, cache_gb_s: float | None = None,
+         links: tuple[float, float] | None = None) -> Hardware:
+    intra, inter = links if links is not None else (None, None)
     return Hardware(name, bandwidth_gb_s * _GIGA, {k: v * _TERA for k, v in matrix.items()},
                     {k: v * _TERA for k, v in vector.items()},
                     None if memory_gb is None else int(memory_gb * _GIGA), description, source,
                     cache_bytes=None if cache_mib is None else int(cache_mib * 2**20),
-                    cache_bandwidth=None if cache_gb_s is None else cache_gb_s * _GIGA)
+                    cache_bandwidth=None if cache_gb_s is None else cache_gb_s * _GIGA,
+                    intra_node_bandwidth=None if intra is None else intra * _GIGA,
+                    intra_node_latency=_NVLINK_LATENCY_S if intra is not None else 0.0,
+                    inter_node_bandwidth=None if inter is None else inter * _GIGA,
+                    inter_node_latency=_NETWORK_LATENCY_S if inter is not None else 0.0)
+
+
+# Links (GB/s one direction per GPU: intra-node NVLink, inter-node network adapter):
+# - H100 SXM / H200 SXM: NVLink 4, 900 GB/s total per GPU (H100 and H200 datasheets), i.e. 450
+#   GB/s each way; network: one 400 Gb/s InfiniBand NDR adapter (ConnectX-7) per GPU, as in DGX
+#   H100 / HGX H200 systems (NVIDIA DGX H100 user guide), 400 / 8 = 50 GB/s.
+# - H100 PCIe: NVLink bridge 600 GB/s total (H100 datasheet, PCIe), 300 each way; the same NDR
+#   network assumed.
+# - A100 SXM: NVLink 3, 600 GB/s total (A100 datasheet), 300 each way; network: one 200 Gb/s
+#   InfiniBand HDR adapter per GPU, as in DGX A100 (DGX A100 user guide), 25 GB/s.
+# Latency per collective call: NCCL's own cost model for the ring algorithm with its Simple
+# protocol (src/graph/tuning.cc: base latency 8.4 us plus 3.4 us of NVLink hardware latency per
+# step, one step counted) ~ 12 us inside a node; across nodes 25 us assumed (two network hops more).
+# Other profiles (PCIe-only cards, AMD, CPUs) carry no link figures: a plan asks for them.
+_NVLINK_LATENCY_S = 12e-6
+_NETWORK_LATENCY_S = 25e-6
 
 
 # Dense figures only (datasheets print "with sparsity" figures twice as large; those are not used).
@@ -86,7 +114,7 @@ _SHIPPED = [
          "Table 3 for non-tensor FP16/BF16", 3350, 80,
          {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
          {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8},
-         cache_mib=50),  # 50 MB L2 (H100 SXM5 and PCIe): NVIDIA, "NVIDIA Hopper Architecture
+         cache_mib=50, links=(450, 50)),  # 50 MB L2 (H100 SXM5 and PCIe): NVIDIA, "NVIDIA Hopper Architecture
     # In-Depth" (developer blog, 2022): "A 50 MB L2 cache in H100 is 1.25x larger than the A100
     # 40 MB L2"; the GH100 die has 60 MB, of which the products enable 50.
     # Same datasheet, H100 PCIe: FP64 26, FP64 TC 51, FP32 51, TF32 756/2 = 378, BF16/FP16
@@ -95,14 +123,16 @@ _SHIPPED = [
     _gpu("h100-pcie", "NVIDIA H100 PCIe 80 GB", "NVIDIA H100 datasheet (PCIe); H100 whitepaper "
          "Table 3 for non-tensor FP16/BF16", 2000, 80,
          {"fp64": 51, "tf32": 378, "bf16": 756.5, "fp16": 756.5, "fp8": 1513, "int8": 1513},
-         {"fp64": 26, "fp32": 51, "bf16": 102.4, "fp16": 102.4}, cache_mib=50),
+         {"fp64": 26, "fp32": 51, "bf16": 102.4, "fp16": 102.4}, cache_mib=50,
+         links=(300, 50)),
     # NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200, 2024), H200 SXM:
     # the same compute as H100 SXM (FP64 34, FP64 TC 67, FP32 67, TF32 989/2, BF16/FP16 1979/2,
     # FP8 3958/2, INT8 3958/2); 141 GB HBM3e at 4.8 TB/s.
     # L2: the same GH100 configuration as H100 SXM (50 MB, see above).
     _gpu("h200", "NVIDIA H200 SXM 141 GB", "NVIDIA H200 datasheet (SXM)", 4800, 141,
          {"fp64": 67, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979, "int8": 1979},
-         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}, cache_mib=50),
+         {"fp64": 34, "fp32": 67, "bf16": 133.8, "fp16": 133.8}, cache_mib=50,
+         links=(450, 50)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021), A100 SXM: FP64 9.7, FP64 TC 19.5, FP32 19.5,
     # TF32 TC 312/2 = 156, BF16/FP16 TC 624/2 = 312, INT8 TC 1248/2 = 624 (no FP8); 40 GB HBM2 at
     # 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s. Non-tensor FP16/BF16 78 (NVIDIA A100 Tensor Core
@@ -111,11 +141,13 @@ _SHIPPED = [
     _gpu("a100-40gb", "NVIDIA A100 SXM4 40 GB", "NVIDIA A100 datasheet (SXM 40GB); A100 "
          "whitepaper Table 1 for non-tensor FP16/BF16", 1555, 40,
          {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40),
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40,
+         links=(300, 25)),
     _gpu("a100-80gb", "NVIDIA A100 SXM4 80 GB", "NVIDIA A100 datasheet (SXM 80GB); A100 "
          "whitepaper Table 1 for non-tensor FP16/BF16", 2039, 80,
          {"fp64": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40),
+         {"fp64": 9.7, "fp32": 19.5, "bf16": 78, "fp16": 78}, cache_mib=40,
+         links=(300, 25)),
     # NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3, TF32 TC 120/2 = 60, BF16/FP16 TC
     # 242/2 = 121, FP8 485/2 = 242.5, INT8 485/2 = 242.5; 24 GB GDDR6 at 300 GB/s. FP64 is not
     # in the datasheet: 1/64 of FP32 (Ada Lovelace architecture whitepaper) = 0.47.

@@ -84,6 +84,12 @@ class Hardware:
         calibration: microbenchmarks run on the machine (:mod:`flopscope.estimate.calibration`),
             from which estimates predict time beside the bound; ``None``: uncalibrated, the
             bound only.
+        intra_node_bandwidth: bytes per second one device sends (one direction) to the others
+            of its node (NVLink), for collectives' bus bytes; ``None``: unknown.
+        intra_node_latency: seconds per collective call inside a node.
+        inter_node_bandwidth: bytes per second one device sends to other nodes (its network
+            adapter, one direction); ``None``: unknown.
+        inter_node_latency: seconds per collective call that crosses nodes.
     """
 
     name: str
@@ -100,8 +106,21 @@ class Hardware:
     convolution: Mapping[str, float] = field(default_factory=dict)
     special: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     calibration: Calibration | None = None
+    intra_node_bandwidth: float | None = None
+    intra_node_latency: float = 0.0
+    inter_node_bandwidth: float | None = None
+    inter_node_latency: float = 0.0
 
     def __post_init__(self) -> None:
+        for what in ("intra_node_bandwidth", "inter_node_bandwidth"):
+            value = getattr(self, what)
+            if value is not None and not value > 0:
+                raise UsageError(f"hardware {self.name!r}: {what.replace('_', ' ')} must be "
+                                 "positive")
+        for what in ("intra_node_latency", "inter_node_latency"):
+            if not getattr(self, what) >= 0:
+                raise UsageError(f"hardware {self.name!r}: {what.replace('_', ' ')} must not be "
+                                 "negative")
         if not self.memory_bandwidth > 0:
             raise UsageError(f"hardware {self.name!r}: memory bandwidth must be positive")
         if self.cache_bytes is not None and not self.cache_bytes > 0:
@@ -195,6 +214,14 @@ class Hardware:
             out["write_bandwidth_gb_s"] = self.write_bandwidth / _GIGA
         if self.convolution:
             out["convolution_tflops"] = {k: v / _TERA for k, v in self.convolution.items()}
+        for key, value in (("intra_node_gb_s", self.intra_node_bandwidth),
+                           ("inter_node_gb_s", self.inter_node_bandwidth)):
+            if value is not None:
+                out[key] = value / _GIGA
+        for key, seconds in (("intra_node_latency_us", self.intra_node_latency),
+                             ("inter_node_latency_us", self.inter_node_latency)):
+            if seconds:
+                out[key] = seconds * 1e6
         if self.special:
             out["special_gelem_s"] = {k: {f: v / _GIGA for f, v in table.items()}
                                       for k, table in self.special.items()}
@@ -218,7 +245,9 @@ class Hardware:
         """
         known = {"name", "description", "memory_bandwidth_gb_s", "matrix_tflops", "vector_tflops",
                  "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
-                 "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s", "calibration"}
+                 "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s", "calibration",
+                 "intra_node_gb_s", "intra_node_latency_us", "inter_node_gb_s",
+                 "inter_node_latency_us"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -261,6 +290,10 @@ class Hardware:
             cache_bandwidth = None if cache_bw is None else float(cache_bw) * _GIGA
             write_bw = data.get("write_bandwidth_gb_s")
             write_bandwidth = None if write_bw is None else float(write_bw) * _GIGA
+            links = {key: None if data.get(key) is None else float(data[key]) * _GIGA
+                     for key in ("intra_node_gb_s", "inter_node_gb_s")}
+            latencies = {key: float(data.get(key, 0.0)) * 1e-6
+                         for key in ("intra_node_latency_us", "inter_node_latency_us")}
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: {e}") from e
         return cls(
@@ -279,6 +312,10 @@ class Hardware:
             special=special(),
             calibration=(Calibration.from_dict(data["calibration"], where=where)
                          if data.get("calibration") is not None else None),
+            intra_node_bandwidth=links["intra_node_gb_s"],
+            intra_node_latency=latencies["intra_node_latency_us"],
+            inter_node_bandwidth=links["inter_node_gb_s"],
+            inter_node_latency=latencies["inter_node_latency_us"],
         )
 
 

@@ -1,0 +1,35 @@
+"""Plan how to train a model on N devices, from the operators its ranks run.
+
+``flopscope.plan(source, gpus=N, hardware=...)`` (and ``flopscope plan SOURCE --gpus N``)
+enumerates the layouts that divide the model and the devices (tensor x pipeline x FSDP2
+degrees, micro-batch, activation checkpointing; :mod:`flopscope.plan.space`), simulates each
+distinct rank role once on torch's fake process group (:mod:`flopscope.plan.roles`), and gives
+each layout its per-device peak memory, step time (:mod:`flopscope.plan.timing`), tokens per
+second per device and MFU; layouts that do not fit are dropped with the reason, the rest ranked
+(:mod:`flopscope.plan.planner`). Training only in this version. See ``docs/plan.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from flopscope.plan.planner import Candidate, Plan, plan
+from flopscope.plan.space import Choice, enumerate_layouts, parse_bytes
+from flopscope.plan.timing import StepTime, step_time
+
+__all__ = ["Candidate", "Choice", "Plan", "StepTime", "enumerate_layouts", "parse_bytes", "plan",
+           "step_time"]
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as :func:`plan`: ``flopscope.plan(...)`` works whether the
+    attribute ``flopscope.plan`` is the function or (once the package is imported) the
+    package."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -1,0 +1,306 @@
+"""``flopscope.plan``: which layout to train a decoder with on N devices, from the operators its
+ranks run (simulated on torch's fake process group, shape-only).
+
+For every layout of :func:`~flopscope.plan.space.enumerate_layouts`: the per-rank peak memory of
+a training step (the memory tracker over the simulated rank, plus AdamW's two moments per
+parameter shard, plus earlier microbatches' gradients when they accumulate), the step time
+(:func:`~flopscope.plan.timing.step_time`), tokens per second per device and MFU (the unsharded
+model's forward and backward FLOPs per step over the step time and the devices' dense peak for
+the dtype). Layouts that do not fit the memory budget are dropped with the reason; the rest are
+ranked by step time.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopscope.errors import UsageError
+from flopscope.estimate import Hardware, get_hardware
+from flopscope.estimate.profile import dtype_key
+from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
+from flopscope.plan.space import (
+    CHECKPOINTING,
+    Choice,
+    ModelShape,
+    enumerate_layouts,
+)
+from flopscope.plan.timing import Links, StepTime, step_time
+
+__all__ = ["Candidate", "Plan", "build_model", "plan"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout, evaluated.
+
+    Attributes:
+        choice: the layout.
+        memory_bytes: peak bytes per device (the fullest stage).
+        at_peak: category -> bytes live at that peak (``optimizer_state`` added: AdamW).
+        peak_where: ``module (phase)`` where that peak is reached, and the stage.
+        time: the step time and its parts.
+        tokens_per_s_per_gpu: training tokens per second per device.
+        mfu: model FLOPs utilization (0-1).
+        fits: whether the peak is within the budget.
+        reason: why it was dropped (``None`` when it fits).
+    """
+
+    choice: Choice
+    memory_bytes: int
+    at_peak: dict[str, int]
+    peak_where: str
+    time: StepTime
+    tokens_per_s_per_gpu: float
+    mfu: float
+    fits: bool
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (bytes, seconds)."""
+        return {"layout": self.choice.label, **self.choice.to_dict(),
+                "memory_bytes": self.memory_bytes, "at_peak": dict(self.at_peak),
+                "peak_where": self.peak_where, "time_s": self.time.to_dict(),
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+                "fits": self.fits, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A training plan: every layout evaluated, those that fit ranked by step time.
+
+    Attributes:
+        source: the model.
+        gpus: devices.
+        hardware: the device profile.
+        gpus_per_node: devices per node.
+        global_batch: sequences per step.
+        seq_len: tokens per sequence.
+        dtype: the parameters' and activations' dtype.
+        memory_budget: bytes per device a layout may use.
+        ranked: the layouts that fit, fastest first.
+        dropped: those that do not, with the reason.
+        pareto: the fitting layouts no other beats on both step time and memory, fastest first.
+        model_flops: the unsharded model's forward + backward FLOPs per step (MFU's numerator).
+        roles: distinct rank roles the layouts have (ranks doing the same work are one).
+        simulations: roles simulated by this plan (the others were cached by an earlier one).
+        seconds: how long planning took.
+        notes: what the figures assume.
+    """
+
+    source: str
+    gpus: int
+    hardware: Hardware
+    gpus_per_node: int
+    global_batch: int
+    seq_len: int
+    dtype: str
+    memory_budget: int
+    ranked: tuple[Candidate, ...]
+    dropped: tuple[Candidate, ...]
+    pareto: tuple[Candidate, ...]
+    model_flops: int
+    roles: int
+    simulations: int
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Candidate | None:
+        """The fastest layout that fits."""
+        return self.ranked[0] if self.ranked else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "source": self.source, "gpus": self.gpus, "hardware": self.hardware.name,
+            "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
+            "seq_len": self.seq_len, "dtype": self.dtype, "memory_budget": self.memory_budget,
+            "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
+            "ranked": [c.to_dict() for c in self.ranked],
+            "pareto": [c.choice.label for c in self.pareto],
+            "dropped": [c.to_dict() for c in self.dropped],
+            "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds, "notes": list(self.notes),
+        }
+
+
+def build_model(source: str, seq_len: int | None, dtype: str,
+                config: Mapping[str, Any] | None) -> Build:
+    """How a plan builds ``source``'s model for a role (:data:`~flopscope.plan.roles.Build`):
+    on ``meta``, in train mode, each decoder block checkpointed (transformers' own switch,
+    non-reentrant) when asked.
+
+    Args:
+        source: the SOURCE string.
+        seq_len: tokens per sequence (``None``: the source's).
+        dtype: the model's dtype.
+        config: config overrides.
+
+    Returns:
+        ``build(batch, checkpoint) -> (model, args, kwargs)``.
+    """
+    from flopscope import sources
+
+    def build(batch: int, checkpoint: bool) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+        loaded = sources.load_model(source, batch=batch, seq_len=seq_len, config=config,
+                                    shape_only=True, dtype=dtype)
+        model = loaded.model
+        model.train()
+        if checkpoint:
+            enable = (getattr(model, "activation_checkpointing_enable", None)
+                      or getattr(model, "gradient_checkpointing_enable", None))
+            if enable is None:
+                raise UsageError(f"{source}: the model has no activation checkpointing switch "
+                                 "(transformers' activation_checkpointing_enable)")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                enable({"use_reentrant": False})
+        return model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
+
+    return build
+
+
+def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
+    """The fullest stage's peak: the tracked step, AdamW's moments (two per parameter, in the
+    parameter's dtype, live through the whole step) and, when microbatches accumulate without
+    stages, the gradients the earlier microbatches left (the simulated first one starts
+    without)."""
+    best: tuple[int, dict[str, int], str] = (-1, {}, "")
+    for run in runs:
+        at = dict(run.memory.at_peak)
+        at["optimizer_state"] = at.get("optimizer_state", 0) + 2 * run.parameter_bytes
+        if choice.pp == 1 and choice.microbatches > 1:
+            missing = max(0, run.parameter_bytes - at.get("gradients", 0))
+            at["gradients"] = at.get("gradients", 0) + missing
+        total = sum(at.values())
+        where = f"{run.memory.peak_module or '(root)'} ({run.memory.peak_phase})"
+        if choice.pp > 1:
+            where = f"stage {run.key.stage}: {where}"
+        if total > best[0]:
+            best = (total, at, where)
+    return best
+
+
+def _reason(peak: int, at: Mapping[str, int], where: str, budget: int) -> str:
+    from flopscope.render.units import human_bytes
+
+    category, size = max(at.items(), key=lambda kv: kv[1])
+    return (f"peak {human_bytes(peak)} is {human_bytes(peak - budget)} over the "
+            f"{human_bytes(budget)} budget, at {where}; largest: {category.replace('_', ' ')} "
+            f"{human_bytes(size)}")
+
+
+def _pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    front: list[Candidate] = []
+    for c in ranked:  # fastest first: keep each that needs less memory than every faster one
+        if not front or c.memory_bytes < front[-1].memory_bytes:
+            front.append(c)
+    return tuple(front)
+
+
+def _model_flops(build: Build, global_batch: int) -> int:
+    """The unsharded model's forward + backward FLOPs for one sequence, times the batch
+    (every operator's work is linear in the batch dimension)."""
+    from flopscope.run import Inputs, count
+
+    model, args, kwargs = build(1, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = count(model, Inputs(*args, **kwargs), backward=True, shape_only=True,
+                       warn=False)
+    return int(report.flops) * global_batch
+
+
+def plan(
+    source: str,
+    *,
+    gpus: int,
+    hardware: str | Hardware = "h100-sxm",
+    gpus_per_node: int = 8,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    memory_budget: int | None = None,
+    dtype: str = "bfloat16",
+    config: Mapping[str, Any] | None = None,
+    checkpointing: Sequence[str] = CHECKPOINTING,
+) -> Plan:
+    """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
+    time, those that fit ranked (see :mod:`flopscope.plan`).
+
+    Args:
+        source: a transformers decoder (``hf:llama``, ``hf:meta-llama/Llama-3.1-8B``; as
+            ``flopscope count`` takes it).
+        gpus: devices.
+        hardware: the device profile (with link figures: ``h100-sxm``, ``h200``, ...).
+        gpus_per_node: devices per node (collectives inside a node use NVLink).
+        global_batch: sequences per step (default: one per device).
+        seq_len: tokens per sequence (default: the source's).
+        memory_budget: bytes per device (default: the profile's memory).
+        dtype: parameters' and activations' dtype.
+        config: overrides of the model's config (``{"num_hidden_layers": 8}``).
+        checkpointing: the activation checkpointing choices to try.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        UsageError: bad sizes, a profile without link figures or memory, a source that is not
+            a transformers decoder, or no layout that divides the model and the devices.
+    """
+    start = time.perf_counter()
+    for name, value in (("gpus", gpus), ("gpus_per_node", gpus_per_node),
+                        ("global_batch", global_batch), ("seq_len", seq_len),
+                        ("memory_budget", memory_budget)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
+    hw = get_hardware(hardware)
+    links = Links.of(hw, gpus_per_node)
+    budget = memory_budget if memory_budget is not None else hw.memory_bytes
+    if budget is None:
+        raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
+                         "(--memory-budget 80GiB)")
+    batch = global_batch if global_batch is not None else gpus
+    build = build_model(source, seq_len, dtype, config)
+    probe, args, _ = build(1, False)
+    shape = ModelShape.from_config(getattr(probe, "config", None))
+    ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    seq = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
+    param_dtype = next(probe.parameters()).dtype
+    del probe
+    choices = enumerate_layouts(gpus, shape, batch, checkpointing)
+    if not choices:
+        raise UsageError(
+            f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
+            f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch of "
+            f"{batch}: change --gpus or --global-batch")
+    identity = (source, seq_len, dtype, tuple(sorted((config or {}).items())))
+    roles = Roles(build, hw, identity)
+    flops = _model_flops(build, batch)
+    peak = hw.peak(dtype_key(param_dtype) or "fp32", matrix=True)
+    fitting: list[Candidate] = []
+    dropped: list[Candidate] = []
+    for choice in choices:
+        runs = [roles.get(key) for key in roles_of(choice, shape.layers)]
+        t = step_time(runs, choice, links)
+        used, at, where = _memory(runs, choice)
+        tokens = batch * seq / t.total / gpus if t.total else 0.0
+        mfu = flops / (t.total * gpus * peak) if t.total else 0.0
+        fits = used <= budget
+        cand = Candidate(choice, used, at, where, t, tokens, mfu, fits,
+                         None if fits else _reason(used, at, where, budget))
+        (fitting if fits else dropped).append(cand)
+    fitting.sort(key=lambda c: (c.time.total, c.memory_bytes))
+    notes = ("step times are roofline lower bounds (every call at peak rate or bandwidth) plus "
+             "link-bandwidth communication; MFU against the dense "
+             f"{dtype_key(param_dtype)} peak of {hw.name}",
+             "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
+             "AdamW (two moments per parameter, in the parameters' dtype)")
+    return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(param_dtype).replace(
+        "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
+        roles.used, roles.simulations, time.perf_counter() - start, notes)

@@ -1,0 +1,214 @@
+"""Rank roles: what one rank of a layout does, simulated once and reused.
+
+The ranks of a layout that do the same work are one *role*: without pipeline stages every rank
+of a tensor-parallel x FSDP2 layout runs the same shapes (its shards are equal), so one rank is
+simulated; with pipeline stages each stage is a role. A role is simulated on torch's fake process
+group (:func:`flopscope.distributed.simulate`, shape-only), forward and backward of one training
+step, with two observers: :class:`~flopscope.estimate.MemoryTracker` (the rank's tensors:
+its parameter shards, inputs, gradients, activations, FSDP2's gathered parameters) and
+:class:`~flopscope.estimate.CallLog` (the roofline time of its calls). :class:`Roles` keeps every
+result keyed by the rank's shard shapes and micro-batch (:class:`RoleKey`), so layouts that share
+them (another microbatch count, another world of the same degrees) reuse the simulation.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopscope.distributed import Layout, simulate
+from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.plan.space import Choice
+from flopscope.report.report import Report
+
+__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "roles_of"]
+
+#: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
+#: mode and ``batch`` sequences of token ids
+Build = Callable[[int, bool], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class RoleKey:
+    """What a rank's work depends on: its shard shapes (tensor-parallel and FSDP2 degrees, its
+    pipeline stage among ``pp``) and its batch (micro-batch, microbatches simulated,
+    checkpointing).
+
+    Attributes:
+        tp: tensor-parallel degree.
+        pp: pipeline stages.
+        stage: the rank's stage.
+        dp: FSDP2 degree.
+        micro_batch: sequences per microbatch.
+        microbatches: microbatches in the simulated step (1 without stages).
+        checkpoint: every decoder block checkpointed.
+    """
+
+    tp: int
+    pp: int
+    stage: int
+    dp: int
+    micro_batch: int
+    microbatches: int
+    checkpoint: bool
+
+
+def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
+    """The role of each rank of a layout's pipeline group, in stage order (one stage without
+    pipelining: every rank runs the same shapes).
+
+    A stage is simulated over ``pp`` microbatches, the most 1F1B keeps in flight on any stage,
+    so its peak memory is the step's; :func:`~flopscope.plan.timing.step_time` scales its work
+    to the step's microbatches. Middle stages (neither the first, with the embedding, nor the
+    last, with the head) that hold as many layers run the same shapes per microbatch; the
+    earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
+    theirs: they share its role. A pipeline has at most four roles: the first stage, the
+    last, and the earliest middle stage of each layer count (``split_layers`` gives the first
+    ``layers % pp`` stages one layer more).
+
+    Args:
+        choice: the layout.
+        layers: the model's decoder layers.
+
+    Returns:
+        One role per stage (middle stages may share one).
+    """
+    from flopscope.distributed.pipeline import split_layers
+
+    simulated = choice.pp if choice.pp > 1 else 1
+    sizes = [len(r) for r in split_layers(layers, choice.pp)]
+    out = []
+    for s in range(choice.pp):
+        stage = s
+        if 0 < s < choice.pp - 1:
+            stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
+        out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
+                           simulated, choice.checkpoint == "block"))
+    return out
+
+
+@dataclass(frozen=True)
+class RoleRun:
+    """One simulated role.
+
+    Attributes:
+        key: the role.
+        report: the rank's count (its records and collectives).
+        memory: the rank's tensors over the simulated step (no optimizer state).
+        estimate: the roofline estimate of its calls (a lower bound on time).
+        parameter_bytes: the rank's own parameter shards.
+        seconds: how long the simulation took here.
+    """
+
+    key: RoleKey
+    report: Report
+    memory: MemoryProfile
+    estimate: Estimate
+    parameter_bytes: int
+    seconds: float
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+#: every role simulated in this process, by (model identity, hardware name, role)
+_CACHE: dict[tuple[Hashable, str, RoleKey], RoleRun] = {}
+
+
+def clear_cache() -> None:
+    """Forget every simulated role (the next plan simulates its roles again)."""
+    _CACHE.clear()
+
+
+class Roles:
+    """Simulated roles, each once per process: a later plan of the same model (another global
+    batch, budget or device count) reuses the roles it shares with earlier ones.
+
+    Args:
+        build: makes the model and a batch (:data:`Build`).
+        hardware: the profile the roofline estimate is for.
+        identity: what ``build`` builds (source, config, sequence length, dtype), the cache's
+            key with the role.
+
+    Attributes:
+        simulations: simulations run (cache misses).
+        used: distinct roles asked for.
+        seconds: time spent simulating.
+    """
+
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
+        self._build = build
+        self._hardware = hardware
+        self._identity = identity
+        self._used: set[RoleKey] = set()
+        self.simulations = 0
+        self.seconds = 0.0
+
+    @property
+    def used(self) -> int:
+        """Distinct roles asked for."""
+        return len(self._used)
+
+    def get(self, key: RoleKey) -> RoleRun:
+        """The role's simulation (run now when no earlier one is cached).
+
+        Args:
+            key: the role.
+
+        Returns:
+            Its :class:`RoleRun`.
+        """
+        self._used.add(key)
+        full = (self._identity, self._hardware.name, key)
+        found = _CACHE.get(full)
+        if found is None:
+            found = _CACHE[full] = self._simulate(key)
+        return found
+
+    def _simulate(self, key: RoleKey) -> RoleRun:
+        start = time.perf_counter()
+        tracker, log = MemoryTracker(), CallLog()
+        kept: list[nn.Module] = []
+
+        def prepare(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+            kept.append(model)
+            tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
+            tracker.register((local_tensor(b) for b in model.buffers()), "buffers")
+            tracker.register(_tensors(args, kwargs), "inputs")
+
+        def build() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+            return self._build(key.micro_batch * key.microbatches, key.checkpoint)
+
+        world = key.tp * key.pp * key.dp
+        rank = key.stage * key.dp * key.tp
+        layout = Layout(world, tp=key.tp, fsdp=key.dp, pp=key.pp, rank=rank)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = simulate(build, layout, backward=True, shape_only=True, logical=False,
+                              microbatches=key.microbatches if key.pp > 1 else None,
+                              prepare=prepare, observers=[tracker, log], warn=False)
+        model = kept[0]
+        params = [p for p in model.parameters()]
+        memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
+                                                        if p.grad is not None]})
+        parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
+        kept.clear()
+        seconds = time.perf_counter() - start
+        self.simulations += 1
+        self.seconds += seconds
+        return RoleRun(key, report, memory, log.estimate(self._hardware), parameter_bytes,
+                       seconds)
+
+
+def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    return [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]

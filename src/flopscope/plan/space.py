@@ -1,0 +1,176 @@
+"""The search space of a training plan: every layout (tensor x pipeline x data-parallel degrees,
+micro-batch, activation checkpointing) that divides the model and the devices.
+
+A layout is built by :func:`flopscope.distributed.apply_layout`: tensor-parallel ranks are
+neighbours (the standard Llama plan: column-wise q/k/v and gate/up, row-wise o and down), the
+data-parallel ranks are FSDP2 shards, pipeline stages the outermost dimension
+(:func:`flopscope.distributed.pipeline.split_layers`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flopscope.errors import UsageError
+
+__all__ = ["CHECKPOINTING", "Choice", "ModelShape", "divisors", "enumerate_layouts",
+           "parse_bytes"]
+
+#: activation checkpointing choices: none, or every decoder block recomputed in backward
+CHECKPOINTING = ("none", "block")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the layout rules need of a decoder's config.
+
+    Attributes:
+        layers: decoder layers (``num_hidden_layers``).
+        heads: attention heads.
+        kv_heads: key/value heads.
+        intermediate: the MLP's hidden size.
+    """
+
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """Read a transformers decoder config.
+
+        Args:
+            config: the model's ``config``.
+
+        Returns:
+            The shape.
+
+        Raises:
+            UsageError: the config is not a decoder's (no layers, heads or MLP size).
+        """
+        try:
+            heads = int(config.num_attention_heads)
+            return cls(int(config.num_hidden_layers), heads,
+                       int(getattr(config, "num_key_value_heads", None) or heads),
+                       int(config.intermediate_size))
+        except AttributeError as e:
+            raise UsageError(f"plan needs a transformers decoder (Llama, Mistral, Qwen2 ...): "
+                             f"its config has no {e.name or 'layer/head count'}") from None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One layout of a training step.
+
+    Attributes:
+        tp: tensor-parallel degree.
+        pp: pipeline stages.
+        dp: data-parallel (FSDP2) degree.
+        micro_batch: sequences per microbatch on a rank.
+        microbatches: microbatches per step (pipelined, or accumulated without stages).
+        checkpoint: ``"none"`` or ``"block"`` (every decoder block recomputed in backward).
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    microbatches: int
+    checkpoint: str
+
+    @property
+    def gpus(self) -> int:
+        """Devices the layout uses."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        """A short name: ``TP2 PP1 DP4 mb2x4 ckpt``."""
+        return (f"TP{self.tp} PP{self.pp} DP{self.dp} mb{self.micro_batch}x{self.microbatches}"
+                + (" ckpt" if self.checkpoint == "block" else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.micro_batch,
+                "microbatches": self.microbatches, "checkpoint": self.checkpoint}
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(
+    gpus: int,
+    shape: ModelShape,
+    global_batch: int,
+    checkpointing: Sequence[str] = CHECKPOINTING,
+) -> list[Choice]:
+    """Every layout of ``gpus`` devices for a model of ``shape`` and a step of ``global_batch``
+    sequences.
+
+    The rules: ``tp x pp x dp = gpus``; ``tp`` divides the attention heads, the key/value heads
+    and the MLP size (each rank holds whole heads and an equal share of the MLP); ``pp`` is at
+    most the number of layers; ``dp`` divides the global batch; the micro-batch divides each
+    data-parallel rank's ``global_batch / dp`` sequences, the rest being microbatches; with
+    pipeline stages at least ``pp`` microbatches (torch's 1F1B schedule needs them).
+
+    Args:
+        gpus: devices.
+        shape: the model's shape.
+        global_batch: sequences per step.
+        checkpointing: the checkpointing choices to try (:data:`CHECKPOINTING`).
+
+    Returns:
+        The layouts, by tp, pp, micro-batch, checkpointing.
+
+    Raises:
+        UsageError: a bad checkpointing choice.
+    """
+    bad = [c for c in checkpointing if c not in CHECKPOINTING]
+    if bad:
+        raise UsageError(f"unknown checkpointing {bad[0]!r}; use one of {', '.join(CHECKPOINTING)}")
+    out: list[Choice] = []
+    for tp in divisors(gpus):
+        if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp:
+            continue
+        for pp in divisors(gpus // tp):
+            if pp > shape.layers:
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                continue
+            per_rank = global_batch // dp
+            for micro in divisors(per_rank):
+                count = per_rank // micro
+                if pp > 1 and count < pp:
+                    continue
+                out += [Choice(tp, pp, dp, micro, count, c) for c in checkpointing]
+    return out
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """A memory size: ``80GiB``, ``80 GB``, ``1.5TiB``, ``85899345920``.
+
+    Args:
+        text: the size.
+
+    Returns:
+        Bytes.
+
+    Raises:
+        UsageError: not a size.
+    """
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _UNITS or float(found.group(1)) <= 0:
+        raise UsageError(f"{text!r} is not a memory size: write e.g. 80GiB, 80GB or 1.5TiB")
+    return int(float(found.group(1)) * _UNITS[unit])
