@@ -292,8 +292,12 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         UsageError: ``cuda`` without a CUDA device, or threads below 1.
     """
     import dataclasses
+    from importlib.metadata import PackageNotFoundError, version
 
-    from flopscope import __version__
+    try:  # the installed version (the package's __init__ would be an import cycle)
+        __version__ = version("flopscope")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        __version__ = "unknown"
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
