@@ -15,30 +15,9 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import positive_int
-from flopscope.errors import UsageError
+from flopscope.cli.types import memory_size, positive_int
 
-__all__ = ["add_subcommands", "memory_size", "run_plan"]
-
-
-def memory_size(text: str) -> int:
-    """Argument type: a memory size (``80GiB``, ``80GB``, ``1.5TiB``, bytes).
-
-    Args:
-        text: the user's string.
-
-    Returns:
-        Bytes.
-
-    Raises:
-        argparse.ArgumentTypeError: not a size.
-    """
-    from flopscope.plan.space import parse_bytes
-
-    try:
-        return parse_bytes(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+__all__ = ["add_subcommands", "run_plan"]
 
 
 def add_subcommands(subparsers: Any) -> None:

@@ -9,8 +9,8 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["PLOT_SUFFIXES", "dtype_name", "non_negative_int", "output_file", "plot_file",
-           "positive_int", "positive_number", "profile", "tolerance", "unit_prefix",
+__all__ = ["PLOT_SUFFIXES", "dtype_name", "memory_size", "non_negative_int", "output_file",
+           "plot_file", "positive_int", "positive_number", "profile", "tolerance", "unit_prefix",
            "unwritable"]
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -234,3 +234,24 @@ def plot_file(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: {problem}")
     return text
+
+
+def memory_size(text: str) -> int:
+    """Argument type: a memory size (``80GiB``, ``80GB``, ``1.5TiB``, bytes).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        Bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: not a size.
+    """
+    from flopscope.errors import UsageError
+    from flopscope.plan.space import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
