@@ -124,6 +124,22 @@ def test_every_written_file_refuses_a_missing_folder_before_loading(
     assert not missing.exists()  # never created
 
 
+@pytest.mark.parametrize("argv", [
+    ["profile", f"{TINY}:tiny", "--hardware", "none", "--trace", "-"],
+    ["profile", f"{TINY}:tiny", "--hardware", "h100-sxm", "--estimated-trace", "-"],
+    ["calibrate", "--output", "-"],
+], ids=lambda a: a[-2])
+def test_a_file_read_back_by_its_path_is_never_stdout(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """``profile --trace -`` wrote a file named ``-`` (the trace is opened in a viewer by its
+    path); calibrate's profile is read back by ``--hardware FILE``."""
+    monkeypatch.chdir(tmp_path)
+    r = cli(*argv)
+    assert r.code == 2 and r.out == ""
+    _one_line(r, f"argument {argv[-2]}: needs a file name, not -")
+    assert not (tmp_path / "-").exists()
+
+
 def test_a_plot_suffix_is_checked_with_the_path(cli: Cli, tmp_path: Path) -> None:
     _one_line(cli("count", f"{TINY}:tiny", "--plot", str(tmp_path / "chart.txt")),
               "argument --plot: cannot plot to", "use a file name ending in .png, .svg or .pdf")
@@ -139,7 +155,7 @@ def test_every_written_file_option_has_the_one_rule() -> None:
     import argparse
 
     from flopscope.cli import build_parser
-    from flopscope.cli.types import output_file, plot_file
+    from flopscope.cli.types import named_file, output_file, plot_file
 
     def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         return list(parser._actions)  # argparse has no public list of a parser's options
@@ -149,7 +165,8 @@ def test_every_written_file_option_has_the_one_rule() -> None:
     for name, sub in subs.choices.items():
         for action in actions(sub):
             if action.metavar == "FILE":
-                assert action.type in (output_file, plot_file), (name, action.option_strings)
+                assert action.type in (output_file, plot_file, named_file), (
+                    name, action.option_strings)
                 written[name, action.option_strings[0]] = action.type
     # --output of every subcommand that writes a result; count's --plot and
     # --roofline-plot; profile's --trace and --estimated-trace

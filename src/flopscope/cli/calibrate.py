@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from flopscope.cli._options import EXIT_OK, usage_error, write_output
-from flopscope.cli.types import output_file, positive_int, profile
+from flopscope.cli.types import named_file, positive_int, profile
 
 __all__ = ["add_subcommands", "run_calibrate"]
 
@@ -37,7 +37,7 @@ def add_subcommands(subparsers: Any) -> None:
                    metavar="NAME|FILE|this-machine",
                    help="the profile whose peaks the bound keeps (default this-machine: measured "
                         "first, about 15 s)")
-    p.add_argument("--output", metavar="FILE", required=True, type=output_file,
+    p.add_argument("--output", metavar="FILE", required=True, type=named_file,
                    help="the profile file to write (JSON)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch's intra-op threads during the calibration (default: as set)")
@@ -64,9 +64,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from flopscope.estimate.calibrate import calibrate
     from flopscope.estimate.hardware import get_hardware
 
-    if args.output == "-":
-        raise usage_error("calibrate --output needs a file name (the profile is a file that "
-                          "--hardware reads), not -")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise usage_error("calibrate --device cuda: torch sees no CUDA device here; use "
                           "--device cpu")

@@ -19,7 +19,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import non_negative_int, output_file, positive_int, profile
+from flopscope.cli.types import named_file, non_negative_int, positive_int, profile
 
 __all__ = ["add_subcommands", "run_profile"]
 
@@ -60,10 +60,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--tf32", action="store_true",
                    help="with --hardware: float32 matrix products run as TF32 (convolutions: as "
                         "cuDNN is set, TF32 by default)")
-    p.add_argument("--trace", metavar="FILE", type=output_file,
+    p.add_argument("--trace", metavar="FILE", type=named_file,
                    help="write the median run as a Chrome/Perfetto trace (operators with their "
                         "counts, rates and bounds; module spans)")
-    p.add_argument("--estimated-trace", metavar="FILE", type=output_file,
+    p.add_argument("--estimated-trace", metavar="FILE", type=named_file,
                    help="with --hardware: write each call's roofline time laid end to end, on the "
                         "same time axis")
     add_depth(p, help="levels of the module tree to show (default 2)")

@@ -9,8 +9,8 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["PLOT_SUFFIXES", "dtype_name", "memory_size", "non_negative_int", "output_file",
-           "plot_file", "positive_int", "positive_number", "profile", "tolerance", "unit_prefix",
+__all__ = ["PLOT_SUFFIXES", "dtype_name", "memory_size", "named_file", "non_negative_int",
+           "output_file", "plot_file", "positive_int", "positive_number", "profile", "tolerance", "unit_prefix",
            "unwritable"]
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -212,6 +212,26 @@ def output_file(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: {problem}")
     return text
+
+
+def named_file(text: str) -> str:
+    """Argument type: a file that must be a file, not stdout (``profile --trace``, ``calibrate
+    --output``: a trace or a profile is read back from its path): as :func:`output_file`, and
+    ``-`` is refused (it wrote a file named ``-``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The path, unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: ``-``, or the file cannot be written there.
+    """
+    if text == "-":
+        raise argparse.ArgumentTypeError("needs a file name, not - (this file is not printed: "
+                                         "give a path such as out.json)")
+    return output_file(text)
 
 
 def plot_file(text: str) -> str:
