@@ -7,27 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.cli.conftest import FIXTURES, Result
-
-from flopscope.cli import main
+from tests.cli.conftest import Result
 
 Cli = Callable[..., Result]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
-    def run(*argv: str) -> Result:
-        capsys.readouterr()
-        code = main(list(argv))
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
-
-
-@pytest.fixture(autouse=True)
-def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(FIXTURES))
 
 
 def test_json_has_estimate_and_memory(cli: Cli) -> None:

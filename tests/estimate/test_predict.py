@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.cli.conftest import FIXTURES, Result
+from tests.cli.conftest import Result
 from torch import nn
 
 import flopscope
-from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import Calibration, Hardware, calibrate, get_hardware, load_hardware
 from flopscope.estimate.calibration import FAMILIES, Point
@@ -203,19 +202,6 @@ def test_calibrate_runs_every_family_on_the_cpu() -> None:
     # the same FLOPs flopscope counts: mm 16x16x16 is 2 x 16^3
     assert next(p for p in cal.points if p.what == "mm 16x16x16").flops == 2 * 16**3
     assert hw.matrix == get_hardware("epyc-9654").matrix  # the peaks stay the bound's
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
-    monkeypatch.syspath_prepend(str(FIXTURES))
-
-    def run(*argv: str) -> Result:
-        capsys.readouterr()
-        code = main(list(argv))
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
 
 
 def test_cli_calibrate_writes_a_file_count_predicts_with(
