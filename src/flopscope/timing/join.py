@@ -21,6 +21,7 @@ name: :func:`innermost` finds it, the operator's own time.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,16 @@ def region_events(events: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
                 busy[-1][1] = max(busy[-1][1], e.end_us)
             else:
                 busy.append([e.start_us, e.end_us])
-        out.append((r, [e for e in inside if e.thread == r.thread
-                        or not any(lo < e.end_us and e.start_us < hi for lo, hi in busy)]))
+        starts = [lo for lo, _ in busy]
+
+        def overlaps_busy(e: Event, busy: list[list[float]] = busy,
+                          starts: list[float] = starts) -> bool:
+            # the spans are disjoint and sorted: only the last one starting before e ends can
+            # overlap it (a scan of every span made a long backward quadratic)
+            k = bisect_left(starts, e.end_us) - 1
+            return k >= 0 and busy[k][1] > e.start_us
+
+        out.append((r, [e for e in inside if e.thread == r.thread or not overlaps_busy(e)]))
     return out
 
 
