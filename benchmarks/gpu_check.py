@@ -47,7 +47,7 @@ from torch import nn
 
 import flopscope
 from benchmarks import gpu_ncu
-from benchmarks.gpu_calib import part_calib
+from benchmarks.gpu_calib import captured, part_calib
 
 PARTS = ("attention", "memory", "time", "calib", "flops")
 Build = Callable[[], tuple[nn.Module, tuple[Any, ...]]]
@@ -409,15 +409,8 @@ def _walls(model: nn.Module, x: torch.Tensor, train: bool, device: str) -> dict[
     model.train(train)
     out = {"eager_s": timed(step)}
     if cuda and not train:
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(3):
-                model(x)
-            with torch.cuda.graph(graph):
-                model(x)
-        torch.cuda.current_stream().wait_stream(stream)
+        with torch.no_grad():
+            graph = captured(lambda: model(x), warmups=3)
         out["graph_s"] = timed(graph.replay)
     return out
 
