@@ -17,7 +17,7 @@ from tests.render_html.conftest import GENERATE, TINY_FULL
 from torch import nn
 
 from flopscope.cli import main
-from flopscope.render.html import render_html
+from flopscope.render.html import embedded_data, render_html
 from flopscope.symbolic import count_symbolic
 
 pytestmark = [pytest.mark.browser,
@@ -169,3 +169,56 @@ def test_generate_page_draws_its_steps(browser: Chromium, tmp_path: Path) -> Non
     assert browser.evaluate("document.querySelectorAll('#steps-chart rect.step').length") == 3
     # the report of all steps is drawn under the steps, its icicle included
     assert browser.evaluate("document.querySelectorAll('#icicle g.node').length") > 10
+
+
+def test_a_profile_page_draws_the_measured_roofline(browser: Chromium, tmp_path: Path) -> None:
+    page = tmp_path / "p.html"
+    assert main(["profile", f"{TINY}:tiny", "--repeat", "1", "--warmup", "0", "--hardware",
+                 "h100-sxm", "--format", "html", "--output", str(page)]) == 0
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelectorAll('#roofline path.roof').length") >= 1
+    by_op = data["measured"]["by_op"]
+    drawn = browser.evaluate("Object.fromEntries([...document.querySelectorAll("
+                             "'#roofline .measured-point')].map(c => [c.dataset.op, c.dataset.y]))")
+    # every operator with work and time, at its measured rate: FLOPs / measured seconds
+    assert {op: float(y) for op, y in drawn.items()} == {
+        op: r["flops"] / r["seconds"] for op, r in by_op.items()
+        if r["flops"] and r["bytes"] and r["seconds"]}
+    bounds = browser.evaluate("Object.fromEntries([...document.querySelectorAll("
+                              "'#roofline .bound-point')].map(c => [c.dataset.op, c.dataset.y]))")
+    # beside each, the rate of its roofline bound: FLOPs / bound seconds
+    assert {op: float(y) for op, y in bounds.items()} == {
+        op: r["flops"] / r["bound_s"] for op, r in by_op.items()
+        if r["flops"] and r["bytes"] and r["bound_s"]}
+    assert len(bounds) == len(drawn) > 0
+
+
+def _pick_phase(browser: Chromium, phase: str) -> None:
+    browser.evaluate("(() => { const s = document.getElementById('phase'); "
+                     f"s.value = {json.dumps(phase)}; s.dispatchEvent(new Event('change')); }})()")
+
+
+def test_the_phase_filter(browser: Chromium, tmp_path: Path) -> None:
+    page = tmp_path / "t.html"
+    argv = ["count", f"{TINY}:tiny", "--backward", "--optimizer", "adam", "--memory", "--hardware",
+            "h100-sxm"]
+    assert main([*argv, "--format", "html", "--output", str(page)]) == 0
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    _opened(browser, page)
+    assert browser.evaluate("[...document.querySelectorAll('#phase option')].map(o => o.value)"
+                            ) == ["", "forward", "backward", "optimizer"]
+    root = "document.querySelector('#icicle g.node[data-path=\"\"]').dataset.value"
+    ops = "[...document.querySelectorAll('#operators tbody tr')].map(r => r.cells[0].textContent)"
+    points = "[...document.querySelectorAll('#roofline .point')].map(c => c.dataset.op)"
+    for phase in ("backward", "optimizer", "forward"):
+        _pick_phase(browser, phase)
+        assert int(browser.evaluate(root)) == data["totals"][phase]["flops"]
+        assert sorted(browser.evaluate(ops)) == sorted(
+            {r["op"] for r in data["records"] if r["phase"] == phase})
+        rows = data["estimate"]["phases"][phase]["by_op"]
+        assert sorted(browser.evaluate(points)) == sorted(
+            op for op, r in rows.items() if r["intensity"] and r["time_s"] and r["bytes"])
+    _pick_phase(browser, "")  # every phase again
+    assert int(browser.evaluate(root)) == data["totals"]["flops"]
+    assert browser.errors() == []

@@ -179,3 +179,44 @@ def test_the_wheel_carries_the_page_assets() -> None:
     assert names == ["pages.js", "report.css", "report.js", "widgets.js"]
     for name in names:
         assert any(fnmatch.fnmatch(f"render/html_assets/{name}", g) for g in globs), name
+
+
+def test_profile_page_carries_the_peaks_for_its_roofline(tmp_path: Path) -> None:
+    from flopscope.estimate import get_hardware
+
+    out = tmp_path / "p.html"
+    assert main(["profile", f"{TINY}:tiny", "--repeat", "1", "--warmup", "0", "--hardware",
+                 "h100-sxm", "--format", "html", "--output", str(out)]) == 0
+    measured = embedded_data(out.read_text(encoding="utf-8"))["measured"]
+    # the profile's roofs in its file format, its calibration left out (none for the datasheet)
+    peaks = {k: v for k, v in get_hardware("h100-sxm").to_dict().items() if k != "calibration"}
+    assert measured["peaks"] == peaks
+    assert measured["peaks"]["memory_bandwidth_gb_s"] == 3350.0  # H100 SXM: 3.35 TB/s
+    assert measured["hardware"] == "h100-sxm"  # the name stays where it was
+    # without a profile there are no peaks (and no roofline on the page)
+    assert main(["profile", f"{TINY}:tiny", "--repeat", "1", "--warmup", "0", "--hardware",
+                 "none", "--format", "html", "--output", str(out)]) == 0
+    assert "peaks" not in embedded_data(out.read_text(encoding="utf-8"))["measured"]
+
+
+def test_a_training_estimate_has_rows_per_phase(tmp_path: Path) -> None:
+    _, data = count_both(tmp_path, f"{TINY}:tiny", "--backward", "--optimizer", "adam", "--memory",
+                         "--hardware", "h100-sxm")
+    est, totals = data["estimate"], data["totals"]
+    assert set(est["phases"]) == {"forward", "backward", "optimizer"} == set(est["by_phase"])
+    for phase, rows in est["phases"].items():
+        # each phase's operators add up to its row; its root module holds all of its work
+        assert sum(r["flops"] for r in rows["by_op"].values()) == totals[phase]["flops"]
+        assert rows["by_module"][""]["flops"] == totals[phase]["flops"]
+        assert sum(r["time_s"] for r in rows["by_op"].values()) == pytest.approx(
+            est["by_phase"][phase]["time_s"])
+    # the phases' rows split the whole estimate's
+    assert sum(est["phases"][p]["by_op"]["aten.convolution.default"]["flops"]
+               for p in est["phases"] if "aten.convolution.default" in est["phases"][p]["by_op"]
+               ) == est["by_op"]["aten.convolution.default"]["flops"]
+
+
+def test_a_forward_estimate_has_no_rows_per_phase(tmp_path: Path) -> None:
+    _, data = count_both(tmp_path, *TINY_FULL)
+    assert list(data["estimate"]["by_phase"]) == ["forward"]
+    assert "phases" not in data["estimate"]  # nothing to filter: the page stays as small

@@ -213,6 +213,15 @@ def _sorted(rows: Mapping[str, Row]) -> dict[str, Row]:
     return dict(sorted(rows.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
 
 
+def _inclusive(own: Mapping[str, Row]) -> dict[str, Row]:
+    """Module path -> the sums of the module and everything below it, from each module's own."""
+    inclusive: dict[str, Row] = {}
+    for path, row in own.items():
+        for p in ancestors(path):
+            inclusive.setdefault(p, Row()).add(row)
+    return inclusive
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A roofline estimate (a lower bound on time) of counted work on one machine.
@@ -229,6 +238,9 @@ class Estimate:
         by_module_self: module path -> the module's own calls.
         by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
         by_family: operator family (:func:`flopscope.estimate.predict.family`) -> sums.
+        by_phase_op: when more than one phase ran, phase -> operator -> sums (the HTML page's
+            phase filter); empty otherwise.
+        by_phase_module: likewise, phase -> module path -> inclusive sums.
     """
 
     hardware: Hardware
@@ -241,6 +253,8 @@ class Estimate:
     by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
     tf32_convolution: bool = False
     by_family: dict[str, Row] = field(default_factory=dict)
+    by_phase_op: dict[str, dict[str, Row]] = field(default_factory=dict)
+    by_phase_module: dict[str, dict[str, Row]] = field(default_factory=dict)
 
     @property
     def calibrated(self) -> bool:
@@ -267,8 +281,10 @@ class Estimate:
         own: dict[str, Row] = {}
         op_dtype: dict[tuple[str, str], Row] = {}
         families: dict[str, Row] = {}
+        rows: list[tuple[str, str, str, Row]] = []  # (phase, op, path, row): per-phase tables
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
+            rows.append((rec.phase, rec.op, rec.path, row))
             total.add(row)
             phases.setdefault(rec.phase, Row()).add(row)
             ops.setdefault(rec.op, Row()).add(row)
@@ -276,12 +292,17 @@ class Estimate:
             key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
             op_dtype.setdefault((rec.op, key), Row()).add(row)
             families.setdefault(family(rec), Row()).add(row)
-        inclusive: dict[str, Row] = {}
-        for path, row in own.items():
-            for p in ancestors(path):
-                inclusive.setdefault(p, Row()).add(row)
-        return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype,
-                   tf32_convolution, _sorted(families))
+        phase_ops: dict[str, dict[str, Row]] = {}
+        phase_modules: dict[str, dict[str, Row]] = {}
+        if len(phases) > 1:  # a training step: each phase's operators and modules apart
+            phase_own: dict[str, dict[str, Row]] = {}
+            for phase, op, path, row in rows:
+                phase_ops.setdefault(phase, {}).setdefault(op, Row()).add(row)
+                phase_own.setdefault(phase, {}).setdefault(path, Row()).add(row)
+            phase_ops = {k: _sorted(v) for k, v in phase_ops.items()}
+            phase_modules = {k: _inclusive(v) for k, v in phase_own.items()}
+        return cls(hardware, tf32, total, phases, _sorted(ops), _inclusive(own), own, op_dtype,
+                   tf32_convolution, _sorted(families), phase_ops, phase_modules)
 
     def share(self, row: Row) -> float:
         """A row's share of the total estimated time (0 when the total is 0)."""
@@ -289,7 +310,9 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the hardware, what the estimate ignores, totals, per phase, per
-        operator and per module (inclusive), each with its share of the time."""
+        operator and per module (inclusive), each with its share of the time; when more than one
+        phase ran, ``"phases"``: per phase its ``"by_op"`` and ``"by_module"`` (shares of the
+        whole estimate)."""
 
         predicted = self.calibrated
 
@@ -311,4 +334,7 @@ class Estimate:
             "by_op": rows(self.by_op),
             "by_module": rows(self.by_module),
             "by_family": rows(self.by_family),
+            **({"phases": {p: {"by_op": rows(self.by_phase_op[p]),
+                               "by_module": rows(self.by_phase_module.get(p, {}))}
+                           for p in self.by_phase_op}} if self.by_phase_op else {}),
         }

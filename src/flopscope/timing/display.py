@@ -148,8 +148,13 @@ class MeasuredSection:
     key: str = "measured"
 
     def to_dict(self) -> Any:
-        """Wall time, outside time, spread, per operator and module, the ranked list."""
+        """Wall time, outside time, spread, per operator and module, the ranked list; with a
+        hardware profile, ``"peaks"``: its roofs in the profile file's format (bandwidths in
+        GB/s, rates in TFLOP/s; its calibration left out), for the HTML page's roofline."""
         t = self.timing
+        peaks = None
+        if t.hardware is not None:
+            peaks = {k: v for k, v in t.hardware.to_dict().items() if k != "calibration"}
         return {
             "kind": "measured", "device": t.device, "warmup": t.warmup, "repeat": len(t.walls),
             "wall_s": t.wall_s, "walls_s": list(t.walls), "outside_s": t.outside_s,
@@ -159,6 +164,7 @@ class MeasuredSection:
             "by_op": {k: v.to_dict() for k, v in by_op(t).items()},
             "by_module": {k: v.to_dict() for k, v in by_module(t, self.modules).items()},
             "ranked": [{"module": m, "op": op, **v.to_dict()} for m, op, v in ranked(t)],
+            **({"peaks": peaks} if peaks is not None else {}),
         }
 
     def columns(self) -> Sequence[Column]:

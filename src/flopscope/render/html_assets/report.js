@@ -1,37 +1,52 @@
 /* flopscope page, part 2 of 3: the roofline, memory, and the page of one report. */
   // -- the roofline chart ---------------------------------------------------------------------------
+  // Operators at their arithmetic intensity and FLOP rate under the roofs of the report's hardware:
+  // the estimate's rates (filled) where the report has an estimate, measured rates (from profile),
+  // and beside each measured operator its bound and predicted rates where the section has them.
   function roofline(host, rep) {
-    var est = rep.estimate, hw = est.hardware, bw = hw.memory_bandwidth_gb_s * 1e9;
-    var pts = Object.keys(est.by_op).map(function (op) {
+    var est = rep.estimate, mes = rep.measured;
+    var hw = est ? est.hardware : mes.peaks, bw = hw.memory_bandwidth_gb_s * 1e9;
+    var pts = est ? Object.keys(est.by_op).map(function (op) {
       var r = est.by_op[op];
       return { op: op, x: r.intensity, y: r.time_s ? r.flops / r.time_s : 0, r: r };
-    }).filter(function (p) { return p.x && p.y && p.r.bytes; });
-    var measured = [];
-    if (rep.measured && rep.measured.by_op) {
-      measured = Object.keys(rep.measured.by_op).map(function (op) {
-        var r = rep.measured.by_op[op];
-        return { op: op, x: r.bytes ? r.flops / r.bytes : 0, y: r.flops_per_s || 0, r: r };
-      }).filter(function (p) { return p.x && p.y; });
-    }
+    }).filter(function (p) { return p.x && p.y && p.r.bytes; }) : [];
+    var measured = [], bounds = [], predicted = [], measuredTotal = 0;
+    if (est) Object.keys(est.by_op).forEach(function (op) {  // a calibrated estimate's prediction
+      var r = est.by_op[op];
+      if (r.predicted_s && r.flops && r.bytes) predicted.push({ op: op, x: r.flops / r.bytes, y: r.flops / r.predicted_s, s: r.predicted_s });
+    });
+    if (mes && mes.by_op) Object.keys(mes.by_op).forEach(function (op) {
+      var r = mes.by_op[op];
+      if (!r.flops || !r.bytes) return;
+      var x = r.flops / r.bytes;
+      if (r.seconds) { measured.push({ op: op, x: x, y: r.flops / r.seconds, r: r }); measuredTotal += r.seconds; }
+      if (est) return;  // the estimate's points are the bounds
+      if (r.bound_s) bounds.push({ op: op, x: x, y: r.flops / r.bound_s, s: r.bound_s });
+      if (r.predicted_s) predicted.push({ op: op, x: x, y: r.flops / r.predicted_s, s: r.predicted_s });
+    });
     var dtypes = Object.keys(Object.assign({}, hw.vector_tflops || {}, hw.matrix_tflops || {}));
     var pick = dtypes.indexOf("fp32") >= 0 ? "fp32" : dtypes.indexOf("bf16") >= 0 ? "bf16" : dtypes[0];
     var select = el("select", { id: "roofline-dtype", "aria-label": "roofs of" },
       dtypes.map(function (d) { return el("option", { value: d, text: d, selected: d === pick ? "selected" : null }); }));
     var svg = sv("svg", { cls: "chart", id: "roofline", width: 760, height: 440, viewBox: "0 0 760 440" });
-    append(host, [el("p", { cls: "hint", text: "Each operator at its arithmetic intensity and the FLOP rate the estimate gives it " +
-      "(a bound: real kernels are slower); area by its share of the estimated time. Roofs: the memory bandwidth (" +
-      human(bw, "B/s") + ") and the peaks of the chosen data type on " + hw.name + (hw.measured ? " (measured)." : " (datasheet).") +
-      (measured.length ? " Hollow points: measured rates." : "")}),
+    var what = est ? "Each operator at its arithmetic intensity and the FLOP rate the estimate gives it " +
+      "(a bound: real kernels are slower); area by its share of the estimated time." +
+      (measured.length ? " Red rings: measured rates." : "")
+      : "Each operator at its arithmetic intensity and the FLOP rate measured (" + mes.device + ", median of " + mes.repeat +
+      " runs); area by its share of the measured time." + (bounds.length ? " Grey crosses: the rate of its roofline bound, joined to it." : "");
+    append(host, [el("p", { cls: "hint", text: what + (predicted.length ? " Purple squares: the calibrated prediction's rate." : "") +
+      " Roofs: the memory bandwidth (" + human(bw, "B/s") + ") and the peaks of the chosen data type on " + hw.name +
+      (hw.measured ? " (measured)." : " (datasheet).") }),
       el("div", { cls: "controls" }, [el("label", { text: "roofs of" }), select]), svg]);
     select.addEventListener("change", draw);
     function draw() {
       while (svg.firstChild) svg.removeChild(svg.firstChild);
       var d = select.value;
-      var tf = est.tf32 && d === "fp32" ? "tf32" : d;
+      var tf = est && est.tf32 && d === "fp32" ? "tf32" : d;
       var roofs = [];
       if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ label: tf + " matrix", peak: hw.matrix_tflops[tf] * 1e12, dash: null });
       if (hw.vector_tflops && hw.vector_tflops[d]) roofs.push({ label: d + " vector", peak: hw.vector_tflops[d] * 1e12, dash: "5,4" });
-      var all = pts.concat(measured);
+      var all = pts.concat(measured, bounds, predicted);
       var xs = all.map(function (p) { return p.x; }).concat(roofs.map(function (r) { return r.peak / bw; }));
       var ys = all.map(function (p) { return p.y; }).concat(roofs.map(function (r) { return r.peak; }));
       var x0 = Math.pow(10, Math.floor(Math.log10(Math.min.apply(null, xs.concat([1])) / 2)));
@@ -62,29 +77,53 @@
           sv("text", { x: L + 40, y: ky, text: r.label + " roof " + human(r.peak, "FLOP/s") + ", ridge at " + (r.peak / bw).toFixed(0) + " FLOP/B" })]);
       });
       append(svg, sv("text", { x: L + 40, y: T + 14 + 16 * roofs.length, text: "slope: memory bandwidth " + human(bw, "B/s") }));
-      var total = est.total.time_s || 1;
+      function tipOn(node, text) {
+        node.addEventListener("mousemove", function (ev) { showTip(ev, text()); });
+        node.addEventListener("mouseleave", hideTip);
+        svg.appendChild(node);
+      }
+      var measuredAt = {};
+      measured.forEach(function (p) { measuredAt[p.op] = p; });
+      bounds.concat(predicted).forEach(function (p) {  // joined to the measured point of the same operator
+        var m = measuredAt[p.op];
+        if (m) svg.appendChild(sv("line", { x1: X(m.x), x2: X(p.x), y1: Y(m.y), y2: Y(p.y), stroke: "#9aa3b2", "stroke-dasharray": "2,2" }));
+      });
+      var total = est ? est.total.time_s || 1 : 1;
       pts.sort(function (a, b) { return b.r.time_s - a.r.time_s; });
       pts.forEach(function (p, i) {
         var rad = 3 + 22 * Math.sqrt(p.r.time_s / total);
-        var c = sv("circle", { cx: X(p.x), cy: Y(p.y), r: rad.toFixed(1), cls: "point", "data-op": p.op,
-          fill: p.r.bound === "compute" ? "var(--compute)" : "var(--memory)", "fill-opacity": 0.55, stroke: "#333", "stroke-width": 0.6 });
-        c.addEventListener("mousemove", function (ev) {
-          showTip(ev, p.op + "\n" + p.r.calls + " calls, " + human(p.r.flops, "FLOP") + ", " + bytes(p.r.bytes) +
+        tipOn(sv("circle", { cx: X(p.x), cy: Y(p.y), r: rad.toFixed(1), cls: "point", "data-op": p.op, "data-y": String(p.y),
+          fill: p.r.bound === "compute" ? "var(--compute)" : "var(--memory)", "fill-opacity": 0.55, stroke: "#333", "stroke-width": 0.6 }), function () {
+          return p.op + "\n" + p.r.calls + " calls, " + human(p.r.flops, "FLOP") + ", " + bytes(p.r.bytes) +
             "\nintensity " + p.x.toFixed(2) + " FLOP/B, " + human(p.y, "FLOP/s") +
-            "\nestimated " + secs(p.r.time_s) + " (" + pct(p.r.share, 1) + " of the estimate), " + p.r.bound + "-bound");
+            "\nestimated " + secs(p.r.time_s) + " (" + pct(p.r.share, 1) + " of the estimate), " + p.r.bound + "-bound";
         });
-        c.addEventListener("mouseleave", hideTip);
-        svg.appendChild(c);
         if (i < 8) svg.appendChild(sv("text", { x: X(p.x) + rad + 2, y: Y(p.y) + 4, text: shortOp(p.op) }));
       });
-      measured.forEach(function (p) {
-        var c = sv("circle", { cx: X(p.x), cy: Y(p.y), r: 4, fill: "none", stroke: "#c0392b", "stroke-width": 1.4, cls: "measured-point" });
-        c.addEventListener("mousemove", function (ev) {
-          showTip(ev, p.op + " (measured)\n" + secs(p.r.seconds) + ", " + human(p.y, "FLOP/s") +
-            (p.r.efficiency !== null && p.r.efficiency !== undefined ? ", " + (100 * p.r.efficiency).toFixed(0) + "% of its roof" : ""));
+      measured.sort(function (a, b) { return b.r.seconds - a.r.seconds; });
+      measured.forEach(function (p, i) {
+        var rad = est ? 4 : 3 + 22 * Math.sqrt(p.r.seconds / (measuredTotal || 1));
+        tipOn(sv("circle", { cx: X(p.x), cy: Y(p.y), r: rad.toFixed(1), cls: "measured-point", "data-op": p.op, "data-y": String(p.y),
+          fill: est ? "none" : "#c0392b", "fill-opacity": est ? null : 0.45, stroke: "#c0392b", "stroke-width": 1.4 }), function () {
+          return p.op + " (measured)\n" + p.r.calls + " calls, " + secs(p.r.seconds) + ", " + human(p.y, "FLOP/s") +
+            "\nintensity " + p.x.toFixed(2) + " FLOP/B" +
+            (p.r.bound_s ? "\nbound " + secs(p.r.bound_s) : "") + (p.r.predicted_s ? ", predicted " + secs(p.r.predicted_s) : "") +
+            (p.r.efficiency !== null && p.r.efficiency !== undefined ? "\n" + (100 * p.r.efficiency).toFixed(0) + "% of its roof" : "");
         });
-        c.addEventListener("mouseleave", hideTip);
-        svg.appendChild(c);
+        if (!est && i < 8) svg.appendChild(sv("text", { x: X(p.x) + rad + 2, y: Y(p.y) + 4, text: shortOp(p.op) }));
+      });
+      bounds.forEach(function (p) {
+        var x = X(p.x), y = Y(p.y);
+        tipOn(sv("path", { d: "M" + (x - 4) + "," + (y - 4) + " L" + (x + 4) + "," + (y + 4) + " M" + (x - 4) + "," + (y + 4) + " L" + (x + 4) + "," + (y - 4),
+          stroke: "#4a5568", "stroke-width": 1.6, cls: "bound-point", "data-op": p.op, "data-y": String(p.y) }), function () {
+          return p.op + " (roofline bound)\n" + secs(p.s) + ", " + human(p.y, "FLOP/s");
+        });
+      });
+      predicted.forEach(function (p) {
+        tipOn(sv("rect", { x: X(p.x) - 3.5, y: Y(p.y) - 3.5, width: 7, height: 7, fill: "#8e44ad", "fill-opacity": 0.7,
+          cls: "predicted-point", "data-op": p.op, "data-y": String(p.y) }), function () {
+          return p.op + " (predicted)\n" + secs(p.s) + ", " + human(p.y, "FLOP/s");
+        });
       });
     }
     draw();
@@ -174,7 +213,7 @@
     var src = rep.meta && rep.meta.source, name = rep.model || "counted code";
     return src && src !== name ? name + " (" + src + ")" : name;
   }
-  var PHASES = ["forward", "backward", "optimizer"];
+  var PHASES = ["forward", "backward", "recompute", "optimizer"];
   function headlineCards(rep) {
     var t = rep.totals, cards = [
       card("parameters", human(t.params), "params", t.params, exact(t.params)),
@@ -311,33 +350,61 @@
       append(host, el("details", { id: "section-" + k }, [el("summary", { text: k }), el("pre", { cls: "json", text: JSON.stringify(rep[k], null, 2) })]));
     });
   }
+  // the report seen through one phase: its records, the estimate's rows of that phase (the
+  // estimate's "phases"), no measured time (measured per operator over every phase)
+  function phasesOf(rep) {
+    var seen = {};
+    (rep.records || []).forEach(function (r) { seen[r.phase] = true; });
+    return PHASES.filter(function (p) { return seen[p]; }).concat(Object.keys(seen).filter(function (p) { return PHASES.indexOf(p) < 0; }));
+  }
+  function phaseView(rep, phase) {
+    if (!phase) return rep;
+    var v = Object.assign({}, rep);
+    v.records = (rep.records || []).filter(function (r) { return r.phase === phase; });
+    var est = rep.estimate, p = est && est.phases && est.phases[phase];
+    v.estimate = p ? Object.assign({}, est, { by_op: p.by_op, by_module: p.by_module, total: est.by_phase[phase] }) : null;
+    v.measured = null;
+    return v;
+  }
   function drawReport(root, rep, about) {
-    var tree = buildTree(rep);
+    var tree = buildTree(rep), phases = phasesOf(rep);
     append(root, [el("h1", { id: "subject", text: subjectOf(rep) }),
       el("p", { cls: "sub", text: [(rep.meta && rep.meta.inputs || []).join(", ") ? "input " + rep.meta.inputs.join(", ") : "",
         rep.shape_only ? "shape-only" : "", rep.records.length + " operator records, " + tree.order.length + " modules"].filter(Boolean).join(" \u00b7 ") }),
       headlineCards(rep), phaseLine(rep)]);
     append(root, [el("h2", { text: "Warnings" })].concat(warnings(rep)));
-    var ice = el("section", { id: "tree" });
+    var pick = null, note = el("span", { cls: "hint", id: "phase-note" });
+    if (phases.length > 1) {
+      pick = el("select", { id: "phase", "aria-label": "phase" }, [el("option", { value: "", text: "every phase" })].concat(
+        phases.map(function (p) { return el("option", { value: p, text: p }); })));
+      append(root, el("div", { cls: "controls phase-bar" }, [el("label", { text: "show the phase" }), pick, note]));
+    }
+    var ice = el("section", { id: "tree" }), rl = el("section", { id: "roofline-section" }), mt = el("section"), ot = el("section");
     append(root, [el("h2", { text: "Where the cost sits" }), el("p", { cls: "hint",
       text: "The module tree as an icicle: each block is a module, as wide as its share of the chosen measure (itself and everything inside it). Click a block to zoom in, click it again (or a name above) to zoom out; hover for its own and inclusive values." }), ice]);
-    icicle(ice, rep, tree, { id: "icicle" });
-    if (rep.estimate) {
-      var rl = el("section", { id: "roofline-section" });
-      append(root, [el("h2", { text: "Roofline" }), rl]);
-      roofline(rl, rep);
-    }
+    var hasRoofline = rep.estimate || (rep.measured && rep.measured.peaks);
+    if (hasRoofline) append(root, [el("h2", { text: "Roofline" }), rl]);
     if (rep.memory) {
       var mh = el("section", { id: "memory" });
       append(root, [el("h2", { text: "Memory" }), mh]);
       memory(mh, rep.memory);
     }
-    var mt = el("section"), ot = el("section");
     append(root, [el("h2", { text: "Modules" }), el("p", { cls: "hint", text: "Inclusive values (the module and everything inside it); click a header to sort." }), mt]);
-    moduleTable(mt, rep, tree, "modules");
     append(root, [el("h2", { text: "Operators" }), ot]);
-    opTable(ot, rep, "operators");
+    function drawPhase(phase) {  // the icicle, the roofline and both tables, of one phase or all
+      var view = phaseView(rep, phase), vtree = phase ? buildTree(view) : tree;
+      [ice, rl, mt, ot].forEach(function (h) { h.textContent = ""; });
+      root.setAttribute("data-phase", phase);
+      note.textContent = !phase ? "" : (rep.measured ? "measured time is per operator over every phase: not shown for one phase. " : "") +
+        (rep.estimate && !view.estimate ? "this report's estimate has no rows per phase. " : "");
+      icicle(ice, view, vtree, { id: "icicle" });
+      if (view.estimate || (view.measured && view.measured.peaks)) roofline(rl, view);
+      else if (hasRoofline) append(rl, el("p", { cls: "hint", text: "no roofline for this phase" }));
+      moduleTable(mt, view, vtree, "modules");
+      opTable(ot, view, "operators");
+    }
+    if (pick) pick.addEventListener("change", function () { drawPhase(pick.value); });
+    drawPhase("");
     otherSections(root, rep);
     append(root, [el("h2", { text: "Where these numbers come from" }), provenance(rep, about)]);
   }
-

@@ -243,7 +243,7 @@
       append(crumbs, "  \u2014 " + m.fmt(total) + " (" + pct(total, rootTotal) + ")");
     }
     draw();
-    window.addEventListener("resize", draw);
+    window.addEventListener("resize", function () { if (svg.isConnected) draw(); });
     return { zoom: zoom };
   }
 
