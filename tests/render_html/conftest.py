@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.cli.conftest import TINY, cli
 
 from flopscope.cli import main
 
-__all__ = ["GENERATE", "TINY_FULL", "cli", "count_both"]  # cli: the command-line fixture, shared
+__all__ = ["GENERATE", "PLAN", "TINY_FULL", "cli", "count_both", "plan_both"]  # cli: the command-line fixture, shared
 
 
 def count_both(tmp_path: Path, *args: str) -> tuple[str, Any]:
@@ -31,3 +32,22 @@ GENERATE = ("generate", "hf:llama", "--shape-only", "--config", "num_hidden_laye
             "--config", "num_attention_heads=4", "--config", "num_key_value_heads=2",
             "--config", "vocab_size=256", "--prompt-len", "8", "--new-tokens", "3",
             "--hardware", "h100-sxm")
+
+
+# a 4-layer Llama-style decoder (hidden 256, 8 heads, 4 KV heads) on 2 H100s, 2 sequences of 256
+# tokens, a 20 MiB budget: 4 of its 8 layouts fit (tests/plan has the same model)
+PLAN = ("plan", "hf:llama", "--gpus", "2", "--hardware", "h100", "--seq-len", "256",
+        "--global-batch", "2", "--memory-budget", "20MiB", "--config", "vocab_size=512",
+        "--config", "hidden_size=256", "--config", "intermediate_size=512",
+        "--config", "num_hidden_layers=4", "--config", "num_attention_heads=8",
+        "--config", "num_key_value_heads=4")
+
+
+@pytest.fixture(scope="session")
+def plan_both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """``flopscope plan PLAN`` written as HTML and as JSON: (the page's file, parsed JSON)."""
+    folder = tmp_path_factory.mktemp("plan")
+    page, data = folder / "plan.html", folder / "plan.json"
+    assert main([*PLAN, "--format", "html", "--output", str(page)]) == 0
+    assert main([*PLAN, "--format", "json", "--output", str(data)]) == 0
+    return page, json.loads(data.read_text(encoding="utf-8"))

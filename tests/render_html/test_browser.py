@@ -17,7 +17,7 @@ from tests.render_html.conftest import GENERATE, TINY_FULL
 from torch import nn
 
 from flopscope.cli import main
-from flopscope.render.html import embedded_data, render_html
+from flopscope.render.html import embedded_data, render_html, render_plan_html
 from flopscope.symbolic import count_symbolic
 
 pytestmark = [pytest.mark.browser,
@@ -222,3 +222,56 @@ def test_the_phase_filter(browser: Chromium, tmp_path: Path) -> None:
     _pick_phase(browser, "")  # every phase again
     assert int(browser.evaluate(root)) == data["totals"]["flops"]
     assert browser.errors() == []
+
+
+def test_the_plan_page(browser: Chromium, plan_both: tuple[Path, Any]) -> None:
+    page, data = plan_both
+    _opened(browser, page)
+    best = data["ranked"][0]
+    assert browser.evaluate("document.querySelector('.total[data-key=\"best\"]').dataset.value"
+                            ) == best["layout"]
+    assert float(_value(browser, '.total[data-key="step"]')) == best["time_s"]["total"]
+    # the chart: every layout at (peak memory, step time); the front filled; the dropped grey
+    layouts = "[...document.querySelectorAll('#pareto {}')].map(c => c.dataset.layout)"
+    assert sorted(browser.evaluate(layouts.format(".layout-point"))) == sorted(
+        c["layout"] for c in data["ranked"])
+    assert sorted(browser.evaluate(layouts.format(".pareto"))) == sorted(data["pareto"])
+    assert sorted(browser.evaluate(layouts.format(".dropped-point"))) == sorted(
+        c["layout"] for c in data["dropped"])
+    # the tables: the ranked layouts in order, the dropped ones with their reasons
+    cells = "[...document.querySelectorAll('#{} tbody tr')].map(r => r.cells[{}].textContent)"
+    assert browser.evaluate(cells.format("ranked", 1)) == [c["layout"] for c in data["ranked"]]
+    assert sorted(browser.evaluate(cells.format("dropped", 3))) == sorted(
+        c["reason"] for c in data["dropped"])
+    # where the best layout's time goes: its parts, adding up to its step
+    parts = browser.evaluate("Object.fromEntries([...document.querySelectorAll("
+                             "'#breakdown-bar span')].map(s => [s.dataset.part, s.dataset.value]))")
+    assert {k: float(v) for k, v in parts.items()} == {
+        k: v for k, v in best["time_s"].items() if k not in ("total", "fsdp_hidden") and v > 0}
+    assert sum(map(float, parts.values())) == pytest.approx(best["time_s"]["total"])
+    assert browser.evaluate("document.querySelectorAll('#plan-why li').length") >= 1
+    # a click on a dropped layout shows its time, memory and why it was dropped
+    other = data["dropped"][0]["layout"]
+    browser.click(f'#pareto .dropped-point[data-layout="{other}"]')
+    assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == other
+    assert browser.evaluate("document.getElementById('pareto-selected').dataset.layout") == other
+    assert data["dropped"][0]["reason"] in browser.evaluate(
+        "document.getElementById('breakdown').textContent")
+    browser.click("#ranked tbody tr:nth-child(2)")  # a row of the table picks its layout too
+    assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == data[
+        "ranked"][1]["layout"]
+    assert browser.errors() == []
+
+
+def test_a_plan_page_shows_keys_it_does_not_know(browser: Chromium, plan_both: tuple[Path, Any],
+                                                 tmp_path: Path) -> None:
+    page, _ = plan_both
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    data["future"] = {"what": "a key a newer planner adds"}
+    data["ranked"][0]["time_s"]["overlap"] = 0.0  # a step part this page has no name for
+    newer = tmp_path / "newer.html"
+    newer.write_text(render_plan_html(data), encoding="utf-8")
+    _opened(browser, newer)
+    assert "a key a newer planner adds" in browser.evaluate(
+        "document.getElementById('section-future').textContent")
+    assert "overlap" in browser.evaluate("document.querySelector('#ranked thead').textContent")

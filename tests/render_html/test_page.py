@@ -11,12 +11,13 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
 import torch
 from tests.cli.conftest import TINY, Result
-from tests.render_html.conftest import GENERATE, TINY_FULL, count_both
+from tests.render_html.conftest import GENERATE, PLAN, TINY_FULL, count_both
 from torch import nn
 
 import flopscope
@@ -176,7 +177,7 @@ def test_the_wheel_carries_the_page_assets() -> None:
     globs = pyproject["tool"]["setuptools"]["package-data"]["flopscope"]
     assets = Path(flopscope.render.html.__file__).parent / "html_assets"
     names = sorted(p.name for p in assets.iterdir())
-    assert names == ["pages.js", "report.css", "report.js", "widgets.js"]
+    assert names == ["pages.js", "plan.js", "report.css", "report.js", "widgets.js"]
     for name in names:
         assert any(fnmatch.fnmatch(f"render/html_assets/{name}", g) for g in globs), name
 
@@ -220,3 +221,50 @@ def test_a_forward_estimate_has_no_rows_per_phase(tmp_path: Path) -> None:
     _, data = count_both(tmp_path, *TINY_FULL)
     assert list(data["estimate"]["by_phase"]) == ["forward"]
     assert "phases" not in data["estimate"]  # nothing to filter: the page stays as small
+
+
+def test_plan_page_holds_the_plan(plan_both: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+                                  ) -> None:
+    from flopscope.plan.timing import PART_NAMES
+
+    page_file, data = plan_both
+    embedded = embedded_data(page_file.read_text(encoding="utf-8"))
+    explain = embedded.pop("explain")
+    # the plan's own dict (what --format json writes), but for how long planning took and how
+    # many roles it simulated (the second run found them cached)
+    unlike = ("seconds", "simulations")
+    assert {k: v for k, v in embedded.items() if k not in unlike} == {
+        k: v for k, v in data.items() if k not in unlike}
+    assert 0 <= embedded["simulations"] <= embedded["roles"] == 10
+    assert (len(data["ranked"]), len(data["dropped"])) == (4, 4)  # the 20 MiB budget
+    # the words of the table: the parts of a step, and why the best wins against the others
+    assert explain["part_names"] == PART_NAMES
+    assert main([*PLAN]) == 0
+    text = capsys.readouterr().out
+    assert explain["why"] and all(f"  {line}\n" in text for line in explain["why"])
+    assert explain["why"][0].startswith(data["ranked"][1]["layout"] + ": ")
+
+
+def test_plan_to_html_is_the_cli_page(plan_both: tuple[Path, Any]) -> None:
+    # Plan.to_html (and Jupyter's frame) draw the same data as the command line's page
+    page_file, _ = plan_both
+    plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=256, global_batch=2,
+                          memory_budget=20 * 2**20,
+                          config=dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                      num_hidden_layers=4, num_attention_heads=8,
+                                      num_key_value_heads=4))
+    ours = embedded_data(plan.to_html())
+    theirs = embedded_data(page_file.read_text(encoding="utf-8"))
+    for key in ("seconds", "simulations"):
+        ours.pop(key), theirs.pop(key)
+    assert ours == theirs
+    m = re.fullmatch(r'<iframe srcdoc="(?P<doc>[^"]*)"[^>]*></iframe>', plan._repr_html_())
+    assert m is not None and embedded_data(html.unescape(m.group("doc")))["ranked"] == ours["ranked"]
+
+
+def test_plan_html_refuses_a_terminal(cli: Callable[..., Result],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    r = cli(*PLAN, "--format", "html")
+    assert r.code == 2  # before any planning
+    assert "--format html writes a web page: give --output FILE.html" in r.err

@@ -12,6 +12,7 @@ from flopscope.cli._options import (
     add_format,
     add_output,
     add_source_options,
+    check_page_output,
     usage_error,
     write_output,
 )
@@ -48,7 +49,7 @@ def add_subcommands(subparsers: Any) -> None:
                    help="activation checkpointing choices to try (default none,block)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="layouts the table lists, fitting and dropped (default 10; JSON has all)")
-    add_format(p, choices=("table", "json"))
+    add_format(p, choices=("table", "json", "html"))
     add_output(p)
     p.set_defaults(func=run_plan)
 
@@ -73,6 +74,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from flopscope.plan.space import CHECKPOINTING
     from flopscope.plan.timing import Links
 
+    check_page_output(args.format, args.output)
     if not args.source.startswith("hf:"):
         raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:ORG/NAME), not "
                           f"{args.source!r}: this version plans decoders only")
@@ -96,6 +98,8 @@ def run_plan(args: argparse.Namespace) -> int:
                       config=config, checkpointing=choices)
     if args.format == "json":
         text = json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
+    elif args.format == "html":
+        text = result.to_html()  # every layout
     else:
         text = plan_text(result, top=args.top)
     write_output(text, args.output)

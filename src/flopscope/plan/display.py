@@ -4,12 +4,13 @@ layout's time goes, and why the others were dropped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from flopscope.plan.planner import Candidate, Plan
-from flopscope.plan.timing import compare, describe
+from flopscope.plan.timing import PART_NAMES, compare, describe
 from flopscope.render.units import human_bytes
 
-__all__ = ["plan_text", "seconds"]
+__all__ = ["plan_html", "plan_page_data", "plan_text", "seconds"]
 
 
 def seconds(value: float) -> str:
@@ -111,3 +112,32 @@ def plan_text(plan: Plan, top: int = 10) -> str:
             lines.append(f"  ... {len(plan.dropped) - top} more")
     lines += ["", *(f"Note: {n}" for n in plan.notes)]
     return "\n".join(lines) + "\n"
+
+
+def plan_page_data(plan: Plan) -> dict[str, Any]:
+    """What the plan's HTML page draws: :meth:`Plan.to_dict` and ``"explain"``, the words the
+    table uses: the parts of a step's time by name (``part_names``) and why the best layout wins
+    (``why``, the lines of :func:`plan_text`'s "Why it wins").
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        JSON-ready data.
+    """
+    why = [line.strip() for line in _why(plan)[2:]] if plan.ranked else []
+    return {**plan.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
+
+
+def plan_html(plan: Plan) -> str:
+    """The plan as one self-contained HTML page (:func:`flopscope.render.html.render_plan_html`).
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        The page.
+    """
+    from flopscope.render.html import render_plan_html
+
+    return render_plan_html(plan_page_data(plan))

@@ -116,6 +116,19 @@ class Plan:
         """The fastest layout that fits."""
         return self.ranked[0] if self.ranked else None
 
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: the ranked layouts, the Pareto front of
+        step time against peak memory per device, where the best layout's time goes, the
+        dropped layouts and why (:func:`flopscope.plan.display.plan_html`)."""
+        from flopscope.plan.display import plan_html
+
+        return plan_html(self)
+
+    def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
+        from flopscope.render.html import notebook_frame
+
+        return notebook_frame(self.to_html())
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {

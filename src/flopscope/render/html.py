@@ -28,11 +28,12 @@ if TYPE_CHECKING:
     from flopscope.report.symbolic import SymbolicReport
 
 __all__ = ["KINDS", "embedded_data", "notebook_frame", "page", "render_diff_html",
-           "render_generation_html", "render_html",
+           "render_generation_html", "render_html", "render_plan_html",
            "render_symbolic_html", "render_table_html", "symbolic_curves"]
 
-# what a page shows: one report, two reports compared, a plain table, a symbolic report
-KINDS = ("report", "diff", "table", "symbolic", "generation")
+# what a page shows: one report, two reports compared, a plain table, a symbolic report, a
+# generation's steps, a plan of layouts
+KINDS = ("report", "diff", "table", "symbolic", "generation", "plan")
 
 _DATA_ID = "flopscope-data"
 _PAGE_ID = "flopscope-page"
@@ -43,9 +44,9 @@ def _asset(name: str) -> str:
     return resources.files("flopscope.render").joinpath("html_assets").joinpath(name).read_text("utf-8")
 
 
-# the page's script, in three files joined inside one function: helpers and widgets, one report,
+# the page's script, in files joined inside one function: helpers and widgets, one report, a plan,
 # the other pages (which also starts the drawing)
-_SCRIPTS = ("widgets.js", "report.js", "pages.js")
+_SCRIPTS = ("widgets.js", "report.js", "plan.js", "pages.js")
 
 
 @cache
@@ -79,8 +80,8 @@ def page(kind: str, data: Any, *, title: str) -> str:
     Args:
         kind: what the data is: ``"report"`` (a report's dict), ``"diff"`` (``{"a": dict,
             "b": dict, "names": [a, b]}``), ``"table"`` (``{"columns": [...], "rows": [...]}``)
-            ``"symbolic"`` (a symbolic report's dict) or ``"generation"`` (what ``flopscope
-            generate --format json`` writes).
+            ``"symbolic"`` (a symbolic report's dict), ``"generation"`` (what ``flopscope
+            generate --format json`` writes) or ``"plan"`` (a plan's dict).
         data: JSON-ready data (no NaN or infinity).
         title: the page's title.
 
@@ -175,6 +176,23 @@ def render_generation_html(data: Mapping[str, Any]) -> str:
     """
     name = data.get("source") or data.get("report", {}).get("model", "model")
     return page("generation", data, title=f"flopscope generate: {name}")
+
+
+def render_plan_html(data: Mapping[str, Any]) -> str:
+    """A plan of layouts (``flopscope plan ... --format html``, ``Plan.to_html``): the layouts
+    that fit, ranked, as a table; step time against peak memory per device as a chart, the
+    Pareto front joined; where a layout's time and memory go (the best one's first, any other
+    on a click); the dropped layouts with the reason. Keys the page does not know (a newer
+    plan's) are shown as JSON.
+
+    Args:
+        data: ``Plan.to_dict()``, with ``"explain"``: ``{"part_names": {part: words}, "why":
+            [line, ...]}`` (:func:`flopscope.plan.display.plan_page_data`).
+
+    Returns:
+        The page; its data is ``data``.
+    """
+    return page("plan", data, title=f"flopscope plan: {data.get('source', 'model')}")
 
 
 def render_table_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *,

@@ -1,4 +1,4 @@
-/* flopscope page, part 3 of 3: the other pages (diff, table, symbolic, generation), and the start. */
+/* flopscope page, part 5 of 5: the other pages (diff, table, symbolic, generation), and the start. */
   // -- two reports compared -----------------------------------------------------------------------
   function drawDiff(root, data, about) {
     var a = data.a, b = data.b, names = data.names || ["a", "b"];
@@ -176,6 +176,7 @@
   var about = readJSON("flopscope-page") || { kind: "report" }, data = readJSON("flopscope-data");
   var root = document.getElementById("flopscope");
   root.textContent = "";
-  var draw = { report: drawReport, diff: drawDiff, table: drawTable, symbolic: drawSymbolic, generation: drawGeneration }[about.kind];
+  var draw = { report: drawReport, diff: drawDiff, table: drawTable, symbolic: drawSymbolic, generation: drawGeneration,
+    plan: drawPlan }[about.kind];
   draw(root, data, about);
   root.setAttribute("data-ready", "1");

@@ -1,4 +1,4 @@
-/* flopscope page, part 2 of 3: the roofline, memory, and the page of one report. */
+/* flopscope page, part 2 of 5: the roofline, memory, and the page of one report. */
   // -- the roofline chart ---------------------------------------------------------------------------
   // Operators at their arithmetic intensity and FLOP rate under the roofs of the report's hardware:
   // the estimate's rates (filled) where the report has an estimate, measured rates (from profile),

@@ -1,5 +1,5 @@
-/* flopscope page, part 1 of 3: helpers, the module tree, the icicle, the table (html.py joins
-   widgets.js, report.js and pages.js inside one function). */
+/* flopscope page, part 1 of 5: helpers, the module tree, the icicle, the table (html.py joins
+   widgets.js, report.js, plan.js and pages.js inside one function). */
   var SVG = "http://www.w3.org/2000/svg";
 
   // -- small helpers ---------------------------------------------------------------------------
@@ -269,6 +269,14 @@
     });
     thead.appendChild(tr);
     input.addEventListener("input", function () { state.filter = input.value; draw(); });
+    var drawn = [];
+    if (opts.onRow) {  // a click on a row: the row's data
+      tbl.classList.add("pick");
+      tbody.addEventListener("click", function (ev) {
+        var tr = ev.target.closest("tr");
+        if (tr && drawn[Number(tr.getAttribute("data-i"))]) opts.onRow(drawn[Number(tr.getAttribute("data-i"))]);
+      });
+    }
     function matcher() {
       var f = state.filter.trim();
       if (!f) return null;
@@ -301,8 +309,9 @@
           (columns.filter(function (c) { return c.key === th.getAttribute("data-key"); })[0].num ? "" : " text");
       });
       var html = [];
-      shown.slice(0, MAX_ROWS).forEach(function (r) {
-        html.push("<tr" + (r._cls ? ' class="' + r._cls + '"' : "") + ">");
+      drawn = shown.slice(0, MAX_ROWS);
+      drawn.forEach(function (r, i) {
+        html.push("<tr data-i=\"" + i + "\"" + (r._cls ? ' class="' + r._cls + '"' : "") + ">");
         columns.forEach(function (c) {
           var v = r[c.key], shown = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "-" : String(v));
           var cls = (c.num ? "" : "text") + (c.cls ? " " + c.cls(v, r) : "");
