@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tests.cli.conftest import TINY, cli
+from torch import nn
 
 from flopscope.cli import main
 
-__all__ = ["GENERATE", "PLAN", "TINY_FULL", "cli", "count_both", "plan_both"]  # cli: the command-line fixture, shared
+__all__ = ["GENERATE", "PLAN", "TINY_FULL", "attention_symbolic", "cli", "count_both", "plan_both"]  # cli: the command-line fixture, shared
 
 
 def count_both(tmp_path: Path, *args: str) -> tuple[str, Any]:
@@ -51,3 +53,23 @@ def plan_both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     assert main([*PLAN, "--format", "html", "--output", str(page)]) == 0
     assert main([*PLAN, "--format", "json", "--output", str(data)]) == 0
     return page, json.loads(data.read_text(encoding="utf-8"))
+
+
+class _Attention(nn.Module):
+    """A projection, then (h h^T) h: seq_len-squared terms beside linear ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return (h @ h.transpose(1, 2)) @ h
+
+
+def attention_symbolic() -> Any:
+    """:class:`_Attention` counted with symbols ``batch`` and ``seq_len`` (traced at 2 x 16)."""
+    from flopscope.symbolic import count_symbolic
+
+    return count_symbolic(_Attention(), torch.ones(2, 16, 8),
+                          symbolic={"batch": (0, 0), "seq_len": (0, 1)})

@@ -13,7 +13,7 @@ import pytest
 import torch
 from benchmarks.html_render import Chromium, chromium_path, llama_70b_report
 from tests.cli.conftest import TINY
-from tests.render_html.conftest import GENERATE, TINY_FULL
+from tests.render_html.conftest import GENERATE, TINY_FULL, attention_symbolic
 from torch import nn
 
 from flopscope.cli import main
@@ -275,3 +275,35 @@ def test_a_plan_page_shows_keys_it_does_not_know(browser: Chromium, plan_both: t
     assert "a key a newer planner adds" in browser.evaluate(
         "document.getElementById('section-future').textContent")
     assert "overlap" in browser.evaluate("document.querySelector('#ranked thead').textContent")
+
+
+def test_the_symbolic_page_per_token_and_choices(browser: Chromium, tmp_path: Path) -> None:
+    sym = attention_symbolic()
+    page = tmp_path / "attn.html"
+    page.write_text(sym.to_html(), encoding="utf-8")
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    _opened(browser, page)
+    assert browser.evaluate("document.getElementById('per-token').dataset.formula") == (
+        "64*seq_len + 136")
+    assert _value(browser, "#crossover") == "5"
+    # the seq_len chart: the total split, attention's terms meeting the rest at 5 (batch 2)
+    chart = 'svg[data-symbol="seq_len"]'
+    assert _value(browser, f"{chart} line.crossover") == "5"
+    assert browser.evaluate(f"document.querySelectorAll('{chart} .split-high').length") == 1
+
+    def drawn() -> list[list[int]]:
+        return browser.evaluate(f"[...document.querySelectorAll('{chart} circle')]"
+                                ".map(c => [Number(c.dataset.x), Number(c.dataset.y)])")
+
+    def curve(field: str, module: str) -> list[list[int]]:
+        [c] = [c for c in data["curves"] if (c["symbol"], c["field"], c["module"]) == (
+            "seq_len", field, module)]
+        return c["points"]
+
+    assert drawn() == curve("flops", "")
+    for select, value in (("field", "macs"), ("module", "proj")):
+        browser.evaluate(f"(() => {{ const s = document.getElementById('curve-{select}-seq_len');"
+                         f" s.value = '{value}'; s.dispatchEvent(new Event('change')); }})()")
+    assert drawn() == curve("macs", "proj")  # the projection's MACs: 64 * batch * seq_len
+    assert browser.evaluate(f"document.querySelectorAll('{chart} line.crossover').length") == 0
+    assert browser.errors() == []

@@ -17,7 +17,7 @@ import pytest
 import tomllib
 import torch
 from tests.cli.conftest import TINY, Result
-from tests.render_html.conftest import GENERATE, PLAN, TINY_FULL, count_both
+from tests.render_html.conftest import GENERATE, PLAN, TINY_FULL, attention_symbolic, count_both
 from torch import nn
 
 import flopscope
@@ -140,13 +140,41 @@ def test_symbolic_page_holds_formulas_and_curves(tmp_path: Path) -> None:
     sym = count_symbolic(model, torch.ones(2, 4), symbolic={"batch": [(0, 0)]})
     data = embedded_data(sym.to_html())
     curves = data.pop("curves")
+    assert data.pop("derived") == {}  # no seq_len: no per-token figures
     assert data == json.loads(json.dumps(sym.to_dict()))
-    [curve] = curves
-    assert curve["symbol"] == "batch" and curve["fixed"] == {}
-    # every point is the formula at that size: what a concrete count there gives
-    for x, flops in curve["points"]:
-        assert flops == int(sym.evaluate(batch=x).flops)
-    assert curve["points"][-1][0] == 32 * sym.hints["batch"]
+    # FLOPs, MACs and bytes of the whole model and of each module under the root with a cost
+    # (the Linear '0' and the ReLU '1')
+    assert [(c["symbol"], c["field"], c["module"]) for c in curves] == [
+        ("batch", f, m) for f in ("flops", "macs", "bytes") for m in ("", "0", "1")]
+    for curve in curves:
+        assert curve["fixed"] == {} and "split" not in curve
+        assert curve["points"][-1][0] == 32 * sym.hints["batch"]
+        # every point is the formula at that size: what a concrete count there gives
+        for x, value in curve["points"]:
+            cost = sym.evaluate(batch=x).by_module()[curve["module"]].inclusive
+            assert value == getattr(cost, curve["field"])
+
+
+def test_symbolic_page_has_the_per_token_figures() -> None:
+    sym = attention_symbolic()
+    # FLOPs = 32*b*s^2 (two b x s x s x 8 products) + 136*b*s (the 8x8 projection: 2*64 per
+    # row, and its bias: 8): one more token costs d/ds / b = 64*s + 136; attention's terms catch
+    # up with the rest where 32*s^2 >= 136*s (b = 1): s = 5
+    assert str(sym.total().flops) == "32*batch*seq_len**2 + 136*batch*seq_len"
+    data = embedded_data(sym.to_html())
+    derived = data["derived"]
+    assert derived["per_token"]["formula"] == "64*seq_len + 136"
+    assert derived["per_token"]["at_hints"] == 64 * 16 + 136  # traced at seq_len 16
+    assert derived["crossover"] == {"symbol": "seq_len", "field": "flops", "fixed": {"batch": 1},
+                                    "at": 5}
+    [total] = [c for c in data["curves"]
+               if (c["symbol"], c["field"], c["module"]) == ("seq_len", "flops", "")]
+    assert total["fixed"] == {"batch": 2}
+    # the total split: attention's terms and the rest add up to it at every size
+    for (x, value), (_, high), (_, rest) in zip(total["points"], total["split"]["high"],
+                                                total["split"]["rest"], strict=True):
+        assert (high, rest) == (64 * x * x, 272 * x) and high + rest == value
+    assert total["crossover"] == 5  # 64 s^2 >= 272 s at batch 2 too: s >= 4.25
 
 
 def test_generate_page_holds_the_json(tmp_path: Path) -> None:

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from flopscope.report.report import Report
     from flopscope.report.symbolic import SymbolicReport
 
-__all__ = ["KINDS", "embedded_data", "notebook_frame", "page", "render_diff_html",
-           "render_generation_html", "render_html", "render_plan_html",
-           "render_symbolic_html", "render_table_html", "symbolic_curves"]
+__all__ = ["CURVE_FIELDS", "KINDS", "embedded_data", "notebook_frame", "page",
+           "render_diff_html", "render_generation_html", "render_html", "render_plan_html",
+           "render_symbolic_html", "render_table_html", "symbolic_curves", "symbolic_derived"]
 
 # what a page shows: one report, two reports compared, a plain table, a symbolic report, a
 # generation's steps, a plan of layouts
@@ -213,57 +213,146 @@ def render_table_html(title: str, columns: Sequence[str], rows: Sequence[Mapping
     return page("table", data, title=title)
 
 
-def symbolic_curves(report: SymbolicReport, *, field: str = "flops",
-                    points: int = 33) -> list[dict[str, Any]]:
-    """The total ``field`` against each symbol, the others at the sizes traced: ``points``
-    values from the smallest size the formulas' domain allows to 32 times the traced size (the
-    range of ``plot_symbolic``). A symbol whose formula holds a data-dependent size has none.
+# what a symbolic page plots: three fields, against each symbol, for the total and the modules
+# right under the root (at most this many, the costliest first)
+CURVE_FIELDS = ("flops", "macs", "bytes")
+_CURVE_MODULES = 8
+
+
+def _curve_range(report: SymbolicReport, name: str, fixed: Mapping[str, int],
+                 points: int) -> list[int]:
+    """The sizes of ``name`` to plot: from the smallest the domain allows (seq_len >= 2, ...)
+    to 32 times the traced one, ``points`` of them, those outside the domain left out."""
+    hi = 32 * report.hints.get(name, 1)
+    lo = next((x for x in range(1, hi) if not report.violated(**{**fixed, name: x})), hi)
+    xs = sorted({round(lo + (hi - lo) * i / (points - 1)) for i in range(points)})
+    return [x for x in xs if not report.violated(**{**fixed, name: x})]
+
+
+def _points(report: SymbolicReport, expr: Any, name: str, fixed: Mapping[str, int],
+            xs: Sequence[int]) -> list[list[int]] | None:
+    """``[[x, expr at x], ...]`` (exact integers), or ``None`` when the formula holds a
+    data-dependent size."""
+    import sympy  # type: ignore[import-untyped]
+
+    out = []
+    for x in xs:
+        at = {**fixed, name: x}
+        value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in at.items()})
+        if not value.is_number:
+            return None
+        out.append([x, int(value)])
+    return out
+
+
+def symbolic_curves(report: SymbolicReport, *, points: int = 33,
+                    fields: Sequence[str] = CURVE_FIELDS) -> list[dict[str, Any]]:
+    """Each field of the total and of the modules right under the root against each symbol,
+    the other symbols at the sizes traced: ``points`` sizes from the smallest the formulas'
+    domain allows to 32 times the traced size (the range of ``plot_symbolic``; sizes outside the
+    domain left out). For ``seq_len``, the total's terms of degree two and above (attention) and
+    the rest apart (``"split"``) and where the first overtakes the second (``"crossover"``,
+    :meth:`SymbolicReport.crossover` at the same sizes of the others). A formula holding a
+    data-dependent size has no curve.
 
     Args:
         report: the symbolic report.
-        field: ``macs``, ``flops``, ``bytes_read`` or ``bytes_written``.
-        points: values per symbol.
+        points: sizes per symbol.
+        fields: of ``macs``, ``flops``, ``bytes`` (read + written), ``bytes_read``,
+            ``bytes_written``.
 
     Returns:
-        ``[{"symbol", "field", "fixed": {name: size}, "points": [[x, value], ...]}]``.
+        ``[{"symbol", "field", "module", "fixed": {name: size}, "points": [[x, value], ...]}]``
+        (``module`` ``""``: the total), with ``"split": {"high": points, "rest": points}`` and
+        ``"crossover"`` (a size or ``None``) on the total's ``seq_len`` curves.
     """
-    import sympy  # type: ignore[import-untyped]
-
-    expr = getattr(report.total(), field)
+    by_module = report.by_module()
+    # the modules right under the root with any cost, the costliest at the traced sizes first
+    children = sorted((p for p in by_module if p and "." not in p
+                       and (by_module[p].flops != 0 or by_module[p].bytes != 0)),
+                      key=lambda p: -_at_hints(report, by_module[p].flops))
     out = []
     for name in report.symbols:
         fixed = {k: v for k, v in report.hints.items() if k != name and k in report.symbols}
-        hi = 32 * report.hints.get(name, 1)
-        # from the smallest size the domain allows (seq_len >= 2, ...) to 32 times the traced one
-        lo = next((x for x in range(1, hi) if not report.violated(**{**fixed, name: x})), hi)
-        xs = sorted({round(lo + (hi - lo) * i / (points - 1)) for i in range(points)})
-        values = []
-        for x in xs:
-            at = {**fixed, name: x}
-            if report.violated(**at):
-                continue
-            value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in at.items()})
-            if not value.is_number:
-                break  # a data-dependent size: no curve
-            values.append([x, int(value)])
-        else:
-            if values:
-                out.append({"symbol": name, "field": field, "fixed": fixed, "points": values})
+        xs = _curve_range(report, name, fixed, points)
+        if not xs:
+            continue
+        for field in fields:
+            for module in ["", *children[:_CURVE_MODULES]]:
+                cost = report.total() if module == "" else by_module[module]
+                got = _points(report, getattr(cost, field), name, fixed, xs)
+                if not got:
+                    continue
+                curve: dict[str, Any] = {"symbol": name, "field": field, "module": module,
+                                         "fixed": fixed, "points": got}
+                if module == "" and name == "seq_len":
+                    high, rest = report.split(name, field)
+                    if high != 0:
+                        split = (_points(report, high, name, fixed, xs),
+                                 _points(report, rest, name, fixed, xs))
+                        if split[0] is not None and split[1] is not None:
+                            curve["split"] = {"high": split[0], "rest": split[1]}
+                            curve["crossover"] = report.crossover(name, field, None, **fixed)
+                out.append(curve)
     return out
+
+
+def _at_hints(report: SymbolicReport, expr: Any) -> int:
+    """A formula at the traced sizes (0 when it holds a data-dependent size)."""
+    import sympy
+
+    value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in report.hints.items()
+                           if k in report.symbols})
+    return int(value) if value.is_number else 0
+
+
+def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
+    """What the command line prints under a symbolic table, as data: with a ``seq_len`` symbol,
+    the FLOPs of one more token (``per_token``: d(FLOPs)/d(seq_len) per sample, exact and
+    readable, and its value at the traced sizes) and the ``seq_len`` where the terms of degree
+    two and above overtake the rest (``crossover``, the other symbols at 1, as the command line
+    says it).
+
+    Args:
+        report: the symbolic report.
+
+    Returns:
+        ``{}`` without ``seq_len``; else ``{"per_token": {...}, "crossover": {...}}``.
+    """
+    from flopscope.report.symbolic import pretty
+
+    if "seq_len" not in report.symbols:
+        return {}
+    import sympy
+
+    per_token = report.flops_per_token("seq_len")
+    at = per_token.xreplace({report.symbols[k]: sympy.Integer(v)
+                             for k, v in report.hints.items() if k in report.symbols})
+    ones = {k: 1 for k in report.symbols if k != "seq_len"}
+    return {"per_token": {"symbol": "seq_len", "formula": str(per_token),
+                          "pretty": pretty(per_token),
+                          # a whole number, or a fraction (a term divided by the batch)
+                          "at_hints": (int(at) if at.is_integer else float(at)) if at.is_number
+                          else None, "hints": dict(report.hints)},
+            "crossover": {"symbol": "seq_len", "field": "flops", "fixed": ones,
+                          "at": report.crossover("seq_len")}}
 
 
 def render_symbolic_html(report: SymbolicReport) -> str:
     """A symbolic report as a page (``SymbolicReport.to_html``, ``count --symbolic ...
-    --format html``): the formulas of the total, per module and per operator, and the total
-    FLOPs plotted against each symbol.
+    --format html``): the formulas of the total, per module and per operator; FLOPs, MACs and
+    bytes of the total and of the top modules against each symbol over the formulas' domain;
+    with ``seq_len``, the FLOPs per token and where attention's terms overtake the rest.
 
     Args:
         report: the symbolic report.
 
     Returns:
-        The page; its data is ``report.to_dict()`` with ``"curves"`` (:func:`symbolic_curves`).
+        The page; its data is ``report.to_dict()`` with ``"curves"`` (:func:`symbolic_curves`)
+        and ``"derived"`` (:func:`symbolic_derived`).
     """
-    data = {**report.to_dict(), "curves": symbolic_curves(report)}
+    data = {**report.to_dict(), "curves": symbolic_curves(report),
+            "derived": symbolic_derived(report)}
     return page("symbolic", data, title=f"flopscope symbolic: {report.report.model}")
 
 

@@ -69,47 +69,101 @@
 
   // -- a symbolic report -------------------------------------------------------------------------------
   function drawSymbolic(root, data, about) {
-    var sym = data.symbolic;
+    var sym = data.symbolic, derived = data.derived || {};
     append(root, [el("h1", { id: "subject", text: "flopscope symbolic: " + (data.model || "model") }),
       el("p", { cls: "sub", text: "symbols: " + Object.keys(data.symbols || {}).map(function (k) { return k + (data.hints && data.hints[k] !== undefined ? " (traced at " + data.hints[k] + ")" : ""); }).join(", ") +
-        ((data.domain || []).length ? " \u00b7 domain: " + data.domain.join(", ") : "") })]);
+        ((data.domain || []).length ? " \u00b7 valid for " + data.domain.join(", ") : " \u00b7 valid for all sizes") })]);
     var dl = el("dl", { cls: "facts", id: "formulas-total" });
     ["macs", "flops", "bytes_read", "bytes_written"].forEach(function (k) {
       if (sym.total[k] !== undefined) append(dl, [el("dt", { text: k }), el("dd", {}, el("code", { text: sym.total[k] }))]);
     });
     append(root, [el("h2", { text: "Total" }), dl]);
-    (data.curves || []).forEach(function (c) { curve(root, c); });
-    var rows = Object.keys(sym.modules).map(function (p) { var m = sym.modules[p]; return { path: p || "(root)", macs: m.macs, flops: m.flops }; });
+    if (derived.per_token || derived.crossover) {
+      var dd = el("dl", { cls: "facts", id: "derived" }), pt = derived.per_token, cr = derived.crossover;
+      if (pt) append(dd, [el("dt", { text: "FLOPs per token" }), el("dd", {}, [el("code", { id: "per-token", "data-formula": pt.formula, text: pt.pretty }),
+        " (d FLOPs / d " + pt.symbol + ", per sample; " + human(pt.at_hints, "FLOP") + " at the traced sizes)"])]);
+      if (cr) append(dd, [el("dt", { text: "attention overtakes the rest" }), el("dd", { id: "crossover", "data-value": cr.at === null ? "" : String(cr.at),
+        text: cr.at === null ? "never: no term grows faster than " + cr.symbol : "at " + cr.symbol + " = " + exact(cr.at) + " (terms in " + cr.symbol +
+          "\u00b2 and above against the rest, " + Object.keys(cr.fixed).map(function (k) { return k + " = " + cr.fixed[k]; }).join(", ") + ")" })]);
+      append(root, [el("h2", { text: "Per token" }), dd]);
+    }
+    var bySymbol = {};
+    (data.curves || []).forEach(function (c) { (bySymbol[c.symbol] = bySymbol[c.symbol] || []).push(c); });
+    Object.keys(bySymbol).forEach(function (s) { curveChart(root, s, bySymbol[s], data); });
+    var rows = Object.keys(sym.modules).map(function (p) { var m = sym.modules[p]; return { path: p || "(root)", macs: m.macs, flops: m.flops, bytes_read: m.bytes_read, bytes_written: m.bytes_written }; });
     var host = el("section");
-    append(root, [el("h2", { text: "Per module" }), host]);
-    table(host, "symbolic-modules", [{ key: "path", label: "module", num: false }, { key: "macs", label: "MACs", num: false }, { key: "flops", label: "FLOPs", num: false }], rows, {});
-    var ops = Object.keys(sym.ops).map(function (o) { return { op: o, macs: sym.ops[o].macs, flops: sym.ops[o].flops }; });
+    var formula = { num: false, fmt: function (v) { return v === undefined ? "-" : v; } };
+    function cols(first, label) {
+      return [{ key: first, label: label, num: false }].concat(["macs", "flops", "bytes_read", "bytes_written"].map(function (k) {
+        return Object.assign({ key: k, label: k.replace("_", " ") }, formula);
+      }));
+    }
+    append(root, [el("h2", { text: "Per module" }), el("p", { cls: "hint", text: "Each module's formulas, inclusive (the module and everything inside it)." }), host]);
+    table(host, "symbolic-modules", cols("path", "module"), rows, {});
+    var ops = Object.keys(sym.ops).map(function (o) { var c = sym.ops[o]; return { op: o, macs: c.macs, flops: c.flops, bytes_read: c.bytes_read, bytes_written: c.bytes_written }; });
     var oh = el("section");
     append(root, [el("h2", { text: "Per operator" }), oh]);
-    table(oh, "symbolic-ops", [{ key: "op", label: "operator", num: false }, { key: "macs", label: "MACs", num: false }, { key: "flops", label: "FLOPs", num: false }], ops, {});
+    table(oh, "symbolic-ops", cols("op", "operator"), ops, {});
     var v = (about && about.versions) || {};
     append(root, el("p", { cls: "hint", text: "made " + (about && about.created) + " with " + Object.keys(v).map(function (k) { return k + " " + v[k]; }).join(", ") }));
   }
-  function curve(root, c) {  // {symbol, field, points: [[x, y], ...], fixed: {...}}
-    var svg = sv("svg", { cls: "chart", width: 760, height: 300, viewBox: "0 0 760 300", "data-symbol": c.symbol });
-    var L = 80, R = 740, T = 12, B = 260, P = c.points;
-    var xs = P.map(function (p) { return p[0]; }), ys = P.map(function (p) { return p[1]; });
-    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs), y1 = Math.max.apply(null, ys.concat([1]));
-    function X(v) { return L + (R - L) * (v - x0) / ((x1 - x0) || 1); }
-    function Y(v) { return B - (B - T) * v / y1; }
-    append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
-      sv("path", { d: P.map(function (p, i) { return (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1); }).join(" "), fill: "none", stroke: "var(--memory)", "stroke-width": 2 }),
-      sv("text", { x: L, y: B + 16, "text-anchor": "middle", text: human(x0) }), sv("text", { x: R, y: B + 16, "text-anchor": "middle", text: human(x1) }),
-      sv("text", { x: (L + R) / 2, y: B + 32, "text-anchor": "middle", text: c.symbol }),
-      sv("text", { x: L - 6, y: T + 8, "text-anchor": "end", text: human(y1) }), sv("text", { x: L - 6, y: B, "text-anchor": "end", text: "0" })]);
-    P.forEach(function (p) {
-      var dot = sv("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, fill: "var(--memory)" });
-      dot.addEventListener("mousemove", function (ev) { showTip(ev, c.symbol + " = " + exact(p[0]) + "\n" + c.field + " = " + human(p[1]) + " (" + exact(p[1]) + ")"); });
-      dot.addEventListener("mouseleave", hideTip);
-      svg.appendChild(dot);
+  // one chart per symbol: the chosen field of the chosen module over the domain; for seq_len the
+  // total split into attention's terms and the rest, the crossover marked
+  function curveChart(root, symbol, curves, data) {
+    var fields = [], modules = [];
+    curves.forEach(function (c) {
+      if (fields.indexOf(c.field) < 0) fields.push(c.field);
+      if (modules.indexOf(c.module || "") < 0) modules.push(c.module || "");
     });
-    var others = Object.keys(c.fixed || {}).map(function (k) { return k + " = " + c.fixed[k]; }).join(", ");
-    append(root, [el("h3", { text: c.field + " against " + c.symbol + (others ? " (" + others + ")" : "") }), svg]);
+    var fsel = el("select", { id: "curve-field-" + symbol, "aria-label": "field" }, fields.map(function (f) { return el("option", { value: f, text: f }); }));
+    var msel = el("select", { id: "curve-module-" + symbol, "aria-label": "module" }, modules.map(function (m) { return el("option", { value: m, text: m || "the whole model" }); }));
+    var title = el("h3"), hint = el("p", { cls: "hint" });
+    var svg = sv("svg", { cls: "chart", width: 760, height: 300, viewBox: "0 0 760 300", "data-symbol": symbol });
+    append(root, [title, el("div", { cls: "controls" }, [el("label", { text: "plot" }), fsel, el("label", { text: "of" }), msel]), svg, hint]);
+    fsel.addEventListener("change", draw);
+    msel.addEventListener("change", draw);
+    function draw() {
+      var c = curves.filter(function (x) { return x.field === fsel.value && (x.module || "") === msel.value; })[0];
+      while (svg.firstChild) svg.removeChild(svg.firstChild);
+      var others = c ? Object.keys(c.fixed || {}).map(function (k) { return k + " = " + c.fixed[k]; }).join(", ") : "";
+      title.textContent = fsel.value + " of " + (msel.value || "the whole model") + " against " + symbol + (others ? " (" + others + ")" : "");
+      svg.setAttribute("data-field", fsel.value);
+      svg.setAttribute("data-module", msel.value);
+      if (!c) { append(svg, sv("text", { x: 90, y: 40, text: "no curve: a data-dependent size" })); return; }
+      var L = 80, R = 740, T = 12, B = 260, P = c.points;
+      var xs = P.map(function (p) { return p[0]; }), ys = P.map(function (p) { return p[1]; });
+      var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs), y1 = Math.max.apply(null, ys.concat([1]));
+      function X(v) { return L + (R - L) * (v - x0) / ((x1 - x0) || 1); }
+      function Y(v) { return B - (B - T) * v / y1; }
+      function line(pts) { return pts.map(function (p, i) { return (i ? "L" : "M") + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1); }).join(" "); }
+      if (c.split) {  // stacked: the rest below, attention's terms on top
+        var rest = c.split.rest, top = c.split.high.map(function (p, i) { return [p[0], p[1] + rest[i][1]]; });
+        var base = "L" + X(x1).toFixed(1) + "," + Y(0) + " L" + X(x0).toFixed(1) + "," + Y(0) + " Z";
+        append(svg, [sv("path", { d: line(top) + " " + rest.slice().reverse().map(function (p) { return "L" + X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1); }).join(" ") + " Z",
+            fill: "var(--compute)", "fill-opacity": 0.35, cls: "split-high" }),
+          sv("path", { d: line(rest) + " " + base, fill: "var(--memory)", "fill-opacity": 0.25, cls: "split-rest" })]);
+        if (c.crossover !== null && c.crossover !== undefined && c.crossover >= x0 && c.crossover <= x1) {
+          var cx = X(c.crossover);
+          append(svg, [sv("line", { x1: cx, x2: cx, y1: T, y2: B, stroke: "#c0392b", "stroke-dasharray": "4,3", cls: "crossover", "data-value": String(c.crossover) }),
+            sv("text", { x: Math.min(cx + 4, R - 170), y: T + 12, text: "attention = the rest at " + symbol + " = " + exact(c.crossover) })]);
+        }
+      }
+      append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
+        sv("path", { d: line(P), fill: "none", stroke: "var(--fg)", "stroke-width": 2 }),
+        sv("text", { x: L, y: B + 16, "text-anchor": "middle", text: human(x0) }), sv("text", { x: R, y: B + 16, "text-anchor": "middle", text: human(x1) }),
+        sv("text", { x: (L + R) / 2, y: B + 32, "text-anchor": "middle", text: symbol }),
+        sv("text", { x: L - 6, y: T + 8, "text-anchor": "end", text: human(y1) }), sv("text", { x: L - 6, y: B, "text-anchor": "end", text: "0" })]);
+      P.forEach(function (p) {
+        var dot = sv("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, fill: "var(--memory)", "data-x": String(p[0]), "data-y": String(p[1]) });
+        dot.addEventListener("mousemove", function (ev) { showTip(ev, symbol + " = " + exact(p[0]) + "\n" + c.field + " = " + human(p[1]) + " (" + exact(p[1]) + ")"); });
+        dot.addEventListener("mouseleave", hideTip);
+        svg.appendChild(dot);
+      });
+      hint.textContent = symbol + " from " + exact(x0) + " to " + exact(x1) + ", where the formulas hold (" +
+        ((data.domain || []).length ? data.domain.join(", ") : "every size") + ")" +
+        (c.split ? "; orange: the terms in " + symbol + "\u00b2 and above (attention), blue: the rest" : "") + ".";
+    }
+    draw();
   }
 
   // -- a generation: prefill and decode steps ----------------------------------------------------
