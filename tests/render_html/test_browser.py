@@ -18,6 +18,7 @@ from torch import nn
 
 from flopscope.cli import main
 from flopscope.render.html import embedded_data, render_html, render_plan_html
+from flopscope.report.report import Report
 from flopscope.symbolic import count_symbolic
 
 pytestmark = [pytest.mark.browser,
@@ -307,3 +308,42 @@ def test_the_symbolic_page_per_token_and_choices(browser: Chromium, tmp_path: Pa
     assert drawn() == curve("macs", "proj")  # the projection's MACs: 64 * batch * seq_len
     assert browser.evaluate(f"document.querySelectorAll('{chart} line.crossover').length") == 0
     assert browser.errors() == []
+
+
+def test_integers_beyond_2_53_stay_exact(browser: Chromium, tmp_path: Path) -> None:
+    # the tiny model's records scaled past 2^53 (odd, so no double holds them): the page reads
+    # the numbers' own text, so the totals, the icicle and the tables' exact values are exact
+    data = main_json(["count", f"{TINY}:tiny"], tmp_path)
+    for r in data["records"]:
+        for key in ("macs", "flops", "bytes_read", "bytes_written"):
+            r[key] = r[key] * 2**40 + 1
+    report = Report.from_dict(data)
+    page = tmp_path / "big.html"
+    page.write_text(report.to_html(), encoding="utf-8")
+    big = report.to_dict()
+    assert big["totals"]["flops"] > 2**53 and float(big["totals"]["flops"]) != big["totals"]["flops"]
+    _opened(browser, page)
+    totals = big["totals"]
+    for key in ("macs", "flops"):
+        assert int(_value(browser, f'.total[data-key="{key}"]')) == totals[key]
+    assert int(_value(browser, '.total[data-key="bytes"]')) == (totals["bytes_read"]
+                                                                 + totals["bytes_written"])
+    assert browser.evaluate("document.querySelector('.total[data-key=\"flops\"] ~ .exact')"
+                            ".textContent") == f"{totals['flops']:,}"
+    assert int(_value(browser, '#icicle g.node[data-path=""]')) == totals["flops"]
+    features = report.by_module()["features"].inclusive.flops
+    assert int(_value(browser, '#icicle g.node[data-path="features"]')) == features
+    # the module table's FLOPs cell holds the exact value in its title
+    browser.evaluate("(() => { const f = document.getElementById('modules-filter'); "
+                     "f.value = '/^\\\\s*features$/'; f.dispatchEvent(new Event('input')); })()")
+    titles = browser.evaluate("[...document.querySelectorAll('#modules tbody tr')].map(r => "
+                              "r.cells[4].title)")
+    assert titles == [f"{features:,}"]
+    assert browser.errors() == []
+
+
+def main_json(argv: list[str], folder: Path) -> Any:
+    """``flopscope ARGV --format json``, parsed."""
+    out = folder / "out.json"
+    assert main([*argv, "--format", "json", "--output", str(out)]) == 0
+    return json.loads(out.read_text(encoding="utf-8"))

@@ -216,10 +216,10 @@
   var PHASES = ["forward", "backward", "recompute", "optimizer"];
   function headlineCards(rep) {
     var t = rep.totals, cards = [
-      card("parameters", human(t.params), "params", t.params, exact(t.params)),
-      card("MACs", human(t.macs, "MAC"), "macs", t.macs, exact(t.macs)),
-      card("FLOPs", human(t.flops, "FLOP"), "flops", t.flops, exact(t.flops)),
-      card("bytes read + written", bytes(t.bytes_read + t.bytes_written), "bytes", t.bytes_read + t.bytes_written,
+      card("parameters", human(t.params), "params", exactOf(t, "params"), exact(exactOf(t, "params"))),
+      card("MACs", human(t.macs, "MAC"), "macs", exactOf(t, "macs"), exact(exactOf(t, "macs"))),
+      card("FLOPs", human(t.flops, "FLOP"), "flops", exactOf(t, "flops"), exact(exactOf(t, "flops"))),
+      card("bytes read + written", bytes(t.bytes_read + t.bytes_written), "bytes", plus(exactOf(t, "bytes_read"), exactOf(t, "bytes_written")),
            bytes(t.bytes_read) + " read, " + bytes(t.bytes_written) + " written")];
     if (rep.estimate) cards.push(card("estimated time (lower bound)", secs(rep.estimate.total.time_s), "estimate", rep.estimate.total.time_s,
       rep.estimate.total.bound + "-bound on " + rep.estimate.hardware.name));
@@ -280,7 +280,8 @@
         mem = rep.memory && rep.memory.by_module;
     return tree.order.map(function (n) {
       var r = { path: n.path || "(root)", indent: n.depth, type: n.type, depth: n.depth, params: n.params, calls: n.calls,
-                macs: n.incl.macs, flops: n.incl.flops, bytes: n.incl.bytes, self_flops: n.self.flops };
+                macs: n.incl.macs, flops: n.incl.flops, bytes: n.incl.bytes, self_flops: n.self.flops,
+                _exact: { macs: n.exact.macs, flops: n.exact.flops, bytes: n.exact.bytes, self_flops: n.own.flops } };
       if (est) { var e = est[n.path]; r.est = e ? e.time_s : null; r.bound = e ? e.bound : null; r.intensity = e ? e.intensity : null; }
       if (mes) { var s = mes[n.path]; r.measured = s ? s.seconds : null; }
       if (mem) r.peak = mem[n.path] === undefined ? null : mem[n.path];
@@ -291,8 +292,11 @@
     var acc = new Map();
     (rep.records || []).forEach(function (r) {
       var a = acc.get(r.op);
-      if (!a) { a = { op: r.op, calls: 0, macs: 0, flops: 0, bytes: 0, counted: r.counted ? "yes" : "no rule" }; acc.set(r.op, a); }
+      if (!a) { a = { op: r.op, calls: 0, macs: 0, flops: 0, bytes: 0, counted: r.counted ? "yes" : "no rule", _exact: { macs: 0, flops: 0, bytes: 0 } }; acc.set(r.op, a); }
       a.calls += r.calls; a.macs += r.macs; a.flops += r.flops; a.bytes += r.bytes_read + r.bytes_written;
+      var x = a._exact;
+      x.macs = plus(x.macs, exactOf(r, "macs")); x.flops = plus(x.flops, exactOf(r, "flops"));
+      x.bytes = plus(x.bytes, plus(exactOf(r, "bytes_read"), exactOf(r, "bytes_written")));
     });
     var est = rep.estimate && rep.estimate.by_op, mes = rep.measured && rep.measured.by_op;
     return Array.from(acc.values()).map(function (a) {

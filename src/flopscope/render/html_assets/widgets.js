@@ -34,9 +34,32 @@
       e.appendChild(typeof k === "string" ? document.createTextNode(k) : k);
     });
   }
+  // Integers beyond 2^53 (a 70B model's FLOPs over a long run) lose digits as JavaScript numbers.
+  // The data is read with the text of each number at hand (JSON.parse's source text access):
+  // such an integer stays a number for arithmetic and charts, and its exact value is kept beside
+  // its object (exactOf) for what the page shows as exact; sums of exact values use plus().
+  var EXACT = new WeakMap();
   function readJSON(id) {
     var node = document.getElementById(id);
-    return node ? JSON.parse(node.textContent) : null;
+    return node ? JSON.parse(node.textContent, function (key, value, context) {
+      if (typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source || "")) {
+        var m = EXACT.get(this);
+        if (!m) { m = {}; EXACT.set(this, m); }
+        m[key] = BigInt(context.source);
+      }
+      return value;
+    }) : null;
+  }
+  function exactOf(obj, key) {  // obj[key], exact (a BigInt) where the data's integer was beyond 2^53
+    var m = EXACT.get(obj);
+    return m && m[key] !== undefined ? m[key] : obj[key];
+  }
+  function plus(a, b) {  // an exact sum of integers: a BigInt once it is beyond 2^53
+    if (typeof a === "number" && typeof b === "number") {
+      var s = a + b;
+      if (Number.isSafeInteger(s) || !Number.isInteger(a) || !Number.isInteger(b)) return s;
+    }
+    return BigInt(a) + BigInt(b);
   }
   var SI = ["", "k", "M", "G", "T", "P", "E", "Z", "Y", "R", "Q"];
   var BIN = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
@@ -63,7 +86,7 @@
     return s.toPrecision(3) + " s";
   }
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(1) + "%" : "-"; }
-  function exact(n) { return typeof n === "number" ? n.toLocaleString("en-US") : String(n); }
+  function exact(n) { return typeof n === "number" || typeof n === "bigint" ? n.toLocaleString("en-US") : String(n); }
   function shortOp(op) { return op.replace(/^aten\./, "").replace(/\.default$/, ""); }
   function parentOf(path) { var i = path.lastIndexOf("."); return i < 0 ? "" : path.slice(0, i); }
   var tip = null;
@@ -85,7 +108,7 @@
       if (n) return n;
       n = { path: path, name: path === "" ? "(root)" : path.slice(path.lastIndexOf(".") + 1),
             type: "", calls: 0, params: 0, depth: 0, children: [], parent: null,
-            self: { macs: 0, flops: 0, bytes: 0 }, incl: null };
+            self: { macs: 0, flops: 0, bytes: 0 }, incl: null, own: { macs: 0, flops: 0, bytes: 0 }, exact: null };
       nodes.set(path, n);
       if (path !== "") {
         var p = get(parentOf(path));
@@ -101,14 +124,19 @@
     (rep.records || []).forEach(function (r) {
       var n = get(r.module);
       n.self.macs += r.macs; n.self.flops += r.flops; n.self.bytes += r.bytes_read + r.bytes_written;
+      n.own.macs = plus(n.own.macs, exactOf(r, "macs")); n.own.flops = plus(n.own.flops, exactOf(r, "flops"));
+      n.own.bytes = plus(n.own.bytes, plus(exactOf(r, "bytes_read"), exactOf(r, "bytes_written")));
     });
     var order = [];
     (function walk(n) { order.push(n); n.children.forEach(walk); })(nodes.get(""));
     for (var i = order.length - 1; i >= 0; i--) {
       var n = order[i];
       n.incl = { macs: n.self.macs, flops: n.self.flops, bytes: n.self.bytes };
+      n.exact = { macs: n.own.macs, flops: n.own.flops, bytes: n.own.bytes };  // inclusive, exact
       n.children.forEach(function (c) {
         n.incl.macs += c.incl.macs; n.incl.flops += c.incl.flops; n.incl.bytes += c.incl.bytes;
+        n.exact.macs = plus(n.exact.macs, c.exact.macs); n.exact.flops = plus(n.exact.flops, c.exact.flops);
+        n.exact.bytes = plus(n.exact.bytes, c.exact.bytes);
       });
     }
     return { root: nodes.get(""), nodes: nodes, order: order };
@@ -135,6 +163,7 @@
     out.forEach(function (m) {
       m.value = m.incl ? function (n) { return m.incl.get(n.path) || 0; }
                        : function (n) { return n.incl[m.key]; };
+      m.exact = m.incl ? m.value : function (n) { return n.exact[m.key]; };
       m.self = m.incl ? function (n) {
         var v = m.value(n);
         n.children.forEach(function (c) { v -= m.value(c); });
@@ -196,7 +225,7 @@
         drawn++;
         rows = Math.max(rows, level + 1);
         var v = m.value(n);
-        var g = sv("g", { cls: "node", "data-path": n.path, "data-value": String(v), "data-colour": colour(n),
+        var g = sv("g", { cls: "node", "data-path": n.path, "data-value": String(m.exact(n)), "data-colour": colour(n),
                           transform: "translate(" + x.toFixed(2) + "," + (level * rowH) + ")" });
         append(g, sv("rect", { width: Math.max(w - 0.5, 0.5).toFixed(2), height: rowH - 1, fill: colour(n) }));
         if (w > 46) {
@@ -316,7 +345,8 @@
           var v = r[c.key], shown = c.fmt ? c.fmt(v, r) : (v === null || v === undefined ? "-" : String(v));
           var cls = (c.num ? "" : "text") + (c.cls ? " " + c.cls(v, r) : "");
           html.push("<td" + (cls.trim() ? ' class="' + cls.trim() + '"' : "") +
-                    (c.num && typeof v === "number" ? ' title="' + exact(v) + '"' : "") + ">" + esc(shown) + "</td>");
+                    (c.num && typeof v === "number" ? ' title="' + exact(r._exact && r._exact[c.key] !== undefined ? r._exact[c.key] : v) + '"' : "") +
+                    ">" + esc(shown) + "</td>");
         });
         html.push("</tr>");
       });
