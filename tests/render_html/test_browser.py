@@ -347,3 +347,58 @@ def main_json(argv: list[str], folder: Path) -> Any:
     out = folder / "out.json"
     assert main([*argv, "--format", "json", "--output", str(out)]) == 0
     return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _served(tp: int, pp: int, replicas: int, batch: int, *, fits: bool = True,
+            largest: bool = False) -> dict[str, Any]:
+    """One (layout, batch) of a serving plan as ``ServeCandidate.to_dict`` writes it (the plan
+    serving work's format: prefill and mean decode step in parts, seconds; bytes)."""
+    compute = 1e-3 * batch / tp
+    prefill = {"compute": 40 * compute, "tp_comm": 2e-4 * (tp > 1), "p2p": 1e-4 * (pp - 1)}
+    decode = {"compute": compute, "tp_comm": 5e-5 * (tp > 1), "p2p": 2e-5 * (pp - 1)}
+    prefill["total"], decode["total"] = sum(prefill.values()), sum(decode.values())
+    new_tokens = 128
+    per_s = replicas * batch * new_tokens / (prefill["total"] + (new_tokens - 1) * decode["total"])
+    gpus = tp * pp * replicas
+    weights, kv = 2**30 // (tp * pp), batch * 2**24 // (tp * pp)
+    return {"layout": f"TP{tp} PP{pp} DP{replicas}", "tp": tp, "pp": pp, "replicas": replicas,
+            "batch": batch, "largest_batch": largest, "memory_bytes": weights + kv + 2**20,
+            "weights_bytes": weights, "kv_cache_bytes": kv, "peak_where": "lm_head (prefill)",
+            "prefill_s": prefill, "decode_step_s": decode,
+            "time_to_first_token_s": prefill["total"], "latency_per_token_s": decode["total"],
+            "tokens_per_s": per_s, "tokens_per_s_per_gpu": per_s / gpus, "fits": fits,
+            "reason": None if fits else "needs 3.00 GiB, over the 2.00 GiB budget"}
+
+
+def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
+    ranked = [_served(1, 1, 4, 16, largest=True), _served(2, 1, 2, 8), _served(4, 1, 1, 1)]
+    ranked.sort(key=lambda c: -c["tokens_per_s"])
+    data = {"mode": "serve", "source": "hf:llama", "gpus": 4, "hardware": "h100-sxm",
+            "gpus_per_node": 8, "seq_len": 512, "max_new_tokens": 128, "dtype": "bfloat16",
+            "memory_budget": 2 * 2**30, "time_model": "roofline lower bound", "ranked": ranked,
+            "dropped": [_served(1, 1, 4, 64, fits=False)],
+            "best_throughput": f"{ranked[0]['layout']} batch {ranked[0]['batch']}",
+            "best_latency": "TP4 PP1 DP1 batch 1", "roles": 6, "simulations": 6,
+            "seconds": 1.0, "notes": ["a note"]}
+    page = tmp_path / "serve.html"
+    page.write_text(render_plan_html(data), encoding="utf-8")
+    _opened(browser, page)
+    labels = [f"{c['layout']} batch {c['batch']}" for c in ranked]
+    assert browser.evaluate("[...document.querySelectorAll('#serve-chart .serve-point')]"
+                            ".map(c => c.dataset.layout)") == labels
+    assert _value(browser, '.total[data-key="best"]') == data["best_throughput"]
+    assert _value(browser, '.total[data-key="best-latency"]') == "TP4 PP1 DP1 batch 1"
+    # where the most tokens/s spend a prefill and a decode step, part by part
+    for step, key in (("prefill", "prefill_s"), ("decode", "decode_step_s")):
+        parts = browser.evaluate(f"Object.fromEntries([...document.querySelectorAll("
+                                 f"'#breakdown-{step} span')].map(s => [s.dataset.part, "
+                                 "Number(s.dataset.value)]))")
+        assert parts == {k: v for k, v in ranked[0][key].items() if k != "total" and v > 0}
+    assert browser.evaluate("[...document.querySelectorAll('#ranked tbody tr')]"
+                            ".map(r => r.cells[1].textContent)") == labels
+    browser.click("#ranked tbody tr:nth-child(3)")
+    assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == labels[2]
+    assert browser.evaluate("document.getElementById('serve-selected').dataset.layout") == labels[2]
+    assert "over the 2.00 GiB budget" in browser.evaluate(
+        "document.getElementById('dropped').textContent")
+    assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known

@@ -70,7 +70,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from flopscope.cli import progress
     from flopscope.estimate import get_hardware
     from flopscope.plan import plan
-    from flopscope.plan.display import plan_text
+    from flopscope.plan.display import plan_html, plan_text
     from flopscope.plan.space import CHECKPOINTING
     from flopscope.plan.timing import Links
 
@@ -99,7 +99,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
     elif args.format == "html":
-        text = result.to_html()  # every layout
+        text = plan_html(result)  # every layout
     else:
         text = plan_text(result, top=args.top)
     write_output(text, args.output)

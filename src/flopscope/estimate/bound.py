@@ -281,10 +281,11 @@ class Estimate:
         own: dict[str, Row] = {}
         op_dtype: dict[tuple[str, str], Row] = {}
         families: dict[str, Row] = {}
-        rows: list[tuple[str, str, str, Row]] = []  # (phase, op, path, row): per-phase tables
+        records = list(records)
+        rows: list[Row] = []  # each record's row, for the per-phase tables
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
-            rows.append((rec.phase, rec.op, rec.path, row))
+            rows.append(row)
             total.add(row)
             phases.setdefault(rec.phase, Row()).add(row)
             ops.setdefault(rec.op, Row()).add(row)
@@ -296,9 +297,9 @@ class Estimate:
         phase_modules: dict[str, dict[str, Row]] = {}
         if len(phases) > 1:  # a training step: each phase's operators and modules apart
             phase_own: dict[str, dict[str, Row]] = {}
-            for phase, op, path, row in rows:
-                phase_ops.setdefault(phase, {}).setdefault(op, Row()).add(row)
-                phase_own.setdefault(phase, {}).setdefault(path, Row()).add(row)
+            for rec, row in zip(records, rows, strict=True):
+                phase_ops.setdefault(rec.phase, {}).setdefault(rec.op, Row()).add(row)
+                phase_own.setdefault(rec.phase, {}).setdefault(rec.path, Row()).add(row)
             phase_ops = {k: _sorted(v) for k, v in phase_ops.items()}
             phase_modules = {k: _inclusive(v) for k, v in phase_own.items()}
         return cls(hardware, tf32, total, phases, _sorted(ops), _inclusive(own), own, op_dtype,

@@ -4,7 +4,7 @@ layout's time goes, and why the others were dropped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from flopscope.plan.planner import Candidate, Plan
 from flopscope.plan.timing import PART_NAMES, compare, describe
@@ -129,8 +129,14 @@ def plan_page_data(plan: Plan) -> dict[str, Any]:
     return {**plan.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
 
 
-def plan_html(plan: Plan) -> str:
-    """The plan as one self-contained HTML page (:func:`flopscope.render.html.render_plan_html`).
+class _PlanLike(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def plan_html(plan: Plan | _PlanLike) -> str:
+    """A plan as one self-contained HTML page (:func:`flopscope.render.html.render_plan_html`):
+    a training :class:`Plan` with its table's words (:func:`plan_page_data`), any other plan
+    (serving: ``"mode": "serve"``) from its ``to_dict()``.
 
     Args:
         plan: the plan.
@@ -140,4 +146,4 @@ def plan_html(plan: Plan) -> str:
     """
     from flopscope.render.html import render_plan_html
 
-    return render_plan_html(plan_page_data(plan))
+    return render_plan_html(plan_page_data(plan) if isinstance(plan, Plan) else plan.to_dict())

@@ -1,10 +1,12 @@
 /* flopscope page, part 4 of 5 (before pages.js, which starts the drawing): a plan of layouts
    (flopscope plan --format html): the ranked layouts, the Pareto front of step time against peak
-   memory per device, where a layout's time goes, the dropped layouts and why. */
+   memory per device, where a layout's time goes, the dropped layouts and why; a serving plan
+   ("mode": "serve"): throughput against latency per (layout, batch), prefill and decode parts. */
   var PART_COLOURS = { forward: "#3b7dd8", backward: "#5aa469", recompute: "#b36bc2", tp_comm: "#e8743b",
     fsdp_comm: "#d4a017", p2p: "#c0392b", bubble: "#a8b0bd" };
   var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "memory_budget",
-    "model_flops_per_step", "time_model", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain"];
+    "model_flops_per_step", "time_model", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
+    "mode", "unit", "max_new_tokens", "best_throughput", "best_latency"];
   function planParts(data, layouts) {  // the parts a step's time is made of, named as the table names them
     var names = (data.explain && data.explain.part_names) || {}, keys = Object.keys(names);
     layouts.forEach(function (c) {
@@ -16,17 +18,20 @@
   }
   function partOf(c, k) { var v = c.time_s && c.time_s[k]; return typeof v === "number" ? v : 0; }
   function drawPlan(root, data, about) {
+    if (data.mode === "serve") return drawServePlan(root, data, about);
     var ranked = data.ranked || [], dropped = data.dropped || [], all = ranked.concat(dropped);
+    var unit = data.unit || "tokens";
     var parts = planParts(data, all), pareto = data.pareto || [], best = ranked[0] || null;
     var bound = data.time_model || "a model of the step";
     append(root, [el("h1", { id: "subject", text: "flopscope plan: " + data.source }),
-      el("p", { cls: "sub", text: data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), global batch " +
-        data.global_batch + " x " + data.seq_len + " tokens, " + data.dtype + ", budget " + bytes(data.memory_budget) + " per device" })]);
+      el("p", { cls: "sub", text: "training on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), global batch " +
+        (unit === "tokens" ? data.global_batch + " x " + data.seq_len + " tokens" : data.global_batch + " " + unit) + ", " + data.dtype +
+        ", budget " + bytes(data.memory_budget) + " per device" })]);
     var cards = [card("layouts", String(all.length), "layouts", all.length, ranked.length + " fit, " + dropped.length + " dropped")];
     if (best) cards.push(card("best layout", best.layout, "best", best.layout, "fastest that fits"),
       card("step time (" + bound + ")", secs(best.time_s.total), "step", best.time_s.total, "of " + best.layout),
       card("MFU", (100 * best.mfu).toFixed(1) + "%", "mfu", best.mfu, human(data.model_flops_per_step, "FLOP") + " of model work per step"),
-      card("tokens/s per GPU", human(best.tokens_per_s_per_gpu), "tokens", best.tokens_per_s_per_gpu, ""),
+      card(unit + "/s per GPU", human(best.tokens_per_s_per_gpu), "tokens", best.tokens_per_s_per_gpu, ""),
       card("peak memory per GPU", bytes(best.memory_bytes), "memory", best.memory_bytes, "budget " + bytes(data.memory_budget)));
     append(root, el("div", { cls: "cards" }, cards));
     if (!best) append(root, el("p", { cls: "warn", id: "plan-none", text: "No layout fits the memory budget: see the dropped layouts below." }));
@@ -51,7 +56,7 @@
       { key: "tp", label: "TP", num: true }, { key: "pp", label: "PP", num: true }, { key: "dp", label: "DP", num: true },
       { key: "micro_batch", label: "micro-batch", num: true }, { key: "microbatches", label: "micro-batches", num: true },
       { key: "checkpoint", label: "checkpointing", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
-      { key: "step", label: "step", num: true, fmt: secs, title: bound }, { key: "tokens", label: "tok/s/GPU", num: true, fmt: function (v) { return human(v); } },
+      { key: "step", label: "step", num: true, fmt: secs, title: bound }, { key: "tokens", label: unit + "/s/GPU", num: true, fmt: function (v) { return human(v); } },
       { key: "mfu", label: "MFU", num: true, fmt: share }].concat(parts.map(function (p) {
         return { key: "part_" + p.key, label: p.label, num: true, fmt: secs };
       }), [{ key: "pareto", label: "Pareto", num: false }]);
@@ -63,6 +68,10 @@
         dropped.map(function (c) { return { layout: c.layout, memory: c.memory_bytes, over: c.memory_bytes - data.memory_budget, reason: c.reason || "", _c: c }; }),
         { sort: "memory", onRow: function (r) { select(r._c); } });
     }
+    planFooter(root, data, about);
+    if (best) select(best); else if (dropped.length) select(dropped[0]);
+  }
+  function planFooter(root, data, about) {  // the notes, keys this page does not know, provenance
     if ((data.notes || []).length) append(root, [el("h2", { text: "What the figures assume" }),
       el("ul", { id: "plan-notes" }, data.notes.map(function (n) { return el("li", { text: String(n) }); }))]);
     var other = Object.keys(data).filter(function (k) { return PLAN_KEYS.indexOf(k) < 0; });
@@ -70,12 +79,11 @@
       append(root, el("details", { id: "section-" + k }, [el("summary", { text: k }), el("pre", { cls: "json", text: JSON.stringify(data[k], null, 2) })]));
     });
     var dl = el("dl", { cls: "facts", id: "provenance" }), v = (about && about.versions) || {};
-    [["model", data.source], ["rank roles", data.roles + " (" + data.simulations + " simulated by this plan, the rest cached)"],
-     ["planned in", data.seconds === undefined ? null : data.seconds.toFixed(1) + " s"], ["time model", bound],
+    [["model", data.source], ["rank roles", data.roles === undefined ? null : data.roles + " (" + data.simulations + " simulated by this plan, the rest cached)"],
+     ["planned in", data.seconds === undefined ? null : data.seconds.toFixed(1) + " s"], ["time model", data.time_model],
      ["versions", Object.keys(v).map(function (k) { return k + " " + v[k]; }).join(", ")], ["page made", about && about.created]]
       .forEach(function (f) { if (f[1] !== null && f[1] !== undefined) append(dl, [el("dt", { text: f[0] }), el("dd", { text: String(f[1]) })]); });
     append(root, [el("h2", { text: "Where these numbers come from" }), dl]);
-    if (best) select(best); else if (dropped.length) select(dropped[0]);
   }
   function paretoChart(root, data, ranked, dropped, pareto, onPick) {
     var W = 760, H = 380, L = 80, R = 740, T = 14, B = 330;
@@ -165,4 +173,112 @@
     var why = (data.explain && data.explain.why) || [];
     if (c === best && why.length) append(host, [el("h3", { text: "why it wins (against the next fastest, and the fastest of each other TP x PP)" }),
       el("ul", { id: "plan-why" }, why.map(function (w) { return el("li", { text: w }); }))]);
+  }
+
+  // -- a serving plan: (layout, batch) pairs by throughput, with their latency ----------------------
+  var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel all-reduces", colour: "#e8743b" },
+    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }];
+  function drawServePlan(root, data, about) {
+    var ranked = data.ranked || [], dropped = data.dropped || [], bound = data.time_model || "a model of the step";
+    function label(c) { return c.layout + " batch " + c.batch; }
+    var tput = ranked.filter(function (c) { return label(c) === data.best_throughput; })[0] || ranked[0] || null;
+    var lat = ranked.filter(function (c) { return label(c) === data.best_latency; })[0] || null;
+    append(root, [el("h1", { id: "subject", text: "flopscope plan: serving " + data.source }),
+      el("p", { cls: "sub", text: "serving on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), prompts of " + data.seq_len +
+        " tokens, " + data.max_new_tokens + " new tokens each, " + data.dtype + ", budget " + bytes(data.memory_budget) + " per device" })]);
+    var cards = [card("layouts x batches", String(ranked.length + dropped.length), "layouts", ranked.length + dropped.length, ranked.length + " fit, " + dropped.length + " dropped")];
+    if (tput) cards.push(card("most tokens/s", label(tput), "best", label(tput), human(tput.tokens_per_s_per_gpu) + " tokens/s per GPU (" + bound + ")"),
+      card("its latency per token", secs(tput.latency_per_token_s), "latency", tput.latency_per_token_s, "time to first token " + secs(tput.time_to_first_token_s)));
+    if (lat) cards.push(card("lowest latency per token", label(lat), "best-latency", label(lat), secs(lat.latency_per_token_s) + ", " + human(lat.tokens_per_s_per_gpu) + " tokens/s per GPU"));
+    append(root, el("div", { cls: "cards" }, cards));
+    if (!ranked.length) append(root, el("p", { cls: "warn", id: "plan-none", text: "No layout fits the memory budget at any batch: see the dropped ones below." }));
+    var detail = el("section", { id: "breakdown" });
+    append(root, [el("h2", { text: "Throughput against latency" }), el("p", { cls: "hint", text:
+      "Each layout at each batch: tokens/s per GPU against the latency per token (the mean decode step; " + bound + "). Filled: the most tokens/s and the lowest latency. Click one to see where its time and memory go." })]);
+    var W = 760, H = 360, L = 80, R = 740, T = 14, B = 310;
+    var svg = sv("svg", { cls: "chart", id: "serve-chart", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    append(root, svg);
+    var xmax = Math.max.apply(null, ranked.map(function (c) { return c.tokens_per_s_per_gpu; }).concat([1e-9])) * 1.1;
+    var ymax = Math.max.apply(null, ranked.map(function (c) { return c.latency_per_token_s; }).concat([1e-12])) * 1.1;
+    function X(v) { return L + (R - L) * v / xmax; }
+    function Y(v) { return B - (B - T) * v / ymax; }
+    for (var i = 0; i <= 4; i++) {
+      append(svg, [sv("line", { cls: "grid", x1: X(xmax * i / 4), x2: X(xmax * i / 4), y1: T, y2: B }), sv("text", { x: X(xmax * i / 4), y: B + 16, "text-anchor": "middle", text: human(xmax * i / 4) }),
+        sv("line", { cls: "grid", x1: L, x2: R, y1: Y(ymax * i / 4), y2: Y(ymax * i / 4) }), sv("text", { x: L - 6, y: Y(ymax * i / 4) + 4, "text-anchor": "end", text: secs(ymax * i / 4) })]);
+    }
+    append(svg, [sv("line", { cls: "axis", x1: L, x2: R, y1: B, y2: B }), sv("line", { cls: "axis", x1: L, x2: L, y1: T, y2: B }),
+      sv("text", { x: (L + R) / 2, y: B + 34, "text-anchor": "middle", text: "tokens/s per GPU" }),
+      sv("text", { x: 16, y: (T + B) / 2, "text-anchor": "middle", transform: "rotate(-90 16 " + (T + B) / 2 + ")", text: "latency per token" })]);
+    var ring = sv("circle", { r: 9, fill: "none", stroke: "var(--fg)", "stroke-width": 1.5, id: "serve-selected", "pointer-events": "none" });
+    var marks = {};
+    function select(c) {
+      drawServeBreakdown(detail, data, c, tput);
+      var m = marks[label(c)];
+      if (m) setAttrs(ring, { cx: m.getAttribute("cx"), cy: m.getAttribute("cy"), "data-layout": label(c) });
+    }
+    ranked.forEach(function (c) {
+      var star = c === tput || c === lat;
+      var dot = sv("circle", { cx: X(c.tokens_per_s_per_gpu), cy: Y(c.latency_per_token_s), r: star ? 5.5 : 4, cls: "serve-point", "data-layout": label(c),
+        fill: star ? "var(--compute)" : "#fff", stroke: "var(--compute)", "stroke-width": 1.5 });
+      dot.style.cursor = "pointer";
+      dot.addEventListener("click", function () { select(c); });
+      dot.addEventListener("mousemove", function (ev) {
+        showTip(ev, label(c) + (c.largest_batch ? " (the largest batch that fits)" : "") + "\n" + human(c.tokens_per_s_per_gpu) + " tokens/s per GPU, " +
+          secs(c.latency_per_token_s) + " per token\nfirst token " + secs(c.time_to_first_token_s) + ", peak " + bytes(c.memory_bytes) + " per GPU");
+      });
+      dot.addEventListener("mouseleave", hideTip);
+      svg.appendChild(dot);
+      marks[label(c)] = dot;
+    });
+    svg.appendChild(ring);
+    append(root, [el("h2", { text: "Where the time and memory go" }), detail]);
+    var rt = el("section"), dt = el("section");
+    append(root, [el("h2", { text: "Layouts and batches that fit, most tokens/s first" }), rt]);
+    table(rt, "ranked", [{ key: "rank", label: "#", num: true }, { key: "layout", label: "layout", num: false },
+      { key: "tp", label: "TP", num: true }, { key: "pp", label: "PP", num: true }, { key: "replicas", label: "replicas", num: true },
+      { key: "batch", label: "batch", num: true }, { key: "largest", label: "largest", num: false },
+      { key: "memory", label: "peak/GPU", num: true, fmt: bytes }, { key: "weights", label: "weights", num: true, fmt: bytes },
+      { key: "kv", label: "KV cache", num: true, fmt: bytes }, { key: "ttft", label: "first token", num: true, fmt: secs },
+      { key: "latency", label: "per token", num: true, fmt: secs, title: bound }, { key: "tps", label: "tok/s", num: true, fmt: function (v) { return human(v); } },
+      { key: "tpsg", label: "tok/s/GPU", num: true, fmt: function (v) { return human(v); } }],
+      ranked.map(function (c, i) {
+        return { rank: i + 1, layout: label(c), tp: c.tp, pp: c.pp, replicas: c.replicas, batch: c.batch, largest: c.largest_batch ? "yes" : "",
+          memory: c.memory_bytes, weights: c.weights_bytes, kv: c.kv_cache_bytes, ttft: c.time_to_first_token_s, latency: c.latency_per_token_s,
+          tps: c.tokens_per_s, tpsg: c.tokens_per_s_per_gpu, _c: c, _cls: c === tput ? "best" : "" };
+      }), { onRow: function (r) { select(r._c); } });
+    if (dropped.length) {
+      append(root, [el("h2", { text: "Dropped, and why" }), dt]);
+      table(dt, "dropped", [{ key: "layout", label: "layout", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
+        { key: "reason", label: "why", num: false }],
+        dropped.map(function (c) { return { layout: label(c), memory: c.memory_bytes, reason: c.reason || "" }; }), { sort: "memory" });
+    }
+    planFooter(root, data, about);
+    if (tput) select(tput);
+  }
+  function drawServeBreakdown(host, data, c, best) {
+    host.textContent = "";
+    var name = c.layout + " batch " + c.batch;
+    host.setAttribute("data-layout", name);
+    append(host, el("h3", { id: "breakdown-title", text: name + (c === best ? " (the most tokens/s)" : "") + ": " + human(c.tokens_per_s_per_gpu) +
+      " tokens/s per GPU, " + secs(c.latency_per_token_s) + " per token, first token after " + secs(c.time_to_first_token_s) }));
+    [["prefill (time to first token)", c.prefill_s, "prefill"], ["a decode step (latency per token)", c.decode_step_s, "decode"]].forEach(function (step) {
+      var t = step[1] || {}, total = t.total || 0, bar = el("div", { cls: "bar", id: "breakdown-" + step[2] }), legend = el("div", { cls: "legend" });
+      SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return k !== "total" && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
+        .map(function (k, i) { return { key: k, label: k.replace(/_/g, " "), colour: DEPTH_COLOURS[i % DEPTH_COLOURS.length] }; })).forEach(function (p) {
+        var v = t[p.key];
+        if (!(v > 0)) return;
+        append(bar, el("span", { style: "width:" + (100 * v / (total || 1)) + "%;background:" + p.colour, title: p.label + ": " + secs(v), "data-part": p.key, "data-value": String(v) }));
+        append(legend, el("span", {}, [el("i", { style: "background:" + p.colour }), p.label + " " + secs(v) + " (" + pct(v, total) + ")"]));
+      });
+      append(host, [el("h3", { text: step[0] + ": " + secs(total) }), bar, legend]);
+    });
+    var rest = Math.max(0, c.memory_bytes - (c.weights_bytes || 0) - (c.kv_cache_bytes || 0)), parts = [["parameters", c.weights_bytes], ["kv cache", c.kv_cache_bytes], ["activations", rest]];
+    var mb = el("div", { cls: "bar", id: "breakdown-memory" }), ml = el("div", { cls: "legend" });
+    parts.forEach(function (p, i) {
+      if (!(p[1] > 0)) return;
+      var colour = i === 1 ? "#d4a017" : categoryColour(p[0]);
+      append(mb, el("span", { style: "width:" + (100 * p[1] / (c.memory_bytes || 1)) + "%;background:" + colour, title: p[0] + ": " + bytes(p[1]), "data-category": p[0].replace(" ", "_") }));
+      append(ml, el("span", {}, [el("i", { style: "background:" + colour }), p[0] + " " + bytes(p[1])]));
+    });
+    append(host, [el("h3", { text: "memory at its peak: " + bytes(c.memory_bytes) + (c.peak_where ? " at " + c.peak_where : "") }), mb, ml]);
   }
