@@ -4,6 +4,9 @@
   shape-only on ``meta``, every operator record, the roofline estimate) as a page, its size,
   and, when Debian's ``chromium`` is installed, the time the browser takes to draw it and to zoom
   the icicle; one JSON line.
+- ``python -m benchmarks.html_render --against REV``: also the same page drawn by git revision
+  ``REV``'s script, both loaded in turn in one browser (medians of 5): a change to the script
+  measured side by side.
 - ``python -m benchmarks.html_render --screenshots docs``: the pictures for the README (resnet50
   with ``--hardware h100-sxm --memory``; a small Llama-style decoder).
 
@@ -298,6 +301,45 @@ def browser_timing(path: Path) -> dict[str, Any]:
                 "zoom_ms": zoom_ms, "zoomed_to": focus, "errors": browser.errors()}
 
 
+def page_with_script_of(text: str, rev: str) -> str:
+    """``text`` (a page) drawn by the page script of git revision ``rev`` instead (its assets
+    joined as :func:`flopscope.render.html._script` joins the current ones): the same data, the
+    other script, to time the two side by side."""
+    folder = "src/flopscope/render/html_assets"
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{folder}"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    order = [n for n in ("widgets.js", "report.js", "plan.js", "pages.js") if n in names]
+    old = '(function () {\n  "use strict";\n' + "".join(
+        subprocess.run(["git", "show", f"{rev}:{folder}/{n}"], check=True, capture_output=True,
+                       text=True).stdout for n in order) + "})();\n"
+    start = text.rindex("<script>\n") + len("<script>\n")  # the page's own script, last
+    return text[:start] + old + text[text.rindex("</script>"):]
+
+
+def side_by_side(text: str, rev: str, rounds: int = 5) -> dict[str, Any]:
+    """The page drawn by this tree's script and by ``rev``'s, loaded in turn ``rounds`` times in
+    one browser: the median load-event time and icicle zoom of each."""
+    import statistics
+
+    loads: dict[str, list[float]] = {"this": [], rev: []}
+    zooms: dict[str, list[float]] = {"this": [], rev: []}
+    with tempfile.TemporaryDirectory() as tmp, Chromium() as browser:
+        pages = {"this": Path(tmp) / "this.html", rev: Path(tmp) / "rev.html"}
+        pages["this"].write_text(text, encoding="utf-8")
+        pages[rev].write_text(page_with_script_of(text, rev), encoding="utf-8")
+        for _ in range(rounds):
+            for key, page in pages.items():
+                browser.open(page)
+                if browser.evaluate("document.getElementById('flopscope').dataset.ready") != "1":
+                    raise RuntimeError(f"{key}: the page was not drawn: {browser.errors()}")
+                loads[key].append(browser.evaluate(
+                    "performance.getEntriesByType('navigation')[0].loadEventEnd"))
+                zooms[key].append(browser.evaluate(_ZOOM)[0])
+    return {f"{k}_{what}": statistics.median(v) for what, table in (("load_event_ms", loads),
+                                                                    ("zoom_ms", zooms))
+            for k, v in table.items()}
+
+
 def screenshots(folder: Path) -> list[Path]:
     """docs/html_resnet50.png and docs/html_llama.png: the top of each page."""
     out = []
@@ -318,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.html_render")
     parser.add_argument("--screenshots", metavar="DIR", help="write the README's pictures here")
     parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--against", metavar="REV",
+                        help="also time the page drawn by git revision REV's script, in turn")
     args = parser.parse_args(argv)
     if args.screenshots:
         for png in screenshots(Path(args.screenshots)):
@@ -337,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
             page = Path(tmp) / "llama70b.html"
             page.write_text(text, encoding="utf-8")
             row.update(browser_timing(page))
+        if args.against:
+            row["against"] = args.against
+            row.update(side_by_side(text, args.against))
     print(json.dumps(row))
     return 0
 

@@ -40,15 +40,17 @@
   // its object (exactOf) for what the page shows as exact; sums of exact values use plus().
   var EXACT = new WeakMap();
   function readJSON(id) {
-    var node = document.getElementById(id);
-    return node ? JSON.parse(node.textContent, function (key, value, context) {
+    var node = document.getElementById(id), text = node ? node.textContent : null;
+    if (text === null) return null;
+    if (!/[:,[]-?\d{16,}[,\]}]/.test(text)) return JSON.parse(text);  // no integer of 16 digits: no reviver (faster)
+    return JSON.parse(text, function (key, value, context) {
       if (typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source || "")) {
         var m = EXACT.get(this);
         if (!m) { m = {}; EXACT.set(this, m); }
         m[key] = BigInt(context.source);
       }
       return value;
-    }) : null;
+    });
   }
   function exactOf(obj, key) {  // obj[key], exact (a BigInt) where the data's integer was beyond 2^53
     var m = EXACT.get(obj);
