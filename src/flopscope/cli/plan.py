@@ -71,8 +71,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from flopscope.estimate import get_hardware
     from flopscope.plan import plan
     from flopscope.plan.display import plan_html, plan_text
+    from flopscope.plan.planner import Plan
     from flopscope.plan.space import CHECKPOINTING
     from flopscope.plan.timing import Links
+    from flopscope.render.html import render_plan_html
 
     check_page_output(args.format, args.output)
     if not args.source.startswith("hf:"):
@@ -98,8 +100,9 @@ def run_plan(args: argparse.Namespace) -> int:
                       config=config, checkpointing=choices)
     if args.format == "json":
         text = json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
-    elif args.format == "html":
-        text = plan_html(result)  # every layout
+    elif args.format == "html":  # every layout; a training plan with its table's words
+        text = (plan_html(result) if isinstance(result, Plan)
+                else render_plan_html(result.to_dict()))
     else:
         text = plan_text(result, top=args.top)
     write_output(text, args.output)

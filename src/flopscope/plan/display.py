@@ -4,11 +4,13 @@ layout's time goes, and why the others were dropped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from flopscope.plan.planner import Candidate, Plan
 from flopscope.plan.timing import PART_NAMES, compare, describe
 from flopscope.render.units import human_bytes
+
+if TYPE_CHECKING:  # the planner imports this module to show a plan (Plan.to_html)
+    from flopscope.plan.planner import Candidate, Plan
 
 __all__ = ["plan_html", "plan_page_data", "plan_text", "seconds"]
 
@@ -129,14 +131,10 @@ def plan_page_data(plan: Plan) -> dict[str, Any]:
     return {**plan.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
 
 
-class _PlanLike(Protocol):
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-def plan_html(plan: Plan | _PlanLike) -> str:
-    """A plan as one self-contained HTML page (:func:`flopscope.render.html.render_plan_html`):
-    a training :class:`Plan` with its table's words (:func:`plan_page_data`), any other plan
-    (serving: ``"mode": "serve"``) from its ``to_dict()``.
+def plan_html(plan: Plan) -> str:
+    """A training plan as one self-contained HTML page, with its table's words
+    (:func:`plan_page_data`; :func:`flopscope.render.html.render_plan_html` draws any plan's
+    ``to_dict()``, a serving plan's too).
 
     Args:
         plan: the plan.
@@ -146,4 +144,4 @@ def plan_html(plan: Plan | _PlanLike) -> str:
     """
     from flopscope.render.html import render_plan_html
 
-    return render_plan_html(plan_page_data(plan) if isinstance(plan, Plan) else plan.to_dict())
+    return render_plan_html(plan_page_data(plan))

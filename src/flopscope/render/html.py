@@ -308,8 +308,8 @@ def _at_hints(report: SymbolicReport, expr: Any) -> int:
 
 def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
     """What the command line prints under a symbolic table, as data: with a ``seq_len`` symbol,
-    the FLOPs of one more token (``per_token``: d(FLOPs)/d(seq_len) per sample, exact and
-    readable, and its value at the traced sizes) and the ``seq_len`` where the terms of degree
+    the FLOPs of one more token (``per_token``: d(FLOPs)/d(seq_len) per sample, its formula
+    and its value at the traced sizes) and the ``seq_len`` where the terms of degree
     two and above overtake the rest (``crossover``, the other symbols at 1, as the command line
     says it).
 
@@ -319,8 +319,6 @@ def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
     Returns:
         ``{}`` without ``seq_len``; else ``{"per_token": {...}, "crossover": {...}}``.
     """
-    from flopscope.report.symbolic import pretty
-
     if "seq_len" not in report.symbols:
         return {}
     import sympy
@@ -330,7 +328,6 @@ def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
                              for k, v in report.hints.items() if k in report.symbols})
     ones = {k: 1 for k in report.symbols if k != "seq_len"}
     return {"per_token": {"symbol": "seq_len", "formula": str(per_token),
-                          "pretty": pretty(per_token),
                           # a whole number, or a fraction (a term divided by the batch)
                           "at_hints": (int(at) if at.is_integer else float(at)) if at.is_number
                           else None, "hints": dict(report.hints)},

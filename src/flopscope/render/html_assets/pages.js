@@ -80,7 +80,7 @@
     append(root, [el("h2", { text: "Total" }), dl]);
     if (derived.per_token || derived.crossover) {
       var dd = el("dl", { cls: "facts", id: "derived" }), pt = derived.per_token, cr = derived.crossover;
-      if (pt) append(dd, [el("dt", { text: "FLOPs per token" }), el("dd", {}, [el("code", { id: "per-token", "data-formula": pt.formula, text: pt.pretty }),
+      if (pt) append(dd, [el("dt", { text: "FLOPs per token" }), el("dd", {}, [el("code", { id: "per-token", "data-formula": pt.formula, text: pt.formula }),
         " (d FLOPs / d " + pt.symbol + ", per sample; " + human(pt.at_hints, "FLOP") + " at the traced sizes)"])]);
       if (cr) append(dd, [el("dt", { text: "attention overtakes the rest" }), el("dd", { id: "crossover", "data-value": cr.at === null ? "" : String(cr.at),
         text: cr.at === null ? "never: no term grows faster than " + cr.symbol : "at " + cr.symbol + " = " + exact(cr.at) + " (terms in " + cr.symbol +
