@@ -8,7 +8,7 @@
   ``REV``'s script, both loaded in turn in one browser (medians of 5): a change to the script
   measured side by side.
 - ``python -m benchmarks.html_render --screenshots docs``: the pictures for the README (resnet50
-  with ``--hardware h100-sxm --memory``; a small Llama-style decoder).
+  with ``--hardware h100-sxm --memory``; a small Llama-style decoder; a plan on 8 GPUs).
 
 :class:`Chromium` drives headless Chromium through the DevTools protocol over a pipe
 (``--remote-debugging-pipe``: no port, no Python package, no downloaded browser); the browser
@@ -266,6 +266,23 @@ def resnet50_page(path: Path) -> None:
         raise SystemExit(code)
 
 
+# the plan pictured in docs/html_plan.png: an 8-layer Llama-style decoder on 8 H100s
+PLAN_ARGS = ("hf:llama", "--gpus", "8", "--hardware", "h100-sxm", "--seq-len", "1024",
+             "--global-batch", "16", "--memory-budget", "2GiB", "--config", "num_hidden_layers=8",
+             "--config", "hidden_size=1024", "--config", "intermediate_size=2816",
+             "--config", "num_attention_heads=16", "--config", "num_key_value_heads=8",
+             "--config", "vocab_size=32000")
+
+
+def plan_page(path: Path) -> None:
+    """The page of ``flopscope plan`` :data:`PLAN_ARGS` (about 3 CPU-minutes)."""
+    from flopscope.cli import main
+
+    code = main(["plan", *PLAN_ARGS, "--format", "html", "--output", str(path)])
+    if code:
+        raise SystemExit(code)
+
+
 def render_seconds(report: Any, repeats: int = 5) -> tuple[float, str]:
     """The fastest of ``repeats`` renderings of ``report`` as a page, and the page."""
     from flopscope.render.html import render_html
@@ -341,10 +358,12 @@ def side_by_side(text: str, rev: str, rounds: int = 5) -> dict[str, Any]:
 
 
 def screenshots(folder: Path) -> list[Path]:
-    """docs/html_resnet50.png and docs/html_llama.png: the top of each page."""
+    """docs/html_resnet50.png, docs/html_llama.png and docs/html_plan.png: the top of each
+    page."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, make in (("resnet50", resnet50_page), ("llama", small_llama_page)):
+        for name, make in (("resnet50", resnet50_page), ("llama", small_llama_page),
+                           ("plan", plan_page)):
             page = Path(tmp) / f"{name}.html"
             make(page)
             png = folder / f"html_{name}.png"

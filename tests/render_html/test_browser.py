@@ -402,3 +402,16 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
     assert "over the 2.00 GiB budget" in browser.evaluate(
         "document.getElementById('dropped').textContent")
     assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
+
+
+def test_numbers_are_shown_without_an_exponent(browser: Chromium, tmp_path: Path) -> None:
+    # 1023 MiB + 511 KiB: under the 1023.5 MiB where GiB takes over, over 999.5: three
+    # significant digits were "1.02e+3 MiB"
+    data = main_json(["count", f"{TINY}:tiny"], tmp_path)
+    for i, r in enumerate(data["records"]):
+        r["bytes_read"], r["bytes_written"] = (1023 * 2**20 + 2**19 - 1024 if i == 0 else 0), 0
+    page = tmp_path / "bytes.html"
+    page.write_text(Report.from_dict(data).to_html(), encoding="utf-8")
+    _opened(browser, page)
+    assert browser.evaluate("document.querySelector('.total[data-key=\"bytes\"]').textContent"
+                            ) == "1023 MiB"

@@ -72,20 +72,22 @@
     var s = i === 0 ? String(Math.round(Math.abs(n) * 100) / 100) : a.toPrecision(3);
     return (n < 0 ? "-" : "") + s + (unit || i ? " " + SI[i] + (unit || "") : "");
   }
+  // three significant digits, without an exponent (999.7 MiB is "1000 MiB", not "1.00e+3 MiB")
+  function sig3(x) { return Math.abs(x) >= 999.5 ? x.toFixed(0) : x.toPrecision(3); }
   function bytes(n) {
     if (n === null || n === undefined || isNaN(n)) return "-";
     var a = Math.abs(n), i = 0;
     while (a >= 1023.5 && i < BIN.length - 1) { a /= 1024; i++; }
-    return (n < 0 ? "-" : "") + (i === 0 ? String(a) : a.toPrecision(3)) + " " + BIN[i];
+    return (n < 0 ? "-" : "") + (i === 0 ? String(a) : sig3(a)) + " " + BIN[i];
   }
   function secs(s) {
     if (s === null || s === undefined || isNaN(s)) return "-";
     var a = Math.abs(s);
     if (a === 0) return "0 s";
-    if (a < 1e-6) return (s * 1e9).toPrecision(3) + " ns";
-    if (a < 1e-3) return (s * 1e6).toPrecision(3) + " \u00b5s";
-    if (a < 1) return (s * 1e3).toPrecision(3) + " ms";
-    return s.toPrecision(3) + " s";
+    if (a < 1e-6) return sig3(s * 1e9) + " ns";
+    if (a < 1e-3) return sig3(s * 1e6) + " \u00b5s";
+    if (a < 1) return sig3(s * 1e3) + " ms";
+    return sig3(s) + " s";
   }
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(1) + "%" : "-"; }
   function exact(n) { return typeof n === "number" || typeof n === "bigint" ? n.toLocaleString("en-US") : String(n); }
