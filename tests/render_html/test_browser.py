@@ -415,3 +415,51 @@ def test_numbers_are_shown_without_an_exponent(browser: Chromium, tmp_path: Path
     _opened(browser, page)
     assert browser.evaluate("document.querySelector('.total[data-key=\"bytes\"]').textContent"
                             ) == "1023 MiB"
+
+
+def _calibrated() -> Any:
+    """h100-sxm's roofs with a small calibration (one element-wise and one product rate, host
+    times): the estimate and the profile then carry predictions beside their bounds."""
+    import dataclasses
+
+    from flopscope.estimate import Calibration, get_hardware
+    from flopscope.estimate.calibration import Point
+
+    points = (Point("elementwise", "fp32", "add", 1_000, 10_000, 2e-5),
+              Point("matmul", "fp32", "mm", 2_000_000, 10_000, 1e-3))
+    cal = Calibration("2026-11-27T00:00:00+00:00", "cpu (test)", 1, {"torch": "x"},
+                      {"elementwise": 1e-6, "matmul": 2e-6, "view": 5e-7}, points)
+    return dataclasses.replace(get_hardware("h100-sxm"), calibration=cal)
+
+
+def _rates(browser: Chromium, cls: str) -> dict[str, float]:
+    return {op: float(y) for op, y in browser.evaluate(
+        f"Object.fromEntries([...document.querySelectorAll('#roofline .{cls}')]"
+        ".map(c => [c.dataset.op, c.dataset.y]))").items()}
+
+
+def test_predicted_rates_beside_the_bounds(browser: Chromium, tmp_path: Path) -> None:
+    import flopscope
+
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(4, 8)
+    hw = _calibrated()
+    # a count with the calibrated estimate: each operator's predicted rate, FLOPs / predicted s
+    est = flopscope.estimate.roofline(model, x, hardware=hw).report
+    page = tmp_path / "c.html"
+    page.write_text(est.to_html(), encoding="utf-8")
+    by_op = embedded_data(page.read_text(encoding="utf-8"))["estimate"]["by_op"]
+    _opened(browser, page)
+    want = {op: r["flops"] / r["predicted_s"] for op, r in by_op.items()
+            if r["flops"] and r["bytes"] and r["predicted_s"]}
+    assert _rates(browser, "predicted-point") == want and len(want) == 2  # addmm and relu
+    # a profile on it: measured, bound and predicted rates of each operator
+    prof = flopscope.profile(model, x, hardware=hw, warmup=0, repeat=1).report
+    page = tmp_path / "p.html"
+    page.write_text(prof.to_html(), encoding="utf-8")
+    by_op = embedded_data(page.read_text(encoding="utf-8"))["measured"]["by_op"]
+    _opened(browser, page)
+    assert _rates(browser, "predicted-point") == {
+        op: r["flops"] / r["predicted_s"] for op, r in by_op.items()
+        if r["flops"] and r["bytes"] and r["predicted_s"]}
+    assert set(_rates(browser, "bound-point")) == set(_rates(browser, "measured-point")) == set(
+        want)
