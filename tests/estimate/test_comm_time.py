@@ -27,8 +27,9 @@ HW = Hardware("links", 1e10, vector={"fp32": 1e11}, intra_node_bandwidth=1e9,
               intra_node_latency=1e-5, inter_node_bandwidth=1e8, inter_node_latency=1e-4)
 
 
-def _points(latency: float, bandwidth: float, kind: str = "all_reduce") -> list[LinkPoint]:
-    return [LinkPoint(kind, 4, 4**p, 4**p * 3 // 2, latency + (4**p * 3 // 2) / bandwidth)
+def _points(latency: float, bandwidth: float, kind: str = "all_reduce",
+            ranks: int = 4) -> list[LinkPoint]:
+    return [LinkPoint(kind, ranks, 4**p, 4**p * 3 // 2, latency + (4**p * 3 // 2) / bandwidth)
             for p in range(4, 13)]
 
 
@@ -62,7 +63,8 @@ def test_collective_time_is_latency_plus_bus_bytes_over_bandwidth() -> None:
 
 
 def _calibrated(hw: Hardware) -> Hardware:
-    points = _points(5e-5, 2e9) + _points(2e-5, 4e9, "all_gather")
+    points = (_points(5e-5, 2e9) + _points(2e-5, 4e9, "all_gather")
+              + _points(1e-4, 1e9, ranks=2))
     cal = LinkCalibration.of_points(points, date="2026-11-27T03:00:00+00:00", backend="gloo",
                                     ranks=4, link="intra", host="cpu (test)", threads=1,
                                     versions={"torch": "x"})
@@ -72,13 +74,19 @@ def _calibrated(hw: Hardware) -> Hardware:
 
 def test_a_calibrated_link_uses_each_kinds_own_fit() -> None:
     links = Links.of(_calibrated(HW), gpus_per_node=4)
-    # all_reduce's own fit: 50 us + 3e6 / 2e9 = 1.55 ms; all_gather's: 20 us + 3e6 / 4e9
-    assert links.call_seconds("all_reduce", 3_000_000, 1, 4) == pytest.approx(1.55e-3)
-    assert links.call_seconds("all_gather", 3_000_000, 1, 4) == pytest.approx(7.7e-4)
+    # all_reduce over 4 ranks, its own fit: 50 us + 3e6 / 2e9 = 1.55 ms; over 2 ranks:
+    # 100 us + 3e6 / 1e9 = 3.1 ms; all_gather's (4 ranks): 20 us + 3e6 / 4e9 = 0.77 ms
+    assert links.call_seconds("all_reduce", 3_000_000, 1, 4, 4) == pytest.approx(1.55e-3)
+    assert links.call_seconds("all_reduce", 3_000_000, 1, 2, 2) == pytest.approx(3.1e-3)
+    assert links.call_seconds("all_gather", 3_000_000, 1, 4, 4) == pytest.approx(7.7e-4)
+    # a group size the probe did not time: the kind's fit over every size
+    cal = _calibrated(HW).link_calibration
+    assert cal is not None
+    assert links.call_seconds("all_reduce", 3_000_000, 1, 3, 3) == pytest.approx(
+        cal.kinds["all_reduce"].seconds(3_000_000))
     # a kind the probe did not time: the link fields (the fit over every point)
     fit = links.call_seconds("broadcast", 3_000_000, 1, 4)
-    cal = _calibrated(HW).link_calibration
-    assert cal is not None and fit == pytest.approx(cal.fit.seconds(3_000_000))
+    assert fit == pytest.approx(cal.fit.seconds(3_000_000))
     assert links.source == "calibrated 2026-11-27 (gloo, 4 ranks, intra-node)"
     # across nodes: the profile's inter-node fields, the intra-node fits do not apply
     assert links.call_seconds("all_reduce", 1_000_000, 1, 8) == pytest.approx(1e-4 + 1e-2)
@@ -92,6 +100,7 @@ def test_the_block_round_trips_through_a_profile_file(tmp_path: Path) -> None:
     assert back.link_calibration is not None
     assert back.link_calibration.points == hw.link_calibration.points  # type: ignore[union-attr]
     assert back.link_calibration.kinds["all_gather"].latency == pytest.approx(2e-5)
+    assert back.link_calibration.groups["all_reduce"][2].latency == pytest.approx(1e-4)
     assert back.intra_node_bandwidth == pytest.approx(hw.intra_node_bandwidth)
 
 
@@ -101,6 +110,8 @@ def test_the_block_round_trips_through_a_profile_file(tmp_path: Path) -> None:
     (lambda b: b["points"][0].pop("seconds"), "point 0 is malformed"),
     (lambda b: b["points"][0].update(seconds=0), "point 0: seconds must be positive"),
     (lambda b: b["fit"].update(bandwidth_gb_s=-1), "bandwidth must be positive"),
+    (lambda b: b["groups"]["all_reduce"]["2"].pop("latency_us"),
+     "groups: all_reduce: 2: a fit needs latency_us"),
 ])
 def test_a_malformed_block_is_one_clear_error(change: object, message: str) -> None:
     data = _calibrated(HW).to_dict()

@@ -9,7 +9,8 @@ point-to-point 1) takes ``latency + B / bandwidth`` (alpha-beta) on its link: in
 the ranks of its group lie within one node, across nodes otherwise (a ring runs at its slowest
 link). The latency and bandwidth are the profile's link fields; where the profile carries a
 link calibration (``flopscope calibrate --comm``), the fit of the collective's own kind for the
-link it measured. Ranks are numbered with tensor-parallel ranks neighbours, then FSDP / data
+link it measured (at the collective's group size where it was measured at that size). Ranks
+are numbered with tensor-parallel ranks neighbours, then FSDP / data
 parallel, then pipeline stages (:class:`flopscope.distributed.Layout`), so a tensor-parallel group
 spans ``tp`` consecutive ranks, an FSDP group ``tp x dp`` (stride ``tp``), a pipeline group the
 whole layout.
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from flopscope.cost import Phase
 from flopscope.errors import UsageError
-from flopscope.estimate.link_calibration import LinkFit
+from flopscope.estimate.link_calibration import LinkCalibration
 from flopscope.estimate.profile import Hardware
 from flopscope.report.records import CommRecord
 
@@ -66,8 +67,8 @@ class Links:
             crosses nodes is then an error).
         inter_latency: seconds per call across nodes.
         gpus_per_node: devices per node.
-        intra_kinds: kind -> fit measured inside a node (preferred over the link fields).
-        inter_kinds: kind -> fit measured across nodes.
+        calibration: the profile's link calibration (its fits, per kind and group size, are
+            preferred over the link fields on the link it measured).
         source: where the figures come from, for reports.
     """
 
@@ -76,8 +77,7 @@ class Links:
     inter_bandwidth: float | None
     inter_latency: float
     gpus_per_node: int
-    intra_kinds: Mapping[str, LinkFit] = field(default_factory=dict)
-    inter_kinds: Mapping[str, LinkFit] = field(default_factory=dict)
+    calibration: LinkCalibration | None = None
     source: str = "the profile's link fields"
 
     @classmethod
@@ -109,27 +109,28 @@ class Links:
                 f"span more than one node of {gpus_per_node}: give --gpus-per-node {gpus} or a "
                 "profile with inter_node_gb_s")
         cal = hardware.link_calibration
-        kinds: dict[str, Mapping[str, LinkFit]] = {"intra": {}, "inter": {}}
         source = "the profile's link fields"
         if cal is not None:
-            kinds[cal.link] = dict(cal.kinds)
             source = (f"calibrated {cal.date[:10]} ({cal.backend}, {cal.ranks} ranks, "
                       f"{cal.link}-node)")
         return cls(hardware.intra_node_bandwidth, hardware.intra_node_latency,
                    hardware.inter_node_bandwidth, hardware.inter_node_latency, gpus_per_node,
-                   kinds["intra"], kinds["inter"], source)
+                   cal, source)
 
-    def call_seconds(self, kind: str, bus_bytes: int, calls: int, span: int) -> float:
-        """Time of ``calls`` collectives of ``kind`` moving ``bus_bytes`` in all, over groups
-        whose ranks span ``span`` consecutive ranks.
+    def call_seconds(self, kind: str, bus_bytes: int, calls: int, span: int,
+                     group_size: int = 0) -> float:
+        """Time of ``calls`` collectives of ``kind`` over ``group_size`` ranks moving
+        ``bus_bytes`` in all, over groups whose ranks span ``span`` consecutive ranks.
 
         Raises:
             UsageError: the group crosses nodes and the links have no inter-node figures.
         """
         inside = span <= self.gpus_per_node
-        fit = (self.intra_kinds if inside else self.inter_kinds).get(kind)
-        if fit is not None:
-            return fit.seconds(bus_bytes, calls)
+        cal = self.calibration
+        if cal is not None and (cal.link == "intra") == inside:
+            fit = cal.fit_for(kind, group_size)
+            if fit is not None:
+                return fit.seconds(bus_bytes, calls)
         bandwidth = self.intra_bandwidth if inside else self.inter_bandwidth
         if bandwidth is None:
             raise UsageError(f"a {kind} over {span} ranks crosses nodes of {self.gpus_per_node} "
@@ -139,7 +140,8 @@ class Links:
 
     def seconds(self, records: Iterable[CommRecord], span: int) -> float:
         """Time of collectives over groups whose ranks span ``span`` consecutive ranks."""
-        return sum(self.call_seconds(r.kind, r.bus_bytes, r.calls, span) for r in records)
+        return sum(self.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
+                   for r in records)
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
             span = world
         else:
             span = r.group_size
-        seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span)
+        seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
         by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * scale
         if r.kind in OVERLAPPED_KINDS:
             if (not first_seen and r.kind == "all_gather" and r.phase is Phase.FORWARD

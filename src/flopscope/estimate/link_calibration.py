@@ -17,14 +17,16 @@ In a profile file the block is ``"link_calibration"``::
                          "fit": {"latency_us": 95.0, "bandwidth_gb_s": 1.9, "error": 0.21},
                          "kinds": {"all_reduce": {"latency_us": ..., "bandwidth_gb_s": ...,
                                                   "error": ...}, ...},
+                         "groups": {"all_reduce": {"2": {...}, "4": {...}}, ...},
                          "points": [{"kind": "all_reduce", "ranks": 4, "payload_bytes": 4096,
                                      "bus_bytes": 6144, "seconds": 1.2e-4,
                                      "spread": 0.1}, ...],
                          "error_bars": {"step": 0.25}}
 
 ``fit`` is what the profile's link fields (``intra_node_gb_s``, ``intra_node_latency_us``) were
-set to; ``kinds`` the fit of each collective kind alone, which the time model prefers for the
-link that was measured; ``error`` the median ``|fitted / measured - 1|`` over the fit's points;
+set to; ``kinds`` the fit of each collective kind alone and ``groups`` of each kind at each group
+size alone, which the time model prefers (the most specific first) for the link that was
+measured; ``error`` the median ``|fitted / measured - 1|`` over the fit's points;
 ``error_bars`` (optional) what a validation against real jobs measured (``"step"``: the 90th
 percentile of ``|predicted / measured - 1|`` of whole training steps).
 """
@@ -169,7 +171,9 @@ class LinkCalibration:
         versions: torch, flopscope and Python versions.
         points: the raw points.
         fit: every point together: the profile's link fields.
-        kinds: each kind's own fit.
+        kinds: each kind's own fit, over every group size.
+        groups: kind -> group size -> the fit of that kind at that group size alone (on an
+            oversubscribed CPU the latency grows with the ranks that must all be scheduled).
         error_bars: what a validation against real jobs measured (``"step"``).
     """
 
@@ -184,6 +188,13 @@ class LinkCalibration:
     fit: LinkFit
     kinds: Mapping[str, LinkFit] = field(default_factory=dict)
     error_bars: Mapping[str, float] = field(default_factory=dict)
+    groups: Mapping[str, Mapping[int, LinkFit]] = field(default_factory=dict)
+
+    def fit_for(self, kind: str, group_size: int) -> LinkFit | None:
+        """The most specific fit for a collective: its kind at its group size, else its kind
+        over every size, else ``None`` (the profile's link fields apply)."""
+        exact = self.groups.get(kind, {}).get(group_size)
+        return exact if exact is not None else self.kinds.get(kind)
 
     @classmethod
     def of_points(cls, points: Iterable[LinkPoint], **info: Any) -> LinkCalibration:
@@ -200,7 +211,11 @@ class LinkCalibration:
         pts = tuple(points)
         kinds = {k: fit_alpha_beta([p for p in pts if p.kind == k])
                  for k in dict.fromkeys(p.kind for p in pts)}
-        return cls(points=pts, fit=fit_alpha_beta(pts), kinds=kinds, **info)
+        groups: dict[str, dict[int, LinkFit]] = {}
+        for k, n in dict.fromkeys((p.kind, p.ranks) for p in pts):
+            groups.setdefault(k, {})[n] = fit_alpha_beta(
+                [p for p in pts if p.kind == k and p.ranks == n])
+        return cls(points=pts, fit=fit_alpha_beta(pts), kinds=kinds, groups=groups, **info)
 
     def to_dict(self) -> dict[str, Any]:
         """The block in the file format (see the module docstring)."""
@@ -208,6 +223,8 @@ class LinkCalibration:
             "date": self.date, "backend": self.backend, "ranks": self.ranks, "link": self.link,
             "host": self.host, "threads": self.threads, "versions": dict(self.versions),
             "fit": self.fit.to_dict(), "kinds": {k: f.to_dict() for k, f in self.kinds.items()},
+            "groups": {k: {str(n): f.to_dict() for n, f in by.items()}
+                       for k, by in self.groups.items()},
             "points": [p.to_dict() for p in self.points]}
         if self.error_bars:
             out["error_bars"] = dict(self.error_bars)
@@ -253,13 +270,17 @@ class LinkCalibration:
                 raise UsageError(f"{where}: point {i}: seconds must be positive")
             points.append(point)
         kinds = data.get("kinds", {})
+        groups = data.get("groups", {})
         bars = data.get("error_bars", {})
         versions = data.get("versions", {})
-        if not all(isinstance(t, Mapping) for t in (kinds, bars, versions)):
-            raise UsageError(f"{where}: kinds, error_bars and versions must be tables")
+        if not all(isinstance(t, Mapping) for t in (kinds, groups, bars, versions)) or not all(
+                isinstance(t, Mapping) for t in groups.values()):
+            raise UsageError(f"{where}: kinds, groups, error_bars and versions must be tables")
         try:
             ranks, threads = int(data["ranks"]), int(data.get("threads", 1))
             error_bars = {str(k): float(v) for k, v in bars.items()}
+            by_group = {str(k): {int(n): LinkFit.from_dict(f, f"{where}: groups: {k}: {n}")
+                                 for n, f in by.items()} for k, by in groups.items()}
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: {e}") from None
         return cls(str(data["date"]), str(data["backend"]), ranks, str(data["link"]),
@@ -267,4 +288,4 @@ class LinkCalibration:
                    {str(k): str(v) for k, v in versions.items()}, tuple(points),
                    LinkFit.from_dict(data["fit"], f"{where}: fit"),
                    {str(k): LinkFit.from_dict(v, f"{where}: kinds: {k}")
-                    for k, v in kinds.items()}, error_bars)
+                    for k, v in kinds.items()}, error_bars, by_group)
