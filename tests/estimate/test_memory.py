@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -241,3 +243,55 @@ def test_shape_only_inference_that_falls_back_to_fake_tensors_keeps_the_categori
     # packed-sequence check runs on real tensors only): a few small tensors differ, 45,440
     # against 45,184 bytes of activations
     assert abs(meta.at_peak["activations"] - real.at_peak["activations"]) <= 256
+
+
+def test_storage_resized_outside_operators_is_freed_and_allocated_again() -> None:
+    # FSDP2 frees a layer's unsharded parameters with storage.resize_(0) after its forward and
+    # allocates them again with resize_(size) for backward; no dispatch mode sees either
+    tracker = MemoryTracker()
+    with flopscope.Counter(warn=False, observers=[tracker]):
+        a = torch.zeros(1000)  # 4,000 B
+        b = a + 1  # 4,000 B: 8,000 live
+        a.untyped_storage().resize_(0)  # freed: 4,000 live
+        c = b * 2  # 4,000 B: 8,000 live (16,000 were a still charged: the old count)
+        a.untyped_storage().resize_(4000 * 2)  # allocated again, 8,000 B: 16,000 live
+        d = b + c  # 4,000 B: 20,000 live
+    mem = tracker.profile()
+    assert mem.peak_bytes == 20_000
+    assert mem.end_bytes == 20_000
+    assert torch.UntypedStorage.resize_.__name__ != "_resize_"  # put back when closed
+    del a, b, c, d
+
+
+def test_simulated_fsdp_rank_frees_its_unsharded_layers_after_forward() -> None:
+    # a 2-layer Llama, FSDP2 over 2 simulated ranks: after forward every layer's unsharded
+    # parameters are freed (resize_(0)); at the peak (the head's backward) only the root's
+    # gathered parameters (embedding and head, unsharded: 2 x 256 x 64 x 4 B + the norm) stay
+    from flopscope.distributed import Layout, simulate
+    from flopscope.sources import load_model
+
+    def build() -> tuple[nn.Module, tuple[object, ...], dict[str, object]]:
+        loaded = load_model("hf:llama", batch=1, seq_len=16, shape_only=True, config=dict(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256))
+        return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
+
+    peaks: list[Any] = []
+    for layers_freed in (True, False):
+        tracker = MemoryTracker()
+        if not layers_freed:  # the old count: resizes not followed
+            from flopscope.estimate.memory import _follow_resizes
+
+            _follow_resizes(tracker, False)
+        simulate(build, Layout(2, fsdp=2), backward=True, logical=False, observers=[tracker],
+                 warn=False)
+        peaks.append(tracker.profile())
+    followed, old = peaks
+    # each layer's parameters: q, o 64x64, k, v 32x64, gate, up, down 128x64, two norms 64:
+    # 4,096 x 2 + 2,048 x 2 + 8,192 x 3 + 128 = 36,992 x 4 B = 147,968 B per layer; the old
+    # count kept both layers' gathered parameters among the forward's storages at its peak
+    assert old.at_peak["activations"] - followed.at_peak["activations"] == 2 * 147_968
+    assert followed.peak_bytes < old.peak_bytes
+    # the peak is now where backward gathers layer 0's parameters again
+    assert (followed.peak_module, followed.peak_phase, followed.peak_op) == (
+        "model.layers.0", "backward", "resize_")

@@ -28,7 +28,7 @@ from flopscope.cli._options import (
     write_output,
 )
 from flopscope.cli.count_notes import counting_what, simulating_what, warn_training_mode
-from flopscope.cli.types import plot_file, profile, unit_prefix
+from flopscope.cli.types import plot_file, positive_int, profile, unit_prefix
 
 __all__ = ["add_subcommands", "run_count"]
 
@@ -105,6 +105,9 @@ def add_subcommands(subparsers: Any) -> None:
                      help="with --pp: microbatches per step (default: --pp; divides the batch)")
     par.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b",
                      help="with --pp: the pipeline schedule (default 1f1b)")
+    par.add_argument("--gpus-per-node", type=positive_int, metavar="N",
+                     help="with --hardware: ranks per node, for the collectives' links "
+                          "(default 8)")
     par.add_argument("--ep", type=int, default=1, metavar="N",
                      help="expert-parallel degree: --world-size (the rest replicated unless "
                           "--fsdp; with --tp, shape-only, attention tensor-parallel) or a "
@@ -164,8 +167,9 @@ def load_rules_file(path: str) -> Mapping[Any, Any]:
     return rules
 
 
-def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
-    """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp/--pp/--ep`` say.
+def _simulated(args: argparse.Namespace, rules: Any, log: Any = None) -> tuple[Any, Any]:
+    """Count one rank of ``args.source`` sharded as ``--world-size/--tp/--fsdp/--pp/--ep`` say;
+    ``log`` (a :class:`~flopscope.estimate.CallLog`, with ``--hardware``) sees the rank's calls.
 
     Returns:
         The rank's report, and with ``--pp`` the :class:`PipelineReport` of its pipeline group
@@ -188,13 +192,30 @@ def _simulated(args: argparse.Namespace, rules: Any) -> tuple[Any, Any]:
         return loaded.model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
     options = dict(rules=rules, strict=args.strict, warn=False)
+    observed = dict(options, observers=[log]) if log is not None else options
     if layout.pp > 1:
         pipeline = simulate_pipeline(build, layout, microbatches=args.microbatches,
                                      schedule=args.schedule, backward=args.backward,
                                      shape_only=args.shape_only, **options)
+        if log is not None:  # the rank's own stage again, its calls logged (the one run that is)
+            simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
+                     logical=False, microbatches=args.microbatches, schedule=args.schedule,
+                     **observed)
         return pipeline.stages[layout.stage], pipeline
     return simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
-                    **options), None
+                    **observed), None
+
+
+def _rank_step(args: argparse.Namespace, report: Any, estimate: Any, pipeline: Any) -> Any:
+    """The simulated rank's predicted step time section (compute + exposed communication)."""
+    from flopscope.distributed import Layout
+    from flopscope.distributed.display import rank_step_section
+
+    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
+                    ep=args.ep, sequence_parallel=args.sequence_parallel)
+    bubble = float(pipeline.stage_bubbles[layout.stage]) if pipeline is not None else 0.0
+    return rank_step_section(report, estimate, layout, args.hardware, args.gpus_per_node,
+                             bubble)
 
 
 def _check_options(args: argparse.Namespace) -> Any:
@@ -222,6 +243,9 @@ def _check_options(args: argparse.Namespace) -> Any:
         raise usage_error("--optimizer sizes a training step's optimizer state: it needs "
                           "--memory --backward")
     timed = args.step_time is not None or args.peak_tflops is not None
+    if args.gpus_per_node is not None and not (args.world_size and args.hardware):
+        raise usage_error("--gpus-per-node places a simulated job's ranks on nodes for its "
+                          "communication time: it needs --world-size and --hardware")
     if args.world_size is None:
         if args.tp != 1 or args.fsdp:
             raise usage_error("--tp and --fsdp need --world-size")
@@ -229,8 +253,8 @@ def _check_options(args: argparse.Namespace) -> Any:
             raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need "
                               "--world-size")
     else:
-        if args.memory or args.hardware:
-            raise usage_error("--world-size does not combine with --memory or --hardware yet")
+        if args.memory:
+            raise usage_error("--world-size does not combine with --memory yet")
         if timed:
             raise usage_error("--step-time does not combine with --world-size yet")
         from flopscope.distributed import Layout
@@ -288,12 +312,12 @@ def run_count(args: argparse.Namespace) -> int:
         util_observers = [AttentionFigures(assume_mask=assumed_mask(loaded.model))]
     progress.say(counting_what(args))
     try:
-        if args.world_size is not None:
-            report, pipeline = _simulated(args, rules)
-        else:
-            from flopscope.estimate import CallLog, peak_memory
+        from flopscope.estimate import CallLog, peak_memory
 
-            log = CallLog() if hardware is not None else None
+        log = CallLog() if hardware is not None else None
+        if args.world_size is not None:
+            report, pipeline = _simulated(args, rules, log)
+        else:
             observers = [log, *util_observers] if log is not None else util_observers
             if args.memory:
                 step: dict[str, Any] = {}  # a training step's optimizer (none for inference)
@@ -339,6 +363,8 @@ def run_count(args: argparse.Namespace) -> int:
         from flopscope.estimate.display import EstimateSection
 
         sections.append(EstimateSection(estimate))
+        if args.world_size is not None:
+            sections.append(_rank_step(args, report, estimate, pipeline))
     if util_observers:
         from flopscope.llm.flops import report_utilization
 

@@ -90,7 +90,7 @@ def run_plan(args: argparse.Namespace) -> int:
         raise usage_error(f"--checkpointing {args.checkpointing!r}: use none, block or "
                           "none,block")
     hardware = get_hardware(args.hardware)
-    Links.of(hardware, args.gpus_per_node)  # a profile without link figures fails here
+    Links.of(hardware, args.gpus_per_node, args.gpus)  # a profile without link figures fails here
     config = sources.parse_config(args.config, what="--config")
     with progress.shown():
         progress.say(f"planning {args.source} on {args.gpus} GPUs")

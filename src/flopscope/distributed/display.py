@@ -14,7 +14,7 @@ from flopscope.report.report import Report
 from flopscope.report.sections import Column
 
 __all__ = ["CommunicationSection", "PipelineSection", "communication_columns",
-           "communication_lines", "pipeline_lines"]
+           "communication_lines", "pipeline_lines", "rank_step_section", "step_lines"]
 
 
 def communication_columns(report: Report) -> list[Column]:
@@ -148,3 +148,73 @@ class PipelineSection:
     def lines(self) -> Sequence[str]:
         """See :func:`pipeline_lines`."""
         return pipeline_lines(self.pipeline)
+
+
+def step_lines(step: Any, rank: int) -> list[str]:
+    """Lines of a simulated rank's predicted step (:class:`~flopscope.estimate.comm_time
+    .RankStep`): compute, communication (per kind, exposed and hidden), the pipeline stage's
+    idle time, the step, what kind of figure it is and its measured error.
+
+    Args:
+        step: the rank's step.
+        rank: the rank.
+
+    Returns:
+        Lines of text.
+    """
+    from flopscope.estimate.display import human_seconds as _seconds
+
+    kind = "prediction" if step.compute_kind == "prediction" else "bound"
+    c = step.comm
+    kinds = ", ".join(f"{k} {_seconds(v)}" for k, v in sorted(c.by_kind.items(),
+                                                               key=lambda kv: -kv[1]))
+    error = (f"measured error +-{step.error:.0%} on real jobs (link calibration's error bar)"
+             if step.error is not None else "not validated on this profile (no error bar)")
+    compute = ("compute predicted from the profile's calibration" if kind == "prediction" else
+               "compute at its roofline lower bound (the profile is not calibrated)")
+    lines = [f"step time of rank {rank} ({kind}): {_seconds(step.total)} = {compute} "
+             f"{_seconds(step.compute)} + exposed communication {_seconds(step.exposed)}"
+             + (f", over the pipeline stage's busy fraction (idle {step.bubble:.1%})"
+                if step.bubble else "") + f"; {error}"]
+    if c.by_kind:
+        lines.append(f"  communication {_seconds(c.total)} ({kinds}): exposed "
+                     f"{_seconds(step.exposed)}, hidden behind compute "
+                     f"{_seconds(c.total - step.exposed)}; links: {step.links}")
+        lines.append("  overlap: tensor-parallel all-reduces and all-to-alls block; FSDP2 "
+                     "all-gathers are prefetched and reduce-scatters overlap backward (the "
+                     "step's first all-gather is exposed); pipeline sends are exposed")
+    return lines
+
+
+def rank_step_section(report: Report, estimate: Any, layout: Any, hardware: Any,
+                      gpus_per_node: int | None = None, bubble: float = 0.0) -> Any:
+    """The ``"step_time"`` section of a simulated rank's report with ``--hardware``: its
+    predicted step (:func:`flopscope.estimate.comm_time.rank_step`), or a line saying why there
+    is none (a profile without link figures).
+
+    Args:
+        report: the rank's report (its communication records).
+        estimate: its :class:`~flopscope.estimate.Estimate`.
+        layout: its :class:`~flopscope.distributed.Layout`.
+        hardware: the profile.
+        gpus_per_node: ranks per node (default 8).
+        bubble: the stage's idle fraction (pipeline).
+
+    Returns:
+        A :class:`~flopscope.report.sections.DataSection`.
+    """
+    from flopscope.errors import UsageError
+    from flopscope.estimate.comm_time import Links, rank_step
+    from flopscope.report.sections import DataSection
+
+    try:
+        links = Links.of(hardware, gpus_per_node or 8, layout.world_size)
+    except UsageError as e:
+        return DataSection("step_time", {"status": "no links", "note": str(e)},
+                           (f"step time: not predicted: {e}",))
+    cal = hardware.link_calibration
+    error = cal.error_bars.get("step") if cal is not None else None
+    step = rank_step(estimate, report.communication, links, tp=layout.tp, dp=layout.dp,
+                     gpus=layout.world_size, bubble=bubble, error=error)
+    rank = report.rank if report.rank is not None else layout.rank
+    return DataSection("step_time", step.to_dict(), tuple(step_lines(step, rank)))

@@ -136,6 +136,34 @@ class _Alloc:
         self.phase = phase
 
 
+_FOLLOWING: weakref.WeakSet[MemoryTracker] = weakref.WeakSet()
+_ORIGINAL_RESIZE: list[Any] = []
+
+
+def _resize_(storage: Any, size: int) -> Any:
+    """``UntypedStorage.resize_``, then every following tracker told of the new size."""
+    out = _ORIGINAL_RESIZE[0](storage, size)
+    for tracker in list(_FOLLOWING):
+        tracker._storage_resized(storage)
+    return out
+
+
+def _follow_resizes(tracker: MemoryTracker, follow: bool) -> None:
+    """Start (or stop) telling ``tracker`` of storage resizes made outside any operator: FSDP2
+    frees a layer's unsharded parameters after its forward with ``storage.resize_(0)`` and
+    allocates them again for backward with ``resize_(size)``, which no dispatch mode sees.
+    ``UntypedStorage.resize_`` is wrapped while a tracker follows, and put back after."""
+    if follow:
+        _FOLLOWING.add(tracker)
+    else:
+        _FOLLOWING.discard(tracker)
+    if _FOLLOWING and not _ORIGINAL_RESIZE:
+        _ORIGINAL_RESIZE.append(torch.UntypedStorage.resize_)
+        torch.UntypedStorage.resize_ = _resize_  # type: ignore[method-assign,assignment]
+    elif not _FOLLOWING and _ORIGINAL_RESIZE:
+        torch.UntypedStorage.resize_ = _ORIGINAL_RESIZE.pop()  # type: ignore[method-assign]
+
+
 class MemoryTracker:
     """A Counter observer that follows live tensor storages and records the peak.
 
@@ -166,6 +194,27 @@ class MemoryTracker:
         self._closed = False
         # what register() made live (storage, key, bytes, category): kept by reset()
         self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
+        self._resized_away: dict[int, str] = {}  # storages freed by resize_(0): their module
+        _follow_resizes(self, True)
+
+    def _storage_resized(self, st: Any) -> None:
+        """A storage took a new size outside any operator: a followed one's old bytes are
+        freed, and one that grows (again) is allocated anew (in the phase of the last call)."""
+        if self._closed:
+            return
+        key, nbytes = int(st._cdata), int(st.nbytes())
+        alloc = self._live.get(key)
+        if alloc is not None and (alloc.nbytes == nbytes or alloc.key != key):
+            return
+        if alloc is not None:
+            self._died(alloc)
+            self._resized_away[key] = alloc.path
+        if nbytes and (alloc is not None or key in self._resized_away):
+            path = self._resized_away.pop(key)
+            phase = self._calls[-1][1] if self._calls else Phase.FORWARD.value
+            self._born(key, nbytes, st, _PHASE_CATEGORY.get(Phase(phase), "temporaries"), path,
+                       phase)
+            self._note_peak(path, phase, "resize_")
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _born(self, key: int, nbytes: int, st: Any, category: str, path: str, phase: str) -> None:
@@ -240,6 +289,7 @@ class MemoryTracker:
     def close(self) -> None:
         """Stop following storages (finalizers detached); the recorded figures stay."""
         self._closed = True
+        _follow_resizes(self, False)
         for fin in self._finalizers:
             fin.detach()
         self._finalizers = []

@@ -35,6 +35,7 @@ import torch
 
 from flopscope.errors import UsageError
 from flopscope.estimate.calibration import Calibration
+from flopscope.estimate.link_calibration import LinkCalibration
 
 __all__ = ["DTYPE_KEYS", "SPECIAL_FUNCTIONS", "Hardware", "dtype_key"]
 
@@ -90,6 +91,9 @@ class Hardware:
         inter_node_bandwidth: bytes per second one device sends to other nodes (its network
             adapter, one direction); ``None``: unknown.
         inter_node_latency: seconds per collective call that crosses nodes.
+        link_calibration: collectives timed on a real process group
+            (:mod:`flopscope.estimate.link_calibration`), whose fit set the link fields of the
+            link it measured; ``None``: the link figures are datasheet values (or absent).
     """
 
     name: str
@@ -110,6 +114,7 @@ class Hardware:
     intra_node_latency: float = 0.0
     inter_node_bandwidth: float | None = None
     inter_node_latency: float = 0.0
+    link_calibration: LinkCalibration | None = None
 
     def __post_init__(self) -> None:
         for what in ("intra_node_bandwidth", "inter_node_bandwidth"):
@@ -227,6 +232,8 @@ class Hardware:
                                       for k, table in self.special.items()}
         if self.calibration is not None:
             out["calibration"] = self.calibration.to_dict()
+        if self.link_calibration is not None:
+            out["link_calibration"] = self.link_calibration.to_dict()
         return out
 
     @classmethod
@@ -247,7 +254,7 @@ class Hardware:
                  "memory_gb", "source", "measured", "cache_mib", "cache_bandwidth_gb_s",
                  "write_bandwidth_gb_s", "convolution_tflops", "special_gelem_s", "calibration",
                  "intra_node_gb_s", "intra_node_latency_us", "inter_node_gb_s",
-                 "inter_node_latency_us"}
+                 "inter_node_latency_us", "link_calibration"}
         if not isinstance(data, Mapping):
             raise UsageError(f"{where}: a hardware profile is a table of keys, not "
                              f"{type(data).__name__}")
@@ -316,6 +323,8 @@ class Hardware:
             intra_node_latency=latencies["intra_node_latency_us"],
             inter_node_bandwidth=links["inter_node_gb_s"],
             inter_node_latency=latencies["inter_node_latency_us"],
+            link_calibration=(LinkCalibration.from_dict(data["link_calibration"], where=where)
+                              if data.get("link_calibration") is not None else None),
         )
 
 

@@ -273,7 +273,7 @@ def plan(
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
     hw = get_hardware(hardware)
-    links = Links.of(hw, gpus_per_node)
+    links = Links.of(hw, gpus_per_node, gpus)
     budget = memory_budget if memory_budget is not None else hw.memory_bytes
     if budget is None:
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
@@ -309,8 +309,10 @@ def plan(
                          None if fits else _reason(used, at, where, budget))
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=lambda c: (c.time.total, c.memory_bytes))
-    notes = ("step times are roofline lower bounds (every call at peak rate or bandwidth) plus "
-             "link-bandwidth communication; MFU against the dense "
+    compute = ("calibrated predictions (the profile's calibration block)" if hw.calibration
+               else "roofline lower bounds (every call at peak rate or bandwidth)")
+    notes = (f"step times: compute from {compute}, plus communication at the links' alpha-beta "
+             f"({links.source}); MFU against the dense "
              f"{dtype_key(param_dtype)} peak of {hw.name}",
              "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
              "AdamW (two moments per parameter, in the parameters' dtype)")

@@ -1,93 +1,35 @@
 """The time of one training step of a layout, from its roles' counts: ONE function,
-:func:`step_time`, so that a calibrated prediction can replace the roofline bound in one place.
+:func:`step_time`.
 
 Parts (seconds per step, on the layout's slowest stage):
 
-- **compute**: the roofline time of the rank's counted calls (forward, backward; a lower bound:
-  every call at the hardware's peak FLOP rate or memory bandwidth, whichever binds);
+- **compute**: the rank's counted calls, forward and backward: the calibrated **prediction**
+  when the hardware profile has a calibration block (``flopscope calibrate``), else the
+  roofline **lower bound** (every call at the hardware's peak FLOP rate or memory bandwidth,
+  whichever binds); :attr:`StepTime.compute` says which;
 - **recompute**: the forward work activation checkpointing runs again in backward (its phase);
-- **tensor-parallel communication**: every all-reduce exposed (it sits between two products);
-- **FSDP communication**: the parameters' all-gathers and the gradients' reduce-scatters run
-  beside compute, prefetched; only the first all-gather of a step is exposed, and whatever the
-  rest needs beyond the compute time;
-- **pipeline point-to-point**: activations and gradients between stages, exposed;
+- **communication**: every collective timed and sorted by the overlap rules of
+  :mod:`flopscope.estimate.comm_time` (the one model; the planner and a simulated rank's
+  ``--hardware`` report share it): tensor-parallel all-reduces exposed; FSDP2's all-gathers
+  and reduce-scatters beside compute, only the first all-gather and what the rest need beyond
+  the compute time exposed; pipeline point-to-point exposed;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`).
-
-A collective of ``B`` bus bytes (the ring convention, :mod:`flopscope.rules.collectives`) over a
-group that stays inside one node takes ``B / intra_node_bandwidth + latency``; one that spans
-nodes ``B / inter_node_bandwidth + latency`` (the ring runs at its slowest link). Tensor-parallel
-ranks are neighbours, so a TP group is inside a node when ``tp <= gpus_per_node``; an FSDP group
-(stride ``tp``) when ``tp x dp <= gpus_per_node``; a pipeline group when the whole layout is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from fractions import Fraction
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
-from flopscope.errors import UsageError
-from flopscope.estimate import Hardware
+from flopscope.estimate.comm_time import Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
-from flopscope.report.records import CommRecord
 
 __all__ = ["PART_NAMES", "Links", "StepTime", "compare", "describe", "one_f_one_b", "step_time"]
-
-_TP_KINDS = ("all_reduce",)
-_FSDP_KINDS = ("all_gather", "reduce_scatter")
-_P2P_KINDS = ("send", "recv")
-
-
-@dataclass(frozen=True)
-class Links:
-    """The links collectives run over.
-
-    Attributes:
-        intra_bandwidth: bytes/s per device, one direction, inside a node.
-        intra_latency: seconds per call inside a node.
-        inter_bandwidth: bytes/s per device across nodes.
-        inter_latency: seconds per call across nodes.
-        gpus_per_node: devices per node.
-    """
-
-    intra_bandwidth: float
-    intra_latency: float
-    inter_bandwidth: float
-    inter_latency: float
-    gpus_per_node: int
-
-    @classmethod
-    def of(cls, hardware: Hardware, gpus_per_node: int) -> Links:
-        """The links of a hardware profile.
-
-        Args:
-            hardware: the profile.
-            gpus_per_node: devices per node.
-
-        Returns:
-            The links.
-
-        Raises:
-            UsageError: the profile has no link figures.
-        """
-        if hardware.intra_node_bandwidth is None or hardware.inter_node_bandwidth is None:
-            raise UsageError(
-                f"hardware {hardware.name!r} has no link bandwidths for collectives: use a "
-                "profile that has them (h100-sxm, h200, a100-80gb ...) or a profile file with "
-                "intra_node_gb_s and inter_node_gb_s")
-        return cls(hardware.intra_node_bandwidth, hardware.intra_node_latency,
-                   hardware.inter_node_bandwidth, hardware.inter_node_latency, gpus_per_node)
-
-    def seconds(self, records: Iterable[CommRecord], span: int) -> float:
-        """Time of collectives over groups whose ranks span ``span`` consecutive ranks."""
-        inside = span <= self.gpus_per_node
-        bandwidth = self.intra_bandwidth if inside else self.inter_bandwidth
-        latency = self.intra_latency if inside else self.inter_latency
-        return sum(r.bus_bytes / bandwidth + r.calls * latency for r in records)
 
 
 @dataclass(frozen=True)
@@ -104,6 +46,8 @@ class StepTime:
         p2p: pipeline sends and receives (exposed).
         bubble: pipeline idle time.
         total: the step.
+        compute: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
+            the compute parts are.
     """
 
     forward: float
@@ -115,10 +59,11 @@ class StepTime:
     p2p: float
     bubble: float
     total: float
+    compute: str = "bound"
 
     def to_dict(self) -> dict[str, float]:
-        """A JSON-ready dict (seconds)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """A JSON-ready dict (seconds; what the compute is: :meth:`compute_kind`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compute"}
 
     def parts(self) -> dict[str, float]:
         """The parts that add up to :attr:`total`, by name."""
@@ -174,30 +119,27 @@ class _Stage:
 
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
-    phases = run.estimate.by_phase
-    comm = run.report.communication
+    estimate = run.estimate
+    phases = estimate.by_phase
+    predicted = estimate.calibrated
 
     def phase(name: str) -> float:
         row = phases.get(name)
-        return row.time_s if row is not None else 0.0
+        if row is None:
+            return 0.0
+        return row.predicted_s if predicted else row.time_s
 
-    tp = [c for c in comm if c.kind in _TP_KINDS]
-    fsdp = [c for c in comm if c.kind in _FSDP_KINDS]
-    p2p = [c for c in comm if c.kind in _P2P_KINDS]
-    span = choice.tp * choice.dp
-    fsdp_total = links.seconds(fsdp, span)
-    gathers = [c for c in fsdp if c.kind == "all_gather" and c.phase is Phase.FORWARD]
-    first = (links.seconds([gathers[0]], span) / gathers[0].calls) if gathers else 0.0
+    comm = comm_time(run.report.communication, links, tp=choice.tp, dp=choice.dp,
+                     gpus=choice.gpus, scale=scale)
     return _Stage(
         forward=phase(Phase.FORWARD.value) * scale,
         backward=phase(Phase.BACKWARD.value) * scale,
         recompute=phase(Phase.RECOMPUTE.value) * scale,
-        tp_forward=links.seconds([c for c in tp if c.phase is Phase.FORWARD], choice.tp) * scale,
-        tp_backward=links.seconds([c for c in tp if c.phase is not Phase.FORWARD],
-                                  choice.tp) * scale,
-        fsdp_first=first,
-        fsdp_rest=fsdp_total * scale - first,
-        p2p=links.seconds(p2p, choice.gpus) * scale,
+        tp_forward=comm.blocking_forward,
+        tp_backward=comm.blocking_backward,
+        fsdp_first=comm.overlapped_first,
+        fsdp_rest=comm.overlapped_rest,
+        p2p=comm.p2p,
     )
 
 
@@ -230,12 +172,14 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
         slow = max(stages, key=lambda s: s.busy)
         i = stages.index(slow)
         span = slow.busy / float(1 - idle[i]) if idle[i] < 1 else slow.busy
-    exposed = max(s.fsdp_first + max(0.0, s.fsdp_rest - s.busy) for s in stages)
+    exposed = max(s.fsdp_first + max(0.0, s.fsdp_rest - s.busy) for s in stages)  # comm_time's
+    # overlap rule (CommTime.overlapped_exposed), here per stage
     hidden = max(s.fsdp_first + s.fsdp_rest for s in stages) - exposed
     p2p = max(s.p2p for s in stages)
     total = span + exposed + p2p
+    kind = "prediction" if all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
-                    max(0.0, hidden), p2p, span - slow.busy, total)
+                    max(0.0, hidden), p2p, span - slow.busy, total, kind)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them

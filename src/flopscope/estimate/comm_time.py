@@ -1,0 +1,306 @@
+"""Communication time: each collective of a rank from its kind, bus bytes, group and link, and
+how much of it a training step exposes. The one model, used by the planner
+(:func:`flopscope.plan.timing.step_time`) and by a simulated rank's report with ``--hardware``
+(:func:`rank_step`).
+
+**One collective** of ``B`` bus bytes (the ring convention of :mod:`flopscope.rules.collectives`:
+all-reduce 2 (n-1)/n of the payload, all-gather and reduce-scatter (n-1)/n, broadcast and
+point-to-point 1) takes ``latency + B / bandwidth`` (alpha-beta) on its link: inside a node when
+the ranks of its group lie within one node, across nodes otherwise (a ring runs at its slowest
+link). The latency and bandwidth are the profile's link fields; where the profile carries a
+link calibration (``flopscope calibrate --comm``), the fit of the collective's own kind for the
+link it measured (at the collective's group size where it was measured at that size). Ranks
+are numbered with tensor-parallel ranks neighbours, then FSDP / data
+parallel, then pipeline stages (:class:`flopscope.distributed.Layout`), so a tensor-parallel group
+spans ``tp`` consecutive ranks, an FSDP group ``tp x dp`` (stride ``tp``), a pipeline group the
+whole layout.
+
+**Overlap with compute** (:class:`CommTime`):
+
+- **blocking, exposed**: tensor parallelism's all-reduces (each sits between two matrix
+  products: the next cannot start without it), expert parallelism's all-to-alls, broadcasts
+  and the rest of the kinds not named below;
+- **pipeline point-to-point** (send, recv): exposed;
+- **FSDP2's all-gathers and reduce-scatters**: run on their own stream / thread beside compute;
+  the all-gather of the next layer is prefetched while this one computes, the gradients'
+  reduce-scatters run while backward goes on. Exposed: the step's first all-gather (nothing to
+  hide it behind) and whatever the rest need beyond the compute and blocking time they run
+  beside: ``first + max(0, rest - busy)``.
+
+Sequence parallelism's all-gathers and reduce-scatters are blocking in a real job but are taken
+as FSDP2's here (the records carry kind and group size, not which parallelism issued them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flopscope.cost import Phase
+from flopscope.errors import UsageError
+from flopscope.estimate.link_calibration import LinkCalibration
+from flopscope.estimate.profile import Hardware
+from flopscope.report.records import CommRecord
+
+if TYPE_CHECKING:
+    from flopscope.estimate.bound import Estimate
+
+__all__ = ["OVERLAPPED_KINDS", "P2P_KINDS", "CommTime", "Links", "RankStep", "comm_time",
+           "rank_step"]
+
+OVERLAPPED_KINDS = ("all_gather", "reduce_scatter")
+"""FSDP2's collectives: prefetched / overlapped with compute."""
+P2P_KINDS = ("send", "recv")
+"""Pipeline point-to-point: exposed."""
+_TP_KINDS = ("all_reduce",)
+
+
+@dataclass(frozen=True)
+class Links:
+    """The links collectives run over (alpha-beta per link, per kind where calibrated).
+
+    Attributes:
+        intra_bandwidth: bytes/s per device, one direction, inside a node.
+        intra_latency: seconds per call inside a node.
+        inter_bandwidth: bytes/s per device across nodes (``None``: unknown; a group that
+            crosses nodes is then an error).
+        inter_latency: seconds per call across nodes.
+        gpus_per_node: devices per node.
+        calibration: the profile's link calibration (its fits, per kind and group size, are
+            preferred over the link fields on the link it measured).
+        source: where the figures come from, for reports.
+    """
+
+    intra_bandwidth: float
+    intra_latency: float
+    inter_bandwidth: float | None
+    inter_latency: float
+    gpus_per_node: int
+    calibration: LinkCalibration | None = None
+    source: str = "the profile's link fields"
+
+    @classmethod
+    def of(cls, hardware: Hardware, gpus_per_node: int, gpus: int | None = None) -> Links:
+        """The links of a hardware profile.
+
+        Args:
+            hardware: the profile.
+            gpus_per_node: devices per node.
+            gpus: devices in the job, when known: a job larger than a node needs the
+                inter-node figures.
+
+        Returns:
+            The links.
+
+        Raises:
+            UsageError: the profile has no link figures (or none across nodes for a job that
+                spans nodes).
+        """
+        if hardware.intra_node_bandwidth is None:
+            raise UsageError(
+                f"hardware {hardware.name!r} has no link bandwidths for collectives: use a "
+                "profile that has them (h100-sxm, h200, a100-80gb ...), a profile file with "
+                "intra_node_gb_s and inter_node_gb_s, or measure them here with "
+                "'flopscope calibrate --comm --ranks N'")
+        if gpus is not None and gpus > gpus_per_node and hardware.inter_node_bandwidth is None:
+            raise UsageError(
+                f"hardware {hardware.name!r} has no inter-node link figures and {gpus} devices "
+                f"span more than one node of {gpus_per_node}: give --gpus-per-node {gpus} or a "
+                "profile with inter_node_gb_s")
+        cal = hardware.link_calibration
+        source = "the profile's link fields"
+        if cal is not None:
+            source = (f"calibrated {cal.date[:10]} ({cal.backend}, {cal.ranks} ranks, "
+                      f"{cal.link}-node)")
+        return cls(hardware.intra_node_bandwidth, hardware.intra_node_latency,
+                   hardware.inter_node_bandwidth, hardware.inter_node_latency, gpus_per_node,
+                   cal, source)
+
+    def call_seconds(self, kind: str, bus_bytes: int, calls: int, span: int,
+                     group_size: int = 0) -> float:
+        """Time of ``calls`` collectives of ``kind`` over ``group_size`` ranks moving
+        ``bus_bytes`` in all, over groups whose ranks span ``span`` consecutive ranks.
+
+        Raises:
+            UsageError: the group crosses nodes and the links have no inter-node figures.
+        """
+        inside = span <= self.gpus_per_node
+        cal = self.calibration
+        if cal is not None and (cal.link == "intra") == inside:
+            fit = cal.fit_for(kind, group_size)
+            if fit is not None:
+                return fit.seconds(bus_bytes, calls)
+        bandwidth = self.intra_bandwidth if inside else self.inter_bandwidth
+        if bandwidth is None:
+            raise UsageError(f"a {kind} over {span} ranks crosses nodes of {self.gpus_per_node} "
+                             "and the profile has no inter-node link figures")
+        latency = self.intra_latency if inside else self.inter_latency
+        return bus_bytes / bandwidth + calls * latency
+
+    def seconds(self, records: Iterable[CommRecord], span: int) -> float:
+        """Time of collectives over groups whose ranks span ``span`` consecutive ranks."""
+        return sum(self.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
+                   for r in records)
+
+
+@dataclass(frozen=True)
+class CommTime:
+    """A rank's communication over one step, sorted by the overlap rules (seconds).
+
+    Attributes:
+        blocking_forward: blocking collectives (tensor-parallel all-reduces, all-to-alls ...)
+            in forward.
+        blocking_backward: the same in backward (and recomputation).
+        overlapped_first: the step's first FSDP2 all-gather (exposed).
+        overlapped_rest: every other FSDP2 all-gather and reduce-scatter (hidden behind
+            compute where it fits).
+        p2p: pipeline sends and receives (exposed).
+        by_kind: kind -> seconds (everything, exposed or not).
+    """
+
+    blocking_forward: float
+    blocking_backward: float
+    overlapped_first: float
+    overlapped_rest: float
+    p2p: float
+    by_kind: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def blocking(self) -> float:
+        """Blocking collectives' time (exposed)."""
+        return self.blocking_forward + self.blocking_backward
+
+    @property
+    def total(self) -> float:
+        """Every collective's time."""
+        return self.blocking + self.overlapped_first + self.overlapped_rest + self.p2p
+
+    def overlapped_exposed(self, busy: float) -> float:
+        """The FSDP2 time a step exposes when it runs beside ``busy`` seconds of compute and
+        blocking communication: the first all-gather and what the rest need beyond ``busy``."""
+        return self.overlapped_first + max(0.0, self.overlapped_rest - busy)
+
+    def exposed(self, compute: float) -> float:
+        """Communication time a step exposes beside ``compute`` seconds of compute."""
+        return (self.blocking + self.p2p
+                + self.overlapped_exposed(compute + self.blocking))
+
+
+def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: int = 1,
+              gpus: int | None = None, scale: float = 1.0) -> CommTime:
+    """Sort a rank's collectives by the overlap rules and time them (module docstring).
+
+    Args:
+        records: the rank's communication records (``Report.communication``).
+        links: the links.
+        tp: tensor-parallel degree (a TP group's span).
+        dp: FSDP / data-parallel degree (an FSDP group spans ``tp x dp`` ranks).
+        gpus: ranks in the job (a pipeline group's span; default ``tp x dp``).
+        scale: the step's microbatches over the simulated ones (every time but the first
+            all-gather is per microbatch).
+
+    Returns:
+        The :class:`CommTime`.
+    """
+    world = gpus if gpus is not None else tp * dp
+    fwd = bwd = first = rest = p2p = 0.0
+    by_kind: dict[str, float] = {}
+    first_seen = False
+    for r in records:
+        if r.kind in _TP_KINDS:
+            span = tp
+        elif r.kind in OVERLAPPED_KINDS:
+            span = tp * dp
+        elif r.kind in P2P_KINDS:
+            span = world
+        else:
+            span = r.group_size
+        seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
+        by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * scale
+        if r.kind in OVERLAPPED_KINDS:
+            if (not first_seen and r.kind == "all_gather" and r.phase is Phase.FORWARD
+                    and r.calls > 0):
+                first_seen = True
+                one = seconds / r.calls
+                first += one
+                rest -= one
+            rest += seconds * scale
+        elif r.kind in P2P_KINDS:
+            p2p += seconds * scale
+        elif r.phase is Phase.FORWARD:
+            fwd += seconds * scale
+        else:
+            bwd += seconds * scale
+    return CommTime(fwd, bwd, first, rest, p2p, by_kind)
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """A simulated rank's predicted step: compute plus the communication it exposes.
+
+    Attributes:
+        compute: the rank's compute (seconds): the calibrated prediction, or the roofline
+            bound where the profile is not calibrated (:attr:`compute_kind`).
+        compute_kind: ``"prediction"`` or ``"bound"``.
+        comm: its collectives, by the overlap rules.
+        exposed: the communication time the step exposes.
+        bubble: the pipeline stage's idle fraction (0 without stages).
+        total: ``(compute + exposed) / (1 - bubble)``.
+        links: where the link figures come from.
+        error: the measured relative error of such steps (the link calibration's
+            ``error_bars["step"]``), ``None`` when not validated.
+    """
+
+    compute: float
+    compute_kind: str
+    comm: CommTime
+    exposed: float
+    bubble: float
+    total: float
+    links: str
+    error: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (seconds)."""
+        c = self.comm
+        return {"kind": "prediction" if self.compute_kind == "prediction" else "bound",
+                "compute_s": self.compute, "compute": self.compute_kind,
+                "communication_s": c.total, "exposed_s": self.exposed,
+                "hidden_s": c.total - self.exposed, "blocking_s": c.blocking,
+                "fsdp_s": c.overlapped_first + c.overlapped_rest, "p2p_s": c.p2p,
+                "by_kind_s": dict(c.by_kind), "bubble": self.bubble, "step_s": self.total,
+                "links": self.links, "error": self.error,
+                "overlap": "tensor-parallel all-reduces and all-to-alls blocking; FSDP2 "
+                           "all-gathers prefetched and reduce-scatters overlapped with "
+                           "backward (the first all-gather exposed); pipeline sends exposed"}
+
+
+def rank_step(estimate: Estimate, records: Iterable[CommRecord], links: Links, *, tp: int = 1,
+              dp: int = 1, gpus: int | None = None, bubble: float = 0.0,
+              error: float | None = None) -> RankStep:
+    """A simulated rank's step time: its compute (predicted where the profile is calibrated,
+    the bound otherwise) plus the communication it exposes (:class:`CommTime`), over the
+    pipeline stage's busy fraction.
+
+    Args:
+        estimate: the rank's estimate (a :class:`~flopscope.estimate.Estimate`).
+        records: its collectives.
+        links: the links.
+        tp: tensor-parallel degree.
+        dp: FSDP / data-parallel degree.
+        gpus: ranks in the job.
+        bubble: the stage's idle fraction (pipeline).
+        error: the measured error of such predictions, if any.
+
+    Returns:
+        The :class:`RankStep`.
+    """
+    calibrated = estimate.calibrated
+    compute = estimate.total.predicted_s if calibrated else estimate.total.time_s
+    comm = comm_time(records, links, tp=tp, dp=dp, gpus=gpus)
+    exposed = comm.exposed(compute)
+    busy = compute + exposed
+    total = busy / (1 - bubble) if bubble < 1 else busy
+    return RankStep(compute, "prediction" if calibrated else "bound", comm, exposed, bubble,
+                    total, links.source, error)
