@@ -209,6 +209,7 @@ def test_cli_calibrate_writes_a_file_count_predicts_with(
     # the microbenchmarks replaced by the known points (the real ones: the test above)
     monkeypatch.setattr(calibrate_module, "calibration_points",
                         lambda device, budget_s, progress: list(POINTS))
+    monkeypatch.setattr(calibrate_module, "op_host_times", lambda device: {})
     monkeypatch.setattr(calibrate_module, "host_times", lambda device: dict(HOST))
     base = tmp_path / "fast.json"
     base.write_text(json.dumps(FAST.to_dict()))

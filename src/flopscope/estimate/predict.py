@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "predictor"]
+           "predictor", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -122,8 +122,14 @@ def family(rec: CallRecord) -> str:
                      is_convolution(rec.op))
 
 
+WORK_IN_FLOPS = (*COMPUTE_FAMILIES, "pooling")
+"""Families whose work is FLOPs: the compute families, and pooling (one operation per element
+of each output's window: a stride-1 3x3 max pooling does four times a stride-2 one's over the
+same bytes)."""
+
+
 def _work(fam: str, flops: int, nbytes: int) -> float:
-    return float(flops if fam in COMPUTE_FAMILIES else nbytes)
+    return float(flops if fam in WORK_IN_FLOPS else nbytes)
 
 
 def _coords(fam: str, flops: int, nbytes: int) -> tuple[float, ...]:
@@ -201,13 +207,16 @@ class Predictor:
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
         self.host = dict(calibration.host_s)
+        self.host_op = dict(calibration.host_op_s)
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
         for p in calibration.points:
-            device = p.seconds - self.host.get(p.family, 0.0)
+            device = p.seconds - self.host_s(p.family, p.op)
             work = _work(p.family, p.flops, p.bytes)
             if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
                 continue
             point = (_coords(p.family, p.flops, p.bytes), math.log10(work / device))
+            if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
+                raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
                 raw.setdefault((p.family, p.dtype, "inplace"), []).append(point)
                 continue
@@ -216,21 +225,25 @@ class Predictor:
                 raw.setdefault((p.family, p.dtype, p.function), []).append(point)
         self._curves = {k: _Curve.of(v) for k, v in raw.items()}
 
-    def _curve(self, fam: str, dtype: str, function: str = "") -> _Curve | None:
-        for key in ((fam, dtype, function), (fam, dtype, ""), (fam, "fp32", function),
-                    (fam, "fp32", "")):
+    def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
+        for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
+                    + [(fam, "fp32", s) for s in selectors if s] + [(fam, "fp32", "")]):
             curve = self._curves.get(key)
             if curve is not None:
                 return curve
         return None
 
-    def host_s(self, fam: str) -> float:
-        """Host time of an eager call of family ``fam`` (the element-wise one where the family
-        was not measured; 0 without either)."""
+    def host_s(self, fam: str, op: str = "") -> float:
+        """Host time of an eager call of operator ``op`` (its base name) where it was measured,
+        else of family ``fam`` (the element-wise one where the family was not measured; 0
+        without either)."""
+        seconds = self.host_op.get(op) if op else None
+        if seconds is not None:
+            return seconds
         return self.host.get(fam, self.host.get("elementwise", 0.0))
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
-                 function: str = "") -> float | None:
+                 *selectors: str) -> float | None:
         """Device time of work of family ``fam``, or ``None`` when the family has no points.
 
         Args:
@@ -238,14 +251,15 @@ class Predictor:
             dtype: its dtype key.
             flops: its FLOPs.
             nbytes: its bytes.
-            function: the special function, for the special family.
+            selectors: the curves to try first, in order: ``"op:NAME"`` (the operator's own
+                points), a special function's name, ``"inplace"``; then the family's.
 
         Returns:
             Seconds, or ``None``.
         """
         if fam == "view":
             return 0.0
-        curve = self._curve(fam, dtype, function)
+        curve = self._curve(fam, dtype, *selectors)
         work = _work(fam, flops, nbytes)
         if curve is None:
             return None
@@ -266,12 +280,13 @@ class Predictor:
         fam = family(rec)
         key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
         function = rec.special[0] if rec.special is not None else ""
-        if rec.fresh_bytes == 0 and rec.bytes_written > 0:
-            function = "inplace"  # the in-place points, where the family has them
-        device = self.device_s(fam, key, rec.flops, rec.bytes, function)
+        op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
+        inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
+        device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace)
+        host = self.host_s(fam, op)
         if device is None:
-            return CallPrediction(fam, self.host_s(fam), bound_s, False)
-        return CallPrediction(fam, self.host_s(fam), max(device, bound_s), True)
+            return CallPrediction(fam, host, bound_s, False)
+        return CallPrediction(fam, host, max(device, bound_s), True)
 
 
 _PREDICTORS: dict[int, tuple[Calibration, Predictor]] = {}
