@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 from collections.abc import Callable
@@ -40,22 +41,28 @@ from flopscope.estimate.predict import family
 from flopscope.estimate.profile import Hardware
 
 
-class _Capture(TorchDispatchMode):
-    """Records every call (with its arguments) and the wall time of its kernel."""
+class Capture(TorchDispatchMode):
+    """Records every call (with its arguments, ``keep``) and the time of its kernel by
+    :func:`flopscope.estimate.calibrate.clock`, and the page faults it took."""
 
     def __init__(self, keep: bool) -> None:
         super().__init__()
         self.keep = keep
         self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.ops: list[str] = []
         self.times: list[float] = []
+        self.faults: list[int] = []
         self.now = clock("cpu")[1]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         start = self.now()
         out = func(*args, **kwargs)
         self.times.append(self.now() - start)
+        self.ops.append(str(func))
+        self.faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
         if self.keep:
             def hold(t: Any) -> Any:
                 return t.detach().clone() if isinstance(t, torch.Tensor) else t
@@ -67,7 +74,8 @@ def _shape(args: tuple[Any, ...]) -> str:
     return " ".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
 
 
-def _predict(func: Any, args: Any, kwargs: Any, hw: Hardware) -> tuple[str, float, float, float]:
+def _predict(func: Any, args: Any, kwargs: Any,
+             hw: Hardware) -> tuple[str, float, float, float, int]:
     from flopscope.core.counter import Counter
     from flopscope.estimate.roofline import CallLog
 
@@ -76,6 +84,7 @@ def _predict(func: Any, args: Any, kwargs: Any, hw: Hardware) -> tuple[str, floa
         func(*args, **kwargs)
     matmul, conv = resolve_tf32(None)
     fam, pred, host, bound = "view", 0.0, 0.0, 0.0
+    fresh = sum(r.fresh_bytes or 0 for r in log.records)
     for i, rec in enumerate(log.records):
         row = call_row(rec, hw, matmul, conv)
         pred += row.predicted_s
@@ -83,7 +92,7 @@ def _predict(func: Any, args: Any, kwargs: Any, hw: Hardware) -> tuple[str, floa
         bound += row.time_s
         if i == 0 or rec.flops + rec.bytes > 0:
             fam = family(rec)
-    return fam, pred, host, bound
+    return fam, pred, host, bound, fresh
 
 
 def diagnose(name: str, run: Callable[[], None], hw: Hardware) -> dict[str, Any]:
@@ -97,24 +106,28 @@ def diagnose(name: str, run: Callable[[], None], hw: Hardware) -> dict[str, Any]
         run()
         walls.append(now() - start)
     runs = []
-    capture = _Capture(keep=True)
+    capture = Capture(keep=True)
     with capture:
         run()
+    faults = []
     for _ in range(3):
-        mode = _Capture(keep=False)
+        mode = Capture(keep=False)
         with mode:
             run()
         runs.append(mode.times)
+        faults.append(mode.faults)
     rows = []
     for i, (func, args, kwargs) in enumerate(capture.calls):
         in_model = statistics.median(r[i] for r in runs if i < len(r))
-        fam, pred, host, bound = _predict(func, args, kwargs, hw)
+        in_model_faults = statistics.median(f[i] for f in faults if i < len(f))
+        fam, pred, host, bound, fresh = _predict(func, args, kwargs, hw)
         with torch.no_grad():
             isolated = time_per_call(lambda f=func, a=args, k=kwargs: f(*a, **k), "cpu",
                                      budget_s=0.003)
         rows.append({"op": str(func), "shape": _shape(args), "family": fam,
                      "predicted_s": pred, "host_s": host, "bound_s": bound,
-                     "isolated_s": isolated, "in_model_s": in_model})
+                     "isolated_s": isolated, "in_model_s": in_model,
+                     "in_model_page_faults": in_model_faults, "fresh_bytes": fresh})
     wall = statistics.median(walls)
     print(f"{name}: wall {wall * 1e3:.2f} ms, in-model sum "
           f"{sum(r['in_model_s'] for r in rows) * 1e3:.2f} ms, isolated sum "
@@ -183,6 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                 with torch.no_grad():
                     model(*args)
         result = diagnose(name, run, hw)
+        if not train:  # the whole model's prediction (its calls in order: host times by what
+            # the calls before moved), per family
+            import flopscope
+
+            with torch.no_grad():
+                _, est = flopscope.estimate.roofline(model, *args, hardware=hw)
+            result["whole"] = {k: r.predicted_s for k, r in est.by_family.items()}
+            result["whole_total_s"] = est.total.predicted_s
+            print(f"{name}: whole-model prediction {est.total.predicted_s * 1e3:.2f} ms: "
+                  + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in result["whole"].items()),
+                  file=sys.stderr, flush=True)
         results.append(result)
         for key in opts.by.split(","):
             print(table(result, key), flush=True)

@@ -149,3 +149,70 @@ def test_one_thread_on_the_cpu_is_timed_by_the_threads_cpu_time() -> None:
         assert time_per_call(lambda: time.sleep(0.002), "cpu", budget_s=0.004) >= 0.002
     finally:
         torch.set_num_threads(before)
+
+
+def test_host_time_grows_with_the_bytes_moved_since_the_operators_last_call() -> None:
+    hot = {"add": 1e-6}
+    # after 2^18 and 2^20 bytes moved: add's tiny call takes 3 and 5 us (2 and 4 us more)
+    cal = Calibration("2026-11-26T00:00:00+00:00", "cpu (test)", 1, {}, HOST, POINTS,
+                      host_op_s=hot, host_evicted_s={"add": (3e-6, 5e-6)},
+                      evictions=(1 << 18, 1 << 20))
+    hw = dataclasses.replace(FAST, calibration=cal)
+
+    class AddMulAdd(nn.Module):
+        def forward(self, x: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
+            a = x + x
+            big * 2
+            return a + x
+
+    x, big = torch.randn(1024), torch.randn(1 << 20)
+    _, est = flopscope.estimate.roofline(AddMulAdd(), x, big, hardware=hw)
+    # first add: nothing moved before it (hot, 1 us); second: the mul moved big's 4 MiB and
+    # its 4 MiB output since, 2^23 B, past the largest size measured: 1 + 4 us
+    assert est.by_op["aten.add.Tensor"].host_s == pytest.approx(1e-6 + 5e-6, rel=1e-12)
+    # mul, no tiny call of its own: the family's 1 us plus the median operator's growth after
+    # the 2^13 B the first add moved (x and its output): 2 us x (13 - 12) / (18 - 12), linear
+    # in log2(bytes) from none at 4 KiB to 2 us at 2^18 B
+    assert est.by_op["aten.mul.Tensor"].host_s == pytest.approx(1e-6 + 2e-6 / 6, rel=1e-12)
+
+
+def test_evicted_host_times_are_measured_per_operator() -> None:
+    from flopscope.estimate.calibrate import EVICTIONS, evicted_host_times
+
+    torch.set_num_threads(1)
+    table = evicted_host_times("cpu", samples=1)
+    assert {"add", "convolution", "view"} <= set(table)
+    assert all(len(v) == len(EVICTIONS) and min(v) > 0 for v in table.values())
+    assert evicted_host_times("cuda") == {}  # the device's memory is not the host's caches
+
+
+def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from flopscope.estimate.predict import ROTATED_FAMILIES
+
+    # the module (the package's ``calibrate`` attribute is the function of that name)
+    module = importlib.import_module("flopscope.estimate.calibrate")
+
+    rotated: list[int] = []
+    real = module.time_in_rotation
+
+    def spy(fns: list[object], device: str, *, budget_s: float = 0.01) -> list[float]:
+        rotated.append(len(fns))
+        return [1e-3] * len(fns)
+
+    monkeypatch.setattr(module, "time_in_rotation", spy)
+    monkeypatch.setattr(module, "time_per_call", lambda fn, device, budget_s=0.01: 2e-3)
+    torch.set_num_threads(1)
+    points = module.calibration_points("cpu", budget_s=1e-4)
+    for p in points:  # the rotated families' points took the rotation's time, the rest a loop's
+        assert p.seconds == (1e-3 if p.family in ROTATED_FAMILIES else 2e-3), p.what
+    assert sum(rotated) == sum(p.family in ROTATED_FAMILIES for p in points) > 0
+    # the real rotation calls each function once per round (a warm-up and at least 5 rounds)
+    counts = [0, 0]
+
+    def call(i: int) -> None:
+        counts[i] += 1
+
+    times = real([lambda: call(0), lambda: call(1)], "cpu", budget_s=0.0)
+    assert len(times) == 2 and min(times) > 0 and counts[0] == counts[1] >= 6

@@ -14,8 +14,10 @@ In a profile file the block is ``"calibration"``::
                     "host_op_s": {"addmm": 3.1e-06, "add_": 1.2e-06, ...}}
 
 A point's ``op`` is the ATen operator's base name (``"sqrt"``); ``host_op_s`` the host time
-per eager call of each operator measured (both optional: files written before them read as
-before, with the family's curve and host time).
+per eager call of each operator measured, ``host_evicted`` the same tiny calls after a call
+that moved each of ``bytes`` (``{"bytes": [262144, ...], "seconds": {"add": [3e-6, ...]}}``),
+``clock`` what timed them (all optional: files written before them read as before, with the
+family's curve and host time).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -98,6 +100,10 @@ class Calibration:
             (the family's ``host_s`` for operators not in it).
         clock: what timed the points: ``"wall"``, or ``"thread CPU time"`` (a CPU at one
             thread: the core's time, not other processes').
+        evictions: bytes moved before the timed calls of ``host_evicted_s``, ascending.
+        host_evicted_s: ATen operator base name -> its tiny call's seconds after a call that
+            moved each of ``evictions`` bytes (empty: not measured; the host time is then
+            ``host_op_s``'s whatever came before).
     """
 
     date: str
@@ -109,6 +115,8 @@ class Calibration:
     error_bars: Mapping[str, float] = field(default_factory=dict)
     host_op_s: Mapping[str, float] = field(default_factory=dict)
     clock: str = "wall"
+    host_evicted_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    evictions: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The block in the file format (see the module docstring)."""
@@ -122,6 +130,10 @@ class Calibration:
         if self.host_op_s:
             out["host_op_s"] = dict(self.host_op_s)
         out["clock"] = self.clock
+        if self.host_evicted_s:
+            out["host_evicted"] = {"bytes": list(self.evictions),
+                                   "seconds": {k: list(v) for k, v in
+                                               self.host_evicted_s.items()}}
         return out
 
     @classmethod
@@ -190,8 +202,25 @@ class Calibration:
             host_op_s = {str(k): float(v) for k, v in host_op.items()}
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: host_op_s: {e}") from None
+        evictions, evicted = _evicted(data.get("host_evicted"), where)
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
                    families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
-                   str(data.get("clock", "wall")))
+                   str(data.get("clock", "wall")), evicted, evictions)
+
+
+def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+    """The ``host_evicted`` block: ``{"bytes": [...], "seconds": {op: [one per size]}}``."""
+    if block is None:
+        return (), {}
+    try:
+        sizes = tuple(int(n) for n in block["bytes"])
+        table = {str(k): tuple(float(x) for x in v) for k, v in block["seconds"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{where}: host_evicted is malformed ({type(e).__name__}: {e}); it "
+                         "needs bytes (a list) and seconds (operator -> one per size)") from None
+    if list(sizes) != sorted(sizes) or any(len(v) != len(sizes) for v in table.values()):
+        raise UsageError(f"{where}: host_evicted: bytes must ascend and every operator needs "
+                         f"one time per size ({len(sizes)})")
+    return sizes, table

@@ -37,6 +37,7 @@ Nothing is fitted to a model under validation: the points are microbenchmarks
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "predictor", "WORK_IN_FLOPS"]
+           "predictor", "ROTATED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -60,6 +61,7 @@ host times of one family's operators differ by more than the device time there (
 multiply's host time is twice an add's)."""
 
 _NEAREST = 4
+_HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean",
                "prod", "argmax", "argmin", "logsumexp", "linalg_vector_norm", "norm", "cumsum",
                "any", "all", "_foreach_norm", "nansum", "aminmax"}
@@ -122,10 +124,17 @@ def family(rec: CallRecord) -> str:
                      is_convolution(rec.op))
 
 
+ROTATED_FAMILIES = (*COMPUTE_FAMILIES, "pooling")
+"""Families whose calibration points are timed in rotation with their group's other calls
+(:func:`flopscope.estimate.calibrate.time_in_rotation`): a model's layers evict each other's
+code, kernel descriptors and weights, so these points include what that costs, and their
+calls' host time does not grow again with the bytes moved before them."""
+
 WORK_IN_FLOPS = (*COMPUTE_FAMILIES, "pooling")
-"""Families whose work is FLOPs: the compute families, and pooling (one operation per element
-of each output's window: a stride-1 3x3 max pooling does four times a stride-2 one's over the
-same bytes)."""
+"""Families whose work is FLOPs, and whose rate is interpolated in (log work, log intensity):
+the compute families, and pooling (one operation per element of each output's window: a
+stride-1 3x3 max pooling does four times a stride-2 one's over the same bytes, and the window's
+size and stride, which set the intensity, change the rate per operation by 2x here)."""
 
 
 def _work(fam: str, flops: int, nbytes: int) -> float:
@@ -134,7 +143,7 @@ def _work(fam: str, flops: int, nbytes: int) -> float:
 
 def _coords(fam: str, flops: int, nbytes: int) -> tuple[float, ...]:
     work = _work(fam, flops, nbytes)
-    if fam in COMPUTE_FAMILIES:
+    if fam in WORK_IN_FLOPS:
         intensity = flops / nbytes if nbytes else 1.0
         return (math.log10(work), math.log10(max(intensity, 1e-6)))
     return (math.log10(work),)
@@ -208,6 +217,23 @@ class Predictor:
         self.calibration = calibration
         self.host = dict(calibration.host_s)
         self.host_op = dict(calibration.host_op_s)
+        # host time's growth with the bytes moved since the operator's last call: per operator,
+        # and the median over the operators for those not measured
+        self._evicted: dict[str, _Curve] = {}
+        sizes = [math.log2(n) for n in calibration.evictions]
+        extras: list[list[float]] = [[] for _ in sizes]
+        for op, seconds in calibration.host_evicted_s.items():
+            hot = self.host_op.get(op)
+            if hot is None or len(seconds) != len(sizes):
+                continue
+            extra = [max(s - hot, 0.0) for s in seconds]
+            for i, e in enumerate(extra):
+                extras[i].append(e)
+            self._evicted[op] = _Curve(((( _HOT_BYTES_LOG2,), 0.0),
+                                        *(((x,), e) for x, e in zip(sizes, extra, strict=True))))
+        if sizes and all(extras):
+            self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
+                ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
         for p in calibration.points:
             device = p.seconds - self.host_s(p.family, p.op)
@@ -233,14 +259,28 @@ class Predictor:
                 return curve
         return None
 
-    def host_s(self, fam: str, op: str = "") -> float:
+    def host_s(self, fam: str, op: str = "", before: int = 0) -> float:
         """Host time of an eager call of operator ``op`` (its base name) where it was measured,
         else of family ``fam`` (the element-wise one where the family was not measured; 0
-        without either)."""
+        without either); plus, where the calibration measured it, its growth after a call that
+        moved ``before`` bytes (the operator's, else the median operator's; linear in
+        log(bytes) between the sizes measured, none up to 4 KiB, the largest's beyond).
+
+        Args:
+            fam: the family.
+            op: the ATen operator's base name.
+            before: bytes the call before moved.
+
+        Returns:
+            Seconds.
+        """
         seconds = self.host_op.get(op) if op else None
-        if seconds is not None:
-            return seconds
-        return self.host.get(fam, self.host.get("elementwise", 0.0))
+        if seconds is None:
+            seconds = self.host.get(fam, self.host.get("elementwise", 0.0))
+        curve = self._evicted.get(op) or self._evicted.get("")
+        if curve is not None and before > 0 and fam not in ROTATED_FAMILIES:
+            seconds += curve.log_rate((math.log2(before),))  # seconds, not a log: linear
+        return seconds
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
                  *selectors: str) -> float | None:
@@ -283,7 +323,7 @@ class Predictor:
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
         inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
         device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace)
-        host = self.host_s(fam, op)
+        host = self.host_s(fam, op, rec.before)
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
         return CallPrediction(fam, host, max(device, bound_s), True)
