@@ -113,11 +113,11 @@ def test_bad_operator_host_times_are_a_clear_error() -> None:
 
 
 def test_every_workload_is_one_operator_the_prediction_recognises() -> None:
-    from flopscope.estimate.calibrate import _counted  # noqa: PLC2701  # the one counting helper
+    from flopscope.estimate.calibrate import counted_call
 
     with torch.no_grad():
         for w in workloads("cpu"):
-            fam, flops, nbytes, _, _, op, calls = _counted(w.fn)
+            fam, flops, nbytes, _, _, op, calls = counted_call(w.fn)
             assert op, w.what
             assert flops or nbytes, w.what
             # one ATen call each (a view beside a product is the only extra allowed)

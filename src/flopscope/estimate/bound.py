@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flopscope.estimate.predict import family, is_convolution, prediction_summary, predictor
+from flopscope.estimate.predict import (
+    family,
+    is_convolution,
+    overlapped,
+    prediction_summary,
+    predictor,
+)
 from flopscope.estimate.profile import Hardware, dtype_key
 
 if TYPE_CHECKING:
@@ -229,6 +235,9 @@ class Estimate:
         by_module_self: module path -> the module's own calls.
         by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
         by_family: operator family (:func:`flopscope.estimate.predict.family`) -> sums.
+        overlapped: on a GPU calibration, (step time, device idle time) with the host issuing
+            and the device running each call in order (:func:`flopscope.estimate.predict
+            .overlapped`); ``None`` otherwise (a CPU's host and device are one timeline).
     """
 
     hardware: Hardware
@@ -241,6 +250,7 @@ class Estimate:
     by_op_dtype: dict[tuple[str, str], Row] = field(default_factory=dict)
     tf32_convolution: bool = False
     by_family: dict[str, Row] = field(default_factory=dict)
+    overlapped: tuple[float, float] | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -267,8 +277,13 @@ class Estimate:
         own: dict[str, Row] = {}
         op_dtype: dict[tuple[str, str], Row] = {}
         families: dict[str, Row] = {}
+        cal = hardware.calibration
+        timeline: list[tuple[float, float]] | None = (
+            [] if cal is not None and cal.device.startswith("cuda") else None)
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
+            if timeline is not None:
+                timeline.append((row.host_s, row.predicted_s - row.host_s))
             total.add(row)
             phases.setdefault(rec.phase, Row()).add(row)
             ops.setdefault(rec.op, Row()).add(row)
@@ -281,7 +296,8 @@ class Estimate:
             for p in ancestors(path):
                 inclusive.setdefault(p, Row()).add(row)
         return cls(hardware, tf32, total, phases, _sorted(ops), inclusive, own, op_dtype,
-                   tf32_convolution, _sorted(families))
+                   tf32_convolution, _sorted(families),
+                   overlapped(timeline) if timeline is not None else None)
 
     def share(self, row: Row) -> float:
         """A row's share of the total estimated time (0 when the total is 0)."""

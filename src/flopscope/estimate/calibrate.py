@@ -28,7 +28,8 @@ from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
-__all__ = ["EVICTIONS", "calibrate", "calibration_points", "clock", "evicted_host_times",
+__all__ = ["EVICTIONS", "calibrate", "calibration_points", "clock", "counted_call",
+           "evicted_host_times",
            "host_times", "op_base", "op_host_times",
            "time_in_rotation", "time_per_call"]
 
@@ -89,7 +90,7 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
     return statistics.median(batch(n) for _ in range(batches))
 
 
-def _counted(fn: Fn) -> tuple[str, int, int, str, bool, str, int]:
+def counted_call(fn: Fn) -> tuple[str, int, int, str, bool, str, int]:
     """(family, FLOPs, bytes, special function, in place, operator, calls) flopscope counts
     for ``fn()``: the call of the most work names the family and the operator (its base name,
     ``"add_"``); the others' (e.g. a ``t`` view) FLOPs and bytes are summed in."""
@@ -179,7 +180,7 @@ def op_host_times(device: str, *, calls: int = 400) -> dict[str, float]:
         tiny = host_calls(device)
         view = _per_call(tiny["view"], calls, device)
         for fn in tiny.values():
-            *_, op, n = _counted(fn)
+            *_, op, n = counted_call(fn)
             if not op:
                 continue
             seconds = max(_per_call(fn, calls, device) - (n - 1) * view, view)
@@ -218,7 +219,7 @@ def evicted_host_times(device: str, *, samples: int = 9) -> dict[str, tuple[floa
     out: dict[str, tuple[float, ...]] = {}
     with torch.no_grad():
         for fn in host_calls(device).values():
-            *_, op, _ = _counted(fn)
+            *_, op, _ = counted_call(fn)
             if not op or op in out:
                 continue
             row = []
@@ -294,7 +295,7 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
             groups.setdefault(w.group, []).append(w)
         for group, todo in groups.items():
             start = time.perf_counter()
-            counted = [_counted(w.fn) for w in todo]
+            counted = [counted_call(w.fn) for w in todo]
             rotated = [i for i, c in enumerate(counted)
                        if c[0] in ROTATED_FAMILIES and not device.startswith("cuda")]
             seconds = dict(zip(rotated, time_in_rotation([todo[i].fn for i in rotated], device,

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "predictor", "ROTATED_FAMILIES", "WORK_IN_FLOPS"]
+           "overlapped", "predictor", "ROTATED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -235,9 +235,13 @@ class Predictor:
             self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
                 ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
+        cuda = calibration.device.startswith("cuda")
         for p in calibration.points:
-            device = p.seconds - self.host_s(p.family, p.op)
+            host = self.host_s(p.family, p.op)
             work = _work(p.family, p.flops, p.bytes)
+            # CUDA events time the device per call (the host where it is slower: not a rate);
+            # on a CPU the host's time is inside the point's (one timeline)
+            device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
             if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
                 continue
             point = (_coords(p.family, p.flops, p.bytes), math.log10(work / device))
@@ -329,6 +333,28 @@ class Predictor:
         return CallPrediction(fam, host, max(device, bound_s), True)
 
 
+def overlapped(calls: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """The step time of calls (host seconds, device seconds) in order, the host issuing each
+    and the device running it once issued and once the previous kernel is done (CUDA's
+    stream order): a kernel cannot start before its launch, the device idles while the host
+    is slower.
+
+    Args:
+        calls: (host, device) seconds per call, in call order.
+
+    Returns:
+        (the step's time, the device's idle time in it).
+    """
+    host = device = idle = 0.0
+    for h, d in calls:
+        host += h
+        if host > device:
+            idle += host - device
+            device = host
+        device += d
+    return max(host, device), idle
+
+
 _PREDICTORS: dict[int, tuple[Calibration, Predictor]] = {}
 
 
@@ -378,10 +404,11 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": "calibrated", "calibrated": cal.date, "device": cal.device,
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
-        "model": "per call: host time of its family + max(work at the attained rate, the "
-                 "roofline bound); host and device on one timeline (CPU)"
-                 + ("; on this GPU added too: their overlap is not modelled yet"
-                    if cal.device.startswith("cuda") else ""),
+        "model": "per call: host time of its operator + max(work at the attained rate, the "
+                 "roofline bound); "
+                 + ("host and device on one timeline (CPU)" if estimate.overlapped is None else
+                    "the step: host and device overlapping, each kernel started once launched "
+                    "and once the previous one is done (step_s)"),
         "predicted_s": total.predicted_s, "host_s": total.host_s, "device_s": device,
         "uncalibrated_s": total.uncalibrated_s,
         "host_bound": host_bound,
@@ -391,6 +418,8 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
                           "bound_s": r.time_s}
                       for k, r in estimate.by_family.items()},
     }
+    if estimate.overlapped is not None:
+        out["step_s"], out["device_idle_s"] = estimate.overlapped
     if host_bound:
         out["suggestion"] = HOST_BOUND_ADVICE
     return out
