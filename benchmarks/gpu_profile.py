@@ -52,8 +52,9 @@ def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _point(what: str, dtype: str, fn: Any, seconds: float) -> Point:
-    fam, flops, nbytes, function, inplace, op, _ = counted_call(fn)
-    return Point(fam, dtype, what, flops, nbytes, seconds, function, inplace, op)
+    c = counted_call(fn)
+    return Point(c.family, dtype, what, c.flops, c.bytes, seconds, c.function, c.inplace, c.op,
+                 c.reduction)
 
 
 def points(raw: dict[str, Any]) -> list[Point]:

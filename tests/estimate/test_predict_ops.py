@@ -117,7 +117,8 @@ def test_every_workload_is_one_operator_the_prediction_recognises() -> None:
 
     with torch.no_grad():
         for w in workloads("cpu"):
-            fam, flops, nbytes, _, _, op, calls = counted_call(w.fn)
+            c = counted_call(w.fn)
+            fam, flops, nbytes, op, calls = c.family, c.flops, c.bytes, c.op, c.calls
             assert op, w.what
             assert flops or nbytes, w.what
             # one ATen call each (a view beside a product is the only extra allowed)

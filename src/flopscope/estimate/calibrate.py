@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
-__all__ = ["EVICTIONS", "calibrate", "calibration_points", "clock", "counted_call",
+__all__ = ["EVICTIONS", "Counted", "calibrate", "calibration_points", "clock", "counted_call",
            "evicted_host_times",
            "host_times", "op_base", "op_host_times",
            "time_in_rotation", "time_per_call"]
@@ -90,24 +91,38 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
     return statistics.median(batch(n) for _ in range(batches))
 
 
-def counted_call(fn: Fn) -> tuple[str, int, int, str, bool, str, int]:
-    """(family, FLOPs, bytes, special function, in place, operator, calls) flopscope counts
-    for ``fn()``: the call of the most work names the family and the operator (its base name,
-    ``"add_"``); the others' (e.g. a ``t`` view) FLOPs and bytes are summed in."""
+class Counted(NamedTuple):
+    """What flopscope counts for one microbenchmark call (:func:`counted_call`)."""
+
+    family: str
+    flops: int
+    bytes: int
+    function: str
+    inplace: bool
+    op: str
+    calls: int
+    reduction: float
+
+
+def counted_call(fn: Fn) -> Counted:
+    """What flopscope counts for ``fn()``: the call of the most work names the family, the
+    operator (its base name, ``"add_"``) and the reduction length
+    (:func:`flopscope.estimate.predict.reduction_length`); the others' (e.g. a ``t`` view)
+    FLOPs and bytes are summed in."""
     from flopscope.core.counter import Counter
-    from flopscope.estimate.predict import family
+    from flopscope.estimate.predict import family, reduction_length
     from flopscope.estimate.roofline import CallLog
 
     log = CallLog()
     with Counter(warn=False, observers=[log]):
         fn()
     if not log.records:
-        return "view", 0, 0, "", False, "", 0
+        return Counted("view", 0, 0, "", False, "", 0, 0.0)
     main = max(log.records, key=lambda r: (r.flops, r.bytes))
     function = main.special[0] if main.special is not None else ""
-    return (family(main), sum(r.flops for r in log.records),
-            sum(r.bytes for r in log.records), function, main.fresh_bytes == 0,
-            op_base(main.op), len(log.records))
+    return Counted(family(main), sum(r.flops for r in log.records),
+                   sum(r.bytes for r in log.records), function, main.fresh_bytes == 0,
+                   op_base(main.op), len(log.records), reduction_length(main))
 
 
 def op_base(op: str) -> str:
@@ -180,7 +195,8 @@ def op_host_times(device: str, *, calls: int = 400) -> dict[str, float]:
         tiny = host_calls(device)
         view = _per_call(tiny["view"], calls, device)
         for fn in tiny.values():
-            *_, op, n = counted_call(fn)
+            c = counted_call(fn)
+            op, n = c.op, c.calls
             if not op:
                 continue
             seconds = max(_per_call(fn, calls, device) - (n - 1) * view, view)
@@ -219,7 +235,7 @@ def evicted_host_times(device: str, *, samples: int = 9) -> dict[str, tuple[floa
     out: dict[str, tuple[float, ...]] = {}
     with torch.no_grad():
         for fn in host_calls(device).values():
-            *_, op, _ = counted_call(fn)
+            op = counted_call(fn).op
             if not op or op in out:
                 continue
             row = []
@@ -297,14 +313,13 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
             start = time.perf_counter()
             counted = [counted_call(w.fn) for w in todo]
             rotated = [i for i, c in enumerate(counted)
-                       if c[0] in ROTATED_FAMILIES and not device.startswith("cuda")]
+                       if c.family in ROTATED_FAMILIES and not device.startswith("cuda")]
             seconds = dict(zip(rotated, time_in_rotation([todo[i].fn for i in rotated], device,
                                                          budget_s=budget_s), strict=True))
-            for i, (w, (fam, flops, nbytes, function, inplace, op, _)) in enumerate(
-                    zip(todo, counted, strict=True)):
+            for i, (w, c) in enumerate(zip(todo, counted, strict=True)):
                 t = seconds[i] if i in seconds else time_per_call(w.fn, device, budget_s=budget_s)
-                points.append(Point(fam, w.dtype, w.what, flops, nbytes, t, function, inplace,
-                                    op))
+                points.append(Point(c.family, w.dtype, w.what, c.flops, c.bytes, t, c.function,
+                                    c.inplace, c.op, c.reduction))
             if progress is not None:
                 progress(f"{group}: {time.perf_counter() - start:.1f} s")
     return points

@@ -58,6 +58,8 @@ class Point:
         inplace: it writes into one of its inputs (no new output storage).
         op: the ATen operator's base name (``"add_"``, ``"convolution"``); empty in files
             written before operators were recorded (the family's curve only).
+        reduction: products and convolutions: MACs per output element (a product's K, a
+            convolution's input channels per group times its window); 0 where not recorded.
     """
 
     family: str
@@ -69,6 +71,7 @@ class Point:
     function: str = ""
     inplace: bool = False
     op: str = ""
+    reduction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The point in the file format."""
@@ -80,6 +83,8 @@ class Point:
             out["inplace"] = True
         if self.op:
             out["op"] = self.op
+        if self.reduction:
+            out["reduction"] = self.reduction
         return out
 
 
@@ -178,7 +183,7 @@ class Calibration:
                 point = Point(str(p["family"]), str(p["dtype"]), str(p.get("what", "")),
                               int(p["flops"]), int(p["bytes"]), float(p["seconds"]),
                               str(p.get("function", "")), bool(p.get("inplace", False)),
-                              str(p.get("op", "")))
+                              str(p.get("op", "")), float(p.get("reduction", 0.0)))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise UsageError(f"{where}: point {i} is malformed ({type(e).__name__}: {e}); "
                                  "each needs family, dtype, flops, bytes, seconds") from None

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "overlapped", "predictor", "ROTATED_FAMILIES", "WORK_IN_FLOPS"]
+           "overlapped", "predictor", "reduction_length", "ROTATED_FAMILIES",
+           "SHAPED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -141,11 +142,39 @@ def _work(fam: str, flops: int, nbytes: int) -> float:
     return float(flops if fam in WORK_IN_FLOPS else nbytes)
 
 
-def _coords(fam: str, flops: int, nbytes: int) -> tuple[float, ...]:
+SHAPED_FAMILIES = (*WORK_IN_FLOPS, "normalization")
+"""Families whose rate is interpolated in (log work, log intensity) and not log work alone:
+the compute families and pooling, and normalisation (a training-mode batch norm computes its
+statistics, three times an eval-mode one's FLOPs per byte, at a different rate)."""
+
+
+def reduction_length(rec: CallRecord) -> float:
+    """MACs per output element of a call: a product's K, a convolution's input channels per
+    group times its window (a depthwise 3x3 convolution's 9, a dense one's 9 x channels);
+    0 for calls without MACs or whose output is not new.
+
+    Args:
+        rec: the call's record.
+
+    Returns:
+        The length.
+    """
+    if not rec.macs or not rec.bytes_written or rec.dtype is None:
+        return 0.0
+    return rec.macs / max(rec.bytes_written / rec.dtype.itemsize, 1.0)
+
+
+def _coords(fam: str, flops: int, nbytes: int, reduction: float = 0.0) -> tuple[float, ...]:
+    """The interpolation's coordinates: log work; then, for :data:`SHAPED_FAMILIES`, log
+    intensity; then, for the compute families when known, log reduction length (a depthwise
+    and a dense convolution of one size and intensity differ in it)."""
     work = _work(fam, flops, nbytes)
-    if fam in WORK_IN_FLOPS:
+    if fam in SHAPED_FAMILIES:
         intensity = flops / nbytes if nbytes else 1.0
-        return (math.log10(work), math.log10(max(intensity, 1e-6)))
+        at = (math.log10(work), math.log10(max(intensity, 1e-6)))
+        if reduction > 0 and fam in COMPUTE_FAMILIES:
+            return (*at, math.log10(reduction))
+        return at
     return (math.log10(work),)
 
 
@@ -236,6 +265,8 @@ class Predictor:
                 ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
         cuda = calibration.device.startswith("cuda")
+        self._shaped = all(p.reduction > 0 for p in calibration.points
+                           if p.family in COMPUTE_FAMILIES)  # else files before it: 2-D
         for p in calibration.points:
             host = self.host_s(p.family, p.op)
             work = _work(p.family, p.flops, p.bytes)
@@ -244,7 +275,8 @@ class Predictor:
             device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
             if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
                 continue
-            point = (_coords(p.family, p.flops, p.bytes), math.log10(work / device))
+            point = (_coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
+                     math.log10(work / device))
             if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
                 raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
@@ -287,7 +319,7 @@ class Predictor:
         return seconds
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
-                 *selectors: str) -> float | None:
+                 *selectors: str, reduction: float = 0.0) -> float | None:
         """Device time of work of family ``fam``, or ``None`` when the family has no points.
 
         Args:
@@ -297,6 +329,8 @@ class Predictor:
             nbytes: its bytes.
             selectors: the curves to try first, in order: ``"op:NAME"`` (the operator's own
                 points), a special function's name, ``"inplace"``; then the family's.
+            reduction: its reduction length (:func:`reduction_length`), for the compute
+                families.
 
         Returns:
             Seconds, or ``None``.
@@ -307,7 +341,8 @@ class Predictor:
         work = _work(fam, flops, nbytes)
         if curve is None:
             return None
-        return work / 10 ** curve.log_rate(_coords(fam, flops, nbytes)) if work > 0 else 0.0
+        at = _coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
+        return work / 10 ** curve.log_rate(at) if work > 0 else 0.0
 
     def call(self, rec: CallRecord, bound_s: float) -> CallPrediction:
         """One call's prediction.
@@ -326,7 +361,8 @@ class Predictor:
         function = rec.special[0] if rec.special is not None else ""
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
         inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
-        device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace)
+        device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace,
+                               reduction=reduction_length(rec))
         host = self.host_s(fam, op, rec.before)
         if device is None:
             return CallPrediction(fam, host, bound_s, False)

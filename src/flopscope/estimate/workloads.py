@@ -11,7 +11,7 @@ product) is also timed in batches of many calls for the operator's host time
 (:func:`flopscope.estimate.calibrate.host_times`).
 
 - **matmul**: ``mm`` squares 16-1024; tall-skinny (M = 1-64 against 256-1024); small K (8-128);
-  many rows and few columns; ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16
+  many rows and few columns; weights of 48-64 MiB (M = 1-128); ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16
   squares;
 - **conv** (batch 1): dense 3x3 and 1x1 over 16-512 channels and 7-112 pixels, 1x1 of few
   channels over many pixels, grouped and depthwise 3x3/5x5/7x7, strided 3x3 and 7x7;
@@ -165,7 +165,9 @@ _MATMUL = ([(s, s, s) for s in (16, 32, 64, 128, 256, 512, 1024)]
            + [(m, n, n) for m in (1, 8, 64) for n in (256, 1024)]  # tall-skinny
            + [(n, n, k) for n in (256, 1024) for k in (8, 32, 128)]  # small K
            + [(4096, 64, 64), (2048, 256, 32), (128, 3072, 768), (768, 768, 128),
-              (128, 768, 3072), (196, 2304, 768)])
+              (128, 768, 3072), (196, 2304, 768)]
+           # weights past the last-level cache, streamed from memory once per call
+           + [(1, 4096, 4096), (16, 4096, 4096), (128, 16384, 768)])
 """(M, N, K) of the fp32 products."""
 
 # (in, out, side, kernel, stride, groups), batch 1
