@@ -217,3 +217,53 @@ def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch
 
     times = real([lambda: call(0), lambda: call(1)], "cpu", budget_s=0.0)
     assert len(times) == 2 and min(times) > 0 and counts[0] == counts[1] >= 6
+
+
+def test_convolutions_are_interpolated_by_their_reduction_length() -> None:
+    from flopscope.estimate.calibrate import counted_call
+
+    x = torch.randn(1, 32, 28, 28)
+    depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False)
+    with torch.no_grad():
+        c = counted_call(lambda: depthwise(x))
+    assert c.reduction == 9  # MACs per output: 1 channel per group x a 3x3 window
+    # two points of the depthwise call's FLOPs and bytes, one at its reduction length and one
+    # at a dense convolution's (32 x 9 = 288), at 1e9 and 1e10 FLOP/s of device time
+    points = (Point("conv", "fp32", "dw", c.flops, c.bytes, 1e-6 + c.flops / 1e9, op=c.op,
+                    reduction=9),
+              Point("conv", "fp32", "dense", c.flops, c.bytes, 1e-6 + c.flops / 1e10, op=c.op,
+                    reduction=288))
+    hw = dataclasses.replace(FAST, calibration=Calibration(
+        "2026-11-26T00:00:00+00:00", "cpu (test)", 1, {}, {"conv": 1e-6}, points))
+    with torch.no_grad():
+        _, est = flopscope.estimate.roofline(depthwise, x, hardware=hw)
+    # at distance 0 from the depthwise point: its rate, not the two's mean
+    assert est.total.predicted_s == pytest.approx(1e-6 + c.flops / 1e9, rel=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:flopscope. the model was counted in training mode")
+def test_batch_norm_in_training_takes_the_training_points() -> None:
+    x = torch.randn(1, 16, 32, 32)
+    bn = nn.BatchNorm2d(16)
+    op = "aten.native_batch_norm.default"
+    counts = {}
+    for training in (False, True):
+        bn.train(training)
+        with torch.no_grad():
+            _, est = flopscope.estimate.roofline(bn, x, hardware=FAST)
+        counts[training] = (est.by_op[op].flops, est.by_op[op].bytes)
+    (ev_flops, ev_bytes), (tr_flops, tr_bytes) = counts[False], counts[True]
+    assert tr_flops > 2 * ev_flops  # statistics computed: more FLOPs per byte
+    # eval at 1e10 B/s, training at 1e9 B/s, both after 1 us of host time
+    points = (Point("normalization", "fp32", "eval", ev_flops, ev_bytes, 1e-6 + ev_bytes / 1e10,
+                    op="native_batch_norm"),
+              Point("normalization", "fp32", "train", tr_flops, tr_bytes, 1e-6 + tr_bytes / 1e9,
+                    op="native_batch_norm"))
+    hw = dataclasses.replace(FAST, calibration=Calibration(
+        "2026-11-26T00:00:00+00:00", "cpu (test)", 1, {}, {"normalization": 1e-6}, points))
+    for training, rate, nbytes in ((False, 1e10, ev_bytes), (True, 1e9, tr_bytes)):
+        bn.train(training)
+        with torch.no_grad():
+            _, est = flopscope.estimate.roofline(bn, x, hardware=hw)
+        # at distance 0 from its own mode's point: that point's rate, not the two's mean
+        assert est.by_op[op].predicted_s == pytest.approx(1e-6 + nbytes / rate, rel=1e-9)
