@@ -163,7 +163,7 @@ def prediction_lines(estimate: Estimate) -> list[str]:
                      f"device idle {human_seconds(idle)} of it")
     import torch
 
-    if torch.get_num_threads() != cal.threads:
+    if torch.get_num_threads() != cal.threads and not cal.device.startswith("cuda"):
         lines.append(f"  note: calibrated with {cal.threads} thread(s), torch now uses "
                      f"{torch.get_num_threads()}: recalibrate with --threads for this setting")
     if total.uncalibrated_s:

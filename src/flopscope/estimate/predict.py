@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "overlapped", "predictor", "reduction_length", "ROTATED_FAMILIES",
+           "overlapped", "predicted_step_s", "predictor", "reduction_length", "ROTATED_FAMILIES",
            "SHAPED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
@@ -414,6 +414,21 @@ HOST_BOUND_ADVICE = ("host-bound: the time per operator call outside the kernels
                      "fewer, larger calls help (on a GPU: CUDA graphs or torch.compile's "
                      "mode='reduce-overhead'; anywhere: torch.compile fuses calls, a larger "
                      "batch amortises them)")
+
+
+def predicted_step_s(estimate: Estimate) -> float:
+    """The predicted time of an estimate's whole run: on a GPU calibration the step with host
+    and device overlapping, else the sum of its calls' predictions (one timeline).
+
+    Args:
+        estimate: a calibrated estimate.
+
+    Returns:
+        Seconds.
+    """
+    if estimate.overlapped is not None:
+        return estimate.overlapped[0]
+    return estimate.total.predicted_s
 
 
 def prediction_summary(estimate: Estimate) -> dict[str, Any]:
