@@ -42,6 +42,7 @@ from torch import nn
 import flopscope
 from flopscope.estimate import calibrate, measure_this_machine
 from flopscope.estimate.bound import is_convolution
+from flopscope.estimate.calibrate import clock
 from flopscope.estimate.predict import family_of
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 
@@ -66,11 +67,10 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def plain_wall(model: nn.Module, args: tuple[Any, ...], repeat: int,
-               train: bool) -> list[float]:
-    """Wall times of ``repeat`` runs without the profiler (after warm-up): the forward under
-    ``no_grad``, or the training step ``profile(train=True)`` measures (zero_grad, the summed
-    outputs backpropagated, AdamW's step; the model's weights change, it is not used after)."""
+def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
+    """The forward under ``no_grad``, or the training step ``profile(train=True)`` measures
+    (zero_grad, the summed outputs backpropagated, AdamW's step; the model's weights change,
+    it is not used after)."""
     from flopscope.execution.training import default_loss
 
     if train:
@@ -85,59 +85,86 @@ def plain_wall(model: nn.Module, args: tuple[Any, ...], repeat: int,
         def run() -> None:
             with torch.no_grad():
                 model(*args)
+    return run
+
+
+def plain_runs(run: Any, repeat: int) -> tuple[list[float], list[float]]:
+    """(times by the calibration's clock, wall times) of ``repeat`` runs without the profiler,
+    after two warm-up runs: at one thread the clock is the thread's CPU time (what the core
+    spent, not the time other processes held it), at more the wall clock."""
+    now = clock("cpu")[1]
     for _ in range(2):
         run()
-    walls = []
+    times, walls = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, wall = now(), time.perf_counter()
         run()
-        walls.append(time.perf_counter() - start)
-    return walls
+        times.append(now() - start)
+        walls.append(time.perf_counter() - wall)
+    return times, walls
+
+
+def captured_by_op(run: Any, runs: int = 3) -> dict[str, float]:
+    """Seconds per operator of one run (the median run's per-call times summed per operator),
+    each call timed by the calibration's clock inside a plain run (a dispatch mode reads the
+    clock around the kernel: no profiler events)."""
+    from benchmarks.prediction_diagnosis import Capture
+
+    taken = []
+    for _ in range(runs):
+        mode = Capture(keep=False)
+        with mode:
+            run()
+        taken.append(mode)
+    best = sorted(taken, key=lambda m: sum(m.times))[len(taken) // 2]
+    out: dict[str, float] = {}
+    for op, seconds in zip(best.ops, best.times, strict=True):
+        out[op] = out.get(op, 0.0) + seconds
+    return out
 
 
 def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardware,
         repeat: int, train: bool) -> dict[str, Any]:
-    """Profile one model: wall, prediction, bound, per family and per call."""
+    """One model: measured (plain runs), prediction and bound (``flopscope.profile``'s counted
+    calls), per family (the calls' predicted time against their time in a plain run)."""
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    _, timing = flopscope.profile(model, *args, train=train, hardware=hw, repeat=repeat,
-                                  warmup=1 if train else 2)
+    _, timing = flopscope.profile(model, *args, train=train, hardware=hw, repeat=2,
+                                  warmup=1)
     predicted = sum(c.bound.predicted_s for c in timing.calls if c.bound is not None)
     host = sum(c.bound.host_s for c in timing.calls if c.bound is not None)
     bound = sum(c.bound.time_s for c in timing.calls if c.bound is not None)
+    op_family: dict[str, str] = {}
     fams: dict[str, dict[str, float]] = {}
-    per_call: dict[str, list[float]] = {}
     for c in timing.calls:
-        if c.bound is None or not c.matched or c.seconds <= 0:
+        if c.bound is None:
             continue
-        fam = _family(c.op, c.cost)
+        fam = op_family.setdefault(c.op, _family(c.op, c.cost))
         f = fams.setdefault(fam, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0,
                                   "bound_s": 0.0})
         f["calls"] += 1
         f["predicted_s"] += c.bound.predicted_s
-        f["measured_s"] += c.seconds
         f["bound_s"] += c.bound.time_s
-        per_call.setdefault(fam, []).append(c.bound.predicted_s / c.seconds)
-    for fam, f in fams.items():
+    run = _step(model, args, train)
+    times, walls = plain_runs(run, repeat)
+    for op, seconds in captured_by_op(run).items():
+        fam = op_family.get(op)
+        if fam is not None:
+            fams[fam]["measured_s"] += seconds
+    for f in fams.values():
         f["ratio"] = f["predicted_s"] / f["measured_s"] if f["measured_s"] else float("nan")
-        ratios = per_call[fam]
-        f["per_call_median_ratio"] = statistics.median(ratios)
-        f["per_call_p90_abs_error"] = _quantile([abs(r - 1) for r in ratios], 0.9)
-    walls = plain_wall(model, args, repeat, train)
-    wall = statistics.median(walls)
-    row = {"model": name, "kind": kind, "measured_s": wall, "measured_min_s": min(walls),
-           "profile_wall_s": timing.wall_s, "predicted_s": predicted,
-           "host_s": host, "bound_s": bound, "ratio": predicted / wall,
-           "ratio_to_min": predicted / min(walls), "ratio_to_profile": predicted / timing.wall_s,
-           "bound_holds": min(walls) >= bound and timing.wall_s >= bound,
-           "spread": timing.spread, "calls": len(timing.calls),
-           "unmatched": timing.unmatched, "outside_s": timing.outside_s,
+    measured = statistics.median(times)
+    row = {"model": name, "kind": kind, "measured_s": measured, "measured_min_s": min(times),
+           "measured_wall_s": statistics.median(walls), "profile_wall_s": timing.wall_s,
+           "predicted_s": predicted, "host_s": host, "bound_s": bound,
+           "ratio": predicted / measured, "ratio_to_min": predicted / min(times),
+           "ratio_to_wall": predicted / statistics.median(walls),
+           "bound_holds": min(times) >= bound, "calls": len(timing.calls),
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
-    print(f"{name:22s} measured {wall * 1e3:9.2f} ms (profile {timing.wall_s * 1e3:9.2f}) "
-          f"predicted {predicted * 1e3:9.2f} ms ({predicted / wall:5.2f}x)  bound "
-          f"{bound * 1e3:9.2f} ms  load {load:.1f}",
-          file=sys.stderr, flush=True)
+    print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
+          f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x)  bound "
+          f"{bound * 1e3:9.2f} ms  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
 
@@ -171,8 +198,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"all models": stats([r["ratio"] for r in models]),
                            "all models, against the fastest run": stats(
                                [r["ratio_to_min"] for r in models]),
-                           "all models, against flopscope.profile's wall": stats(
-                               [r["ratio_to_profile"] for r in models])}
+                           "all models, against the wall time": stats(
+                               [r["ratio_to_wall"] for r in models])}
     for kind in sorted({r["kind"] for r in rows}):
         out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
     families: dict[str, list[float]] = {}
@@ -180,20 +207,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if r["kind"] == "host check":
             continue
         for fam, f in r["families"].items():
-            families.setdefault(fam, []).append(f["ratio"])
+            if f["measured_s"] > 0 and f["predicted_s"] > 0:
+                families.setdefault(fam, []).append(f["ratio"])
     out["families"] = {fam: stats(v) for fam, v in sorted(families.items())}
     return out
 
 
 def tables(data: dict[str, Any]) -> str:
     """The markdown tables of docs/prediction.md from a results JSON."""
-    lines = ["| model | run | measured (median) | fastest | profile's wall | predicted | "
+    lines = [f"Clock: {data.get('clock', 'wall')}, {data['threads']} thread(s); calibration "
+             f"{data['calibration_s']:.0f} s of wall time ({data.get('calibration_cpu_s', 0):.0f}"
+             " s of CPU time).", "",
+             "| model | run | measured (median) | fastest | wall (median) | predicted | "
              "predicted / measured | bound | host part | load |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         lines.append(
             f"| {r['model']} | {r['kind']} | {r['measured_s'] * 1e3:,.1f} ms | "
-            f"{r['measured_min_s'] * 1e3:,.1f} ms | {r['profile_wall_s'] * 1e3:,.1f} ms | "
+            f"{r['measured_min_s'] * 1e3:,.1f} ms | {r['measured_wall_s'] * 1e3:,.1f} ms | "
             f"{r['predicted_s'] * 1e3:,.1f} ms | {r['ratio']:.2f} | {r['bound_s'] * 1e3:,.1f} ms"
             f"{'' if r['bound_holds'] else ' (above!)'} | {r['host_s'] * 1e3:,.2f} ms | "
             f"{r['load_before']:.1f} |")
@@ -206,14 +237,10 @@ def tables(data: dict[str, Any]) -> str:
         lines.append(f"| {key} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
                      f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} |")
     lines += ["", "| family | models | median abs. error | 90th percentile | median predicted / "
-              "measured | per-call median predicted / measured (all models) |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "measured |", "|---|---:|---:|---:|---:|"]
     for fam, s in summary["families"].items():
-        per_call = [f["per_call_median_ratio"] for r in data["rows"]
-                    if r["kind"] != "host check" for k, f in r["families"].items() if k == fam]
         lines.append(f"| {fam} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
-                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} | "
-                     f"{statistics.median(per_call):.2f} |")
+                     f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -257,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two small models only")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     parser.add_argument("--profile", default=str(RESULTS / "prediction_profile.json"))
     parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
     parser.add_argument("--tables", action="store_true",
@@ -274,22 +302,31 @@ def main(argv: list[str] | None = None) -> int:
     if opts.tables:
         print(tables(json.loads(Path(opts.output).read_text())))
         return 0
-    torch.set_num_threads(1)
+    torch.set_num_threads(opts.threads)
     from benchmarks.models import torchvision_benches, transformer_benches
 
-    start = time.perf_counter()
-    hw = calibrate(measure_this_machine(), threads=1)
-    calibration_s = time.perf_counter() - start
+    def calibrated() -> tuple[Hardware, float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
+        hw = calibrate(measure_this_machine(), threads=opts.threads)
+        return hw, time.perf_counter() - start, time.process_time() - cpu
+
+    hw, calibration_s, calibration_cpu_s = calibrated()
+    first = hw
     Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
-    print(f"calibrated in {calibration_s:.0f} s", file=sys.stderr, flush=True)
+    print(f"calibrated in {calibration_s:.0f} s ({calibration_cpu_s:.0f} s CPU)", file=sys.stderr,
+          flush=True)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
-    names = ["resnet18", "mobilenet_v3_large"] if opts.quick else VISION
-    for bench in torchvision_benches(names):
+    names = ["resnet18", "mobilenet_v3_large"] if opts.quick else None
+    vision = [b for b in torchvision_benches(names)
+              if b.device == "cpu" or b.name in VISION]  # every one of <= 2 GMACs, and VISION
+    for bench in vision:
         torch.manual_seed(0)
         rows.append(one(bench.name, "forward (torchvision, batch 1)", bench.build(device),
                         bench.inputs(device), hw, opts.repeat, False))
     if not opts.quick:
+        hw, again_s, _ = calibrated()  # recalibrated before the group: calibration, not tuning
+        print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         for bench in transformer_benches():
             torch.manual_seed(0)
             model = bench.build(device)
@@ -299,15 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     result = summary(rows)
     bars = {fam: s["p90_abs_error"] for fam, s in result["families"].items() if s["n"] >= 3}
     bars["total"] = result["all models"]["p90_abs_error"]
-    assert hw.calibration is not None
-    hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
-                                                                 error_bars=bars))
+    assert first.calibration is not None
+    hw = dataclasses.replace(first, calibration=dataclasses.replace(first.calibration,
+                                                                    error_bars=bars))
     Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
-           "calibration_s": calibration_s, "calibrated": hw.calibration.date,
+           "clock": clock("cpu")[0], "calibration_s": calibration_s,
+           "calibration_cpu_s": calibration_cpu_s, "calibrated": first.calibration.date,
            "cpu_count": os.cpu_count(), "repeat": opts.repeat,
-           "note": "1 torch thread on a shared 2-core machine (other jobs running: load average "
-                   "per model); measured = flopscope.profile's median run wall time",
+           "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
+                   "running: load average per model); measured = the median of plain runs by "
+                   f"the calibration's clock ({clock('cpu')[0]}), wall time beside it",
            "summary": result, "error_bars": bars, "rows": rows}
     Path(opts.output).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(result, indent=1), file=sys.stderr)

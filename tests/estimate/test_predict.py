@@ -209,6 +209,7 @@ def test_cli_calibrate_writes_a_file_count_predicts_with(
     # the microbenchmarks replaced by the known points (the real ones: the test above)
     monkeypatch.setattr(calibrate_module, "calibration_points",
                         lambda device, budget_s, progress: list(POINTS))
+    monkeypatch.setattr(calibrate_module, "op_host_times", lambda device: {})
     monkeypatch.setattr(calibrate_module, "host_times", lambda device: dict(HOST))
     base = tmp_path / "fast.json"
     base.write_text(json.dumps(FAST.to_dict()))
@@ -289,11 +290,35 @@ def test_cli_generate_predicts_prefill_and_decode(
     assert "prediction (calibrated 2026-11-26): prefill" in r.out and "predicted" in r.out
 
 
-def test_a_gpu_calibration_says_the_overlap_is_not_modelled() -> None:
+def test_a_gpu_calibration_overlaps_host_and_device() -> None:
     hw = synthetic()
     assert hw.calibration is not None
     hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
                                                                  device="cuda (test)"))
-    report, est = flopscope.estimate.roofline(Add(), torch.randn(8), hardware=hw)
-    assert "overlap of host and device on a GPU is not modelled yet" in str(report)
-    assert "overlap is not modelled yet" in est.to_dict()["prediction"]["model"]
+
+    class ThreeAdds(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + x + x + x
+
+    report, est = flopscope.estimate.roofline(ThreeAdds(), torch.randn(8), hardware=hw)
+    # three adds, each 1 us of host time and d of device time (d << 1 us on this machine):
+    # the device runs each once launched, so the step is the host's 3 us plus the last kernel,
+    # and the device idles 1 us before the first and 1 us - d before each other
+    row = est.by_op["aten.add.Tensor"]
+    d = (row.predicted_s - row.host_s) / 3
+    assert est.overlapped == pytest.approx((3e-6 + d, 3e-6 - 2 * d), rel=1e-9)
+    summary = est.to_dict()["prediction"]
+    assert summary["step_s"] == pytest.approx(3e-6 + d, rel=1e-9)
+    assert "host and device overlapping" in summary["model"]
+    assert "step with host and device overlapping" in str(report)
+    _, cpu = flopscope.estimate.roofline(ThreeAdds(), torch.randn(8), hardware=synthetic())
+    assert cpu.overlapped is None and "step_s" not in cpu.to_dict()["prediction"]
+
+
+def test_overlap_of_a_device_bound_stream() -> None:
+    from flopscope.estimate.predict import overlapped
+
+    # host 1 s per call, device 3 s: the device is busy from the first launch on
+    assert overlapped([(1.0, 3.0)] * 3) == (1.0 + 9.0, 1.0)
+    # host 2, device 1: the device waits for each launch (idle 2 + 1 + 1)
+    assert overlapped([(2.0, 1.0)] * 3) == (7.0, 4.0)

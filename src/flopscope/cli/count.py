@@ -370,8 +370,17 @@ def run_count(args: argparse.Namespace) -> int:
 
         utilization = report_utilization(report, util_observers[0], loaded.inputs,
                                          seconds=args.step_time, peak=peak)
-        sections.append(DataSection("utilization", utilization.to_dict(),
-                                    (f"utilization: {utilization.line()}",)))
+        data, lines = utilization.to_dict(), [f"utilization: {utilization.line()}"]
+        if estimate is not None and estimate.calibrated:  # "what MFU should I expect"
+            from flopscope.estimate.display import human_seconds
+            from flopscope.estimate.predict import predicted_step_s
+
+            expected = report_utilization(report, util_observers[0], loaded.inputs,
+                                          seconds=predicted_step_s(estimate), peak=peak)
+            data["expected"] = {**expected.to_dict(), "from": "the calibrated prediction"}
+            lines.append(f"expected from the prediction ({human_seconds(expected.seconds)}, "
+                         f"not measured): {expected.line()}")
+        sections.append(DataSection("utilization", data, tuple(lines)))
     report = report.with_sections(*sections)
     options = RenderOptions(Format(args.format), depth=args.depth if args.depth is not None else 2,
                             by=By(args.by), unit=args.unit)

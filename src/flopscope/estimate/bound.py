@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flopscope.estimate.predict import family, is_convolution, prediction_summary, predictor
+from flopscope.estimate.predict import (
+    family,
+    is_convolution,
+    overlapped,
+    prediction_summary,
+    predictor,
+)
 from flopscope.estimate.profile import Hardware, dtype_key
 
 if TYPE_CHECKING:
@@ -241,6 +247,9 @@ class Estimate:
         by_phase_op: when more than one phase ran, phase -> operator -> sums (the HTML page's
             phase filter); empty otherwise.
         by_phase_module: likewise, phase -> module path -> inclusive sums.
+        overlapped: on a GPU calibration, (step time, device idle time) with the host issuing
+            and the device running each call in order (:func:`flopscope.estimate.predict
+            .overlapped`); ``None`` otherwise (a CPU's host and device are one timeline).
     """
 
     hardware: Hardware
@@ -255,6 +264,7 @@ class Estimate:
     by_family: dict[str, Row] = field(default_factory=dict)
     by_phase_op: dict[str, dict[str, Row]] = field(default_factory=dict)
     by_phase_module: dict[str, dict[str, Row]] = field(default_factory=dict)
+    overlapped: tuple[float, float] | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -283,9 +293,14 @@ class Estimate:
         families: dict[str, Row] = {}
         records = list(records)
         rows: list[Row] = []  # each record's row, for the per-phase tables
+        cal = hardware.calibration
+        timeline: list[tuple[float, float]] | None = (
+            [] if cal is not None and cal.device.startswith("cuda") else None)
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
             rows.append(row)
+            if timeline is not None:
+                timeline.append((row.host_s, row.predicted_s - row.host_s))
             total.add(row)
             phases.setdefault(rec.phase, Row()).add(row)
             ops.setdefault(rec.op, Row()).add(row)
@@ -303,7 +318,8 @@ class Estimate:
             phase_ops = {k: _sorted(v) for k, v in phase_ops.items()}
             phase_modules = {k: _inclusive(v) for k, v in phase_own.items()}
         return cls(hardware, tf32, total, phases, _sorted(ops), _inclusive(own), own, op_dtype,
-                   tf32_convolution, _sorted(families), phase_ops, phase_modules)
+                   tf32_convolution, _sorted(families), phase_ops, phase_modules,
+                   overlapped(timeline) if timeline is not None else None)
 
     def share(self, row: Row) -> float:
         """A row's share of the total estimated time (0 when the total is 0)."""

@@ -1,27 +1,15 @@
 """Calibrate a hardware profile: microbenchmarks flopscope runs itself (:func:`calibrate`).
 
-Each point is one operator on one shape, run eagerly from Python as a model runs it, timed per
-call: a warm-up call, then three batches of calls sized to about ``budget_s`` each, the median
-batch's time per call (on CUDA, CUDA events around each batch; on the CPU the wall clock). Its
-FLOPs and bytes are what flopscope counts for the same call (one counted run of it), so points
-and predictions use one unit. The workloads are generic shapes, no model's:
+Each point is one operator on one shape (:mod:`flopscope.estimate.workloads`: generic shapes, no
+model's), run eagerly from Python as a model runs it, timed per call: a warm-up call, then three
+batches of calls sized to about ``budget_s`` each, the median batch's time per call (on CUDA,
+CUDA events around each batch; on the CPU the wall clock). Its FLOPs and bytes are what
+flopscope counts for the same call (one counted run of it), so points and predictions use one
+unit, and its operator is the ATen operator flopscope records for it.
 
-- matrix products: squares 16-1024, tall-skinny (M = 1-64 against 256-1024), small K (8-128),
-  fp32, and a few bf16 squares;
-- convolutions (fp32, batch 1): dense 3x3 and 1x1 over 16-256 channels, depthwise 3x3 and 7x7,
-  a strided 7x7 with 3 input channels;
-- element-wise (add, scalar multiply, ReLU, a copy; in place: add, multiply, a copy into a
-  tensor), reductions (a full sum, row sums, row
-  maxima) and normalisations (layer norm over rows of 256, batch norm in eval mode) over
-  2^8-2^24 fp32 elements: cache-resident to streaming;
-- pooling (3x3 stride-2 max pooling, 2x2 average pooling, global average pooling) over 16-128
-  channels of 32-128 pixels square;
-- special functions (exp, tanh, sigmoid, erf, GELU, SiLU, softmax and log-softmax over rows of
-  256) over 2^10-2^22 elements;
-- attention (``scaled_dot_product_attention``, 4 heads, sequence 64-1024, head size 32 and 64,
-  causal or not);
-- host time per eager call of a tiny operator of each family (8 x 8 inputs), the median of five
-  batches of 400 calls.
+Host time per eager call is measured twice over: per family (a tiny operator of each, as
+before) and per operator (:func:`op_host_times`: each operator's tiny variant,
+:func:`flopscope.estimate.workloads.host_calls`), each the median of five batches of 400 calls.
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,20 +27,37 @@ import torch.nn.functional as F
 from flopscope.errors import UsageError
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.profile import Hardware
+from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
-__all__ = ["calibrate", "calibration_points", "host_times", "time_per_call"]
+__all__ = ["EVICTIONS", "Counted", "calibrate", "calibration_points", "clock", "counted_call",
+           "evicted_host_times",
+           "host_times", "op_base", "op_host_times",
+           "time_in_rotation", "time_per_call"]
 
-Fn = Callable[[], Any]
 
 
-def _bind(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Fn:
-    """``fn`` with its arguments bound (each benchmark holds its own tensors)."""
-    return lambda: fn(*args, **kwargs)
+def clock(device: str) -> tuple[str, Callable[[], float]]:
+    """The clock of the calibration's timings on ``device``: on a CPU running torch on one
+    intra-op thread, the calling thread's CPU time (``time.thread_time``: what the core spent
+    on the calls, equal to the wall time on an idle machine and not inflated by other
+    processes sharing the cores); otherwise the wall clock (several threads' CPU times add up
+    to more than the wall time; on CUDA the host's issuing time is wall time).
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        (its name, the clock).
+    """
+    if not device.startswith("cuda") and torch.get_num_threads() == 1:
+        return "thread CPU time", time.thread_time
+    return "wall", time.perf_counter
 
 
 def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int = 3) -> float:
     """Seconds per call of ``fn``: one warm-up call, then ``batches`` batches of calls of about
-    ``budget_s`` each; the median batch's time per call (CUDA events on ``"cuda"``).
+    ``budget_s`` each; the median batch's time per call (CUDA events on ``"cuda"``; on the CPU
+    by :func:`clock`).
 
     Args:
         fn: the call.
@@ -64,6 +69,7 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
         Seconds.
     """
     cuda = device.startswith("cuda")
+    now = clock(device)[1]
 
     def batch(n: int) -> float:
         if cuda:
@@ -74,10 +80,10 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3 / n
-        begin = time.perf_counter()
+        begin = now()
         for _ in range(n):
             fn()
-        return (time.perf_counter() - begin) / n
+        return (now() - begin) / n
 
     fn()
     once = max(batch(1), 1e-7)
@@ -85,127 +91,64 @@ def time_per_call(fn: Fn, device: str, *, budget_s: float = 0.02, batches: int =
     return statistics.median(batch(n) for _ in range(batches))
 
 
-def _counted(fn: Fn) -> tuple[str, int, int, str, bool]:
-    """(family, FLOPs, bytes, special function, in place) flopscope counts for ``fn()``: the
-    call of the most work (the others, e.g. a ``t`` view, are summed in)."""
+class Counted(NamedTuple):
+    """What flopscope counts for one microbenchmark call (:func:`counted_call`)."""
+
+    family: str
+    flops: int
+    bytes: int
+    function: str
+    inplace: bool
+    op: str
+    calls: int
+    reduction: float
+
+
+def counted_call(fn: Fn) -> Counted:
+    """What flopscope counts for ``fn()``: the call of the most work names the family, the
+    operator (its base name, ``"add_"``) and the reduction length
+    (:func:`flopscope.estimate.predict.reduction_length`); the others' (e.g. a ``t`` view)
+    FLOPs and bytes are summed in."""
     from flopscope.core.counter import Counter
-    from flopscope.estimate.predict import family
+    from flopscope.estimate.predict import family, reduction_length
     from flopscope.estimate.roofline import CallLog
 
     log = CallLog()
     with Counter(warn=False, observers=[log]):
         fn()
     if not log.records:
-        return "view", 0, 0, "", False
+        return Counted("view", 0, 0, "", False, "", 0, 0.0)
     main = max(log.records, key=lambda r: (r.flops, r.bytes))
     function = main.special[0] if main.special is not None else ""
-    return (family(main), sum(r.flops for r in log.records),
-            sum(r.bytes for r in log.records), function, main.fresh_bytes == 0)
+    return Counted(family(main), sum(r.flops for r in log.records),
+                   sum(r.bytes for r in log.records), function, main.fresh_bytes == 0,
+                   op_base(main.op), len(log.records), reduction_length(main))
 
 
-def _matmul(device: str) -> list[tuple[str, str, Fn]]:
-    shapes = [(s, s, s) for s in (16, 32, 64, 128, 256, 512, 1024)]
-    shapes += [(m, n, n) for m in (1, 8, 64) for n in (256, 1024)]  # tall-skinny
-    shapes += [(n, n, k) for n in (256, 1024) for k in (8, 32, 128)]  # small K
-    shapes += [(4096, 64, 64), (2048, 256, 32)]  # many rows, few columns
-    out: list[tuple[str, str, Fn]] = []
-    for dtype, grid in ((torch.float32, shapes),
-                        (torch.bfloat16, [(s, s, s) for s in (64, 256, 512)])):
-        for m, n, k in grid:
-            a = torch.randn(m, k, device=device, dtype=dtype)
-            b = torch.randn(k, n, device=device, dtype=dtype)
-            out.append((f"mm {m}x{n}x{k}", _key(dtype), _bind(torch.mm, a, b)))
-    return out
+def op_base(op: str) -> str:
+    """The base name of a report operator name: ``"aten.add_.Tensor"`` -> ``"add_"``."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 else op
 
 
-def _conv(device: str) -> list[tuple[str, str, Fn]]:
-    # (in, out, side, kernel, stride, groups)
-    grid = [(c, c, s, 3, 1, 1) for c, s in ((16, 64), (64, 32), (128, 16), (256, 8))]
-    grid += [(c, 2 * c, s, 1, 1, 1) for c, s in ((32, 32), (128, 16), (256, 8))]
-    grid += [(c, c, s, k, 1, c) for c, s, k in ((32, 64, 3), (128, 32, 3), (512, 8, 3),
-                                               (128, 32, 7))]
-    grid += [(3, 32, 128, 7, 2, 1), (64, 128, 32, 3, 2, 1)]
-    out: list[tuple[str, str, Fn]] = []
-    for cin, cout, side, k, stride, groups in grid:
-        x = torch.randn(1, cin, side, side, device=device)
-        w = torch.randn(cout, cin // groups, k, k, device=device)
-        out.append((f"conv2d {cin}->{cout} {side}x{side} k{k} s{stride} g{groups}", "fp32",
-                    _bind(F.conv2d, x, w, padding=k // 2, stride=stride, groups=groups)))
-    return out
-
-
-def _streams(device: str) -> list[tuple[str, str, Fn]]:
-    out: list[tuple[str, str, Fn]] = []
-    for p in (8, 12, 16, 18, 20, 22, 24):
-        n = 2**p
-        x = torch.randn(n, device=device)
-        zeros, dst = torch.zeros_like(x), torch.empty_like(x)  # x + 0 in place: x stays
-        rows = x.view(-1, 256)
-        ones = torch.ones(n // 256 if n >= 256 else 1, device=device)
-        calls: dict[str, Fn] = {
-            "add": _bind(torch.add, x, x), "mul": _bind(torch.mul, x, 2.0),
-            "add_ (in place)": _bind(x.add_, zeros), "mul_ (in place)": _bind(x.mul_, 1.0),
-            "copy_ (into)": _bind(dst.copy_, x),
-            "relu": _bind(torch.relu, x), "copy": _bind(torch.clone, x),
-            "sum": _bind(torch.sum, x), "row sum": _bind(torch.sum, rows, -1),
-            "row max": _bind(torch.amax, rows, -1),
-            "layer_norm": _bind(F.layer_norm, rows, (256,)),
-            "batch_norm": _bind(F.batch_norm, rows.view(1, -1, 256), ones, ones,
-                                training=False),
-        }
-        out += [(f"{name} 2^{p}", "fp32", fn) for name, fn in calls.items()]
-    return out
-
-
-def _pooling(device: str) -> list[tuple[str, str, Fn]]:
-    out: list[tuple[str, str, Fn]] = []
-    for channels, side in ((16, 32), (32, 64), (64, 128), (128, 128)):
-        x = torch.randn(1, channels, side, side, device=device)
-        out += [(f"max_pool2d 3x3 s2 {channels}x{side}x{side}", "fp32",
-                 _bind(F.max_pool2d, x, 3, 2, 1)),
-                (f"avg_pool2d 2x2 s2 {channels}x{side}x{side}", "fp32",
-                 _bind(F.avg_pool2d, x, 2, 2)),
-                (f"adaptive_avg_pool2d 1 {channels}x{side}x{side}", "fp32",
-                 _bind(F.adaptive_avg_pool2d, x, 1))]
-    return out
-
-
-def _special(device: str) -> list[tuple[str, str, Fn]]:
-    out: list[tuple[str, str, Fn]] = []
-    for p in (10, 14, 18, 22):
-        x = torch.randn(2**p, device=device)
-        rows = x.view(-1, 256)
-        calls: dict[str, Fn] = {
-            "exp": _bind(torch.exp, x), "tanh": _bind(torch.tanh, x),
-            "sigmoid": _bind(torch.sigmoid, x), "erf": _bind(torch.erf, x),
-            "gelu": _bind(F.gelu, x), "silu": _bind(F.silu, x),
-            "softmax": _bind(torch.softmax, rows, -1),
-            "log_softmax": _bind(torch.log_softmax, rows, -1),
-        }
-        out += [(f"{name} 2^{p}", "fp32", fn) for name, fn in calls.items()]
-    return out
-
-
-def _attention(device: str) -> list[tuple[str, str, Fn]]:
-    out: list[tuple[str, str, Fn]] = []
-    for seq in (64, 256, 1024):
-        for head in (32, 64):
-            q = torch.randn(1, 4, seq, head, device=device)
-            for causal in (False, True):
-                out.append((f"sdpa 4x{seq}x{head}{' causal' if causal else ''}", "fp32",
-                            _bind(F.scaled_dot_product_attention, q, q, q, is_causal=causal)))
-    return out
-
-
-def _key(dtype: torch.dtype) -> str:
-    from flopscope.estimate.profile import dtype_key
-
-    return dtype_key(dtype) or "fp32"
+def _per_call(fn: Fn, calls: int, device: str) -> float:
+    """Seconds per call of ``fn``: the median of five batches of ``calls`` calls (after 20),
+    by :func:`clock`."""
+    now = clock(device)[1]
+    for _ in range(20):
+        fn()
+    batches = []
+    for _ in range(5):
+        start = now()
+        for _ in range(calls):
+            fn()
+        batches.append((now() - start) / calls)
+    return statistics.median(batches)
 
 
 def host_times(device: str, *, calls: int = 400) -> dict[str, float]:
     """Seconds per eager call of a tiny operator (8 x 8 inputs) of each family: the median of
-    five batches of ``calls`` calls, by the wall clock (on CUDA: what the host spends issuing
+    five batches of ``calls`` calls, by :func:`clock` (on CUDA: what the host spends issuing
     them, without waiting for the device).
 
     Args:
@@ -226,26 +169,130 @@ def host_times(device: str, *, calls: int = 400) -> dict[str, float]:
             x, (8,)), "special": lambda: torch.exp(x), "view": lambda: x.view(64),
         "pooling": lambda: F.max_pool2d(img, 2),
     }
-    out: dict[str, float] = {}
     with torch.no_grad():
-        for fam, fn in tiny.items():
-            for _ in range(20):
-                fn()
-            batches = []
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                batches.append((time.perf_counter() - start) / calls)
-            out[fam] = statistics.median(batches)
+        out = {fam: _per_call(fn, calls, device) for fam, fn in tiny.items()}
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     return out
 
 
-def calibration_points(device: str = "cpu", *, budget_s: float = 0.02,
+def op_host_times(device: str, *, calls: int = 400) -> dict[str, float]:
+    """Seconds per eager call of each operator of the microbenchmarks at its tiniest
+    (:func:`flopscope.estimate.workloads.host_calls`), keyed by the ATen operator's base name
+    (``"addmm"``, ``"add_"``): the median of five batches of ``calls`` calls. Where the tiny call
+    runs several operators (``F.batch_norm``'s ``empty``), the time is its main operator's less
+    a view's per other call; where two tiny calls share an operator, the faster.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        calls: calls per batch.
+
+    Returns:
+        Operator -> seconds.
+    """
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        tiny = host_calls(device)
+        view = _per_call(tiny["view"], calls, device)
+        for fn in tiny.values():
+            c = counted_call(fn)
+            op, n = c.op, c.calls
+            if not op:
+                continue
+            seconds = max(_per_call(fn, calls, device) - (n - 1) * view, view)
+            out[op] = min(seconds, out.get(op, seconds))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return out
+
+
+EVICTIONS = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+"""Bytes moved just before a timed tiny call by :func:`evicted_host_times` (256 KiB to 64 MiB:
+past the L2 caches to past the last-level cache of this class of machine)."""
+
+
+def evicted_host_times(device: str, *, samples: int = 9) -> dict[str, tuple[float, ...]]:
+    """Host time per call of each operator's tiny call (:func:`op_host_times`) when the call
+    before it moved :data:`EVICTIONS` bytes: an in-place add over a buffer of half that many
+    bytes (read and written), then the tiny call, timed alone; the median of ``samples``.
+
+    In a model every call follows another that moved its activations through the caches, and
+    evicted part of what the interpreter, the dispatcher and the kernel library keep there: a
+    view costs 1.5 us in a loop here, 4.6 us after 1 MiB moved, 40 us after 64 MiB. Empty on
+    CUDA (the device's memory is not the host's caches).
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        samples: timed calls per operator and size.
+
+    Returns:
+        Operator -> seconds at each of :data:`EVICTIONS`.
+    """
+    if device.startswith("cuda"):
+        return {}
+    now = clock(device)[1]
+    buffers = [torch.zeros(n // 8) for n in EVICTIONS]  # fp32: n / 2 bytes, read and written
+    out: dict[str, tuple[float, ...]] = {}
+    with torch.no_grad():
+        for fn in host_calls(device).values():
+            op = counted_call(fn).op
+            if not op or op in out:
+                continue
+            row = []
+            for buf in buffers:
+                times = []
+                for _ in range(samples):
+                    buf.add_(0.0)
+                    start = now()
+                    fn()
+                    times.append(now() - start)
+                row.append(statistics.median(times))
+            out[op] = tuple(row)
+    return out
+
+
+def time_in_rotation(fns: list[Fn], device: str, *, budget_s: float = 0.01) -> list[float]:
+    """Seconds per call of each of ``fns`` called in turn, as a model calls its layers: rounds
+    of one call of each, every call timed alone by :func:`clock` (less the clock's own cost),
+    the median over the rounds (one warm-up round, then enough for about three ``budget_s``
+    per call, 5-200 rounds). A call timed in a loop of itself finds its code, its kernel
+    library's descriptors and its weights in the caches; in a model, and in a rotation, the
+    calls between evict them (a 1x1 convolution takes 1.6x, a depthwise one up to 2x its time
+    in a loop here).
+
+    Args:
+        fns: the calls.
+        device: ``"cpu"`` (on CUDA the device's queue hides the host's caches: use
+            :func:`time_per_call`).
+        budget_s: about a third of the time spent on each call.
+
+    Returns:
+        Seconds per call, in the order of ``fns``.
+    """
+    now = clock(device)[1]
+    overhead = statistics.median(-now() + now() for _ in range(101))
+    begin = time.perf_counter()
+    for fn in fns:  # the warm-up round
+        fn()
+    round_s = max(time.perf_counter() - begin, 1e-7)
+    rounds = int(min(200, max(5, 3 * budget_s * len(fns) / round_s)))
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            start = now()
+            fn()
+            times[i].append(now() - start - overhead)
+    return [max(statistics.median(t), 1e-9) for t in times]
+
+
+def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
                        progress: Callable[[str], None] | None = None) -> list[Point]:
-    """Time every microbenchmark (see the module docstring) on ``device``.
+    """Time every microbenchmark (see the module docstring) on ``device``: on a CPU, the
+    families of :data:`~flopscope.estimate.predict.ROTATED_FAMILIES` in rotation within their
+    group (:func:`time_in_rotation`), the others each in a loop of itself
+    (:func:`time_per_call`: the streaming operators' activations stay in the caches, as a model's
+    just-written ones do; their host time's growth in a model is measured apart,
+    :func:`evicted_host_times`).
 
     Args:
         device: ``"cpu"`` or ``"cuda"``.
@@ -255,24 +302,31 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.02,
     Returns:
         The points.
     """
+    from flopscope.estimate.predict import ROTATED_FAMILIES
+
     points: list[Point] = []
     with torch.no_grad():
-        for group, make in (("matrix products", _matmul), ("convolutions", _conv),
-                            ("element-wise, reductions, normalisations", _streams),
-                            ("pooling", _pooling), ("special functions", _special),
-                            ("attention", _attention)):
+        groups: dict[str, list[Workload]] = {}
+        for w in workloads(device):
+            groups.setdefault(w.group, []).append(w)
+        for group, todo in groups.items():
             start = time.perf_counter()
-            for what, dtype, fn in make(device):
-                fam, flops, nbytes, function, inplace = _counted(fn)
-                seconds = time_per_call(fn, device, budget_s=budget_s)
-                points.append(Point(fam, dtype, what, flops, nbytes, seconds, function, inplace))
+            counted = [counted_call(w.fn) for w in todo]
+            rotated = [i for i, c in enumerate(counted)
+                       if c.family in ROTATED_FAMILIES and not device.startswith("cuda")]
+            seconds = dict(zip(rotated, time_in_rotation([todo[i].fn for i in rotated], device,
+                                                         budget_s=budget_s), strict=True))
+            for i, (w, c) in enumerate(zip(todo, counted, strict=True)):
+                t = seconds[i] if i in seconds else time_per_call(w.fn, device, budget_s=budget_s)
+                points.append(Point(c.family, w.dtype, w.what, c.flops, c.bytes, t, c.function,
+                                    c.inplace, c.op, c.reduction))
             if progress is not None:
                 progress(f"{group}: {time.perf_counter() - start:.1f} s")
     return points
 
 
 def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | None = None,
-              budget_s: float = 0.02,
+              budget_s: float = 0.01,
               progress: Callable[[str], None] | None = None) -> Hardware:
     """Calibrate ``hardware`` on the machine this runs on: the microbenchmarks' raw points and
     the host time per call (:mod:`flopscope.estimate.calibration`), stored in a copy of the
@@ -313,8 +367,11 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         torch.set_num_threads(threads)
     try:
         host = host_times(device)
+        host_op = op_host_times(device)
+        evicted = evicted_host_times(device)
         points = calibration_points(device, budget_s=budget_s, progress=progress)
         used = torch.get_num_threads()
+        clock_name = clock(device)[0]
     finally:
         torch.set_num_threads(before)
     name = device if device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
@@ -324,5 +381,6 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         threads=used,
         versions={"torch": torch.__version__, "flopscope": __version__,
                   "python": platform.python_version()},
-        host_s=host, points=tuple(points))
+        host_s=host, points=tuple(points), host_op_s=host_op, clock=clock_name,
+        host_evicted_s=evicted, evictions=EVICTIONS if evicted else ())
     return dataclasses.replace(hardware, calibration=calibration)

@@ -10,7 +10,14 @@ In a profile file the block is ``"calibration"``::
                     "host_s": {"elementwise": 2.1e-06, "matmul": 3.0e-06, ...},
                     "points": [{"family": "matmul", "dtype": "fp32", "what": "mm 64x64x64",
                                 "flops": 524288, "bytes": 49152, "seconds": 1.2e-05}, ...],
-                    "error_bars": {"matmul": 0.12, ...}}
+                    "error_bars": {"matmul": 0.12, ...},
+                    "host_op_s": {"addmm": 3.1e-06, "add_": 1.2e-06, ...}}
+
+A point's ``op`` is the ATen operator's base name (``"sqrt"``); ``host_op_s`` the host time
+per eager call of each operator measured, ``host_evicted`` the same tiny calls after a call
+that moved each of ``bytes`` (``{"bytes": [262144, ...], "seconds": {"add": [3e-6, ...]}}``),
+``clock`` what timed them (all optional: files written before them read as before, with the
+family's curve and host time).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -49,6 +56,10 @@ class Point:
         seconds: measured time per call, the host's time included (median of batches).
         function: the special function it evaluates (``"exp"``), for the special family.
         inplace: it writes into one of its inputs (no new output storage).
+        op: the ATen operator's base name (``"add_"``, ``"convolution"``); empty in files
+            written before operators were recorded (the family's curve only).
+        reduction: products and convolutions: MACs per output element (a product's K, a
+            convolution's input channels per group times its window); 0 where not recorded.
     """
 
     family: str
@@ -59,6 +70,8 @@ class Point:
     seconds: float
     function: str = ""
     inplace: bool = False
+    op: str = ""
+    reduction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The point in the file format."""
@@ -68,6 +81,10 @@ class Point:
             out["function"] = self.function
         if self.inplace:
             out["inplace"] = True
+        if self.op:
+            out["op"] = self.op
+        if self.reduction:
+            out["reduction"] = self.reduction
         return out
 
 
@@ -84,6 +101,14 @@ class Calibration:
         points: the microbenchmarks.
         error_bars: family (or ``"total"``: whole models) -> relative error from a validation
             (empty: not validated).
+        host_op_s: ATen operator base name -> seconds per eager call of its tiniest variant
+            (the family's ``host_s`` for operators not in it).
+        clock: what timed the points: ``"wall"``, or ``"thread CPU time"`` (a CPU at one
+            thread: the core's time, not other processes').
+        evictions: bytes moved before the timed calls of ``host_evicted_s``, ascending.
+        host_evicted_s: ATen operator base name -> its tiny call's seconds after a call that
+            moved each of ``evictions`` bytes (empty: not measured; the host time is then
+            ``host_op_s``'s whatever came before).
     """
 
     date: str
@@ -93,6 +118,10 @@ class Calibration:
     host_s: Mapping[str, float] = field(default_factory=dict)
     points: tuple[Point, ...] = ()
     error_bars: Mapping[str, float] = field(default_factory=dict)
+    host_op_s: Mapping[str, float] = field(default_factory=dict)
+    clock: str = "wall"
+    host_evicted_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    evictions: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The block in the file format (see the module docstring)."""
@@ -103,6 +132,13 @@ class Calibration:
         }
         if self.error_bars:
             out["error_bars"] = dict(self.error_bars)
+        if self.host_op_s:
+            out["host_op_s"] = dict(self.host_op_s)
+        out["clock"] = self.clock
+        if self.host_evicted_s:
+            out["host_evicted"] = {"bytes": list(self.evictions),
+                                   "seconds": {k: list(v) for k, v in
+                                               self.host_evicted_s.items()}}
         return out
 
     @classmethod
@@ -146,7 +182,8 @@ class Calibration:
             try:
                 point = Point(str(p["family"]), str(p["dtype"]), str(p.get("what", "")),
                               int(p["flops"]), int(p["bytes"]), float(p["seconds"]),
-                              str(p.get("function", "")), bool(p.get("inplace", False)))
+                              str(p.get("function", "")), bool(p.get("inplace", False)),
+                              str(p.get("op", "")), float(p.get("reduction", 0.0)))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise UsageError(f"{where}: point {i} is malformed ({type(e).__name__}: {e}); "
                                  "each needs family, dtype, flops, bytes, seconds") from None
@@ -163,7 +200,32 @@ class Calibration:
             threads = int(data["threads"])
         except (TypeError, ValueError):
             raise UsageError(f"{where}: threads must be an integer") from None
+        host_op = data.get("host_op_s", {})
+        if not isinstance(host_op, Mapping):
+            raise UsageError(f"{where}: host_op_s must be a table of operator -> seconds")
+        try:
+            host_op_s = {str(k): float(v) for k, v in host_op.items()}
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{where}: host_op_s: {e}") from None
+        evictions, evicted = _evicted(data.get("host_evicted"), where)
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
-                   families(data.get("error_bars", {}), "error_bars", ("total",)))
+                   families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
+                   str(data.get("clock", "wall")), evicted, evictions)
+
+
+def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+    """The ``host_evicted`` block: ``{"bytes": [...], "seconds": {op: [one per size]}}``."""
+    if block is None:
+        return (), {}
+    try:
+        sizes = tuple(int(n) for n in block["bytes"])
+        table = {str(k): tuple(float(x) for x in v) for k, v in block["seconds"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{where}: host_evicted is malformed ({type(e).__name__}: {e}); it "
+                         "needs bytes (a list) and seconds (operator -> one per size)") from None
+    if list(sizes) != sorted(sizes) or any(len(v) != len(sizes) for v in table.values()):
+        raise UsageError(f"{where}: host_evicted: bytes must ascend and every operator needs "
+                         f"one time per size ({len(sizes)})")
+    return sizes, table

@@ -153,13 +153,17 @@ def prediction_lines(estimate: Estimate) -> list[str]:
     lines = [f"  prediction (calibrated {cal.date[:10]}, {cal.device}, {cal.threads} "
              f"thread{'s' if cal.threads != 1 else ''}): {human_seconds(total.predicted_s)} = "
              f"host {human_seconds(total.host_s)} + device {human_seconds(device)} "
-             "(per call: host time of its family + work at the attained rate; "
-             + ("one timeline on a CPU)" if not cal.device.startswith("cuda") else
-                "added: the overlap of host and device on a GPU is not modelled yet, so this "
-                "is high where both are busy)")]
+             "(per call: host time of its operator + work at the attained rate; "
+             + ("one timeline on a CPU)" if estimate.overlapped is None else
+                "summed over the calls)")]
+    if estimate.overlapped is not None:
+        step, idle = estimate.overlapped
+        lines.append(f"  step with host and device overlapping (each kernel starts once "
+                     f"launched and once the one before is done): {human_seconds(step)}, the "
+                     f"device idle {human_seconds(idle)} of it")
     import torch
 
-    if torch.get_num_threads() != cal.threads:
+    if torch.get_num_threads() != cal.threads and not cal.device.startswith("cuda"):
         lines.append(f"  note: calibrated with {cal.threads} thread(s), torch now uses "
                      f"{torch.get_num_threads()}: recalibrate with --threads for this setting")
     if total.uncalibrated_s:

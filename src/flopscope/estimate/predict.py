@@ -37,6 +37,7 @@ Nothing is fitted to a model under validation: the points are microbenchmarks
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "predictor"]
+           "overlapped", "predicted_step_s", "predictor", "reduction_length", "ROTATED_FAMILIES",
+           "SHAPED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -60,6 +62,7 @@ host times of one family's operators differ by more than the device time there (
 multiply's host time is twice an add's)."""
 
 _NEAREST = 4
+_HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean",
                "prod", "argmax", "argmin", "logsumexp", "linalg_vector_norm", "norm", "cumsum",
                "any", "all", "_foreach_norm", "nansum", "aminmax"}
@@ -122,15 +125,56 @@ def family(rec: CallRecord) -> str:
                      is_convolution(rec.op))
 
 
+ROTATED_FAMILIES = (*COMPUTE_FAMILIES, "pooling")
+"""Families whose calibration points are timed in rotation with their group's other calls
+(:func:`flopscope.estimate.calibrate.time_in_rotation`): a model's layers evict each other's
+code, kernel descriptors and weights, so these points include what that costs, and their
+calls' host time does not grow again with the bytes moved before them."""
+
+WORK_IN_FLOPS = (*COMPUTE_FAMILIES, "pooling")
+"""Families whose work is FLOPs, and whose rate is interpolated in (log work, log intensity):
+the compute families, and pooling (one operation per element of each output's window: a
+stride-1 3x3 max pooling does four times a stride-2 one's over the same bytes, and the window's
+size and stride, which set the intensity, change the rate per operation by 2x here)."""
+
+
 def _work(fam: str, flops: int, nbytes: int) -> float:
-    return float(flops if fam in COMPUTE_FAMILIES else nbytes)
+    return float(flops if fam in WORK_IN_FLOPS else nbytes)
 
 
-def _coords(fam: str, flops: int, nbytes: int) -> tuple[float, ...]:
+SHAPED_FAMILIES = (*WORK_IN_FLOPS, "normalization")
+"""Families whose rate is interpolated in (log work, log intensity) and not log work alone:
+the compute families and pooling, and normalisation (a training-mode batch norm computes its
+statistics, three times an eval-mode one's FLOPs per byte, at a different rate)."""
+
+
+def reduction_length(rec: CallRecord) -> float:
+    """MACs per output element of a call: a product's K, a convolution's input channels per
+    group times its window (a depthwise 3x3 convolution's 9, a dense one's 9 x channels);
+    0 for calls without MACs or whose output is not new.
+
+    Args:
+        rec: the call's record.
+
+    Returns:
+        The length.
+    """
+    if not rec.macs or not rec.bytes_written or rec.dtype is None:
+        return 0.0
+    return rec.macs / max(rec.bytes_written / rec.dtype.itemsize, 1.0)
+
+
+def _coords(fam: str, flops: int, nbytes: int, reduction: float = 0.0) -> tuple[float, ...]:
+    """The interpolation's coordinates: log work; then, for :data:`SHAPED_FAMILIES`, log
+    intensity; then, for the compute families when known, log reduction length (a depthwise
+    and a dense convolution of one size and intensity differ in it)."""
     work = _work(fam, flops, nbytes)
-    if fam in COMPUTE_FAMILIES:
+    if fam in SHAPED_FAMILIES:
         intensity = flops / nbytes if nbytes else 1.0
-        return (math.log10(work), math.log10(max(intensity, 1e-6)))
+        at = (math.log10(work), math.log10(max(intensity, 1e-6)))
+        if reduction > 0 and fam in COMPUTE_FAMILIES:
+            return (*at, math.log10(reduction))
+        return at
     return (math.log10(work),)
 
 
@@ -201,13 +245,40 @@ class Predictor:
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
         self.host = dict(calibration.host_s)
+        self.host_op = dict(calibration.host_op_s)
+        # host time's growth with the bytes moved since the operator's last call: per operator,
+        # and the median over the operators for those not measured
+        self._evicted: dict[str, _Curve] = {}
+        sizes = [math.log2(n) for n in calibration.evictions]
+        extras: list[list[float]] = [[] for _ in sizes]
+        for op, seconds in calibration.host_evicted_s.items():
+            hot = self.host_op.get(op)
+            if hot is None or len(seconds) != len(sizes):
+                continue
+            extra = [max(s - hot, 0.0) for s in seconds]
+            for i, e in enumerate(extra):
+                extras[i].append(e)
+            self._evicted[op] = _Curve(((( _HOT_BYTES_LOG2,), 0.0),
+                                        *(((x,), e) for x, e in zip(sizes, extra, strict=True))))
+        if sizes and all(extras):
+            self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
+                ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
+        cuda = calibration.device.startswith("cuda")
+        self._shaped = all(p.reduction > 0 for p in calibration.points
+                           if p.family in COMPUTE_FAMILIES)  # else files before it: 2-D
         for p in calibration.points:
-            device = p.seconds - self.host.get(p.family, 0.0)
+            host = self.host_s(p.family, p.op)
             work = _work(p.family, p.flops, p.bytes)
+            # CUDA events time the device per call (the host where it is slower: not a rate);
+            # on a CPU the host's time is inside the point's (one timeline)
+            device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
             if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
                 continue
-            point = (_coords(p.family, p.flops, p.bytes), math.log10(work / device))
+            point = (_coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
+                     math.log10(work / device))
+            if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
+                raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
                 raw.setdefault((p.family, p.dtype, "inplace"), []).append(point)
                 continue
@@ -216,21 +287,39 @@ class Predictor:
                 raw.setdefault((p.family, p.dtype, p.function), []).append(point)
         self._curves = {k: _Curve.of(v) for k, v in raw.items()}
 
-    def _curve(self, fam: str, dtype: str, function: str = "") -> _Curve | None:
-        for key in ((fam, dtype, function), (fam, dtype, ""), (fam, "fp32", function),
-                    (fam, "fp32", "")):
+    def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
+        for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
+                    + [(fam, "fp32", s) for s in selectors if s] + [(fam, "fp32", "")]):
             curve = self._curves.get(key)
             if curve is not None:
                 return curve
         return None
 
-    def host_s(self, fam: str) -> float:
-        """Host time of an eager call of family ``fam`` (the element-wise one where the family
-        was not measured; 0 without either)."""
-        return self.host.get(fam, self.host.get("elementwise", 0.0))
+    def host_s(self, fam: str, op: str = "", before: int = 0) -> float:
+        """Host time of an eager call of operator ``op`` (its base name) where it was measured,
+        else of family ``fam`` (the element-wise one where the family was not measured; 0
+        without either); plus, where the calibration measured it, its growth after a call that
+        moved ``before`` bytes (the operator's, else the median operator's; linear in
+        log(bytes) between the sizes measured, none up to 4 KiB, the largest's beyond).
+
+        Args:
+            fam: the family.
+            op: the ATen operator's base name.
+            before: bytes the call before moved.
+
+        Returns:
+            Seconds.
+        """
+        seconds = self.host_op.get(op) if op else None
+        if seconds is None:
+            seconds = self.host.get(fam, self.host.get("elementwise", 0.0))
+        curve = self._evicted.get(op) or self._evicted.get("")
+        if curve is not None and before > 0 and fam not in ROTATED_FAMILIES:
+            seconds += curve.log_rate((math.log2(before),))  # seconds, not a log: linear
+        return seconds
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
-                 function: str = "") -> float | None:
+                 *selectors: str, reduction: float = 0.0) -> float | None:
         """Device time of work of family ``fam``, or ``None`` when the family has no points.
 
         Args:
@@ -238,18 +327,22 @@ class Predictor:
             dtype: its dtype key.
             flops: its FLOPs.
             nbytes: its bytes.
-            function: the special function, for the special family.
+            selectors: the curves to try first, in order: ``"op:NAME"`` (the operator's own
+                points), a special function's name, ``"inplace"``; then the family's.
+            reduction: its reduction length (:func:`reduction_length`), for the compute
+                families.
 
         Returns:
             Seconds, or ``None``.
         """
         if fam == "view":
             return 0.0
-        curve = self._curve(fam, dtype, function)
+        curve = self._curve(fam, dtype, *selectors)
         work = _work(fam, flops, nbytes)
         if curve is None:
             return None
-        return work / 10 ** curve.log_rate(_coords(fam, flops, nbytes)) if work > 0 else 0.0
+        at = _coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
+        return work / 10 ** curve.log_rate(at) if work > 0 else 0.0
 
     def call(self, rec: CallRecord, bound_s: float) -> CallPrediction:
         """One call's prediction.
@@ -266,12 +359,36 @@ class Predictor:
         fam = family(rec)
         key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
         function = rec.special[0] if rec.special is not None else ""
-        if rec.fresh_bytes == 0 and rec.bytes_written > 0:
-            function = "inplace"  # the in-place points, where the family has them
-        device = self.device_s(fam, key, rec.flops, rec.bytes, function)
+        op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
+        inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
+        device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace,
+                               reduction=reduction_length(rec))
+        host = self.host_s(fam, op, rec.before)
         if device is None:
-            return CallPrediction(fam, self.host_s(fam), bound_s, False)
-        return CallPrediction(fam, self.host_s(fam), max(device, bound_s), True)
+            return CallPrediction(fam, host, bound_s, False)
+        return CallPrediction(fam, host, max(device, bound_s), True)
+
+
+def overlapped(calls: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """The step time of calls (host seconds, device seconds) in order, the host issuing each
+    and the device running it once issued and once the previous kernel is done (CUDA's
+    stream order): a kernel cannot start before its launch, the device idles while the host
+    is slower.
+
+    Args:
+        calls: (host, device) seconds per call, in call order.
+
+    Returns:
+        (the step's time, the device's idle time in it).
+    """
+    host = device = idle = 0.0
+    for h, d in calls:
+        host += h
+        if host > device:
+            idle += host - device
+            device = host
+        device += d
+    return max(host, device), idle
 
 
 _PREDICTORS: dict[int, tuple[Calibration, Predictor]] = {}
@@ -299,6 +416,21 @@ HOST_BOUND_ADVICE = ("host-bound: the time per operator call outside the kernels
                      "batch amortises them)")
 
 
+def predicted_step_s(estimate: Estimate) -> float:
+    """The predicted time of an estimate's whole run: on a GPU calibration the step with host
+    and device overlapping, else the sum of its calls' predictions (one timeline).
+
+    Args:
+        estimate: a calibrated estimate.
+
+    Returns:
+        Seconds.
+    """
+    if estimate.overlapped is not None:
+        return estimate.overlapped[0]
+    return estimate.total.predicted_s
+
+
 def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     """The prediction of an estimate as JSON: whether the hardware is calibrated, when and
     where, the predicted total, its host and device parts, whether the run is host-bound
@@ -323,10 +455,11 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": "calibrated", "calibrated": cal.date, "device": cal.device,
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
-        "model": "per call: host time of its family + max(work at the attained rate, the "
-                 "roofline bound); host and device on one timeline (CPU)"
-                 + ("; on this GPU added too: their overlap is not modelled yet"
-                    if cal.device.startswith("cuda") else ""),
+        "model": "per call: host time of its operator + max(work at the attained rate, the "
+                 "roofline bound); "
+                 + ("host and device on one timeline (CPU)" if estimate.overlapped is None else
+                    "the step: host and device overlapping, each kernel started once launched "
+                    "and once the previous one is done (step_s)"),
         "predicted_s": total.predicted_s, "host_s": total.host_s, "device_s": device,
         "uncalibrated_s": total.uncalibrated_s,
         "host_bound": host_bound,
@@ -336,6 +469,8 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
                           "bound_s": r.time_s}
                       for k, r in estimate.by_family.items()},
     }
+    if estimate.overlapped is not None:
+        out["step_s"], out["device_idle_s"] = estimate.overlapped
     if host_bound:
         out["suggestion"] = HOST_BOUND_ADVICE
     return out

@@ -153,7 +153,7 @@ def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
 
 
 class CallRecord:
-    __slots__ = ("bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
+    __slots__ = ("before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
                  "fresh_bytes", "fused_bytes", "macs", "op", "out_bytes", "path", "phase", "reuse",
                  "special")
 
@@ -180,6 +180,11 @@ class CallRecord:
         self.convolution = is_convolution(op)
         # (special function, evaluations), see special_function
         self.special: tuple[str, int] | None = None
+        # bytes the calls since the last call of the same operator moved (they evicted that
+        # much of what the interpreter, the dispatcher and the operator's kernel keep in the
+        # caches: the prediction's host time grows with it); the run's bytes so far for an
+        # operator's first call
+        self.before = 0
 
     def cached(self, capacity: int) -> tuple[int, int]:
         """(bytes read, bytes written) of this call served by a last-level cache of
@@ -220,6 +225,7 @@ class CallLog:
         # last touched
         self._clock = 0
         self._touched: dict[int, int] = {}
+        self._op_clock: dict[str, int] = {}  # the clock after each operator's last call
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, CallRecord | None, dict[int, int]] = (
@@ -242,12 +248,14 @@ class CallLog:
             self._prev = (path, phase, False, rec, {})
             return
         rec = CallRecord(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
+        rec.before = self._clock - self._op_clock.get(op, 0)
         if rec.convolution and _is_gemm_convolution(op, call):
             rec.convolution = False
         rec.special = special_function(op, call)
         rec.bytes_read = cost.bytes_read
         rec.bytes_written = cost.bytes_written
         self._follow(rec, call)
+        self._op_clock[op] = self._clock
         self.records.append(rec)
         pointwise = facts(call.op).pointwise
         _, prev_phase, prev_pointwise, prev_rec, prev_out = self._prev

@@ -8,7 +8,6 @@ and a copy through main memory, a copy inside the last-level cache) and returns 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,10 @@ __all__ = ["best_seconds", "last_level_cache_bytes", "measure_this_machine"]
 
 
 def best_seconds(fn: Any, repeats: int) -> float:
-    """The shortest of ``repeats`` timed calls of ``fn``, after one untimed warm-up call.
+    """The shortest of ``repeats`` timed calls of ``fn``, after one untimed warm-up call, by the
+    calibration's clock (:func:`flopscope.estimate.calibrate.clock`: at one torch thread the
+    thread's CPU time, so that peaks measured on a shared machine are the core's, not lowered
+    by other processes, and the bound they give stays below what the core later runs).
 
     Args:
         fn: what to time (called with no arguments).
@@ -31,12 +33,15 @@ def best_seconds(fn: Any, repeats: int) -> float:
     Returns:
         Seconds.
     """
+    from flopscope.estimate.calibrate import clock
+
+    now = clock("cpu")[1]
     fn()  # warm-up: first-touch page faults, library initialisation
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = now()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, now() - start)
     return best
 
 

@@ -1,0 +1,64 @@
+"""The calibrated H200 profile (docs/gpu/h200_calibrated.json, from the GPU check's points) and
+the expected MFU beside a measured one (issue 29): both run on the CPU, a profile being data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tests.cli.conftest import Result
+
+from flopscope.estimate import load_hardware
+
+Cli = Callable[..., Result]
+H200 = Path(__file__).parent.parent.parent / "docs" / "gpu" / "h200_calibrated.json"
+
+
+def test_the_h200_profile_is_made_from_the_checks_points(tmp_path: Path) -> None:
+    from benchmarks.gpu_profile import main
+
+    out = tmp_path / "h200.json"
+    assert main([str(H200.parent / "calib.json"), str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads(H200.read_text())  # the shipped file as made
+    (hw,) = load_hardware(H200)
+    cal = hw.calibration
+    assert cal is not None and cal.device == "cuda (NVIDIA H200)" and cal.versions["torch"] == (
+        "2.11.0+cu130")
+    assert {p.family for p in cal.points} == {"matmul", "elementwise", "special", "reduction",
+                                              "normalization", "attention", "conv"}
+    # bf16 4096^3 measured at 764 TFLOP/s (docs/gpu.md): the point is the check's time
+    best = next(p for p in cal.points if p.what == "mm 4096x4096x4096" and p.dtype == "bf16")
+    assert 2 * 4096**3 / best.seconds == pytest.approx(763.8e12, rel=1e-3)
+
+
+def test_an_h200_prediction_of_a_shape_only_count_runs_on_the_cpu(cli: Cli) -> None:
+    r = cli("count", "tiny_models:tiny", "--shape-only", "--hardware", str(H200),
+            "--format", "json")
+    assert r.code == 0, r.err
+    pred = json.loads(r.out)["estimate"]["prediction"]
+    assert pred["status"] == "calibrated" and pred["device"] == "cuda (NVIDIA H200)"
+    # host and device overlap on a GPU: the step is at least the host's time, at most the sum
+    assert pred["host_s"] <= pred["step_s"] <= pred["predicted_s"] + 1e-12
+    r = cli("count", "tiny_models:tiny", "--shape-only", "--hardware", str(H200))
+    assert "step with host and device overlapping" in r.out
+
+
+def test_expected_mfu_from_the_prediction_beside_the_measured(cli: Cli) -> None:
+    r = cli("count", "tiny_models:tiny", "--hardware", str(H200), "--shape-only",
+            "--step-time", "0.001", "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    util, pred = data["utilization"], data["estimate"]["prediction"]
+    expected = util["expected"]
+    assert expected["seconds"] == pytest.approx(pred["step_s"], rel=1e-12)
+    # the same model FLOPs over the predicted time instead of the measured 1 ms
+    assert expected["mfu"] == pytest.approx(util["mfu"] * 0.001 / pred["step_s"], rel=1e-9)
+    r = cli("count", "tiny_models:tiny", "--hardware", str(H200), "--shape-only",
+            "--step-time", "0.001")
+    assert "expected from the prediction" in r.out and "not measured" in r.out
+    # an uncalibrated profile: the measured MFU only
+    r = cli("count", "tiny_models:tiny", "--hardware", "h200", "--shape-only",
+            "--step-time", "0.001", "--format", "json")
+    assert "expected" not in json.loads(r.out)["utilization"]
