@@ -12,6 +12,7 @@ import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.comm_time import Links, comm_time
+from flopscope.plan.planner import build_model
 from flopscope.plan.roles import clear_cache
 
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=128, intermediate_size=256,
@@ -48,7 +49,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     from flopscope.plan.roles import RoleKey, Roles
 
     fsdp = p["TP1 PP1 DP2 mb1x1"]
-    roles = Roles(flopscope.plan.planner.build_model("hf:llama", 64, "float32", CONFIG), hw,
+    roles = Roles(build_model("hf:llama", 64, "float32", CONFIG), hw,
                   ("hf:llama", 64, "float32", tuple(sorted(CONFIG.items()))))
     run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False))
     assert run.estimate.calibrated
