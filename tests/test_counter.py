@@ -52,10 +52,12 @@ def _snapshot(model: nn.Module) -> dict[str, object]:
     }
 
 
-def _global_hooks() -> list[int]:
+def _global_hooks() -> list[object]:
     from torch.nn.modules import module as m
 
-    return [len(m._global_forward_hooks), len(m._global_forward_pre_hooks)]
+    # global hooks, and how every module is called (flopscope.core.module_calls replaces it while
+    # a Counter is active)
+    return [len(m._global_forward_hooks), len(m._global_forward_pre_hooks), nn.Module.__call__]
 
 
 def _assert_same(before: dict[str, object], model: nn.Module) -> None:

@@ -115,3 +115,61 @@ def test_attach_needs_an_active_counter() -> None:
     with pytest.raises(flopscope.UsageError, match=r"attach\(\) needs an active Counter"):
         with c.attach():
             pass
+
+
+class _Hooked(nn.Module):
+    """A layer whose own hooks compute: its input shifted before, its output doubled after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin.register_forward_pre_hook(lambda m, args: (args[0] + 1,))
+        self.lin.register_forward_hook(lambda m, args, out: out * 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).relu()
+
+
+def test_work_in_a_modules_own_hooks_is_the_modules() -> None:
+    r = flopscope.count(_Hooked(), torch.randn(3, 4))
+    by = r.by_module_and_op()
+    # the pre-hook's add (3 * 4 = 12 elements) and the hook's mul (12) are lin's, not the root's
+    assert by[("lin", "aten.add.Tensor")].cost.flops == 12
+    assert by[("lin", "aten.mul.Tensor")].cost.flops == 12
+    assert not {op for path, op in by if path == ""} & {"aten.add.Tensor", "aten.mul.Tensor"}
+
+
+def test_nested_counters_both_see_module_calls_and_leave_module_call_as_it_was() -> None:
+    call = nn.Module.__call__
+    model = _Hooked()
+    with flopscope.Counter(model) as outer:
+        with flopscope.Counter(model) as inner:
+            model(torch.randn(3, 4))
+        assert nn.Module.__call__ is not call  # the outer Counter still sees module calls
+        model(torch.randn(3, 4))
+    assert nn.Module.__call__ is call
+    # lin: 3 * 4 * 4 = 48 MACs per call; the inner Counter saw one call, the outer both
+    assert inner.report.by_module()["lin"].self_cost.macs == 48
+    assert outer.report.by_module()["lin"].self_cost.macs == 96
+    assert outer.report.by_module()["lin"].calls == 2
+
+
+def test_a_counter_left_in_another_thread_does_not_stop_this_ones() -> None:
+    call = nn.Module.__call__
+    model = _Hooked()
+    started, finish = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with flopscope.Counter(model):
+            started.set()
+            finish.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait(10)
+    with flopscope.Counter(model) as mine:
+        finish.set()
+        t.join(10)  # the other Counter exits first, while this one is active
+        model(torch.randn(3, 4))
+    assert mine.report.by_module()["lin"].self_cost.macs == 48
+    assert nn.Module.__call__ is call

@@ -16,7 +16,8 @@ from torch.utils._pytree import tree_iter
 
 from flopscope.core.facts import facts
 
-__all__ = ["SYMBOLIC_COUNTS", "Cost", "OpCall", "Phase", "nested_parts", "tensor_bytes"]
+__all__ = ["SYMBOLIC_COUNTS", "VALUE_READS", "Cost", "OpCall", "Phase", "nested_parts", "note_value_read",
+           "tensor_bytes"]
 
 
 class Phase(str, enum.Enum):
@@ -153,7 +154,18 @@ _SymInt = torch.SymInt
 # tensor_bytes (numel * itemsize, SymInt-safe) instead of trying .nbytes first; correct for every
 # tensor, only slower, so a concrete count in another thread meanwhile gives the same numbers
 SYMBOLIC_COUNTS = [0]
+# how many times a rule has read a tensor's values (note_value_read): a call whose rule read values
+# is never remembered by its metadata (flopscope.core.cost_memo)
+VALUE_READS = [0]
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def note_value_read() -> None:
+    """Say that a rule is reading a tensor's values (offsets, lengths, targets, boxes), not only
+    its metadata: the cost of this call then depends on more than its arguments' shapes and is
+    not remembered for later calls of the same shapes. Every default rule that reads values calls
+    it (through :func:`flopscope.rules._shapes.tensor_values` or directly)."""
+    VALUE_READS[0] += 1
 
 
 _Tensor = torch.Tensor

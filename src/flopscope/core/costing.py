@@ -15,10 +15,11 @@ from typing import Any
 
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from flopscope.core.cost_memo import REAL_LIMIT, is_real_key
 from flopscope.core.facts import OpFacts, facts
 from flopscope.core.memo import is_shared
 from flopscope.core.numbers import in_real_numbers
-from flopscope.cost import Cost, OpCall, Phase, nested_parts
+from flopscope.cost import VALUE_READS, Cost, OpCall, Phase, nested_parts
 from flopscope.errors import FlopscopeError, RuleError
 from flopscope.rules import default_rules
 from flopscope.rules.registry import ADJUSTED_RULES, Rule, RuleSet
@@ -31,6 +32,9 @@ __all__ = ["Costing", "OpEntry", "may_be_nonzero"]
 # alone; a hit counts only where the Counter's rule for the operator is that same rule
 _SHARED_MEMO: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {id(p): {} for p in Phase}
 _MEMO_LIMIT = 200_000  # entries per phase before a memo starts over
+# id(phase) -> cost_key -> (rule, cost) of a call on real tensors whose rule is a default rule and
+# read no tensor's values (flopscope.core.cost_memo): shared by every Counter likewise
+_REAL_MEMO: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {id(p): {} for p in Phase}
 
 
 def may_be_nonzero(n: Any) -> bool:
@@ -107,8 +111,13 @@ class Costing:
 
     def remembered(self, entry: OpEntry, memo: tuple[Any, ...], phase: Phase) -> Cost | None:
         """The remembered cost of a call with this memo key, or ``None``."""
-        hit = (_SHARED_MEMO if is_shared(memo) else self._memo)[id(phase)].get(memo)
+        hit = self._table(memo)[id(phase)].get(memo)
         return hit[1] if hit is not None and hit[0] is entry.rule else None
+
+    def _table(self, memo: tuple[Any, ...]) -> dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]]:
+        if is_real_key(memo):
+            return _REAL_MEMO
+        return _SHARED_MEMO if is_shared(memo) else self._memo
 
     def cost(self, entry: OpEntry, call: OpCall, path: str, memo: tuple[Any, ...] | None = None,
              *, logical: bool = False) -> Cost:
@@ -130,6 +139,7 @@ class Costing:
         """
         fn = entry.rule
         assert fn is not None
+        reads = VALUE_READS[0]
         try:
             cost = fn(call)
         except FlopscopeError:
@@ -149,9 +159,11 @@ class Costing:
             # a default rule: integer work is not FLOPs, complex work is counted in real
             # operations (flopscope.core.numbers)
             cost = in_real_numbers(call, cost, entry.facts.name)
-        if memo is not None and entry.memoizable:
-            table = (_SHARED_MEMO if is_shared(memo) else self._memo)[id(call.phase)]
-            if len(table) >= _MEMO_LIMIT:
+        if memo is not None and entry.memoizable and VALUE_READS[0] == reads:  # (not if the rule
+            # read a tensor's values: its cost depends on more than the key)
+            tables = self._table(memo)
+            table = tables[id(call.phase)]
+            if len(table) >= (REAL_LIMIT if tables is _REAL_MEMO else _MEMO_LIMIT):
                 table.clear()
             table[memo] = (fn, cost)
         return cost

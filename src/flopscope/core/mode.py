@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
+from flopscope.core.cost_memo import cost_key
 from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
 from flopscope.core.integrity import WriteGuard
 from flopscope.core.memo import OUTPUTS, SELF, outputs_of, remember, replay, replays_fake, signature
@@ -111,7 +112,9 @@ class CountingMode(TorchDispatchMode):
             self.record(func, entry, args, kwargs, out, None, memo)
             return out
         out = func(*args, **kwargs)
-        self.record(func, entry, args, kwargs, out)
+        # a default rule's cost is remembered by the call's metadata (flopscope.core.cost_memo)
+        self.record(func, entry, args, kwargs, out, None,
+                    cost_key(id(func), args, kwargs, out) if entry.memoizable else None)
         return out
 
     def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -1,12 +1,13 @@
 """Module tracking: which module is running, under which path, in which phase, on which thread,
 and, in backward, which module's forward built the autograd node that is running.
 
-Forward: PyTorch's *global* module forward hooks (registered while a Counter is active, removed on
-exit; nothing is stored on the user's model) keep a stack of :class:`Frame` s per thread. Each hook
-also records the autograd sequence number at that moment, so the timeline of sequence numbers maps
-any autograd node created in a forward back to the module that was running then (``backward_path``).
+Forward: every module call is seen as it starts and returns (:mod:`flopscope.core.module_calls`,
+while a Counter is active; nothing is stored on the user's model), keeping a stack of
+:class:`Frame` s per thread. Each start and return also records the autograd sequence number at
+that moment, so the timeline of sequence numbers maps any autograd node created in a forward back
+to the module that was running then (``backward_path``).
 
-Threads: the hooks are process-global, so every hook first asks whether this thread is counted: the
+Threads: module calls are seen process-wide, so :meth:`ModuleTracker.enter` first asks whether this thread is counted: the
 thread that entered the Counter always is; another thread is when the Counter's dispatch mode is
 active on it (``Counter.attach()`` in a worker thread, or autograd's own worker threads, to which
 PyTorch propagates the mode during backward). Each counted thread has its own stack.
@@ -14,8 +15,8 @@ PyTorch propagates the mode during backward). Each counted thread has its own st
 Phases: a module that starts while autograd is running a backward node is a forward recomputed by
 activation checkpointing (``Phase.RECOMPUTE``); ``optimizer.step()`` of any ``torch.optim``
 optimizer pushes a frame in ``Phase.OPTIMIZER`` on the root (global optimizer step hooks); frames
-inherit their parent's phase. The post hook is registered with ``always_call=True``, so a forward
-that raises (or a checkpoint recomputation stopped early) leaves no stale frame behind.
+inherit their parent's phase. A forward that raises (or a checkpoint recomputation stopped early)
+closes its frame too, so it leaves no stale frame behind.
 """
 
 from __future__ import annotations
@@ -30,10 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -41,6 +38,7 @@ from torch.optim.optimizer import (
 from torch.utils._pytree import tree_iter
 
 from flopscope.core.ledger import Sums
+from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.model_index import model_tables
 from flopscope.core.params import ParamStats, param_table
 from flopscope.cost import Phase
@@ -172,7 +170,7 @@ class ModuleTracker:
         self.foreign_calls = 0  # calls of the model's modules in threads this Counter does not count
         self.failure: tuple[BaseException, str] | None = None
         self._handles: list[Any] = []
-        self._late: set[nn.Module] = set()  # modules closed by a hook of their own (install)
+        self._listener: Any = None  # (enter, leave) while installed (module_calls.listen)
         if model is not None:
             tables, self.modules = model_tables(model)
             self.paths = dict(zip(self.modules, tables.module_paths, strict=True))
@@ -301,8 +299,9 @@ class ModuleTracker:
         i = bisect_right(st.seqs, seq) - 1
         return st.seq_paths[i] if i >= 0 else ""
 
-    # -- module hooks -------------------------------------------------------------------------
-    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    # -- module calls -------------------------------------------------------------------------
+    def enter(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """A module call starts (before its own forward pre-hooks): push its frame."""
         st = self.main if _get_ident() == self.owner else self._counted_state()
         if st is None:
             if module in self.paths:
@@ -347,31 +346,23 @@ class ModuleTracker:
             for enter in self.on_enter:
                 enter(path, phase)
 
-    def _late_post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        self._post_hook(module, args, output, True)
-
-    def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any,
-                   late: bool = False) -> None:
-        if self._late and not late and module in self._late:
-            return  # closed after its own forward hooks, by _late_post_hook
+    def leave(self, module: nn.Module, output: Any, exc: BaseException | None) -> None:
+        """A module call returned ``output`` (after its own forward hooks), or raised ``exc``:
+        pop its frame."""
         tid = _get_ident()
         st = self.main if tid == self.owner else self.states.get(tid)
         if st is None:
             return
         stack = st.stack
-        # with always_call=True this runs also when the forward raised: output is None then
-        failed = output is None and sys.exc_info()[1] is not None
+        failed = exc is not None
         if not stack or stack[-1].module is not module:
             if not any(f.module is module for f in stack):
                 return  # a module entered before the Counter: nothing of ours to close
             while stack[-1].module is not module:  # frames left by an exception: unwind them
                 self._close(st, stack.pop(), None, True)
         frame = stack.pop()
-        if failed:
-            exc = sys.exc_info()[1]
-            assert exc is not None
-            if self.failure is None or self.failure[0] is not exc:
-                self.failure = (exc, frame.path)  # the innermost module it was raised in
+        if exc is not None and (self.failure is None or self.failure[0] is not exc):
+            self.failure = (exc, frame.path)  # the innermost module it was raised in
         self._close(st, frame, output, failed)
 
     def _close(self, st: ThreadState, frame: Frame, output: Any, failed: bool) -> None:
@@ -428,22 +419,14 @@ class ModuleTracker:
 
     # -- install / remove ---------------------------------------------------------------------
     def install(self) -> None:
-        """Register the global module and optimizer hooks; the calling thread is counted."""
+        """Start seeing module calls and optimizer steps; the calling thread is counted."""
         self.owner = _get_ident()
         self.failure = None
         self._handles = [
-            register_module_forward_pre_hook(self._pre_hook),
-            register_module_forward_hook(self._post_hook, always_call=True),
             register_optimizer_step_pre_hook(self._optimizer_pre_hook),
             register_optimizer_step_post_hook(self._optimizer_post_hook),
         ]
-        # torch runs global forward hooks before a module's own, so what a module's own forward
-        # hooks do (a parallel style's output redistribution: RowwiseParallel's all-reduce) would
-        # run after its frame closed and be charged to its parent; such modules are closed by a
-        # hook of their own, registered after theirs
-        self._late = {m for m in self.modules if m._forward_hooks}
-        self._handles += [m.register_forward_hook(self._late_post_hook, always_call=True)
-                          for m in self._late]
+        self._listener = listen(self.enter, self.leave)
 
     def failed_in(self, exc: BaseException | None) -> str | None:
         """The innermost module in which ``exc`` (or an exception it was raised from) was raised,
@@ -458,11 +441,14 @@ class ModuleTracker:
         return self.innermost
 
     def remove(self, exc: BaseException | None = None) -> str | None:
-        """Remove the hooks and forget running modules; returns the module in which ``exc`` was
+        """Stop seeing module calls and optimizer steps and forget running modules; returns the module in which ``exc`` was
         raised (see :meth:`failed_in`), or ``None``."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._listener is not None:
+            stop_listening(self._listener)
+            self._listener = None
         left_in = self.failed_in(exc) if exc is not None else None
         self.main.stack.clear()
         self.main.shadowing = None

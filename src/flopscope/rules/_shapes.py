@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from flopscope.core.facts import facts
-from flopscope.cost import OpCall
+from flopscope.cost import OpCall, note_value_read
 
 
 def named_arg(call: OpCall, name: str, default: Any = None) -> Any:
@@ -28,9 +28,18 @@ def numel(shape: Any) -> int:
     return n if type(n) is int or isinstance(n, torch.SymInt) else int(n)  # type: ignore[return-value]
 
 
+def has_values(t: Any) -> bool:
+    """Whether ``t`` is a real tensor whose values a rule can read (not fake or meta); when it is,
+    the read is noted (:func:`flopscope.cost.note_value_read`): the call's cost depends on them."""
+    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type == "meta":
+        return False
+    note_value_read()
+    return True
+
+
 def tensor_values(t: Any) -> list[int] | None:
     """The integer values of a small real tensor, or ``None`` on fake/meta tensors (no values)."""
-    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.device.type == "meta":
+    if not has_values(t):
         return None
     try:
         return [int(v) for v in t.reshape(-1).tolist()]

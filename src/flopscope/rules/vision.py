@@ -14,7 +14,7 @@ import math
 import torch
 
 from flopscope.cost import Cost, OpCall
-from flopscope.rules._shapes import named_arg
+from flopscope.rules._shapes import has_values, named_arg
 from flopscope.rules.registry import rule
 
 
@@ -37,7 +37,7 @@ def _samples_per_bin(call: OpCall, rois: torch.Tensor, ph: int, pw: int, ratio: 
     k = int(rois.shape[0])
     if ratio > 0:
         return k * ph * pw * ratio * ratio
-    if type(rois) is not torch.Tensor or rois.device.type == "meta":
+    if not has_values(rois):
         return k * ph * pw
     scale = float(call.args[2])
     aligned = bool(named_arg(call, "aligned", False))

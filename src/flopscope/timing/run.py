@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter
 
 from flopscope.core.facts import facts
+from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.unseen import unseen
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
@@ -161,31 +162,57 @@ class Timing:
 @contextmanager
 def module_ranges(model: nn.Module) -> Iterator[None]:
     """Within the block, each call of a module of ``model`` runs inside a profiler range of its
-    own (``module::<path>``, the trace's module track); the ranges are opened unseen by the
-    dispatch modes (a Counter around the block does not count the profiler's own operators)."""
-    from torch.profiler import record_function
-
-    paths = {m: p for p, m in model.named_modules()}
+    own (``module::<path>``, the trace's module track). Module calls are seen as a Counter sees
+    them (:mod:`flopscope.core.module_calls`); a range is PyTorch's C++ record-function scope,
+    which no dispatch mode sees (``torch.profiler.record_function`` is an operator call, about
+    ten times the cost, that a Counter around the block would otherwise count)."""
+    names = {m: f"module::{p or '(root)'}" for p, m in model.named_modules()}
     spans: list[Any] = []
 
     def enter(module: nn.Module, _: Any) -> None:
-        path = paths.get(module)
-        if path is not None:
-            span = record_function(f"module::{path or '(root)'}")
-            with unseen():
-                span.__enter__()
+        name = names.get(module)
+        if name is not None:
+            span = _range(name)
+            span.__enter__()
             spans.append(span)
 
     def leave(module: nn.Module, _: Any, __: Any) -> None:
-        if module in paths and spans:
-            with unseen():
-                spans.pop().__exit__(None, None, None)
+        if module in names and spans:
+            spans.pop().__exit__(None, None, None)
 
-    with ExitStack() as stack:
-        for handle in (nn.modules.module.register_module_forward_pre_hook(enter),
-                       nn.modules.module.register_module_forward_hook(leave, always_call=True)):
-            stack.callback(handle.remove)
+    listener = listen(enter, leave)
+    try:
         yield
+    finally:
+        stop_listening(listener)
+
+
+def _range(name: str) -> Any:
+    """A profiler range named ``name``, entered and exited by the caller."""
+    if _FAST_RANGE is not None:
+        return _FAST_RANGE(name)
+    from torch.profiler import record_function
+
+    return _Unseen(record_function(name))
+
+
+class _Unseen:
+    """A ``record_function`` range opened and closed unseen by the dispatch modes."""
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def __enter__(self) -> None:
+        with unseen():
+            self.span.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        with unseen():
+            self.span.__exit__(*exc)
+
+
+# PyTorch's C++ record-function scope (torch >= 2.2; older: record_function, unseen)
+_FAST_RANGE: Any = getattr(torch._C._profiler, "_RecordFunctionFast", None)
 
 
 def _region_runs(model: nn.Module, run: Callable[[], None], repeat: int, cuda: bool) -> list[Any]:
