@@ -360,6 +360,7 @@ def simulate(
     microbatches: int | None = None,
     schedule: str = "1f1b",
     prepare: Prepare | None = None,
+    repeat_layers: bool = True,
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -388,6 +389,11 @@ def simulate(
             and inputs just before the rank is counted, e.g. to register them with a
             :class:`~flopscope.estimate.MemoryTracker` passed in ``observers`` (refused with
             ``ep`` > 1).
+        repeat_layers: shape-only, without pipeline stages, experts, ``prepare`` or
+            observers: when the model has more than 12 alike decoder layers, count it cut to 3,
+            4 and 5 layers and put the report together at its own count from the first two,
+            checked against the third (:mod:`flopscope.distributed.repeat`; the same report
+            record for record); where the check fails, every layer is counted.
 
     With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
     expert-parallel group's batch, split along dimension 0 into the ranks' batches, and must
@@ -402,6 +408,19 @@ def simulate(
     Raises:
         UsageError: a bad layout, or torch.distributed already initialized.
     """
+    if (repeat_layers and shape_only and layout.pp == 1 and layout.ep == 1 and prepare is None
+            and not count_kwargs.get("observers")):
+        from flopscope.distributed.repeat import NotRepeating, from_small
+
+        def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+                ) -> Report:
+            return simulate(small, layout, backward=backward, shape_only=True, logical=logical,
+                            repeat_layers=False, **count_kwargs)
+
+        try:
+            return from_small(build, run)
+        except NotRepeating:
+            pass
     local: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     if layout.pp > 1:
         report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
