@@ -23,6 +23,7 @@ from flopscope.distributed.pipeline import (
     pipeline_report,
     run_stage,
 )
+from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
 from flopscope.execution.meta import ShapeOnlyFakeMode
@@ -36,62 +37,6 @@ Prepare = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]
 
 __all__ = ["Prepare", "after_backward", "count_rank", "count_stage", "fake_world", "simulate",
            "simulate_pipeline"]
-
-
-@contextmanager
-def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
-    """A default process group of ``world_size`` ranks in which this process is ``rank``, backed
-    by torch's fake process group (collectives return at once; nothing is sent); destroyed on exit.
-
-    Args:
-        world_size: ranks to simulate.
-        rank: the rank this process plays.
-
-    Yields:
-        Nothing; ``torch.distributed`` is initialized inside the block.
-
-    Raises:
-        UsageError: a process group is already initialized.
-    """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise UsageError("torch.distributed is already initialized: a simulated rank needs its own "
-                         "(fake) process group; count the real job's ranks instead")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        _forget_meshes()
-
-
-def _forget_meshes() -> None:
-    """Clear DTensor's caches keyed by device meshes.
-
-    A mesh equals any mesh of the same shape and names, so a cached sharding decision from an
-    earlier (destroyed) world would hand back that world's mesh, whose process groups no longer
-    resolve (a simulated rank of another stage in the same process fails with "Could not
-    resolve the process group")."""
-    try:
-        from torch.distributed.tensor import DTensor, _redistribute
-    except ImportError:  # torch built without distributed
-        return
-    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear_native is not None:  # the C++ dispatch fast path's cache
-        clear_native()
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    cached = getattr(getattr(propagator, "propagate_op_sharding", None), "cache", None)
-    if cached is not None:
-        cached.cache_clear()
-    for name in ("_gen_transform_infos",):
-        fn = getattr(_redistribute, name, None)
-        if fn is not None and hasattr(fn, "cache_clear"):
-            fn.cache_clear()
-    clear = getattr(_redistribute, "clear_redistribute_planner_cache", None)
-    if clear is not None:
-        clear()
 
 
 def count_rank(
@@ -418,7 +363,8 @@ def simulate(
                             repeat_layers=False, **count_kwargs)
 
         try:
-            return from_small(build, run)
+            with fake_world(layout.world_size, layout.rank), shared_world(layout):
+                return from_small(build, run)
         except NotRepeating:
             pass
     local: tuple[tuple[Any, ...], dict[str, Any]] | None = None
@@ -494,7 +440,7 @@ def _one_rank(
     prepare: Prepare | None = None,
 ) -> Report:
     """Count ``layout.rank`` of a layout without pipeline stages."""
-    with fake_world(layout.world_size, layout.rank):
+    with world_of(layout):
         model, args, kwargs = build()
         apply_layout(model, layout, layout.mesh())
         if not shape_only:
