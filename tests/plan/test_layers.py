@@ -93,6 +93,12 @@ def test_a_plan_is_the_same_with_roles_from_small_layer_counts(
                 for c in (*p.ranked, *p.dropped)]
 
     assert figures(fast) == figures(slow)
+    # MFU's numerator, also from small layer counts: the whole model's forward + backward FLOPs
+    # for one sequence, counted every layer, times the global batch of 2
+    model, args, kwargs = build_model("hf:llama", SEQ, "float32", MOVING)(1, False)
+    whole = flopscope.count(model, flopscope.Inputs(*args, **kwargs), backward=True,
+                            shape_only=True, warn=False)
+    assert fast.model_flops == slow.model_flops == whole.flops * 2
     assert [c.choice for c in fast.pareto] == [c.choice for c in slow.pareto]
     for a, b in zip((*fast.ranked, *fast.dropped), (*slow.ranked, *slow.dropped), strict=True):
         for part, seconds in b.time.to_dict().items():

@@ -32,6 +32,7 @@ from flopscope.distributed.repeat import (
     layer_list,
     truncate,
 )
+from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
 from flopscope.plan.layers import Small, check, combine, frame_of
 from flopscope.plan.space import Choice
@@ -229,7 +230,9 @@ class Roles:
             # pipeline stages: torch's schedule reduces every layer's gradients at the stage's
             # root at the end of the step, which the peak's calls do not follow yet
             return None
-        a, b, c = (self._run(key, n) for n in SMALL)
+        layout = _layout(key)
+        with fake_world(layout.world_size, layout.rank), shared_world(layout):
+            a, b, c = (self._run(key, n) for n in SMALL)
         check(a, b, c)
         return combine(a, b, to)
 
@@ -251,9 +254,7 @@ class Roles:
                 truncate(model, per_stage * key.pp)
             return model, args, kwargs
 
-        world = key.tp * key.pp * key.dp
-        rank = key.stage * key.dp * key.tp
-        layout = Layout(world, tp=key.tp, fsdp=key.dp, pp=key.pp, rank=rank)
+        layout = _layout(key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
@@ -271,6 +272,12 @@ class Roles:
         frame = frame_of(prefix, total, key.pp, key.stage) if total >= key.pp else None
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes)
+
+
+def _layout(key: RoleKey) -> Layout:
+    """The layout of a role's rank (the first of its stage)."""
+    return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
+                  rank=key.stage * key.dp * key.tp)
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
