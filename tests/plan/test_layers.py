@@ -66,9 +66,30 @@ def test_a_role_from_small_layer_counts_equals_the_whole_simulation(key: RoleKey
         assert fast.memory.peak_bytes == 39_923_784
 
 
-def test_pipeline_stages_are_simulated_whole() -> None:
-    # stage 0 of 2 holds 12 layers, but torch's schedule reduces every layer's gradients at the
-    # stage's root after the last microbatch: stages are not put together from small counts
+# 30 layers: two stages of 15, each with 2 microbatches in flight; FSDP2 under torch's pipeline
+# schedule reduces every layer's gradients at the stage's root after the last microbatch (calls
+# outside the layers that repeat per layer)
+PIPELINE: dict[str, Any] = dict(MOVING, vocab_size=1000, num_hidden_layers=30)
+
+
+@pytest.mark.parametrize("key", [
+    RoleKey(tp=1, pp=2, stage=0, dp=2, micro_batch=1, microbatches=2, checkpoint=False),
+    RoleKey(tp=2, pp=2, stage=1, dp=1, micro_batch=2, microbatches=2, checkpoint=True),
+])
+def test_a_pipeline_stage_from_small_layer_counts_equals_the_whole_simulation(
+        key: RoleKey) -> None:
+    clear_cache()
+    fast_roles, slow_roles = _roles(True, PIPELINE), _roles(False, PIPELINE)
+    fast, slow = fast_roles.get(key), slow_roles.get(key)
+    assert (fast_roles.from_small, slow_roles.from_small) == (1, 0)
+    assert fast.report == slow.report
+    assert _memory(fast) == _memory(slow)
+    assert fast.parameter_bytes == slow.parameter_bytes
+    _same_time(fast, slow)
+
+
+def test_a_stage_of_few_layers_is_simulated_whole() -> None:
+    # 24 layers in 2 stages: 12 per stage, no more than the small runs' 3 + 4 + 5
     clear_cache()
     roles = _roles(True)
     roles.get(RoleKey(tp=1, pp=2, stage=0, dp=2, micro_batch=1, microbatches=2,

@@ -232,7 +232,7 @@ def _stage_run(
     prepare: Prepare | None = None,
 ) -> StageRun:
     """Count the pipeline stage of ``layout.rank`` (sharded by the rest of the layout)."""
-    with fake_world(layout.world_size, layout.rank):
+    with world_of(layout):
         model, args, kwargs = build()
         ids = _token_ids(args, kwargs)
         config = getattr(model, "config", None)

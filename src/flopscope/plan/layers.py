@@ -77,8 +77,10 @@ def _estimate(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
                     tf32_convolution=b.tf32_convolution)
 
 
-def combine(a: Small, b: Small, to: Frame) -> tuple[Report, MemoryProfile, Estimate, int]:
-    """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more).
+def combine(a: Small, b: Small, c: Small, to: Frame
+            ) -> tuple[Report, MemoryProfile, Estimate, int]:
+    """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more; ``c``,
+    one more again, only tells which calls outside the layers repeat per layer).
 
     The memory profile has the peak, where it is reached, what is live then and at the end; no
     per-module marks or timeline. The estimate has its total and phases only.
@@ -86,6 +88,7 @@ def combine(a: Small, b: Small, to: Frame) -> tuple[Report, MemoryProfile, Estim
     Args:
         a: the run with fewer layers.
         b: the run with one more.
+        c: the run with one more again.
         to: where the stage's layers are at the real count.
 
     Returns:
@@ -96,7 +99,8 @@ def combine(a: Small, b: Small, to: Frame) -> tuple[Report, MemoryProfile, Estim
     """
     nb = b.frame.n
     report = expand_report(a.report, a.frame, b.report, b.frame, to, WIDTH)
-    peak = extrapolate_peak(a.points, a.frame, b.points, b.frame, to, WIDTH)
+    peak = extrapolate_peak(a.points, a.frame, b.points, b.frame, to, WIDTH,
+                            (c.points, c.frame))
     memory = MemoryProfile(peak.total, peak.module, peak.phase, peak.op,
                            {c: v for c, v in peak.live.items() if v},
                            line(a.memory.end_bytes, b.memory.end_bytes, nb, to.n),
@@ -127,7 +131,7 @@ def check(a: Small, b: Small, c: Small) -> None:
     Raises:
         NotRepeating: they do not.
     """
-    report, memory, estimate, params = combine(a, b, c.frame)
+    report, memory, estimate, params = combine(a, b, c, c.frame)
     m = c.memory
     if report != c.report:
         raise NotRepeating("the put-together report differs from the simulated one")

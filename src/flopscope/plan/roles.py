@@ -226,15 +226,13 @@ class Roles:
     def _from_small(self, key: RoleKey) -> tuple[Report, MemoryProfile, Estimate, int] | None:
         prefix, layers = self._layers
         to = frame_of(prefix, layers, key.pp, key.stage)
-        if key.pp > 1 or to.n <= sum(SMALL):
-            # pipeline stages: torch's schedule reduces every layer's gradients at the stage's
-            # root at the end of the step, which the peak's calls do not follow yet
+        if to.n <= sum(SMALL):
             return None
         layout = _layout(key)
         with fake_world(layout.world_size, layout.rank), shared_world(layout):
             a, b, c = (self._run(key, n) for n in SMALL)
         check(a, b, c)
-        return combine(a, b, to)
+        return combine(a, b, c, to)
 
     def _run(self, key: RoleKey, per_stage: int | None) -> Small:
         """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
