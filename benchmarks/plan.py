@@ -1,10 +1,11 @@
 """How long ``flopscope.plan`` takes: a small Llama-style config (8 layers, hidden 1024) on 8 and
 64 GPUs, each role simulated once. With ``--70b``, a 70B-shaped Llama on 256 and 1,024 GPUs:
 the roles a whole plan has (counted from the enumeration, nothing simulated); two of them (TP 8 x
-FSDP 32, micro-batch 1, with and without checkpointing) timed with their repeated layers put
-together from three small layer counts and counted whole, interleaved in one process (and checked
-equal); one pipeline role (TP 8 x PP 8 x FSDP 4, stage 0: 10 layers over 8 microbatches), which
-is simulated whole either way; and from these the whole plans' time, estimated (it takes hours).
+FSDP 32, micro-batch 1, with and without checkpointing) and a pipeline stage (TP 8 x PP 2 x FSDP
+16, stage 0: 40 layers, 2 microbatches) timed with their repeated layers put together from three
+small layer counts and counted whole, one after the other in one process (and checked equal);
+one pipeline role of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches), simulated whole
+either way; and from these the whole plans' time, estimated (it takes hours).
 
 Run: ``python -m benchmarks.plan [--70b] [--seq-len S] [--json FILE]`` (2 shared vCPUs here; the
 figures depend on the load).
@@ -120,8 +121,22 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
             "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})"}
         per_pass[checkpoint] = slow_s / layers
         fast_role[checkpoint] = fast_s
-    # a pipeline role (simulated whole either way): TP 8 x PP 8 x FSDP 4, stage 0, 10 layers
-    # over 8 microbatches = 80 layer passes
+    # a pipeline stage of 40 layers (TP 8 x PP 2 x FSDP 16, stage 0, 2 microbatches) both
+    # ways, and one of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches: 80 layer
+    # passes), simulated whole either way (too few layers to gain)
+    key = RoleKey(8, 2, 0, 16, 1, 2, False)
+    fast_s, fast = _role_time(build, key, True)
+    slow_s, slow = _role_time(build, key, False)
+    timed["tp8_pp2_fsdp16_stage0_mb1"] = {
+        "repeated_layers_s": round(fast_s, 1), "every_layer_s": round(slow_s, 1),
+        "speedup": round(slow_s / fast_s, 1),
+        "same_report_and_peak": fast.report == slow.report
+        and fast.memory.peak_bytes == slow.memory.peak_bytes
+        and fast.memory.peak_module == slow.memory.peak_module,
+        "peak_gib": round(fast.memory.peak_bytes / 2**30, 2),
+        "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})",
+        "estimate_repeated_s": round(2 * fast_role[False], 1),
+        "estimate_every_layer_s": round(80 * per_pass[False], 1)}
     pipe_s, _ = _role_time(build, RoleKey(8, 8, 0, 4, 1, 8, False), True)
     timed["tp8_pp8_fsdp4_stage0_mb1"] = {
         "seconds": round(pipe_s, 1), "layer_passes": 80,
@@ -137,9 +152,9 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
             n = len(split_layers(layers, k.pp)[k.stage])
             whole = n * k.microbatches * per_pass[k.checkpoint]
             before += whole
-            if k.pp == 1 and n > sum(SMALL):
+            if n > sum(SMALL):
                 repeated += 1
-                after += fast_role[k.checkpoint]
+                after += k.microbatches * fast_role[k.checkpoint]
             else:
                 after += whole
         plans.append({"gpus": gpus, "layouts": len(choices), "roles": len(keys),
@@ -148,10 +163,11 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
                       "estimate_repeated_layers_s": round(after)})
     return {"model": "70B-shaped Llama", "seq_len": seq_len, "dtype": "bfloat16",
             "load_1min": round(load, 2), "timed_roles": timed, "plans": plans,
-            "estimate": "each role's time: a role without stages put together from small layer "
-                        "counts takes the timed TP8 x FSDP32 role's time; any other takes "
-                        "(layers in its stage x microbatches simulated) x the timed role's "
-                        "time per layer counted whole (same checkpointing)",
+            "estimate": "each role's time: a role put together from small layer counts (more "
+                        "than 12 layers in its stage) takes its microbatches simulated x the "
+                        "timed TP8 x FSDP32 role's time from small counts; any other takes "
+                        "(layers in its stage x microbatches simulated) x that role's time per "
+                        "layer counted whole (same checkpointing)",
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
