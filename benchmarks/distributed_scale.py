@@ -6,8 +6,13 @@ With ``--pipeline``, every stage of a 70B pipeline at 1,024 ranks (PP 8 x TP 8 x
 8 microbatches of 1 x 4096 tokens per step): per stage FLOPs, bytes sent per microbatch, idle
 fraction, and the bubble.
 
-Run: ``python -m benchmarks.distributed_scale [--table | --pipeline]`` (about a minute, or a few,
-here).
+With ``--compare``, the 1,024-rank rank (logical count included) with its repeated layers put
+together from three small layer counts (``simulate``'s default) and counted every layer
+(``repeat_layers=False``), interleaved three times each in one process, one thread, the reports
+checked equal; ``--json FILE`` writes the figures.
+
+Run: ``python -m benchmarks.distributed_scale [--table | --pipeline | --compare [--json FILE]]``
+(about a minute, or a few, here).
 """
 
 from __future__ import annotations
@@ -87,6 +92,44 @@ def table() -> None:
     print(f"peak RSS {_peak_rss()}")
 
 
+def compare(path: str | None) -> None:
+    """Repeated layers against every layer, interleaved; print (and write) the figures."""
+    import json
+    import os
+
+    from flopscope.distributed import Layout, simulate
+
+    torch.set_num_threads(1)
+    layout = Layout(1024, tp=8, fsdp=128)
+    simulate(build, layout, backward=True, warn=False, logical=False)  # imports, first calls
+    times: dict[bool, list[float]] = {True: [], False: []}
+    reports = {}
+    loads = []
+    for _ in range(3):
+        for repeat in (True, False):
+            loads.append(os.getloadavg()[0])
+            start = time.perf_counter()
+            reports[repeat] = simulate(build, layout, backward=True, warn=False,
+                                       repeat_layers=repeat)
+            times[repeat].append(time.perf_counter() - start)
+    fast, slow = min(times[True]), min(times[False])
+    out = {"model": "70B-shaped Llama, 80 layers, float32, 1 x 4096 tokens, forward + backward, "
+                    "shape-only, logical count included",
+           "layout": "TP 8 x FSDP 128 (1,024 ranks), rank 0",
+           "repeated_layers_s": [round(t, 2) for t in times[True]],
+           "every_layer_s": [round(t, 2) for t in times[False]],
+           "best_repeated_layers_s": round(fast, 2), "best_every_layer_s": round(slow, 2),
+           "speedup_best": round(slow / fast, 1), "same_report": reports[True] == reports[False],
+           "load_1min": [round(x, 2) for x in loads],
+           "rank_flops": reports[True].flops,
+           "logical_flops": reports[True].logical_total().flops,
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
+    print(json.dumps(out, indent=2))
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=2)
+
+
 def main() -> None:
     """Count the rank and print time, peak RSS, FLOPs and communication per kind."""
     from flopscope.distributed import Layout, simulate
@@ -96,6 +139,10 @@ def main() -> None:
         return
     if "--pipeline" in sys.argv[1:]:
         pipeline()
+        return
+    if "--compare" in sys.argv[1:]:
+        args = sys.argv[1:]
+        compare(args[args.index("--json") + 1] if "--json" in args else None)
         return
 
     start = time.perf_counter()

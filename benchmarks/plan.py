@@ -1,8 +1,11 @@
 """How long ``flopscope.plan`` takes: a small Llama-style config (8 layers, hidden 1024) on 8 and
-64 GPUs, each role simulated once. With ``--70b``, a 70B-shaped Llama on 256 GPUs: the roles a
-whole plan has (counted from the enumeration, nothing simulated) and the time of two of them
-(TP 8 x FSDP 32, micro-batch 1, with and without checkpointing), which gives the whole plan's
-time here.
+64 GPUs, each role simulated once. With ``--70b``, a 70B-shaped Llama on 256 and 1,024 GPUs:
+the roles a whole plan has (counted from the enumeration, nothing simulated); two of them (TP 8 x
+FSDP 32, micro-batch 1, with and without checkpointing) and a pipeline stage (TP 8 x PP 2 x FSDP
+16, stage 0: 40 layers, 2 microbatches) timed with their repeated layers put together from three
+small layer counts and counted whole, one after the other in one process (and checked equal);
+one pipeline role of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches), simulated whole
+either way; and from these the whole plans' time, estimated (it takes hours).
 
 Run: ``python -m benchmarks.plan [--70b] [--seq-len S] [--json FILE]`` (2 shared vCPUs here; the
 figures depend on the load).
@@ -62,38 +65,109 @@ def one(config: dict[str, Any], gpus: int, global_batch: int, seq_len: int,
     }
 
 
-def big(gpus: int = 256, seq_len: int = 4096) -> dict[str, Any]:
-    """The 70B-shaped plan's size and two of its roles' times (see the module docstring).
+def _role_time(build: Any, key: Any, repeat: bool) -> tuple[float, Any]:
+    """One role simulated in a fresh cache: seconds and its run."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.roles import Roles, clear_cache
+
+    clear_cache()
+    roles = Roles(build, get_hardware("h100-sxm"), ("70b", repeat), repeat_layers=repeat)
+    start = time.perf_counter()
+    run = roles.get(key)
+    return time.perf_counter() - start, run
+
+
+def big(seq_len: int = 4096) -> dict[str, Any]:
+    """The 70B-shaped plans on 256 and 1,024 GPUs: their roles (counted from the enumeration),
+    three roles timed with and without repeated layers in one process, interleaved, and the
+    whole plans' time estimated from them (see the module docstring).
 
     Args:
-        gpus: devices.
         seq_len: tokens per sequence.
 
     Returns:
         The figures.
     """
-    from flopscope.estimate import get_hardware
+    import os
+
+    import torch
+
+    from flopscope.distributed.pipeline import split_layers
+    from flopscope.distributed.repeat import SMALL
     from flopscope.plan.planner import build_model
-    from flopscope.plan.roles import RoleKey, Roles, roles_of
+    from flopscope.plan.roles import RoleKey, roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
 
-    shape = ModelShape(LLAMA_70B["num_hidden_layers"], LLAMA_70B["num_attention_heads"],
+    torch.set_num_threads(1)
+    layers = LLAMA_70B["num_hidden_layers"]
+    shape = ModelShape(layers, LLAMA_70B["num_attention_heads"],
                        LLAMA_70B["num_key_value_heads"], LLAMA_70B["intermediate_size"])
-    choices = enumerate_layouts(gpus, shape, gpus)
-    keys = {k for c in choices for k in roles_of(c, shape.layers)}
-    roles = Roles(build_model("hf:llama", seq_len, "bfloat16", LLAMA_70B),
-                  get_hardware("h100-sxm"), "70b")
-    timed = {}
+    build = build_model("hf:llama", seq_len, "bfloat16", LLAMA_70B)
+    load = os.getloadavg()[0]
+    timed: dict[str, Any] = {}
+    per_pass: dict[bool, float] = {}
+    fast_role: dict[bool, float] = {}
     for checkpoint in (False, True):
-        start = time.perf_counter()
-        run = roles.get(RoleKey(8, 1, 0, gpus // 8, 1, 1, checkpoint))
-        timed[f"tp8_fsdp{gpus // 8}_mb1{'_ckpt' if checkpoint else ''}"] = {
-            "seconds": round(time.perf_counter() - start, 1),
-            "peak_gib": round(run.memory.peak_bytes / 2**30, 2)}
-    per_role = sum(v["seconds"] for v in timed.values()) / len(timed)
-    return {"model": "70B-shaped Llama", "gpus": gpus, "global_batch": gpus, "seq_len": seq_len,
-            "layouts": len(choices), "roles": len(keys), "timed_roles": timed,
-            "whole_plan_estimate_s": round(per_role * len(keys)),
+        key = RoleKey(8, 1, 0, 32, 1, 1, checkpoint)
+        fast_s, fast = _role_time(build, key, True)
+        slow_s, slow = _role_time(build, key, False)
+        same = (fast.report == slow.report and fast.memory.peak_bytes == slow.memory.peak_bytes
+                and fast.memory.peak_module == slow.memory.peak_module
+                and fast.memory.at_peak == slow.memory.at_peak)
+        timed[f"tp8_fsdp32_mb1{'_ckpt' if checkpoint else ''}"] = {
+            "repeated_layers_s": round(fast_s, 1), "every_layer_s": round(slow_s, 1),
+            "speedup": round(slow_s / fast_s, 1), "same_report_and_peak": same,
+            "peak_gib": round(fast.memory.peak_bytes / 2**30, 2),
+            "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})"}
+        per_pass[checkpoint] = slow_s / layers
+        fast_role[checkpoint] = fast_s
+    # a pipeline stage of 40 layers (TP 8 x PP 2 x FSDP 16, stage 0, 2 microbatches) both
+    # ways, and one of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches: 80 layer
+    # passes), simulated whole either way (too few layers to gain)
+    key = RoleKey(8, 2, 0, 16, 1, 2, False)
+    fast_s, fast = _role_time(build, key, True)
+    slow_s, slow = _role_time(build, key, False)
+    timed["tp8_pp2_fsdp16_stage0_mb1"] = {
+        "repeated_layers_s": round(fast_s, 1), "every_layer_s": round(slow_s, 1),
+        "speedup": round(slow_s / fast_s, 1),
+        "same_report_and_peak": fast.report == slow.report
+        and fast.memory.peak_bytes == slow.memory.peak_bytes
+        and fast.memory.peak_module == slow.memory.peak_module,
+        "peak_gib": round(fast.memory.peak_bytes / 2**30, 2),
+        "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})",
+        "estimate_repeated_s": round(2 * fast_role[False], 1),
+        "estimate_every_layer_s": round(80 * per_pass[False], 1)}
+    pipe_s, _ = _role_time(build, RoleKey(8, 8, 0, 4, 1, 8, False), True)
+    timed["tp8_pp8_fsdp4_stage0_mb1"] = {
+        "seconds": round(pipe_s, 1), "layer_passes": 80,
+        "estimate_from_layer_passes_s": round(80 * per_pass[False], 1)}
+
+    plans = []
+    for gpus in (256, 1024):
+        choices = enumerate_layouts(gpus, shape, gpus)
+        keys = {k for c in choices for k in roles_of(c, layers)}
+        before = after = 0.0
+        repeated = 0
+        for k in keys:
+            n = len(split_layers(layers, k.pp)[k.stage])
+            whole = n * k.microbatches * per_pass[k.checkpoint]
+            before += whole
+            if n > sum(SMALL):
+                repeated += 1
+                after += k.microbatches * fast_role[k.checkpoint]
+            else:
+                after += whole
+        plans.append({"gpus": gpus, "layouts": len(choices), "roles": len(keys),
+                      "roles_from_small_layer_counts": repeated,
+                      "estimate_every_layer_s": round(before),
+                      "estimate_repeated_layers_s": round(after)})
+    return {"model": "70B-shaped Llama", "seq_len": seq_len, "dtype": "bfloat16",
+            "load_1min": round(load, 2), "timed_roles": timed, "plans": plans,
+            "estimate": "each role's time: a role put together from small layer counts (more "
+                        "than 12 layers in its stage) takes its microbatches simulated x the "
+                        "timed TP8 x FSDP32 role's time from small counts; any other takes "
+                        "(layers in its stage x microbatches simulated) x that role's time per "
+                        "layer counted whole (same checkpointing)",
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
@@ -101,13 +175,13 @@ def main() -> None:
     """Run the plans and print one line each (and the JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--70b", dest="big", action="store_true",
-                        help="also size a 70B-shaped plan on 256 GPUs and time two of its roles")
+                        help="only the 70B-shaped plans on 256 and 1,024 GPUs: their roles, "
+                             "three roles timed, the whole plans' time estimated")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    rows = [one(SMALL, 8, 8, args.seq_len), one(SMALL, 64, 64, args.seq_len)]
-    if args.big:
-        rows.append(big())
+    rows = [big()] if args.big else [one(SMALL, 8, 8, args.seq_len),
+                                      one(SMALL, 64, 64, args.seq_len)]
     for r in rows:
         print(json.dumps(r))
     if args.json:

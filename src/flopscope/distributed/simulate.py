@@ -23,6 +23,7 @@ from flopscope.distributed.pipeline import (
     pipeline_report,
     run_stage,
 )
+from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
 from flopscope.execution.meta import ShapeOnlyFakeMode
@@ -36,62 +37,6 @@ Prepare = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]
 
 __all__ = ["Prepare", "after_backward", "count_rank", "count_stage", "fake_world", "simulate",
            "simulate_pipeline"]
-
-
-@contextmanager
-def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
-    """A default process group of ``world_size`` ranks in which this process is ``rank``, backed
-    by torch's fake process group (collectives return at once; nothing is sent); destroyed on exit.
-
-    Args:
-        world_size: ranks to simulate.
-        rank: the rank this process plays.
-
-    Yields:
-        Nothing; ``torch.distributed`` is initialized inside the block.
-
-    Raises:
-        UsageError: a process group is already initialized.
-    """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise UsageError("torch.distributed is already initialized: a simulated rank needs its own "
-                         "(fake) process group; count the real job's ranks instead")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        _forget_meshes()
-
-
-def _forget_meshes() -> None:
-    """Clear DTensor's caches keyed by device meshes.
-
-    A mesh equals any mesh of the same shape and names, so a cached sharding decision from an
-    earlier (destroyed) world would hand back that world's mesh, whose process groups no longer
-    resolve (a simulated rank of another stage in the same process fails with "Could not
-    resolve the process group")."""
-    try:
-        from torch.distributed.tensor import DTensor, _redistribute
-    except ImportError:  # torch built without distributed
-        return
-    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear_native is not None:  # the C++ dispatch fast path's cache
-        clear_native()
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    cached = getattr(getattr(propagator, "propagate_op_sharding", None), "cache", None)
-    if cached is not None:
-        cached.cache_clear()
-    for name in ("_gen_transform_infos",):
-        fn = getattr(_redistribute, name, None)
-        if fn is not None and hasattr(fn, "cache_clear"):
-            fn.cache_clear()
-    clear = getattr(_redistribute, "clear_redistribute_planner_cache", None)
-    if clear is not None:
-        clear()
 
 
 def count_rank(
@@ -287,7 +232,7 @@ def _stage_run(
     prepare: Prepare | None = None,
 ) -> StageRun:
     """Count the pipeline stage of ``layout.rank`` (sharded by the rest of the layout)."""
-    with fake_world(layout.world_size, layout.rank):
+    with world_of(layout):
         model, args, kwargs = build()
         ids = _token_ids(args, kwargs)
         config = getattr(model, "config", None)
@@ -360,6 +305,7 @@ def simulate(
     microbatches: int | None = None,
     schedule: str = "1f1b",
     prepare: Prepare | None = None,
+    repeat_layers: bool = True,
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -388,6 +334,11 @@ def simulate(
             and inputs just before the rank is counted, e.g. to register them with a
             :class:`~flopscope.estimate.MemoryTracker` passed in ``observers`` (refused with
             ``ep`` > 1).
+        repeat_layers: shape-only, without pipeline stages, experts, ``prepare`` or
+            observers: when the model has more than 12 alike decoder layers, count it cut to 3,
+            4 and 5 layers and put the report together at its own count from the first two,
+            checked against the third (:mod:`flopscope.distributed.repeat`; the same report
+            record for record); where the check fails, every layer is counted.
 
     With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
     expert-parallel group's batch, split along dimension 0 into the ranks' batches, and must
@@ -402,6 +353,20 @@ def simulate(
     Raises:
         UsageError: a bad layout, or torch.distributed already initialized.
     """
+    if (repeat_layers and shape_only and layout.pp == 1 and layout.ep == 1 and prepare is None
+            and not count_kwargs.get("observers")):
+        from flopscope.distributed.repeat import NotRepeating, from_small
+
+        def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+                ) -> Report:
+            return simulate(small, layout, backward=backward, shape_only=True, logical=logical,
+                            repeat_layers=False, **count_kwargs)
+
+        try:
+            with fake_world(layout.world_size, layout.rank), shared_world(layout):
+                return from_small(build, run)
+        except NotRepeating:
+            pass
     local: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     if layout.pp > 1:
         report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
@@ -475,7 +440,7 @@ def _one_rank(
     prepare: Prepare | None = None,
 ) -> Report:
     """Count ``layout.rank`` of a layout without pipeline stages."""
-    with fake_world(layout.world_size, layout.rank):
+    with world_of(layout):
         model, args, kwargs = build()
         apply_layout(model, layout, layout.mesh())
         if not shape_only:

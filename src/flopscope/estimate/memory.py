@@ -36,8 +36,8 @@ from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import ancestors
 
-__all__ = ["CATEGORIES", "TIMELINE_POINTS", "MemoryProfile", "MemoryTracker", "layout_copy_bytes",
-           "timeline"]
+__all__ = ["CATEGORIES", "TIMELINE_POINTS", "CallPoint", "MemoryProfile", "MemoryTracker",
+           "layout_copy_bytes", "timeline"]
 
 CATEGORIES = (
     "parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations",
@@ -191,6 +191,7 @@ class MemoryTracker:
         self._peak_at: tuple[str, str, str] = ("", Phase.FORWARD.value, "")
         self._hwm: dict[str, int] = {}  # module path -> live bytes high-water mark (own calls)
         self._calls: list[tuple[int, str]] = []  # (event, phase) of each operator call, in order
+        self._where: list[tuple[str, str]] = []  # (module path, operator) of each call, in order
         self._closed = False
         # what register() made live (storage, key, bytes, category): kept by reset()
         self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
@@ -310,6 +311,7 @@ class MemoryTracker:
             return
         self._event += 1
         self._calls.append((self._event, phase.value))
+        self._where.append((path, op))
         live = self._live
         for t in call.inputs:
             found = _storage(t)
@@ -397,6 +399,51 @@ class MemoryTracker:
             timeline=timeline(self._allocs, self._calls),
         )
 
+    def call_points(self) -> list[CallPoint]:
+        """Live bytes by category at every operator call, in the order of the calls (each
+        call's moment as at the peak: its inputs, outputs and workspace live); after
+        :meth:`profile`, with its relabelling applied.
+
+        Returns:
+            One :class:`CallPoint` per call.
+        """
+        rows = _rows(self._allocs, self._calls)
+        return [CallPoint(path, phase, op, dict(zip(CATEGORIES, row, strict=True)))
+                for (path, op), (_, phase), row in zip(self._where, self._calls, rows, strict=True)]
+
+
+@dataclass(frozen=True)
+class CallPoint:
+    """One operator call of a tracked run and what was live at it.
+
+    Attributes:
+        module: the module path the call is attributed to.
+        phase: its phase.
+        op: the operator's report name.
+        live: category (every one of :data:`CATEGORIES`) -> bytes live at the call.
+    """
+
+    module: str
+    phase: str
+    op: str
+    live: dict[str, int]
+
+
+def _rows(allocs: Sequence[_Alloc], calls: Sequence[tuple[int, str]]) -> list[tuple[int, ...]]:
+    """Bytes live per category (in :data:`CATEGORIES` order) at each call's event: born at or
+    before it and not died by it (the rule of the peak's breakdown)."""
+    where = {c: i for i, c in enumerate(CATEGORIES)}
+    changes = sorted([(a.born, where[a.category], a.nbytes) for a in allocs]
+                     + [(a.died, where[a.category], -a.nbytes) for a in allocs
+                        if a.died is not None], key=lambda c: c[0])
+    live, rows, j = [0] * len(CATEGORIES), [], 0
+    for event, _ in calls:
+        while j < len(changes) and changes[j][0] <= event:
+            live[changes[j][1]] += changes[j][2]
+            j += 1
+        rows.append(tuple(live))
+    return rows
+
 
 TIMELINE_POINTS = 400
 
@@ -419,22 +466,12 @@ def timeline(allocs: Sequence[_Alloc], calls: Sequence[tuple[int, str]],
     if not calls:
         return {}
     cats = [c for c in CATEGORIES if any(a.category == c for a in allocs)]
-    where = {c: i for i, c in enumerate(cats)}
-    # live at event e: born <= e and not died <= e (the rule of the peak's breakdown)
-    changes = sorted([(a.born, where[a.category], a.nbytes) for a in allocs]
-                     + [(a.died, where[a.category], -a.nbytes) for a in allocs
-                        if a.died is not None], key=lambda c: c[0])
-    live, rows, j = [0] * len(cats), [], 0
-    for event, _ in calls:
-        while j < len(changes) and changes[j][0] <= event:
-            live[changes[j][1]] += changes[j][2]
-            j += 1
-        rows.append(tuple(live))
+    rows = _rows(allocs, calls)
     step = -(-len(rows) // points)  # ceil
     keep = [max(range(i, min(i + step, len(rows))), key=lambda k: sum(rows[k]))
             for i in range(0, len(rows), step)]
     return {"calls": len(calls), "index": keep, "phase": [calls[k][1] for k in keep],
-            "categories": {c: [rows[k][i] for k in keep] for i, c in enumerate(cats)}}
+            "categories": {c: [rows[k][CATEGORIES.index(c)] for k in keep] for c in cats}}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from flopscope.plan.space import (
     enumerate_layouts,
 )
 from flopscope.plan.timing import Links, StepTime, step_time
+from flopscope.report.report import Report
 
 __all__ = ["Candidate", "Plan", "build_model", "plan"]
 
@@ -219,14 +220,26 @@ def _pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
 
 def _model_flops(build: Build, global_batch: int) -> int:
     """The unsharded model's forward + backward FLOPs for one sequence, times the batch
-    (every operator's work is linear in the batch dimension)."""
+    (every operator's work is linear in the batch dimension); a long stack of alike layers
+    counted from three small layer counts (:func:`flopscope.distributed.repeat.from_small`,
+    the same report)."""
+    from flopscope.distributed.repeat import NotRepeating, from_small
     from flopscope.run import Inputs, count
 
-    model, args, kwargs = build(1, False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        report = count(model, Inputs(*args, **kwargs), backward=True, shape_only=True,
-                       warn=False)
+    def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]) -> Report:
+        model, args, kwargs = small()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return count(model, Inputs(*args, **kwargs), backward=True, shape_only=True,
+                         warn=False)
+
+    def one() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+        return build(1, False)
+
+    try:
+        report = from_small(one, run)
+    except NotRepeating:
+        report = run(one)
     return int(report.flops) * global_batch
 
 

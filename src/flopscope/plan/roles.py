@@ -23,7 +23,18 @@ import torch
 from torch import nn
 
 from flopscope.distributed import Layout, simulate
+from flopscope.distributed.repeat import (
+    SMALL,
+    Frame,
+    NotRepeating,
+    Point,
+    alike,
+    layer_list,
+    truncate,
+)
+from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.plan.layers import Small, check, combine, frame_of
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
@@ -139,18 +150,27 @@ class Roles:
         hardware: the profile the roofline estimate is for.
         identity: what ``build`` builds (source, config, sequence length, dtype), the cache's
             key with the role.
+        repeat_layers: put a role whose stage holds more than 12 alike decoder layers together
+            from three small layer counts (:mod:`flopscope.plan.layers`); ``False``: simulate
+            every layer.
 
     Attributes:
         simulations: simulations run (cache misses).
+        from_small: of those, roles put together from three small layer counts
+            (:mod:`flopscope.plan.layers`) instead of simulated whole.
         used: distinct roles asked for.
         seconds: time spent simulating.
     """
 
-    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable, *,
+                 repeat_layers: bool = True) -> None:
         self._build = build
         self._hardware = hardware
         self._identity = identity
         self._used: set[RoleKey] = set()
+        self._alike: bool | None = None if repeat_layers else False
+        self._layers: tuple[str, int] = ("", 0)
+        self.from_small = 0
         self.simulations = 0
         self.seconds = 0.0
 
@@ -176,7 +196,47 @@ class Roles:
         return found
 
     def _simulate(self, key: RoleKey) -> RoleRun:
+        """The role simulated: from three small layer counts when its stage holds more
+        (:mod:`flopscope.plan.layers`, checked exact at the third), else every layer."""
         start = time.perf_counter()
+        run = None
+        if self._repeats():
+            try:
+                run = self._from_small(key)
+            except NotRepeating:
+                run = None
+            self.from_small += run is not None
+        if run is None:
+            small = self._run(key, None)
+            run = (small.report, small.memory, small.estimate, small.parameter_bytes)
+        seconds = time.perf_counter() - start
+        self.simulations += 1
+        self.seconds += seconds
+        return RoleRun(key, *run, seconds)
+
+    def _repeats(self) -> bool:
+        """Whether the model's decoder layers are alike (checked once)."""
+        if self._alike is None:
+            model = self._build(1, False)[0]
+            found = layer_list(model)
+            self._alike = found is not None and alike(list(found[1].children()))
+            self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
+        return self._alike
+
+    def _from_small(self, key: RoleKey) -> tuple[Report, MemoryProfile, Estimate, int] | None:
+        prefix, layers = self._layers
+        to = frame_of(prefix, layers, key.pp, key.stage)
+        if to.n <= sum(SMALL):
+            return None
+        layout = _layout(key)
+        with fake_world(layout.world_size, layout.rank), shared_world(layout):
+            a, b, c = (self._run(key, n) for n in SMALL)
+        check(a, b, c)
+        return combine(a, b, c, to)
+
+    def _run(self, key: RoleKey, per_stage: int | None) -> Small:
+        """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
+        model's own)."""
         tracker, log = MemoryTracker(), CallLog()
         kept: list[nn.Module] = []
 
@@ -187,11 +247,12 @@ class Roles:
             tracker.register(_tensors(args, kwargs), "inputs")
 
         def build() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-            return self._build(key.micro_batch * key.microbatches, key.checkpoint)
+            model, args, kwargs = self._build(key.micro_batch * key.microbatches, key.checkpoint)
+            if per_stage is not None:
+                truncate(model, per_stage * key.pp)
+            return model, args, kwargs
 
-        world = key.tp * key.pp * key.dp
-        rank = key.stage * key.dp * key.tp
-        layout = Layout(world, tp=key.tp, fsdp=key.dp, pp=key.pp, rank=rank)
+        layout = _layout(key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
@@ -201,13 +262,20 @@ class Roles:
         params = [p for p in model.parameters()]
         memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
                                                         if p.grad is not None]})
+        points: list[Point] = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
         parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
         kept.clear()
-        seconds = time.perf_counter() - start
-        self.simulations += 1
-        self.seconds += seconds
-        return RoleRun(key, report, memory, log.estimate(self._hardware), parameter_bytes,
-                       seconds)
+        prefix, layers = self._layers if self._alike is not None else ("", 0)
+        total = per_stage * key.pp if per_stage is not None else layers
+        frame = frame_of(prefix, total, key.pp, key.stage) if total >= key.pp else None
+        return Small(frame or Frame(prefix, 0, 0), report, points, memory,
+                     log.estimate(self._hardware), parameter_bytes)
+
+
+def _layout(key: RoleKey) -> Layout:
+    """The layout of a role's rank (the first of its stage)."""
+    return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
+                  rank=key.stage * key.dp * key.tp)
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:

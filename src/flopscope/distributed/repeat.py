@@ -1,0 +1,548 @@
+"""Repeated decoder layers: a rank's figures at its full layer count from three small counts.
+
+A decoder's layers are alike (the same modules, shapes and attributes but their own index), so a
+simulated rank with ``n`` of them runs, per layer, the same operators on the same shapes: what
+differs between ``n`` and ``n + 1`` layers is one more layer's worth of work in the middle of the
+stack. The first and last ``width`` layers may differ from the rest (FSDP2 gathers the first
+layer with the root's parameters and prefetches across neighbours; the last layer's backward
+starts the chain), and some figures outside the layers grow with the count (a root module's
+parameters, the gradients' reduction).
+
+So a rank is counted at three small layer counts ``n, n + 1, n + 2``, and its report at any
+count ``N`` is built from the first two:
+
+- every record (operator, collective, module, parameter table entry) of a *middle* layer (not
+  among the first or last ``width``) must be the same in every middle layer, and the middle
+  layers' records must come in one run per direction (forward in ascending order, backward in
+  descending), so the report at ``N`` repeats them for the middle layers ``width .. N-width-1``
+  in that order;
+- every other record (the boundary layers', renumbered from the stack's end; those outside the
+  layers) is affine in the count: ``v(N) = v(n+1) + (N - n - 1) (v(n+1) - v(n))``;
+- the report built this way for ``n + 2`` must equal the one counted there, record for record and
+  in order; otherwise :class:`NotRepeating` is raised and the caller counts every layer.
+
+:func:`extrapolate_peak` does the same for the live bytes at every operator call (a memory
+tracker's :class:`~flopscope.estimate.memory.CallPoint`): at a call inside a middle layer ``j``
+they are affine in ``j`` and in the count (``c + p j + q N``), elsewhere affine in the count, so
+the peak at ``N`` is the largest of these affine functions, each at its best layer (an end of the
+middle range), ties going to the earliest call as the tracker's own peak does.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import nn
+
+from flopscope.cost import Cost
+from flopscope.report.records import CommRecord, RuleRecord
+from flopscope.report.report import Report
+
+__all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "Peak", "alike",
+           "expand_report", "extrapolate_peak", "from_small", "layer_list", "line", "truncate"]
+
+#: where a transformers model keeps its decoder layers, tried in order
+LAYER_PATHS = ("model.layers", "layers", "model.decoder.layers", "transformer.h")
+
+T = TypeVar("T")
+
+#: layers at each end of a stack that are not taken as repeated (FSDP2's first and last)
+WIDTH = 1
+#: layer counts of the three small runs (two to build from, one to check)
+SMALL = (2 * WIDTH + 1, 2 * WIDTH + 2, 2 * WIDTH + 3)
+
+Build = Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+
+
+class NotRepeating(ValueError):
+    """The small counts do not show one repeated layer (a record that is not the same in every
+    middle layer, a figure that is not affine in the layer count, or the check at the third
+    count failed): count every layer instead."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Where a counted stack of layers sits in module paths.
+
+    Attributes:
+        prefix: the path of the layer container (``model.layers``).
+        first: the index in paths of the stack's first layer (a pipeline stage's first layer).
+        n: layers in the stack.
+    """
+
+    prefix: str
+    first: int
+    n: int
+
+
+def line(a: int, b: int, n_b: int, n: int) -> int:
+    """The affine value at ``n`` from ``a`` at ``n_b - 1`` and ``b`` at ``n_b``."""
+    return b + (n - n_b) * (b - a)
+
+
+def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList | nn.ModuleDict] | None:
+    """The model's decoder layers: (their container's path, the container), or ``None``."""
+    for path in LAYER_PATHS:
+        try:
+            found = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(found, (nn.ModuleList, nn.ModuleDict)):
+            return path, found
+    return None
+
+
+def _attributes(module: nn.Module) -> dict[str, Hashable]:
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None), tuple))}
+
+
+def alike(layers: Sequence[nn.Module]) -> bool:
+    """Whether the layers are alike: the same module types at the same paths, the same
+    parameter and buffer shapes and dtypes, the same plain attributes, but for an attribute that
+    holds each layer's own index in every layer (transformers' ``layer_idx``).
+
+    Args:
+        layers: the decoder layers, in order.
+
+    Returns:
+        ``True`` when they are alike.
+    """
+    def shape(layer: nn.Module) -> tuple[Any, ...]:
+        return (tuple((n, type(m).__name__) for n, m in layer.named_modules()),
+                tuple((n, tuple(p.shape), p.dtype, p.requires_grad)
+                      for n, p in layer.named_parameters()),
+                tuple((n, tuple(b.shape), b.dtype) for n, b in layer.named_buffers()))
+
+    if len(layers) < 2:
+        return True
+    first = shape(layers[0])
+    if any(shape(layer) != first for layer in layers[1:]):
+        return False
+    per_layer = [{n: _attributes(m) for n, m in layer.named_modules()} for layer in layers]
+    for name, attrs in per_layer[0].items():
+        for key in attrs:
+            values = [p.get(name, {}).get(key) for p in per_layer]
+            own_index = all(v == i for i, v in enumerate(values))
+            if not own_index and any(v != values[0] for v in values):
+                return False
+    return True
+
+
+def truncate(model: nn.Module, n: int) -> nn.Module:
+    """Keep the model's first ``n`` decoder layers (in place; the config's layer count and
+    per-layer lists follow).
+
+    Args:
+        model: a model with a layer container (:data:`LAYER_PATHS`).
+        n: layers to keep.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        NotRepeating: no layer container, or fewer than ``n`` layers.
+    """
+    found = layer_list(model)
+    if found is None or len(found[1]) < n:
+        raise NotRepeating("no decoder layer list of that length")
+    path, layers = found
+    kept = list(layers.values() if isinstance(layers, nn.ModuleDict) else layers)[:n]
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, name, nn.ModuleList(kept))
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "num_hidden_layers"):
+        config.num_hidden_layers = n
+        for key in ("layer_types", "sliding_window_pattern_list"):
+            value = getattr(config, key, None)
+            if isinstance(value, list):
+                setattr(config, key, value[:n])
+    return model
+
+
+# -- reports ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Kind:
+    """How to take one kind of report item apart and put it back together."""
+
+    path: Callable[[Any], str]
+    key: Callable[[Any], Hashable]
+    values: Callable[[Any], tuple[int, ...]]
+    make: Callable[[Any, str, tuple[int, ...]], Any]
+
+
+def _cost(c: Cost) -> tuple[int, ...]:
+    return (c.macs, c.flops, c.bytes_read, c.bytes_written)
+
+
+_OP = _Kind(lambda r: r.module, lambda r: (r.op, r.phase, r.counted, r.decomposed),
+            lambda r: (r.calls, *_cost(r.cost)),
+            lambda r, p, v: dataclasses.replace(r, module=p, calls=v[0], cost=Cost(*v[1:])))
+_COMM = _Kind(lambda r: r.module, lambda r: (r.phase, r.kind, r.group_size),
+              lambda r: (r.calls, r.payload_bytes, r.bus_bytes),
+              lambda r, p, v: CommRecord(p, r.phase, r.kind, r.group_size, *v))
+_RULE = _Kind(lambda r: r.module, lambda r: (r.rule, r.macs_only),
+              lambda r: (r.calls, *_cost(r.cost), *_cost(r.shadowed)),
+              lambda r, p, v: RuleRecord(p, r.rule, v[0], Cost(*v[1:5]), Cost(*v[5:]),
+                                         r.macs_only))
+_PATH = _Kind(lambda p: p, lambda p: None, lambda p: (), lambda p, q, v: q)
+_MODULE = _Kind(lambda kv: kv[0], lambda kv: kv[1][0], lambda kv: (kv[1][1],),
+                lambda kv, p, v: (p, (kv[1][0], v[0])))
+_PARAMS = _Kind(lambda kv: kv[0], lambda kv: None,
+                lambda kv: tuple(getattr(kv[1], f.name) for f in dataclasses.fields(kv[1])),
+                lambda kv, p, v: (p, type(kv[1])(*v)))
+
+
+def _where(path: str, frame: Frame) -> tuple[int | None, str]:
+    """(the layer's index in the stack, the path below it), or (``None``, the path)."""
+    head = frame.prefix + "."
+    if not path.startswith(head):
+        return None, path
+    index, dot, rest = path[len(head):].partition(".")
+    if not index.isdigit() or not 0 <= int(index) - frame.first < frame.n:
+        return None, path
+    return int(index) - frame.first, dot + rest
+
+
+def _place(i: int | None, frame: Frame, width: int) -> tuple[str, int]:
+    """A layer's class: ``S`` (k-th from the start), ``E`` (k-th from the end), ``M`` (a middle
+    layer), ``-`` (not a layer)."""
+    if i is None:
+        return "-", 0
+    if i < width:
+        return "S", i
+    if i >= frame.n - width:
+        return "E", frame.n - 1 - i
+    return "M", 0
+
+
+def _path(place: tuple[str, int], rest: str, path: str, frame: Frame, j: int = 0) -> str:
+    kind, k = place
+    if kind == "-":
+        return path
+    i = k if kind == "S" else frame.n - 1 - k if kind == "E" else j
+    return f"{frame.prefix}.{frame.first + i}{rest}"
+
+
+def _normal(items: Sequence[T], kind: _Kind, frame: Frame, width: int
+            ) -> dict[Hashable, tuple[int, ...]]:
+    """Normalised key -> values; the middle layers' items must agree."""
+    out: dict[Hashable, tuple[int, ...]] = {}
+    for item in items:
+        i, rest = _where(kind.path(item), frame)
+        place = _place(i, frame, width)
+        key = (place, rest, kind.key(item))
+        values = kind.values(item)
+        if out.setdefault(key, values) != values:
+            raise NotRepeating(f"{kind.path(item)}: not the same in every middle layer")
+    return out
+
+
+def _expand(a: Sequence[T], fa: Frame, b: Sequence[T], fb: Frame, to: Frame, width: int,
+            kind: _Kind) -> list[T]:
+    """``b``'s items at ``to.n`` layers (see the module's docstring)."""
+    na, nb = _normal(a, kind, fa, width), _normal(b, kind, fb, width)
+    if na.keys() != nb.keys():
+        raise NotRepeating("the small counts have different records")
+    groups: list[tuple[int | None, list[T]]] = []
+    for item in b:
+        i, _ = _where(kind.path(item), fb)
+        if groups and groups[-1][0] == i:
+            groups[-1][1].append(item)
+        else:
+            groups.append((i, [item]))
+    middle = list(range(width, fb.n - width))
+    out: list[T] = []
+    g = 0
+    while g < len(groups):
+        i, items = groups[g]
+        if i is None or not width <= i < fb.n - width:
+            for item in items:
+                j, rest = _where(kind.path(item), fb)
+                place = _place(j, fb, width)
+                vb = kind.values(item)
+                va = na[(place, rest, kind.key(item))]
+                v = tuple(line(x, y, fb.n, to.n) for x, y in zip(va, vb, strict=True))
+                if any(x < 0 for x in v):
+                    raise NotRepeating(f"{kind.path(item)}: a figure that shrinks per layer")
+                out.append(kind.make(item, _path(place, rest, kind.path(item), to), v))
+            g += 1
+            continue
+        run = [x[0] for x in groups[g:g + len(middle)]]
+        if run == middle:
+            order = range(width, to.n - width)
+        elif run == middle[::-1]:
+            order = range(to.n - width - 1, width - 1, -1)
+        else:
+            raise NotRepeating("the middle layers' records are not one run per direction")
+        template = [(_where(kind.path(x), fb)[1], x) for x in items]
+        for _, other in groups[g + 1:g + len(middle)]:
+            if [(_where(kind.path(x), fb)[1], kind.key(x), kind.values(x)) for x in other] != \
+                    [(r, kind.key(x), kind.values(x)) for r, x in template]:
+                raise NotRepeating("the middle layers' records differ")
+        for j in order:
+            out += [kind.make(x, f"{to.prefix}.{to.first + j}{r}", kind.values(x))
+                    for r, x in template]
+        g += len(middle)
+    return out
+
+
+def expand_report(a: Report, fa: Frame, b: Report, fb: Frame, to: Frame, width: int) -> Report:
+    """``b`` at ``to.n`` layers: its middle layers repeated, the rest extrapolated from ``a``
+    (one layer fewer) and ``b`` (see the module's docstring).
+
+    Args:
+        a: the report at ``fa.n`` layers.
+        fa: where ``a``'s layers are.
+        b: the report at ``fb.n = fa.n + 1`` layers (at least two middle layers).
+        fb: where ``b``'s layers are.
+        to: the layer count (and place) to build.
+        width: layers at each end of the stack that are not repeated.
+
+    Returns:
+        The report.
+
+    Raises:
+        NotRepeating: the two reports do not show one repeated layer.
+    """
+    if fb.n != fa.n + 1 or fa.n < 2 * width + 1 or fb.n < 2 * width + 2 or to.n < 2 * width + 1:
+        raise NotRepeating("layer counts too small for the boundary width")
+    if a.sections or b.sections:
+        raise NotRepeating("reports with sections are not extrapolated")
+
+    def each(x: Iterable[T], y: Iterable[T], kind: _Kind) -> list[T]:
+        return _expand(list(x), fa, list(y), fb, to, width, kind)
+
+    return dataclasses.replace(
+        b,
+        modules=dict(each(a.modules.items(), b.modules.items(), _MODULE)),
+        module_params=dict(each(a.module_params.items(), b.module_params.items(), _PARAMS)),
+        records=tuple(each(a.records, b.records, _OP)),
+        rules=tuple(each(a.rules, b.rules, _RULE)),
+        opaque=tuple(each(a.opaque, b.opaque, _PATH)),
+        communication=tuple(each(a.communication, b.communication, _COMM)),
+        logical=tuple(each(a.logical, b.logical, _OP)),
+        replicated=tuple(each(a.replicated, b.replicated, _OP)),
+    )
+
+
+# -- peaks -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Peak:
+    """The largest of a run's call points.
+
+    Attributes:
+        total: bytes live.
+        module: the call's module path.
+        phase: its phase.
+        op: its operator.
+        live: category -> bytes live then.
+    """
+
+    total: int
+    module: str
+    phase: str
+    op: str
+    live: dict[str, int]
+
+
+#: a call point: (module path, phase, operator, category -> bytes live)
+Point = tuple[str, str, str, Mapping[str, int]]
+#: a call's place: (layer class, path below the layer or the path, phase, operator, occurrence)
+_Key = tuple[tuple[str, int], str, str, str, int]
+
+
+_Class = tuple[tuple[str, int], str, str, str]
+
+
+def _points(points: Sequence[Point], frame: Frame, width: int, cats: Sequence[str]
+            ) -> dict[_Class, list[tuple[int, tuple[int, ...]]]]:
+    """Each kind of call (layer class, path below the layer, phase, operator) -> its calls in
+    order: (the middle layer, -1 elsewhere; (time, total, bytes per category)).
+
+    Only the calls at which the live bytes rose are kept: a call that holds no more than the
+    one before it is never the first to reach the peak (a view, a detach, an in-place update;
+    FSDP2 runs some of these at the root once per layer)."""
+    out: dict[_Class, list[tuple[int, tuple[int, ...]]]] = {}
+    before = -1
+    for t, (module, phase, op, live) in enumerate(points):
+        total = sum(live.values())
+        rose, before = total > before, total
+        if not rose:
+            continue
+        i, rest = _where(module, frame)
+        place = _place(i, frame, width)
+        layer = i if place[0] == "M" and i is not None else -1
+        out.setdefault((place, rest, phase, op), []).append(
+            (layer, (t, total, *(live.get(c, 0) for c in cats))))
+    return out
+
+
+def _keyed(runs: Sequence[tuple[Mapping[_Class, list[tuple[int, tuple[int, ...]]]], int]],
+           width: int) -> list[dict[_Key, dict[int, tuple[int, ...]]]]:
+    """Each call's place -> {middle layer (-1 elsewhere): figures}, in each run (``runs``: the
+    kinds of calls and the layer count of each, one layer apart): the k-th call of its kind in
+    its layer (in the run, outside the layers). A kind outside the layers with ``d`` more calls
+    per layer (FSDP2's reduction of each layer's gradients at a pipeline stage's root) is split
+    into a head, ``d`` calls per middle layer and a tail: the first split (shortest head) whose
+    calls are affine in the layer and in the count in every run; with two runs that is
+    under-determined, so it must be the only one, with three (the third has three middle
+    layers) several may fit, as when the layers' calls and their neighbours' are all affine."""
+    first = runs[0][0]
+    if any(r.keys() != first.keys() for r, _ in runs):
+        raise NotRepeating("the small runs' calls do not correspond")
+    out: list[dict[_Key, dict[int, tuple[int, ...]]]] = [{} for _ in runs]
+    for cls in first:
+        calls = [r[cls] for r, _ in runs]
+        extra = len(calls[1]) - len(calls[0])
+        if cls[0][0] == "M" or extra == 0:
+            for each, keyed in zip(calls, out, strict=True):
+                seen: dict[int, int] = {}
+                for layer, v in each:
+                    k = seen[layer] = seen.get(layer, -1) + 1
+                    keyed.setdefault((*cls, k), {})[layer] = v
+            continue
+        ends = len(calls[0]) - extra * (runs[0][1] - 2 * width)
+        if extra < 0 or ends < 0:
+            raise NotRepeating(f"{cls[1]} {cls[3]}: calls not repeated per layer")
+        found = []
+        for head in range(ends + 1):
+            try:
+                split = [_split(c, head, ends - head, extra, width) for c in calls]
+                for key in split[0]:
+                    fits = [_affine(split[i][key], split[i + 1][key], width)
+                            for i in range(len(split) - 1)]
+                    if any(f[1:] != fits[0][1:] for f in fits[1:]):  # slope, per layer
+                        raise NotRepeating("not affine in the count")
+            except (NotRepeating, KeyError):
+                continue
+            found.append(split)
+        if not found or (len(runs) < 3 and len(found) > 1):
+            raise NotRepeating(f"{cls[1]} {cls[3]}: no single split of the calls per layer")
+        for sp, keyed in zip(found[0], out, strict=True):
+            for (tag, k), values in sp.items():
+                keyed[((tag, extra), cls[1], cls[2], cls[3], k)] = values
+    return out
+
+
+def _split(calls: Sequence[tuple[int, tuple[int, ...]]], head: int, tail: int, per: int,
+           width: int) -> dict[tuple[str, int], dict[int, tuple[int, ...]]]:
+    """A kind's calls as a head, ``per`` calls per middle layer (from ``width``) and a tail."""
+    out: dict[tuple[str, int], dict[int, tuple[int, ...]]] = {}
+    for k, (_, v) in enumerate(calls[:head]):
+        out[("H", k)] = {-1: v}
+    middle = calls[head:len(calls) - tail]
+    for k, (_, v) in enumerate(middle):
+        out.setdefault(("R", k % per), {})[width + k // per] = v
+    for k, (_, v) in enumerate(calls[len(calls) - tail:]):
+        out[("T", tail - k)] = {-1: v}
+    return out
+
+
+def _affine(a: Mapping[int, tuple[int, ...]], b: Mapping[int, tuple[int, ...]], width: int
+            ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A call's figures as ``base + slope (j - width) + per_n (n - n_b)`` for middle layer
+    ``j`` (``slope`` 0 outside the middle layers), from the runs at ``n_b - 1`` and ``n_b``
+    layers; checked against every middle layer of both."""
+    if -1 in b:
+        base = b[-1]
+        return base, (0,) * len(base), tuple(y - x for x, y in zip(a[-1], base, strict=True))
+    base, first_a = b[width], a[width]
+    slope = tuple(y - x for x, y in zip(base, b[width + 1], strict=True))
+    for start, run in ((base, b), (first_a, a)):
+        for j, v in run.items():
+            if v != tuple(x + (j - width) * s for x, s in zip(start, slope, strict=True)):
+                raise NotRepeating("live bytes not affine in the layer")
+    return base, slope, tuple(y - x for x, y in zip(first_a, base, strict=True))
+
+
+def extrapolate_peak(a: Sequence[Point], fa: Frame, b: Sequence[Point], fb: Frame, to: Frame,
+                     width: int, c: tuple[Sequence[Point], Frame] | None = None) -> Peak:
+    """The peak of live bytes over the calls of a run at ``to.n`` layers, from the call points of
+    runs at ``fa.n`` and ``fb.n = fa.n + 1`` (see the module's docstring); ties go to the
+    earliest call, as a memory tracker's own peak does.
+
+    Args:
+        a: the call points at ``fa.n`` layers, in order.
+        fa: where ``a``'s layers are.
+        b: at ``fb.n``.
+        fb: where ``b``'s layers are.
+        to: the layer count (and place) to evaluate at.
+        width: layers at each end of the stack that are not repeated.
+        c: the call points of a third run (one layer more than ``b``) and its frame: where
+            calls outside the layers repeat per layer, the split of them that all three runs
+            agree on is taken (without it, such calls are refused).
+
+    Returns:
+        The :class:`Peak`.
+
+    Raises:
+        NotRepeating: the calls do not correspond, or their live bytes are not affine.
+    """
+    cats = sorted({c for p in (*a, *b) for c in p[3]})
+    runs = [(_points(a, fa, width, cats), fa.n), (_points(b, fb, width, cats), fb.n)]
+    if c is not None:
+        runs.append((_points(c[0], c[1], width, cats), c[1].n))
+    pa, pb = _keyed(runs, width)[:2]
+    if pa.keys() != pb.keys() or not pb:
+        raise NotRepeating("the small runs' calls do not correspond")
+    best: tuple[tuple[int, int], _Key, int, tuple[int, ...]] | None = None
+    for key, values in pb.items():
+        base, slope, per_n = _affine(pa[key], values, width)
+        at_n = tuple(x + (to.n - fb.n) * q for x, q in zip(base, per_n, strict=True))
+        j = -1
+        if -1 not in values:  # a middle layer: the best is at an end of the middle range
+            up = slope[1] > 0 or (slope[1] == 0 and slope[0] < 0)  # higher, or as high sooner
+            j = to.n - width - 1 if up else width
+        v = tuple(x + (j - width) * s for x, s in zip(at_n, slope, strict=True)) if j >= 0 \
+            else at_n
+        if best is None or (v[1], -v[0]) > best[0]:
+            best = ((v[1], -v[0]), key, j, v)
+    assert best is not None
+    _, (place, rest, phase, op, _), j, v = best
+    if place[0] == "M":
+        module = f"{to.prefix}.{to.first + j}{rest}"
+    else:  # a boundary layer's call (renumbered from the end), or one outside the layers
+        module = _path(place, rest, rest, to) if place[0] in ("S", "E") else rest
+    return Peak(v[1], module, phase, op, dict(zip(cats, v[2:], strict=True)))
+
+
+def from_small(build: Build, run: Callable[[Build], Report]) -> Report:
+    """A rank's report from three runs of its model cut to :data:`SMALL` layers: the first two
+    put together at the model's own layer count, the third the check (see the module's
+    docstring).
+
+    Args:
+        build: returns ``(model, args, kwargs)``, the whole model (on ``meta``).
+        run: counts the rank from a build function.
+
+    Returns:
+        The report at the model's layer count.
+
+    Raises:
+        NotRepeating: the layers are not alike, too few to gain from it, or the small runs do
+            not show one repeated layer.
+    """
+    model, args, kwargs = build()
+    found = layer_list(model)
+    if found is None or len(found[1]) <= sum(SMALL) or not alike(list(found[1].children())):
+        raise NotRepeating("no long stack of alike decoder layers")
+    prefix, total = found[0], len(found[1])
+    # built once: each small run takes a copy of the model cut to the largest small count
+    template = (truncate(model, SMALL[-1]), args, kwargs)
+    reports = []
+    for n in SMALL:
+        def small(n: int = n) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+            m, a, k = copy.deepcopy(template)
+            return truncate(m, n), a, k
+        reports.append(run(small))
+    a, b, c = reports
+    fa, fb, fc = (Frame(prefix, 0, n) for n in SMALL)
+    if expand_report(a, fa, b, fb, fc, WIDTH) != c:
+        raise NotRepeating("the put-together report differs from the simulated one")
+    return expand_report(a, fa, b, fb, Frame(prefix, 0, total), WIDTH)

@@ -1,0 +1,145 @@
+"""A role at its full layer count from three small simulations of it.
+
+A role whose stage holds more than :data:`SMALL`'s largest count of decoder layers is simulated
+with ``SMALL`` layers per stage (the model cut to its first ``pp x n`` layers, so the stage holds
+``n``) and put together at its real count by :mod:`flopscope.distributed.repeat`: the report
+(every record, collective and module), the peak of live bytes over the step's calls with where it
+is reached and what is live then, the roofline estimate's total and phases, the parameter shards.
+The first two small runs give the role at any count; the third is the check: what the first two
+give at its count must equal what it simulated (the report record for record, the peak to the
+byte with its module, phase and operator, the estimate's integers exactly and its seconds to
+1e-9 of their value); if not, the role is simulated whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from flopscope.distributed.pipeline import split_layers
+from flopscope.distributed.repeat import (
+    WIDTH,
+    Frame,
+    NotRepeating,
+    Point,
+    expand_report,
+    extrapolate_peak,
+    line,
+)
+from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate.bound import Row
+from flopscope.report.report import Report
+
+__all__ = ["Small", "check", "combine", "frame_of"]
+
+
+
+@dataclass(frozen=True)
+class Small:
+    """One simulation of a role, with what the put-together needs.
+
+    Attributes:
+        frame: where its stage's layers are in module paths.
+        report: the rank's count.
+        points: live bytes at each call (``(module, phase, op, category -> bytes)``).
+        memory: the memory profile.
+        estimate: the roofline estimate.
+        parameter_bytes: the rank's parameter shards.
+    """
+
+    frame: Frame
+    report: Report
+    points: list[Point]
+    memory: MemoryProfile
+    estimate: Estimate
+    parameter_bytes: int
+
+
+def frame_of(prefix: str, layers: int, pp: int, stage: int) -> Frame:
+    """Where stage ``stage`` of ``pp``'s layers are when the model has ``layers``."""
+    held = split_layers(layers, pp)[stage]
+    return Frame(prefix, held.start, len(held))
+
+
+def _row(a: Row, b: Row, nb: int, n: int) -> Row:
+    out = {}
+    for f in dataclasses.fields(Row):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        out[f.name] = line(x, y, nb, n) if isinstance(y, int) else y + (n - nb) * (y - x)
+    return Row(**out)
+
+
+def _estimate(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
+    phases = {p: _row(a.by_phase.get(p, Row()), b.by_phase.get(p, Row()), nb, n)
+              for p in {*a.by_phase, *b.by_phase}}
+    return Estimate(b.hardware, b.tf32, _row(a.total, b.total, nb, n), phases,
+                    tf32_convolution=b.tf32_convolution)
+
+
+def combine(a: Small, b: Small, c: Small, to: Frame
+            ) -> tuple[Report, MemoryProfile, Estimate, int]:
+    """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more; ``c``,
+    one more again, only tells which calls outside the layers repeat per layer).
+
+    The memory profile has the peak, where it is reached, what is live then and at the end; no
+    per-module marks or timeline. The estimate has its total and phases only.
+
+    Args:
+        a: the run with fewer layers.
+        b: the run with one more.
+        c: the run with one more again.
+        to: where the stage's layers are at the real count.
+
+    Returns:
+        (report, memory, estimate, parameter bytes).
+
+    Raises:
+        NotRepeating: the runs do not show one repeated layer.
+    """
+    nb = b.frame.n
+    report = expand_report(a.report, a.frame, b.report, b.frame, to, WIDTH)
+    peak = extrapolate_peak(a.points, a.frame, b.points, b.frame, to, WIDTH,
+                            (c.points, c.frame))
+    memory = MemoryProfile(peak.total, peak.module, peak.phase, peak.op,
+                           {c: v for c, v in peak.live.items() if v},
+                           line(a.memory.end_bytes, b.memory.end_bytes, nb, to.n),
+                           train=b.memory.train, note=b.memory.note)
+    return (report, memory, _estimate(a.estimate, b.estimate, nb, to.n),
+            line(a.parameter_bytes, b.parameter_bytes, nb, to.n))
+
+
+def _close(x: Row, y: Row) -> bool:
+    for f in dataclasses.fields(Row):
+        u, v = getattr(x, f.name), getattr(y, f.name)
+        if isinstance(u, int) and isinstance(v, int):
+            if u != v:
+                return False
+        elif not math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-15):
+            return False
+    return True
+
+
+def check(a: Small, b: Small, c: Small) -> None:
+    """That ``a`` and ``b`` give ``c`` (one layer more than ``b``) exactly.
+
+    Args:
+        a: the run with the fewest layers.
+        b: one more.
+        c: one more again.
+
+    Raises:
+        NotRepeating: they do not.
+    """
+    report, memory, estimate, params = combine(a, b, c, c.frame)
+    m = c.memory
+    if report != c.report:
+        raise NotRepeating("the put-together report differs from the simulated one")
+    if (memory.peak_bytes, memory.peak_module, memory.peak_phase, memory.peak_op,
+            memory.at_peak, memory.end_bytes) != (m.peak_bytes, m.peak_module, m.peak_phase,
+                                                  m.peak_op, m.at_peak, m.end_bytes):
+        raise NotRepeating("the put-together peak differs from the simulated one")
+    if params != c.parameter_bytes or not _close(estimate.total, c.estimate.total) or \
+            estimate.by_phase.keys() != c.estimate.by_phase.keys() or not all(
+                _close(estimate.by_phase[p], c.estimate.by_phase[p]) for p in estimate.by_phase):
+        raise NotRepeating("the put-together estimate differs from the simulated one")
