@@ -43,7 +43,8 @@ from flopscope.report.records import CommRecord, RuleRecord
 from flopscope.report.report import Report
 
 __all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "Peak", "alike",
-           "expand_report", "extrapolate_peak", "from_small", "layer_list", "line", "truncate"]
+           "cut_copy", "expand_report", "extrapolate_peak", "from_small", "layer_list", "line",
+           "truncate"]
 
 #: where a transformers model keeps its decoder layers, tried in order
 LAYER_PATHS = ("model.layers", "layers", "model.decoder.layers", "transformer.h")
@@ -163,6 +164,28 @@ def truncate(model: nn.Module, n: int) -> nn.Module:
             if isinstance(value, list):
                 setattr(config, key, value[:n])
     return model
+
+
+def cut_copy(model: nn.Module, n: int) -> nn.Module:
+    """A deep copy of ``model`` with its first ``n`` decoder layers (:func:`truncate`); the
+    model itself is left as it was, and its other layers are not copied.
+
+    Args:
+        model: a model with a layer container (:data:`LAYER_PATHS`).
+        n: layers to keep.
+
+    Returns:
+        The copy.
+
+    Raises:
+        NotRepeating: no layer container, or fewer than ``n`` layers.
+    """
+    found = layer_list(model)
+    if found is None or len(found[1]) < n:
+        raise NotRepeating("no decoder layer list of that length")
+    skipped = list(found[1].children())[n:]
+    memo: dict[int, Any] = {id(layer): nn.Identity() for layer in skipped}
+    return truncate(copy.deepcopy(model, memo), n)
 
 
 # -- reports ---------------------------------------------------------------------------------------
@@ -534,7 +557,7 @@ def from_small(build: Build, run: Callable[[Build], Report]) -> Report:
         raise NotRepeating("no long stack of alike decoder layers")
     prefix, total = found[0], len(found[1])
     # built once: each small run takes a copy of the model cut to the largest small count
-    template = (truncate(model, SMALL[-1]), args, kwargs)
+    template = (cut_copy(model, SMALL[-1]), args, kwargs)
     reports = []
     for n in SMALL:
         def small(n: int = n) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
