@@ -27,11 +27,11 @@ from flopscope.distributed.repeat import (
     SMALL,
     Frame,
     NotRepeating,
-    Point,
     alike,
     layer_list,
     truncate,
 )
+from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
 from flopscope.plan.layers import Small, check, combine, frame_of
