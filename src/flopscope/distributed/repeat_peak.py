@@ -86,6 +86,8 @@ def _keyed(runs: Sequence[tuple[Mapping[_Class, list[tuple[int, tuple[int, ...]]
     for cls in first:
         calls = [r[cls] for r, _ in runs]
         extra = len(calls[1]) - len(calls[0])
+        if any(len(y) - len(x) != extra for x, y in zip(calls[1:], calls[2:], strict=False)):
+            raise NotRepeating(f"{cls[1]} {cls[3]}: calls not affine in the layer count")
         if cls[0][0] == "M" or extra == 0:
             for each, keyed in zip(calls, out, strict=True):
                 seen: dict[int, int] = {}
