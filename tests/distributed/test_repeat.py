@@ -37,6 +37,12 @@ class Builds:
         return model, (), {"input_ids": torch.zeros(2, 32, dtype=torch.long, device="meta")}
 
 
+def _sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 @pytest.mark.parametrize(("layout", "backward", "logical", "checkpoint"), [
     (Layout(8, tp=2, fsdp=4), True, True, False),
     (Layout(4, fsdp=4), True, False, True),
@@ -49,9 +55,13 @@ def test_small_layer_counts_give_the_whole_report(layout: Layout, backward: bool
     fast = simulate(fast_builds, layout, backward=backward, logical=logical, warn=False)
     slow = simulate(slow_builds, layout, backward=backward, logical=logical, warn=False,
                     repeat_layers=False)
-    # the fast path built the model once and cut it to the largest small count (5 layers)
-    assert len(fast_builds.models) == 1 and len(fast_builds.models[0].model.layers) == 5
-    assert all(len(m.model.layers) == 14 for m in slow_builds.models)
+    # the fast path built the model once and counted copies of it cut to 3, 4 and 5 layers:
+    # the model built is left as it was (not sharded, 14 layers); counting every layer shards
+    # the model it builds for the rank
+    assert len(fast_builds.models) == 1 and not _sharded(fast_builds.models[0])
+    assert len(fast_builds.models[0].model.layers) == 14
+    assert fast_builds.models[0].config.num_hidden_layers == 14
+    assert _sharded(slow_builds.models[0])
     assert fast == slow  # every record, collective, module and parameter entry, in order
     assert any(r.module == "model.layers.13.mlp.down_proj" for r in fast.records)
     if layout.dp > 1:

@@ -21,7 +21,7 @@ count ``N`` is built from the first two:
 - the report built this way for ``n + 2`` must equal the one counted there, record for record and
   in order; otherwise :class:`NotRepeating` is raised and the caller counts every layer.
 
-:func:`extrapolate_peak` does the same for the live bytes at every operator call (a memory
+:func:`flopscope.distributed.repeat_peak.extrapolate_peak` does the same for the live bytes at every operator call (a memory
 tracker's :class:`~flopscope.estimate.memory.CallPoint`): at a call inside a middle layer ``j``
 they are affine in ``j`` and in the count (``c + p j + q N``), elsewhere affine in the count, so
 the peak at ``N`` is the largest of these affine functions, each at its best layer (an end of the
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,8 +42,9 @@ from flopscope.cost import Cost
 from flopscope.report.records import CommRecord, RuleRecord
 from flopscope.report.report import Report
 
-__all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "Peak", "alike",
-           "expand_report", "extrapolate_peak", "from_small", "layer_list", "line", "truncate"]
+__all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "alike", "cut_copy",
+           "expand_report", "from_small", "layer_class", "layer_list", "layer_of", "layer_path",
+           "line", "truncate"]
 
 #: where a transformers model keeps its decoder layers, tried in order
 LAYER_PATHS = ("model.layers", "layers", "model.decoder.layers", "transformer.h")
@@ -165,6 +166,28 @@ def truncate(model: nn.Module, n: int) -> nn.Module:
     return model
 
 
+def cut_copy(model: nn.Module, n: int) -> nn.Module:
+    """A deep copy of ``model`` with its first ``n`` decoder layers (:func:`truncate`); the
+    model itself is left as it was, and its other layers are not copied.
+
+    Args:
+        model: a model with a layer container (:data:`LAYER_PATHS`).
+        n: layers to keep.
+
+    Returns:
+        The copy.
+
+    Raises:
+        NotRepeating: no layer container, or fewer than ``n`` layers.
+    """
+    found = layer_list(model)
+    if found is None or len(found[1]) < n:
+        raise NotRepeating("no decoder layer list of that length")
+    skipped = list(found[1].children())[n:]
+    memo: dict[int, Any] = {id(layer): nn.Identity() for layer in skipped}
+    return truncate(copy.deepcopy(model, memo), n)
+
+
 # -- reports ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Kind:
@@ -198,8 +221,16 @@ _PARAMS = _Kind(lambda kv: kv[0], lambda kv: None,
                 lambda kv, p, v: (p, type(kv[1])(*v)))
 
 
-def _where(path: str, frame: Frame) -> tuple[int | None, str]:
-    """(the layer's index in the stack, the path below it), or (``None``, the path)."""
+def layer_of(path: str, frame: Frame) -> tuple[int | None, str]:
+    """Where a module path is in a stack of layers.
+
+    Args:
+        path: a module path.
+        frame: the stack.
+
+    Returns:
+        (the layer's index in the stack, the path below it), or (``None``, the path).
+    """
     head = frame.prefix + "."
     if not path.startswith(head):
         return None, path
@@ -209,9 +240,18 @@ def _where(path: str, frame: Frame) -> tuple[int | None, str]:
     return int(index) - frame.first, dot + rest
 
 
-def _place(i: int | None, frame: Frame, width: int) -> tuple[str, int]:
-    """A layer's class: ``S`` (k-th from the start), ``E`` (k-th from the end), ``M`` (a middle
-    layer), ``-`` (not a layer)."""
+def layer_class(i: int | None, frame: Frame, width: int) -> tuple[str, int]:
+    """A layer's class.
+
+    Args:
+        i: its index in the stack (``None``: not a layer).
+        frame: the stack.
+        width: layers at each end of the stack that are not repeated.
+
+    Returns:
+        ``("S", k)`` (k-th from the start), ``("E", k)`` (k-th from the end), ``("M", 0)`` (a
+        middle layer), ``("-", 0)`` (not a layer).
+    """
     if i is None:
         return "-", 0
     if i < width:
@@ -221,7 +261,19 @@ def _place(i: int | None, frame: Frame, width: int) -> tuple[str, int]:
     return "M", 0
 
 
-def _path(place: tuple[str, int], rest: str, path: str, frame: Frame, j: int = 0) -> str:
+def layer_path(place: tuple[str, int], rest: str, path: str, frame: Frame, j: int = 0) -> str:
+    """The module path of a layer's module in another stack.
+
+    Args:
+        place: the layer's class (:func:`layer_class`).
+        rest: the path below the layer.
+        path: the path itself (returned for ``-``: not a layer).
+        frame: the stack.
+        j: the index of a middle layer.
+
+    Returns:
+        The path.
+    """
     kind, k = place
     if kind == "-":
         return path
@@ -234,8 +286,8 @@ def _normal(items: Sequence[T], kind: _Kind, frame: Frame, width: int
     """Normalised key -> values; the middle layers' items must agree."""
     out: dict[Hashable, tuple[int, ...]] = {}
     for item in items:
-        i, rest = _where(kind.path(item), frame)
-        place = _place(i, frame, width)
+        i, rest = layer_of(kind.path(item), frame)
+        place = layer_class(i, frame, width)
         key = (place, rest, kind.key(item))
         values = kind.values(item)
         if out.setdefault(key, values) != values:
@@ -251,7 +303,7 @@ def _expand(a: Sequence[T], fa: Frame, b: Sequence[T], fb: Frame, to: Frame, wid
         raise NotRepeating("the small counts have different records")
     groups: list[tuple[int | None, list[T]]] = []
     for item in b:
-        i, _ = _where(kind.path(item), fb)
+        i, _ = layer_of(kind.path(item), fb)
         if groups and groups[-1][0] == i:
             groups[-1][1].append(item)
         else:
@@ -263,14 +315,14 @@ def _expand(a: Sequence[T], fa: Frame, b: Sequence[T], fb: Frame, to: Frame, wid
         i, items = groups[g]
         if i is None or not width <= i < fb.n - width:
             for item in items:
-                j, rest = _where(kind.path(item), fb)
-                place = _place(j, fb, width)
+                j, rest = layer_of(kind.path(item), fb)
+                place = layer_class(j, fb, width)
                 vb = kind.values(item)
                 va = na[(place, rest, kind.key(item))]
                 v = tuple(line(x, y, fb.n, to.n) for x, y in zip(va, vb, strict=True))
                 if any(x < 0 for x in v):
                     raise NotRepeating(f"{kind.path(item)}: a figure that shrinks per layer")
-                out.append(kind.make(item, _path(place, rest, kind.path(item), to), v))
+                out.append(kind.make(item, layer_path(place, rest, kind.path(item), to), v))
             g += 1
             continue
         run = [x[0] for x in groups[g:g + len(middle)]]
@@ -280,9 +332,9 @@ def _expand(a: Sequence[T], fa: Frame, b: Sequence[T], fb: Frame, to: Frame, wid
             order = range(to.n - width - 1, width - 1, -1)
         else:
             raise NotRepeating("the middle layers' records are not one run per direction")
-        template = [(_where(kind.path(x), fb)[1], x) for x in items]
+        template = [(layer_of(kind.path(x), fb)[1], x) for x in items]
         for _, other in groups[g + 1:g + len(middle)]:
-            if [(_where(kind.path(x), fb)[1], kind.key(x), kind.values(x)) for x in other] != \
+            if [(layer_of(kind.path(x), fb)[1], kind.key(x), kind.values(x)) for x in other] != \
                     [(r, kind.key(x), kind.values(x)) for r, x in template]:
                 raise NotRepeating("the middle layers' records differ")
         for j in order:
@@ -331,187 +383,6 @@ def expand_report(a: Report, fa: Frame, b: Report, fb: Frame, to: Frame, width: 
     )
 
 
-# -- peaks -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Peak:
-    """The largest of a run's call points.
-
-    Attributes:
-        total: bytes live.
-        module: the call's module path.
-        phase: its phase.
-        op: its operator.
-        live: category -> bytes live then.
-    """
-
-    total: int
-    module: str
-    phase: str
-    op: str
-    live: dict[str, int]
-
-
-#: a call point: (module path, phase, operator, category -> bytes live)
-Point = tuple[str, str, str, Mapping[str, int]]
-#: a call's place: (layer class, path below the layer or the path, phase, operator, occurrence)
-_Key = tuple[tuple[str, int], str, str, str, int]
-
-
-_Class = tuple[tuple[str, int], str, str, str]
-
-
-def _points(points: Sequence[Point], frame: Frame, width: int, cats: Sequence[str]
-            ) -> dict[_Class, list[tuple[int, tuple[int, ...]]]]:
-    """Each kind of call (layer class, path below the layer, phase, operator) -> its calls in
-    order: (the middle layer, -1 elsewhere; (time, total, bytes per category)).
-
-    Only the calls at which the live bytes rose are kept: a call that holds no more than the
-    one before it is never the first to reach the peak (a view, a detach, an in-place update;
-    FSDP2 runs some of these at the root once per layer)."""
-    out: dict[_Class, list[tuple[int, tuple[int, ...]]]] = {}
-    before = -1
-    for t, (module, phase, op, live) in enumerate(points):
-        total = sum(live.values())
-        rose, before = total > before, total
-        if not rose:
-            continue
-        i, rest = _where(module, frame)
-        place = _place(i, frame, width)
-        layer = i if place[0] == "M" and i is not None else -1
-        out.setdefault((place, rest, phase, op), []).append(
-            (layer, (t, total, *(live.get(c, 0) for c in cats))))
-    return out
-
-
-def _keyed(runs: Sequence[tuple[Mapping[_Class, list[tuple[int, tuple[int, ...]]]], int]],
-           width: int) -> list[dict[_Key, dict[int, tuple[int, ...]]]]:
-    """Each call's place -> {middle layer (-1 elsewhere): figures}, in each run (``runs``: the
-    kinds of calls and the layer count of each, one layer apart): the k-th call of its kind in
-    its layer (in the run, outside the layers). A kind outside the layers with ``d`` more calls
-    per layer (FSDP2's reduction of each layer's gradients at a pipeline stage's root) is split
-    into a head, ``d`` calls per middle layer and a tail: the first split (shortest head) whose
-    calls are affine in the layer and in the count in every run; with two runs that is
-    under-determined, so it must be the only one, with three (the third has three middle
-    layers) several may fit, as when the layers' calls and their neighbours' are all affine."""
-    first = runs[0][0]
-    if any(r.keys() != first.keys() for r, _ in runs):
-        raise NotRepeating("the small runs' calls do not correspond")
-    out: list[dict[_Key, dict[int, tuple[int, ...]]]] = [{} for _ in runs]
-    for cls in first:
-        calls = [r[cls] for r, _ in runs]
-        extra = len(calls[1]) - len(calls[0])
-        if cls[0][0] == "M" or extra == 0:
-            for each, keyed in zip(calls, out, strict=True):
-                seen: dict[int, int] = {}
-                for layer, v in each:
-                    k = seen[layer] = seen.get(layer, -1) + 1
-                    keyed.setdefault((*cls, k), {})[layer] = v
-            continue
-        ends = len(calls[0]) - extra * (runs[0][1] - 2 * width)
-        if extra < 0 or ends < 0:
-            raise NotRepeating(f"{cls[1]} {cls[3]}: calls not repeated per layer")
-        found = []
-        for head in range(ends + 1):
-            try:
-                split = [_split(c, head, ends - head, extra, width) for c in calls]
-                for key in split[0]:
-                    fits = [_affine(split[i][key], split[i + 1][key], width)
-                            for i in range(len(split) - 1)]
-                    if any(f[1:] != fits[0][1:] for f in fits[1:]):  # slope, per layer
-                        raise NotRepeating("not affine in the count")
-            except (NotRepeating, KeyError):
-                continue
-            found.append(split)
-        if not found or (len(runs) < 3 and len(found) > 1):
-            raise NotRepeating(f"{cls[1]} {cls[3]}: no single split of the calls per layer")
-        for sp, keyed in zip(found[0], out, strict=True):
-            for (tag, k), values in sp.items():
-                keyed[((tag, extra), cls[1], cls[2], cls[3], k)] = values
-    return out
-
-
-def _split(calls: Sequence[tuple[int, tuple[int, ...]]], head: int, tail: int, per: int,
-           width: int) -> dict[tuple[str, int], dict[int, tuple[int, ...]]]:
-    """A kind's calls as a head, ``per`` calls per middle layer (from ``width``) and a tail."""
-    out: dict[tuple[str, int], dict[int, tuple[int, ...]]] = {}
-    for k, (_, v) in enumerate(calls[:head]):
-        out[("H", k)] = {-1: v}
-    middle = calls[head:len(calls) - tail]
-    for k, (_, v) in enumerate(middle):
-        out.setdefault(("R", k % per), {})[width + k // per] = v
-    for k, (_, v) in enumerate(calls[len(calls) - tail:]):
-        out[("T", tail - k)] = {-1: v}
-    return out
-
-
-def _affine(a: Mapping[int, tuple[int, ...]], b: Mapping[int, tuple[int, ...]], width: int
-            ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """A call's figures as ``base + slope (j - width) + per_n (n - n_b)`` for middle layer
-    ``j`` (``slope`` 0 outside the middle layers), from the runs at ``n_b - 1`` and ``n_b``
-    layers; checked against every middle layer of both."""
-    if -1 in b:
-        base = b[-1]
-        return base, (0,) * len(base), tuple(y - x for x, y in zip(a[-1], base, strict=True))
-    base, first_a = b[width], a[width]
-    slope = tuple(y - x for x, y in zip(base, b[width + 1], strict=True))
-    for start, run in ((base, b), (first_a, a)):
-        for j, v in run.items():
-            if v != tuple(x + (j - width) * s for x, s in zip(start, slope, strict=True)):
-                raise NotRepeating("live bytes not affine in the layer")
-    return base, slope, tuple(y - x for x, y in zip(first_a, base, strict=True))
-
-
-def extrapolate_peak(a: Sequence[Point], fa: Frame, b: Sequence[Point], fb: Frame, to: Frame,
-                     width: int, c: tuple[Sequence[Point], Frame] | None = None) -> Peak:
-    """The peak of live bytes over the calls of a run at ``to.n`` layers, from the call points of
-    runs at ``fa.n`` and ``fb.n = fa.n + 1`` (see the module's docstring); ties go to the
-    earliest call, as a memory tracker's own peak does.
-
-    Args:
-        a: the call points at ``fa.n`` layers, in order.
-        fa: where ``a``'s layers are.
-        b: at ``fb.n``.
-        fb: where ``b``'s layers are.
-        to: the layer count (and place) to evaluate at.
-        width: layers at each end of the stack that are not repeated.
-        c: the call points of a third run (one layer more than ``b``) and its frame: where
-            calls outside the layers repeat per layer, the split of them that all three runs
-            agree on is taken (without it, such calls are refused).
-
-    Returns:
-        The :class:`Peak`.
-
-    Raises:
-        NotRepeating: the calls do not correspond, or their live bytes are not affine.
-    """
-    cats = sorted({c for p in (*a, *b) for c in p[3]})
-    runs = [(_points(a, fa, width, cats), fa.n), (_points(b, fb, width, cats), fb.n)]
-    if c is not None:
-        runs.append((_points(c[0], c[1], width, cats), c[1].n))
-    pa, pb = _keyed(runs, width)[:2]
-    if pa.keys() != pb.keys() or not pb:
-        raise NotRepeating("the small runs' calls do not correspond")
-    best: tuple[tuple[int, int], _Key, int, tuple[int, ...]] | None = None
-    for key, values in pb.items():
-        base, slope, per_n = _affine(pa[key], values, width)
-        at_n = tuple(x + (to.n - fb.n) * q for x, q in zip(base, per_n, strict=True))
-        j = -1
-        if -1 not in values:  # a middle layer: the best is at an end of the middle range
-            up = slope[1] > 0 or (slope[1] == 0 and slope[0] < 0)  # higher, or as high sooner
-            j = to.n - width - 1 if up else width
-        v = tuple(x + (j - width) * s for x, s in zip(at_n, slope, strict=True)) if j >= 0 \
-            else at_n
-        if best is None or (v[1], -v[0]) > best[0]:
-            best = ((v[1], -v[0]), key, j, v)
-    assert best is not None
-    _, (place, rest, phase, op, _), j, v = best
-    if place[0] == "M":
-        module = f"{to.prefix}.{to.first + j}{rest}"
-    else:  # a boundary layer's call (renumbered from the end), or one outside the layers
-        module = _path(place, rest, rest, to) if place[0] in ("S", "E") else rest
-    return Peak(v[1], module, phase, op, dict(zip(cats, v[2:], strict=True)))
-
-
 def from_small(build: Build, run: Callable[[Build], Report]) -> Report:
     """A rank's report from three runs of its model cut to :data:`SMALL` layers: the first two
     put together at the model's own layer count, the third the check (see the module's
@@ -534,7 +405,7 @@ def from_small(build: Build, run: Callable[[Build], Report]) -> Report:
         raise NotRepeating("no long stack of alike decoder layers")
     prefix, total = found[0], len(found[1])
     # built once: each small run takes a copy of the model cut to the largest small count
-    template = (truncate(model, SMALL[-1]), args, kwargs)
+    template = (cut_copy(model, SMALL[-1]), args, kwargs)
     reports = []
     for n in SMALL:
         def small(n: int = n) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:

@@ -18,15 +18,8 @@ import math
 from dataclasses import dataclass
 
 from flopscope.distributed.pipeline import split_layers
-from flopscope.distributed.repeat import (
-    WIDTH,
-    Frame,
-    NotRepeating,
-    Point,
-    expand_report,
-    extrapolate_peak,
-    line,
-)
+from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating, expand_report, line
+from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.report.report import Report

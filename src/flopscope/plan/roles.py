@@ -8,7 +8,9 @@ step, with two observers: :class:`~flopscope.estimate.MemoryTracker` (the rank's
 its parameter shards, inputs, gradients, activations, FSDP2's gathered parameters) and
 :class:`~flopscope.estimate.CallLog` (the roofline time of its calls). :class:`Roles` keeps every
 result keyed by the rank's shard shapes and micro-batch (:class:`RoleKey`), so layouts that share
-them (another microbatch count, another world of the same degrees) reuse the simulation.
+them (another microbatch count, another world of the same degrees) reuse the simulation. A role
+whose stage holds more than 12 alike decoder layers is put together from three simulations with
+3, 4 and 5 layers per stage (:mod:`flopscope.plan.layers`), checked exact at the third.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from flopscope.distributed.repeat import (
     SMALL,
     Frame,
     NotRepeating,
-    Point,
     alike,
     layer_list,
     truncate,
 )
+from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
 from flopscope.plan.layers import Small, check, combine, frame_of
