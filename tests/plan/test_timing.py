@@ -46,6 +46,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     assert "compute from roofline lower bounds" in bound.notes[0]
     # the planner's forward is the role's predicted forward (one rank, one microbatch: no
     # scaling): the same number the rank's estimate gives
+    from flopscope.plan.planner import build_model
     from flopscope.plan.roles import RoleKey, Roles
 
     fsdp = p["TP1 PP1 DP2 mb1x1"]

@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
-from flopscope.estimate.comm_time import Links, comm_time
+from flopscope.estimate.comm_time import CommTime, Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 
@@ -103,19 +103,19 @@ class _Stage:
     forward: float
     backward: float
     recompute: float
-    tp_forward: float
-    tp_backward: float
-    fsdp_first: float
-    fsdp_rest: float
-    p2p: float
+    comm: CommTime
 
     @property
     def tp_comm(self) -> float:
-        return self.tp_forward + self.tp_backward
+        return self.comm.blocking
 
     @property
     def busy(self) -> float:
         return self.forward + self.backward + self.recompute + self.tp_comm
+
+    @property
+    def fsdp(self) -> float:
+        return self.comm.overlapped_first + self.comm.overlapped_rest
 
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
@@ -131,16 +131,9 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
 
     comm = comm_time(run.report.communication, links, tp=choice.tp, dp=choice.dp,
                      gpus=choice.gpus, scale=scale)
-    return _Stage(
-        forward=phase(Phase.FORWARD.value) * scale,
-        backward=phase(Phase.BACKWARD.value) * scale,
-        recompute=phase(Phase.RECOMPUTE.value) * scale,
-        tp_forward=comm.blocking_forward,
-        tp_backward=comm.blocking_backward,
-        fsdp_first=comm.overlapped_first,
-        fsdp_rest=comm.overlapped_rest,
-        p2p=comm.p2p,
-    )
+    return _Stage(forward=phase(Phase.FORWARD.value) * scale,
+                  backward=phase(Phase.BACKWARD.value) * scale,
+                  recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm)
 
 
 def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime:
@@ -166,16 +159,16 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
         slow = stages[0]
     else:
         m = choice.microbatches
-        fwd = [Fraction((s.forward + s.tp_forward) / m) for s in stages]
-        bwd = [Fraction((s.backward + s.recompute + s.tp_backward) / m) for s in stages]
+        fwd = [Fraction((s.forward + s.comm.blocking_forward) / m) for s in stages]
+        bwd = [Fraction((s.backward + s.recompute + s.comm.blocking_backward) / m)
+               for s in stages]
         _, idle = bubble(one_f_one_b(len(stages), m), fwd, bwd)
         slow = max(stages, key=lambda s: s.busy)
         i = stages.index(slow)
         span = slow.busy / float(1 - idle[i]) if idle[i] < 1 else slow.busy
-    exposed = max(s.fsdp_first + max(0.0, s.fsdp_rest - s.busy) for s in stages)  # comm_time's
-    # overlap rule (CommTime.overlapped_exposed), here per stage
-    hidden = max(s.fsdp_first + s.fsdp_rest for s in stages) - exposed
-    p2p = max(s.p2p for s in stages)
+    exposed = max(s.comm.overlapped_exposed(s.busy) for s in stages)
+    hidden = max(s.fsdp for s in stages) - exposed
+    p2p = max(s.comm.p2p for s in stages)
     total = span + exposed + p2p
     kind = "prediction" if all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
