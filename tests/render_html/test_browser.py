@@ -463,3 +463,21 @@ def test_predicted_rates_beside_the_bounds(browser: Chromium, tmp_path: Path) ->
         if r["flops"] and r["bytes"] and r["predicted_s"]}
     assert set(_rates(browser, "bound-point")) == set(_rates(browser, "measured-point")) == set(
         want)
+
+
+def test_no_point_above_the_roofs_drawn(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    # the tiny model's convolution is float32, which cuDNN runs as TF32 by default (the
+    # estimate's tf32_convolution): the TF32 matrix roof is its roof and is drawn (resnet50's
+    # backward convolutions, at 150 TFLOP/s, were drawn over the 67 TFLOP/s float32 vector roof,
+    # the only one); no operator's rate is above the highest roof drawn
+    page, data = tiny
+    assert data["estimate"]["tf32_convolution"] and not data["estimate"]["tf32"]
+    _opened(browser, page)
+    assert browser.evaluate("document.getElementById('roofline-dtype').value") == "fp32"
+    text = browser.evaluate("document.getElementById('roofline').textContent")
+    assert "tf32 matrix (convolutions) roof 495 TFLOP/s" in text  # H100 SXM's dense TF32
+    peak = data["estimate"]["hardware"]["matrix_tflops"]["tf32"] * 1e12
+    rates = _rates(browser, "point")
+    assert max(rates.values()) <= peak
+    conv = data["estimate"]["by_op"]["aten.convolution.default"]
+    assert rates["aten.convolution.default"] == conv["flops"] / conv["time_s"]

@@ -42,9 +42,13 @@
     function draw() {
       while (svg.firstChild) svg.removeChild(svg.firstChild);
       var d = select.value;
-      var tf = est && est.tf32 && d === "fp32" ? "tf32" : d;
+      // float32 products (est.tf32) or convolutions (est.tf32_convolution, cuDNN's default) that
+      // the estimate took as TF32 run under the TF32 matrix roof
+      var asTf32 = est && d === "fp32" && (est.tf32 || est.tf32_convolution) && hw.matrix_tflops && hw.matrix_tflops.tf32;
+      var tf = asTf32 ? "tf32" : d;
       var roofs = [];
-      if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ label: tf + " matrix", peak: hw.matrix_tflops[tf] * 1e12, dash: null });
+      if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ peak: hw.matrix_tflops[tf] * 1e12, dash: null,
+        label: tf + " matrix" + (asTf32 && !est.tf32 ? " (convolutions)" : asTf32 && !est.tf32_convolution ? " (products)" : "") });
       if (hw.vector_tflops && hw.vector_tflops[d]) roofs.push({ label: d + " vector", peak: hw.vector_tflops[d] * 1e12, dash: "5,4" });
       var all = pts.concat(measured, bounds, predicted);
       var xs = all.map(function (p) { return p.x; }).concat(roofs.map(function (r) { return r.peak / bw; }));
