@@ -270,12 +270,15 @@ def test_a_plan_page_shows_keys_it_does_not_know(browser: Chromium, plan_both: t
     data = embedded_data(page.read_text(encoding="utf-8"))
     data["future"] = {"what": "a key a newer planner adds"}
     data["ranked"][0]["time_s"]["overlap"] = 0.0  # a step part this page has no name for
+    for c in data["ranked"]:  # an expert-parallel degree and the data-parallel kind
+        c["ep"], c["data_parallel"] = 2, "fsdp"
     newer = tmp_path / "newer.html"
     newer.write_text(render_plan_html(data), encoding="utf-8")
     _opened(browser, newer)
     assert "a key a newer planner adds" in browser.evaluate(
         "document.getElementById('section-future').textContent")
-    assert "overlap" in browser.evaluate("document.querySelector('#ranked thead').textContent")
+    header = browser.evaluate("[...document.querySelectorAll('#ranked th')].map(t => t.textContent)")
+    assert {"overlap", "EP", "data parallel"} <= set(header)
 
 
 def test_the_symbolic_page_per_token_and_choices(browser: Chromium, tmp_path: Path) -> None:
@@ -379,7 +382,8 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
             "dropped": [_served(1, 1, 4, 64, fits=False)],
             "best_throughput": f"{ranked[0]['layout']} batch {ranked[0]['batch']}",
             "best_latency": "TP4 PP1 DP1 batch 1", "roles": 6, "simulations": 6,
-            "seconds": 1.0, "notes": ["a note"]}
+            "seconds": 1.0, "notes": ["a note"],
+            "explain": {"why": ["TP2 PP1 DP2 batch 8: fewer sequences in flight"]}}
     page = tmp_path / "serve.html"
     page.write_text(render_plan_html(data), encoding="utf-8")
     _opened(browser, page)
@@ -396,6 +400,8 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
         assert parts == {k: v for k, v in ranked[0][key].items() if k != "total" and v > 0}
     assert browser.evaluate("[...document.querySelectorAll('#ranked tbody tr')]"
                             ".map(r => r.cells[1].textContent)") == labels
+    assert browser.evaluate("document.getElementById('plan-why').textContent") == (
+        "TP2 PP1 DP2 batch 8: fewer sequences in flight")  # why the best wins, where given
     browser.click("#ranked tbody tr:nth-child(3)")
     assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == labels[2]
     assert browser.evaluate("document.getElementById('serve-selected').dataset.layout") == labels[2]

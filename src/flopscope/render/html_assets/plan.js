@@ -45,7 +45,8 @@
     var rt = el("section"), dt = el("section");
     append(root, [el("h2", { text: "Layouts that fit, fastest first" }), rt]);
     var rows = ranked.map(function (c, i) {
-      var r = { rank: i + 1, layout: c.layout, tp: c.tp, pp: c.pp, dp: c.dp, micro_batch: c.micro_batch, microbatches: c.microbatches,
+      var r = { rank: i + 1, layout: c.layout, tp: c.tp, pp: c.pp, dp: c.dp, ep: c.ep, data_parallel: c.data_parallel,
+        micro_batch: c.micro_batch, microbatches: c.microbatches,
         checkpoint: c.checkpoint, memory: c.memory_bytes, step: c.time_s.total, tokens: c.tokens_per_s_per_gpu, mfu: c.mfu,
         pareto: pareto.indexOf(c.layout) >= 0 ? "yes" : "", _cls: i === 0 ? "best" : "" };
       parts.forEach(function (p) { r["part_" + p.key] = partOf(c, p.key); });
@@ -54,10 +55,12 @@
     });
     var cols = [{ key: "rank", label: "#", num: true }, { key: "layout", label: "layout", num: false },
       { key: "tp", label: "TP", num: true }, { key: "pp", label: "PP", num: true }, { key: "dp", label: "DP", num: true },
-      { key: "micro_batch", label: "micro-batch", num: true }, { key: "microbatches", label: "micro-batches", num: true },
+      { key: "micro_batch", label: "micro-batch", num: true }, { key: "microbatches", label: "micro-batches", num: true }]
+      .concat(ranked.some(function (c) { return c.ep !== undefined && c.ep !== 1; }) ? [{ key: "ep", label: "EP", num: true, title: "expert parallel" }] : [],
+        ranked.some(function (c) { return c.data_parallel !== undefined; }) ? [{ key: "data_parallel", label: "data parallel", num: false }] : [], [
       { key: "checkpoint", label: "checkpointing", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
       { key: "step", label: "step", num: true, fmt: secs, title: bound }, { key: "tokens", label: unit + "/s/GPU", num: true, fmt: function (v) { return human(v); } },
-      { key: "mfu", label: "MFU", num: true, fmt: share }].concat(parts.map(function (p) {
+      { key: "mfu", label: "MFU", num: true, fmt: share }]).concat(parts.map(function (p) {
         return { key: "part_" + p.key, label: p.label, num: true, fmt: secs };
       }), [{ key: "pareto", label: "Pareto", num: false }]);
     table(rt, "ranked", cols, rows, { onRow: function (r) { select(r._c); } });
@@ -281,4 +284,7 @@
       append(ml, el("span", {}, [el("i", { style: "background:" + colour }), p[0] + " " + bytes(p[1])]));
     });
     append(host, [el("h3", { text: "memory at its peak: " + bytes(c.memory_bytes) + (c.peak_where ? " at " + c.peak_where : "") }), mb, ml]);
+    var why = (data.explain && data.explain.why) || [];
+    if (c === best && why.length) append(host, [el("h3", { text: "why it wins" }),
+      el("ul", { id: "plan-why" }, why.map(function (w) { return el("li", { text: w }); }))]);
   }
