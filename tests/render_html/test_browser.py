@@ -487,3 +487,25 @@ def test_no_point_above_the_roofs_drawn(browser: Chromium, tiny: tuple[Path, Any
     assert max(rates.values()) <= peak
     conv = data["estimate"]["by_op"]["aten.convolution.default"]
     assert rates["aten.convolution.default"] == conv["flops"] / conv["time_s"]
+
+
+def test_a_sweep_of_plans(browser: Chromium, plan_both: tuple[Path, Any],
+                          tmp_path: Path) -> None:
+    # a sweep's points as the planner's sweep writes them: the point and its plan (or an error)
+    _, data = plan_both
+    points = [{"source": "hf:llama", "gpus": 2, "seq_len": 256, "error": None, "plan": data},
+              {"source": "hf:llama", "gpus": 3, "seq_len": 256, "error": "no layout divides "
+               "3 GPUs", "plan": None}]
+    page = tmp_path / "sweep.html"
+    page.write_text(render_plan_html(points), encoding="utf-8")
+    _opened(browser, page)
+    rows = browser.evaluate("[...document.querySelectorAll('#sweep tbody tr')]"
+                            ".map(r => [r.cells[1].textContent, r.cells[3].textContent])")
+    assert rows == [["2", data["ranked"][0]["layout"]], ["3", "-"]]
+    # the first plan is drawn below; a click on the failed point says why
+    assert browser.evaluate("document.querySelectorAll('#sweep-plan #pareto .layout-point')"
+                            ".length") == len(data["ranked"])
+    browser.click("#sweep tbody tr:nth-child(2)")
+    assert "no layout divides 3 GPUs" in browser.evaluate(
+        "document.getElementById('sweep-plan').textContent")
+    assert browser.errors() == []
