@@ -220,8 +220,22 @@ def test_the_phase_filter(browser: Chromium, tmp_path: Path) -> None:
         rows = data["estimate"]["phases"][phase]["by_op"]
         assert sorted(browser.evaluate(points)) == sorted(
             op for op, r in rows.items() if r["intensity"] and r["time_s"] and r["bytes"])
+    # the memory timeline shades the chosen phase's calls: its runs of calls, first to last
+    tl = data["memory"]["timeline"]
+    runs, start = [], None
+    for i, p in enumerate([*tl["phase"], None]):
+        if p == "backward" and start is None:
+            start = i
+        elif p != "backward" and start is not None:
+            runs.append([str(tl["index"][start]), str(tl["index"][i - 1])])
+            start = None
+    _pick_phase(browser, "backward")
+    assert runs and browser.evaluate(
+        "[...document.querySelectorAll('#timeline-phase rect.phase-span')]"
+        ".map(r => [r.dataset.from, r.dataset.to])") == runs
     _pick_phase(browser, "")  # every phase again
     assert int(browser.evaluate(root)) == data["totals"]["flops"]
+    assert browser.evaluate("document.querySelectorAll('#timeline-phase rect').length") == 0
     assert browser.errors() == []
 
 
