@@ -220,8 +220,22 @@ def test_the_phase_filter(browser: Chromium, tmp_path: Path) -> None:
         rows = data["estimate"]["phases"][phase]["by_op"]
         assert sorted(browser.evaluate(points)) == sorted(
             op for op, r in rows.items() if r["intensity"] and r["time_s"] and r["bytes"])
+    # the memory timeline shades the chosen phase's calls: its runs of calls, first to last
+    tl = data["memory"]["timeline"]
+    runs, start = [], None
+    for i, p in enumerate([*tl["phase"], None]):
+        if p == "backward" and start is None:
+            start = i
+        elif p != "backward" and start is not None:
+            runs.append([str(tl["index"][start]), str(tl["index"][i - 1])])
+            start = None
+    _pick_phase(browser, "backward")
+    assert runs and browser.evaluate(
+        "[...document.querySelectorAll('#timeline-phase rect.phase-span')]"
+        ".map(r => [r.dataset.from, r.dataset.to])") == runs
     _pick_phase(browser, "")  # every phase again
     assert int(browser.evaluate(root)) == data["totals"]["flops"]
+    assert browser.evaluate("document.querySelectorAll('#timeline-phase rect').length") == 0
     assert browser.errors() == []
 
 
@@ -270,12 +284,15 @@ def test_a_plan_page_shows_keys_it_does_not_know(browser: Chromium, plan_both: t
     data = embedded_data(page.read_text(encoding="utf-8"))
     data["future"] = {"what": "a key a newer planner adds"}
     data["ranked"][0]["time_s"]["overlap"] = 0.0  # a step part this page has no name for
+    for c in data["ranked"]:  # an expert-parallel degree and the data-parallel kind
+        c["ep"], c["data_parallel"] = 2, "fsdp"
     newer = tmp_path / "newer.html"
     newer.write_text(render_plan_html(data), encoding="utf-8")
     _opened(browser, newer)
     assert "a key a newer planner adds" in browser.evaluate(
         "document.getElementById('section-future').textContent")
-    assert "overlap" in browser.evaluate("document.querySelector('#ranked thead').textContent")
+    header = browser.evaluate("[...document.querySelectorAll('#ranked th')].map(t => t.textContent)")
+    assert {"overlap", "EP", "data parallel"} <= set(header)
 
 
 def test_the_symbolic_page_per_token_and_choices(browser: Chromium, tmp_path: Path) -> None:
@@ -379,7 +396,8 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
             "dropped": [_served(1, 1, 4, 64, fits=False)],
             "best_throughput": f"{ranked[0]['layout']} batch {ranked[0]['batch']}",
             "best_latency": "TP4 PP1 DP1 batch 1", "roles": 6, "simulations": 6,
-            "seconds": 1.0, "notes": ["a note"]}
+            "seconds": 1.0, "notes": ["a note"],
+            "explain": {"why": ["TP2 PP1 DP2 batch 8: fewer sequences in flight"]}}
     page = tmp_path / "serve.html"
     page.write_text(render_plan_html(data), encoding="utf-8")
     _opened(browser, page)
@@ -396,6 +414,8 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
         assert parts == {k: v for k, v in ranked[0][key].items() if k != "total" and v > 0}
     assert browser.evaluate("[...document.querySelectorAll('#ranked tbody tr')]"
                             ".map(r => r.cells[1].textContent)") == labels
+    assert browser.evaluate("document.getElementById('plan-why').textContent") == (
+        "TP2 PP1 DP2 batch 8: fewer sequences in flight")  # why the best wins, where given
     browser.click("#ranked tbody tr:nth-child(3)")
     assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == labels[2]
     assert browser.evaluate("document.getElementById('serve-selected').dataset.layout") == labels[2]
@@ -463,3 +483,43 @@ def test_predicted_rates_beside_the_bounds(browser: Chromium, tmp_path: Path) ->
         if r["flops"] and r["bytes"] and r["predicted_s"]}
     assert set(_rates(browser, "bound-point")) == set(_rates(browser, "measured-point")) == set(
         want)
+
+
+def test_no_point_above_the_roofs_drawn(browser: Chromium, tiny: tuple[Path, Any]) -> None:
+    # the tiny model's convolution is float32, which cuDNN runs as TF32 by default (the
+    # estimate's tf32_convolution): the TF32 matrix roof is its roof and is drawn (resnet50's
+    # backward convolutions, at 150 TFLOP/s, were drawn over the 67 TFLOP/s float32 vector roof,
+    # the only one); no operator's rate is above the highest roof drawn
+    page, data = tiny
+    assert data["estimate"]["tf32_convolution"] and not data["estimate"]["tf32"]
+    _opened(browser, page)
+    assert browser.evaluate("document.getElementById('roofline-dtype').value") == "fp32"
+    text = browser.evaluate("document.getElementById('roofline').textContent")
+    assert "tf32 matrix (convolutions) roof 495 TFLOP/s" in text  # H100 SXM's dense TF32
+    peak = data["estimate"]["hardware"]["matrix_tflops"]["tf32"] * 1e12
+    rates = _rates(browser, "point")
+    assert max(rates.values()) <= peak
+    conv = data["estimate"]["by_op"]["aten.convolution.default"]
+    assert rates["aten.convolution.default"] == conv["flops"] / conv["time_s"]
+
+
+def test_a_sweep_of_plans(browser: Chromium, plan_both: tuple[Path, Any],
+                          tmp_path: Path) -> None:
+    # a sweep's points as the planner's sweep writes them: the point and its plan (or an error)
+    _, data = plan_both
+    points = [{"source": "hf:llama", "gpus": 2, "seq_len": 256, "error": None, "plan": data},
+              {"source": "hf:llama", "gpus": 3, "seq_len": 256, "error": "no layout divides "
+               "3 GPUs", "plan": None}]
+    page = tmp_path / "sweep.html"
+    page.write_text(render_plan_html(points), encoding="utf-8")
+    _opened(browser, page)
+    rows = browser.evaluate("[...document.querySelectorAll('#sweep tbody tr')]"
+                            ".map(r => [r.cells[1].textContent, r.cells[3].textContent])")
+    assert rows == [["2", data["ranked"][0]["layout"]], ["3", "-"]]
+    # the first plan is drawn below; a click on the failed point says why
+    assert browser.evaluate("document.querySelectorAll('#sweep-plan #pareto .layout-point')"
+                            ".length") == len(data["ranked"])
+    browser.click("#sweep tbody tr:nth-child(2)")
+    assert "no layout divides 3 GPUs" in browser.evaluate(
+        "document.getElementById('sweep-plan').textContent")
+    assert browser.errors() == []

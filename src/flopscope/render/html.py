@@ -15,6 +15,7 @@ import datetime
 import html
 import json
 import re
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import metadata, resources
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 from flopscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
     from flopscope.report.report import Report
     from flopscope.report.symbolic import SymbolicReport
 
@@ -178,21 +177,28 @@ def render_generation_html(data: Mapping[str, Any]) -> str:
     return page("generation", data, title=f"flopscope generate: {name}")
 
 
-def render_plan_html(data: Mapping[str, Any]) -> str:
+def render_plan_html(data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> str:
     """A plan of layouts (``flopscope plan ... --format html``, ``Plan.to_html``): the layouts
     that fit, ranked, as a table; step time against peak memory per device as a chart, the
     Pareto front joined; where a layout's time and memory go (the best one's first, any other
     on a click); the dropped layouts with the reason. Keys the page does not know (a newer
-    plan's) are shown as JSON.
+    plan's) are shown as JSON. A serving plan (``"mode": "serve"``) is drawn as throughput
+    against latency; a list of sweep points (``{"source", "gpus", "seq_len", "error",
+    "plan"}``) as a table of their best layouts, a click drawing one plan.
 
     Args:
         data: ``Plan.to_dict()``, with ``"explain"``: ``{"part_names": {part: words}, "why":
-            [line, ...]}`` (:func:`flopscope.plan.display.plan_page_data`).
+            [line, ...]}`` (:func:`flopscope.plan.display.plan_page_data`); or a serving plan's
+            dict; or a sweep's points.
 
     Returns:
         The page; its data is ``data``.
     """
-    return page("plan", data, title=f"flopscope plan: {data.get('source', 'model')}")
+    if isinstance(data, Mapping):
+        title = f"flopscope plan: {data.get('source', 'model')}"
+    else:
+        title = f"flopscope plan: a sweep of {len(data)} plans"
+    return page("plan", data, title=title)
 
 
 def render_table_html(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], *,

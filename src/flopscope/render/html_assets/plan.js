@@ -18,6 +18,7 @@
   }
   function partOf(c, k) { var v = c.time_s && c.time_s[k]; return typeof v === "number" ? v : 0; }
   function drawPlan(root, data, about) {
+    if (Array.isArray(data)) return drawSweep(root, data, about);
     if (data.mode === "serve") return drawServePlan(root, data, about);
     var ranked = data.ranked || [], dropped = data.dropped || [], all = ranked.concat(dropped);
     var unit = data.unit || "tokens";
@@ -45,7 +46,8 @@
     var rt = el("section"), dt = el("section");
     append(root, [el("h2", { text: "Layouts that fit, fastest first" }), rt]);
     var rows = ranked.map(function (c, i) {
-      var r = { rank: i + 1, layout: c.layout, tp: c.tp, pp: c.pp, dp: c.dp, micro_batch: c.micro_batch, microbatches: c.microbatches,
+      var r = { rank: i + 1, layout: c.layout, tp: c.tp, pp: c.pp, dp: c.dp, ep: c.ep, data_parallel: c.data_parallel,
+        micro_batch: c.micro_batch, microbatches: c.microbatches,
         checkpoint: c.checkpoint, memory: c.memory_bytes, step: c.time_s.total, tokens: c.tokens_per_s_per_gpu, mfu: c.mfu,
         pareto: pareto.indexOf(c.layout) >= 0 ? "yes" : "", _cls: i === 0 ? "best" : "" };
       parts.forEach(function (p) { r["part_" + p.key] = partOf(c, p.key); });
@@ -54,10 +56,12 @@
     });
     var cols = [{ key: "rank", label: "#", num: true }, { key: "layout", label: "layout", num: false },
       { key: "tp", label: "TP", num: true }, { key: "pp", label: "PP", num: true }, { key: "dp", label: "DP", num: true },
-      { key: "micro_batch", label: "micro-batch", num: true }, { key: "microbatches", label: "micro-batches", num: true },
+      { key: "micro_batch", label: "micro-batch", num: true }, { key: "microbatches", label: "micro-batches", num: true }]
+      .concat(ranked.some(function (c) { return c.ep !== undefined && c.ep !== 1; }) ? [{ key: "ep", label: "EP", num: true, title: "expert parallel" }] : [],
+        ranked.some(function (c) { return c.data_parallel !== undefined; }) ? [{ key: "data_parallel", label: "data parallel", num: false }] : [], [
       { key: "checkpoint", label: "checkpointing", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
       { key: "step", label: "step", num: true, fmt: secs, title: bound }, { key: "tokens", label: unit + "/s/GPU", num: true, fmt: function (v) { return human(v); } },
-      { key: "mfu", label: "MFU", num: true, fmt: share }].concat(parts.map(function (p) {
+      { key: "mfu", label: "MFU", num: true, fmt: share }]).concat(parts.map(function (p) {
         return { key: "part_" + p.key, label: p.label, num: true, fmt: secs };
       }), [{ key: "pareto", label: "Pareto", num: false }]);
     table(rt, "ranked", cols, rows, { onRow: function (r) { select(r._c); } });
@@ -281,4 +285,37 @@
       append(ml, el("span", {}, [el("i", { style: "background:" + colour }), p[0] + " " + bytes(p[1])]));
     });
     append(host, [el("h3", { text: "memory at its peak: " + bytes(c.memory_bytes) + (c.peak_where ? " at " + c.peak_where : "") }), mb, ml]);
+    var why = (data.explain && data.explain.why) || [];
+    if (c === best && why.length) append(host, [el("h3", { text: "why it wins" }),
+      el("ul", { id: "plan-why" }, why.map(function (w) { return el("li", { text: w }); }))]);
+  }
+
+  // -- a sweep: several plans (models x GPUs x sequence lengths), one row each; a click draws one --
+  function drawSweep(root, points, about) {
+    append(root, [el("h1", { id: "subject", text: "flopscope plan: a sweep of " + points.length + " plans" }),
+      el("p", { cls: "sub", text: "one row per model, GPU count and sequence length: its best layout; click a row for its plan" })]);
+    var host = el("section"), detail = el("section", { id: "sweep-plan" });
+    append(root, host);
+    table(host, "sweep", [{ key: "source", label: "model", num: false }, { key: "gpus", label: "GPUs", num: true },
+      { key: "seq_len", label: "seq len", num: true }, { key: "best", label: "best layout", num: false },
+      { key: "step", label: "step / per token", num: true, fmt: secs }, { key: "mfu", label: "MFU", num: true, fmt: share },
+      { key: "rate", label: "tokens/s per GPU", num: true, fmt: function (v) { return human(v); } },
+      { key: "fit", label: "fit", num: false }, { key: "error", label: "error", num: false }],
+      points.map(function (p) {
+        var plan = p.plan || {}, serve = plan.mode === "serve", best = (plan.ranked || [])[0];
+        return { source: p.source, gpus: p.gpus, seq_len: p.seq_len, error: p.error || "", _p: p,
+          best: best ? best.layout + (serve ? " batch " + best.batch : "") : "-",
+          step: best ? (serve ? best.latency_per_token_s : best.time_s.total) : null, mfu: best && !serve ? best.mfu : null,
+          rate: best ? best.tokens_per_s_per_gpu : null,
+          fit: plan.ranked ? plan.ranked.length + " of " + (plan.ranked.length + (plan.dropped || []).length) : "" };
+      }), { onRow: function (r) { show(r._p); } });
+    append(root, detail);
+    function show(p) {
+      detail.textContent = "";
+      detail.setAttribute("data-point", p.source + " " + p.gpus + " " + p.seq_len);
+      if (p.plan) drawPlan(detail, p.plan, about);
+      else append(detail, el("p", { cls: "warn", text: p.source + " on " + p.gpus + " GPUs: " + (p.error || "no plan") }));
+    }
+    var first = points.filter(function (p) { return p.plan; })[0];
+    if (first) show(first);
   }

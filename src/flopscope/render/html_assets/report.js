@@ -42,9 +42,13 @@
     function draw() {
       while (svg.firstChild) svg.removeChild(svg.firstChild);
       var d = select.value;
-      var tf = est && est.tf32 && d === "fp32" ? "tf32" : d;
+      // float32 products (est.tf32) or convolutions (est.tf32_convolution, cuDNN's default) that
+      // the estimate took as TF32 run under the TF32 matrix roof
+      var asTf32 = est && d === "fp32" && (est.tf32 || est.tf32_convolution) && hw.matrix_tflops && hw.matrix_tflops.tf32;
+      var tf = asTf32 ? "tf32" : d;
       var roofs = [];
-      if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ label: tf + " matrix", peak: hw.matrix_tflops[tf] * 1e12, dash: null });
+      if (hw.matrix_tflops && hw.matrix_tflops[tf]) roofs.push({ peak: hw.matrix_tflops[tf] * 1e12, dash: null,
+        label: tf + " matrix" + (asTf32 && !est.tf32 ? " (convolutions)" : asTf32 && !est.tf32_convolution ? " (products)" : "") });
       if (hw.vector_tflops && hw.vector_tflops[d]) roofs.push({ label: d + " vector", peak: hw.vector_tflops[d] * 1e12, dash: "5,4" });
       var all = pts.concat(measured, bounds, predicted);
       var xs = all.map(function (p) { return p.x; }).concat(roofs.map(function (r) { return r.peak / bw; }));
@@ -155,7 +159,8 @@
       });
       append(host, [bar, legend]);
     }
-    if (mem.timeline && mem.timeline.index && mem.timeline.index.length) timeline(host, mem.timeline, mem);
+    if (mem.timeline && mem.timeline.index && mem.timeline.index.length) return timeline(host, mem.timeline, mem);
+    return null;
   }
   function timeline(host, tl, mem) {  // {calls, index: [call], phase: [..], categories: {cat: [bytes]}}
     var cats = Object.keys(tl.categories), n = tl.index.length;
@@ -199,8 +204,25 @@
     });
     hover.addEventListener("mouseleave", hideTip);
     svg.appendChild(hover);
+    var shade = sv("g", { id: "timeline-phase" });  // the spans of the phase chosen above the icicle
+    svg.insertBefore(shade, svg.firstChild);
     append(host, [el("h3", { text: "live memory over the run's " + tl.calls + " operator calls" }),
       el("p", { cls: "hint", text: tl.calls > n ? "The highest of every " + Math.ceil(tl.calls / n) + " calls is drawn, so the peak is exact." : "Every call." }), svg]);
+    return { phase: function (phase) {
+      while (shade.firstChild) shade.removeChild(shade.firstChild);
+      shade.setAttribute("data-phase", phase || "");
+      if (!phase) return;
+      var start = null;
+      tl.phase.forEach(function (p, i) {
+        if (p === phase && start === null) start = i;
+        if ((p !== phase || i === n - 1) && start !== null) {
+          var end = p === phase ? i : i - 1;
+          append(shade, sv("rect", { x: X(tl.index[start]), y: T, width: Math.max(X(tl.index[end]) - X(tl.index[start]), 1), height: B - T,
+            fill: "#fff3c4", cls: "phase-span", "data-from": String(tl.index[start]), "data-to": String(tl.index[end]) }));
+          start = null;
+        }
+      });
+    } };
   }
 
   // -- the report page ------------------------------------------------------------------------------
@@ -391,7 +413,7 @@
     if (rep.memory) {
       var mh = el("section", { id: "memory" });
       append(root, [el("h2", { text: "Memory" }), mh]);
-      memory(mh, rep.memory);
+      var memoryTimeline = memory(mh, rep.memory);
     }
     append(root, [el("h2", { text: "Modules" }), el("p", { cls: "hint", text: "Inclusive values (the module and everything inside it); click a header to sort." }), mt]);
     append(root, [el("h2", { text: "Operators" }), ot]);
@@ -402,6 +424,7 @@
       note.textContent = !phase ? "" : (rep.measured ? "measured time is per operator over every phase: not shown for one phase. " : "") +
         (rep.estimate && !view.estimate ? "this report's estimate has no rows per phase. " : "");
       icicle(ice, view, vtree, { id: "icicle" });
+      if (memoryTimeline) memoryTimeline.phase(phase);
       if (view.estimate || (view.measured && view.measured.peaks)) roofline(rl, view);
       else if (hasRoofline) append(rl, el("p", { cls: "hint", text: "no roofline for this phase" }));
       moduleTable(mt, view, vtree, "modules");
