@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two small models only")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    parser.add_argument("--recalibrate-every", type=int, default=6, metavar="N",
+                        help="recalibrate before every N torchvision models (and before the "
+                             "training steps): the load drifts; 0: never")
     parser.add_argument("--profile", default=str(RESULTS / "prediction_profile.json"))
     parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
     parser.add_argument("--tables", action="store_true",
@@ -320,12 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     names = ["resnet18", "mobilenet_v3_large"] if opts.quick else None
     vision = [b for b in torchvision_benches(names)
               if b.device == "cpu" or b.name in VISION]  # every one of <= 2 GMACs, and VISION
-    for bench in vision:
+    recalibrations = []
+    for i, bench in enumerate(vision):
+        if i and opts.recalibrate_every and i % opts.recalibrate_every == 0:
+            hw, again_s, _ = calibrated()  # calibration before each group, not tuning
+            recalibrations.append(again_s)
+            print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         torch.manual_seed(0)
         rows.append(one(bench.name, "forward (torchvision, batch 1)", bench.build(device),
                         bench.inputs(device), hw, opts.repeat, False))
     if not opts.quick:
         hw, again_s, _ = calibrated()  # recalibrated before the group: calibration, not tuning
+        recalibrations.append(again_s)
         print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         for bench in transformer_benches():
             torch.manual_seed(0)
@@ -343,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
            "clock": clock("cpu")[0], "calibration_s": calibration_s,
            "calibration_cpu_s": calibration_cpu_s, "calibrated": first.calibration.date,
+           "recalibrations_s": recalibrations,
            "cpu_count": os.cpu_count(), "repeat": opts.repeat,
            "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
                    "running: load average per model); measured = the median of plain runs by "

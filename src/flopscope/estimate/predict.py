@@ -273,7 +273,10 @@ class Predictor:
             # CUDA events time the device per call (the host where it is slower: not a rate);
             # on a CPU the host's time is inside the point's (one timeline)
             device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
-            if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
+            # a point timed in rotation holds what a model's call pays besides its host time
+            # in a loop (its code, descriptors and weights evicted): a rate even when small
+            floor = 0.0 if p.family in ROTATED_FAMILIES and not cuda else HOST_DOMINATED
+            if p.family == "view" or work <= 0 or device <= 0 or device < floor * p.seconds:
                 continue
             point = (_coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
                      math.log10(work / device))
