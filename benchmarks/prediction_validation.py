@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two small models only")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    parser.add_argument("--models", help="a comma-separated subset of the models (a shorter run)")
     parser.add_argument("--recalibrate-every", type=int, default=6, metavar="N",
                         help="recalibrate before every N torchvision models (and before the "
                              "training steps): the load drifts; 0: never")
@@ -319,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
     names = ["resnet18", "mobilenet_v3_large"] if opts.quick else None
-    vision = [b for b in torchvision_benches(names)
-              if b.device == "cpu" or b.name in VISION]  # every one of <= 2 GMACs, and VISION
+    chosen = set(opts.models.split(",")) if opts.models else None
+    vision = [b for b in torchvision_benches(names)  # every one of <= 2 GMACs, and VISION
+              if (b.device == "cpu" or b.name in VISION) and (chosen is None or b.name in chosen)]
     recalibrations = []
     for i, bench in enumerate(vision):
         if i and opts.recalibrate_every and i % opts.recalibrate_every == 0:
@@ -335,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         recalibrations.append(again_s)
         print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         for bench in transformer_benches():
+            if chosen is not None and bench.name not in chosen:
+                continue
             torch.manual_seed(0)
             model = bench.build(device)
             rows.append(one(bench.name, "training step (AdamW, 128 tokens)", model,
