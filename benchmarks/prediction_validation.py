@@ -1,27 +1,25 @@
 """Validate the calibrated prediction (issue 29) on this machine: predicted / measured time.
 
-1. Calibrate first (``flopscope.estimate.calibrate`` on the ``this-machine`` profile, 1 thread):
-   microbenchmarks only, none of the models below. The profile is written to
-   ``benchmarks/results/prediction_profile.json`` before any model runs.
-2. Forward (batch 1) of torchvision classifiers, and a training step (forward, backward, AdamW)
-   of BERT-base, GPT-2 and a Llama-style decoder (128 tokens), each measured by
-   ``flopscope.profile`` (the median run's wall time of ``--repeat`` runs) with the calibrated
-   profile: the prediction is the sum of every counted call's predicted time, the bound the sum
-   of their roofline bounds.
-3. Per family: the joined calls' predicted time summed per model and family against their
-   measured time (profiler events: the Python binding's time is outside them), and per call.
-4. Host-bound checks: a 50-layer MLP of width 16 at batch 1 (host-bound), a 2048^3 product (not).
-5. The error bars per family (90th percentile over the models of |predicted / measured - 1| of
-   the family's summed time) are written into the profile's calibration (``error_bars``).
+1. Calibrate first (``flopscope.estimate.calibrate`` on the ``this-machine`` profile at
+   ``--threads``): microbenchmarks only, none of the models below. The profile is written to
+   ``--profile`` before any model runs; recalibrated before every ``--recalibrate-every``
+   torchvision models and before the training steps (the machine's load drifts: calibration,
+   not tuning; the error bars go into the first profile).
+2. Forward (batch 1) of every torchvision classifier of at most 2 GMACs and of the earlier set
+   (resnet50, vit_b_16, convnext_tiny, densenet121), and a training step (forward, backward,
+   AdamW) of BERT-base, GPT-2 and a Llama-style decoder (128 tokens). The prediction is the sum
+   of every call's predicted time as ``flopscope.profile`` counts them, the bound the sum of their
+   roofline bounds.
+3. Measured: the median of ``--repeat`` plain runs (no profiler) by the calibration's clock
+   (``flopscope.estimate.calibrate.clock``: at 1 thread the thread's CPU time, what the core
+   spent whatever else the shared machine ran; at 2 threads the wall time), the wall time beside.
+4. Per family: the calls' predicted time summed per model and family against their time inside a
+   plain run (a dispatch mode reads the clock around each kernel: no profiler events).
+5. Host-bound checks: a 50-layer MLP of width 16 at batch 1 (host-bound), a 2048^3 product (not).
+6. The error bars (90th percentile over the models of |predicted / measured - 1|, per family of
+   the family's summed time, and ``total`` of the whole models) go into the profile.
 
-Measured: the median wall time of ``--repeat`` plain runs (no profiler: what the prediction is
-for); beside it the fastest of them and ``flopscope.profile``'s median wall time (the profiler
-adds its own time per event: several microseconds per operator call on this machine).
-
-torch runs 1 thread (``torch.set_num_threads(1)``); the machine is shared (2 cores, other jobs):
-the load average is recorded beside every model.
-
-    PYTHONPATH=src python -m benchmarks.prediction_validation [--repeat 5] [--quick]
+    PYTHONPATH=src:. python -m benchmarks.prediction_validation [--threads 1] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -256,8 +254,8 @@ def plot(runs: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
     rows = [(label, r) for label, data in runs for r in data["rows"]]
     values = [v for _, r in rows for v in (r["measured_s"] * 1e3, r["predicted_s"] * 1e3)]
     lo, hi = counted_vs_measured_axes(
-        ax, values, title="predicted vs measured, this machine, 1 thread (docs/prediction.md)",
-        xlabel="measured (median wall time of plain runs), ms",
+        ax, values, title="predicted vs measured, this machine (docs/prediction.md)",
+        xlabel="measured (median of plain runs: 1 thread CPU time, 2 threads wall), ms",
         ylabel="predicted (calibrated model), ms")
     band = runs[0][1]["summary"]["all models"]["p90_abs_error"]
     ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)],
@@ -285,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two small models only")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    parser.add_argument("--models", help="a comma-separated subset of the models (a shorter run)")
+    parser.add_argument("--recalibrate-every", type=int, default=6, metavar="N",
+                        help="recalibrate before every N torchvision models (and before the "
+                             "training steps): the load drifts; 0: never")
     parser.add_argument("--profile", default=str(RESULTS / "prediction_profile.json"))
     parser.add_argument("--output", default=str(RESULTS / "prediction_validation.json"))
     parser.add_argument("--tables", action="store_true",
@@ -294,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                              "repeat's, when there) and stop")
     opts = parser.parse_args(argv)
     if opts.plot:
-        runs = [("run", json.loads(Path(opts.output).read_text()))]
-        repeat = Path(opts.output).with_name(Path(opts.output).stem + "_repeat.json")
-        if repeat.exists():
-            runs.append(("repeat", json.loads(repeat.read_text())))
+        runs = [("1 thread", json.loads(Path(opts.output).read_text()))]
+        two = Path(opts.output).with_name(Path(opts.output).stem + "_2threads.json")
+        if two.exists():
+            runs.append(("2 threads", json.loads(two.read_text())))
         return 0 if plot(runs, Path(opts.plot)) else 1
     if opts.tables:
         print(tables(json.loads(Path(opts.output).read_text())))
@@ -318,16 +320,25 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
     names = ["resnet18", "mobilenet_v3_large"] if opts.quick else None
-    vision = [b for b in torchvision_benches(names)
-              if b.device == "cpu" or b.name in VISION]  # every one of <= 2 GMACs, and VISION
-    for bench in vision:
+    chosen = set(opts.models.split(",")) if opts.models else None
+    vision = [b for b in torchvision_benches(names)  # every one of <= 2 GMACs, and VISION
+              if (b.device == "cpu" or b.name in VISION) and (chosen is None or b.name in chosen)]
+    recalibrations = []
+    for i, bench in enumerate(vision):
+        if i and opts.recalibrate_every and i % opts.recalibrate_every == 0:
+            hw, again_s, _ = calibrated()  # calibration before each group, not tuning
+            recalibrations.append(again_s)
+            print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         torch.manual_seed(0)
         rows.append(one(bench.name, "forward (torchvision, batch 1)", bench.build(device),
                         bench.inputs(device), hw, opts.repeat, False))
     if not opts.quick:
         hw, again_s, _ = calibrated()  # recalibrated before the group: calibration, not tuning
+        recalibrations.append(again_s)
         print(f"recalibrated in {again_s:.0f} s", file=sys.stderr, flush=True)
         for bench in transformer_benches():
+            if chosen is not None and bench.name not in chosen:
+                continue
             torch.manual_seed(0)
             model = bench.build(device)
             rows.append(one(bench.name, "training step (AdamW, 128 tokens)", model,
@@ -343,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
            "clock": clock("cpu")[0], "calibration_s": calibration_s,
            "calibration_cpu_s": calibration_cpu_s, "calibrated": first.calibration.date,
+           "recalibrations_s": recalibrations,
            "cpu_count": os.cpu_count(), "repeat": opts.repeat,
            "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
                    "running: load average per model); measured = the median of plain runs by "

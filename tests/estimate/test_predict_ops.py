@@ -267,3 +267,16 @@ def test_batch_norm_in_training_takes_the_training_points() -> None:
             _, est = flopscope.estimate.roofline(bn, x, hardware=hw)
         # at distance 0 from its own mode's point: that point's rate, not the two's mean
         assert est.by_op[op].predicted_s == pytest.approx(1e-6 + nbytes / rate, rel=1e-9)
+
+
+def test_a_small_rotated_point_is_a_rate() -> None:
+    # a product's point timed in rotation: 1 us of host time, 0.5 us more (what a model's call
+    # pays with its code and weights evicted): under half its time, still its rate
+    pts = (Point("matmul", "fp32", "mm 8", 1024, 768, 1.5e-6, op="mm", reduction=8),)
+    hw = dataclasses.replace(FAST, calibration=Calibration(
+        "2026-11-26T00:00:00+00:00", "cpu (test)", 1, {}, {"matmul": 1e-6}, pts))
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    _, est = flopscope.estimate.roofline(Fn(lambda t: t @ b), a, hardware=hw)
+    # 1024 FLOPs at 1024 / 0.5e-6 FLOP/s (the same shape: distance 0) after 1 us of host time
+    assert est.total.predicted_s == pytest.approx(1e-6 + 0.5e-6, rel=1e-9)
+    assert est.total.uncalibrated_s == 0

@@ -1,37 +1,17 @@
 """A prediction of each call's time from a profile's calibration (:mod:`.calibration`), beside
-the roofline bound.
+the roofline bound (docs/prediction.md has the model, where its error came from, and its
+validation).
 
-The model, in full:
-
-- every call belongs to a family (:func:`family`): matrix products, convolutions, attention,
-  element-wise (copies included), reductions, normalisations, pooling, special functions, or
-  calls that move no byte (views);
-- its *work* is its FLOPs for the compute families (matrix products, convolutions, attention)
-  and its bytes (read plus written, as flopscope counts them) for the others;
-- each calibration point's *device time* is its measured time less the host time of an eager
-  call of its family (``host_s``); points where that is under a tenth of the measured time are
-  host time and are not used for rates;
-- the *attained rate* (work per second) of a call is interpolated from the points of its family
-  and dtype (a special function's own points first, then the family's): for the memory families
-  linearly in log(work) between the two points around it (the nearest point's rate beyond the
-  ends); for the compute families, whose rate depends on shape as well as size, by
-  inverse-distance weighting (power 2) of the four nearest points in (log work, log intensity),
-  intensity = FLOPs / bytes (a tall-skinny product or a depthwise convolution is near its own
-  kind, not near a square product of the same FLOPs); a point at distance 0 gives its own rate;
-- a call that writes into one of its inputs (no new output storage: ``add_``, ``copy_``, an
-  optimizer's updates) takes the family's in-place points where it has them: a large new output
-  costs the page faults of a fresh allocation (the CPU allocator returns large blocks to the
-  system), an in-place update does not;
-- device time = max(work / attained rate, the roofline bound): no prediction is below the
-  bound (the bound's memory term charges what misses the last-level cache at main-memory
-  bandwidth: the weights a model reads once);
-- **predicted time = host time of the family + device time**. On a CPU the host and the
-  device are one timeline, so they add; on a GPU (not calibrated yet) they would overlap;
-- a dtype without points uses the fp32 points; a family without points (or a call of no
-  family's points at all) is predicted at its roofline bound and counted as *uncalibrated*.
-
+Per call: its family (:func:`family`); its work (FLOPs for products, convolutions, attention and
+pooling, bytes for the rest); its attained rate interpolated among the points of its own ATen
+operator, else its family's (linearly in log work for the streaming families; by inverse-distance
+weighting in (log work, log intensity[, log reduction length]) for :data:`SHAPED_FAMILIES`);
+device time = max(work / rate, the roofline bound); host time = its operator's tiny call's, grown
+with the bytes moved since the operator's last call for the loop-timed families;
+predicted = host + device (one timeline on a CPU; on a GPU the step overlaps them,
+:func:`overlapped`). A family without points is predicted at its bound (*uncalibrated*).
 Nothing is fitted to a model under validation: the points are microbenchmarks
-(:func:`flopscope.estimate.calibrate.calibrate`).
+(:mod:`flopscope.estimate.workloads`).
 """
 
 from __future__ import annotations
@@ -273,7 +253,10 @@ class Predictor:
             # CUDA events time the device per call (the host where it is slower: not a rate);
             # on a CPU the host's time is inside the point's (one timeline)
             device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
-            if p.family == "view" or work <= 0 or device < HOST_DOMINATED * p.seconds:
+            # a point timed in rotation holds what a model's call pays besides its host time
+            # in a loop (its code, descriptors and weights evicted): a rate even when small
+            floor = 0.0 if p.family in ROTATED_FAMILIES and not cuda else HOST_DOMINATED
+            if p.family == "view" or work <= 0 or device <= 0 or device < floor * p.seconds:
                 continue
             point = (_coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
                      math.log10(work / device))

@@ -14,7 +14,9 @@ product) is also timed in batches of many calls for the operator's host time
   many rows and few columns; weights of 48-64 MiB (M = 1-128); ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16
   squares;
 - **conv** (batch 1): dense 3x3 and 1x1 over 16-512 channels and 7-112 pixels, 1x1 of few
-  channels over many pixels, grouped and depthwise 3x3/5x5/7x7, strided 3x3 and 7x7;
+  channels over many pixels, strided 3x3 and 7x7; grouped 3x3 (group widths 8, 16, 32) and
+  depthwise 3x3/5x5/7x7 over 32 channels of 112 pixels to 1024 of 7, some at stride 2; 1x1
+  over one pixel (squeeze-and-excitation), 3x3 over 2-4 pixels;
 - **element-wise** over 2^10-2^24 fp32 elements (L1-resident to streaming from memory): binary
   (``add``, ``mul``, ``div``, a scalar ``mul``), unary (``relu``, ``sqrt``, ``hardswish``,
   ``hardsigmoid``, a copy), backward (``threshold_backward``, ``gelu_backward``,
@@ -180,7 +182,17 @@ _CONV = ([(c, c, s, 3, 1, 1) for c, s in ((16, 64), (64, 32), (64, 56), (128, 16
                                                (128, 32, 7), (96, 56, 5))]
          + [(c, c, s, 3, 2, c) for c, s in ((96, 112), (232, 28))]
          + [(c, c, s, 3, 1, c // 8) for c, s in ((64, 56), (224, 28))]
-         + [(3, 32, 128, 7, 2, 1), (3, 64, 224, 7, 2, 1), (64, 128, 32, 3, 2, 1)])
+         + [(3, 32, 128, 7, 2, 1), (3, 64, 224, 7, 2, 1), (64, 128, 32, 3, 2, 1)]
+         # grouped and depthwise over the usual (channels, pixels) pairs: group widths 1
+         # (depthwise), 8, 16, 32; 3x3 at stride 1, some at stride 2, depthwise 5x5
+         + [(c, c, s, 3, 1, c // w) for c, s in ((32, 112), (64, 56), (256, 28), (512, 14),
+                                                 (1024, 7)) for w in (1, 8, 16, 32) if w < c]
+         + [(c, c, s, 3, 2, c // w) for c, s in ((64, 56), (256, 28)) for w in (1, 16)]
+         + [(c, c, s, 5, 1, c) for c, s in ((64, 56), (256, 28), (1024, 7))]
+         # 1x1 over one pixel (a squeeze-and-excitation block's pair), few pixels
+         + [(c, c // 4, 1, 1, 1, 1) for c in (64, 256, 1024)]
+         + [(c // 4, c, 1, 1, 1, 1) for c in (64, 256, 1024)]
+         + [(64, 64, 4, 3, 1, 1), (256, 256, 2, 3, 1, 1)])
 
 
 def _matmul(device: str) -> list[Workload]:
