@@ -38,8 +38,8 @@ from torch.optim.optimizer import (
 from torch.utils._pytree import tree_iter
 
 from flopscope.core.ledger import Sums
-from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.model_index import model_tables
+from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.params import ParamStats, param_table
 from flopscope.cost import Phase
 from flopscope.rules.costed import Costed
