@@ -57,7 +57,7 @@ def _global_hooks() -> list[object]:
 
     # global hooks, and how every module is called (flopscope.core.module_calls replaces it while
     # a Counter is active)
-    return [len(m._global_forward_hooks), len(m._global_forward_pre_hooks), nn.Module.__call__]
+    return [len(m._global_forward_hooks), len(m._global_forward_pre_hooks), nn.Module._call_impl]
 
 
 def _assert_same(before: dict[str, object], model: nn.Module) -> None:
