@@ -9,8 +9,11 @@ Parts (seconds per step, on the layout's slowest stage):
 - **tensor-parallel communication**: every all-reduce exposed (it sits between two products);
 - **FSDP communication**: the parameters' all-gathers and the gradients' reduce-scatters run
   beside compute, prefetched; only the first all-gather of a step is exposed, and whatever the
-  rest needs beyond the compute time;
+  rest needs beyond the compute time; DDP's gradient all-reduces (a vision model's
+  ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed;
 - **pipeline point-to-point**: activations and gradients between stages, exposed;
+- **expert all-to-alls** (expert parallelism): the tokens' dispatch to their experts' ranks and
+  the results' return, exposed;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`).
 
@@ -35,11 +38,13 @@ from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
-__all__ = ["PART_NAMES", "Links", "StepTime", "compare", "describe", "one_f_one_b", "step_time"]
+__all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe", "one_f_one_b",
+           "serve_step_time", "step_time"]
 
 _TP_KINDS = ("all_reduce",)
 _FSDP_KINDS = ("all_gather", "reduce_scatter")
 _P2P_KINDS = ("send", "recv")
+_EP_KINDS = ("all_to_all",)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class StepTime:
         p2p: pipeline sends and receives (exposed).
         bubble: pipeline idle time.
         total: the step.
+        ep_comm: expert parallelism's all-to-alls (dispatch and combine; exposed).
     """
 
     forward: float
@@ -115,6 +121,7 @@ class StepTime:
     p2p: float
     bubble: float
     total: float
+    ep_comm: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """A JSON-ready dict (seconds)."""
@@ -163,6 +170,7 @@ class _Stage:
     fsdp_first: float
     fsdp_rest: float
     p2p: float
+    ep_comm: float = 0.0
 
     @property
     def tp_comm(self) -> float:
@@ -170,7 +178,7 @@ class _Stage:
 
     @property
     def busy(self) -> float:
-        return self.forward + self.backward + self.recompute + self.tp_comm
+        return self.forward + self.backward + self.recompute + self.tp_comm + self.ep_comm
 
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
@@ -181,12 +189,17 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
         row = phases.get(name)
         return row.time_s if row is not None else 0.0
 
-    tp = [c for c in comm if c.kind in _TP_KINDS]
-    fsdp = [c for c in comm if c.kind in _FSDP_KINDS]
+    # DDP's all-reduces are the gradients' (overlapped with backward like FSDP2's
+    # reduce-scatters), tensor parallelism's sit between two products
+    ddp = choice.data_parallel == "ddp"
+    tp = [] if ddp else [c for c in comm if c.kind in _TP_KINDS]
+    fsdp = [c for c in comm if c.kind in _FSDP_KINDS or (ddp and c.kind in _TP_KINDS)]
     p2p = [c for c in comm if c.kind in _P2P_KINDS]
     span = choice.tp * choice.dp
     fsdp_total = links.seconds(fsdp, span)
-    gathers = [c for c in fsdp if c.kind == "all_gather" and c.phase is Phase.FORWARD]
+    # exposed at least: FSDP2's first gather (nothing to hide it behind), DDP's last bucket
+    gathers = [c for c in fsdp if (c.kind == "all_gather" and c.phase is Phase.FORWARD)
+               or (ddp and c.kind in _TP_KINDS)]
     first = (links.seconds([gathers[0]], span) / gathers[0].calls) if gathers else 0.0
     return _Stage(
         forward=phase(Phase.FORWARD.value) * scale,
@@ -198,6 +211,9 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
         fsdp_first=first,
         fsdp_rest=fsdp_total * scale - first,
         p2p=links.seconds(p2p, choice.gpus) * scale,
+        # the dispatch and combine sit between the router and the experts: exposed; an
+        # expert group is ep neighbouring ranks
+        ep_comm=links.seconds([c for c in comm if c.kind in _EP_KINDS], choice.ep) * scale,
     )
 
 
@@ -235,7 +251,59 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
     p2p = max(s.p2p for s in stages)
     total = span + exposed + p2p
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
-                    max(0.0, hidden), p2p, span - slow.busy, total)
+                    max(0.0, hidden), p2p, span - slow.busy, total, slow.ep_comm)
+
+
+@dataclass(frozen=True)
+class ServeTime:
+    """One forward of a decode loop (a prefill or a decode step) on a serving layout, seconds,
+    as :func:`step_time` sees a training step: a lower bound.
+
+    Attributes:
+        compute: the roofline time of the tensor-parallel rank's calls, every stage's layers in
+            turn (a batch passes the stages one after the other).
+        tp_comm: the tensor-parallel all-reduces (exposed: each sits between two products).
+        p2p: the hidden states handed from stage to stage (``pp - 1`` sends, exposed).
+        total: the step.
+    """
+
+    compute: float
+    tp_comm: float
+    p2p: float
+    total: float
+
+    def to_dict(self) -> dict[str, float]:
+        """A JSON-ready dict (seconds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @staticmethod
+    def mean(a: ServeTime, b: ServeTime) -> ServeTime:
+        """The part-by-part mean of two steps (a decode step's time is linear in its context,
+        so the first and last steps' mean is the mean over the loop)."""
+        return ServeTime(*((getattr(a, f.name) + getattr(b, f.name)) / 2 for f in fields(a)))
+
+
+def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
+                    tp: int, pp: int, links: Links) -> ServeTime:
+    """The time of one forward of a decode loop on ``tp`` x ``pp`` devices: the sibling of
+    :func:`step_time` for serving, the same parts and link model.
+
+    Args:
+        compute: the roofline time of the step's calls on one tensor-parallel rank (all layers).
+        communication: the step's collectives on that rank (tensor-parallel all-reduces).
+        boundary_bytes: what one stage hands the next (a decoder layer's output).
+        tp: tensor-parallel degree.
+        pp: pipeline stages.
+        links: the collectives' links.
+
+    Returns:
+        The :class:`ServeTime`.
+    """
+    tp_comm = links.seconds([c for c in communication if c.kind in _TP_KINDS], tp)
+    sends = pp - 1
+    p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
+                                    boundary_bytes * sends)], tp * pp) if sends else 0.0
+    return ServeTime(compute, tp_comm, p2p, compute + tp_comm + p2p)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them
@@ -243,7 +311,8 @@ PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
               "recompute": "recomputation (checkpointing)",
               "tp_comm": "tensor-parallel all-reduces",
               "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
-              "p2p": "pipeline sends/receives", "bubble": "pipeline bubble"}
+              "p2p": "pipeline sends/receives", "bubble": "pipeline bubble",
+              "ep_comm": "expert all-to-alls"}
 
 
 def describe(time: StepTime) -> list[tuple[str, float, float]]:
