@@ -1,4 +1,4 @@
-"""flopscope.plan.sweep / flopscope plan with several points, --jobs and --ray: rank roles
+"""flopscope.plan's sweep / flopscope plan with several points, --jobs and --ray: rank roles
 simulated in worker processes or as Ray tasks, plans streamed as they complete (issue 31)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
 from flopscope.plan import Plan
 from flopscope.plan.roles import clear_cache
-from flopscope.plan.sweep import SweepRow, role_tasks, sweep
+from flopscope.plan.sweeps import SweepRow, role_tasks, sweep
 from flopscope.plan.workers import RoleTask, results
 
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
@@ -96,6 +96,9 @@ def test_ray_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_failing_point_is_a_row_with_its_error() -> None:
     # 3 GPUs divide neither the 8 heads nor a batch of 2
+    from flopscope.plan import sweep as exported
+
+    assert exported is sweep  # the package's name for it
     rows = list(sweep(["hf:llama"], gpus=[3], seq_lens=[64], **OPTIONS))
     assert rows == [SweepRow("hf:llama", 3, 64, None, rows[0].error)]
     assert rows[0].error is not None and "no layout of 3 devices" in rows[0].error

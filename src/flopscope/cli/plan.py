@@ -192,7 +192,7 @@ def _sweep(args: argparse.Namespace, sources: list[str], seq_lens: list[int | No
 
     from flopscope.cli import progress
     from flopscope.plan.display import sweep_header, sweep_line
-    from flopscope.plan.sweep import sweep
+    from flopscope.plan.sweeps import sweep
     from flopscope.zoo import default_jobs
 
     jobs = args.jobs or (default_jobs() if args.ray is not None else 1)

@@ -8,7 +8,10 @@ each layout its per-device peak memory, step time (:mod:`flopscope.plan.timing`)
 second per device and MFU; layouts that do not fit are dropped with the reason, the rest ranked
 (:mod:`flopscope.plan.planner`). ``mode="serve"`` plans serving instead: prefill and decode step
 times, weights and KV-cache memory, the largest batch that fits, tokens/s and latency per token
-(:mod:`flopscope.plan.serve`). See ``docs/plan.md``.
+(:mod:`flopscope.plan.serve`). ``sweep(...)`` (``from flopscope.plan import sweep``) plans many
+models x device counts x sequence lengths, the roles simulated in worker processes or on Ray
+(:mod:`flopscope.plan.sweeps`).
+See ``docs/plan.md``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any
 from flopscope.plan.planner import Candidate, Plan, plan
 from flopscope.plan.serve import ServeCandidate, ServeLayout, ServePlan
 from flopscope.plan.space import Choice, enumerate_layouts, parse_bytes
+from flopscope.plan.sweeps import SweepRow, sweep
 from flopscope.plan.timing import StepTime, step_time
 
 __all__ = ["Candidate", "Choice", "Plan", "ServeCandidate", "ServeLayout", "ServePlan", "StepTime",
-           "enumerate_layouts", "parse_bytes", "plan", "step_time"]
+           "SweepRow", "enumerate_layouts", "parse_bytes", "plan", "step_time", "sweep"]
 
 
 class _CallablePackage(types.ModuleType):

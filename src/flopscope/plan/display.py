@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from flopscope.plan.planner import Candidate, Plan
 from flopscope.plan.serve import ServeCandidate, ServePlan
-from flopscope.plan.sweep import SweepRow
+from flopscope.plan.sweeps import SweepRow
 from flopscope.plan.timing import compare, describe
 from flopscope.render.units import human_bytes
 

@@ -1,9 +1,9 @@
 """Capacity planning: many plans from one call, their role simulations spread over worker
 processes or a Ray cluster.
 
-``flopscope.plan.sweep(["hf:llama", ...], gpus=[8, 64], seq_lens=[2048, 4096], ...)`` (and
-``flopscope plan SOURCE[,SOURCE...] --gpus 8,64 --seq-len 2048,4096 [--jobs N | --ray
-[ADDRESS]]``) plans every model x device count x sequence length. Every plan's roles are listed
+``sweep(["hf:llama", ...], gpus=[8, 64], seq_lens=[2048, 4096], ...)`` (``from flopscope.plan
+import sweep``; and ``flopscope plan SOURCE[,SOURCE...] --gpus 8,64 --seq-len 2048,4096
+[--jobs N | --ray [ADDRESS]]``) plans every model x device count x sequence length. Every plan's roles are listed
 first (:func:`role_tasks`: the same layouts and roles :func:`flopscope.plan.plan` will ask for),
 the distinct ones run as tasks (:func:`flopscope.plan.workers.results`), and each plan is made,
 in this process from the cached roles, as soon as the last of its roles is in: rows stream out
