@@ -14,6 +14,7 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.plan import ServePlan
+from flopscope.plan.display import seconds
 from flopscope.plan.serve import ServeCandidate, serve_layouts
 from flopscope.plan.space import ModelShape
 from flopscope.render.units import human_bytes
@@ -166,6 +167,13 @@ def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
     best = served.best_throughput
     assert best is not None and f"Best for throughput: {best.label}:" in out
     assert "Best for latency: " in out
+    # why it wins: the best row of another layout, its sequences in flight and request time
+    rival = next(c for c in served.ranked if c.layout.label == "TP2 PP1 DP1")
+    request = rival.prefill.total + (NEW - 1) * rival.decode.total
+    why = out.split("Why it wins")[1]
+    assert f"  {rival.label}: {rival.tokens_per_s:,.0f} tokens/s (" in why
+    assert f"{rival.batch:,} sequences in flight" in why  # one replica
+    assert f"a request {seconds(request)}" in why
     assert main([*argv, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "serve" and data["max_new_tokens"] == NEW

@@ -147,6 +147,39 @@ def _serve_best(title: str, c: ServeCandidate) -> list[str]:
             f"  a decode step: {said}"]
 
 
+def _request(c: ServeCandidate, new_tokens: int) -> float:
+    """One batch of requests from prompt to last token: the prefill and the decode steps."""
+    return c.prefill.total + (new_tokens - 1) * c.decode.total
+
+
+def _serve_why(plan: ServePlan) -> list[str]:
+    """Why the best layout for throughput wins: against the best row of each other layout,
+    tokens/s = sequences in flight (replicas x batch) x new tokens / a request's time, so
+    either it keeps more sequences in flight or it finishes them sooner."""
+    best = plan.best_throughput
+    if best is None:
+        return []
+    rivals: list[ServeCandidate] = []
+    seen = {best.layout}
+    for c in plan.ranked:
+        if c.layout not in seen:
+            rivals.append(c)
+            seen.add(c.layout)
+    if not rivals:
+        return []
+    flight = best.layout.replicas * best.batch
+    request = _request(best, plan.new_tokens)
+    out = ["", "Why it wins (tokens/s = sequences in flight x new tokens / a request's time; "
+               "the best of each other layout):"]
+    for c in rivals[:4]:
+        theirs, took = c.layout.replicas * c.batch, _request(c, plan.new_tokens)
+        out.append(f"  {c.label}: {c.tokens_per_s:,.0f} tokens/s "
+                   f"({c.tokens_per_s / best.tokens_per_s - 1:+.0%}): {theirs:,} sequences in "
+                   f"flight ({theirs / flight - 1:+.0%}), a request {seconds(took)} "
+                   f"({took / request - 1:+.0%})")
+    return out
+
+
 def serve_text(plan: ServePlan, top: int = 10) -> str:
     """A serving plan as text.
 
@@ -179,6 +212,7 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
             lines += _serve_best("Best for throughput", plan.best_throughput)
         if plan.best_latency is not None:
             lines += _serve_best("Best for latency", plan.best_latency)
+        lines += _serve_why(plan)
     else:
         lines.append("No layout fits the memory budget with one sequence.")
     if plan.dropped:
