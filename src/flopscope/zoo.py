@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from flopscope._text import one_line
 
 __all__ = ["HF_ZOO", "LIBRARIES", "TIMM_ZOO", "ZooRow", "count_model", "default_jobs", "sweep",
-           "zoo_models"]
+           "worker_init", "zoo_models"]
 
 LIBRARIES = ("torchvision", "timm", "hf")
 
@@ -161,8 +161,9 @@ def _count_task(task: _Task) -> ZooRow:
     return count_model(library, name, batch=batch, seq_len=seq_len)
 
 
-def _worker_init() -> None:
-    """A sweep worker: Ctrl-C is the parent's to handle (it stops the workers), one thread."""
+def worker_init() -> None:
+    """A sweep worker's start (this sweep's and ``flopscope plan --jobs``'s): Ctrl-C is the
+    parent's to handle (it stops the workers), one thread."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
@@ -180,7 +181,7 @@ def _parallel(tasks: list[_Task], jobs: int,
     todo = list(reversed(tasks))
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch threads
     while todo:
-        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init)
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_init)
         running: dict[Future[ZooRow], _Task] = {}
         try:
             while todo or running:

@@ -172,7 +172,8 @@ def test_cli_json(capsys: pytest.CaptureFixture[str], two_gpus: Plan) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["torchvision:resnet18", "--gpus", "2"], "plan takes a transformers decoder"),
+    (["mypackage.models:build", "--gpus", "2"],
+     "plan takes a transformers decoder (hf:llama, hf:ORG/NAME) or a torchvision/timm model"),
     (["hf:llama", "--gpus", "2", "--hardware", "l4"], "has no link bandwidths"),
     (["hf:llama", "--gpus", "2", "--memory-budget", "lots"], "is not a memory size"),
     (["hf:llama", "--gpus", "2", "--checkpointing", "all"], "--checkpointing 'all'"),
@@ -219,7 +220,7 @@ def test_choice_label() -> None:
 def test_cli_refuses_batch(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "hf:llama", "--gpus", "2", "--batch", "4"])
     assert code == 2
-    assert "--batch does not apply to plan" in capsys.readouterr().err
+    assert "--batch does not apply to a training plan" in capsys.readouterr().err
 
 
 def test_middle_stages_of_equal_layers_share_a_role() -> None:

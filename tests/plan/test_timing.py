@@ -12,7 +12,6 @@ import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.comm_time import Links, comm_time
-from flopscope.plan.planner import build_model
 from flopscope.plan.roles import clear_cache
 
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=128, intermediate_size=256,

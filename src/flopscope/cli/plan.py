@@ -1,5 +1,6 @@
 """``flopscope plan SOURCE --gpus N --hardware NAME``: which layout to train with on N devices,
-and what MFU to expect (:mod:`flopscope.plan`)."""
+and what MFU to expect; with ``--serve``, which layout to serve with, its tokens/s and latency
+(:mod:`flopscope.plan`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import memory_size, positive_int
+from flopscope.cli.types import memory_size, positive_int, positive_int_list
 
 __all__ = ["add_subcommands", "run_plan"]
 
@@ -28,15 +29,36 @@ def add_subcommands(subparsers: Any) -> None:
         subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
     """
     p = subparsers.add_parser(
-        "plan", help="which layout to train a model with on N GPUs, and its MFU",
+        "plan", help="which layout to train (or serve) a model with on N GPUs",
+        conflict_handler="resolve",  # --batch: a list of sizes here
         description="Enumerate the tensor x pipeline x FSDP layouts, micro-batches and "
                     "activation checkpointing of a training step on N devices; per layout the "
                     "per-device peak memory, step time, tokens/s per device and MFU, from each "
                     "rank role simulated once (shape-only, fake process group). Layouts that do "
-                    "not fit are dropped with the reason.")
+                    "not fit are dropped with the reason. With --serve: tensor x pipeline "
+                    "layouts and replicas of a decode loop, prefill and decode step times, "
+                    "weights and KV cache per device, the largest batch that fits, tokens/s "
+                    "and latency per token.")
     add_source_options(p, dtype_default="bfloat16",
-                       source_help="a transformers decoder: hf:llama, hf:ORG/NAME (config only)")
-    p.add_argument("--gpus", type=positive_int, required=True, metavar="N", help="devices")
+                       source_help="a transformers decoder (hf:llama, hf:ORG/NAME: config "
+                                   "only) or a torchvision/timm model (data parallel only); "
+                                   "several, comma-separated, for a sweep")
+    p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
+                   help="--serve: batch sizes per replica to evaluate besides the largest "
+                        "that fits (default 1); a training plan takes --global-batch")
+    p.add_argument("--seq-len", type=positive_int_list, metavar="N[,N...]",
+                   help="tokens per sequence (the prompt with --serve; default: the "
+                        "source's, 128); several for a sweep")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="mode", action="store_const", const="train",
+                      help="plan a training step (the default)")
+    mode.add_argument("--serve", dest="mode", action="store_const", const="serve",
+                      help="plan serving: prefill and decode with a KV cache")
+    p.set_defaults(mode="train")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="T",
+                   help="--serve: tokens generated per sequence (default 128)")
+    p.add_argument("--gpus", type=positive_int_list, required=True, metavar="N[,N...]",
+                   help="devices; several for a sweep")
     p.add_argument("--hardware", default="h100-sxm", metavar="NAME",
                    help="device profile with link figures (default h100-sxm)")
     p.add_argument("--gpus-per-node", type=positive_int, default=8, metavar="N",
@@ -47,15 +69,29 @@ def add_subcommands(subparsers: Any) -> None:
                    help="memory per device, e.g. 80GiB (default: the profile's capacity)")
     p.add_argument("--checkpointing", default="none,block", metavar="none,block",
                    help="activation checkpointing choices to try (default none,block)")
+    p.add_argument("--tp", type=positive_int, metavar="N",
+                   help="only layouts of this tensor-parallel degree (default: every one)")
+    p.add_argument("--pp", type=positive_int, metavar="N",
+                   help="only layouts of this many pipeline stages (default: every one)")
+    p.add_argument("--ep", type=positive_int, metavar="N",
+                   help="only layouts of this expert-parallel degree (a mixture of experts; "
+                        "1: none; default: every one that divides the experts)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="layouts the table lists, fitting and dropped (default 10; JSON has all)")
+    p.add_argument("--jobs", "-j", type=positive_int, metavar="N",
+                   help="simulate the rank roles in N local worker processes (default: in this "
+                        "process); with --ray alone, the local Ray cluster's CPUs")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="simulate each rank role as a Ray task: on the cluster at ADDRESS "
+                        "(auto, HOST:6379, ray://HOST:10001) or, without one, on a local "
+                        "cluster started for the run (pip install 'flopscope[ray]')")
     add_format(p, choices=("table", "json", "html"))
     add_output(p)
     p.set_defaults(func=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """``flopscope plan``: check the options, plan, write the table or JSON.
+    """``flopscope plan``: check the options, plan (or sweep), write the table or JSON.
 
     Args:
         args: the parsed arguments.
@@ -66,44 +102,147 @@ def run_plan(args: argparse.Namespace) -> int:
     Raises:
         UsageError: a bad option (exit 2).
     """
-    from flopscope import sources
-    from flopscope.cli import progress
+    from flopscope import sources as source_forms
     from flopscope.estimate import get_hardware
-    from flopscope.plan import plan
-    from flopscope.plan.display import plan_html, plan_text
-    from flopscope.plan.planner import Plan
-    from flopscope.plan.space import CHECKPOINTING
     from flopscope.plan.timing import Links
-    from flopscope.render.html import render_plan_html
 
     check_page_output(args.format, args.output)
-    if not args.source.startswith("hf:"):
-        raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:ORG/NAME), not "
-                          f"{args.source!r}: this version plans decoders only")
-    if args.input or args.batch is not None:
-        raise usage_error(f"{'--input' if args.input else '--batch'} does not apply to plan: "
-                          "it takes the model's token ids; give --global-batch (sequences per "
-                          "step) and --seq-len, and plan chooses the micro-batch")
+    sources = [s.strip() for s in args.source.split(",") if s.strip()]
+    options = _check(args, sources)
+    hardware = get_hardware(args.hardware)
+    for gpus in args.gpus:  # a profile without the link figures it needs fails here
+        Links.of(hardware, args.gpus_per_node, gpus)
+    options["config"] = source_forms.parse_config(args.config, what="--config")
+    seq_lens: list[int | None] = list(args.seq_len or [None])
+    points = len(sources) * len(args.gpus) * len(seq_lens)
+    if points == 1 and args.jobs is None and args.ray is None:
+        return _one(args, sources[0], args.gpus[0], seq_lens[0], hardware, options)
+    return _sweep(args, sources, seq_lens, hardware, options, points)
+
+
+def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
+    """Refuse options that do not go together (exit 2); the plan's options."""
+    from flopscope.plan.space import CHECKPOINTING
+
+    serve = args.mode == "serve"
+    if not sources:
+        raise usage_error("plan needs a SOURCE")
+    for source in sources:
+        if not source.startswith(("hf:", "torchvision:", "timm:")):
+            raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:ORG/NAME) or a "
+                              f"torchvision/timm model (data parallel only), not {source!r}")
+        if not source.startswith("hf:") and serve:
+            raise usage_error(f"--serve plans a transformers decoder's generation, not "
+                              f"{source!r}: plan a vision model for training (data parallel)")
+    if args.input or (args.batch is not None and not serve):
+        raise usage_error(f"{'--input' if args.input else '--batch'} does not apply to a "
+                          "training plan: it takes the model's token ids; give --global-batch "
+                          "(sequences per step) and --seq-len, and plan chooses the micro-batch "
+                          "(--batch is for --serve)")
+    if serve and (args.global_batch is not None or args.checkpointing != "none,block"):
+        given = "--global-batch" if args.global_batch is not None else "--checkpointing"
+        raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
+                          "(sizes per replica) and --max-new-tokens")
+    if not serve and args.max_new_tokens is not None:
+        raise usage_error("--max-new-tokens applies to --serve only")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
     bad = [c for c in choices if c not in CHECKPOINTING]
     if bad or not choices:
         raise usage_error(f"--checkpointing {args.checkpointing!r}: use none, block or "
                           "none,block")
-    hardware = get_hardware(args.hardware)
-    Links.of(hardware, args.gpus_per_node, args.gpus)  # a profile without link figures fails here
-    config = sources.parse_config(args.config, what="--config")
-    with progress.shown():
-        progress.say(f"planning {args.source} on {args.gpus} GPUs")
-        result = plan(args.source, gpus=args.gpus, hardware=hardware,
-                      gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
-                      seq_len=args.seq_len, memory_budget=args.memory_budget, dtype=args.dtype,
-                      config=config, checkpointing=choices)
-    if args.format == "json":
-        text = json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
-    elif args.format == "html":  # every layout; a training plan with its table's words
-        text = (plan_html(result) if isinstance(result, Plan)
-                else render_plan_html(result.to_dict()))
+    options: dict[str, Any] = dict(gpus_per_node=args.gpus_per_node,
+                                   memory_budget=args.memory_budget, dtype=args.dtype,
+                                   tp=args.tp, pp=args.pp, ep=args.ep)
+    if serve:
+        options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch)
     else:
-        text = plan_text(result, top=args.top)
-    write_output(text, args.output)
+        options.update(global_batch=args.global_batch,
+                       checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
+                                      else tuple(choices)))
+    return options
+
+
+def _one(args: argparse.Namespace, source: str, gpus: int, seq_len: int | None,
+         hardware: Any, options: dict[str, Any]) -> int:
+    """One plan, in this process: its table or JSON."""
+    from flopscope.cli import progress
+    from flopscope.plan import plan
+
+    with progress.shown():
+        progress.say(f"planning {'serving ' if args.mode == 'serve' else ''}{source} on "
+                     f"{gpus} GPUs")
+        result = plan(source, gpus=gpus, hardware=hardware, seq_len=seq_len, **options)
+    write_output(_plan_text(args, result), args.output)
+    return EXIT_OK
+
+
+def _plan_text(args: argparse.Namespace, result: Any) -> str:
+    from flopscope.plan.display import plan_html, plan_text, serve_text
+    from flopscope.plan.planner import Plan
+    from flopscope.plan.serve import ServePlan
+    from flopscope.render.html import render_plan_html
+
+    if args.format == "json":
+        return json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
+    if args.format == "html":  # every layout; a training plan with its table's words
+        return (plan_html(result) if isinstance(result, Plan)
+                else render_plan_html(result.to_dict()))
+    if isinstance(result, ServePlan):
+        return serve_text(result, top=args.top)
+    return plan_text(result, top=args.top)
+
+
+def _sweep(args: argparse.Namespace, sources: list[str], seq_lens: list[int | None],
+           hardware: Any, options: dict[str, Any], points: int) -> int:
+    """Several plans (or one with workers): roles in worker processes or on Ray; the rows
+    stream into the table as plans complete."""
+    import sys
+
+    from flopscope.cli import progress
+    from flopscope.plan.display import sweep_header, sweep_line
+    from flopscope.plan.sweeps import sweep
+    from flopscope.zoo import default_jobs
+
+    jobs = args.jobs or (default_jobs() if args.ray is not None else 1)
+    streaming = args.format == "table" and args.output in (None, "-") and points > 1
+    lines: list[str] = []
+    rows = []
+
+    def emit(line: str) -> None:
+        if streaming:
+            progress.stop()
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        else:
+            lines.append(line)
+
+    def on_task(task: Any, done: int, total: int) -> None:
+        progress.say(f"{done}/{total} rank roles simulated: {task.label}")
+
+    with progress.shown():
+        progress.say(f"planning {points} point(s): listing their rank roles")
+        if points > 1 and args.format == "table":
+            for line in sweep_header(args.mode):
+                emit(line)
+        for row in sweep(sources, gpus=args.gpus, seq_lens=seq_lens, hardware=hardware,
+                         jobs=jobs, ray=args.ray, on_task=on_task, **options):
+            rows.append(row)
+            if points > 1 and args.format == "table":
+                emit(sweep_line(row))
+    if args.format == "json":
+        data: Any = [r.to_dict() for r in rows] if points > 1 else (
+            rows[0].plan.to_dict() if rows[0].plan is not None else None)
+        if data is None:
+            raise usage_error(rows[0].error or "the plan failed")
+        write_output(json.dumps(data, indent=2) + "\n", args.output)
+    elif args.format == "html" and points > 1:  # the sweep's points, a click draws one plan
+        from flopscope.render.html import render_plan_html
+
+        write_output(render_plan_html([r.to_dict() for r in rows]), args.output)
+    elif points == 1:
+        if rows[0].plan is None:
+            raise usage_error(rows[0].error or "the plan failed")
+        write_output(_plan_text(args, rows[0].plan), args.output)
+    elif not streaming:
+        write_output("\n".join(lines) + "\n", args.output)
     return EXIT_OK

@@ -46,6 +46,25 @@ def positive_int(text: str) -> int:
     return _whole_number(text, 1)
 
 
+def positive_int_list(text: str) -> list[int]:
+    """Argument type: comma-separated whole numbers, each at least 1 (``--batch 1,8,64``).
+
+    Args:
+        text: the user's string.
+
+    Returns:
+        The numbers, in the order given.
+
+    Raises:
+        argparse.ArgumentTypeError: a part that is not a whole number >= 1, or none at all.
+    """
+    values = [positive_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got "
+                                         f"{text!r}")
+    return values
+
+
 def non_negative_int(text: str) -> int:
     """Argument type: a whole number, 0 or more, at most 2^63 - 1 (``--depth``).
 

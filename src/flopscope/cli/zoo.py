@@ -21,7 +21,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import positive_int
+from flopscope.cli.types import positive_int, positive_int_list
 from flopscope.zoo import LIBRARIES, ZooRow, default_jobs, sweep, zoo_models
 
 __all__ = ["add_subcommands", "run_zoo", "zoo_table"]
@@ -45,18 +45,13 @@ def add_subcommands(subparsers: Any) -> None:
     zoo.add_argument("--jobs", "-j", type=positive_int, default=None, metavar="N",
                      help="worker processes, each counting one model at a time on one thread "
                           "(default: one per core)")
-    zoo.add_argument("--batch", type=_int_list, default=None, metavar="N[,N...]",
+    zoo.add_argument("--batch", type=positive_int_list, default=None, metavar="N[,N...]",
                      help="batch sizes to count every model at, e.g. 1,8,64")
-    zoo.add_argument("--seq-len", type=_int_list, default=None, metavar="N[,N...]",
+    zoo.add_argument("--seq-len", type=positive_int_list, default=None, metavar="N[,N...]",
                      help="sequence lengths to count every hf model at, e.g. 128,2048,32768")
     add_format(zoo, choices=("markdown", "csv", "html"), default="markdown")
     add_output(zoo)
     zoo.set_defaults(func=run_zoo)
-
-
-def _int_list(text: str) -> list[int]:
-    """Argument type: comma-separated whole numbers, each at least 1."""
-    return [positive_int(part) for part in text.split(",") if part.strip()]
 
 
 def zoo_table(rows: Sequence[ZooRow], fmt: str, library: str, *, times: bool = True) -> str:

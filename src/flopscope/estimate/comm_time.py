@@ -25,7 +25,10 @@ whole layout.
   the all-gather of the next layer is prefetched while this one computes, the gradients'
   reduce-scatters run while backward goes on. Exposed: the step's first all-gather (nothing to
   hide it behind) and whatever the rest need beyond the compute and blocking time they run
-  beside: ``first + max(0, rest - busy)``.
+  beside: ``first + max(0, rest - busy)``;
+- **DDP's gradient all-reduces** (``ddp=True``: a data-parallel layout that replicates the
+  model) the same way, overlapped with backward bucket by bucket; one bucket (the first
+  all-reduce call) is exposed.
 
 Sequence parallelism's all-gathers and reduce-scatters are blocking in a real job but are taken
 as FSDP2's here (the records carry kind and group size, not which parallelism issued them).
@@ -188,7 +191,7 @@ class CommTime:
 
 
 def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: int = 1,
-              gpus: int | None = None, scale: float = 1.0) -> CommTime:
+              gpus: int | None = None, scale: float = 1.0, ddp: bool = False) -> CommTime:
     """Sort a rank's collectives by the overlap rules and time them (module docstring).
 
     Args:
@@ -199,6 +202,8 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
         gpus: ranks in the job (a pipeline group's span; default ``tp x dp``).
         scale: the step's microbatches over the simulated ones (every time but the first
             all-gather is per microbatch).
+        ddp: the all-reduces are DDP's gradient buckets (overlapped, one bucket exposed), not
+            tensor parallelism's.
 
     Returns:
         The :class:`CommTime`.
@@ -208,19 +213,21 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
     by_kind: dict[str, float] = {}
     first_seen = False
     for r in records:
-        if r.kind in _TP_KINDS:
-            span = tp
-        elif r.kind in OVERLAPPED_KINDS:
+        overlapped = r.kind in OVERLAPPED_KINDS or (ddp and r.kind in _TP_KINDS)
+        if overlapped:
             span = tp * dp
+        elif r.kind in _TP_KINDS:
+            span = tp
         elif r.kind in P2P_KINDS:
             span = world
         else:
             span = r.group_size
         seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
         by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * scale
-        if r.kind in OVERLAPPED_KINDS:
-            if (not first_seen and r.kind == "all_gather" and r.phase is Phase.FORWARD
-                    and r.calls > 0):
+        if overlapped:
+            if (not first_seen and r.calls > 0
+                    and ((r.kind == "all_gather" and r.phase is Phase.FORWARD)
+                         or r.kind in _TP_KINDS)):
                 first_seen = True
                 one = seconds / r.calls
                 first += one

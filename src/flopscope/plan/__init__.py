@@ -6,7 +6,12 @@ degrees, micro-batch, activation checkpointing; :mod:`flopscope.plan.space`), si
 distinct rank role once on torch's fake process group (:mod:`flopscope.plan.roles`), and gives
 each layout its per-device peak memory, step time (:mod:`flopscope.plan.timing`), tokens per
 second per device and MFU; layouts that do not fit are dropped with the reason, the rest ranked
-(:mod:`flopscope.plan.planner`). Training only in this version. See ``docs/plan.md``.
+(:mod:`flopscope.plan.planner`). ``mode="serve"`` plans serving instead: prefill and decode step
+times, weights and KV-cache memory, the largest batch that fits, tokens/s and latency per token
+(:mod:`flopscope.plan.serve`). ``sweep(...)`` (``from flopscope.plan import sweep``) plans many
+models x device counts x sequence lengths, the roles simulated in worker processes or on Ray
+(:mod:`flopscope.plan.sweeps`).
+See ``docs/plan.md``.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import types
 from typing import Any
 
 from flopscope.plan.planner import Candidate, Plan, plan
+from flopscope.plan.serve import ServeCandidate, ServeLayout, ServePlan
 from flopscope.plan.space import Choice, enumerate_layouts, parse_bytes
+from flopscope.plan.sweeps import SweepRow, sweep
 from flopscope.plan.timing import StepTime, step_time
 
-__all__ = ["Candidate", "Choice", "Plan", "StepTime", "enumerate_layouts", "parse_bytes", "plan",
-           "step_time"]
+__all__ = ["Candidate", "Choice", "Plan", "ServeCandidate", "ServeLayout", "ServePlan", "StepTime",
+           "SweepRow", "enumerate_layouts", "parse_bytes", "plan", "step_time", "sweep"]
 
 
 class _CallablePackage(types.ModuleType):
@@ -28,7 +35,7 @@ class _CallablePackage(types.ModuleType):
     attribute ``flopscope.plan`` is the function or (once the package is imported) the
     package."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
+    def __call__(self, *args: Any, **kwargs: Any) -> Plan | ServePlan:
         return plan(*args, **kwargs)
 
 

@@ -1,18 +1,22 @@
 """A plan as text: the ranked layouts, the Pareto front of time against memory, where the best
-layout's time goes, and why the others were dropped."""
+layout's time goes, and why the others were dropped; a serving plan's layouts and batches, the
+best for throughput and for latency."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from flopscope.plan.serve import ServeCandidate, ServePlan
 from flopscope.plan.timing import PART_NAMES, compare, describe
 from flopscope.render.units import human_bytes
 
 if TYPE_CHECKING:  # the planner imports this module to show a plan (Plan.to_html)
     from flopscope.plan.planner import Candidate, Plan
+    from flopscope.plan.sweeps import SweepRow
 
-__all__ = ["plan_html", "plan_page_data", "plan_text", "seconds"]
+__all__ = ["plan_html", "plan_page_data", "plan_text", "seconds", "serve_text", "sweep_header",
+           "sweep_line"]
 
 
 def seconds(value: float) -> str:
@@ -40,7 +44,13 @@ def _row(rank: str, c: Candidate) -> list[str]:
     t = c.time
     return [rank, c.choice.label, human_bytes(c.memory_bytes), seconds(t.total),
             f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", seconds(t.forward + t.backward),
-            seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p), seconds(t.bubble)]
+            seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p + t.ep_comm),
+            seconds(t.bubble)]
+
+
+def _ddp(name: str, ddp: bool) -> str:
+    """A part's name for a DDP layout (its data-parallel communication is all-reduces)."""
+    return name.replace("FSDP gathers/reduce-scatters", "DDP all-reduces") if ddp else name
 
 
 def _why(plan: Plan) -> list[str]:
@@ -48,18 +58,21 @@ def _why(plan: Plan) -> list[str]:
     other (tp, pp) family, where the others spend more time (or need the memory)."""
     best = plan.ranked[0]
     rivals: list[Candidate] = []
-    seen = {(best.choice.tp, best.choice.pp)}
+    seen = {(best.choice.tp, best.choice.pp, best.choice.data_parallel, best.choice.ep)}
     for c in plan.ranked[1:]:
-        family = (c.choice.tp, c.choice.pp)
+        family = (c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
         if c is plan.ranked[1] or family not in seen:
             rivals.append(c)
             seen.add(family)
     if not rivals:
         return []
-    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP):"]
+    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP"
+               + (" x EP" if any(c.choice.ep > 1 for c in plan.ranked) else "")
+               + (")" if plan.unit == "tokens" else ", DDP or FSDP)") + ":"]
     for c in rivals[:4]:
         diffs = compare(best.time, c.time)[:2]
-        said = "; ".join(f"{name} {'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
+        said = "; ".join(f"{_ddp(name, c.choice.data_parallel == 'ddp')} "
+                         f"{'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
         out.append(f"  {c.choice.label}: {seconds(c.time.total)} "
                    f"(+{c.time.total / best.time.total - 1:.0%}): {said}")
     return out
@@ -77,14 +90,16 @@ def plan_text(plan: Plan, top: int = 10) -> str:
     """
     lines = [
         f"Training plan: {plan.source} on {plan.gpus} x {plan.hardware.name} "
-        f"({plan.gpus_per_node} per node), global batch {plan.global_batch} x {plan.seq_len} "
-        f"tokens, {plan.dtype}, budget {human_bytes(plan.memory_budget)} per device",
+        f"({plan.gpus_per_node} per node), global batch {plan.global_batch}"
+        + (f" x {plan.seq_len} tokens" if plan.unit == "tokens" else " samples")
+        + f", {plan.dtype}, budget {human_bytes(plan.memory_budget)} per device",
         f"{len(plan.ranked) + len(plan.dropped)} layouts: {len(plan.ranked)} fit, "
         f"{len(plan.dropped)} dropped; {plan.roles} rank roles ({plan.simulations} simulated "
         f"now, the rest cached) in {plan.seconds:.1f} s",
         "",
     ]
-    header = ["#", "layout", "peak/GPU", "step", "tok/s/GPU", "MFU", "compute", "recompute",
+    per = "tok/s/GPU" if plan.unit == "tokens" else "samples/s/GPU"
+    header = ["#", "layout", "peak/GPU", "step", per, "MFU", "compute", "recompute",
               "comm exposed", "bubble"]
     if plan.ranked:
         rows = [header] + [_row(str(i + 1), c) for i, c in enumerate(plan.ranked[:top])]
@@ -98,10 +113,11 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         lines += ["", f"Best: {best.choice.label}, {seconds(best.time.total)} per step, "
                       f"{best.mfu:.1%} MFU, {human_bytes(best.memory_bytes)} at {best.peak_where}"
                       "; where its time goes:"]
-        lines += [f"  {name:<40} {seconds(value):>10}  {share:6.1%}"
+        ddp = best.choice.data_parallel == "ddp"
+        lines += [f"  {_ddp(name, ddp):<40} {seconds(value):>10}  {share:6.1%}"
                   for name, value, share in describe(best.time)]
         if best.time.fsdp_hidden:
-            lines.append(f"  (FSDP communication hidden behind compute: "
+            lines.append(f"  ({'DDP' if ddp else 'FSDP'} communication hidden behind compute: "
                          f"{seconds(best.time.fsdp_hidden)})")
         lines += _why(plan)
     else:
@@ -145,3 +161,158 @@ def plan_html(plan: Plan) -> str:
     from flopscope.render.html import render_plan_html
 
     return render_plan_html(plan_page_data(plan))
+
+
+def _serve_row(rank: str, c: ServeCandidate) -> list[str]:
+    return [rank, c.layout.label, f"{c.batch}{' (max)' if c.largest else ''}",
+            human_bytes(c.memory_bytes), human_bytes(c.weights_bytes),
+            human_bytes(c.kv_cache_bytes), seconds(c.prefill.total), seconds(c.decode.total),
+            f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}"]
+
+
+def _serve_best(title: str, c: ServeCandidate) -> list[str]:
+    d = c.decode
+    parts = [("compute", d.compute), ("tensor-parallel all-reduces", d.tp_comm),
+             ("pipeline sends", d.p2p)]
+    said = ", ".join(f"{name} {seconds(v)}" for name, v in parts if v > 0)
+    return [f"{title}: {c.label}: {c.tokens_per_s:,.0f} tokens/s "
+            f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token, first "
+            f"token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per GPU at "
+            f"{c.peak_where}",
+            f"  a decode step: {said}"]
+
+
+def _request(c: ServeCandidate, new_tokens: int) -> float:
+    """One batch of requests from prompt to last token: the prefill and the decode steps."""
+    return c.prefill.total + (new_tokens - 1) * c.decode.total
+
+
+def _serve_why(plan: ServePlan) -> list[str]:
+    """Why the best layout for throughput wins: against the best row of each other layout,
+    tokens/s = sequences in flight (replicas x batch) x new tokens / a request's time, so
+    either it keeps more sequences in flight or it finishes them sooner."""
+    best = plan.best_throughput
+    if best is None:
+        return []
+    rivals: list[ServeCandidate] = []
+    seen = {best.layout}
+    for c in plan.ranked:
+        if c.layout not in seen:
+            rivals.append(c)
+            seen.add(c.layout)
+    if not rivals:
+        return []
+    flight = best.layout.replicas * best.batch
+    request = _request(best, plan.new_tokens)
+    out = ["", "Why it wins (tokens/s = sequences in flight x new tokens / a request's time; "
+               "the best of each other layout):"]
+    for c in rivals[:4]:
+        theirs, took = c.layout.replicas * c.batch, _request(c, plan.new_tokens)
+        out.append(f"  {c.label}: {c.tokens_per_s:,.0f} tokens/s "
+                   f"({c.tokens_per_s / best.tokens_per_s - 1:+.0%}): {theirs:,} sequences in "
+                   f"flight ({theirs / flight - 1:+.0%}), a request {seconds(took)} "
+                   f"({took / request - 1:+.0%})")
+    return out
+
+
+def serve_text(plan: ServePlan, top: int = 10) -> str:
+    """A serving plan as text.
+
+    Args:
+        plan: the plan.
+        top: rows to list (ranked and dropped, each).
+
+    Returns:
+        The text.
+    """
+    lines = [
+        f"Serving plan: {plan.source} on {plan.gpus} x {plan.hardware.name} "
+        f"({plan.gpus_per_node} per node), prompts of {plan.prompt} tokens, "
+        f"{plan.new_tokens} new tokens each, {plan.dtype}, budget "
+        f"{human_bytes(plan.memory_budget)} per device",
+        f"{len(plan.ranked) + len(plan.dropped)} layouts x batches: {len(plan.ranked)} fit, "
+        f"{len(plan.dropped)} dropped; {plan.roles} serving roles ({plan.simulations} "
+        f"simulated now, the rest cached) in {plan.seconds:.1f} s",
+        "",
+    ]
+    header = ["#", "layout", "batch", "peak/GPU", "weights", "KV cache", "1st token",
+              "per token", "tok/s", "tok/s/GPU"]
+    if plan.ranked:
+        rows = [header] + [_serve_row(str(i + 1), c) for i, c in enumerate(plan.ranked[:top])]
+        lines += _table(rows)
+        if len(plan.ranked) > top:
+            lines.append(f"... {len(plan.ranked) - top} more (--top N)")
+        lines.append("")
+        if plan.best_throughput is not None:
+            lines += _serve_best("Best for throughput", plan.best_throughput)
+        if plan.best_latency is not None:
+            lines += _serve_best("Best for latency", plan.best_latency)
+        lines += _serve_why(plan)
+    else:
+        lines.append("No layout fits the memory budget with one sequence.")
+    if plan.dropped:
+        lines += ["", f"Dropped ({len(plan.dropped)}, smallest first):"]
+        for c in sorted(plan.dropped, key=lambda c: c.memory_bytes)[:top]:
+            lines.append(f"  {c.layout.label}: {c.reason}")
+        if len(plan.dropped) > top:
+            lines.append(f"  ... {len(plan.dropped) - top} more")
+    lines += ["", *(f"Note: {n}" for n in plan.notes)]
+    return "\n".join(lines) + "\n"
+
+
+#: a sweep's columns (name, width; the model and the layouts left-aligned): rows are written as
+#: plans complete, so the widths are fixed
+_SWEEP = {"train": (("model", 24), ("GPUs", 6), ("seq", 7), ("fit", 9), ("best layout", 24),
+                    ("step", 9), ("MFU", 6), ("tok/s/GPU", 11), ("peak/GPU", 11)),
+          "serve": (("model", 24), ("GPUs", 6), ("prompt", 7), ("fit", 9),
+                    ("best throughput", 26), ("tok/s/GPU", 11), ("per token", 10),
+                    ("best latency", 24), ("per token", 10))}
+
+
+def _cells(widths: tuple[tuple[str, int], ...], cells: list[str]) -> str:
+    return "  ".join(c.ljust(w) if name == "model" or name.startswith("best") else c.rjust(w)
+                     for c, (name, w) in zip(cells, widths, strict=True)).rstrip()
+
+
+def sweep_header(mode: str) -> list[str]:
+    """A sweep table's header lines.
+
+    Args:
+        mode: ``train`` or ``serve``.
+
+    Returns:
+        The header and its rule.
+    """
+    widths = _SWEEP[mode]
+    return [_cells(widths, [n for n, _ in widths]), "  ".join("-" * w for _, w in widths)]
+
+
+def sweep_line(row: SweepRow) -> str:
+    """One plan of a sweep as a table line (the plan's best layouts, or why it failed).
+
+    Args:
+        row: the sweep's row.
+
+    Returns:
+        The line.
+    """
+    start = [row.source, str(row.gpus), str(row.seq_len or "-")]
+    result = row.plan
+    if result is None:
+        return f"{row.source:<24}  {row.gpus:>6}  {start[2]:>7}  error: {row.error}"
+    fit = f"{len(result.ranked)}/{len(result.ranked) + len(result.dropped)}"
+    if isinstance(result, ServePlan):
+        start[2] = str(result.prompt)
+        up, low = result.best_throughput, result.best_latency
+        if up is None or low is None:
+            return _cells(_SWEEP["serve"], [*start, fit, "nothing fits", "", "", "", ""])
+        return _cells(_SWEEP["serve"], [*start, fit, up.label, f"{up.tokens_per_s_per_gpu:,.0f}",
+                                        seconds(up.decode.total), low.label,
+                                        seconds(low.decode.total)])
+    start[2] = str(result.seq_len) if result.unit == "tokens" else "-"
+    best = result.best
+    if best is None:
+        return _cells(_SWEEP["train"], [*start, fit, "nothing fits", "", "", "", ""])
+    return _cells(_SWEEP["train"], [*start, fit, best.choice.label, seconds(best.time.total),
+                                    f"{best.mfu:.1%}", f"{best.tokens_per_s_per_gpu:,.0f}",
+                                    human_bytes(best.memory_bytes)])

@@ -24,7 +24,9 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
+from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
+from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import (
     CHECKPOINTING,
     Choice,
@@ -32,9 +34,15 @@ from flopscope.plan.space import (
     enumerate_layouts,
 )
 from flopscope.plan.timing import Links, StepTime, step_time
+from flopscope.plan.vision import (
+    VisionRoles,
+    check_vision_options,
+    data_parallel_layouts,
+    is_decoder,
+)
 from flopscope.report.report import Report
 
-__all__ = ["Candidate", "Plan", "build_model", "plan"]
+__all__ = ["Candidate", "Plan", "build_model", "model_identity", "plan"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class Plan:
         simulations: roles simulated by this plan (the others were cached by an earlier one).
         seconds: how long planning took.
         notes: what the figures assume.
+        unit: what a step processes: ``"tokens"`` (a decoder: sequences x sequence length)
+            or ``"samples"`` (a vision model; ``seq_len`` is 1).
     """
 
     source: str
@@ -111,6 +121,7 @@ class Plan:
     simulations: int
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    unit: str = "tokens"
 
     @property
     def best(self) -> Candidate | None:
@@ -133,14 +144,16 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
-            "source": self.source, "gpus": self.gpus, "hardware": self.hardware.name,
+            "mode": "train", "source": self.source, "gpus": self.gpus,
+            "hardware": self.hardware.name,
             "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "dtype": self.dtype, "memory_budget": self.memory_budget,
             "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
             "ranked": [c.to_dict() for c in self.ranked],
             "pareto": [c.choice.label for c in self.pareto],
             "dropped": [c.to_dict() for c in self.dropped],
-            "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds, "notes": list(self.notes),
+            "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds,
+            "notes": list(self.notes), "unit": self.unit,
         }
 
 
@@ -178,6 +191,23 @@ def build_model(source: str, seq_len: int | None, dtype: str,
         return model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
     return build
+
+
+def model_identity(source: str, seq_len: int | None, dtype: str,
+                   config: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What a plan's model is, as the role caches key it (the roles of two plans with the
+    same identity are shared).
+
+    Args:
+        source: the SOURCE string.
+        seq_len: the sequence length asked for.
+        dtype: the model's dtype.
+        config: config overrides.
+
+    Returns:
+        A hashable identity.
+    """
+    return (source, seq_len, dtype, tuple(sorted((config or {}).items())))
 
 
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
@@ -255,9 +285,16 @@ def plan(
     dtype: str = "bfloat16",
     config: Mapping[str, Any] | None = None,
     checkpointing: Sequence[str] = CHECKPOINTING,
-) -> Plan:
+    mode: str = "train",
+    max_new_tokens: int | None = None,
+    batches: Sequence[int] | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
-    time, those that fit ranked (see :mod:`flopscope.plan`).
+    time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
+    (:mod:`flopscope.plan.serve`).
 
     Args:
         source: a transformers decoder (``hf:llama``, ``hf:meta-llama/Llama-3.1-8B``; as
@@ -271,18 +308,30 @@ def plan(
         dtype: parameters' and activations' dtype.
         config: overrides of the model's config (``{"num_hidden_layers": 8}``).
         checkpointing: the activation checkpointing choices to try.
+        mode: ``"train"`` or ``"serve"``.
+        max_new_tokens: serving: tokens generated per sequence (default 128).
+        batches: serving: batch sizes per replica to evaluate besides the largest that fits
+            (default 1).
+        tp: only layouts of this tensor-parallel degree (``None``: every one that divides).
+        pp: only layouts of this many pipeline stages.
+        ep: only layouts of this expert-parallel degree (a mixture of experts; 1: none).
 
     Returns:
-        The :class:`Plan`.
+        The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
 
     Raises:
         UsageError: bad sizes, a profile without link figures or memory, a source that is not
             a transformers decoder, or no layout that divides the model and the devices.
     """
     start = time.perf_counter()
+    if mode not in ("train", "serve"):
+        raise UsageError(f"plan(): mode must be 'train' or 'serve', got {mode!r}")
+    if mode == "train" and (max_new_tokens is not None or batches is not None):
+        raise UsageError("plan(): max_new_tokens and batches are serving options "
+                         "(mode='serve'); a training plan takes global_batch")
     for name, value in (("gpus", gpus), ("gpus_per_node", gpus_per_node),
                         ("global_batch", global_batch), ("seq_len", seq_len),
-                        ("memory_budget", memory_budget)):
+                        ("memory_budget", memory_budget), ("tp", tp), ("pp", pp), ("ep", ep)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
     hw = get_hardware(hardware)
@@ -291,28 +340,63 @@ def plan(
     if budget is None:
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
                          "(--memory-budget 80GiB)")
+    if mode == "serve":
+        if ep not in (None, 1):
+            raise UsageError("plan(mode='serve') does not take ep: serving a mixture of "
+                             "experts is not planned yet")
+        return _serve(source, gpus, hw, links, gpus_per_node, budget, seq_len, dtype, config,
+                      max_new_tokens, batches, {"global_batch": global_batch,
+                                                "checkpointing": None if checkpointing
+                                                is CHECKPOINTING else checkpointing}, tp, pp)
     batch = global_batch if global_batch is not None else gpus
     build = build_model(source, seq_len, dtype, config)
     probe, args, _ = build(1, False)
-    shape = ModelShape.from_config(getattr(probe, "config", None))
+    decoder = is_decoder(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    seq = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
+    seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
     param_dtype = next(probe.parameters()).dtype
-    del probe
-    choices = enumerate_layouts(gpus, shape, batch, checkpointing)
-    if not choices:
-        raise UsageError(
-            f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
-            f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch of "
-            f"{batch}: change --gpus or --global-batch")
-    identity = (source, seq_len, dtype, tuple(sorted((config or {}).items())))
-    roles = Roles(build, hw, identity)
+    identity = model_identity(source, seq_len, dtype, config)
+    if decoder:
+        shape = ModelShape.from_config(getattr(probe, "config", None))
+        experts = expert_count(getattr(probe, "config", None))
+        del probe
+        every = enumerate_layouts(gpus, shape, batch, checkpointing)
+        if experts:
+            every += expert_layouts(gpus, shape, experts, batch, checkpointing)
+        elif ep not in (None, 1):
+            raise UsageError(f"{source} has no experts: --ep {ep} applies to a mixture of "
+                             "experts (Mixtral, Qwen2-MoE)")
+        choices = [c for c in every
+                   if tp in (None, c.tp) and pp in (None, c.pp) and ep in (None, c.ep)]
+        if not choices:
+            raise UsageError(
+                f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
+                f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch "
+                f"of {batch}" + _restricted(tp, pp, ep) + ": change --gpus or --global-batch")
+        roles = Roles(build, hw, identity)
+        expert_roles = ExpertRoles(build, hw, identity)
+
+        def runs_of(choice: Choice) -> list[RoleRun]:
+            if choice.ep > 1:
+                return expert_roles.runs(choice)
+            return [roles.get(key) for key in roles_of(choice, shape.layers)]
+    else:
+        del probe
+        check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
+                             ep)
+        choices = data_parallel_layouts(gpus, batch)
+        if not choices:
+            raise UsageError(f"a global batch of {batch} does not split over {gpus} devices: "
+                             f"{source} is planned data parallel only (DDP or FSDP2 over the "
+                             "batch); give a --global-batch that is a multiple of --gpus")
+        vision = VisionRoles(build, hw, identity)
+        runs_of = vision.runs
     flops = _model_flops(build, batch)
     peak = hw.peak(dtype_key(param_dtype) or "fp32", matrix=True)
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     for choice in choices:
-        runs = [roles.get(key) for key in roles_of(choice, shape.layers)]
+        runs = runs_of(choice)
         t = step_time(runs, choice, links)
         used, at, where = _memory(runs, choice)
         tokens = batch * seq / t.total / gpus if t.total else 0.0
@@ -328,7 +412,48 @@ def plan(
              f"({links.source}); MFU against the dense "
              f"{dtype_key(param_dtype)} peak of {hw.name}",
              "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
-             "AdamW (two moments per parameter, in the parameters' dtype)")
+             "AdamW (two moments per parameter, in the parameters' dtype)" if decoder else
+             "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
+             "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
+             "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s")
+    used_roles, simulations = ((roles.used + expert_roles.used,
+                                roles.simulations + expert_roles.simulations) if decoder
+                               else (vision.used, vision.simulations))
     return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(param_dtype).replace(
         "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
-        roles.used, roles.simulations, time.perf_counter() - start, notes)
+        used_roles, simulations, time.perf_counter() - start, notes,
+        "tokens" if decoder else "samples")
+
+
+def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:
+    """`` with tp 2 and pp 1`` (the degrees asked for), or nothing."""
+    asked = [f"{n} {v}" for n, v in (("tp", tp), ("pp", pp), ("ep", ep)) if v is not None]
+    return f" with {' and '.join(asked)}" if asked else ""
+
+
+def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: int, budget: int,
+           seq_len: int | None, dtype: str, config: Mapping[str, Any] | None,
+           max_new_tokens: int | None, batches: Sequence[int] | None,
+           training: Mapping[str, Any], tp: int | None, pp: int | None) -> ServePlan:
+    """``plan(mode="serve")``: the model built for generation, then
+    :func:`flopscope.plan.serve.serve_plan`."""
+    from flopscope.plan.serve import check_serve_options, serve_plan
+
+    check_serve_options(max_new_tokens, batches, training)
+    build = build_model(source, seq_len, dtype, config)
+    probe, args, _ = build(1, False)
+    shape = ModelShape.from_config(getattr(probe, "config", None))
+    ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    prompt = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
+    param_dtype = str(next(probe.parameters()).dtype).replace("torch.", "")
+    del probe
+
+    def model() -> nn.Module:
+        built, _, _ = build(1, False)
+        return built.eval()
+
+    identity = ("serve", *model_identity(source, seq_len, dtype, config))
+    return serve_plan(source, model, shape, identity=identity, gpus=gpus, hardware=hw,
+                      links=links, prompt=prompt, new_tokens=max_new_tokens or 128,
+                      budget=budget, dtype=param_dtype, batches=tuple(batches or (1,)),
+                      gpus_per_node=gpus_per_node, tp=tp, pp=pp)

@@ -40,7 +40,8 @@ from flopscope.plan.layers import Small, check, combine, frame_of
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
-__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "roles_of"]
+__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "remember",
+           "roles_of"]
 
 #: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
 #: mode and ``batch`` sequences of token ids
@@ -141,6 +142,18 @@ _CACHE: dict[tuple[Hashable, str, RoleKey], RoleRun] = {}
 def clear_cache() -> None:
     """Forget every simulated role (the next plan simulates its roles again)."""
     _CACHE.clear()
+
+
+def remember(identity: Hashable, hardware: Hardware, run: RoleRun) -> None:
+    """Keep a role simulated elsewhere (a worker process, a Ray task) as if this process had
+    simulated it: :meth:`Roles.get` of the same model identity, hardware and key finds it.
+
+    Args:
+        identity: what the role's model is (as :class:`Roles` is given it).
+        hardware: the profile its estimate is for.
+        run: the simulated role.
+    """
+    _CACHE[(identity, hardware.name, run.key)] = run
 
 
 class Roles:

@@ -73,6 +73,10 @@ class Choice:
         micro_batch: sequences per microbatch on a rank.
         microbatches: microbatches per step (pipelined, or accumulated without stages).
         checkpoint: ``"none"`` or ``"block"`` (every decoder block recomputed in backward).
+        data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks) or
+            ``"ddp"`` (parameters replicated, gradients all-reduced; vision models).
+        ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
+            :mod:`flopscope.plan.experts`).
     """
 
     tp: int
@@ -81,6 +85,8 @@ class Choice:
     micro_batch: int
     microbatches: int
     checkpoint: str
+    data_parallel: str = "fsdp"
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
@@ -89,14 +95,19 @@ class Choice:
 
     @property
     def label(self) -> str:
-        """A short name: ``TP2 PP1 DP4 mb2x4 ckpt``."""
-        return (f"TP{self.tp} PP{self.pp} DP{self.dp} mb{self.micro_batch}x{self.microbatches}"
+        """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP; ``EP4``:
+        experts over 4 ranks)."""
+        dp = "DDP" if self.data_parallel == "ddp" else "DP"
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return (f"TP{self.tp} PP{self.pp} {dp}{self.dp}{ep} "
+                f"mb{self.micro_batch}x{self.microbatches}"
                 + (" ckpt" if self.checkpoint == "block" else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.micro_batch,
-                "microbatches": self.microbatches, "checkpoint": self.checkpoint}
+                "microbatches": self.microbatches, "checkpoint": self.checkpoint,
+                "data_parallel": self.data_parallel, "ep": self.ep}
 
 
 def divisors(n: int) -> list[int]:

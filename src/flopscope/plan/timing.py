@@ -12,14 +12,17 @@ Parts (seconds per step, on the layout's slowest stage):
   :mod:`flopscope.estimate.comm_time` (the one model; the planner and a simulated rank's
   ``--hardware`` report share it): tensor-parallel all-reduces exposed; FSDP2's all-gathers
   and reduce-scatters beside compute, only the first all-gather and what the rest need beyond
-  the compute time exposed; pipeline point-to-point exposed;
+  the compute time exposed; DDP's gradient all-reduces (a vision model's
+  ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed;
+  pipeline point-to-point exposed; expert parallelism's all-to-alls (the tokens' dispatch to
+  their experts' ranks and the results' return) exposed;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from fractions import Fraction
 
@@ -28,8 +31,10 @@ from flopscope.distributed.pipeline import bubble
 from flopscope.estimate.comm_time import CommTime, Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
+from flopscope.report.records import CommRecord
 
-__all__ = ["PART_NAMES", "Links", "StepTime", "compare", "describe", "one_f_one_b", "step_time"]
+__all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe", "one_f_one_b",
+           "serve_step_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class StepTime:
         p2p: pipeline sends and receives (exposed).
         bubble: pipeline idle time.
         total: the step.
+        ep_comm: expert parallelism's all-to-alls (dispatch and combine; exposed).
         compute: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
             the compute parts are.
     """
@@ -59,6 +65,7 @@ class StepTime:
     p2p: float
     bubble: float
     total: float
+    ep_comm: float = 0.0
     compute: str = "bound"
 
     def to_dict(self) -> dict[str, float]:
@@ -106,12 +113,16 @@ class _Stage:
     comm: CommTime
 
     @property
+    def ep_comm(self) -> float:
+        return self.comm.by_kind.get("all_to_all", 0.0)
+
+    @property
     def tp_comm(self) -> float:
-        return self.comm.blocking
+        return self.comm.blocking - self.ep_comm
 
     @property
     def busy(self) -> float:
-        return self.forward + self.backward + self.recompute + self.tp_comm
+        return self.forward + self.backward + self.recompute + self.comm.blocking
 
     @property
     def fsdp(self) -> float:
@@ -130,7 +141,7 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
         return row.predicted_s if predicted else row.time_s
 
     comm = comm_time(run.report.communication, links, tp=choice.tp, dp=choice.dp,
-                     gpus=choice.gpus, scale=scale)
+                     gpus=choice.gpus, scale=scale, ddp=choice.data_parallel == "ddp")
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
                   backward=phase(Phase.BACKWARD.value) * scale,
                   recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm)
@@ -172,7 +183,60 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
     total = span + exposed + p2p
     kind = "prediction" if all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
-                    max(0.0, hidden), p2p, span - slow.busy, total, kind)
+                    max(0.0, hidden), p2p, span - slow.busy, total, ep_comm=slow.ep_comm,
+                    compute=kind)
+
+
+@dataclass(frozen=True)
+class ServeTime:
+    """One forward of a decode loop (a prefill or a decode step) on a serving layout, seconds,
+    as :func:`step_time` sees a training step: a lower bound.
+
+    Attributes:
+        compute: the roofline time of the tensor-parallel rank's calls, every stage's layers in
+            turn (a batch passes the stages one after the other).
+        tp_comm: the tensor-parallel all-reduces (exposed: each sits between two products).
+        p2p: the hidden states handed from stage to stage (``pp - 1`` sends, exposed).
+        total: the step.
+    """
+
+    compute: float
+    tp_comm: float
+    p2p: float
+    total: float
+
+    def to_dict(self) -> dict[str, float]:
+        """A JSON-ready dict (seconds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @staticmethod
+    def mean(a: ServeTime, b: ServeTime) -> ServeTime:
+        """The part-by-part mean of two steps (a decode step's time is linear in its context,
+        so the first and last steps' mean is the mean over the loop)."""
+        return ServeTime(*((getattr(a, f.name) + getattr(b, f.name)) / 2 for f in fields(a)))
+
+
+def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
+                    tp: int, pp: int, links: Links) -> ServeTime:
+    """The time of one forward of a decode loop on ``tp`` x ``pp`` devices: the sibling of
+    :func:`step_time` for serving, the same parts and link model.
+
+    Args:
+        compute: the roofline time of the step's calls on one tensor-parallel rank (all layers).
+        communication: the step's collectives on that rank (tensor-parallel all-reduces).
+        boundary_bytes: what one stage hands the next (a decoder layer's output).
+        tp: tensor-parallel degree.
+        pp: pipeline stages.
+        links: the collectives' links.
+
+    Returns:
+        The :class:`ServeTime`.
+    """
+    tp_comm = links.seconds([c for c in communication if c.kind == "all_reduce"], tp)
+    sends = pp - 1
+    p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
+                                    boundary_bytes * sends)], tp * pp) if sends else 0.0
+    return ServeTime(compute, tp_comm, p2p, compute + tp_comm + p2p)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them
@@ -180,7 +244,8 @@ PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
               "recompute": "recomputation (checkpointing)",
               "tp_comm": "tensor-parallel all-reduces",
               "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
-              "p2p": "pipeline sends/receives", "bubble": "pipeline bubble"}
+              "p2p": "pipeline sends/receives", "bubble": "pipeline bubble",
+              "ep_comm": "expert all-to-alls"}
 
 
 def describe(time: StepTime) -> list[tuple[str, float, float]]:

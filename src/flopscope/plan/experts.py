@@ -1,0 +1,156 @@
+"""Expert-parallel layouts of a mixture of experts (Mixtral, Qwen2-MoE style) in a training plan.
+
+Besides the layouts every decoder gets (:func:`~flopscope.plan.space.enumerate_layouts`, where
+the experts are FSDP2-sharded like any weight), a model with experts gets its experts sharded
+over ``ep`` ranks (:func:`expert_layouts`), as :class:`flopscope.distributed.Layout` builds it
+with transformers' own expert-parallel styles (:mod:`flopscope.distributed.experts`; tokens
+dispatched to their experts' ranks and combined with all-to-alls, routing assumed balanced
+shape-only):
+
+- without tensor parallelism, ``ep`` any divisor of N that divides the experts: expert groups of
+  ``ep`` neighbouring ranks (``ep = N``: one group), the other parameters FSDP2-sharded over
+  the N ranks, each expert's shard FSDP2-sharded over its ``N / ep`` copies;
+- with tensor parallelism (attention only), ``ep = N`` (N dividing the experts): the
+  tensor-parallel group shares a batch and each of its ranks dispatches a slice, the other
+  parameters FSDP2-sharded over the ``N / tp`` data-parallel ranks;
+- no pipeline stages (pipelining with experts is not built).
+
+``ep`` divides the experts: every rank holds ``experts / ep`` whole experts. Each layout's rank
+is simulated once (:class:`ExpertRoles`, :func:`flopscope.plan.sharded.simulate_sharded`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from torch import nn
+
+from flopscope.distributed import Layout, apply_layout
+from flopscope.estimate import Hardware
+from flopscope.plan.roles import Build, RoleKey, RoleRun
+from flopscope.plan.sharded import simulate_sharded
+from flopscope.plan.space import CHECKPOINTING, Choice, ModelShape, divisors
+
+__all__ = ["ExpertRoles", "expert_count", "expert_layouts", "remember"]
+
+
+def expert_count(config: Any) -> int:
+    """The experts per MoE layer of a transformers config (``num_local_experts``,
+    ``num_experts``), 0 for a dense model.
+
+    Args:
+        config: the model's config.
+
+    Returns:
+        The number of experts.
+    """
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return 0
+
+
+def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int,
+                   checkpointing: Sequence[str] = CHECKPOINTING) -> list[Choice]:
+    """The expert-parallel layouts (``ep`` > 1) of ``gpus`` devices (see the module's
+    docstring).
+
+    Args:
+        gpus: devices.
+        shape: the model's shape (the attention heads bound the tensor-parallel degree).
+        experts: experts per MoE layer.
+        global_batch: sequences per step.
+        checkpointing: the checkpointing choices.
+
+    Returns:
+        The layouts, by tp, ep, micro-batch, checkpointing.
+    """
+    out: list[Choice] = []
+    for tp in divisors(gpus):
+        if shape.heads % tp or shape.kv_heads % tp:
+            continue
+        dp = gpus // tp
+        if global_batch % dp:
+            continue
+        eps = [e for e in divisors(gpus) if e > 1 and experts % e == 0] if tp == 1 else (
+            [gpus] if experts % gpus == 0 and gpus > 1 else [])
+        per_rank = global_batch // dp
+        for ep in eps:
+            for micro in divisors(per_rank):
+                out += [Choice(tp, 1, dp, micro, per_rank // micro, c, "fsdp", ep)
+                        for c in checkpointing]
+    return out
+
+
+#: every simulated expert-parallel role in this process, by (model identity, hardware, ep,
+#: role)
+_CACHE: dict[tuple[Hashable, str, int, RoleKey], RoleRun] = {}
+
+
+class ExpertRoles:
+    """Expert-parallel ranks of a mixture of experts, each simulated once per process.
+
+    Args:
+        build: makes the model (on ``meta``, train mode) and a batch (:data:`Build`).
+        hardware: the profile the roofline estimate is for.
+        identity: what ``build`` builds.
+
+    Attributes:
+        simulations: simulations run (cache misses).
+        used: distinct roles asked for.
+    """
+
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
+        self._build = build
+        self._hardware = hardware
+        self._identity = identity
+        self._used: set[tuple[int, RoleKey]] = set()
+        self.simulations = 0
+
+    @property
+    def used(self) -> int:
+        """Distinct roles asked for."""
+        return len(self._used)
+
+    def runs(self, choice: Choice) -> list[RoleRun]:
+        """The layout's one role (rank 0; every rank runs the same shapes under balanced
+        routing).
+
+        Args:
+            choice: an expert-parallel layout.
+
+        Returns:
+            ``[its RoleRun]``.
+        """
+        key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
+                      choice.checkpoint == "block")
+        self._used.add((choice.ep, key))
+        full = (self._identity, self._hardware.name, choice.ep, key)
+        found = _CACHE.get(full)
+        if found is None:
+            found = _CACHE[full] = self._simulate(key, choice.ep)
+            self.simulations += 1
+        return [found]
+
+    def _simulate(self, key: RoleKey, ep: int) -> RoleRun:
+        world = key.tp * key.dp
+        layout = Layout(world, tp=key.tp, fsdp=key.dp, ep=ep)
+
+        def shard(model: nn.Module) -> None:
+            apply_layout(model, layout, layout.mesh())
+
+        return simulate_sharded(self._build, key, world, shard, self._hardware)
+
+
+def remember(identity: Hashable, hardware: Hardware, ep: int, run: RoleRun) -> None:
+    """Keep an expert-parallel role simulated elsewhere (a worker process, a Ray task).
+
+    Args:
+        identity: what the role's model is (as :class:`ExpertRoles` is given it).
+        hardware: the profile its estimate is for.
+        ep: the expert-parallel degree.
+        run: the simulated role.
+    """
+    _CACHE[(identity, hardware.name, ep, run.key)] = run

@@ -1,0 +1,390 @@
+"""``flopscope.plan(..., mode="serve")``: which layout to serve a decoder with on N devices.
+
+Every layout ``tp x pp x replicas = N`` (tensor-parallel degree dividing the heads, key/value
+heads and MLP size; at most one stage per decoder layer; the replicas each serve their own
+batch) is evaluated at the batch sizes asked for and at the largest batch that fits, from the
+serving roles of :mod:`flopscope.plan.serving` (one tensor-parallel rank's decode loop,
+simulated once per tensor-parallel degree and batch):
+
+- **memory per device**: the fullest stage at the fuller of the prefill and the last decode step
+  (weights, the KV cache of the whole generation, activations); one stage: the simulated peak;
+  with stages, each stage's own weights and its layers' cache, plus the rank's activations at
+  that peak (those of one layer at a time, and the logits: a bound for the stages that do not
+  hold the head);
+- **the largest batch that fits**: memory is affine in the batch (every tensor but the weights
+  has a batch dimension), so the roles at batches 1 and 2 give the batch at which each stage
+  reaches the budget; the role at that batch is simulated and, should it not fit, the largest
+  batch that does is bisected between 1 and there;
+- **time**: :func:`flopscope.plan.timing.serve_step_time` of the prefill and of the first and
+  last decode steps (a decode step's time is linear in its context, so their mean is the mean
+  decode step): a roofline lower bound;
+- **tokens/s** = replicas x batch x new tokens / (prefill + (new tokens - 1) x mean decode step),
+  a batch of requests from its prompt to its last token (static batching); per device, over N;
+  **latency per token** = the mean decode step; **time to first token** = the prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flopscope.errors import UsageError
+from flopscope.estimate import Hardware
+from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
+from flopscope.plan.space import ModelShape, divisors
+from flopscope.plan.timing import Links, ServeTime, serve_step_time
+
+__all__ = ["MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan", "serve_layouts",
+           "serve_plan"]
+
+#: the largest batch a serving plan tries
+MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class ServeLayout:
+    """A serving layout: ``tp`` x ``pp`` devices per replica, ``replicas`` of them.
+
+    Attributes:
+        tp: tensor-parallel degree.
+        pp: pipeline stages.
+        replicas: copies of the model, each serving its own batch.
+    """
+
+    tp: int
+    pp: int
+    replicas: int
+
+    @property
+    def label(self) -> str:
+        """``TP2 PP1 DP4`` (DP: the replicas)."""
+        return f"TP{self.tp} PP{self.pp} DP{self.replicas}"
+
+
+def serve_layouts(gpus: int, shape: ModelShape) -> list[ServeLayout]:
+    """Every serving layout of ``gpus`` devices: ``tp`` divides the heads, key/value heads and
+    MLP size; ``pp`` is at most the layers; the rest are replicas.
+
+    Args:
+        gpus: devices.
+        shape: the model's shape.
+
+    Returns:
+        The layouts, by tp then pp.
+    """
+    out = []
+    for tp in divisors(gpus):
+        if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp:
+            continue
+        out += [ServeLayout(tp, pp, gpus // (tp * pp)) for pp in divisors(gpus // tp)
+                if pp <= shape.layers]
+    return out
+
+
+@dataclass(frozen=True)
+class ServeCandidate:
+    """One serving layout at one batch size, evaluated.
+
+    Attributes:
+        layout: the layout.
+        batch: sequences per replica.
+        largest: whether this is the largest batch that fits the layout.
+        memory_bytes: peak bytes per device (the fullest stage).
+        weights_bytes: that stage's weights.
+        kv_cache_bytes: that stage's KV cache at the end of the generation.
+        peak_where: ``module (prefill|decode)``, and the stage.
+        prefill: the prefill's time (time to first token).
+        decode: the mean decode step's time (latency per token).
+        tokens_per_s: generated tokens per second, every replica.
+        tokens_per_s_per_gpu: the same per device.
+        fits: within the budget.
+        reason: why it was dropped (``None`` when it fits).
+    """
+
+    layout: ServeLayout
+    batch: int
+    largest: bool
+    memory_bytes: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    peak_where: str
+    prefill: ServeTime
+    decode: ServeTime
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    fits: bool
+    reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``TP2 PP1 DP4 batch 32``."""
+        return f"{self.layout.label} batch {self.batch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (bytes, seconds)."""
+        return {"layout": self.layout.label, "tp": self.layout.tp, "pp": self.layout.pp,
+                "replicas": self.layout.replicas, "batch": self.batch,
+                "largest_batch": self.largest, "memory_bytes": self.memory_bytes,
+                "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+                "peak_where": self.peak_where, "prefill_s": self.prefill.to_dict(),
+                "decode_step_s": self.decode.to_dict(),
+                "time_to_first_token_s": self.prefill.total,
+                "latency_per_token_s": self.decode.total, "tokens_per_s": self.tokens_per_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "fits": self.fits,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """A serving plan: every layout at its batches, those that fit ranked by throughput.
+
+    Attributes:
+        source: the model.
+        gpus: devices.
+        hardware: the device profile.
+        gpus_per_node: devices per node.
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence.
+        dtype: the weights' and activations' dtype.
+        memory_budget: bytes per device.
+        ranked: the (layout, batch) pairs that fit, most tokens/s first.
+        dropped: those that do not, with the reason (a layout that fits no batch, a batch
+            asked for that is too large).
+        best_throughput: the most tokens/s.
+        best_latency: the shortest latency per token (then the most tokens/s).
+        roles: serving roles (tensor-parallel degree x batch) the plan used.
+        simulations: roles simulated by this plan.
+        seconds: how long planning took.
+        notes: what the figures assume.
+    """
+
+    source: str
+    gpus: int
+    hardware: Hardware
+    gpus_per_node: int
+    prompt: int
+    new_tokens: int
+    dtype: str
+    memory_budget: int
+    ranked: tuple[ServeCandidate, ...]
+    dropped: tuple[ServeCandidate, ...]
+    best_throughput: ServeCandidate | None
+    best_latency: ServeCandidate | None
+    roles: int
+    simulations: int
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> ServeCandidate | None:
+        """The layout with the most tokens/s."""
+        return self.best_throughput
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``mode``: ``serve``)."""
+        return {
+            "mode": "serve", "source": self.source, "gpus": self.gpus,
+            "hardware": self.hardware.name, "gpus_per_node": self.gpus_per_node,
+            "seq_len": self.prompt, "max_new_tokens": self.new_tokens, "dtype": self.dtype,
+            "memory_budget": self.memory_budget, "time_model": "roofline lower bound",
+            "ranked": [c.to_dict() for c in self.ranked],
+            "dropped": [c.to_dict() for c in self.dropped],
+            "best_throughput": self.best_throughput.label if self.best_throughput else None,
+            "best_latency": self.best_latency.label if self.best_latency else None,
+            "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds,
+            "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class _Memory:
+    total: int
+    weights: int
+    kv: int
+    where: str
+    at: dict[str, int]
+
+
+def _stage_memory(run: ServeRun, step: ServeStep, layers: Sequence[range], s: int) -> _Memory:
+    """Stage ``s``'s memory at ``step``'s peak (one stage: the simulated peak itself), as
+    parameters, the KV cache after the step and the rest (activations, temporaries, the
+    logits)."""
+    memory = step.memory
+    assert memory is not None  # kept steps have one
+    where = f"{memory.peak_module or '(root)'} ({step.kind})"
+    end = sum(run.last.kv_layer_bytes[i] for i in layers[s])  # the stage's cache at the end
+    rest = max(0, memory.peak_bytes - run.weight_bytes - step.kv_bytes)
+    if len(layers) == 1:
+        return _Memory(memory.peak_bytes, run.weight_bytes, end, where,
+                       {"parameters": run.weight_bytes, "kv_cache": step.kv_bytes,
+                        "activations": rest})
+    weights = sum(run.layer_weight_bytes[i] for i in layers[s])
+    weights += (run.first_stage_bytes if s == 0 else 0)
+    weights += (run.last_stage_bytes if s == len(layers) - 1 else 0)
+    kv = sum(step.kv_layer_bytes[i] for i in layers[s])
+    return _Memory(weights + kv + rest, weights, end, f"stage {s}: {where}",
+                   {"parameters": weights, "kv_cache": kv, "activations": rest})
+
+
+def _memory(run: ServeRun, pp: int) -> list[_Memory]:
+    """Every stage's memory at the fuller of the prefill and the last decode step."""
+    from flopscope.distributed.pipeline import split_layers
+
+    layers = split_layers(len(run.layer_weight_bytes), pp)
+    return [max((_stage_memory(run, step, layers, s) for step in (run.prefill, run.last)),
+                key=lambda m: m.total) for s in range(pp)]
+
+
+def _largest_batch(one: ServeRun, two: ServeRun, pp: int, budget: int, cap: int) -> int:
+    """The batch at which the first stage to reach ``budget`` does, from memory affine in the
+    batch (batches 1 and 2); at most ``cap``."""
+    best = cap
+    for a, b in zip(_memory(one, pp), _memory(two, pp), strict=True):
+        slope = b.total - a.total
+        if slope > 0:
+            best = min(best, (budget - (a.total - slope)) // slope)
+    return max(0, best)
+
+
+def _reason(memory: _Memory, budget: int, batch: int) -> str:
+    from flopscope.render.units import human_bytes
+
+    category, size = max(memory.at.items(), key=lambda kv: kv[1])
+    return (f"batch {batch}: peak {human_bytes(memory.total)} is "
+            f"{human_bytes(memory.total - budget)} over the {human_bytes(budget)} budget, at "
+            f"{memory.where}; largest: {category.replace('_', ' ')} {human_bytes(size)}")
+
+
+def _candidate(run: ServeRun, layout: ServeLayout, links: Links, budget: int, gpus: int,
+               largest: bool) -> ServeCandidate:
+    memory = max(_memory(run, layout.pp), key=lambda m: m.total)
+
+    def timed(step: ServeStep) -> ServeTime:
+        return serve_step_time(step.estimate.total.time_s, step.communication,
+                               step.boundary_bytes, layout.tp, layout.pp, links)
+
+    prefill = timed(run.prefill)
+    decode = ServeTime.mean(timed(run.first), timed(run.last))
+    request = prefill.total + (run.new_tokens - 1) * decode.total
+    total = layout.replicas * run.batch * run.new_tokens / request if request else 0.0
+    fits = memory.total <= budget
+    return ServeCandidate(layout, run.batch, largest, memory.total, memory.weights, memory.kv,
+                          memory.where, prefill, decode, total, total / gpus, fits,
+                          None if fits else _reason(memory, budget, run.batch))
+
+
+def serve_plan(
+    source: str,
+    build: ServeBuild,
+    shape: ModelShape,
+    *,
+    identity: Any,
+    gpus: int,
+    hardware: Hardware,
+    links: Links,
+    prompt: int,
+    new_tokens: int,
+    budget: int,
+    dtype: str,
+    batches: Sequence[int] = (1,),
+    max_batch: int = MAX_BATCH,
+    gpus_per_node: int = 8,
+    tp: int | None = None,
+    pp: int | None = None,
+) -> ServePlan:
+    """Plan serving ``source`` on ``gpus`` devices (see the module's docstring); what
+    :func:`flopscope.plan.plan` runs with ``mode="serve"``.
+
+    Args:
+        source: the SOURCE string (for the plan's header).
+        build: makes the model on ``meta`` (:data:`~flopscope.plan.serving.ServeBuild`).
+        shape: the model's shape.
+        identity: what ``build`` builds (the roles' cache key).
+        gpus: devices.
+        hardware: the profile.
+        links: its links.
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence.
+        budget: bytes per device.
+        dtype: the dtype's name (for the header).
+        batches: batch sizes to evaluate besides the largest that fits.
+        max_batch: the largest batch tried.
+        gpus_per_node: devices per node.
+        tp: only layouts of this tensor-parallel degree.
+        pp: only layouts of this many stages.
+
+    Returns:
+        The :class:`ServePlan`.
+
+    Raises:
+        UsageError: no layout divides the model and the devices.
+    """
+    start = time.perf_counter()
+    layouts = [s for s in serve_layouts(gpus, shape) if tp in (None, s.tp) and pp in (None, s.pp)]
+    if not layouts:
+        asked = "".join(f", {n} {v}" for n, v in (("tp", tp), ("pp", pp)) if v is not None)
+        raise UsageError(f"no serving layout of {gpus} devices divides this model "
+                         f"({shape.heads} heads, {shape.kv_heads} key/value heads, "
+                         f"{shape.layers} layers{asked}): change --gpus, --tp or --pp")
+    roles = ServeRoles(build, hardware, identity, prompt, new_tokens)
+    fitting: list[ServeCandidate] = []
+    dropped: list[ServeCandidate] = []
+    for layout in layouts:
+        one = roles.get(layout.tp, 1)
+        first = _candidate(one, layout, links, budget, gpus, False)
+        if not first.fits:
+            dropped.append(first)
+            continue
+        largest = max(1, min(max_batch, _largest_batch(one, roles.get(layout.tp, 2),
+                                                       layout.pp, budget, max_batch)))
+        best = _candidate(roles.get(layout.tp, largest), layout, links, budget, gpus, True)
+        if not best.fits:  # memory grew faster than affine: bisect between 1 and there
+            low, high, best = 1, largest, dataclasses.replace(first, largest=True)
+            while high - low > 1:
+                mid = (low + high) // 2
+                cand = _candidate(roles.get(layout.tp, mid), layout, links, budget, gpus, True)
+                low, high, best = (mid, high, cand) if cand.fits else (low, mid, best)
+            largest = low
+        for batch in sorted(set(batches)):
+            if batch == largest:
+                continue
+            cand = first if batch == 1 else _candidate(roles.get(layout.tp, batch), layout,
+                                                       links, budget, gpus, False)
+            (fitting if cand.fits else dropped).append(cand)
+        fitting.append(best)
+    fitting.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes))
+    latency = min(fitting, key=lambda c: (c.decode.total, -c.tokens_per_s), default=None)
+    notes = ("times are roofline lower bounds (every call at peak rate or bandwidth) plus "
+             "link-bandwidth communication; tokens/s for a batch of requests from prompt to "
+             "last token (static batching), latency per token the mean decode step",
+             "with pipeline stages a batch passes the stages in turn (no microbatches in "
+             "flight): stages add memory, not speed; each stage is charged the rank's "
+             "activations at its peak")
+    return ServePlan(source, gpus, hardware, gpus_per_node, prompt, new_tokens, dtype, budget,
+                     tuple(fitting), tuple(dropped), fitting[0] if fitting else None, latency,
+                     roles.used, roles.simulations, time.perf_counter() - start, notes)
+
+
+def check_serve_options(new_tokens: int | None, batches: Sequence[int] | None,
+                        extra: Mapping[str, Any]) -> None:
+    """Refuse the training options a serving plan does not take.
+
+    Args:
+        new_tokens: tokens to generate.
+        batches: batch sizes.
+        extra: training options given (name -> value, ``None`` when not given).
+
+    Raises:
+        UsageError: a training option, or bad sizes.
+    """
+    given = [k for k, v in extra.items() if v is not None]
+    if given:
+        raise UsageError(f"plan(mode='serve') does not take {given[0]}: it is a training "
+                         "option (serving plans batch sizes, --batch, and --max-new-tokens)")
+    if new_tokens is not None and (not isinstance(new_tokens, int) or new_tokens < 1):
+        raise UsageError(f"max_new_tokens must be a whole number >= 1, got {new_tokens!r}")
+    for b in batches or ():
+        if not isinstance(b, int) or b < 1:
+            raise UsageError(f"batch sizes must be whole numbers >= 1, got {b!r}")

@@ -1,0 +1,327 @@
+"""A serving role: one tensor-parallel rank of a decoder generating text, simulated once.
+
+A serving layout's rank runs the decode loop of ``transformers``: a prefill of the prompt, then
+one forward per new token with a growing ``DynamicCache``. :func:`simulate_serving` runs that loop
+on one rank of a tensor-parallel group (torch's fake process group, shape-only, the standard
+Llama plan of :func:`flopscope.distributed.apply_layout`) under a counter, four forwards:
+
+1. the **prefill**: ``batch`` prompts of ``prompt`` tokens, the cache starts empty;
+2. the **first decode step**: one token per sequence, attending ``prompt + 1`` keys;
+3. a catch-up chunk of ``new_tokens - 3`` tokens that brings the cache to where the last decode
+   step starts (its time and memory are not used: it stands for the decode steps between);
+4. the **last decode step**, attending ``prompt + new_tokens - 1`` keys, with the cache of the
+   whole generation.
+
+Each forward gets its own roofline log (:class:`~flopscope.estimate.CallLog`), its collectives
+(the counter's communication before and after it) and, except the chunk, its own
+:class:`~flopscope.estimate.MemoryTracker`, registered with the rank's parameter shards and the
+cache the forward starts with: the forward's peak is the live tensors at its fullest moment
+(weights, the cache, the new keys and values, activations, the logits of the last position).
+The KV cache is read from the cache object the forward returns (every layer's keys and values),
+as :class:`~flopscope.llm.StepCounter` reads it; the bytes a pipeline stage would hand the next
+from the output of the first decoder layer.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopscope.core.counter import Counter
+from flopscope.cost import Cost, OpCall, Phase
+from flopscope.distributed import Layout, apply_layout
+from flopscope.distributed.simulate import fake_world
+from flopscope.errors import UsageError
+from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.execution.meta import ShapeOnlyFakeMode
+from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
+from flopscope.plan.roles import local_tensor
+from flopscope.report.records import CommRecord
+
+__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "remember",
+           "simulate_serving"]
+
+#: ``build()`` -> the model on ``meta``, in eval mode (a transformers causal LM)
+ServeBuild = Callable[[], nn.Module]
+
+
+@dataclass(frozen=True)
+class ServeStep:
+    """One simulated forward of the decode loop on a tensor-parallel rank.
+
+    Attributes:
+        kind: ``"prefill"`` or ``"decode"``.
+        tokens: query tokens (batch x new positions).
+        context: keys each sequence attends at the end of the forward (the cache's length).
+        estimate: the roofline estimate of its calls (a lower bound on time).
+        communication: its collectives (the tensor-parallel all-reduces).
+        memory: its peak (``None`` for the catch-up chunk, not used).
+        kv_layer_bytes: the cache after it, bytes per decoder layer (keys and values).
+        boundary_bytes: a decoder layer's output (what a pipeline stage hands the next).
+    """
+
+    kind: str
+    tokens: int
+    context: int
+    estimate: Estimate
+    communication: tuple[CommRecord, ...]
+    memory: MemoryProfile | None
+    kv_layer_bytes: tuple[int, ...]
+    boundary_bytes: int
+
+    @property
+    def kv_bytes(self) -> int:
+        """The cache after the forward, all layers."""
+        return sum(self.kv_layer_bytes)
+
+
+@dataclass(frozen=True)
+class ServeRun:
+    """A serving role: one tensor-parallel rank generating ``new_tokens`` after a ``prompt``.
+
+    Attributes:
+        tp: tensor-parallel degree.
+        batch: sequences.
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence (the prefill gives the first).
+        prefill: the prefill.
+        first: the first decode step (the prefill itself when ``new_tokens`` is 1).
+        last: the last decode step.
+        weight_bytes: the rank's parameter shards (a tied weight once).
+        layer_weight_bytes: per decoder layer, its parameter shards.
+        first_stage_bytes: parameters outside the layers a first pipeline stage holds (the
+            embedding).
+        last_stage_bytes: those a last stage holds (the final norm, the head; a head tied to
+            the embedding counted again: each stage holds a copy).
+        seconds: how long the simulation took here.
+    """
+
+    tp: int
+    batch: int
+    prompt: int
+    new_tokens: int
+    prefill: ServeStep
+    first: ServeStep
+    last: ServeStep
+    weight_bytes: int
+    layer_weight_bytes: tuple[int, ...]
+    first_stage_bytes: int
+    last_stage_bytes: int
+    seconds: float
+
+
+class _Switch:
+    """Forwards every call to the current targets (each forward has its own log and
+    tracker)."""
+
+    def __init__(self) -> None:
+        self.targets: list[Any] = []
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        for target in self.targets:
+            target.on_call(path, phase, op, call, cost)
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _stage_weights(model: nn.Module, layers: int) -> tuple[tuple[int, ...], int, int]:
+    """Per decoder layer its parameter bytes; the rest on the first stage (the embedding) or
+    the last (everything after the layers: the norm, the head)."""
+    per_layer = [0] * layers
+    first = last = 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        size = local_tensor(p).untyped_storage().nbytes()
+        found = _LAYER.search(name)
+        if found is not None and int(found.group(1)) < layers:
+            per_layer[int(found.group(1))] += size
+        elif "embed" in name.rsplit(".", 2)[-2]:
+            first += size
+        else:
+            last += size
+    return tuple(per_layer), first, last
+
+
+def _minus(after: tuple[CommRecord, ...], before: tuple[CommRecord, ...]
+           ) -> tuple[CommRecord, ...]:
+    """The collectives a forward issued: the counter's records after it less those before."""
+    was = {(c.module, c.phase, c.kind, c.group_size): c for c in before}
+    out = []
+    for c in after:
+        old = was.get((c.module, c.phase, c.kind, c.group_size))
+        if old is None:
+            out.append(c)
+        elif c.calls != old.calls:
+            out.append(CommRecord(c.module, c.phase, c.kind, c.group_size, c.calls - old.calls,
+                                  c.payload_bytes - old.payload_bytes,
+                                  c.bus_bytes - old.bus_bytes))
+    return tuple(out)
+
+
+def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_tokens: int,
+                     hardware: Hardware) -> ServeRun:
+    """Simulate one tensor-parallel rank generating ``new_tokens`` tokens after ``prompt``
+    tokens for ``batch`` sequences (see the module's docstring).
+
+    Args:
+        build: makes the model (on ``meta``, eval mode).
+        tp: tensor-parallel degree.
+        batch: sequences.
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens to generate per sequence (at least 1).
+        hardware: the profile the roofline estimates are for.
+
+    Returns:
+        The :class:`ServeRun`.
+
+    Raises:
+        UsageError: a model that returns no key/value cache.
+    """
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    switch = _Switch()
+    boundary: list[int] = []
+    steps: list[ServeStep] = []
+    # (kind, new positions, whether the forward is kept): prefill, first decode, catch-up,
+    # last decode
+    plan = [("prefill", prompt, True)]
+    if new_tokens >= 2:
+        plan.append(("decode", 1, True))
+    if new_tokens >= 4:
+        plan.append(("chunk", new_tokens - 3, False))
+    if new_tokens >= 3:
+        plan.append(("decode", 1, True))
+    with fake_world(tp, 0), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build()
+        layout = Layout(tp, tp=tp, fsdp=1)
+        apply_layout(model, layout, layout.mesh())
+        layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0))
+        with ShapeOnlyFakeMode(allow_non_fake_inputs=True), torch.no_grad():
+            model.to_empty(device="cpu")
+            weights = [local_tensor(p) for p in model.parameters()]
+            per_layer, first_bytes, last_bytes = _stage_weights(model, layers)
+            decoder = model.get_submodule("model.layers.0")
+            handle = decoder.register_forward_hook(
+                lambda m, a, out: boundary.append(int((out[0] if isinstance(out, tuple)
+                                                       else out).nbytes)))
+            keyword = cache_keyword(model)
+            cache: Any = DynamicCache(config=getattr(model, "config", None))
+            try:
+                with Counter(model, observers=[switch], warn=False) as counter:
+                    for kind, positions, kept in plan:
+                        log, tracker = CallLog(), MemoryTracker()
+                        tracker.register(weights, "parameters")
+                        tracker.register((t for kv in cache_layers(cache) for t in kv), "inputs")
+                        switch.targets = [log, tracker] if kept else [log]
+                        before = counter.report.communication
+                        ids = torch.zeros(batch, positions, dtype=torch.long)
+                        out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                    **{keyword: cache})
+                        cache = find_cache(out) or cache
+                        kv = tuple(int(local_tensor(k).untyped_storage().nbytes()
+                                       + local_tensor(v).untyped_storage().nbytes())
+                                   for k, v in cache_layers(cache))
+                        if not kv:
+                            raise UsageError(f"{type(model).__name__} returned no key/value "
+                                             "cache: serving plans decoders that keep one")
+                        del out
+                        memory = tracker.profile() if kept else None
+                        if not kept:
+                            tracker.close()
+                        steps.append(ServeStep(
+                            "decode" if kind == "chunk" else kind, batch * positions,
+                            cache.get_seq_length(), log.estimate(hardware),
+                            _minus(counter.report.communication, before), memory, kv,
+                            boundary[-1]))
+            finally:
+                handle.remove()
+        del model, weights
+    kept_steps = [s for s, (_, _, kept) in zip(steps, plan, strict=True) if kept]
+    prefill, decodes = kept_steps[0], kept_steps[1:] or kept_steps[:1]
+    weight_bytes = prefill.memory.at_peak.get("parameters", 0) if prefill.memory else 0
+    return ServeRun(tp, batch, prompt, new_tokens, prefill, decodes[0], decodes[-1],
+                    weight_bytes, per_layer, first_bytes, last_bytes,
+                    time.perf_counter() - start)
+
+
+#: every serving role simulated in this process, by (model identity, hardware, tp, batch,
+#: prompt, new tokens)
+_CACHE: dict[tuple[Hashable, str, int, int, int, int], ServeRun] = {}
+
+
+class ServeRoles:
+    """Serving roles, each simulated once per process (a later plan of the same model reuses
+    them: another device count, budget or batch list).
+
+    Args:
+        build: makes the model (:data:`ServeBuild`).
+        hardware: the profile the roofline estimates are for.
+        identity: what ``build`` builds, the cache's key with the role.
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence.
+
+    Attributes:
+        simulations: simulations run (cache misses).
+        used: distinct roles asked for.
+    """
+
+    def __init__(self, build: ServeBuild, hardware: Hardware, identity: Hashable, prompt: int,
+                 new_tokens: int) -> None:
+        self._build = build
+        self._hardware = hardware
+        self._identity = identity
+        self._prompt = prompt
+        self._new_tokens = new_tokens
+        self._used: set[tuple[int, int]] = set()
+        self.simulations = 0
+
+    @property
+    def used(self) -> int:
+        """Distinct roles asked for."""
+        return len(self._used)
+
+    def get(self, tp: int, batch: int) -> ServeRun:
+        """The role of a tensor-parallel rank serving ``batch`` sequences (simulated now when
+        no earlier plan did).
+
+        Args:
+            tp: tensor-parallel degree.
+            batch: sequences.
+
+        Returns:
+            Its :class:`ServeRun`.
+        """
+        self._used.add((tp, batch))
+        key = (self._identity, self._hardware.name, tp, batch, self._prompt, self._new_tokens)
+        found = _CACHE.get(key)
+        if found is None:
+            found = _CACHE[key] = simulate_serving(self._build, tp, batch, self._prompt,
+                                                   self._new_tokens, self._hardware)
+            self.simulations += 1
+        return found
+
+
+def clear_cache() -> None:
+    """Forget every simulated serving role."""
+    _CACHE.clear()
+
+
+def remember(identity: Hashable, hardware: Hardware, run: ServeRun) -> None:
+    """Keep a serving role simulated elsewhere (a worker process, a Ray task): a later
+    :meth:`ServeRoles.get` of the same model, hardware and role finds it.
+
+    Args:
+        identity: what the role's model is (as :class:`ServeRoles` is given it).
+        hardware: the profile its estimates are for.
+        run: the simulated role.
+    """
+    _CACHE[(identity, hardware.name, run.tp, run.batch, run.prompt, run.new_tokens)] = run

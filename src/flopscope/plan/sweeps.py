@@ -1,0 +1,208 @@
+"""Capacity planning: many plans from one call, their role simulations spread over worker
+processes or a Ray cluster.
+
+``sweep(["hf:llama", ...], gpus=[8, 64], seq_lens=[2048, 4096], ...)`` (``from flopscope.plan
+import sweep``; and ``flopscope plan SOURCE[,SOURCE...] --gpus 8,64 --seq-len 2048,4096
+[--jobs N | --ray [ADDRESS]]``) plans every model x device count x sequence length. Every plan's roles are listed
+first (:func:`role_tasks`: the same layouts and roles :func:`flopscope.plan.plan` will ask for),
+the distinct ones run as tasks (:func:`flopscope.plan.workers.results`), and each plan is made,
+in this process from the cached roles, as soon as the last of its roles is in: rows stream out
+in the order plans complete. Plans that share roles (the same model at another device count with
+the same degrees and micro-batch) share their simulations.
+
+A serving plan's largest-batch roles depend on its batch-1 and batch-2 roles, so they are
+simulated when the plan is made, in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flopscope.errors import UsageError
+from flopscope.estimate import Hardware, get_hardware
+from flopscope.plan.experts import expert_count, expert_layouts
+from flopscope.plan.planner import Plan, build_model, plan
+from flopscope.plan.roles import RoleKey, roles_of
+from flopscope.plan.serve import ServePlan, serve_layouts
+from flopscope.plan.space import CHECKPOINTING, ModelShape, enumerate_layouts
+from flopscope.plan.vision import data_parallel_layouts, is_decoder
+from flopscope.plan.workers import RoleTask, remember_result, results
+
+__all__ = ["SweepRow", "role_tasks", "sweep"]
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One plan of a sweep.
+
+    Attributes:
+        source: the model.
+        gpus: devices.
+        seq_len: the sequence length asked for (``None``: the source's).
+        plan: the plan (``None`` when it failed).
+        error: why it failed (one line), else ``None``.
+    """
+
+    source: str
+    gpus: int
+    seq_len: int | None
+    plan: Plan | ServePlan | None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the point of the sweep and its plan's dict."""
+        return {"source": self.source, "gpus": self.gpus, "seq_len": self.seq_len,
+                "error": self.error,
+                "plan": self.plan.to_dict() if self.plan is not None else None}
+
+
+def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train",
+               seq_len: int | None = None, dtype: str = "bfloat16",
+               config: Mapping[str, Any] | None = None, global_batch: int | None = None,
+               checkpointing: Sequence[str] = CHECKPOINTING,
+               batches: Sequence[int] | None = None, max_new_tokens: int | None = None,
+               tp: int | None = None, pp: int | None = None,
+               ep: int | None = None) -> list[RoleTask]:
+    """The role simulations :func:`flopscope.plan.plan` with these options will ask for (a
+    serving plan's largest-batch roles aside).
+
+    Args:
+        source: the model.
+        gpus: devices.
+        hardware: the profile.
+        mode: ``train`` or ``serve``.
+        seq_len: tokens per sequence (the prompt when serving).
+        dtype: the model's dtype.
+        config: config overrides.
+        global_batch: sequences (samples) per training step.
+        checkpointing: checkpointing choices.
+        batches: serving batch sizes.
+        max_new_tokens: serving: tokens generated.
+        tp: only this tensor-parallel degree.
+        pp: only this many stages.
+        ep: only this expert-parallel degree.
+
+    Returns:
+        The distinct tasks, in the order the plan meets them.
+    """
+    build = build_model(source, seq_len, dtype, config)
+    probe, args, _ = build(1, False)
+    model_config = getattr(probe, "config", None)
+    ids = args[0] if args else None
+    prompt = int(ids.shape[-1]) if ids is not None and hasattr(ids, "shape") else 0
+    del probe
+    items = tuple(sorted((config or {}).items()))
+
+    def task(kind: str, **role: Any) -> RoleTask:
+        return RoleTask(kind, source, seq_len, dtype, items, hardware, **role)
+
+    tasks: list[RoleTask] = []
+    if not is_decoder(model_config):
+        if mode == "serve" or max(tp or 1, pp or 1, ep or 1) > 1:
+            return []  # refused by the plan itself, with its message
+        for choice in data_parallel_layouts(gpus, global_batch or gpus):
+            key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, False)
+            tasks.append(task("vision", key=key, data_parallel=choice.data_parallel))
+        return list(dict.fromkeys(tasks))
+    shape = ModelShape.from_config(model_config)
+    if mode == "serve":
+        for layout in serve_layouts(gpus, shape):
+            if tp in (None, layout.tp) and pp in (None, layout.pp):
+                for batch in sorted({1, 2, *(batches or ())}):
+                    tasks.append(task("serve", serve=(layout.tp, batch, prompt,
+                                                      max_new_tokens or 128)))
+        return list(dict.fromkeys(tasks))
+    batch = global_batch or gpus
+    for choice in enumerate_layouts(gpus, shape, batch, checkpointing):
+        if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
+            tasks += [task("train", key=key) for key in roles_of(choice, shape.layers)]
+    experts = expert_count(model_config)
+    for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
+        if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
+            key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
+                          choice.checkpoint == "block")
+            tasks.append(task("experts", key=key, ep=choice.ep))
+    return list(dict.fromkeys(tasks))
+
+
+def sweep(
+    sources: Sequence[str],
+    *,
+    gpus: Sequence[int],
+    seq_lens: Sequence[int | None] = (None,),
+    hardware: str | Hardware = "h100-sxm",
+    jobs: int = 1,
+    ray: str | None = None,
+    on_task: Callable[[RoleTask, int, int], None] | None = None,
+    **options: Any,
+) -> Iterator[SweepRow]:
+    """Plan every model x device count x sequence length, yielding each plan as it completes.
+
+    Args:
+        sources: the models.
+        gpus: device counts.
+        seq_lens: sequence lengths (``None``: the source's).
+        hardware: the profile.
+        jobs: local worker processes simulating roles (1: in this process, plan after plan);
+            with ``ray="local"`` the local cluster's CPUs.
+        ray: ``None``, ``"local"`` (start a local Ray cluster) or a running cluster's address.
+        on_task: called with each finished role task, how many are done and how many in all
+            (progress).
+        **options: the other options of :func:`flopscope.plan.plan` (``mode``,
+            ``global_batch``, ``memory_budget``, ``config``, ``dtype`` ...).
+
+    Yields:
+        One :class:`SweepRow` per plan: in order without workers, as they complete with them.
+
+    Raises:
+        UsageError: bad arguments (no sources, no device counts), or Ray asked for and missing.
+    """
+    if not sources or not gpus:
+        raise UsageError("sweep(): give at least one source and one device count")
+    hw = get_hardware(hardware)
+    points = [(s, g, n) for s in sources for g in gpus for n in seq_lens]
+
+    def row(point: tuple[str, int, int | None]) -> SweepRow:
+        source, count, seq = point
+        try:
+            made = plan(source, gpus=count, seq_len=seq, hardware=hw, **options)
+        except UsageError as e:
+            return SweepRow(source, count, seq, None, str(e))
+        return SweepRow(source, count, seq, made)
+
+    if jobs <= 1 and ray is None:
+        for point in points:
+            yield row(point)
+        return
+    needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
+    keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
+                                     "batches", "max_new_tokens", "tp", "pp", "ep")
+            if k in options}
+    for point in points:
+        source, count, seq = point
+        try:
+            needed[point] = set(role_tasks(source, gpus=count, hardware=hw, seq_len=seq, **keep))
+        except UsageError:
+            needed[point] = set()  # the plan says why
+    tasks = list(dict.fromkeys(t for point in points for t in needed[point]))
+    done: set[RoleTask] = set()
+    waiting = list(points)
+
+    def ready() -> Iterator[SweepRow]:
+        for point in [p for p in waiting if needed[p] <= done]:
+            waiting.remove(point)
+            yield row(point)
+
+    yield from ready()
+    for n, (task, result) in enumerate(results(tasks, jobs=jobs, ray=ray), 1):
+        if result is not None:
+            remember_result(task, result)
+        done.add(task)
+        if on_task is not None:
+            on_task(task, n, len(tasks))
+        yield from ready()
+    for point in list(waiting):  # nothing left to wait for
+        waiting.remove(point)
+        yield row(point)

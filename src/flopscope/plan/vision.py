@@ -1,0 +1,197 @@
+"""Data-parallel plans of models that are not transformers decoders (torchvision, timm): the
+batch split over N devices, each device one rank of DDP or FSDP2, nothing else.
+
+A vision model has no heads or layers to split by tensor or pipeline parallelism here, so its
+layouts are ``dp = N`` with a micro-batch (:func:`data_parallel_layouts`), each in two kinds:
+
+- **FSDP2**: ``fully_shard`` on every block (each module with parameters directly inside an
+  ``nn.Sequential`` or ``nn.ModuleList``, through nested containers: a ResNet's bottlenecks, a
+  ViT's encoder blocks) and on the root, over the N ranks: parameters gathered in forward and in
+  backward, gradients reduce-scattered;
+- **DDP**: the same calls with a mesh of N replicas of one shard (FSDP2's hybrid sharding with
+  shard size 1): every rank keeps whole parameters and gradients, and the gradients are
+  all-reduced in backward, bucketed by block, as ``DistributedDataParallel`` does.
+
+Each layout's rank is simulated once (:class:`VisionRoles`,
+:func:`flopscope.plan.sharded.simulate_sharded`): on torch's fake process group, shape-only,
+forward and backward from the sum of the outputs, with the memory tracker and the roofline log
+watching, as a decoder's roles are (:mod:`flopscope.plan.roles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+from torch import nn
+
+from flopscope.errors import UsageError
+from flopscope.estimate import Hardware
+from flopscope.plan.roles import Build, RoleKey, RoleRun
+from flopscope.plan.sharded import simulate_sharded
+from flopscope.plan.space import Choice, divisors
+
+__all__ = ["DATA_PARALLEL", "VisionRoles", "blocks", "check_vision_options",
+           "data_parallel_layouts", "is_decoder", "remember"]
+
+#: the data-parallel kinds of a vision plan
+DATA_PARALLEL = ("fsdp", "ddp")
+
+
+def is_decoder(config: Any) -> bool:
+    """Whether a model's ``config`` is a transformers decoder's (layers, heads, an MLP): what
+    the tensor and pipeline layouts need.
+
+    Args:
+        config: the model's ``config`` attribute (``None`` for a torchvision model).
+
+    Returns:
+        ``True`` for a decoder's config.
+    """
+    return all(getattr(config, n, None) is not None
+               for n in ("num_hidden_layers", "num_attention_heads", "intermediate_size"))
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP2 wraps one by one: every module with parameters directly inside an
+    ``nn.Sequential`` or ``nn.ModuleList``, looking through nested containers.
+
+    Args:
+        model: the model.
+
+    Returns:
+        The blocks, in model order (empty when the model has no such container).
+    """
+    found: list[nn.Module] = []
+    container = isinstance(model, (nn.Sequential, nn.ModuleList))
+    for child in model.children():
+        if isinstance(child, (nn.Sequential, nn.ModuleList)):
+            found += blocks(child)
+        elif container and any(True for _ in child.parameters()):
+            found.append(child)
+        else:
+            found += blocks(child)
+    return found
+
+
+def data_parallel_layouts(gpus: int, global_batch: int,
+                          kinds: Iterable[str] = DATA_PARALLEL) -> list[Choice]:
+    """The data-parallel layouts of ``gpus`` devices for a step of ``global_batch`` samples:
+    ``dp = gpus``, each micro-batch dividing a rank's ``global_batch / gpus`` samples.
+
+    Args:
+        gpus: devices.
+        global_batch: samples per step.
+        kinds: ``fsdp`` and/or ``ddp``.
+
+    Returns:
+        The layouts (none when the batch does not split over the devices).
+    """
+    if global_batch % gpus:
+        return []
+    per_rank = global_batch // gpus
+    return [Choice(1, 1, gpus, micro, per_rank // micro, "none", kind)
+            for micro in divisors(per_rank) for kind in kinds]
+
+
+#: every simulated vision role in this process, by (model identity, hardware, kind, role)
+_CACHE: dict[tuple[Hashable, str, str, RoleKey], RoleRun] = {}
+
+
+class VisionRoles:
+    """Data-parallel ranks of a vision model, each simulated once per process.
+
+    Args:
+        build: makes the model (on ``meta``, train mode) and a batch (:data:`Build`).
+        hardware: the profile the roofline estimate is for.
+        identity: what ``build`` builds.
+
+    Attributes:
+        simulations: simulations run (cache misses).
+        used: distinct roles asked for.
+    """
+
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
+        self._build = build
+        self._hardware = hardware
+        self._identity = identity
+        self._used: set[tuple[str, RoleKey]] = set()
+        self.simulations = 0
+
+    @property
+    def used(self) -> int:
+        """Distinct roles asked for."""
+        return len(self._used)
+
+    def runs(self, choice: Choice) -> list[RoleRun]:
+        """The layout's one role (every rank runs the same shapes).
+
+        Args:
+            choice: a data-parallel layout.
+
+        Returns:
+            ``[its RoleRun]``.
+        """
+        key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, False)
+        self._used.add((choice.data_parallel, key))
+        full = (self._identity, self._hardware.name, choice.data_parallel, key)
+        found = _CACHE.get(full)
+        if found is None:
+            found = _CACHE[full] = self._simulate(key, choice.data_parallel)
+            self.simulations += 1
+        return [found]
+
+    def _simulate(self, key: RoleKey, kind: str) -> RoleRun:
+        def shard(model: nn.Module) -> None:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            if kind == "ddp":  # N replicas of one shard: whole parameters, all-reduced grads
+                mesh = init_device_mesh("cpu", (key.dp, 1), mesh_dim_names=("replicate", "shard"))
+            else:
+                mesh = init_device_mesh("cpu", (key.dp,), mesh_dim_names=("dp",))
+            for block in blocks(model):
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+
+        return simulate_sharded(self._build, key, key.dp, shard, self._hardware)
+
+
+def remember(identity: Hashable, hardware: Hardware, data_parallel: str, run: RoleRun) -> None:
+    """Keep a vision role simulated elsewhere (a worker process, a Ray task): a later
+    :meth:`VisionRoles.runs` of the same model, hardware and layout finds it.
+
+    Args:
+        identity: what the role's model is (as :class:`VisionRoles` is given it).
+        hardware: the profile its estimate is for.
+        data_parallel: ``fsdp`` or ``ddp``.
+        run: the simulated role.
+    """
+    _CACHE[(identity, hardware.name, data_parallel, run.key)] = run
+
+
+def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
+                         tp: int | None = None, pp: int | None = None,
+                         ep: int | None = None) -> None:
+    """Refuse what a data-parallel plan of a vision model does not take.
+
+    Args:
+        source: the SOURCE (for the message).
+        checkpointing: the checkpointing choices.
+        asked: whether the caller chose them (the default is ignored).
+        tp: a tensor-parallel degree asked for.
+        pp: pipeline stages asked for.
+        ep: an expert-parallel degree asked for.
+
+    Raises:
+        UsageError: block checkpointing, tensor, pipeline or expert parallelism asked for.
+    """
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+        if value is not None and value > 1:
+            raise UsageError(f"{source} is planned data parallel only: --{name} {value} does "
+                             "not apply (tensor and pipeline layouts are built for transformers "
+                             "decoders' heads and layers); leave it out")
+    if asked and any(c != "none" for c in checkpointing):
+        raise UsageError(f"{source} is planned data parallel only (DDP or FSDP2 over the "
+                         "batch): activation checkpointing per block is built for transformers "
+                         "decoders; leave --checkpointing out")

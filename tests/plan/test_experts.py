@@ -1,0 +1,93 @@
+"""flopscope plan for a mixture of experts: a tiny transformers Mixtral planned with expert
+parallelism (issue 31)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import flopscope
+from flopscope.cli import main
+from flopscope.errors import UsageError
+from flopscope.estimate import get_hardware
+from flopscope.plan import Plan
+from flopscope.plan.experts import ExpertRoles, expert_layouts
+from flopscope.plan.planner import build_model
+from flopscope.plan.space import Choice, ModelShape
+
+# hidden 256, 8 heads of 32, 4 KV heads, 2 layers, vocab 512; 4 experts of MLP size 512, top 2
+CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                              num_local_experts=4, num_experts_per_tok=2)
+ARGS: dict[str, Any] = dict(gpus=4, hardware="h100", config=CONFIG, seq_len=64, global_batch=4,
+                            checkpointing=("none",))
+
+
+@pytest.fixture(scope="module")
+def mixtral() -> Plan:
+    plan = flopscope.plan("hf:mixtral", **ARGS)
+    assert isinstance(plan, Plan)
+    return plan
+
+
+def test_ep_sizes_divide_the_experts() -> None:
+    shape = ModelShape(layers=2, heads=8, kv_heads=4, intermediate=512)
+    # 4 GPUs, 4 experts, 4 sequences: tp 1 (4 data-parallel ranks, 1 sequence each): ep 2
+    # (groups of 2) and 4; tp 2 (2 ranks of 2 sequences: micro-batch 1 or 2) and tp 4 (1 rank of
+    # 4: micro-batch 1, 2, 4): ep 4, the whole world
+    got = expert_layouts(4, shape, 4, 4, ("none",))
+    assert [(c.tp, c.dp, c.ep, c.micro_batch) for c in got] == [
+        (1, 4, 2, 1), (1, 4, 4, 1), (2, 2, 4, 1), (2, 2, 4, 2), (4, 1, 4, 1), (4, 1, 4, 2),
+        (4, 1, 4, 4)]
+    assert got[1].label == "TP1 PP1 DP4 EP4 mb1x1"
+    # 8 GPUs and 4 experts: ep 8 would split an expert; 2 and 4 do not; with tp, no ep = 8
+    eight = expert_layouts(8, shape, 4, 8, ("none",))
+    assert {c.ep for c in eight} == {2, 4} and {c.tp for c in eight} == {1}
+
+
+def test_plan_has_expert_parallel_layouts(mixtral: Plan) -> None:
+    every = (*mixtral.ranked, *mixtral.dropped)
+    eps = {c.choice.label for c in every if c.choice.ep > 1}
+    assert eps == {"TP1 PP1 DP4 EP2 mb1x1", "TP1 PP1 DP4 EP4 mb1x1", "TP2 PP1 DP2 EP4 mb1x2",
+                   "TP2 PP1 DP2 EP4 mb2x1", "TP4 PP1 DP1 EP4 mb1x4", "TP4 PP1 DP1 EP4 mb2x2",
+                   "TP4 PP1 DP1 EP4 mb4x1"}
+    assert all(c.choice.pp == 1 for c in every if c.choice.ep > 1)
+    for c in every:
+        t = c.time
+        assert t.total == pytest.approx(sum(t.parts().values()))
+        assert (t.ep_comm > 0) == (c.choice.ep > 1)  # the dispatch and combine all-to-alls
+
+
+def test_each_rank_holds_its_share_of_the_experts() -> None:
+    """Every rank of TP1 x EP4 holds one whole expert per layer and a quarter of the rest
+    (FSDP2 over the 4 ranks): experts per layer 4 x (2 x 512 x 256 + 256 x 512) = 1,572,864
+    parameters, one of four on each rank: 393,216 x 2 layers; the rest (embedding and head
+    512 x 256 each, final norm 256, per layer q, o 256 x 256, k, v 128 x 256, two norms 256,
+    router 4 x 256: 198,144) 658,688 / 4; bfloat16."""
+    roles = ExpertRoles(build_model("hf:mixtral", 64, "bfloat16", CONFIG), get_hardware("h100"),
+                        "test")
+    (run,) = roles.runs(Choice(1, 1, 4, 1, 1, "none", "fsdp", 4))
+    assert run.parameter_bytes == 2 * (393_216 * 2 + 658_688 // 4)
+    sends = [c for c in run.report.communication if c.kind == "all_to_all"]
+    assert sends and {c.group_size for c in sends} == {4}
+    (groups,) = roles.runs(Choice(1, 1, 4, 1, 1, "none", "fsdp", 2))
+    assert {c.group_size for c in groups.report.communication if c.kind == "all_to_all"} == {2}
+
+
+def test_cli_ep_filter_and_errors(capsys: pytest.CaptureFixture[str], mixtral: Plan) -> None:
+    flags = [a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]
+    argv = ["plan", "hf:mixtral", "--gpus", "4", "--hardware", "h100", "--seq-len", "64",
+            "--global-batch", "4", "--checkpointing", "none", "--ep", "4", *flags]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 layouts: " in out  # the EP4 layouts of the test above
+    assert " EP4 " in out.split("Best: ")[1].splitlines()[0]
+    assert main(["plan", "hf:llama", "--gpus", "2", "--ep", "2"]) == 2
+    assert "hf:llama has no experts: --ep 2 applies to a mixture of experts" in \
+        capsys.readouterr().err
+
+
+def test_api_ep_on_a_dense_model() -> None:
+    with pytest.raises(UsageError, match="has no experts"):
+        flopscope.plan("hf:llama", gpus=2, ep=2, config={"num_hidden_layers": 2})

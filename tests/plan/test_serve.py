@@ -1,0 +1,207 @@
+"""flopscope.plan(mode="serve") / flopscope plan --serve: serving layouts, their memory (weights
+and the KV cache from the simulated decode loop), step times, throughput and latency (issue
+31)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import pytest
+
+import flopscope
+from flopscope.cli import main
+from flopscope.errors import UsageError
+from flopscope.plan import ServePlan
+from flopscope.plan.display import seconds
+from flopscope.plan.serve import ServeCandidate, serve_layouts
+from flopscope.plan.space import ModelShape
+from flopscope.render.units import human_bytes
+
+# the model of tests/plan/test_plan.py: hidden 256, 8 heads of 32, 4 KV heads, MLP 512, 4 layers,
+# vocab 512: 2,623,744 parameters
+CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+PARAMS = 2_623_744
+PROMPT, NEW = 64, 8
+BUDGET = 64 * 2**20
+SERVE = dict(gpus=2, hardware="h100", config=CONFIG, seq_len=PROMPT, mode="serve",
+             max_new_tokens=NEW, batches=[1, 4], memory_budget=BUDGET)
+
+
+def _kv(batch: int, tp: int, context: int) -> int:
+    """The KV cache: keys and values x 4 layers x 4 / tp KV heads x 32 x context x 2 bytes."""
+    return 2 * 4 * (4 // tp) * 32 * context * 2 * batch
+
+
+def _flags() -> list[str]:
+    return [a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]
+
+
+@pytest.fixture(scope="module")
+def served() -> ServePlan:
+    plan = flopscope.plan("hf:llama", **SERVE)
+    assert isinstance(plan, ServePlan)
+    return plan
+
+
+def _row(plan: ServePlan, label: str, batch: int) -> ServeCandidate:
+    (found,) = [c for c in (*plan.ranked, *plan.dropped)
+                if c.layout.label == label and c.batch == batch]
+    return found
+
+
+def test_serving_layouts_are_tp_x_pp_x_replicas() -> None:
+    # 8 GPUs, 4 heads, 2 KV heads, 3 layers: tp in 1, 2 (4 does not divide 2 KV heads);
+    # pp at most 3 layers: tp 1: pp 1, 2 (4, 8 > 3); tp 2: pp 1, 2
+    got = serve_layouts(8, ModelShape(layers=3, heads=4, kv_heads=2, intermediate=512))
+    assert [(s.tp, s.pp, s.replicas) for s in got] == [(1, 1, 8), (1, 2, 4), (2, 1, 4),
+                                                        (2, 2, 2)]
+    assert got[-1].label == "TP2 PP2 DP2"
+
+
+def test_kv_cache_and_weights_follow_the_arithmetic(served: ServePlan) -> None:
+    # at the end of the generation the cache holds the prompt and every new token but the
+    # last: 64 + 8 - 1 = 71 positions
+    end = PROMPT + NEW - 1
+    for label, tp in (("TP1 PP1 DP2", 1), ("TP2 PP1 DP1", 2)):
+        for batch in (1, 4):
+            assert _row(served, label, batch).kv_cache_bytes == _kv(batch, tp, end)
+    assert _row(served, "TP1 PP1 DP2", 1).weights_bytes == PARAMS * 2  # bfloat16
+    # TP 2: q/k/v/o and gate/up/down halved, per layer (196,608 + 393,216) / 2 = 294,912 and
+    # two norms 512: 295,424 x 4 layers, + embedding and head 131,072 each + final norm 256
+    assert _row(served, "TP2 PP1 DP1", 1).weights_bytes == 2 * (295_424 * 4 + 2 * 131_072 + 256)
+    # PP 2: stage 1 holds layers 2 and 3 (590,336 each), the norm (256) and the head (131,072);
+    # stage 0 the embedding and layers 0, 1: 256 fewer
+    stage = _row(served, "TP1 PP2 DP1", 1)
+    assert stage.weights_bytes == 2 * (2 * 590_336 + 256 + 131_072)
+    assert stage.kv_cache_bytes == _kv(1, 1, end) // 2  # two of the four layers
+
+
+def test_memory_is_the_simulated_decode_loop() -> None:
+    """On one GPU the plan's memory is the peak of flopscope.llm.count_generation's loop with
+    the weights registered, but for the previous step's logits that loop keeps alive while
+    the next step runs (`out` is reassigned after the call): 1 sequence x 1 position x 512
+    words x 2 bytes = 1,024 bytes per sequence. A short prompt and a long generation put the
+    peak in the last decode step (its cache of 8 + 40 - 1 = 47 positions)."""
+    from flopscope import sources
+    from flopscope.estimate import MemoryTracker
+    from flopscope.llm import count_generation
+
+    plan = flopscope.plan("hf:llama", **{**SERVE, "gpus": 1, "seq_len": 8, "max_new_tokens": 40,
+                                         "batches": [1, 3]})
+    assert isinstance(plan, ServePlan)
+    for batch in (1, 3):
+        row = _row(plan, "TP1 PP1 DP1", batch)
+        loaded = sources.load_model("hf:llama", seq_len=8, config=CONFIG, shape_only=True,
+                                    dtype="bfloat16")
+        tracker = MemoryTracker()
+        tracker.register(loaded.model.parameters(), "parameters")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            count_generation(loaded.model, prompt_len=8, new_tokens=40, batch=batch,
+                             observers=[tracker])
+        loop = tracker.profile()
+        assert row.peak_where.endswith("(decode)")
+        assert row.memory_bytes == loop.peak_bytes - batch * 512 * 2
+        assert row.kv_cache_bytes == _kv(batch, 1, 47)
+
+
+def test_the_largest_batch_fits_and_one_more_does_not(served: ServePlan) -> None:
+    largest = [c for c in served.ranked if c.largest]
+    assert {c.layout.label for c in largest} == {"TP1 PP1 DP2", "TP1 PP2 DP1", "TP2 PP1 DP1"}
+    for c in largest:
+        assert c.fits and c.memory_bytes <= BUDGET and c.batch > 4
+    top = _row(served, "TP1 PP1 DP2", max(c.batch for c in largest
+                                           if c.layout.label == "TP1 PP1 DP2"))
+    over = flopscope.plan("hf:llama", **{**SERVE, "gpus": 1, "batches": [top.batch + 1]})
+    assert isinstance(over, ServePlan)
+    (dropped,) = over.dropped
+    assert dropped.batch == top.batch + 1 and not dropped.fits
+    assert dropped.reason is not None and dropped.reason.startswith(
+        f"batch {top.batch + 1}: peak {human_bytes(dropped.memory_bytes)} is "
+        f"{human_bytes(dropped.memory_bytes - BUDGET)} over the {human_bytes(BUDGET)} budget, at ")
+    (fits,) = [c for c in over.ranked if c.largest]
+    assert fits.batch == top.batch  # one GPU: the same tensor-parallel rank, the same batch
+
+
+def test_throughput_and_latency(served: ServePlan) -> None:
+    for c in served.ranked:
+        request = c.prefill.total + (NEW - 1) * c.decode.total
+        # replicas x batch x new tokens per request, over 2 GPUs
+        assert c.tokens_per_s == pytest.approx(c.layout.replicas * c.batch * NEW / request)
+        assert c.tokens_per_s_per_gpu == pytest.approx(c.tokens_per_s / 2)
+        for t in (c.prefill, c.decode):
+            assert t.total == pytest.approx(t.compute + t.tp_comm + t.p2p)
+        assert (c.decode.tp_comm > 0) == (c.layout.tp > 1)
+        assert (c.decode.p2p > 0) == (c.layout.pp > 1)
+        assert c.prefill.compute > c.decode.compute  # 64 positions against 1
+    speeds = [c.tokens_per_s for c in served.ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    assert served.best_throughput is served.ranked[0]
+    assert served.best_latency is min(served.ranked,
+                                      key=lambda c: (c.decode.total, -c.tokens_per_s))
+
+
+def test_a_layout_that_fits_no_batch_is_dropped() -> None:
+    # 4 MiB: the whole model's 5.0 MiB of weights fit on no GPU alone; TP 2 (2.75 MiB) and
+    # two stages (2.5 MiB) fit with one sequence
+    plan = flopscope.plan("hf:llama", **{**SERVE, "memory_budget": 4 * 2**20, "batches": None})
+    assert isinstance(plan, ServePlan)
+    assert [c.layout.label for c in plan.dropped] == ["TP1 PP1 DP2"]
+    assert plan.dropped[0].reason is not None and "largest: parameters 5.00 MiB" in \
+        plan.dropped[0].reason
+    assert {c.layout.label for c in plan.ranked} == {"TP1 PP2 DP1", "TP2 PP1 DP1"}
+
+
+def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
+                                  served: ServePlan) -> None:
+    argv = ["plan", "hf:llama", "--serve", "--gpus", "2", "--hardware", "h100", "--seq-len",
+            str(PROMPT), "--max-new-tokens", str(NEW), "--batch", "1,4", "--memory-budget",
+            "64MiB", *_flags()]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Serving plan: hf:llama on 2 x h100-sxm")
+    assert "tok/s/GPU" in out and "KV cache" in out and " (max)" in out
+    best = served.best_throughput
+    assert best is not None and f"Best for throughput: {best.label}:" in out
+    assert "Best for latency: " in out
+    # why it wins: the best row of another layout, its sequences in flight and request time
+    rival = next(c for c in served.ranked if c.layout.label == "TP2 PP1 DP1")
+    request = rival.prefill.total + (NEW - 1) * rival.decode.total
+    why = out.split("Why it wins")[1]
+    assert f"  {rival.label}: {rival.tokens_per_s:,.0f} tokens/s (" in why
+    assert f"{rival.batch:,} sequences in flight" in why  # one replica
+    assert f"a request {seconds(request)}" in why
+    assert main([*argv, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "serve" and data["max_new_tokens"] == NEW
+    assert data["best_throughput"] == best.label
+    first = data["ranked"][0]
+    assert set(first) >= {"tp", "pp", "replicas", "batch", "largest_batch", "weights_bytes",
+                          "kv_cache_bytes", "time_to_first_token_s", "latency_per_token_s",
+                          "tokens_per_s", "tokens_per_s_per_gpu"}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--serve", "--global-batch", "8"], "--global-batch does not apply to --serve"),
+    (["--serve", "--checkpointing", "none"], "--checkpointing does not apply to --serve"),
+    (["--max-new-tokens", "8"], "--max-new-tokens applies to --serve only"),
+    (["--batch", "4"], "--batch does not apply to a training plan"),
+    (["--serve", "--batch", "4,x"], "expected a whole number, got 'x'"),
+])
+def test_cli_serve_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                message: str) -> None:
+    assert main(["plan", "hf:llama", "--gpus", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_api_refuses_mixed_options() -> None:
+    with pytest.raises(UsageError, match="mode must be 'train' or 'serve', got 'infer'"):
+        flopscope.plan("hf:llama", gpus=1, mode="infer")
+    with pytest.raises(UsageError, match="max_new_tokens and batches are serving options"):
+        flopscope.plan("hf:llama", gpus=1, max_new_tokens=8)
+    with pytest.raises(UsageError, match="does not take global_batch"):
+        flopscope.plan("hf:llama", gpus=1, mode="serve", global_batch=8, config=CONFIG)

@@ -1,0 +1,131 @@
+"""flopscope.plan's sweep / flopscope plan with several points, --jobs and --ray: rank roles
+simulated in worker processes or as Ray tasks, plans streamed as they complete (issue 31)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+
+import flopscope
+from flopscope.cli import main
+from flopscope.errors import UsageError
+from flopscope.estimate import get_hardware
+from flopscope.plan import Plan
+from flopscope.plan.roles import clear_cache
+from flopscope.plan.sweeps import SweepRow, role_tasks, sweep
+from flopscope.plan.workers import RoleTask, results
+
+CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+OPTIONS: dict[str, Any] = dict(hardware="h100", config=CONFIG, global_batch=2,
+                               checkpointing=("none",))
+
+
+def _summary(plan: Plan | Any) -> list[tuple[str, int, float]]:
+    return [(c.choice.label, c.memory_bytes, c.time.total) for c in plan.ranked]
+
+
+@pytest.fixture(scope="module")
+def here() -> dict[int, Plan]:
+    """The plans made in this process, one role after the other."""
+    clear_cache()
+    out = {}
+    for gpus in (1, 2):
+        made = flopscope.plan("hf:llama", gpus=gpus, seq_len=64, **OPTIONS)
+        assert isinstance(made, Plan)
+        out[gpus] = made
+    clear_cache()
+    return out
+
+
+def test_role_tasks_are_the_roles_a_plan_asks_for(here: dict[int, Plan]) -> None:
+    # 2 GPUs, batch 2, no checkpointing: TP1 PP1 DP2 mb1 (1 role), TP1 PP2 mb1x2 (2 stages),
+    # TP2 mb1x2 and mb2x1 (1 each): 5, as the plan counted
+    tasks = role_tasks("hf:llama", gpus=2, hardware=get_hardware("h100"), seq_len=64,
+                       config=CONFIG, global_batch=2, checkpointing=("none",))
+    assert len(tasks) == len(set(tasks)) == here[2].roles == 5
+    assert {t.kind for t in tasks} == {"train"}
+    assert sorted((t.key.tp, t.key.pp, t.key.stage, t.key.micro_batch)
+                  for t in tasks if t.key is not None) == [
+        (1, 1, 0, 1), (1, 2, 0, 1), (1, 2, 1, 1), (2, 1, 0, 1), (2, 1, 0, 2)]
+
+
+def test_worker_processes_give_the_same_plans(here: dict[int, Plan]) -> None:
+    seen: list[tuple[int, int]] = []
+    rows = list(sweep(["hf:llama"], gpus=[1, 2], seq_lens=[64], jobs=2,
+                      on_task=lambda task, done, total: seen.append((done, total)),
+                      **OPTIONS))
+    # 1 GPU: mb1x2 and mb2x1 (2 roles); 2 GPUs: 5; none shared
+    assert seen[-1] == (7, 7) and len(seen) == 7
+    assert sorted(r.gpus for r in rows) == [1, 2]
+    for row in rows:
+        assert row.error is None and isinstance(row.plan, Plan)
+        assert row.plan.simulations == 0  # every role came from a worker
+        assert _summary(row.plan) == _summary(here[row.gpus])
+
+
+def test_ray_tasks_give_the_same_plans(here: dict[int, Plan]) -> None:
+    ray = pytest.importorskip("ray")
+    clear_cache()
+    for attempt in range(3):  # Ray gives its raylet 30 s to start: too little at load 10+
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # noqa: BLE001  (Ray raises a bare Exception)
+            ray.shutdown()
+            if attempt == 2:
+                pytest.skip(f"a local Ray cluster did not start here: {e}")
+    try:
+        rows = list(sweep(["hf:llama"], gpus=[2], seq_lens=[64], ray="local", **OPTIONS))
+    finally:
+        ray.shutdown()
+    (row,) = rows
+    assert isinstance(row.plan, Plan) and row.plan.simulations == 0
+    assert _summary(row.plan) == _summary(here[2])
+
+
+def test_ray_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    task = RoleTask("train", "hf:llama", 64, "bfloat16", (), get_hardware("h100"))
+    with pytest.raises(UsageError, match=r"--ray needs Ray: pip install 'flopscope\[ray\]'"):
+        list(results([task], ray="local"))
+
+
+def test_a_failing_point_is_a_row_with_its_error() -> None:
+    # 3 GPUs divide neither the 8 heads nor a batch of 2
+    from flopscope.plan import sweep as exported
+
+    assert exported is sweep  # the package's name for it
+    rows = list(sweep(["hf:llama"], gpus=[3], seq_lens=[64], **OPTIONS))
+    assert rows == [SweepRow("hf:llama", 3, 64, None, rows[0].error)]
+    assert rows[0].error is not None and "no layout of 3 devices" in rows[0].error
+
+
+@pytest.fixture
+def cached(here: dict[int, Plan]) -> None:
+    """The roles of `here` in this process's cache (the CLI test plans in this process)."""
+    for gpus in (1, 2):
+        flopscope.plan("hf:llama", gpus=gpus, seq_len=64, **OPTIONS)
+
+
+def test_cli_sweep_table_and_json(capsys: pytest.CaptureFixture[str], cached: None,
+                                  here: dict[int, Plan]) -> None:
+    argv = ["plan", "hf:llama", "--gpus", "1,2,3", "--seq-len", "64", "--hardware", "h100",
+            "--global-batch", "2", "--checkpointing", "none",
+            *[a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["model", "GPUs", "seq", "fit", "best", "layout", "step", "MFU",
+                              "tok/s/GPU", "peak/GPU"]
+    best = here[2].ranked[0]
+    layouts = len(here[2].ranked) + len(here[2].dropped)  # 4: the 5 roles' layouts
+    assert out[3].split()[:8] == ["hf:llama", "2", "64", f"{len(here[2].ranked)}/{layouts}",
+                                  *best.choice.label.split()]
+    assert "error: no layout of 3 devices" in out[4]
+    assert main([*argv, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(d["gpus"], d["error"] is None) for d in data] == [(1, True), (2, True), (3, False)]
+    assert data[1]["plan"]["ranked"][0]["layout"] == best.choice.label
