@@ -88,7 +88,10 @@ def __getattr__(name: str) -> _Any:
     if module is None:
         raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
     for public, where in _EXPORTS.items():
-        globals()[public] = getattr(_importlib.import_module(where), public)
+        found = _importlib.import_module(where)
+        # a package exported under its own name (``plan``) is itself callable: the package, so
+        # that ``flopscope.plan(...)`` and ``flopscope.plan.planner`` both work in any order
+        globals()[public] = found if where == f"flopscope.{public}" else getattr(found, public)
     return globals()[name]
 
 

@@ -292,3 +292,18 @@ def test_simulate_prepare_is_refused_with_experts() -> None:
 
     with pytest.raises(UsageError, match=r"simulate\(prepare=...\) is not built for expert"):
         simulate(build, Layout(2, ep=2), prepare=lambda m, a, k: None)
+
+
+def test_flopscope_plan_is_the_callable_package_whatever_the_import_order() -> None:
+    """``flopscope.plan`` is the package, callable as the function: loading the lazy exports
+    first (any ``flopscope.X`` name) used to replace it with the bare function, so
+    ``flopscope.plan.planner`` failed after ``flopscope.count`` had been touched."""
+    import subprocess
+    import sys
+
+    code = ("import flopscope; flopscope.count; import flopscope.plan.planner as p; "
+            "assert callable(flopscope.plan); assert flopscope.plan.planner is p; "
+            "from flopscope.plan import plan; assert flopscope.plan.plan is plan")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
