@@ -71,20 +71,27 @@ def main() -> None:
         ways.append("ray")
     except ImportError:
         pass
-    rows = []
+    from flopscope.errors import UsageError
+
+    rows: list[dict[str, Any]] = []
     for r in range(args.rounds):
         for way in ways:
             load = os.getloadavg()[0]
-            row = {"round": r, "load_before": round(load, 1), **one_way(way, args.gpus,
-                                                                       args.jobs)}
+            start = time.perf_counter()
+            try:
+                figures = one_way(way, args.gpus, args.jobs)
+            except UsageError as e:  # a local Ray cluster that did not start here
+                figures = {"way": way, "error": str(e),
+                           "seconds": round(time.perf_counter() - start, 1)}
+            row = {"round": r, "load_before": round(load, 1), **figures}
             print(row, flush=True)
             rows.append(row)
-    result = {"config": CONFIG, "gpus": args.gpus, "jobs": args.jobs, "cpus": os.cpu_count(),
-              "rows": rows}
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+            if args.json:  # after every row: a later failure keeps the earlier figures
+                result = {"config": CONFIG, "gpus": args.gpus, "jobs": args.jobs,
+                          "cpus": os.cpu_count(), "rows": rows}
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump(result, f, indent=2)
+                    f.write("\n")
 
 
 if __name__ == "__main__":
