@@ -280,9 +280,9 @@ def test_simulated_fsdp_rank_frees_its_unsharded_layers_after_forward() -> None:
     for layers_freed in (True, False):
         tracker = MemoryTracker()
         if not layers_freed:  # the old count: resizes not followed
-            from flopscope.estimate.memory import _follow_resizes
+            from flopscope.estimate.resizes import follow_resizes
 
-            _follow_resizes(tracker, False)
+            follow_resizes(tracker, False)
         simulate(build, Layout(2, fsdp=2), backward=True, logical=False, observers=[tracker],
                  warn=False)
         peaks.append(tracker.profile())

@@ -35,6 +35,7 @@ import torch
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import ancestors
+from flopscope.estimate.resizes import follow_resizes
 
 __all__ = ["CATEGORIES", "TIMELINE_POINTS", "CallPoint", "MemoryProfile", "MemoryTracker",
            "layout_copy_bytes", "timeline"]
@@ -136,34 +137,6 @@ class _Alloc:
         self.phase = phase
 
 
-_FOLLOWING: weakref.WeakSet[MemoryTracker] = weakref.WeakSet()
-_ORIGINAL_RESIZE: list[Any] = []
-
-
-def _resize_(storage: Any, size: int) -> Any:
-    """``UntypedStorage.resize_``, then every following tracker told of the new size."""
-    out = _ORIGINAL_RESIZE[0](storage, size)
-    for tracker in list(_FOLLOWING):
-        tracker._storage_resized(storage)
-    return out
-
-
-def _follow_resizes(tracker: MemoryTracker, follow: bool) -> None:
-    """Start (or stop) telling ``tracker`` of storage resizes made outside any operator: FSDP2
-    frees a layer's unsharded parameters after its forward with ``storage.resize_(0)`` and
-    allocates them again for backward with ``resize_(size)``, which no dispatch mode sees.
-    ``UntypedStorage.resize_`` is wrapped while a tracker follows, and put back after."""
-    if follow:
-        _FOLLOWING.add(tracker)
-    else:
-        _FOLLOWING.discard(tracker)
-    if _FOLLOWING and not _ORIGINAL_RESIZE:
-        _ORIGINAL_RESIZE.append(torch.UntypedStorage.resize_)
-        torch.UntypedStorage.resize_ = _resize_  # type: ignore[method-assign,assignment]
-    elif not _FOLLOWING and _ORIGINAL_RESIZE:
-        torch.UntypedStorage.resize_ = _ORIGINAL_RESIZE.pop()  # type: ignore[method-assign]
-
-
 class MemoryTracker:
     """A Counter observer that follows live tensor storages and records the peak.
 
@@ -196,11 +169,16 @@ class MemoryTracker:
         # what register() made live (storage, key, bytes, category): kept by reset()
         self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
         self._resized_away: dict[int, str] = {}  # storages freed by resize_(0): their module
-        _follow_resizes(self, True)
+        follow_resizes(self, True)
 
-    def _storage_resized(self, st: Any) -> None:
-        """A storage took a new size outside any operator: a followed one's old bytes are
-        freed, and one that grows (again) is allocated anew (in the phase of the last call)."""
+    def storage_resized(self, st: Any) -> None:
+        """A storage took a new size outside any operator (:mod:`flopscope.estimate.resizes`):
+        a followed one's old bytes are freed, and one that grows (again) is allocated anew (in
+        the phase of the last call).
+
+        Args:
+            st: the storage.
+        """
         if self._closed:
             return
         key, nbytes = int(st._cdata), int(st.nbytes())
@@ -290,7 +268,7 @@ class MemoryTracker:
     def close(self) -> None:
         """Stop following storages (finalizers detached); the recorded figures stay."""
         self._closed = True
-        _follow_resizes(self, False)
+        follow_resizes(self, False)
         for fin in self._finalizers:
             fin.detach()
         self._finalizers = []
