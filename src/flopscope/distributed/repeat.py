@@ -3,9 +3,10 @@
 A decoder's layers are alike (the same modules, shapes and attributes but their own index), so a
 simulated rank with ``n`` of them runs, per layer, the same operators on the same shapes: what
 differs between ``n`` and ``n + 1`` layers is one more layer's worth of work in the middle of the
-stack. The first and last ``width`` layers may differ from the rest (FSDP2 gathers the first
-layer with the root's parameters and prefetches across neighbours; the last layer's backward
-starts the chain), and some figures outside the layers grow with the count (a root module's
+stack. The first and last ``width`` layers may differ from the rest (FSDP2's backward prefetch:
+each layer's backward gathers the parameters of the one backward runs next; the first layer,
+last in backward, gathers none, and the last is gathered from the head's backward), and some
+figures outside the layers grow with the count (a root module's
 parameters, the gradients' reduction).
 
 So a rank is counted at three small layer counts ``n, n + 1, n + 2``, and its report at any
