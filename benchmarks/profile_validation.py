@@ -9,6 +9,11 @@ against the same runs under ``torch.profiler`` alone, interleaved rounds. The tr
 Holistic Trace Analysis when it is installed (``pip install HolisticTraceAnalysis``).
 
     python -m benchmarks.profile_validation [--repeat 5] [--rounds 5] [--json FILE]
+    python -m benchmarks.profile_validation --overhead-only [--rounds 15]
+
+``--overhead-only`` measures only the overhead, with more rounds (each round: one profiled run and
+one run under the profiler alone, in alternating order) and the ratio of each round's pair, and
+writes ``benchmarks/results/profile_overhead.json``.
 """
 
 from __future__ import annotations
@@ -116,15 +121,60 @@ def run(repeat: int, rounds: int) -> dict[str, Any]:
             "load": list(__import__("os").getloadavg()), "rows": rows}
 
 
+def overhead(rounds: int) -> dict[str, Any]:
+    """Only the overhead of every case (see the module docstring): per round, a profiled run and a
+    run under the profiler alone, the one first alternating; the median of the per-round ratios
+    and the ratio of the medians."""
+    torch.set_num_threads(1)
+    rows = []
+    for name, model, args, kwargs in _cases():
+        model.eval()
+        for backward in (False, True):
+            ours, plains = [], []
+            flopscope.profile(model, *args, backward=backward, warmup=1, repeat=1, **kwargs)
+            _plain_profiler(model, args, kwargs, backward)
+            for r in range(rounds):
+                pair = []
+                for mine in ((True, False) if r % 2 == 0 else (False, True)):
+                    if mine:
+                        _, t = flopscope.profile(model, *args, backward=backward, warmup=0,
+                                                 repeat=1, **kwargs)
+                        pair.append(("ours", t.wall_s))
+                    else:
+                        pair.append(("plain", _plain_profiler(model, args, kwargs, backward)))
+                got = dict(pair)
+                ours.append(got["ours"])
+                plains.append(got["plain"])
+            ratios = [a / b for a, b in zip(ours, plains, strict=True)]
+            row = {"case": name, "backward": backward, "rounds": rounds,
+                   "ours_s": statistics.median(ours), "profiler_alone_s": statistics.median(plains),
+                   "ratio_of_medians": statistics.median(ours) / statistics.median(plains),
+                   "median_ratio": statistics.median(ratios),
+                   "ratios": [round(x, 4) for x in ratios]}
+            print(json.dumps({k: v for k, v in row.items() if k != "ratios"}), file=sys.stderr,
+                  flush=True)
+            rows.append(row)
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "torch": torch.__version__, "rounds": rounds,
+            "load": list(__import__("os").getloadavg()), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path,
-                        default=Path(__file__).parent / "results" / "profile_validation.json")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--overhead-only", action="store_true",
+                        help="only the overhead against torch.profiler alone")
     args = parser.parse_args(argv)
-    data = run(args.repeat, args.rounds)
+    results = Path(__file__).parent / "results"
+    if args.overhead_only:
+        args.json = args.json or results / "profile_overhead.json"
+        data = overhead(args.rounds)
+    else:
+        args.json = args.json or results / "profile_validation.json"
+        data = run(args.repeat, args.rounds)
     args.json.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0
