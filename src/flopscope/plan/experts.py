@@ -16,20 +16,20 @@ shape-only):
 - no pipeline stages (pipelining with experts is not built).
 
 ``ep`` divides the experts: every rank holds ``experts / ep`` whole experts. Each layout's rank
-is simulated once (:class:`ExpertRoles`, :func:`flopscope.plan.sharded.simulate_sharded`).
+is simulated once (:class:`ExpertRoles`, a :class:`flopscope.plan.sharded.OneRole`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
 from flopscope.distributed import Layout, apply_layout
 from flopscope.estimate import Hardware
-from flopscope.plan.roles import Build, RoleKey, RoleRun
-from flopscope.plan.sharded import simulate_sharded
+from flopscope.plan.roles import RoleKey, RoleRun
+from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import CHECKPOINTING, Choice, ModelShape, divisors
 
 __all__ = ["ExpertRoles", "expert_count", "expert_layouts", "remember"]
@@ -84,64 +84,27 @@ def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int
     return out
 
 
-#: every simulated expert-parallel role in this process, by (model identity, hardware, ep,
-#: role)
-_CACHE: dict[tuple[Hashable, str, int, RoleKey], RoleRun] = {}
-
-
-class ExpertRoles:
-    """Expert-parallel ranks of a mixture of experts, each simulated once per process.
-
-    Args:
-        build: makes the model (on ``meta``, train mode) and a batch (:data:`Build`).
-        hardware: the profile the roofline estimate is for.
-        identity: what ``build`` builds.
-
-    Attributes:
-        simulations: simulations run (cache misses).
-        used: distinct roles asked for.
+class ExpertRoles(OneRole[int]):
+    """Expert-parallel ranks of a mixture of experts, each role simulated once per process
+    (rank 0; every rank runs the same shapes under balanced routing); the variant is ``ep``.
     """
 
-    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
-        self._build = build
-        self._hardware = hardware
-        self._identity = identity
-        self._used: set[tuple[int, RoleKey]] = set()
-        self.simulations = 0
+    cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]] = {}
 
-    @property
-    def used(self) -> int:
-        """Distinct roles asked for."""
-        return len(self._used)
-
-    def runs(self, choice: Choice) -> list[RoleRun]:
-        """The layout's one role (rank 0; every rank runs the same shapes under balanced
-        routing).
-
-        Args:
-            choice: an expert-parallel layout.
-
-        Returns:
-            ``[its RoleRun]``.
-        """
+    def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
+        """See :meth:`OneRole.role`."""
         key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
                       choice.checkpoint == "block")
-        self._used.add((choice.ep, key))
-        full = (self._identity, self._hardware.name, choice.ep, key)
-        found = _CACHE.get(full)
-        if found is None:
-            found = _CACHE[full] = self._simulate(key, choice.ep)
-            self.simulations += 1
-        return [found]
+        return choice.ep, key, choice.tp * choice.dp
 
-    def _simulate(self, key: RoleKey, ep: int) -> RoleRun:
-        world = key.tp * key.dp
-        layout = Layout(world, tp=key.tp, fsdp=key.dp, ep=ep)
+    def shard(self, variant: int, key: RoleKey) -> Shard:
+        """See :meth:`OneRole.shard`."""
+        layout = Layout(key.tp * key.dp, tp=key.tp, fsdp=key.dp, ep=variant)
 
         def shard(model: nn.Module) -> None:
             apply_layout(model, layout, layout.mesh())
 
-        return simulate_sharded(self._build, key, world, shard, self._hardware)
+        return shard
 
 
 def remember(identity: Hashable, hardware: Hardware, ep: int, run: RoleRun) -> None:
@@ -153,4 +116,4 @@ def remember(identity: Hashable, hardware: Hardware, ep: int, run: RoleRun) -> N
         ep: the expert-parallel degree.
         run: the simulated role.
     """
-    _CACHE[(identity, hardware.name, ep, run.key)] = run
+    ExpertRoles.remember(identity, hardware, ep, run)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -26,8 +26,12 @@ from flopscope.estimate import CallLog, Hardware, MemoryTracker
 from flopscope.execution.copies import to_fake
 from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.plan.roles import Build, RoleKey, RoleRun, local_tensor
+from flopscope.plan.space import Choice
 
-__all__ = ["Shard", "simulate_sharded"]
+__all__ = ["OneRole", "Shard", "simulate_sharded"]
+
+#: what, besides the role key, tells two layouts' roles apart (an ``ep`` degree, ``fsdp``/``ddp``)
+V = TypeVar("V", bound=Hashable)
 
 #: shards the model in place inside the fake world (called with the model on ``meta``)
 Shard = Callable[[nn.Module], None]
@@ -70,6 +74,92 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
         del model, params
     return RoleRun(key, report, memory, log.estimate(hardware), parameter_bytes,
                    time.perf_counter() - start)
+
+
+class OneRole(Generic[V]):
+    """Layouts whose ranks all run the same shapes (one role each), every role simulated once
+    per process: the base of :class:`~flopscope.plan.experts.ExpertRoles` and
+    :class:`~flopscope.plan.vision.VisionRoles`. A subclass says which role a layout has
+    (:meth:`role`) and how its rank is sharded (:meth:`shard`); its roles are cached in its own
+    class-level ``cache``, by (model identity, hardware, variant, role key).
+
+    Args:
+        build: makes the model (on ``meta``, train mode) and a batch (:data:`Build`).
+        hardware: the profile the roofline estimate is for.
+        identity: what ``build`` builds.
+
+    Attributes:
+        simulations: simulations run (cache misses).
+    """
+
+    cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]]
+
+    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
+        self._build = build
+        self._hardware = hardware
+        self._identity = identity
+        self._used: set[tuple[V, RoleKey]] = set()
+        self.simulations = 0
+
+    @property
+    def used(self) -> int:
+        """Distinct roles asked for."""
+        return len(self._used)
+
+    def role(self, choice: Choice) -> tuple[V, RoleKey, int]:
+        """The layout's role.
+
+        Args:
+            choice: a layout.
+
+        Returns:
+            ``(variant, role key, ranks in the job)``.
+        """
+        raise NotImplementedError
+
+    def shard(self, variant: V, key: RoleKey) -> Shard:
+        """How a rank of the role shards the model.
+
+        Args:
+            variant: the role's variant.
+            key: the role.
+
+        Returns:
+            The sharding function.
+        """
+        raise NotImplementedError
+
+    def runs(self, choice: Choice) -> list[RoleRun]:
+        """The layout's one role, simulated on first use.
+
+        Args:
+            choice: a layout.
+
+        Returns:
+            ``[its RoleRun]``.
+        """
+        variant, key, world = self.role(choice)
+        self._used.add((variant, key))
+        full = (self._identity, self._hardware.name, variant, key)
+        found = self.cache.get(full)
+        if found is None:
+            found = self.cache[full] = simulate_sharded(
+                self._build, key, world, self.shard(variant, key), self._hardware)
+            self.simulations += 1
+        return [found]
+
+    @classmethod
+    def remember(cls, identity: Hashable, hardware: Hardware, variant: V, run: RoleRun) -> None:
+        """Keep a role simulated elsewhere (a worker process, a Ray task): a later
+        :meth:`runs` of the same model, hardware and layout finds it.
+
+        Args:
+            identity: what the role's model is (as the class is given it).
+            hardware: the profile its estimate is for.
+            variant: the role's variant.
+            run: the simulated role.
+        """
+        cls.cache[(identity, hardware.name, variant, run.key)] = run
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:

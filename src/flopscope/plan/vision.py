@@ -12,8 +12,8 @@ layouts are ``dp = N`` with a micro-batch (:func:`data_parallel_layouts`), each 
   shard size 1): every rank keeps whole parameters and gradients, and the gradients are
   all-reduced in backward, bucketed by block, as ``DistributedDataParallel`` does.
 
-Each layout's rank is simulated once (:class:`VisionRoles`,
-:func:`flopscope.plan.sharded.simulate_sharded`): on torch's fake process group, shape-only,
+Each layout's rank is simulated once (:class:`VisionRoles`, a :class:`flopscope.plan.sharded.OneRole`,
+which runs :func:`flopscope.plan.sharded.simulate_sharded`): on torch's fake process group, shape-only,
 forward and backward from the sum of the outputs, with the memory tracker and the roofline log
 watching, as a decoder's roles are (:mod:`flopscope.plan.roles`).
 """
@@ -21,14 +21,14 @@ watching, as a decoder's roles are (:mod:`flopscope.plan.roles`).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
-from flopscope.plan.roles import Build, RoleKey, RoleRun
-from flopscope.plan.sharded import simulate_sharded
+from flopscope.plan.roles import RoleKey, RoleRun
+from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import Choice, divisors
 
 __all__ = ["DATA_PARALLEL", "VisionRoles", "blocks", "check_vision_options",
@@ -94,59 +94,26 @@ def data_parallel_layouts(gpus: int, global_batch: int,
             for micro in divisors(per_rank) for kind in kinds]
 
 
-#: every simulated vision role in this process, by (model identity, hardware, kind, role)
-_CACHE: dict[tuple[Hashable, str, str, RoleKey], RoleRun] = {}
-
-
-class VisionRoles:
-    """Data-parallel ranks of a vision model, each simulated once per process.
-
-    Args:
-        build: makes the model (on ``meta``, train mode) and a batch (:data:`Build`).
-        hardware: the profile the roofline estimate is for.
-        identity: what ``build`` builds.
-
-    Attributes:
-        simulations: simulations run (cache misses).
-        used: distinct roles asked for.
+class VisionRoles(OneRole[str]):
+    """Data-parallel ranks of a vision model, each role simulated once per process (every rank
+    runs the same shapes); the variant is ``fsdp`` or ``ddp``.
     """
 
-    def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
-        self._build = build
-        self._hardware = hardware
-        self._identity = identity
-        self._used: set[tuple[str, RoleKey]] = set()
-        self.simulations = 0
+    cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]] = {}
 
-    @property
-    def used(self) -> int:
-        """Distinct roles asked for."""
-        return len(self._used)
+    def role(self, choice: Choice) -> tuple[str, RoleKey, int]:
+        """See :meth:`OneRole.role`."""
+        return choice.data_parallel, RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1,
+                                             False), choice.dp
 
-    def runs(self, choice: Choice) -> list[RoleRun]:
-        """The layout's one role (every rank runs the same shapes).
+    def shard(self, variant: str, key: RoleKey) -> Shard:
+        """See :meth:`OneRole.shard`."""
 
-        Args:
-            choice: a data-parallel layout.
-
-        Returns:
-            ``[its RoleRun]``.
-        """
-        key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, False)
-        self._used.add((choice.data_parallel, key))
-        full = (self._identity, self._hardware.name, choice.data_parallel, key)
-        found = _CACHE.get(full)
-        if found is None:
-            found = _CACHE[full] = self._simulate(key, choice.data_parallel)
-            self.simulations += 1
-        return [found]
-
-    def _simulate(self, key: RoleKey, kind: str) -> RoleRun:
         def shard(model: nn.Module) -> None:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            if kind == "ddp":  # N replicas of one shard: whole parameters, all-reduced grads
+            if variant == "ddp":  # N replicas of one shard: whole parameters, all-reduced grads
                 mesh = init_device_mesh("cpu", (key.dp, 1), mesh_dim_names=("replicate", "shard"))
             else:
                 mesh = init_device_mesh("cpu", (key.dp,), mesh_dim_names=("dp",))
@@ -154,7 +121,7 @@ class VisionRoles:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
 
-        return simulate_sharded(self._build, key, key.dp, shard, self._hardware)
+        return shard
 
 
 def remember(identity: Hashable, hardware: Hardware, data_parallel: str, run: RoleRun) -> None:
@@ -167,7 +134,7 @@ def remember(identity: Hashable, hardware: Hardware, data_parallel: str, run: Ro
         data_parallel: ``fsdp`` or ``ddp``.
         run: the simulated role.
     """
-    _CACHE[(identity, hardware.name, data_parallel, run.key)] = run
+    VisionRoles.remember(identity, hardware, data_parallel, run)
 
 
 def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
