@@ -13,12 +13,13 @@ byte with its module, phase and operator, the estimate's integers exactly and it
 
 The same goes for a pipeline stage's microbatches (:data:`UNITS`): a role of ``pp`` stages runs
 ``pp`` microbatches, each the same work on the same shapes, so its counts are affine in them; under
-1F1B the first stage runs every forward, then every backward, and the second ``pp - 1`` forwards,
-one backward, one forward, then the rest: the live bytes at a call of microbatch ``i``'s forward
-(backward) are affine in ``i`` and in ``pp``, as a middle layer's are in its index and the layer
-count. So the stage is simulated in pipelines of 3, 4 and 5 stages (as many microbatches) and put
-together at ``pp`` by the same code, each call's module path prefixed with its microbatch
-(:class:`Actions`, :func:`by_microbatch`), checked exact at the third.
+1F1B the first stage runs every forward, then every backward, the second ``pp - 1`` forwards, one
+backward, one forward, then the rest, the last a forward and a backward in turn: the live bytes
+at a call of microbatch ``i``'s forward (backward) are affine in ``i`` and in ``pp``, as a middle
+layer's are in its index and the layer count. So the stage is simulated in pipelines of
+:data:`UNIT_SMALL` stages (as many microbatches) and put together at ``pp`` by the same code,
+each call's module path prefixed with its microbatch (:class:`Actions`, :func:`by_microbatch`),
+checked exact at the third.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.report.report import Report
 
-__all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check", "combine", "frame_of",
-           "unit_module"]
+__all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",
+           "combine", "frame_of", "unit_module"]
 
 #: the path prefix of a pipeline stage's microbatches, as if they were layers
 #: (``~microbatch.3.F|model.layers.1.mlp``: a call of microbatch 3's forward in that module)
@@ -148,7 +149,9 @@ def _estimate(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
 def combine(a: Small, b: Small, c: Small, to: Frame
             ) -> tuple[Report, MemoryProfile, Estimate, int]:
     """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more; ``c``,
-    one more again, only tells which calls outside the layers repeat per layer).
+    one more again, only tells which calls outside the layers repeat per layer); with ``to``'s
+    prefix :data:`UNITS`, at ``to.n`` microbatches from small pipelines (the boundaries
+    :data:`UNIT_WIDTH` microbatches wide; the peak's module path without its microbatch).
 
     The memory profile has the peak, where it is reached, what is live then and at the end; no
     per-module marks or timeline. The estimate has its total and phases only.
