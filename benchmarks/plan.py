@@ -190,7 +190,26 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
             else:
                 after += whole
                 now += whole
+        passes: dict[str, int] = {}  # layer passes left per role class, after both
+        for k in keys:
+            held = split_layers(layers, k.pp)[k.stage]
+            n = len(held)
+            if n > sum(SMALL):
+                kind, work = "from small layer counts", k.microbatches * sum(SMALL)
+            elif k.pp > sum(UNIT_SMALL) and (k.stage == k.pp - 1 or (
+                    k.stage <= 1 and held.start == k.stage * n)):
+                kind, work = "from small pipelines", n * sum(UNIT_SMALL)
+            else:
+                kind, work = f"whole, pp {k.pp}", n * k.microbatches
+            passes[kind] = passes.get(kind, 0) + work
         plans.append({"gpus": gpus, "layouts": len(choices), "roles": len(keys),
+                      "layer_passes_now": dict(sorted(passes.items())),
+                      # a layer block shared across roles, keyed with the FSDP2 degree (fixed
+                      # by tp and pp within one plan) or without it
+                      "distinct_blocks_tp_dp_mb_ckpt": len({(k.tp, k.dp, k.micro_batch,
+                                                             k.checkpoint) for k in keys}),
+                      "distinct_blocks_tp_mb_ckpt": len({(k.tp, k.micro_batch, k.checkpoint)
+                                                         for k in keys}),
                       "roles_from_small_layer_counts": repeated,
                       "roles_from_small_pipelines": from_microbatches,
                       "estimate_every_layer_s": round(before),
