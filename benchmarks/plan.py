@@ -5,7 +5,9 @@ FSDP 32, micro-batch 1, with and without checkpointing) and a pipeline stage (TP
 16, stage 0: 40 layers, 2 microbatches) timed with their repeated layers put together from three
 small layer counts and counted whole, one after the other in one process (and checked equal);
 one pipeline role of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches), simulated whole
-either way; and from these the whole plans' time, estimated (it takes hours).
+either way; two stages of deep pipelines (TP 8 x PP 32, stage 1; TP 4 x PP 64, stage 0) put
+together from small pipelines and simulated over every microbatch; and from these the whole
+plans' time, estimated (it takes hours).
 
 Run: ``python -m benchmarks.plan [--70b] [--seq-len S] [--json FILE]`` (2 shared vCPUs here; the
 figures depend on the load).
@@ -66,12 +68,14 @@ def one(config: dict[str, Any], gpus: int, global_batch: int, seq_len: int,
 
 
 def _role_time(build: Any, key: Any, repeat: bool) -> tuple[float, Any]:
-    """One role simulated in a fresh cache: seconds and its run."""
+    """One role simulated in a fresh cache: seconds and its run (``repeat``: layers and
+    microbatches put together from small counts where they can be; else every one simulated)."""
     from flopscope.estimate import get_hardware
     from flopscope.plan.roles import Roles, clear_cache
 
     clear_cache()
-    roles = Roles(build, get_hardware("h100-sxm"), ("70b", repeat), repeat_layers=repeat)
+    roles = Roles(build, get_hardware("h100-sxm"), ("70b", repeat), repeat_layers=repeat,
+                  repeat_microbatches=repeat)
     start = time.perf_counter()
     run = roles.get(key)
     return time.perf_counter() - start, run
@@ -94,6 +98,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
 
     from flopscope.distributed.pipeline import split_layers
     from flopscope.distributed.repeat import SMALL
+    from flopscope.plan.layers import UNIT_SMALL
     from flopscope.plan.planner import build_model
     from flopscope.plan.roles import RoleKey, roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
@@ -142,32 +147,84 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
         "seconds": round(pipe_s, 1), "layer_passes": 80,
         "estimate_from_layer_passes_s": round(80 * per_pass[False], 1)}
 
+    # pipelines of more than 18 stages: the first, second and last stage put together from
+    # the stage in pipelines of 5, 6 and 7 stages (as many microbatches), side by side with
+    # the stage simulated over all its microbatches
+    for name, key in (("tp8_pp32_dp1_stage1_mb1", RoleKey(8, 32, 1, 1, 1, 32, False)),
+                      ("tp4_pp64_dp1_stage0_mb1", RoleKey(4, 64, 0, 1, 1, 64, False))):
+        fast_s, fast = _role_time(build, key, True)
+        slow_s, slow = _role_time(build, key, False)
+        n = len(split_layers(layers, key.pp)[key.stage])
+        timed[name] = {
+            "small_pipelines_s": round(fast_s, 1), "every_microbatch_s": round(slow_s, 1),
+            "speedup": round(slow_s / fast_s, 1),
+            "layer_passes": {"small_pipelines": n * sum(UNIT_SMALL),
+                             "every_microbatch": n * key.microbatches},
+            "same_report_and_peak": fast.report == slow.report
+            and fast.memory.peak_bytes == slow.memory.peak_bytes
+            and fast.memory.peak_module == slow.memory.peak_module
+            and fast.memory.at_peak == slow.memory.at_peak,
+            "peak_gib": round(fast.memory.peak_bytes / 2**30, 2),
+            "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})"}
+
     plans = []
     for gpus in (256, 1024):
         choices = enumerate_layouts(gpus, shape, gpus)
         keys = {k for c in choices for k in roles_of(c, layers)}
-        before = after = 0.0
-        repeated = 0
+        before = after = now = 0.0
+        repeated = from_microbatches = 0
         for k in keys:
-            n = len(split_layers(layers, k.pp)[k.stage])
+            held = split_layers(layers, k.pp)[k.stage]
+            n = len(held)
             whole = n * k.microbatches * per_pass[k.checkpoint]
             before += whole
             if n > sum(SMALL):
                 repeated += 1
                 after += k.microbatches * fast_role[k.checkpoint]
+                now += k.microbatches * fast_role[k.checkpoint]
+            elif k.pp > sum(UNIT_SMALL) and (k.stage == k.pp - 1 or (
+                    k.stage <= 1 and held.start == k.stage * n)):
+                from_microbatches += 1
+                after += whole
+                now += n * sum(UNIT_SMALL) * per_pass[k.checkpoint]
             else:
                 after += whole
+                now += whole
+        passes: dict[str, int] = {}  # layer passes left per role class, after both
+        for k in keys:
+            held = split_layers(layers, k.pp)[k.stage]
+            n = len(held)
+            if n > sum(SMALL):
+                kind, work = "from small layer counts", k.microbatches * sum(SMALL)
+            elif k.pp > sum(UNIT_SMALL) and (k.stage == k.pp - 1 or (
+                    k.stage <= 1 and held.start == k.stage * n)):
+                kind, work = "from small pipelines", n * sum(UNIT_SMALL)
+            else:
+                kind, work = f"whole, pp {k.pp}", n * k.microbatches
+            passes[kind] = passes.get(kind, 0) + work
         plans.append({"gpus": gpus, "layouts": len(choices), "roles": len(keys),
+                      "layer_passes_now": dict(sorted(passes.items())),
+                      # a layer block shared across roles, keyed with the FSDP2 degree (fixed
+                      # by tp and pp within one plan) or without it
+                      "distinct_blocks_tp_dp_mb_ckpt": len({(k.tp, k.dp, k.micro_batch,
+                                                             k.checkpoint) for k in keys}),
+                      "distinct_blocks_tp_mb_ckpt": len({(k.tp, k.micro_batch, k.checkpoint)
+                                                         for k in keys}),
                       "roles_from_small_layer_counts": repeated,
+                      "roles_from_small_pipelines": from_microbatches,
                       "estimate_every_layer_s": round(before),
-                      "estimate_repeated_layers_s": round(after)})
+                      "estimate_repeated_layers_s": round(after),
+                      "estimate_repeated_layers_and_microbatches_s": round(now)})
     return {"model": "70B-shaped Llama", "seq_len": seq_len, "dtype": "bfloat16",
             "load_1min": round(load, 2), "timed_roles": timed, "plans": plans,
             "estimate": "each role's time: a role put together from small layer counts (more "
                         "than 12 layers in its stage) takes its microbatches simulated x the "
-                        "timed TP8 x FSDP32 role's time from small counts; any other takes "
-                        "(layers in its stage x microbatches simulated) x that role's time per "
-                        "layer counted whole (same checkpointing)",
+                        "timed TP8 x FSDP32 role's time from small counts; a stage put together "
+                        "from small pipelines (the first, second or last of more than 18 "
+                        "stages) takes (layers in its stage x 18 microbatches) x that role's "
+                        "time per layer counted whole; any other takes (layers in its stage x "
+                        "microbatches simulated) x that time per layer (same checkpointing)",
+            "load_1min_end": round(os.getloadavg()[0], 2),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 

@@ -6,27 +6,24 @@ The split (:func:`split_layers`, :class:`DecoderStage`): the decoder layers in c
 even as possible, the extra layers on the earliest stages (``numpy.array_split``'s rule); the
 embedding on the first stage, the final norm and the vocabulary head on the last; every stage
 computes the rotary embedding's cos/sin table for its own layers (as torchtitan's stages do with
-their ``freqs_cis``). Module paths are those of the whole model (``model.layers.5.mlp``), so a
-stage's report lines up with the unsharded count.
+their ``freqs_cis``). Module paths are the whole model's (``model.layers.5.mlp``).
 
 What a stage sends: per microbatch, the activations it hands to the next stage in forward and the
 gradient of its input it hands back in backward (point-to-point ``send``/``recv``, bus bytes =
-payload). The pipeline runtime issues them outside any module and autograd node; they are
-attributed to the stage's root and to the phase of what they carry: activations forward,
-gradients backward.
+payload), issued outside any module and autograd node: attributed to the stage's root and to the
+phase of what they carry (activations forward, gradients backward).
 
 The bubble: the order in which torch's schedule ran each stage's forward and backward
 microbatches (noted by the stage as it runs them) replayed with each action lasting its stage's
-counted FLOPs per microbatch
-(every rank running at the same FLOP rate; communication time left out), so the idle fraction is
-that of the counted work. With equal stages and backward = 2 x forward it is the textbook
+counted FLOPs per microbatch (every rank running at the same FLOP rate; communication time left
+out), so the idle fraction is that of the counted work. With equal stages and backward = 2 x forward it is the textbook
 ``(p - 1) / (m + p - 1)`` for both GPipe and 1F1B (Huang et al. 2019; Narayanan et al. 2021).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -351,15 +348,20 @@ def _recording_stage(pipelining: Any) -> type:
 
     class RecordingStage(pipelining.PipelineStage):  # type: ignore[misc]
         actions: list[tuple[str, int]]
+        log: _P2PLog | None = None
+        watchers: Sequence[Any] = ()  # told when each action starts
+
+        def _note(self, kind: str, microbatch: int) -> None:
+            self.actions.append((kind, microbatch))
+            for w in self.watchers:
+                w.on_action(kind, microbatch)
 
         def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            self.actions.append(("F", fwd_chunk_id))
+            self._note("F", fwd_chunk_id)
             return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
-        log: _P2PLog | None = None
-
         def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            self.actions.append(("B", bwd_chunk_id))
+            self._note("B", bwd_chunk_id)
             with self._backward():
                 return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
 
@@ -411,7 +413,8 @@ def run_stage(
         schedule: a key of :data:`SCHEDULES`.
         backward: a training step (loss = the sum of the logits, as ``count(backward=True)``).
         config: the model's config (``hidden_size``, ``vocab_size``).
-        count_kwargs: options of :class:`flopscope.Counter`.
+        count_kwargs: options of :class:`flopscope.Counter` (an observer with ``on_action(kind,
+            microbatch)`` is told when each action starts: ``F`` or ``B``, and its microbatch).
 
     Returns:
         The stage's report (its point-to-point records labelled) and the order of its actions.
@@ -453,6 +456,7 @@ def run_stage(
                 loss_fn=(lambda out, target: out.sum()) if backward else None)
     kwargs = dict(count_kwargs)
     kwargs["observers"] = [*kwargs.get("observers", ()), log]
+    pipe_stage.watchers = [o for o in kwargs["observers"] if hasattr(o, "on_action")]
     # the loss ignores its target; the last stage's schedule splits one all the same
     target = {"target": inputs} if backward and stage == stages - 1 else {}
     import torch.distributed as dist
@@ -494,6 +498,3 @@ def pipeline_report(
     whole, each = bubble([r.actions for r in runs], forward, backward)
     return PipelineReport(schedule, microbatches, tuple(ranks), tuple(r.report for r in runs),
                           whole, each)
-
-
-Build = Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]

@@ -45,7 +45,7 @@ from flopscope.report.report import Report
 
 __all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "alike", "cut_copy",
            "expand_report", "from_small", "layer_class", "layer_list", "layer_of", "layer_path",
-           "line", "truncate"]
+           "line", "move_layers", "truncate"]
 
 #: where a transformers model keeps its decoder layers, tried in order
 LAYER_PATHS = ("model.layers", "layers", "model.decoder.layers", "transformer.h")
@@ -382,6 +382,35 @@ def expand_report(a: Report, fa: Frame, b: Report, fb: Frame, to: Frame, width: 
         logical=tuple(each(a.logical, b.logical, _OP)),
         replicated=tuple(each(a.replicated, b.replicated, _OP)),
     )
+
+
+def move_layers(report: Report, frm: Frame, to: Frame) -> Report:
+    """The report with its stack of layers renumbered: layer ``frm.first + i`` becomes
+    ``to.first + i`` in every module path (a pipeline stage counted at another place).
+
+    Args:
+        report: the report.
+        frm: where its layers are.
+        to: where they go (as many layers).
+
+    Returns:
+        The report, renamed.
+    """
+    def each(items: Iterable[T], kind: _Kind) -> list[T]:
+        out = []
+        for item in items:
+            i, rest = layer_of(kind.path(item), frm)
+            out.append(item if i is None else kind.make(item, f"{to.prefix}.{to.first + i}{rest}",
+                                                        kind.values(item)))
+        return out
+
+    return dataclasses.replace(
+        report, modules=dict(each(report.modules.items(), _MODULE)),
+        module_params=dict(each(report.module_params.items(), _PARAMS)),
+        records=tuple(each(report.records, _OP)), rules=tuple(each(report.rules, _RULE)),
+        opaque=tuple(each(report.opaque, _PATH)),
+        communication=tuple(each(report.communication, _COMM)),
+        logical=tuple(each(report.logical, _OP)), replicated=tuple(each(report.replicated, _OP)))
 
 
 def from_small(build: Build, run: Callable[[Build], Report]) -> Report:

@@ -140,6 +140,8 @@ def _affine(a: Mapping[int, tuple[int, ...]], b: Mapping[int, tuple[int, ...]], 
     if -1 in b:
         base = b[-1]
         return base, (0,) * len(base), tuple(y - x for x, y in zip(a[-1], base, strict=True))
+    if -1 in a or width not in a or not {width, width + 1} <= b.keys():
+        raise NotRepeating("a call not in every middle layer")
     base, first_a = b[width], a[width]
     slope = tuple(y - x for x, y in zip(base, b[width + 1], strict=True))
     for start, run in ((base, b), (first_a, a)):

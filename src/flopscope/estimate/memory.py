@@ -35,6 +35,7 @@ import torch
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import ancestors
+from flopscope.estimate.layout_copies import layout_copy_bytes
 from flopscope.estimate.resizes import follow_resizes
 
 __all__ = ["CATEGORIES", "TIMELINE_POINTS", "CallPoint", "MemoryProfile", "MemoryTracker",
@@ -58,56 +59,6 @@ CATEGORIES = (
 - ``other``: storages that existed before the run and were not registered (first seen read).
 """
 
-
-
-def _blas_ready(t: torch.Tensor) -> bool:
-    """Whether a matrix operand can be handed to BLAS as it is: row-major (unit column stride,
-    row stride at least the number of columns) or column-major (the transpose). This is ATen's
-    test in ``addmm_impl_cpu_`` (aten/src/ATen/native/LinearAlgebra.cpp), which otherwise runs
-    ``clone(MemoryFormat::Contiguous)`` on the operand; cuBLAS's ``prepare_matrix_for_cublas``
-    (aten/src/ATen/native/cuda/Blas.cpp) makes the same test and the same copy."""
-    rows, cols = t.shape
-    s0, s1 = t.stride()
-    return (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows))
-
-
-_MATRIX_OPERANDS: dict[Any, tuple[int, ...]] = {}  # operator -> positions of its two matrices
-
-
-def _matrix_operands() -> dict[Any, tuple[int, ...]]:
-    if not _MATRIX_OPERANDS:
-        aten = torch.ops.aten
-        _MATRIX_OPERANDS.update({aten.mm.default: (0, 1), aten.addmm.default: (1, 2),
-                                 aten._addmm_activation.default: (1, 2)})
-    return _MATRIX_OPERANDS
-
-
-def layout_copy_bytes(call: OpCall) -> int:
-    """Bytes of the dense copies a matrix-product kernel makes of operands BLAS cannot read in
-    place, held while the call runs and freed when it returns.
-
-    ``mm`` and ``addmm`` (hence ``linear`` and ``matmul`` on 2-D and folded 3-D inputs) hand each
-    operand to BLAS as a row- or column-major matrix; an operand with neither layout (an expanded
-    tensor with stride 0, such as the gradient of ``out.sum()``; a slice with a step) is first
-    copied to a contiguous matrix of the same shape and dtype. The backward of ``linear`` under
-    a ``sum`` loss multiplies by that expanded gradient twice (input and weight gradients): one
-    copy of the output's size each time. Other kernels' scratch is not modelled.
-
-    Args:
-        call: the operator call.
-
-    Returns:
-        The bytes copied (0 for other operators and for operands BLAS takes as they are).
-    """
-    positions = _matrix_operands().get(call.op)
-    if positions is None:
-        return 0
-    total = 0
-    for i in positions:
-        t = call.args[i] if i < len(call.args) else None
-        if isinstance(t, torch.Tensor) and t.dim() == 2 and t.numel() and not _blas_ready(t):
-            total += t.numel() * t.element_size()
-    return total
 
 
 _PHASE_CATEGORY = {Phase.FORWARD: "activations", Phase.RECOMPUTE: "activations",
@@ -169,6 +120,7 @@ class MemoryTracker:
         # what register() made live (storage, key, bytes, category): kept by reset()
         self._registered: list[tuple[weakref.ref[Any], int, int, str]] = []
         self._resized_away: dict[int, str] = {}  # storages freed by resize_(0): their module
+        self._regrown: list[tuple[int, int, str, str]] = []  # (calls before, event, path, phase)
         follow_resizes(self, True)
 
     def storage_resized(self, st: Any) -> None:
@@ -191,8 +143,10 @@ class MemoryTracker:
         if nbytes and (alloc is not None or key in self._resized_away):
             path = self._resized_away.pop(key)
             phase = self._calls[-1][1] if self._calls else Phase.FORWARD.value
+            self._event += 1  # a moment of its own, between two calls
             self._born(key, nbytes, st, _PHASE_CATEGORY.get(Phase(phase), "temporaries"), path,
                        phase)
+            self._regrown.append((len(self._calls), self._event, path, phase))
             self._note_peak(path, phase, "resize_")
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -379,15 +333,20 @@ class MemoryTracker:
 
     def call_points(self) -> list[CallPoint]:
         """Live bytes by category at every operator call, in the order of the calls (each
-        call's moment as at the peak: its inputs, outputs and workspace live); after
-        :meth:`profile`, with its relabelling applied.
+        call's moment as at the peak: its inputs, outputs and workspace live), and at every
+        storage that grew again outside an operator (op ``resize_``, as the peak names it:
+        FSDP2's gathered parameters); after :meth:`profile`, with its relabelling applied.
 
         Returns:
-            One :class:`CallPoint` per call.
+            One :class:`CallPoint` per call (and regrown storage), in order.
         """
-        rows = _rows(self._allocs, self._calls)
+        at = [(e, ph, path, op) for (path, op), (e, ph) in zip(self._where, self._calls,
+                                                               strict=True)]
+        for i, event, path, phase in reversed(self._regrown):
+            at.insert(i, (event, phase, path, "resize_"))
+        rows = _rows(self._allocs, [(e, ph) for e, ph, _, _ in at])
         return [CallPoint(path, phase, op, dict(zip(CATEGORIES, row, strict=True)))
-                for (path, op), (_, phase), row in zip(self._where, self._calls, rows, strict=True)]
+                for (_, phase, path, op), row in zip(at, rows, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A role at its full layer count from three small simulations of it.
+"""A role at its full layer count, or its full microbatch count, from three small simulations
+of it.
 
 A role whose stage holds more than :data:`SMALL`'s largest count of decoder layers is simulated
 with ``SMALL`` layers per stage (the model cut to its first ``pp x n`` layers, so the stage holds
@@ -9,14 +10,26 @@ The first two small runs give the role at any count; the third is the check: wha
 give at its count must equal what it simulated (the report record for record, the peak to the
 byte with its module, phase and operator, the estimate's integers exactly and its seconds to
 1e-9 of their value); if not, the role is simulated whole.
+
+The same goes for a pipeline stage's microbatches (:data:`UNITS`): a role of ``pp`` stages runs
+``pp`` microbatches, each the same work on the same shapes, so its counts are affine in them; under
+1F1B the first stage runs every forward, then every backward, the second ``pp - 1`` forwards, one
+backward, one forward, then the rest, the last a forward and a backward in turn: the live bytes
+at a call of microbatch ``i``'s forward (backward) are affine in ``i`` and in ``pp``, as a middle
+layer's are in its index and the layer count. So the stage is simulated in pipelines of
+:data:`UNIT_SMALL` stages (as many microbatches) and put together at ``pp`` by the same code,
+each call's module path prefixed with its microbatch (:class:`Actions`, :func:`by_microbatch`),
+checked exact at the third.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from flopscope.cost import Cost, OpCall, Phase
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating, expand_report, line
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
@@ -24,7 +37,70 @@ from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.report.report import Report
 
-__all__ = ["Small", "check", "combine", "frame_of"]
+__all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",
+           "combine", "frame_of", "unit_module"]
+
+#: the path prefix of a pipeline stage's microbatches, as if they were layers
+#: (``~microbatch.3.F|model.layers.1.mlp``: a call of microbatch 3's forward in that module)
+UNITS = "~microbatch"
+#: microbatches at each end of a stage's step that are not taken as repeated: the first, and the
+#: backward after the one forward that follows it (FSDP2 gathers the layers again for it)
+UNIT_WIDTH = 2
+#: the small pipelines' stages (= microbatches): two to build from, one to check
+UNIT_SMALL = (2 * UNIT_WIDTH + 1, 2 * UNIT_WIDTH + 2, 2 * UNIT_WIDTH + 3)
+
+
+@dataclass
+class Actions:
+    """An observer that notes where each of a pipeline stage's actions starts among the calls
+    a memory tracker sees (``run_stage`` tells it: ``on_action``).
+
+    Attributes:
+        calls: calls seen so far.
+        starts: (calls before it, ``"F"`` or ``"B"``, microbatch) per action, in order.
+    """
+
+    calls: int = 0
+    starts: list[tuple[int, str, int]] = field(default_factory=list)
+
+    def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
+        """Count the call (a memory tracker keeps a point for each call that is not a rule's)."""
+        if call is not None:
+            self.calls += 1
+
+    def on_action(self, kind: str, microbatch: int) -> None:
+        """Note that an action starts here."""
+        self.starts.append((self.calls, kind, microbatch))
+
+
+def by_microbatch(points: Sequence[Point], starts: Sequence[tuple[int, str, int]]
+                  ) -> list[Point]:
+    """Each call point's module path prefixed with its microbatch and action
+    (``UNITS.i.K|module``); calls before the first action keep their path. A storage that grew
+    outside an operator (op ``resize_``, no call of its own) belongs to the call after it.
+
+    Args:
+        points: the call points, in order.
+        starts: :attr:`Actions.starts`.
+
+    Returns:
+        The points, renamed.
+    """
+    out: list[Point] = []
+    j, t = -1, 0
+    for module, phase, op, live in points:
+        while j + 1 < len(starts) and starts[j + 1][0] <= t:
+            j += 1
+        t += op != "resize_"
+        if j >= 0:
+            module = f"{UNITS}.{starts[j][2]}.{starts[j][1]}|{module}"
+        out.append((module, phase, op, live))
+    return out
+
+
+def unit_module(path: str) -> str:
+    """The module path of a call named by :func:`by_microbatch` (any other path as it is)."""
+    return path.partition("|")[2] if path.startswith(UNITS + ".") else path
 
 
 
@@ -73,7 +149,9 @@ def _estimate(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
 def combine(a: Small, b: Small, c: Small, to: Frame
             ) -> tuple[Report, MemoryProfile, Estimate, int]:
     """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more; ``c``,
-    one more again, only tells which calls outside the layers repeat per layer).
+    one more again, only tells which calls outside the layers repeat per layer); with ``to``'s
+    prefix :data:`UNITS`, at ``to.n`` microbatches from small pipelines (the boundaries
+    :data:`UNIT_WIDTH` microbatches wide; the peak's module path without its microbatch).
 
     The memory profile has the peak, where it is reached, what is live then and at the end; no
     per-module marks or timeline. The estimate has its total and phases only.
@@ -91,10 +169,11 @@ def combine(a: Small, b: Small, c: Small, to: Frame
         NotRepeating: the runs do not show one repeated layer.
     """
     nb = b.frame.n
-    report = expand_report(a.report, a.frame, b.report, b.frame, to, WIDTH)
-    peak = extrapolate_peak(a.points, a.frame, b.points, b.frame, to, WIDTH,
+    width = UNIT_WIDTH if to.prefix == UNITS else WIDTH
+    report = expand_report(a.report, a.frame, b.report, b.frame, to, width)
+    peak = extrapolate_peak(a.points, a.frame, b.points, b.frame, to, width,
                             (c.points, c.frame))
-    memory = MemoryProfile(peak.total, peak.module, peak.phase, peak.op,
+    memory = MemoryProfile(peak.total, unit_module(peak.module), peak.phase, peak.op,
                            {c: v for c, v in peak.live.items() if v},
                            line(a.memory.end_bytes, b.memory.end_bytes, nb, to.n),
                            train=b.memory.train, note=b.memory.note)

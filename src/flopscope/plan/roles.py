@@ -10,11 +10,14 @@ its parameter shards, inputs, gradients, activations, FSDP2's gathered parameter
 result keyed by the rank's shard shapes and micro-batch (:class:`RoleKey`), so layouts that share
 them (another microbatch count, another world of the same degrees) reuse the simulation. A role
 whose stage holds more than 12 alike decoder layers is put together from three simulations with
-3, 4 and 5 layers per stage (:mod:`flopscope.plan.layers`), checked exact at the third.
+3, 4 and 5 layers per stage (:mod:`flopscope.plan.layers`), checked exact at the third; the
+first, second or last stage of a pipeline of more than 18 stages (as many microbatches) from
+three simulations of it in pipelines of 5, 6 and 7 stages, the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -31,12 +34,23 @@ from flopscope.distributed.repeat import (
     NotRepeating,
     alike,
     layer_list,
+    layer_of,
+    move_layers,
     truncate,
 )
 from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
-from flopscope.plan.layers import Small, check, combine, frame_of
+from flopscope.plan.layers import (
+    UNIT_SMALL,
+    UNITS,
+    Actions,
+    Small,
+    by_microbatch,
+    check,
+    combine,
+    frame_of,
+)
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
@@ -168,24 +182,30 @@ class Roles:
         repeat_layers: put a role whose stage holds more than 12 alike decoder layers together
             from three small layer counts (:mod:`flopscope.plan.layers`); ``False``: simulate
             every layer.
+        repeat_microbatches: put the first, second and last stage of a pipeline of more than
+            18 stages together from the stage in pipelines of 5, 6 and 7 (as many microbatches;
+            :mod:`flopscope.plan.layers`); ``False``: simulate every microbatch.
 
     Attributes:
         simulations: simulations run (cache misses).
         from_small: of those, roles put together from three small layer counts
             (:mod:`flopscope.plan.layers`) instead of simulated whole.
+        from_microbatches: of those, pipeline stages put together from three small pipelines.
         used: distinct roles asked for.
         seconds: time spent simulating.
     """
 
     def __init__(self, build: Build, hardware: Hardware, identity: Hashable, *,
-                 repeat_layers: bool = True) -> None:
+                 repeat_layers: bool = True, repeat_microbatches: bool = True) -> None:
         self._build = build
         self._hardware = hardware
         self._identity = identity
         self._used: set[RoleKey] = set()
         self._alike: bool | None = None if repeat_layers else False
         self._layers: tuple[str, int] = ("", 0)
+        self._microbatches = repeat_microbatches
         self.from_small = 0
+        self.from_microbatches = 0
         self.simulations = 0
         self.seconds = 0.0
 
@@ -221,6 +241,12 @@ class Roles:
             except NotRepeating:
                 run = None
             self.from_small += run is not None
+        if run is None and self._microbatches:
+            try:
+                run = self._from_microbatches(key)
+            except NotRepeating:
+                run = None
+            self.from_microbatches += run is not None
         if run is None:
             small = self._run(key, None)
             run = (small.report, small.memory, small.estimate, small.parameter_bytes)
@@ -249,10 +275,40 @@ class Roles:
         check(a, b, c)
         return combine(a, b, c, to)
 
-    def _run(self, key: RoleKey, per_stage: int | None) -> Small:
+    def _from_microbatches(self, key: RoleKey
+                           ) -> tuple[Report, MemoryProfile, Estimate, int] | None:
+        """The first, second or last stage of a pipeline of more than ``sum(UNIT_SMALL)``
+        stages from the stage in pipelines of ``UNIT_SMALL`` stages (as many microbatches), the
+        model cut so that the stage holds as many layers (at their own indices, but the last
+        stage's: renumbered); ``None`` where that does not apply (see docs/plan.md)."""
+        from flopscope.distributed.pipeline import split_layers
+
+        last = key.stage == key.pp - 1
+        if key.pp <= sum(UNIT_SMALL) or not (key.stage <= 1 or last) or \
+                key.microbatches != key.pp:
+            return None
+        held = split_layers(self._layer_count(), key.pp)[key.stage]
+        if not last and held.start != key.stage * len(held):  # the first stage holds one more
+            return None
+        a, b, c = (self._run(dataclasses.replace(key, pp=m, microbatches=m,
+                                                 stage=m - 1 if last else key.stage),
+                             len(held), like=key) for m in UNIT_SMALL)
+        check(a, b, c)
+        return combine(a, b, c, Frame(UNITS, 0, key.microbatches))
+
+    def _layer_count(self) -> int:
+        """The model's decoder layers (and where: :attr:`_layers`)."""
+        if not self._layers[0]:
+            found = layer_list(self._build(1, False)[0])
+            self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
+        return self._layers[1]
+
+    def _run(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None) -> Small:
         """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
-        model's own)."""
-        tracker, log = MemoryTracker(), CallLog()
+        model's own); ``like``: a pipeline stage put together from small pipelines, for which
+        this run (``key``, fewer stages) stands (its calls named by microbatch, its world's size
+        and point-to-point groups ``like``'s)."""
+        tracker, log, actions = MemoryTracker(), CallLog(), Actions()
         kept: list[nn.Module] = []
 
         def prepare(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
@@ -272,7 +328,7 @@ class Roles:
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
                               microbatches=key.microbatches if key.pp > 1 else None,
-                              prepare=prepare, observers=[tracker, log], warn=False)
+                              prepare=prepare, observers=[tracker, log, actions], warn=False)
         model = kept[0]
         params = [p for p in model.parameters()]
         memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
@@ -283,6 +339,17 @@ class Roles:
         prefix, layers = self._layers if self._alike is not None else ("", 0)
         total = per_stage * key.pp if per_stage is not None else layers
         frame = frame_of(prefix, total, key.pp, key.stage) if total >= key.pp else None
+        if like is not None:
+            real = frame_of(prefix, self._layer_count(), like.pp, like.stage)
+            if frame is not None and frame.first != real.first:  # the last stage
+                report = move_layers(report, frame, real)
+                points = [(_moved(p[0], frame, real), *p[1:]) for p in points]
+            points = by_microbatch(points, actions.starts)
+            frame = Frame(UNITS, 0, key.microbatches)
+            p2p = tuple(dataclasses.replace(c, group_size=like.pp)
+                        if c.kind in ("send", "recv") else c for c in report.communication)
+            report = dataclasses.replace(report, world_size=_layout(like).world_size,
+                                         rank=_layout(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes)
 
@@ -291,6 +358,12 @@ def _layout(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
                   rank=key.stage * key.dp * key.tp)
+
+
+def _moved(path: str, frm: Frame, to: Frame) -> str:
+    """A module path with the layers of ``frm`` renumbered to ``to``'s."""
+    i, rest = layer_of(path, frm)
+    return path if i is None else f"{to.prefix}.{to.first + i}{rest}"
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
