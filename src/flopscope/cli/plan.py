@@ -17,7 +17,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import memory_size, positive_int, positive_int_list
+from flopscope.cli.types import dtype_name, memory_size, positive_int, positive_int_list
 
 __all__ = ["add_subcommands", "run_plan"]
 
@@ -43,6 +43,12 @@ def add_subcommands(subparsers: Any) -> None:
                        source_help="a transformers decoder (hf:llama, hf:ORG/NAME: config "
                                    "only) or a torchvision/timm model (data parallel only); "
                                    "several, comma-separated, for a sweep")
+    p.add_argument("--param-dtype", type=dtype_name, metavar="DTYPE",
+                   help="training: the parameters', gradients' and AdamW moments' dtype, e.g. "
+                        "float32 with --dtype bfloat16: mixed precision, FSDP2's "
+                        "MixedPrecisionPolicy (default: --dtype)")
+    p.add_argument("--reduce-dtype", type=dtype_name, metavar="DTYPE",
+                   help="training: the dtype gradients are reduced in (default: --param-dtype)")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")
@@ -143,6 +149,9 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         given = "--global-batch" if args.global_batch is not None else "--checkpointing"
         raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
                           "(sizes per replica) and --max-new-tokens")
+    if serve and (args.param_dtype or args.reduce_dtype):
+        raise usage_error(f"{'--param-dtype' if args.param_dtype else '--reduce-dtype'} "
+                          "applies to a training plan: serving keeps the weights in --dtype")
     if not serve and args.max_new_tokens is not None:
         raise usage_error("--max-new-tokens applies to --serve only")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
@@ -156,7 +165,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     if serve:
         options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch)
     else:
-        options.update(global_batch=args.global_batch,
+        options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
+                       reduce_dtype=args.reduce_dtype,
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
                                       else tuple(choices)))
     return options

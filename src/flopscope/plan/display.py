@@ -92,7 +92,7 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         f"Training plan: {plan.source} on {plan.gpus} x {plan.hardware.name} "
         f"({plan.gpus_per_node} per node), global batch {plan.global_batch}"
         + (f" x {plan.seq_len} tokens" if plan.unit == "tokens" else " samples")
-        + f", {plan.dtype}, budget {human_bytes(plan.memory_budget)} per device",
+        + f", {plan.precision}, budget {human_bytes(plan.memory_budget)} per device",
         f"{len(plan.ranked) + len(plan.dropped)} layouts: {len(plan.ranked)} fit, "
         f"{len(plan.dropped)} dropped; {plan.roles} rank roles ({plan.simulations} simulated "
         f"now, the rest cached) in {plan.seconds:.1f} s",

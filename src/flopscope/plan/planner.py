@@ -25,6 +25,7 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import (
@@ -103,6 +104,9 @@ class Plan:
         notes: what the figures assume.
         unit: what a step processes: ``"tokens"`` (a decoder: sequences x sequence length)
             or ``"samples"`` (a vision model; ``seq_len`` is 1).
+        param_dtype: the parameters' shards, their gradients and AdamW's moments (``None``:
+            ``dtype``; mixed precision when it differs).
+        reduce_dtype: the dtype gradients are reduced in (``None``: ``param_dtype``).
     """
 
     source: str
@@ -122,6 +126,13 @@ class Plan:
     seconds: float
     notes: tuple[str, ...] = field(default=())
     unit: str = "tokens"
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+
+    @property
+    def precision(self) -> str:
+        """The dtypes in words (:func:`flopscope.plan.precision.precision_words`)."""
+        return precision_words(self.dtype, self.param_dtype, self.reduce_dtype)
 
     @property
     def best(self) -> Candidate | None:
@@ -147,7 +158,10 @@ class Plan:
             "mode": "train", "source": self.source, "gpus": self.gpus,
             "hardware": self.hardware.name,
             "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
-            "seq_len": self.seq_len, "dtype": self.dtype, "memory_budget": self.memory_budget,
+            "seq_len": self.seq_len, "dtype": self.dtype,
+            "param_dtype": self.param_dtype or self.dtype,
+            "reduce_dtype": self.reduce_dtype or self.param_dtype or self.dtype,
+            "precision": self.precision, "memory_budget": self.memory_budget,
             "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
             "ranked": [c.to_dict() for c in self.ranked],
             "pareto": [c.choice.label for c in self.pareto],
@@ -291,6 +305,8 @@ def plan(
     tp: int | None = None,
     pp: int | None = None,
     ep: int | None = None,
+    param_dtype: str | None = None,
+    reduce_dtype: str | None = None,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -305,7 +321,8 @@ def plan(
         global_batch: sequences per step (default: one per device).
         seq_len: tokens per sequence (default: the source's).
         memory_budget: bytes per device (default: the profile's memory).
-        dtype: parameters' and activations' dtype.
+        dtype: the compute dtype: activations, and the parameters unless ``param_dtype``
+            differs.
         config: overrides of the model's config (``{"num_hidden_layers": 8}``).
         checkpointing: the activation checkpointing choices to try.
         mode: ``"train"`` or ``"serve"``.
@@ -315,13 +332,21 @@ def plan(
         tp: only layouts of this tensor-parallel degree (``None``: every one that divides).
         pp: only layouts of this many pipeline stages.
         ep: only layouts of this expert-parallel degree (a mixture of experts; 1: none).
+        param_dtype: training: the parameters' dtype, their gradients' and AdamW's moments'
+            (``"float32"``; default ``dtype``). Where it differs from ``dtype`` the plan is of
+            mixed precision: the model built in ``param_dtype`` and FSDP2's
+            ``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)`` on every
+            ``fully_shard`` (:attr:`flopscope.distributed.Layout.mixed_precision`), as
+            torchtitan trains.
+        reduce_dtype: training: the dtype gradients are reduced in (default ``param_dtype``).
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
 
     Raises:
         UsageError: bad sizes, a profile without link figures or memory, a source that is not
-            a transformers decoder, or no layout that divides the model and the devices.
+            a transformers decoder, or no layout that divides the model and the devices;
+            mixed precision where it is not built (serving, vision models, experts).
     """
     start = time.perf_counter()
     if mode not in ("train", "serve"):
@@ -341,6 +366,10 @@ def plan(
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
                          "(--memory-budget 80GiB)")
     if mode == "serve":
+        if param_dtype is not None or reduce_dtype is not None:
+            raise UsageError("plan(mode='serve') does not take param_dtype or reduce_dtype: "
+                             "serving keeps the weights in --dtype (no optimizer, no "
+                             "gradients)")
         if ep not in (None, 1):
             raise UsageError("plan(mode='serve') does not take ep: serving a mixture of "
                              "experts is not planned yet")
@@ -349,17 +378,24 @@ def plan(
                                                 "checkpointing": None if checkpointing
                                                 is CHECKPOINTING else checkpointing}, tp, pp)
     batch = global_batch if global_batch is not None else gpus
-    build = build_model(source, seq_len, dtype, config)
+    stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
+    build = build_model(source, seq_len, stored, config)
     probe, args, _ = build(1, False)
     decoder = is_decoder(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
-    param_dtype = next(probe.parameters()).dtype
-    identity = model_identity(source, seq_len, dtype, config)
+    compute_dtype = next(probe.parameters()).dtype if mixed is None else getattr(torch, mixed[0])
+    identity = model_identity(source, seq_len, stored, config)
+    if mixed is not None and not decoder:
+        raise UsageError(f"{source}: mixed precision (--param-dtype, --reduce-dtype) is planned "
+                         "for transformers decoders only; plan a vision model in one --dtype")
     if decoder:
         shape = ModelShape.from_config(getattr(probe, "config", None))
         experts = expert_count(getattr(probe, "config", None))
         del probe
+        if experts and mixed is not None and ep != 1:
+            raise UsageError(f"{source} is a mixture of experts: mixed precision is not built "
+                             "with expert parallelism; add --ep 1 (or plan in one --dtype)")
         every = enumerate_layouts(gpus, shape, batch, checkpointing)
         if experts:
             every += expert_layouts(gpus, shape, experts, batch, checkpointing)
@@ -379,7 +415,7 @@ def plan(
         def runs_of(choice: Choice) -> list[RoleRun]:
             if choice.ep > 1:
                 return expert_roles.runs(choice)
-            return [roles.get(key) for key in roles_of(choice, shape.layers)]
+            return [roles.get(key) for key in roles_of(choice, shape.layers, mixed)]
     else:
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
@@ -392,7 +428,7 @@ def plan(
         vision = VisionRoles(build, hw, identity)
         runs_of = vision.runs
     flops = _model_flops(build, batch)
-    peak = hw.peak(dtype_key(param_dtype) or "fp32", matrix=True)
+    peak = hw.peak(dtype_key(compute_dtype) or "fp32", matrix=True)
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     for choice in choices:
@@ -410,19 +446,24 @@ def plan(
                else "roofline lower bounds (every call at peak rate or bandwidth)")
     notes = (f"step times: compute from {compute}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
-             f"{dtype_key(param_dtype)} peak of {hw.name}",
+             f"{dtype_key(compute_dtype)} peak of {hw.name}",
              "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
-             "AdamW (two moments per parameter, in the parameters' dtype)" if decoder else
+             "AdamW (two moments per parameter, in the parameters' dtype)" + (
+                 "" if mixed is None else
+                 f"; mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
+                 f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
+                 f"{mixed[1]}") if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s")
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))
-    return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(param_dtype).replace(
+    return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(compute_dtype).replace(
         "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
         used_roles, simulations, time.perf_counter() - start, notes,
-        "tokens" if decoder else "samples")
+        "tokens" if decoder else "samples", None if mixed is None else stored,
+        None if mixed is None else mixed[1])
 
 
 def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:

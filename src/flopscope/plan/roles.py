@@ -62,6 +62,9 @@ class RoleKey:
         micro_batch: sequences per microbatch.
         microbatches: microbatches in the simulated step (1 without stages).
         checkpoint: every decoder block checkpointed.
+        mixed_precision: ``(compute dtype, reduce dtype)``: FSDP2's mixed precision policy
+            (:attr:`flopscope.distributed.Layout.mixed_precision`); ``None``: the model's dtype
+            throughout.
     """
 
     tp: int
@@ -71,9 +74,11 @@ class RoleKey:
     micro_batch: int
     microbatches: int
     checkpoint: bool
+    mixed_precision: tuple[str, str] | None = None
 
 
-def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
+def roles_of(choice: Choice, layers: int,
+             mixed_precision: tuple[str, str] | None = None) -> list[RoleKey]:
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
@@ -89,6 +94,7 @@ def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
     Args:
         choice: the layout.
         layers: the model's decoder layers.
+        mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
 
     Returns:
         One role per stage (middle stages may share one).
@@ -103,7 +109,7 @@ def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
         if 0 < s < choice.pp - 1:
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
-                           simulated, choice.checkpoint == "block"))
+                           simulated, choice.checkpoint == "block", mixed_precision))
     return out
 
 
@@ -290,7 +296,7 @@ class Roles:
 def _layout(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
-                  rank=key.stage * key.dp * key.tp)
+                  rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision)
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
