@@ -188,15 +188,12 @@ def _one(args: argparse.Namespace, source: str, gpus: int, seq_len: int | None,
 
 def _plan_text(args: argparse.Namespace, result: Any) -> str:
     from flopscope.plan.display import plan_html, plan_text, serve_text
-    from flopscope.plan.planner import Plan
     from flopscope.plan.serve import ServePlan
-    from flopscope.render.html import render_plan_html
 
     if args.format == "json":
         return json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
-    if args.format == "html":  # every layout; a training plan with its table's words
-        return (plan_html(result) if isinstance(result, Plan)
-                else render_plan_html(result.to_dict()))
+    if args.format == "html":  # every layout, with the table's words (why the best wins)
+        return plan_html(result)
     if isinstance(result, ServePlan):
         return serve_text(result, top=args.top)
     return plan_text(result, top=args.top)
@@ -246,9 +243,12 @@ def _sweep(args: argparse.Namespace, sources: list[str], seq_lens: list[int | No
             raise usage_error(rows[0].error or "the plan failed")
         write_output(json.dumps(data, indent=2) + "\n", args.output)
     elif args.format == "html" and points > 1:  # the sweep's points, a click draws one plan
+        from flopscope.plan.display import page_data
         from flopscope.render.html import render_plan_html
 
-        write_output(render_plan_html([r.to_dict() for r in rows]), args.output)
+        drawn = [{**r.to_dict(), "plan": None if r.plan is None else page_data(r.plan)}
+                 for r in rows]
+        write_output(render_plan_html(drawn), args.output)
     elif points == 1:
         if rows[0].plan is None:
             raise usage_error(rows[0].error or "the plan failed")

@@ -286,7 +286,7 @@
     });
     append(host, [el("h3", { text: "memory at its peak: " + bytes(c.memory_bytes) + (c.peak_where ? " at " + c.peak_where : "") }), mb, ml]);
     var why = (data.explain && data.explain.why) || [];
-    if (c === best && why.length) append(host, [el("h3", { text: "why it wins" }),
+    if (c === best && why.length) append(host, [el("h3", { text: (data.explain && data.explain.why_title) || "why it wins" }),
       el("ul", { id: "plan-why" }, why.map(function (w) { return el("li", { text: w }); }))]);
   }
 
