@@ -426,10 +426,11 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
 
 def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
                                                         tmp_path: Path) -> None:
-    """A serving plan's own page (``ServePlan.to_html``, ``--serve --format html``) shows the
+    """A serving plan's own page (``plan_html``, ``--serve --format html``) shows the
     table's "Why it wins" under the best layout's breakdown, with the words it is read by."""
     import flopscope
     from flopscope.plan import ServePlan
+    from flopscope.plan.display import plan_html
 
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
                           max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,
@@ -438,7 +439,7 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
                                       num_key_value_heads=4))
     assert isinstance(plan, ServePlan) and plan.best_throughput is not None
     page = tmp_path / "served.html"
-    page.write_text(plan.to_html(), encoding="utf-8")
+    page.write_text(plan_html(plan), encoding="utf-8")
     _opened(browser, page)
     explain = embedded_data(page.read_text(encoding="utf-8"))["explain"]
     assert explain["why"]

@@ -49,6 +49,9 @@ def add_subcommands(subparsers: Any) -> None:
                         "MixedPrecisionPolicy (default: --dtype)")
     p.add_argument("--reduce-dtype", type=dtype_name, metavar="DTYPE",
                    help="training: the dtype gradients are reduced in (default: --param-dtype)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="training: tensor-parallel layouts without pipeline stages run sequence "
+                        "parallelism (norms on sequence shards), as torchtitan and Megatron-LM do")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")
@@ -149,9 +152,11 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         given = "--global-batch" if args.global_batch is not None else "--checkpointing"
         raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
                           "(sizes per replica) and --max-new-tokens")
-    if serve and (args.param_dtype or args.reduce_dtype):
-        raise usage_error(f"{'--param-dtype' if args.param_dtype else '--reduce-dtype'} "
-                          "applies to a training plan: serving keeps the weights in --dtype")
+    if serve and (args.param_dtype or args.reduce_dtype or args.sequence_parallel):
+        given = ("--param-dtype" if args.param_dtype else "--reduce-dtype" if args.reduce_dtype
+                 else "--sequence-parallel")
+        raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
+                          "--dtype and runs plain tensor parallelism")
     if not serve and args.max_new_tokens is not None:
         raise usage_error("--max-new-tokens applies to --serve only")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
@@ -167,6 +172,7 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     else:
         options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
                        reduce_dtype=args.reduce_dtype,
+                       sequence_parallel=args.sequence_parallel,
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
                                       else tuple(choices)))
     return options

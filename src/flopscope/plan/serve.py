@@ -183,19 +183,6 @@ class ServePlan:
         """The layout with the most tokens/s."""
         return self.best_throughput
 
-    def to_html(self) -> str:
-        """The plan as one self-contained HTML page: throughput against latency, where a
-        layout's time and memory go, why the best wins, the dropped rows and why
-        (:func:`flopscope.plan.display.plan_html`)."""
-        from flopscope.plan.display import plan_html
-
-        return plan_html(self)
-
-    def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
-        from flopscope.render.html import notebook_frame
-
-        return notebook_frame(self.to_html())
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``mode``: ``serve``)."""
         return {
