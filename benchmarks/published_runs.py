@@ -69,9 +69,9 @@ _MEGATRON = {
 _GRAND_TETON = "H100 96 GB HBM2e, 2.4 TB/s, 500 W power limit (the h100-sxm profile: 80 GB, " \
                "3.35 TB/s, 700 W)"
 _TORCHTITAN_GAP = [
-    "selective per-op activation checkpointing (torchtitan's 'op' policy: keeps matmul outputs "
-    "of every other layer, recomputes the rest): the planner has none or every block, shown "
-    "both",
+    "selective per-op activation checkpointing (torchtitan's 'op' policy keeps some "
+    "operators' outputs, attention and every other matrix product, and recomputes the rest): "
+    "the planner has none or every block, shown both",
     "the devices ran at 500 W with HBM2e (the benchmark's footnote: their peak is between SXM "
     "and NVL); the profile is the 700 W SXM5 at 3.35 TB/s",
     "the real loss (cross-entropy over the logits, upcast to float32) instead of their sum",
@@ -301,6 +301,7 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
         "dp": run["gpus"] // (run["tp"] * run["pp"]), "global_batch": run["global_batch"],
         "seq_len": run["seq_len"], "micro_batch": run["micro_batch"],
         "config": run["config"], "precision": plan.precision,
+        "sequence_parallel": run.get("sequence_parallel", False),
         "memory_budget_gib": None if budget is None else budget / 2**30,
         "capacity_gib": capacity / 2**30, "flops_per_token": flops_per_token,
         "planned": rows, "compared": shown, "published": published, "ratios": ratios,
