@@ -205,10 +205,13 @@ RUNS.append({
 NOT_PLANNED: list[dict[str, Any]] = [
     {"what": "Llama 3 405B: TP 8 PP 16 DP 64 on 8,192 H100 (43% MFU, 430 TFLOP/s per GPU) "
              "and DP 128 on 16,384 (41%, 400)",
-     "source": "The Llama 3 Herd of Models (arXiv 2407.21783), Table 4",
-     "why": "not in the stored pages to cite from here; and a 126-layer model in 16 stages of "
-            "8 layers is simulated whole over 16 microbatches per role (docs/plan.md 'Speed'): "
-            "hours on this machine"},
+     "source": "The Llama 3 Herd of Models (arXiv 2407.21783); read here only second-hand: "
+               "glennklockwood.com/garden/llama-3.1, quoting P. Balaji's SC'24 slide (8,192 "
+               "GPUs, TP 8, CP 1, PP 16, 16M tokens per batch, 430 TFLOP/s per GPU; 16,384: "
+               "400; with CP 16: 380)",
+     "why": "the paper's own table was not in the stored pages; and its 126 layers in 16 "
+            "stages of 7 or 8 are simulated whole over 16 microbatches per role (docs/plan.md "
+            "'Speed'), 8 to 16 such roles at hidden 16,384: hours on this machine"},
     {"what": "torchtitan Llama 3.1 405B (Tables 5 and 6) and every Float8 row",
      "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
      "why": "Float8 linears are not modelled; the 405B's interleaved 1F1B and context "
