@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,10 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.plan import ServePlan
-from flopscope.plan.display import seconds
+from flopscope.plan.display import plan_html, seconds, serve_page_data
 from flopscope.plan.serve import ServeCandidate, serve_layouts
 from flopscope.plan.space import ModelShape
+from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes
 
 # the model of tests/plan/test_plan.py: hidden 256, 8 heads of 32, 4 KV heads, MLP 512, 4 layers,
@@ -205,3 +207,47 @@ def test_api_refuses_mixed_options() -> None:
         flopscope.plan("hf:llama", gpus=1, max_new_tokens=8)
     with pytest.raises(UsageError, match="does not take global_batch"):
         flopscope.plan("hf:llama", gpus=1, mode="serve", global_batch=8, config=CONFIG)
+
+
+def test_cli_serve_html_explains_why_the_best_wins(capsys: pytest.CaptureFixture[str],
+                                                   served: ServePlan, tmp_path: Path) -> None:
+    """The serving page carries the table's "Why it wins" (it had the dropped rows' reasons but
+    not this): the same lines, and the words they are read by."""
+    argv = ["plan", "hf:llama", "--serve", "--gpus", "2", "--hardware", "h100", "--seq-len",
+            str(PROMPT), "--max-new-tokens", str(NEW), "--batch", "1,4", "--memory-budget",
+            "64MiB", *_flags()]
+    page = tmp_path / "serve.html"
+    assert main([*argv, "--format", "html", "--output", str(page)]) == 0
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    why = data["explain"]["why"]
+    rival = next(c for c in served.ranked if c.layout.label == "TP2 PP1 DP1")
+    assert any(line.startswith(f"{rival.label}: {rival.tokens_per_s:,.0f} tokens/s (")
+               for line in why)
+    assert all(f"\n  {line}\n" in text for line in why)
+    assert data["explain"]["why_title"] == (
+        "Why it wins (tokens/s = sequences in flight x new tokens / a request's time; the best "
+        "of each other layout)")
+    assert data["explain"]["why_title"] + ":\n" in text
+    # plan_html draws a ServePlan from Python with the same data
+    ours = embedded_data(plan_html(served))
+    for key in ("seconds", "simulations"):
+        ours.pop(key), data.pop(key)
+    assert ours == data
+
+
+def test_a_sweep_page_explains_each_plan(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    """A sweep's page draws a point's plan on a click, with the same words as a plan's page."""
+    page = tmp_path / "sweep.html"
+    assert main(["plan", "hf:llama", "--serve", "--gpus", "1,2", "--hardware", "h100",
+                 "--seq-len", str(PROMPT), "--max-new-tokens", str(NEW), "--batch", "1,4",
+                 "--memory-budget", "64MiB", *_flags(), "--format", "html", "--output",
+                 str(page)]) == 0
+    points = embedded_data(page.read_text(encoding="utf-8"))
+    assert [p["gpus"] for p in points] == [1, 2]
+    two = flopscope.plan("hf:llama", **SERVE)
+    assert isinstance(two, ServePlan)
+    assert points[1]["plan"]["explain"] == serve_page_data(two)["explain"]
+    assert points[1]["plan"]["explain"]["why"]

@@ -424,6 +424,37 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
     assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
 
 
+def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
+                                                        tmp_path: Path) -> None:
+    """A serving plan's own page (``plan_html``, ``--serve --format html``) shows the
+    table's "Why it wins" under the best layout's breakdown, with the words it is read by."""
+    import flopscope
+    from flopscope.plan import ServePlan
+    from flopscope.plan.display import plan_html
+
+    plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
+                          max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,
+                          config=dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                      num_hidden_layers=4, num_attention_heads=8,
+                                      num_key_value_heads=4))
+    assert isinstance(plan, ServePlan) and plan.best_throughput is not None
+    page = tmp_path / "served.html"
+    page.write_text(plan_html(plan), encoding="utf-8")
+    _opened(browser, page)
+    explain = embedded_data(page.read_text(encoding="utf-8"))["explain"]
+    assert explain["why"]
+    assert browser.evaluate("[...document.querySelectorAll('#plan-why li')]"
+                            ".map(li => li.textContent)") == explain["why"]
+    assert browser.evaluate("document.getElementById('plan-why').previousElementSibling"
+                            ".textContent") == explain["why_title"]
+    assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == (
+        plan.best_throughput.label)
+    # another row's breakdown has no "why it wins"
+    browser.click("#ranked tbody tr:nth-child(2)")
+    assert browser.evaluate("document.getElementById('plan-why')") is None
+    assert browser.errors() == []
+
+
 def test_numbers_are_shown_without_an_exponent(browser: Chromium, tmp_path: Path) -> None:
     # 1023 MiB + 511 KiB: under the 1023.5 MiB where GiB takes over, over 999.5: three
     # significant digits were "1.02e+3 MiB"

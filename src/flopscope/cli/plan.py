@@ -17,7 +17,7 @@ from flopscope.cli._options import (
     usage_error,
     write_output,
 )
-from flopscope.cli.types import memory_size, positive_int, positive_int_list
+from flopscope.cli.types import dtype_name, memory_size, positive_int, positive_int_list
 
 __all__ = ["add_subcommands", "run_plan"]
 
@@ -43,6 +43,15 @@ def add_subcommands(subparsers: Any) -> None:
                        source_help="a transformers decoder (hf:llama, hf:ORG/NAME: config "
                                    "only) or a torchvision/timm model (data parallel only); "
                                    "several, comma-separated, for a sweep")
+    p.add_argument("--param-dtype", type=dtype_name, metavar="DTYPE",
+                   help="training: the parameters', gradients' and AdamW moments' dtype, e.g. "
+                        "float32 with --dtype bfloat16: mixed precision, FSDP2's "
+                        "MixedPrecisionPolicy (default: --dtype)")
+    p.add_argument("--reduce-dtype", type=dtype_name, metavar="DTYPE",
+                   help="training: the dtype gradients are reduced in (default: --param-dtype)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="training: tensor-parallel layouts without pipeline stages run sequence "
+                        "parallelism (norms on sequence shards), as torchtitan and Megatron-LM do")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")
@@ -143,6 +152,11 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         given = "--global-batch" if args.global_batch is not None else "--checkpointing"
         raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
                           "(sizes per replica) and --max-new-tokens")
+    if serve and (args.param_dtype or args.reduce_dtype or args.sequence_parallel):
+        given = ("--param-dtype" if args.param_dtype else "--reduce-dtype" if args.reduce_dtype
+                 else "--sequence-parallel")
+        raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
+                          "--dtype and runs plain tensor parallelism")
     if not serve and args.max_new_tokens is not None:
         raise usage_error("--max-new-tokens applies to --serve only")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
@@ -156,7 +170,9 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     if serve:
         options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch)
     else:
-        options.update(global_batch=args.global_batch,
+        options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
+                       reduce_dtype=args.reduce_dtype,
+                       sequence_parallel=args.sequence_parallel,
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
                                       else tuple(choices)))
     return options
@@ -178,15 +194,12 @@ def _one(args: argparse.Namespace, source: str, gpus: int, seq_len: int | None,
 
 def _plan_text(args: argparse.Namespace, result: Any) -> str:
     from flopscope.plan.display import plan_html, plan_text, serve_text
-    from flopscope.plan.planner import Plan
     from flopscope.plan.serve import ServePlan
-    from flopscope.render.html import render_plan_html
 
     if args.format == "json":
         return json.dumps(result.to_dict(), indent=2) + "\n"  # every layout
-    if args.format == "html":  # every layout; a training plan with its table's words
-        return (plan_html(result) if isinstance(result, Plan)
-                else render_plan_html(result.to_dict()))
+    if args.format == "html":  # every layout, with the table's words (why the best wins)
+        return plan_html(result)
     if isinstance(result, ServePlan):
         return serve_text(result, top=args.top)
     return plan_text(result, top=args.top)
@@ -236,9 +249,12 @@ def _sweep(args: argparse.Namespace, sources: list[str], seq_lens: list[int | No
             raise usage_error(rows[0].error or "the plan failed")
         write_output(json.dumps(data, indent=2) + "\n", args.output)
     elif args.format == "html" and points > 1:  # the sweep's points, a click draws one plan
+        from flopscope.plan.display import page_data
         from flopscope.render.html import render_plan_html
 
-        write_output(render_plan_html([r.to_dict() for r in rows]), args.output)
+        drawn = [{**r.to_dict(), "plan": None if r.plan is None else page_data(r.plan)}
+                 for r in rows]
+        write_output(render_plan_html(drawn), args.output)
     elif points == 1:
         if rows[0].plan is None:
             raise usage_error(rows[0].error or "the plan failed")

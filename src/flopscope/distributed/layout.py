@@ -38,6 +38,14 @@ class Layout:
         pp: pipeline-parallel degree (stages, one per rank of a pipeline group).
         ep: expert-parallel degree (1, the world size, or a divisor of it with
             ``fsdp = world_size``).
+        mixed_precision: ``(compute dtype, reduce dtype)`` names (``("bfloat16", "float32")``):
+            FSDP2's :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` on every
+            ``fully_shard`` (its ``param_dtype`` and ``reduce_dtype``): the parameters stay in
+            the model's dtype (the shards, their gradients), the all-gathered ones are cast to
+            the compute dtype, gradients are reduced in the reduce dtype. Applied with
+            ``fully_shard`` over a data-parallel group of one as well (FSDP2 then casts
+            without a collective); not built with ``ep`` > 1. ``None``: the model's dtype
+            throughout.
 
     Raises:
         UsageError: the degrees do not multiply to the world size, the rank is out of range, or
@@ -51,6 +59,7 @@ class Layout:
     rank: int = 0
     pp: int = 1
     ep: int = 1
+    mixed_precision: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("world_size", "tp", "pp", "ep"):
@@ -80,6 +89,34 @@ class Layout:
                 "ranks that divide the world with --fsdp = --world-size and no --tp (every "
                 "expert FSDP-sharded over its world / ep copies); not combined with --pp or "
                 "--sequence-parallel: pipeline stages with experts are not built")
+        if self.mixed_precision is not None:
+            if self.ep > 1:
+                raise UsageError("mixed precision (FSDP2's MixedPrecisionPolicy) is not built "
+                                 "with expert parallelism: use --ep 1 or one dtype")
+            self.policy()  # the dtype names are checked here
+
+    def policy(self) -> Any:
+        """FSDP2's mixed precision policy for :attr:`mixed_precision` (``None`` without).
+
+        Returns:
+            A :class:`torch.distributed.fsdp.MixedPrecisionPolicy`, or ``None``.
+
+        Raises:
+            UsageError: a name that is not a floating-point dtype.
+        """
+        if self.mixed_precision is None:
+            return None
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtypes = []
+        for name in self.mixed_precision:
+            dtype = getattr(torch, name, None)
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise UsageError(f"mixed precision: {name!r} is not a floating-point dtype "
+                                 "(bfloat16, float16, float32)")
+            dtypes.append(dtype)
+        return MixedPrecisionPolicy(param_dtype=dtypes[0], reduce_dtype=dtypes[1])
 
     @property
     def dp(self) -> int:
@@ -295,7 +332,8 @@ def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
 def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
     mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
-    on the root over the ``dp`` dimension (when dp > 1); with ``ep`` > 1 instead the experts of
+    on the root over the ``dp`` dimension (when dp > 1, or with :attr:`Layout.mixed_precision`,
+    whose policy each ``fully_shard`` gets); with ``ep`` > 1 instead the experts of
     every MoE block over the ranks (:func:`~flopscope.distributed.experts.apply_expert_parallel`),
     and with ``fsdp = ep`` FSDP2 on every decoder layer and the root over the same ranks, the
     experts' parameters left out (``ignored_params``: each expert lives on one rank, so its
@@ -328,11 +366,12 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
             parallelize_module(layer, mesh["tp"], llama_tp_plan(layer, layout.sequence_parallel))
         if layout.sequence_parallel:
             parallelize_module(model, mesh["tp"], sequence_parallel_model_plan(model))
-    if layout.dp > 1:
+    if layout.dp > 1 or layout.mixed_precision is not None:
         from torch.distributed.fsdp import fully_shard
 
-        dp_mesh = mesh["dp"]
+        dp_mesh, policy = mesh["dp"], layout.policy()
+        extra = {} if policy is None else {"mp_policy": policy}
         for layer in layers:
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, **extra)
+        fully_shard(model, mesh=dp_mesh, **extra)
     return model

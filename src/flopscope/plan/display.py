@@ -15,8 +15,8 @@ if TYPE_CHECKING:  # the planner imports this module to show a plan (Plan.to_htm
     from flopscope.plan.planner import Candidate, Plan
     from flopscope.plan.sweeps import SweepRow
 
-__all__ = ["plan_html", "plan_page_data", "plan_text", "seconds", "serve_text", "sweep_header",
-           "sweep_line"]
+__all__ = ["page_data", "plan_html", "plan_page_data", "plan_text", "seconds", "serve_page_data",
+           "serve_text", "sweep_header", "sweep_line"]
 
 
 def seconds(value: float) -> str:
@@ -92,7 +92,7 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         f"Training plan: {plan.source} on {plan.gpus} x {plan.hardware.name} "
         f"({plan.gpus_per_node} per node), global batch {plan.global_batch}"
         + (f" x {plan.seq_len} tokens" if plan.unit == "tokens" else " samples")
-        + f", {plan.dtype}, budget {human_bytes(plan.memory_budget)} per device",
+        + f", {plan.precision}, budget {human_bytes(plan.memory_budget)} per device",
         f"{len(plan.ranked) + len(plan.dropped)} layouts: {len(plan.ranked)} fit, "
         f"{len(plan.dropped)} dropped; {plan.roles} rank roles ({plan.simulations} simulated "
         f"now, the rest cached) in {plan.seconds:.1f} s",
@@ -147,10 +147,41 @@ def plan_page_data(plan: Plan) -> dict[str, Any]:
     return {**plan.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
 
 
-def plan_html(plan: Plan) -> str:
-    """A training plan as one self-contained HTML page, with its table's words
-    (:func:`plan_page_data`; :func:`flopscope.render.html.render_plan_html` draws any plan's
-    ``to_dict()``, a serving plan's too).
+def serve_page_data(plan: ServePlan) -> dict[str, Any]:
+    """What a serving plan's HTML page draws: :meth:`ServePlan.to_dict` and ``"explain"``,
+    the words of :func:`serve_text`: why the best layout for throughput wins (``why``, the lines
+    of its "Why it wins", against the best row of each other layout) and how they read
+    (``why_title``: tokens/s = sequences in flight x new tokens / a request's time).
+
+    Args:
+        plan: the serving plan.
+
+    Returns:
+        JSON-ready data.
+    """
+    lines = _serve_why(plan)
+    title = lines[1].strip().rstrip(":") if lines else ""
+    return {**plan.to_dict(), "explain": {"why": [line.strip() for line in lines[2:]],
+                                          "why_title": title}}
+
+
+def page_data(plan: Plan | ServePlan) -> dict[str, Any]:
+    """A plan's page data, training (:func:`plan_page_data`) or serving
+    (:func:`serve_page_data`): its dict with the table's words.
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        JSON-ready data.
+    """
+    return serve_page_data(plan) if isinstance(plan, ServePlan) else plan_page_data(plan)
+
+
+def plan_html(plan: Plan | ServePlan) -> str:
+    """A training or serving plan as one self-contained HTML page, with its table's words
+    (:func:`page_data`; :func:`flopscope.render.html.render_plan_html` draws any plan's
+    ``to_dict()``).
 
     Args:
         plan: the plan.
@@ -160,7 +191,7 @@ def plan_html(plan: Plan) -> str:
     """
     from flopscope.render.html import render_plan_html
 
-    return render_plan_html(plan_page_data(plan))
+    return render_plan_html(page_data(plan))
 
 
 def _serve_row(rank: str, c: ServeCandidate) -> list[str]:

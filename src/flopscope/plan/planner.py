@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,8 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.model_flops import model_flops
+from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import (
@@ -40,7 +42,6 @@ from flopscope.plan.vision import (
     data_parallel_layouts,
     is_decoder,
 )
-from flopscope.report.report import Report
 
 __all__ = ["Candidate", "Plan", "build_model", "model_identity", "plan"]
 
@@ -103,6 +104,11 @@ class Plan:
         notes: what the figures assume.
         unit: what a step processes: ``"tokens"`` (a decoder: sequences x sequence length)
             or ``"samples"`` (a vision model; ``seq_len`` is 1).
+        param_dtype: the parameters' shards, their gradients and AdamW's moments (``None``:
+            ``dtype``; mixed precision when it differs).
+        reduce_dtype: the dtype gradients are reduced in (``None``: ``param_dtype``).
+        sequence_parallel: tensor-parallel layouts without stages shard the norms' activations
+            along the sequence.
     """
 
     source: str
@@ -122,6 +128,14 @@ class Plan:
     seconds: float
     notes: tuple[str, ...] = field(default=())
     unit: str = "tokens"
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    sequence_parallel: bool = False
+
+    @property
+    def precision(self) -> str:
+        """The dtypes in words (:func:`flopscope.plan.precision.precision_words`)."""
+        return precision_words(self.dtype, self.param_dtype, self.reduce_dtype)
 
     @property
     def best(self) -> Candidate | None:
@@ -147,7 +161,11 @@ class Plan:
             "mode": "train", "source": self.source, "gpus": self.gpus,
             "hardware": self.hardware.name,
             "gpus_per_node": self.gpus_per_node, "global_batch": self.global_batch,
-            "seq_len": self.seq_len, "dtype": self.dtype, "memory_budget": self.memory_budget,
+            "seq_len": self.seq_len, "dtype": self.dtype,
+            "param_dtype": self.param_dtype or self.dtype,
+            "reduce_dtype": self.reduce_dtype or self.param_dtype or self.dtype,
+            "precision": self.precision, "sequence_parallel": self.sequence_parallel,
+            "memory_budget": self.memory_budget,
             "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
             "ranked": [c.to_dict() for c in self.ranked],
             "pareto": [c.choice.label for c in self.pareto],
@@ -248,31 +266,6 @@ def _pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
     return tuple(front)
 
 
-def _model_flops(build: Build, global_batch: int) -> int:
-    """The unsharded model's forward + backward FLOPs for one sequence, times the batch
-    (every operator's work is linear in the batch dimension); a long stack of alike layers
-    counted from three small layer counts (:func:`flopscope.distributed.repeat.from_small`,
-    the same report)."""
-    from flopscope.distributed.repeat import NotRepeating, from_small
-    from flopscope.run import Inputs, count
-
-    def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]) -> Report:
-        model, args, kwargs = small()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return count(model, Inputs(*args, **kwargs), backward=True, shape_only=True,
-                         warn=False)
-
-    def one() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-        return build(1, False)
-
-    try:
-        report = from_small(one, run)
-    except NotRepeating:
-        report = run(one)
-    return int(report.flops) * global_batch
-
-
 def plan(
     source: str,
     *,
@@ -291,6 +284,9 @@ def plan(
     tp: int | None = None,
     pp: int | None = None,
     ep: int | None = None,
+    param_dtype: str | None = None,
+    reduce_dtype: str | None = None,
+    sequence_parallel: bool = False,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -305,7 +301,8 @@ def plan(
         global_batch: sequences per step (default: one per device).
         seq_len: tokens per sequence (default: the source's).
         memory_budget: bytes per device (default: the profile's memory).
-        dtype: parameters' and activations' dtype.
+        dtype: the compute dtype: activations, and the parameters unless ``param_dtype``
+            differs.
         config: overrides of the model's config (``{"num_hidden_layers": 8}``).
         checkpointing: the activation checkpointing choices to try.
         mode: ``"train"`` or ``"serve"``.
@@ -315,13 +312,25 @@ def plan(
         tp: only layouts of this tensor-parallel degree (``None``: every one that divides).
         pp: only layouts of this many pipeline stages.
         ep: only layouts of this expert-parallel degree (a mixture of experts; 1: none).
+        param_dtype: training: the parameters' dtype, their gradients' and AdamW's moments'
+            (``"float32"``; default ``dtype``). Where it differs from ``dtype`` the plan is of
+            mixed precision: the model built in ``param_dtype`` and FSDP2's
+            ``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)`` on every
+            ``fully_shard`` (:attr:`flopscope.distributed.Layout.mixed_precision`), as
+            torchtitan trains.
+        reduce_dtype: training: the dtype gradients are reduced in (default ``param_dtype``).
+        sequence_parallel: training: tensor-parallel layouts without pipeline stages run
+            sequence parallelism (the norms on sequence shards, all-gathers and
+            reduce-scatters instead of all-reduces; torchtitan's and Megatron-LM's tensor
+            parallelism; :attr:`flopscope.distributed.Layout.sequence_parallel`).
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
 
     Raises:
         UsageError: bad sizes, a profile without link figures or memory, a source that is not
-            a transformers decoder, or no layout that divides the model and the devices.
+            a transformers decoder, or no layout that divides the model and the devices;
+            mixed precision where it is not built (serving, vision models, experts).
     """
     start = time.perf_counter()
     if mode not in ("train", "serve"):
@@ -341,6 +350,10 @@ def plan(
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
                          "(--memory-budget 80GiB)")
     if mode == "serve":
+        if param_dtype is not None or reduce_dtype is not None or sequence_parallel:
+            raise UsageError("plan(mode='serve') does not take param_dtype, reduce_dtype or "
+                             "sequence_parallel: serving keeps the weights in --dtype and "
+                             "runs plain tensor parallelism")
         if ep not in (None, 1):
             raise UsageError("plan(mode='serve') does not take ep: serving a mixture of "
                              "experts is not planned yet")
@@ -349,17 +362,27 @@ def plan(
                                                 "checkpointing": None if checkpointing
                                                 is CHECKPOINTING else checkpointing}, tp, pp)
     batch = global_batch if global_batch is not None else gpus
-    build = build_model(source, seq_len, dtype, config)
+    stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
+    build = build_model(source, seq_len, stored, config)
     probe, args, _ = build(1, False)
     decoder = is_decoder(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
-    param_dtype = next(probe.parameters()).dtype
-    identity = model_identity(source, seq_len, dtype, config)
+    compute_dtype = next(probe.parameters()).dtype if mixed is None else getattr(torch, mixed[0])
+    identity = model_identity(source, seq_len, stored, config)
+    if sequence_parallel and not decoder:
+        raise UsageError(f"{source}: sequence parallelism needs tensor parallelism; a vision "
+                         "model is planned data parallel only")
+    if mixed is not None and not decoder:
+        raise UsageError(f"{source}: mixed precision (--param-dtype, --reduce-dtype) is planned "
+                         "for transformers decoders only; plan a vision model in one --dtype")
     if decoder:
         shape = ModelShape.from_config(getattr(probe, "config", None))
         experts = expert_count(getattr(probe, "config", None))
         del probe
+        if experts and mixed is not None and ep != 1:
+            raise UsageError(f"{source} is a mixture of experts: mixed precision is not built "
+                             "with expert parallelism; add --ep 1 (or plan in one --dtype)")
         every = enumerate_layouts(gpus, shape, batch, checkpointing)
         if experts:
             every += expert_layouts(gpus, shape, experts, batch, checkpointing)
@@ -379,7 +402,8 @@ def plan(
         def runs_of(choice: Choice) -> list[RoleRun]:
             if choice.ep > 1:
                 return expert_roles.runs(choice)
-            return [roles.get(key) for key in roles_of(choice, shape.layers)]
+            return [roles.get(key)
+                    for key in roles_of(choice, shape.layers, mixed, sequence_parallel)]
     else:
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
@@ -391,8 +415,8 @@ def plan(
                              "batch); give a --global-batch that is a multiple of --gpus")
         vision = VisionRoles(build, hw, identity)
         runs_of = vision.runs
-    flops = _model_flops(build, batch)
-    peak = hw.peak(dtype_key(param_dtype) or "fp32", matrix=True)
+    flops = model_flops(build, batch)
+    peak = hw.peak(dtype_key(compute_dtype) or "fp32", matrix=True)
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
     for choice in choices:
@@ -410,19 +434,26 @@ def plan(
                else "roofline lower bounds (every call at peak rate or bandwidth)")
     notes = (f"step times: compute from {compute}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
-             f"{dtype_key(param_dtype)} peak of {hw.name}",
+             f"{dtype_key(compute_dtype)} peak of {hw.name}",
              "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
-             "AdamW (two moments per parameter, in the parameters' dtype)" if decoder else
+             "AdamW (two moments per parameter, in the parameters' dtype)" + (
+                 "" if mixed is None else
+                 f"; mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
+                 f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
+                 f"{mixed[1]}") + ("; sequence parallelism on tensor-parallel layouts "
+                                   "without stages (where TP differs from FSDP's degree)"
+                                   if sequence_parallel else "") if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s")
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))
-    return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(param_dtype).replace(
+    return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(compute_dtype).replace(
         "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
         used_roles, simulations, time.perf_counter() - start, notes,
-        "tokens" if decoder else "samples")
+        "tokens" if decoder else "samples", None if mixed is None else stored,
+        None if mixed is None else mixed[1], sequence_parallel)
 
 
 def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:

@@ -76,6 +76,11 @@ class RoleKey:
         micro_batch: sequences per microbatch.
         microbatches: microbatches in the simulated step (1 without stages).
         checkpoint: every decoder block checkpointed.
+        mixed_precision: ``(compute dtype, reduce dtype)``: FSDP2's mixed precision policy
+            (:attr:`flopscope.distributed.Layout.mixed_precision`); ``None``: the model's dtype
+            throughout.
+        sequence_parallel: the norms' activations sharded along the sequence over the
+            tensor-parallel ranks (:attr:`flopscope.distributed.Layout.sequence_parallel`).
     """
 
     tp: int
@@ -85,9 +90,12 @@ class RoleKey:
     micro_batch: int
     microbatches: int
     checkpoint: bool
+    mixed_precision: tuple[str, str] | None = None
+    sequence_parallel: bool = False
 
 
-def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
+def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
+             sequence_parallel: bool = False) -> list[RoleKey]:
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
@@ -103,6 +111,11 @@ def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
     Args:
         choice: the layout.
         layers: the model's decoder layers.
+        mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
+        sequence_parallel: sequence parallelism where it applies: tensor parallelism without
+            pipeline stages, of another degree than FSDP2's (a simulated collective records
+            its group's size, not the group: with equal degrees the step time could not tell
+            its all-gathers from FSDP2's); :attr:`RoleKey.sequence_parallel`.
 
     Returns:
         One role per stage (middle stages may share one).
@@ -110,6 +123,7 @@ def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
     from flopscope.distributed.pipeline import split_layers
 
     simulated = choice.pp if choice.pp > 1 else 1
+    sp = sequence_parallel and 1 < choice.tp != choice.dp and choice.pp == 1
     sizes = [len(r) for r in split_layers(layers, choice.pp)]
     out = []
     for s in range(choice.pp):
@@ -117,7 +131,7 @@ def roles_of(choice: Choice, layers: int) -> list[RoleKey]:
         if 0 < s < choice.pp - 1:
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
-                           simulated, choice.checkpoint == "block"))
+                           simulated, choice.checkpoint == "block", mixed_precision, sp))
     return out
 
 
@@ -357,7 +371,8 @@ class Roles:
 def _layout(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
-                  rank=key.stage * key.dp * key.tp)
+                  rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision,
+                  sequence_parallel=key.sequence_parallel)
 
 
 def _moved(path: str, frm: Frame, to: Frame) -> str:

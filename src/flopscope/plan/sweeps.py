@@ -24,6 +24,7 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.plan.experts import expert_count, expert_layouts
 from flopscope.plan.planner import Plan, build_model, plan
+from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey, roles_of
 from flopscope.plan.serve import ServePlan, serve_layouts
 from flopscope.plan.space import CHECKPOINTING, ModelShape, enumerate_layouts
@@ -64,7 +65,9 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                checkpointing: Sequence[str] = CHECKPOINTING,
                batches: Sequence[int] | None = None, max_new_tokens: int | None = None,
                tp: int | None = None, pp: int | None = None,
-               ep: int | None = None) -> list[RoleTask]:
+               ep: int | None = None, param_dtype: str | None = None,
+               reduce_dtype: str | None = None,
+               sequence_parallel: bool = False) -> list[RoleTask]:
     """The role simulations :func:`flopscope.plan.plan` with these options will ask for (a
     serving plan's largest-batch roles aside).
 
@@ -83,10 +86,14 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         tp: only this tensor-parallel degree.
         pp: only this many stages.
         ep: only this expert-parallel degree.
+        param_dtype: training: the parameters' dtype (mixed precision where it differs).
+        reduce_dtype: training: the gradients' reduce dtype.
+        sequence_parallel: training: sequence parallelism on tensor-parallel layouts.
 
     Returns:
         The distinct tasks, in the order the plan meets them.
     """
+    dtype, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, dtype, config)
     probe, args, _ = build(1, False)
     model_config = getattr(probe, "config", None)
@@ -117,7 +124,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     batch = global_batch or gpus
     for choice in enumerate_layouts(gpus, shape, batch, checkpointing):
         if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
-            tasks += [task("train", key=key) for key in roles_of(choice, shape.layers)]
+            tasks += [task("train", key=key) for key in roles_of(choice, shape.layers, mixed,
+                                                                sequence_parallel)]
     experts = expert_count(model_config)
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
@@ -178,7 +186,8 @@ def sweep(
         return
     needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
     keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
-                                     "batches", "max_new_tokens", "tp", "pp", "ep")
+                                     "batches", "max_new_tokens", "tp", "pp", "ep",
+                                     "param_dtype", "reduce_dtype", "sequence_parallel")
             if k in options}
     for point in points:
         source, count, seq = point

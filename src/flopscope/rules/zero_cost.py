@@ -33,7 +33,7 @@ COPIES = [
     "_copy_from", "_copy_from_and_resize", "pin_memory", "_pin_memory", "to_mkldnn",
     "to_dense", "_to_dense", "mkldnn_reorder_conv2d_weight", "_nested_tensor_from_tensor_list",
     "_nested_from_padded", "_nested_from_padded_and_nested_example", "to_padded_tensor",
-    "_nested_tensor_from_mask", "_pack_padded_sequence",
+    "_nested_tensor_from_mask", "_pack_padded_sequence", "_foreach_copy_", "_foreach_copy",
 ]
 # Indexing, gathering, concatenation, padding, reordering: data movement only.
 INDEXING = [

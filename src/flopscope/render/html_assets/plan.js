@@ -4,7 +4,7 @@
    ("mode": "serve"): throughput against latency per (layout, batch), prefill and decode parts. */
   var PART_COLOURS = { forward: "#3b7dd8", backward: "#5aa469", recompute: "#b36bc2", tp_comm: "#e8743b",
     fsdp_comm: "#d4a017", p2p: "#c0392b", bubble: "#a8b0bd" };
-  var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "memory_budget",
+  var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "param_dtype", "reduce_dtype", "precision", "memory_budget",
     "model_flops_per_step", "time_model", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
     "mode", "unit", "max_new_tokens", "best_throughput", "best_latency"];
   function planParts(data, layouts) {  // the parts a step's time is made of, named as the table names them
@@ -26,7 +26,7 @@
     var bound = data.time_model || "a model of the step";
     append(root, [el("h1", { id: "subject", text: "flopscope plan: " + data.source }),
       el("p", { cls: "sub", text: "training on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), global batch " +
-        (unit === "tokens" ? data.global_batch + " x " + data.seq_len + " tokens" : data.global_batch + " " + unit) + ", " + data.dtype +
+        (unit === "tokens" ? data.global_batch + " x " + data.seq_len + " tokens" : data.global_batch + " " + unit) + ", " + (data.precision || data.dtype) +
         ", budget " + bytes(data.memory_budget) + " per device" })]);
     var cards = [card("layouts", String(all.length), "layouts", all.length, ranked.length + " fit, " + dropped.length + " dropped")];
     if (best) cards.push(card("best layout", best.layout, "best", best.layout, "fastest that fits"),
@@ -286,7 +286,7 @@
     });
     append(host, [el("h3", { text: "memory at its peak: " + bytes(c.memory_bytes) + (c.peak_where ? " at " + c.peak_where : "") }), mb, ml]);
     var why = (data.explain && data.explain.why) || [];
-    if (c === best && why.length) append(host, [el("h3", { text: "why it wins" }),
+    if (c === best && why.length) append(host, [el("h3", { text: (data.explain && data.explain.why_title) || "why it wins" }),
       el("ul", { id: "plan-why" }, why.map(function (w) { return el("li", { text: w }); }))]);
   }
 

@@ -1,0 +1,85 @@
+"""Sequence parallelism in a training plan (torchtitan's and Megatron-LM's tensor parallelism):
+the norms on sequence shards, all-gathers and reduce-scatters over the tensor-parallel group
+instead of all-reduces, exposed as the all-reduces were."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import flopscope
+from flopscope.cli import main
+from flopscope.errors import UsageError
+from flopscope.estimate import get_hardware
+from flopscope.plan.planner import Plan, build_model
+from flopscope.plan.roles import RoleKey, Roles, roles_of
+from flopscope.plan.space import Choice
+
+# hidden 256, 8 heads, 4 KV heads, MLP 512, 4 layers, vocab 512 (tests/plan/test_plan.py)
+CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+ARGS: dict[str, Any] = dict(gpus=2, hardware="h100", config=CONFIG, seq_len=256, global_batch=1,
+                            tp=2, checkpointing=("block",))
+
+
+def _forward_payload(sequence_parallel: bool) -> tuple[set[tuple[str, int]], int]:
+    build = build_model("hf:llama", 256, "bfloat16", CONFIG)
+    roles = Roles(build, get_hardware("h100"), ("sp test", sequence_parallel))
+    run = roles.get(RoleKey(2, 1, 0, 1, 1, 1, True, None, sequence_parallel))
+    comm = run.report.communication
+    layer = sum(c.payload_bytes for c in comm
+                if c.module.startswith("model.layers.1.") and c.phase.value == "forward")
+    return {(c.kind, c.group_size) for c in comm}, layer
+
+
+def test_collectives_of_a_sequence_parallel_layer() -> None:
+    # a layer's activation: 256 tokens x 256 hidden x 2 bytes = 131,072. Without sequence
+    # parallelism two all-reduces of it per layer forward (after attention, after the MLP)
+    kinds, layer = _forward_payload(False)
+    assert kinds == {("all_reduce", 2)} and layer == 2 * 131_072
+    # with it, before attention and the MLP an all-gather of the sequence shards (its payload
+    # n x the shard: 2 x 65,536), after each a reduce-scatter of the whole (131,072)
+    kinds, layer = _forward_payload(True)
+    assert kinds == {("all_gather", 2), ("reduce_scatter", 2)}
+    assert layer == 2 * (2 * 65_536) + 2 * 131_072
+
+
+def test_plan_with_sequence_parallelism() -> None:
+    plain, sp = (flopscope.plan("hf:llama", **ARGS, sequence_parallel=s) for s in (False, True))
+    assert isinstance(plain, Plan) and isinstance(sp, Plan)
+    (a,), (b,) = plain.ranked, sp.ranked  # TP2 PP1 DP1 mb1x1 ckpt
+    # the checkpointed layers keep sequence shards: fewer activations at the peak
+    assert b.at_peak["activations"] < a.at_peak["activations"]
+    assert b.at_peak["parameters"] == a.at_peak["parameters"]
+    # its all-gathers and reduce-scatters are exposed tensor-parallel time (they were counted
+    # as FSDP2's, hidden, before the step time told them apart)
+    assert b.time.tp_comm > 0 and b.time.fsdp_comm == b.time.fsdp_hidden == 0
+    assert sp.sequence_parallel and sp.to_dict()["sequence_parallel"] is True
+    assert "sequence parallelism on tensor-parallel layouts" in sp.notes[1]
+
+
+def test_only_where_it_applies() -> None:
+    # tensor parallelism without stages, of another degree than FSDP2's
+    assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 4, 1, 1, "none"), 4,
+                                                  sequence_parallel=True)] == [True]
+    assert [k.sequence_parallel for k in roles_of(Choice(1, 1, 8, 1, 1, "none"), 4,
+                                                  sequence_parallel=True)] == [False]
+    assert [k.sequence_parallel for k in roles_of(Choice(2, 2, 2, 1, 2, "none"), 4,
+                                                  sequence_parallel=True)] == [False, False]
+    assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 2, 1, 1, "none"), 4,
+                                                  sequence_parallel=True)] == [False]
+
+
+def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = [a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]
+    assert main(["plan", "hf:llama", "--gpus", "2", "--hardware", "h100", "--seq-len", "256",
+                 "--global-batch", "1", "--tp", "2", "--checkpointing", "block",
+                 "--sequence-parallel", "--format", "json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["sequence_parallel"] is True
+    assert main(["plan", "hf:llama", "--gpus", "2", "--serve", "--sequence-parallel"]) == 2
+    err = capsys.readouterr().err
+    assert "--sequence-parallel applies to a training plan" in err and "Traceback" not in err
+    with pytest.raises(UsageError, match="sequence parallelism needs tensor parallelism"):
+        flopscope.plan("torchvision:resnet18", gpus=2, sequence_parallel=True)
