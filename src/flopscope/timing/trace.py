@@ -7,6 +7,11 @@ The measured trace has one track of the counted operator calls (each with its mo
 FLOPs, bytes, achieved rates and, with a hardware profile, its roofline bound and efficiency) and
 one track of module spans. The estimated trace lays each call's roofline time (a lower bound)
 end to end on the same time axis, so the two can be opened side by side.
+
+Times are written in whole nanoseconds (microseconds with three decimals, as ``torch.profiler``
+writes them): each event's start and end are rounded to the nanosecond and its duration is their
+difference, so an event inside another in the run stays inside it in the file, and the estimated
+calls meet end to end exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ def _call_args(c: CallTime) -> dict[str, Any]:
     return args
 
 
+def _span(start_s: float, end_s: float) -> dict[str, float]:
+    """``ts`` and ``dur`` (microseconds) of an event from ``start_s`` to ``end_s`` (seconds),
+    both ends rounded to the nanosecond so that rounding never moves one event out of another."""
+    start_ns, end_ns = round(start_s * 1e9), round(end_s * 1e9)
+    return {"ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3}
+
+
 def _meta(name: str, tid: int, label: str) -> dict[str, Any]:
     return {"name": name, "ph": "M", "pid": _PID, "tid": tid, "args": {"name": label}}
 
@@ -64,12 +76,11 @@ def measured_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> dic
         if c.runs[timing.median_run] is None:
             continue
         events.append({"name": c.op, "cat": "cpu_op" if timing.device == "cpu" else "kernel",
-                       "ph": "X", "ts": c.start_s * 1e6, "dur": c.seconds * 1e6, "pid": _PID,
+                       "ph": "X", **_span(c.start_s, c.start_s + c.seconds), "pid": _PID,
                        "tid": _OPS, "args": _call_args(c)})
     for path, start, end in timing.modules:
-        events.append({"name": path, "cat": "user_annotation", "ph": "X", "ts": start * 1e6,
-                       "dur": (end - start) * 1e6, "pid": _PID, "tid": _MODULES,
-                       "args": {"module": path}})
+        events.append({"name": path, "cat": "user_annotation", "ph": "X", **_span(start, end),
+                       "pid": _PID, "tid": _MODULES, "args": {"module": path}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "flopscope": {"wall_us": timing.wall_s * 1e6, "outside_us": timing.outside_s * 1e6,
                           "device": timing.device, "runs": len(timing.walls)},
@@ -99,8 +110,8 @@ def estimated_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> di
     for c in timing.calls:
         if c.bound is None:
             continue
-        events.append({"name": c.op, "cat": "cpu_op", "ph": "X", "ts": clock * 1e6,
-                       "dur": c.bound.time_s * 1e6, "pid": _PID, "tid": _OPS,
+        events.append({"name": c.op, "cat": "cpu_op", "ph": "X",
+                       **_span(clock, clock + c.bound.time_s), "pid": _PID, "tid": _OPS,
                        "args": _call_args(c)})
         clock += c.bound.time_s
     return {"traceEvents": events, "displayTimeUnit": "ms",
