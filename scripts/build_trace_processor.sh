@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build Perfetto's trace_processor_shell from source with Debian's toolchain and libraries only
-# (no hermetic toolchain, no third-party downloads): what tests/timing/test_trace_viewers.py
-# loads flopscope's traces with, through the perfetto Python package.
+# Build Perfetto's trace_processor_shell from source with Debian's toolchain and libraries (and
+# SQLite's amalgamation from npm), none of Perfetto's own downloads: the binary that
+# tests/timing/test_trace_viewers.py reads flopscope's traces with, through the perfetto package.
 #
 #   bash scripts/build_trace_processor.sh PERFETTO_SOURCE [BUILD_DIR]
 #   FLOPSCOPE_TRACE_PROCESSOR=BUILD_DIR/out/trace_processor_shell pytest tests/timing/test_trace_viewers.py
@@ -10,10 +10,16 @@
 # source tree already unpacked. BUILD_DIR (default /tmp/perfetto-build) gets the unpacked tree
 # (src/), the build (out/) and the log (build.log). Run as root on Debian 12 (apt-get installs
 # the build tools). Perfetto's own tools/install-build-deps downloads clang, libc++, protobuf,
-# sqlite, re2, zstd... from hosts outside Debian and PyPI; instead, GN's arguments below point at
-# the system's protobuf, sqlite and zlib, build with GCC and libstdc++, and leave out the optional
-# pieces that would need more sources (REPL line editing, LLVM demangling, re2, zstd, Instruments
-# and ETM importers, the percentile extension). On two shared cores the build takes 1-2 hours.
+# sqlite, re2, zstd... from hosts outside Debian, PyPI and npm; instead, GN's arguments below
+# point at the system's protobuf and zlib, build with GCC and libstdc++, and leave out the
+# optional pieces that would need more sources (REPL line editing, LLVM demangling, re2, zstd,
+# Instruments and ETM importers, the percentile extension). SQLite: Debian 12's 3.40 is older
+# than the 3.41.2 Perfetto requires (src/trace_processor/sqlite/sql_source.cc stops the build),
+# so the build compiles the SQLite amalgamation that the npm package better-sqlite3 12.11.1
+# ships: SQLite 3.53.2, the version Perfetto v58.2 is written against. About 1,800 build steps,
+# some 430 of them heavy C++ files (about 6 s of CPU each with GCC 12): roughly an hour of CPU,
+# so half an hour or more on two idle cores and hours on a loaded machine. Re-running the script
+# resumes the build where it stopped.
 set -euo pipefail
 tag=v58.2
 source=${1:?usage: build_trace_processor.sh PERFETTO_SOURCE [BUILD_DIR]}
@@ -23,8 +29,9 @@ mkdir -p "$build"
 if ! command -v gn >/dev/null || ! command -v ninja >/dev/null || ! command -v protoc >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq generate-ninja ninja-build g++ \
-        libsqlite3-dev zlib1g-dev libprotobuf-dev libprotoc-dev protobuf-compiler
+        zlib1g-dev libprotobuf-dev libprotoc-dev protobuf-compiler
 fi
+command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm
 
 if [ ! -f "$build/src/BUILD.gn" ]; then
     if [ -f "$source/BUILD.gn" ]; then
@@ -43,6 +50,21 @@ if [ ! -f "$build/src/BUILD.gn" ]; then
     fi
 fi
 
+sqlite=$build/src/buildtools/sqlite
+if ! grep -qs 'define SQLITE_VERSION_NUMBER 3053002' "$sqlite/sqlite3.h"; then
+    npm_dir=$(mktemp -d)
+    (cd "$npm_dir" && npm pack -q better-sqlite3@12.11.1 >/dev/null \
+        && tar -xzf better-sqlite3-12.11.1.tgz package/deps/sqlite3)
+    mkdir -p "$sqlite"
+    cp "$npm_dir"/package/deps/sqlite3/{sqlite3.c,sqlite3.h,sqlite3ext.h} "$sqlite"/
+    rm -rf "$npm_dir"
+    grep -q 'define SQLITE_VERSION_NUMBER 3053002' "$sqlite/sqlite3.h"
+fi
+# GN lists the percentile extension's source with the hermetic SQLite even when it is off
+mkdir -p "$build/src/buildtools/sqlite_src/ext/misc"
+printf '/* The percentile extension is off (enable_perfetto_trace_processor_percentile). */\n%s\n' \
+    'typedef int perfetto_no_percentile;' > "$build/src/buildtools/sqlite_src/ext/misc/percentile.c"
+
 mkdir -p "$build/out"
 cat > "$build/out/args.gn" <<'EOF'
 is_debug = false
@@ -50,7 +72,7 @@ is_clang = false
 use_custom_libcxx = false
 skip_buildtools_check = true
 perfetto_use_system_protobuf = true
-perfetto_use_system_sqlite = true
+perfetto_use_system_sqlite = false
 perfetto_use_system_zlib = true
 enable_perfetto_zstd = false
 enable_perfetto_re2 = false
