@@ -41,6 +41,7 @@ class Event:
     depth: int
     parent: str | None
     module: str
+    call: int
     flops: int
     bytes: int
     bound_us: float
@@ -99,15 +100,27 @@ def _check_measured(events: list[Event], report: dict[str, Any]) -> None:
         assert (e.depth, e.parent) == (0, None), e
 
 
-def _check_estimated(events: list[Event], report: dict[str, Any]) -> None:
-    """The estimated trace: every call with a bound, each as long as its bound, end to end."""
+def _check_estimated(events: list[Event], profiled: Profiled, *, nesting: bool = True) -> None:
+    """The estimated trace: the calls in their order, each as long as its bound, end to end,
+    none inside another (unless ``nesting`` is off); left out only the calls that take no
+    nanosecond (counted)."""
+    written = json.loads(profiled.estimated.read_text())
+    calls = sum(r["calls"] for r in profiled.report["records"])
     assert all(e.track == _OPS for e in events)
-    assert len(events) == sum(r["calls"] for r in report["records"])
+    assert len(events) + written["flopscope"]["zero_time_calls"] == calls
+    assert 0 < len(events) < calls  # resnet18's views and allocations take no time
+    assert [e.call for e in events] == sorted({e.call for e in events})
+    measured = {e["args"]["call"]: e for e in json.loads(profiled.measured.read_text())[
+        "traceEvents"] if e.get("tid") == 1 and e["ph"] == "X"}
+    for e in events:  # the same call as in the measured trace
+        m = measured[e.call]
+        assert (e.name, e.module, e.flops) == (m["name"], m["args"]["module"], m["args"]["flops"])
     assert events[0].ts == 0
     for a, b in zip(events, events[1:], strict=False):
         assert b.ts == a.ts + a.dur  # laid end to end, to the nanosecond
     for e in events:
-        assert e.dur == pytest.approx(e.bound_us * 1e3, abs=1)
+        assert e.dur >= 1 and e.dur == pytest.approx(e.bound_us * 1e3, abs=1)
+        assert not nesting or (e.depth, e.parent) == (0, None), e
 
 
 # ------------------------------------------------------------------ Holistic Trace Analysis
@@ -125,6 +138,7 @@ def _hta_events(path: Path, folder: Path) -> tuple[list[Event], dict[str, Any]]:
     config = ParserConfig.get_default_cfg()
     version = YamlVersion(1, 0, 0)
     config.add_args([AttributeSpec("fs_module", "module", ValueType.String, "", version),
+                     AttributeSpec("fs_call", "call", ValueType.Int, -1, version),
                      AttributeSpec("fs_flops", "flops", ValueType.Int, 0, version),
                      AttributeSpec("fs_bound_us", "bound_us", ValueType.Float, 0.0, version)])
     trace = Trace(trace_dir=str(folder), parser_config=config)
@@ -137,7 +151,8 @@ def _hta_events(path: Path, folder: Path) -> tuple[list[Event], dict[str, Any]]:
     events = [Event(track=tracks[int(row.tid)], name=names[row.name],
                     ts=round(row.ts * 1e3), dur=round(row.dur * 1e3), depth=int(row.depth),
                     parent=by_index.get(int(row.parent)) if row.parent >= 0 else None,
-                    module=row.fs_module, flops=int(row.fs_flops), bytes=max(int(row.bytes), 0),
+                    module=row.fs_module, call=int(row.fs_call), flops=int(row.fs_flops),
+                    bytes=max(int(row.bytes), 0),
                     bound_us=float(row.fs_bound_us))
               for row in frame.itertuples()]
     return sorted(events, key=lambda e: (e.track, e.ts)), trace.meta_data[0]
@@ -169,7 +184,11 @@ def test_hta_reads_the_measured_trace(profiled: Profiled, tmp_path: Path) -> Non
 @pytest.mark.filterwarnings(_HTA_PANDAS_NOTICE)
 def test_hta_reads_the_estimated_trace(profiled: Profiled, tmp_path: Path) -> None:
     events, _ = _hta_events(profiled.estimated, tmp_path / "estimated")
-    _check_estimated(events, profiled.report)
+    # HTA's call graph takes a call's end as ts + dur in floating point: where one call ends
+    # exactly as the next starts the sum can land past the next start (1.3 + 0.229 > 1.529 in
+    # binary floating point) and the next call becomes its child. Perfetto reads whole nanoseconds and
+    # keeps them side by side (checked below).
+    _check_estimated(events, profiled, nesting=False)
 
 
 # ------------------------------------------------------------------ Perfetto's trace processor
@@ -190,6 +209,7 @@ def _trace_processor_binary() -> str:
 _SLICES = """
 select s.id, s.ts, s.dur, s.depth, s.name, p.name as parent, t.name as track,
        extract_arg(s.arg_set_id, 'args.module') as module,
+       extract_arg(s.arg_set_id, 'args.call') as call,
        extract_arg(s.arg_set_id, 'args.flops') as flops,
        extract_arg(s.arg_set_id, 'args.bytes') as bytes,
        extract_arg(s.arg_set_id, 'args.bound_us') as bound_us
@@ -212,9 +232,12 @@ def _perfetto_events(path: Path, binary: str) -> tuple[list[Event], list[Any], s
     with TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=binary)) as tp:
         rows = list(tp.query(_SLICES))
         problems = [(r.name, r.idx, r.severity, r.value) for r in tp.query(_PROBLEMS)]
-        process = [r.name for r in tp.query("select name from process where pid = 0")]
+        process = [r.name for r in tp.query(
+            "select distinct p.name from thread join process p using (upid) "
+            f"where thread.name = '{_OPS}'")]
     events = [Event(track=r.track, name=r.name, ts=int(r.ts), dur=int(r.dur),
                     depth=int(r.depth), parent=r.parent, module=r.module,
+                    call=-1 if r.call is None else int(r.call),
                     flops=int(r.flops or 0), bytes=int(r.bytes or 0),
                     bound_us=float(r.bound_us or 0.0)) for r in rows]
     return events, problems, process[0] if process else ""
@@ -231,4 +254,4 @@ def test_perfetto_reads_the_estimated_trace(profiled: Profiled) -> None:
     events, problems, process = _perfetto_events(profiled.estimated, _trace_processor_binary())
     assert problems == []
     assert process == "flopscope: roofline on xeon-8480 (lower bound)"
-    _check_estimated(events, profiled.report)
+    _check_estimated(events, profiled)

@@ -92,6 +92,11 @@ def estimated_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> di
     """Each counted call's roofline time (a lower bound) laid end to end, on the measured
     trace's time axis (both start at 0).
 
+    A call whose bound rounds to no nanosecond on this axis (a view, an allocation: no FLOPs,
+    no bytes) takes no time and is left out, counted in ``flopscope.zero_time_calls``: a
+    zero-length event where the next call starts is read by Perfetto and by HTA as that call's
+    child (both put the longer of two events starting together outside the shorter).
+
     Args:
         timing: what was measured, with a hardware profile.
         rank: the rank in a distributed job.
@@ -106,15 +111,19 @@ def estimated_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> di
     if timing.hardware is None:
         raise ValueError("an estimated trace needs a hardware profile (the roofline bounds)")
     events = _header(f"flopscope: roofline on {timing.hardware.name} (lower bound)")
-    clock = 0.0
+    clock, zero = 0.0, 0
     for c in timing.calls:
         if c.bound is None:
             continue
-        events.append({"name": c.op, "cat": "cpu_op", "ph": "X",
-                       **_span(clock, clock + c.bound.time_s), "pid": _PID, "tid": _OPS,
-                       "args": _call_args(c)})
+        span = _span(clock, clock + c.bound.time_s)
         clock += c.bound.time_s
+        if not span["dur"]:
+            zero += 1
+            continue
+        events.append({"name": c.op, "cat": "cpu_op", "ph": "X", **span, "pid": _PID,
+                       "tid": _OPS, "args": _call_args(c)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
+            "flopscope": {"zero_time_calls": zero, "hardware": timing.hardware.name},
             "distributedInfo": {"backend": "none", "rank": rank, "world_size": world_size},
             "deviceProperties": [], "traceName": "flopscope estimated run"}
 
