@@ -38,14 +38,14 @@ if [ ! -f "$build/src/BUILD.gn" ]; then
         cp -a "$source" "$build/src"
     else
         # Only the paths the build reads: a partial clone may lack the blobs of docs/ or test data.
-        gitdir=$(git -C "$source" rev-parse --git-dir 2>/dev/null || echo "$source")
+        gitdir=$(git -C "$source" rev-parse --absolute-git-dir)
         mkdir -p "$build/src"
         paths=(.gn BUILD.gn build_overrides buildtools gn include protos src tools python
                third_party sdk CHANGELOG)
         while read -r p; do paths+=("$p"); done < <(git --git-dir="$gitdir" ls-tree --name-only \
             "$tag" test/ | grep -v '^test/data$')
-        for p in "${paths[@]}"; do
-            git --git-dir="$gitdir" archive "$tag" -- "$p" | tar -x -C "$build/src"
+        for p in "${paths[@]}"; do  # (a partial clone's git archive names each missing blob)
+            git --git-dir="$gitdir" archive "$tag" -- "$p" 2>/dev/null | tar -x -C "$build/src"
         done
     fi
 fi

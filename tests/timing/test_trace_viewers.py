@@ -208,8 +208,8 @@ def _trace_processor_binary() -> str:
 
 _SLICES = """
 select s.id, s.ts, s.dur, s.depth, s.name, p.name as parent, t.name as track,
-       extract_arg(s.arg_set_id, 'args.module') as module,
-       extract_arg(s.arg_set_id, 'args.call') as call,
+       extract_arg(s.arg_set_id, 'args.module') as op_module,
+       extract_arg(s.arg_set_id, 'args.call') as call_index,
        extract_arg(s.arg_set_id, 'args.flops') as flops,
        extract_arg(s.arg_set_id, 'args.bytes') as bytes,
        extract_arg(s.arg_set_id, 'args.bound_us') as bound_us
@@ -236,8 +236,8 @@ def _perfetto_events(path: Path, binary: str) -> tuple[list[Event], list[Any], s
             "select distinct p.name from thread join process p using (upid) "
             f"where thread.name = '{_OPS}'")]
     events = [Event(track=r.track, name=r.name, ts=int(r.ts), dur=int(r.dur),
-                    depth=int(r.depth), parent=r.parent, module=r.module,
-                    call=-1 if r.call is None else int(r.call),
+                    depth=int(r.depth), parent=r.parent, module=r.op_module,
+                    call=-1 if r.call_index is None else int(r.call_index),
                     flops=int(r.flops or 0), bytes=int(r.bytes or 0),
                     bound_us=float(r.bound_us or 0.0)) for r in rows]
     return events, problems, process[0] if process else ""
