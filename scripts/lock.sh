@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(mktemp -d)/venv
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q -e ".[test,dev,vision,hf,plot,trainer,lightning,bench,ray]" "$@"
+"$venv/bin/pip" install -q -e ".[test,dev,vision,hf,plot,trainer,lightning,bench,ray,trace]" "$@"
 {
     echo "# The locked set: every test, optional and development dependency, as resolved by"
     echo "# 'bash scripts/lock.sh$( (($#)) && printf ' %s' "$@")' on $(date -u +%Y-%m-%d) with $("$venv/bin/python" -V)"

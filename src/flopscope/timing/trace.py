@@ -7,6 +7,11 @@ The measured trace has one track of the counted operator calls (each with its mo
 FLOPs, bytes, achieved rates and, with a hardware profile, its roofline bound and efficiency) and
 one track of module spans. The estimated trace lays each call's roofline time (a lower bound)
 end to end on the same time axis, so the two can be opened side by side.
+
+Times are written in whole nanoseconds (microseconds with three decimals, as ``torch.profiler``
+writes them): each event's start and end are rounded to the nanosecond and its duration is their
+difference, so an event inside another in the run stays inside it in the file, and the estimated
+calls meet end to end exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ def _call_args(c: CallTime) -> dict[str, Any]:
     return args
 
 
+def _span(start_s: float, end_s: float) -> dict[str, float]:
+    """``ts`` and ``dur`` (microseconds) of an event from ``start_s`` to ``end_s`` (seconds),
+    both ends rounded to the nanosecond so that rounding never moves one event out of another."""
+    start_ns, end_ns = round(start_s * 1e9), round(end_s * 1e9)
+    return {"ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3}
+
+
 def _meta(name: str, tid: int, label: str) -> dict[str, Any]:
     return {"name": name, "ph": "M", "pid": _PID, "tid": tid, "args": {"name": label}}
 
@@ -64,12 +76,11 @@ def measured_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> dic
         if c.runs[timing.median_run] is None:
             continue
         events.append({"name": c.op, "cat": "cpu_op" if timing.device == "cpu" else "kernel",
-                       "ph": "X", "ts": c.start_s * 1e6, "dur": c.seconds * 1e6, "pid": _PID,
+                       "ph": "X", **_span(c.start_s, c.start_s + c.seconds), "pid": _PID,
                        "tid": _OPS, "args": _call_args(c)})
     for path, start, end in timing.modules:
-        events.append({"name": path, "cat": "user_annotation", "ph": "X", "ts": start * 1e6,
-                       "dur": (end - start) * 1e6, "pid": _PID, "tid": _MODULES,
-                       "args": {"module": path}})
+        events.append({"name": path, "cat": "user_annotation", "ph": "X", **_span(start, end),
+                       "pid": _PID, "tid": _MODULES, "args": {"module": path}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "flopscope": {"wall_us": timing.wall_s * 1e6, "outside_us": timing.outside_s * 1e6,
                           "device": timing.device, "runs": len(timing.walls)},
@@ -80,6 +91,11 @@ def measured_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> dic
 def estimated_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """Each counted call's roofline time (a lower bound) laid end to end, on the measured
     trace's time axis (both start at 0).
+
+    A call whose bound rounds to no nanosecond on this axis (a view, an allocation: no FLOPs,
+    no bytes) takes no time and is left out, counted in ``flopscope.zero_time_calls``: a
+    zero-length event where the next call starts is read by Perfetto and by HTA as that call's
+    child (both put the longer of two events starting together outside the shorter).
 
     Args:
         timing: what was measured, with a hardware profile.
@@ -95,15 +111,19 @@ def estimated_trace(timing: Timing, *, rank: int = 0, world_size: int = 1) -> di
     if timing.hardware is None:
         raise ValueError("an estimated trace needs a hardware profile (the roofline bounds)")
     events = _header(f"flopscope: roofline on {timing.hardware.name} (lower bound)")
-    clock = 0.0
+    clock, zero = 0.0, 0
     for c in timing.calls:
         if c.bound is None:
             continue
-        events.append({"name": c.op, "cat": "cpu_op", "ph": "X", "ts": clock * 1e6,
-                       "dur": c.bound.time_s * 1e6, "pid": _PID, "tid": _OPS,
-                       "args": _call_args(c)})
+        span = _span(clock, clock + c.bound.time_s)
         clock += c.bound.time_s
+        if not span["dur"]:
+            zero += 1
+            continue
+        events.append({"name": c.op, "cat": "cpu_op", "ph": "X", **span, "pid": _PID,
+                       "tid": _OPS, "args": _call_args(c)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
+            "flopscope": {"zero_time_calls": zero, "hardware": timing.hardware.name},
             "distributedInfo": {"backend": "none", "rank": rank, "world_size": world_size},
             "deviceProperties": [], "traceName": "flopscope estimated run"}
 
