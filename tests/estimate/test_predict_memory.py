@@ -131,9 +131,9 @@ def test_fault_fields_round_trip_and_bad_ones_are_clear_errors() -> None:
     del old["mmap_bytes"], old["fault_s_per_byte"]
     assert Calibration.from_dict(old).fault_s(1 << 40) == 0.0  # files before it: not modelled
     bad = {**cal.to_dict(), "fault_s_per_byte": -1}
-    with pytest.raises(UsageError, match="fault_s_per_byte must not be negative"):
+    with pytest.raises(UsageError, match="module_call_s must not be negative"):
         Calibration.from_dict(bad, where="cpu.json")
-    with pytest.raises(UsageError, match="must be numbers"):
+    with pytest.raises(UsageError, match="module_call_s must be numbers"):
         Calibration.from_dict({**cal.to_dict(), "mmap_bytes": "lots"}, where="cpu.json")
 
 
@@ -144,3 +144,31 @@ def test_fault_cost_measures_glibcs_fresh_mappings() -> None:
     assert mmap_bytes == 32 * MIB  # above glibc's largest dynamic mmap threshold
     assert per_byte >= 0.0
     assert calibrate_module.fault_cost("cuda") == (0, 0.0)  # CUDA's caching allocator
+
+
+def test_each_module_call_adds_pythons_time_once() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(3)])
+    x = torch.randn(2, 4)
+    without = calibrated(FLAT)
+    with_modules = calibrated(FLAT, module_call_s=1e-6)
+    for backward in (False, True):
+        _, base = flopscope.estimate.roofline(model, x, hardware=without, backward=backward)
+        _, est = flopscope.estimate.roofline(model, x, hardware=with_modules, backward=backward)
+        # 10 module calls: the outer Sequential, 3 inner ones, 3 Linear, 3 ReLU; none in the
+        # backward (autograd runs it outside the modules' calls)
+        assert est.total.predicted_s - base.total.predicted_s == pytest.approx(10e-6, rel=1e-9)
+        assert est.total.host_s - base.total.host_s == pytest.approx(10e-6, rel=1e-9)
+        # the first ReLU's own call: 1e-6 s in its row
+        assert (est.by_module["0.1"].predicted_s - base.by_module["0.1"].predicted_s
+                == pytest.approx(1e-6, rel=1e-9))
+
+
+def test_module_call_time_is_measured() -> None:
+    torch.set_num_threads(1)
+    seconds = calibrate_module.module_call_time("cpu", modules=20, samples=3)
+    assert 0.0 <= seconds < 1e-3
+    cal = Calibration("d", "cpu", 1, module_call_s=1.5e-6)
+    assert Calibration.from_dict(cal.to_dict()).module_call_s == 1.5e-6
+    with pytest.raises(UsageError, match="module_call_s must not be negative"):
+        Calibration.from_dict({**cal.to_dict(), "module_call_s": -1.0}, where="cpu.json")

@@ -30,7 +30,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
 __all__ = ["EVICTIONS", "MMAP_BYTES", "Counted", "calibrate", "calibration_points", "clock",
-           "counted_call", "evicted_host_times", "fault_cost",
+           "counted_call", "evicted_host_times", "fault_cost", "module_call_time",
            "host_times", "op_base", "op_host_times",
            "time_in_rotation", "time_per_call"]
 
@@ -307,6 +307,54 @@ def fault_cost(device: str, *, samples: int = 5) -> tuple[int, float]:
     return MMAP_BYTES, max(statistics.median(fresh) - statistics.median(reused), 0.0) / (4 * n)
 
 
+def module_call_time(device: str, *, modules: int = 200, samples: int = 21) -> float:
+    """Python's time per ``nn.Module`` call outside its operators: a chain of ``modules``
+    distinct modules, each a ``view``, against the same views called bare, interleaved
+    ``samples`` times; the medians' difference per module (``Module.__call__``'s hooks
+    bookkeeping and the frame of a one-line ``forward``), by :func:`clock`.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"`` (host time either way).
+        modules: modules in the chain.
+        samples: timed pairs.
+
+    Returns:
+        Seconds per module call (0 or more).
+    """
+    from torch import nn
+
+    class _View(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.view(-1)
+
+    chain = [_View() for _ in range(modules)]
+    x = torch.zeros(64, device=device)
+    now = clock(device)[1]
+
+    def called() -> None:
+        y = x
+        for m in chain:
+            y = m(y)
+
+    def bare() -> None:
+        y = x
+        for _ in chain:
+            y = y.view(-1)
+
+    with torch.no_grad():
+        for fn in (called, bare, called, bare):
+            fn()
+        with_modules, without = [], []
+        for _ in range(samples):
+            start = now()
+            called()
+            with_modules.append(now() - start)
+            start = now()
+            bare()
+            without.append(now() - start)
+    return max(statistics.median(with_modules) - statistics.median(without), 0.0) / modules
+
+
 def time_in_rotation(fns: list[Fn], device: str, *, budget_s: float = 0.01) -> list[float]:
     """Seconds per call of each of ``fns`` called in turn, as a model calls its layers: rounds
     of one call of each, every call timed alone by :func:`clock` (less the clock's own cost),
@@ -426,6 +474,7 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         host_op = op_host_times(device)
         evicted = evicted_host_times(device)
         mmap_bytes, fault = fault_cost(device)
+        module_s = module_call_time(device)
         points = calibration_points(device, budget_s=budget_s, progress=progress)
         used = torch.get_num_threads()
         clock_name = clock(device)[0]
@@ -440,5 +489,5 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
                   "python": platform.python_version()},
         host_s=host, points=tuple(points), host_op_s=host_op, clock=clock_name,
         host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
-        fault_s_per_byte=fault)
+        fault_s_per_byte=fault, module_call_s=module_s)
     return dataclasses.replace(hardware, calibration=calibration)

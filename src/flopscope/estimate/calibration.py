@@ -20,7 +20,8 @@ that moved each of ``bytes`` (``{"bytes": [262144, ...], "seconds": {"add": [3e-
 family's curve and host time). ``fault_s_per_byte`` and ``mmap_bytes``: what a fresh allocation
 of at least ``mmap_bytes`` costs per byte beyond the call's work (the allocator maps it anew,
 each page faults when first written and is unmapped when freed), and a point's ``fresh``: the
-bytes of new output storage it allocated (absent: not modelled, as before).
+bytes of new output storage it allocated; ``module_call_s``: Python's time per ``nn.Module``
+call outside its operators (absent: not modelled, as before).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -123,6 +124,8 @@ class Calibration:
             threshold, 32 MiB on 64-bit); 0: not modelled (no such allocator found).
         fault_s_per_byte: seconds per byte such an allocation costs beyond the work written
             into it: a page fault per page when first written, the unmapping when freed.
+        module_call_s: Python's time per ``nn.Module`` call outside its operators
+            (``Module.__call__`` and a one-line ``forward``); 0: not measured.
     """
 
     date: str
@@ -138,6 +141,7 @@ class Calibration:
     evictions: tuple[int, ...] = ()
     mmap_bytes: int = 0
     fault_s_per_byte: float = 0.0
+    module_call_s: float = 0.0
 
     def fault_s(self, fresh: int) -> float:
         """Seconds a call's fresh allocation of ``fresh`` bytes costs in page faults and
@@ -174,6 +178,8 @@ class Calibration:
         if self.mmap_bytes:
             out["mmap_bytes"] = self.mmap_bytes
             out["fault_s_per_byte"] = self.fault_s_per_byte
+        if self.module_call_s:
+            out["module_call_s"] = self.module_call_s
         return out
 
     @classmethod
@@ -247,16 +253,19 @@ class Calibration:
         try:
             mmap_bytes = int(data.get("mmap_bytes", 0))
             fault = float(data.get("fault_s_per_byte", 0.0))
+            module = float(data.get("module_call_s", 0.0))
         except (TypeError, ValueError) as e:
-            raise UsageError(f"{where}: mmap_bytes and fault_s_per_byte must be numbers ({e})"
-                             ) from None
-        if mmap_bytes < 0 or fault < 0:
-            raise UsageError(f"{where}: mmap_bytes and fault_s_per_byte must not be negative")
+            raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must be "
+                             f"numbers ({e})") from None
+        if mmap_bytes < 0 or fault < 0 or module < 0:
+            raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
+                             "be negative")
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
                    families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
-                   str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault)
+                   str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault,
+                   module)
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
