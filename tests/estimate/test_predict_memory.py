@@ -162,6 +162,11 @@ def test_each_module_call_adds_pythons_time_once() -> None:
         # the first ReLU's own call: 1e-6 s in its row
         assert (est.by_module["0.1"].predicted_s - base.by_module["0.1"].predicted_s
                 == pytest.approx(1e-6, rel=1e-9))
+    # profile's per-call prediction (its predicted column) counts them the same way
+    runs = [flopscope.profile(model, x, hardware=hw, repeat=1, warmup=0)[1]
+            for hw in (without, with_modules)]
+    sums = [sum(c.bound.predicted_s for c in t.calls if c.bound is not None) for t in runs]
+    assert sums[1] - sums[0] == pytest.approx(10e-6, rel=1e-9)
 
 
 def test_module_call_time_is_measured() -> None:

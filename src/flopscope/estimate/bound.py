@@ -215,11 +215,6 @@ def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool =
     return row
 
 
-_MODULE_PHASES = ("forward", "recompute")
-"""Phases whose calls run inside ``nn.Module`` calls made from Python (backward's and the
-optimizer's are attributed to modules but run outside their calls)."""
-
-
 def _sorted(rows: Mapping[str, Row]) -> dict[str, Row]:
     return dict(sorted(rows.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
 
@@ -301,22 +296,8 @@ class Estimate:
         cal = hardware.calibration
         timeline: list[tuple[float, float]] | None = (
             [] if cal is not None and cal.device.startswith("cuda") else None)
-        module_s = cal.module_call_s if cal is not None else 0.0
-        entered: list[str] = []  # the module chain of the last forward call
         for rec in records:
             row = call_row(rec, hardware, tf32, tf32_convolution)
-            if module_s and rec.phase in _MODULE_PHASES:
-                # Python's time of the module calls entered since the last forward call: the
-                # modules of its path below the chain the previous call was in
-                chain = ancestors(rec.path)
-                common = 0
-                for a, b in zip(chain, entered, strict=False):
-                    if a != b:
-                        break
-                    common += 1
-                entered = chain
-                row.predicted_s += (len(chain) - common) * module_s
-                row.host_s += (len(chain) - common) * module_s
             rows.append(row)
             if timeline is not None:
                 timeline.append((row.host_s, row.predicted_s - row.host_s))

@@ -379,7 +379,8 @@ class Predictor:
         device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace,
                                reduction=reduction_length(rec), cold=cold,
                                cache_bytes=cache_bytes)
-        host = self.host_s(fam, op, rec.before)
+        # Python's time of the nn.Module calls this call entered
+        host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
         # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU)
