@@ -265,10 +265,11 @@ of the same size)."""
 
 def fault_cost(device: str, *, samples: int = 5) -> tuple[int, float]:
     """What a fresh allocation of at least :data:`MMAP_BYTES` costs per byte beyond the work
-    written into it: ``samples`` times, a 64 MiB fp32 tensor allocated, zeroed and freed, and
+    written into it: ``samples`` times, a 128 MiB fp32 tensor allocated, zeroed and freed, and
     the same zeroing of a tensor kept, interleaved, each by :func:`clock`; the medians'
     difference per byte (the page faults, the zeroing of each page by the kernel, the
-    unmapping).
+    unmapping). 128 MiB: more than glibc's heap keeps free after its threshold rose (twice the
+    threshold, 64 MiB), which would serve a smaller one without a fault.
 
     Args:
         device: ``"cpu"`` or ``"cuda"`` (CUDA's caching allocator keeps device memory: not
@@ -288,7 +289,7 @@ def fault_cost(device: str, *, samples: int = 5) -> tuple[int, float]:
 
     who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
     now = clock(device)[1]
-    n = 2 * MMAP_BYTES // 4
+    n = MMAP_BYTES  # elements: 4 x MMAP_BYTES bytes
     kept = torch.zeros(n)
     fresh, reused, faults = [], [], []
     for _ in range(samples):
@@ -470,10 +471,10 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        mmap_bytes, fault = fault_cost(device)  # first: before the heap has grown
         host = host_times(device)
         host_op = op_host_times(device)
         evicted = evicted_host_times(device)
-        mmap_bytes, fault = fault_cost(device)
         module_s = module_call_time(device)
         points = calibration_points(device, budget_s=budget_s, progress=progress)
         used = torch.get_num_threads()
