@@ -292,14 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", action="store_true",
                         help="print the markdown tables of --output's results and stop")
     parser.add_argument("--plot", metavar="PNG",
-                        help="draw predicted vs measured of --output's results (and of the "
-                             "repeat's, when there) and stop")
+                        help="draw predicted vs measured of --output's results (and of its "
+                             "_repeat and _2threads files, when there) and stop")
     opts = parser.parse_args(argv)
     if opts.plot:
         runs = [("1 thread", json.loads(Path(opts.output).read_text()))]
-        two = Path(opts.output).with_name(Path(opts.output).stem + "_2threads.json")
-        if two.exists():
-            runs.append(("2 threads", json.loads(two.read_text())))
+        for suffix, label in (("_repeat", "1 thread, repeat"), ("_2threads", "2 threads")):
+            other = Path(opts.output).with_name(Path(opts.output).stem + suffix + ".json")
+            if other.exists():
+                runs.append((label, json.loads(other.read_text())))
         return 0 if plot(runs, Path(opts.plot)) else 1
     if opts.tables:
         print(tables(json.loads(Path(opts.output).read_text())))

@@ -113,17 +113,27 @@ def run_generate(args: argparse.Namespace) -> int:
                           f"{str(e).splitlines()[0][:200]} (a causal LM taking input_ids, "
                           "a key/value cache and logits_to_keep is needed)") from e
     utilization = []
+    estimates = logs.estimates(args.hardware) if logs is not None else []
+    expected = []
     if peak is not None:
         from flopscope.llm.generate import weight_bytes
 
+        weights = weight_bytes(loaded.model)
         utilization = result.utilization(peak, prefill_seconds=args.prefill_time,
-                                         decode_seconds=args.step_time,
-                                         weights=weight_bytes(loaded.model))
-    estimates = logs.estimates(args.hardware) if logs is not None else []
+                                         decode_seconds=args.step_time, weights=weights)
+        if utilization and estimates and estimates[0].calibrated:  # "what MFU to expect"
+            prefill_s, decode_s = predicted_times(result, estimates)
+            expected = result.utilization(
+                peak, prefill_seconds=prefill_s if args.prefill_time is not None else None,
+                decode_seconds=decode_s if args.step_time is not None else None,
+                weights=weights)
     if args.format in ("json", "html"):
         data = result.to_dict()
         if utilization:
             data["utilization"] = [u.to_dict() for u in utilization]
+        if expected:
+            data["expected_utilization"] = [{**u.to_dict(), "from": "the calibrated prediction"}
+                                            for u in expected]
         if estimates:
             for step, est in zip(data["steps"], estimates, strict=True):
                 step["estimate"] = _step_estimate(est)
@@ -142,6 +152,11 @@ def run_generate(args: argparse.Namespace) -> int:
                 f"{args.prompt_len}, {args.new_tokens} new tokens"
                 f"{', shape-only' if args.shape_only else ''}\n")
         lines = [f"utilization: {u.line()}" for u in utilization]
+        if expected:
+            from flopscope.estimate.display import human_seconds
+
+            lines += [f"expected from the prediction ({human_seconds(u.seconds)}, not "
+                      f"measured): {u.line()}" for u in expected]
         columns: list[tuple[str, list[str]]] = []
         if estimates:
             from flopscope.estimate.display import human_seconds
@@ -155,6 +170,27 @@ def run_generate(args: argparse.Namespace) -> int:
         write_output(head + result.table(columns=columns) + "\n"
                      + "".join(f"{x}\n" for x in lines), args.output)
     return EXIT_OK
+
+
+def predicted_times(result: Any, estimates: list[Any]) -> tuple[float | None, float | None]:
+    """The predicted time of a generation's prefill and of its mean decode step, each step's
+    as :func:`flopscope.estimate.predict.predicted_step_s` gives it (on a GPU calibration the
+    host and device overlapping).
+
+    Args:
+        result: the :class:`~flopscope.llm.GenerationReport`.
+        estimates: one calibrated :class:`~flopscope.estimate.Estimate` per step.
+
+    Returns:
+        (prefill seconds, mean decode step seconds); ``None`` for a kind without steps.
+    """
+    from flopscope.estimate.predict import predicted_step_s
+
+    steps = list(zip(result.steps, estimates, strict=True))
+    prefill = [predicted_step_s(e) for s, e in steps if s.kind == "prefill"]
+    decode = [predicted_step_s(e) for s, e in steps if s.kind == "decode"]
+    return (sum(prefill) if prefill else None,
+            sum(decode) / len(decode) if decode else None)
 
 
 def _step_estimate(est: Any) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool =
         else:
             row.memory_bound_s = time_s
     if hw.calibration is not None:
-        guess = predictor(hw.calibration).call(rec, time_s)
+        guess = predictor(hw.calibration).call(rec, time_s, hw.cache_bytes or 0)
         row.predicted_s, row.host_s = guess.seconds, guess.host_s
         row.uncalibrated_s = 0.0 if guess.calibrated else guess.seconds
     return row

@@ -29,8 +29,8 @@ from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
-__all__ = ["EVICTIONS", "Counted", "calibrate", "calibration_points", "clock", "counted_call",
-           "evicted_host_times",
+__all__ = ["EVICTIONS", "MMAP_BYTES", "Counted", "calibrate", "calibration_points", "clock",
+           "counted_call", "evicted_host_times", "fault_cost", "module_call_time",
            "host_times", "op_base", "op_host_times",
            "time_in_rotation", "time_per_call"]
 
@@ -102,6 +102,7 @@ class Counted(NamedTuple):
     op: str
     calls: int
     reduction: float
+    fresh: int = 0
 
 
 def counted_call(fn: Fn) -> Counted:
@@ -117,12 +118,13 @@ def counted_call(fn: Fn) -> Counted:
     with Counter(warn=False, observers=[log]):
         fn()
     if not log.records:
-        return Counted("view", 0, 0, "", False, "", 0, 0.0)
+        return Counted("view", 0, 0, "", False, "", 0, 0.0, 0)
     main = max(log.records, key=lambda r: (r.flops, r.bytes))
     function = main.special[0] if main.special is not None else ""
     return Counted(family(main), sum(r.flops for r in log.records),
                    sum(r.bytes for r in log.records), function, main.fresh_bytes == 0,
-                   op_base(main.op), len(log.records), reduction_length(main))
+                   op_base(main.op), len(log.records), reduction_length(main),
+                   main.fresh_bytes or 0)
 
 
 def op_base(op: str) -> str:
@@ -251,6 +253,109 @@ def evicted_host_times(device: str, *, samples: int = 9) -> dict[str, tuple[floa
     return out
 
 
+MMAP_BYTES = 32 << 20
+"""glibc's malloc serves an allocation of more than its largest dynamic mmap threshold (32 MiB
+on 64-bit: ``DEFAULT_MMAP_THRESHOLD_MAX``, the malloc(3) and mallopt(3) manual pages) with a
+fresh mapping, and unmaps it when freed: every call allocating that much page-faults on each
+page it writes. Smaller allocations come, once the threshold has risen, from memory the heap
+keeps (a steady-state forward of every torchvision classifier here takes no page fault; a
+training step of BERT-base takes 80,000: its 94 MB embedding gradient and AdamW's temporaries
+of the same size)."""
+
+
+def fault_cost(device: str, *, samples: int = 5) -> tuple[int, float]:
+    """What a fresh allocation of at least :data:`MMAP_BYTES` costs per byte beyond the work
+    written into it: ``samples`` times, a 128 MiB fp32 tensor allocated, zeroed and freed, and
+    the same zeroing of a tensor kept, interleaved, each by :func:`clock`; the medians'
+    difference per byte (the page faults, the zeroing of each page by the kernel, the
+    unmapping). 128 MiB: more than glibc's heap keeps free after its threshold rose (twice the
+    threshold, 64 MiB), which would serve a smaller one without a fault.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"`` (CUDA's caching allocator keeps device memory: not
+            modelled).
+        samples: timed pairs.
+
+    Returns:
+        (:data:`MMAP_BYTES`, seconds per byte), or ``(0, 0.0)`` where not modelled: on CUDA,
+        with a C library other than glibc, or when the fresh allocations took no page fault
+        (an allocator that keeps the memory).
+    """
+    import platform
+
+    if device.startswith("cuda") or platform.libc_ver()[0] != "glibc":
+        return 0, 0.0
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    now = clock(device)[1]
+    n = MMAP_BYTES  # elements: 4 x MMAP_BYTES bytes
+    kept = torch.zeros(n)
+    fresh, reused, faults = [], [], []
+    for _ in range(samples):
+        before = resource.getrusage(who).ru_minflt
+        start = now()
+        x = torch.empty(n)
+        x.zero_()
+        del x
+        fresh.append(now() - start)
+        faults.append(resource.getrusage(who).ru_minflt - before)
+        start = now()
+        kept.zero_()
+        reused.append(now() - start)
+    if sum(faults) < 1:
+        return 0, 0.0
+    return MMAP_BYTES, max(statistics.median(fresh) - statistics.median(reused), 0.0) / (4 * n)
+
+
+def module_call_time(device: str, *, modules: int = 200, samples: int = 21) -> float:
+    """Python's time per ``nn.Module`` call outside its operators: a chain of ``modules``
+    distinct modules, each a ``view``, against the same views called bare, interleaved
+    ``samples`` times; the medians' difference per module (``Module.__call__``'s hooks
+    bookkeeping and the frame of a one-line ``forward``), by :func:`clock`.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"`` (host time either way).
+        modules: modules in the chain.
+        samples: timed pairs.
+
+    Returns:
+        Seconds per module call (0 or more).
+    """
+    from torch import nn
+
+    class _View(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.view(-1)
+
+    chain = [_View() for _ in range(modules)]
+    x = torch.zeros(64, device=device)
+    now = clock(device)[1]
+
+    def called() -> None:
+        y = x
+        for m in chain:
+            y = m(y)
+
+    def bare() -> None:
+        y = x
+        for _ in chain:
+            y = y.view(-1)
+
+    with torch.no_grad():
+        for fn in (called, bare, called, bare):
+            fn()
+        with_modules, without = [], []
+        for _ in range(samples):
+            start = now()
+            called()
+            with_modules.append(now() - start)
+            start = now()
+            bare()
+            without.append(now() - start)
+    return max(statistics.median(with_modules) - statistics.median(without), 0.0) / modules
+
+
 def time_in_rotation(fns: list[Fn], device: str, *, budget_s: float = 0.01) -> list[float]:
     """Seconds per call of each of ``fns`` called in turn, as a model calls its layers: rounds
     of one call of each, every call timed alone by :func:`clock` (less the clock's own cost),
@@ -319,7 +424,7 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
             for i, (w, c) in enumerate(zip(todo, counted, strict=True)):
                 t = seconds[i] if i in seconds else time_per_call(w.fn, device, budget_s=budget_s)
                 points.append(Point(c.family, w.dtype, w.what, c.flops, c.bytes, t, c.function,
-                                    c.inplace, c.op, c.reduction))
+                                    c.inplace, c.op, c.reduction, c.fresh))
             if progress is not None:
                 progress(f"{group}: {time.perf_counter() - start:.1f} s")
     return points
@@ -366,9 +471,11 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        mmap_bytes, fault = fault_cost(device)  # first: before the heap has grown
         host = host_times(device)
         host_op = op_host_times(device)
         evicted = evicted_host_times(device)
+        module_s = module_call_time(device)
         points = calibration_points(device, budget_s=budget_s, progress=progress)
         used = torch.get_num_threads()
         clock_name = clock(device)[0]
@@ -382,5 +489,6 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         versions={"torch": torch.__version__, "flopscope": __version__,
                   "python": platform.python_version()},
         host_s=host, points=tuple(points), host_op_s=host_op, clock=clock_name,
-        host_evicted_s=evicted, evictions=EVICTIONS if evicted else ())
+        host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
+        fault_s_per_byte=fault, module_call_s=module_s)
     return dataclasses.replace(hardware, calibration=calibration)

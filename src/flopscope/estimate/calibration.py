@@ -17,7 +17,11 @@ A point's ``op`` is the ATen operator's base name (``"sqrt"``); ``host_op_s`` th
 per eager call of each operator measured, ``host_evicted`` the same tiny calls after a call
 that moved each of ``bytes`` (``{"bytes": [262144, ...], "seconds": {"add": [3e-6, ...]}}``),
 ``clock`` what timed them (all optional: files written before them read as before, with the
-family's curve and host time).
+family's curve and host time). ``fault_s_per_byte`` and ``mmap_bytes``: what a fresh allocation
+of at least ``mmap_bytes`` costs per byte beyond the call's work (the allocator maps it anew,
+each page faults when first written and is unmapped when freed), and a point's ``fresh``: the
+bytes of new output storage it allocated; ``module_call_s``: Python's time per ``nn.Module``
+call outside its operators (absent: not modelled, as before).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -60,6 +64,9 @@ class Point:
             written before operators were recorded (the family's curve only).
         reduction: products and convolutions: MACs per output element (a product's K, a
             convolution's input channels per group times its window); 0 where not recorded.
+        fresh: bytes of new output storage the call allocated (0 where in place or not
+            recorded): above the calibration's ``mmap_bytes`` its page faults are in
+            ``seconds`` and are taken out of its rate.
     """
 
     family: str
@@ -72,6 +79,7 @@ class Point:
     inplace: bool = False
     op: str = ""
     reduction: float = 0.0
+    fresh: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The point in the file format."""
@@ -85,6 +93,8 @@ class Point:
             out["op"] = self.op
         if self.reduction:
             out["reduction"] = self.reduction
+        if self.fresh:
+            out["fresh"] = self.fresh
         return out
 
 
@@ -109,6 +119,13 @@ class Calibration:
         host_evicted_s: ATen operator base name -> its tiny call's seconds after a call that
             moved each of ``evictions`` bytes (empty: not measured; the host time is then
             ``host_op_s``'s whatever came before).
+        mmap_bytes: a fresh allocation of at least this many bytes is mapped anew from the
+            operating system on every call (glibc's malloc: above its largest dynamic mmap
+            threshold, 32 MiB on 64-bit); 0: not modelled (no such allocator found).
+        fault_s_per_byte: seconds per byte such an allocation costs beyond the work written
+            into it: a page fault per page when first written, the unmapping when freed.
+        module_call_s: Python's time per ``nn.Module`` call outside its operators
+            (``Module.__call__`` and a one-line ``forward``); 0: not measured.
     """
 
     date: str
@@ -122,6 +139,25 @@ class Calibration:
     clock: str = "wall"
     host_evicted_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     evictions: tuple[int, ...] = ()
+    mmap_bytes: int = 0
+    fault_s_per_byte: float = 0.0
+    module_call_s: float = 0.0
+
+    def fault_s(self, fresh: int) -> float:
+        """Seconds a call's fresh allocation of ``fresh`` bytes costs in page faults and
+        unmapping: ``fresh`` x :attr:`fault_s_per_byte` where it is at least
+        :attr:`mmap_bytes` (mapped anew on every call), else 0 (the allocator's heap reuses
+        memory already mapped).
+
+        Args:
+            fresh: bytes of new output storage.
+
+        Returns:
+            Seconds.
+        """
+        if self.mmap_bytes <= 0 or fresh < self.mmap_bytes:
+            return 0.0
+        return fresh * self.fault_s_per_byte
 
     def to_dict(self) -> dict[str, Any]:
         """The block in the file format (see the module docstring)."""
@@ -139,6 +175,11 @@ class Calibration:
             out["host_evicted"] = {"bytes": list(self.evictions),
                                    "seconds": {k: list(v) for k, v in
                                                self.host_evicted_s.items()}}
+        if self.mmap_bytes:
+            out["mmap_bytes"] = self.mmap_bytes
+            out["fault_s_per_byte"] = self.fault_s_per_byte
+        if self.module_call_s:
+            out["module_call_s"] = self.module_call_s
         return out
 
     @classmethod
@@ -183,7 +224,8 @@ class Calibration:
                 point = Point(str(p["family"]), str(p["dtype"]), str(p.get("what", "")),
                               int(p["flops"]), int(p["bytes"]), float(p["seconds"]),
                               str(p.get("function", "")), bool(p.get("inplace", False)),
-                              str(p.get("op", "")), float(p.get("reduction", 0.0)))
+                              str(p.get("op", "")), float(p.get("reduction", 0.0)),
+                              int(p.get("fresh", 0)))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise UsageError(f"{where}: point {i} is malformed ({type(e).__name__}: {e}); "
                                  "each needs family, dtype, flops, bytes, seconds") from None
@@ -208,11 +250,22 @@ class Calibration:
         except (TypeError, ValueError) as e:
             raise UsageError(f"{where}: host_op_s: {e}") from None
         evictions, evicted = _evicted(data.get("host_evicted"), where)
+        try:
+            mmap_bytes = int(data.get("mmap_bytes", 0))
+            fault = float(data.get("fault_s_per_byte", 0.0))
+            module = float(data.get("module_call_s", 0.0))
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must be "
+                             f"numbers ({e})") from None
+        if mmap_bytes < 0 or fault < 0 or module < 0:
+            raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
+                             "be negative")
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
                    families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
-                   str(data.get("clock", "wall")), evicted, evictions)
+                   str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault,
+                   module)
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

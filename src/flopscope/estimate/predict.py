@@ -171,6 +171,15 @@ class _Curve:
             merged.setdefault(tuple(round(v, 9) for v in c), []).append(y)
         return cls(tuple(sorted((c, sum(ys) / len(ys)) for c, ys in merged.items())))
 
+    def streaming(self, at: tuple[float, ...], cache_bytes: int) -> tuple[float, ...] | None:
+        """``at`` moved to the curve's largest work where that is beyond a last-level cache of
+        ``cache_bytes`` (its points there stream from memory) and beyond ``at``'s; ``None``
+        where no point is that large."""
+        largest = max(c[0] for c, _ in self.points)
+        if 10**largest <= cache_bytes:
+            return None
+        return (max(largest, at[0]), *at[1:])
+
     def log_rate(self, at: tuple[float, ...]) -> float:
         pts = self.points
         if len(at) == 1:  # linear in log work, constant beyond the ends
@@ -252,7 +261,8 @@ class Predictor:
             work = _work(p.family, p.flops, p.bytes)
             # CUDA events time the device per call (the host where it is slower: not a rate);
             # on a CPU the host's time is inside the point's (one timeline)
-            device = (p.seconds if p.seconds >= 2 * host else 0.0) if cuda else p.seconds - host
+            device = ((p.seconds if p.seconds >= 2 * host else 0.0) if cuda
+                      else p.seconds - host - calibration.fault_s(p.fresh))
             # a point timed in rotation holds what a model's call pays besides its host time
             # in a loop (its code, descriptors and weights evicted): a rate even when small
             floor = 0.0 if p.family in ROTATED_FAMILIES and not cuda else HOST_DOMINATED
@@ -302,8 +312,15 @@ class Predictor:
         return seconds
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
-                 *selectors: str, reduction: float = 0.0) -> float | None:
+                 *selectors: str, reduction: float = 0.0, cold: float = 0.0,
+                 cache_bytes: int = 0) -> float | None:
         """Device time of work of family ``fam``, or ``None`` when the family has no points.
+
+        A loop-timed point's inputs are in the caches (the loop just read them); a call whose
+        inputs were last touched too long ago for the last-level cache to hold them (a weight,
+        an optimizer's state: ``cold``, the share of its bytes the roofline's cache model
+        reads from memory) runs that share at the rate its curve reaches streaming from
+        memory (its largest points, beyond ``cache_bytes``).
 
         Args:
             fam: the family.
@@ -314,6 +331,8 @@ class Predictor:
                 points), a special function's name, ``"inplace"``; then the family's.
             reduction: its reduction length (:func:`reduction_length`), for the compute
                 families.
+            cold: the share of its bytes read from memory, not the caches (0 to 1).
+            cache_bytes: the last-level cache's capacity (0: unknown, ``cold`` unused).
 
         Returns:
             Seconds, or ``None``.
@@ -324,15 +343,24 @@ class Predictor:
         work = _work(fam, flops, nbytes)
         if curve is None:
             return None
+        if work <= 0:
+            return 0.0
         at = _coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
-        return work / 10 ** curve.log_rate(at) if work > 0 else 0.0
+        seconds = work / 10 ** curve.log_rate(at)
+        far = curve.streaming(at, cache_bytes) if cold > 0 and cache_bytes > 0 else None
+        if far is None:
+            return seconds
+        return (1 - cold) * seconds + cold * work / 10 ** curve.log_rate(far)
 
-    def call(self, rec: CallRecord, bound_s: float) -> CallPrediction:
+    def call(self, rec: CallRecord, bound_s: float, cache_bytes: int = 0) -> CallPrediction:
         """One call's prediction.
 
         Args:
             rec: the call's record.
             bound_s: its roofline bound (the device time where the family is uncalibrated).
+            cache_bytes: the last-level cache's capacity (the hardware profile's; 0: unknown):
+                a loop-timed family's call whose inputs the cache no longer holds is
+                predicted at its operator's rate streaming from memory for that share.
 
         Returns:
             The prediction.
@@ -344,12 +372,20 @@ class Predictor:
         function = rec.special[0] if rec.special is not None else ""
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
         inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
+        cold = 0.0
+        if (cache_bytes and rec.bytes and fam not in ROTATED_FAMILIES
+                and not self.calibration.device.startswith("cuda")):
+            cold = max(rec.bytes - sum(rec.cached(cache_bytes)), 0) / rec.bytes
         device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace,
-                               reduction=reduction_length(rec))
-        host = self.host_s(fam, op, rec.before)
+                               reduction=reduction_length(rec), cold=cold,
+                               cache_bytes=cache_bytes)
+        # Python's time of the nn.Module calls this call entered
+        host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
-        return CallPrediction(fam, host, max(device, bound_s), True)
+        # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU)
+        fault = self.calibration.fault_s(rec.fresh_bytes or 0)
+        return CallPrediction(fam, host, max(device, bound_s) + fault, True)
 
 
 def overlapped(calls: Iterable[tuple[float, float]]) -> tuple[float, float]:

@@ -54,7 +54,7 @@ import torch
 
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.bound import Estimate, is_convolution, resolve_tf32
+from flopscope.estimate.bound import Estimate, ancestors, is_convolution, resolve_tf32
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 
 __all__ = ["CallLog", "CallRecord", "call_dtype", "special_function"]
@@ -154,8 +154,8 @@ def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
 
 class CallRecord:
     __slots__ = ("before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
-                 "fresh_bytes", "fused_bytes", "macs", "op", "out_bytes", "path", "phase", "reuse",
-                 "special")
+                 "fresh_bytes", "fused_bytes", "macs", "modules", "op", "out_bytes", "path", "phase",
+                 "reuse", "special")
 
     def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
                  dtype: torch.dtype | None) -> None:
@@ -185,6 +185,10 @@ class CallRecord:
         # caches: the prediction's host time grows with it); the run's bytes so far for an
         # operator's first call
         self.before = 0
+        # nn.Module calls Python entered since the previous forward call (the modules of its
+        # path below the chain that call was in; 0 outside the forward: autograd's backward and
+        # the optimizer run outside the modules' calls)
+        self.modules = 0
 
     def cached(self, capacity: int) -> tuple[int, int]:
         """(bytes read, bytes written) of this call served by a last-level cache of
@@ -226,6 +230,7 @@ class CallLog:
         self._clock = 0
         self._touched: dict[int, int] = {}
         self._op_clock: dict[str, int] = {}  # the clock after each operator's last call
+        self._chain: list[str] = []  # the module chain of the last forward call
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, CallRecord | None, dict[int, int]] = (
@@ -244,11 +249,13 @@ class CallLog:
         nbytes = cost.bytes_read + cost.bytes_written
         if call is None:
             rec = CallRecord(path, phase.value, op, cost.macs, cost.flops, nbytes, self.default_dtype)
+            rec.modules = self._entered(path, phase)
             self.records.append(rec)
             self._prev = (path, phase, False, rec, {})
             return
         rec = CallRecord(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
         rec.before = self._clock - self._op_clock.get(op, 0)
+        rec.modules = self._entered(path, phase)
         if rec.convolution and _is_gemm_convolution(op, call):
             rec.convolution = False
         rec.special = special_function(op, call)
@@ -274,6 +281,21 @@ class CallLog:
                 if key is not None:
                     out[key] = t.nbytes
         self._prev = (path, phase, pointwise, rec, out)
+
+    def _entered(self, path: str, phase: Phase) -> int:
+        """How many ``nn.Module`` calls a forward (or recomputed) call at ``path`` entered since
+        the previous one: the modules of its path (the root first) below the chain that call was
+        in; 0 in the backward and the optimizer step."""
+        if phase not in (Phase.FORWARD, Phase.RECOMPUTE):
+            return 0
+        chain = ancestors(path)
+        common = 0
+        for a, b in zip(chain, self._chain, strict=False):
+            if a != b:
+                break
+            common += 1
+        self._chain = chain
+        return len(chain) - common
 
     def _follow(self, rec: CallRecord, call: OpCall) -> None:
         """The cache model's bookkeeping: reuse distances of the call's inputs, sizes of its

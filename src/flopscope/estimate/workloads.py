@@ -16,7 +16,8 @@ product) is also timed in batches of many calls for the operator's host time
 - **conv** (batch 1): dense 3x3 and 1x1 over 16-512 channels and 7-112 pixels, 1x1 of few
   channels over many pixels, strided 3x3 and 7x7; grouped 3x3 (group widths 8, 16, 32) and
   depthwise 3x3/5x5/7x7 over 32 channels of 112 pixels to 1024 of 7, some at stride 2; 1x1
-  over one pixel (squeeze-and-excitation), 3x3 over 2-4 pixels;
+  over one pixel (squeeze-and-excitation), 3x3 over 2-4 pixels; 1x1 and depthwise over 128 x 128
+  pixels (activations of 4-8 MiB);
 - **element-wise** over 2^10-2^24 fp32 elements (L1-resident to streaming from memory): binary
   (``add``, ``mul``, ``div``, a scalar ``mul``), unary (``relu``, ``sqrt``, ``hardswish``,
   ``hardsigmoid``, a copy), backward (``threshold_backward``, ``gelu_backward``,
@@ -192,7 +193,11 @@ _CONV = ([(c, c, s, 3, 1, 1) for c, s in ((16, 64), (64, 32), (64, 56), (128, 16
          # 1x1 over one pixel (a squeeze-and-excitation block's pair), few pixels
          + [(c, c // 4, 1, 1, 1, 1) for c in (64, 256, 1024)]
          + [(c // 4, c, 1, 1, 1, 1) for c in (64, 256, 1024)]
-         + [(64, 64, 4, 3, 1, 1), (256, 256, 2, 3, 1, 1)])
+         + [(64, 64, 4, 3, 1, 1), (256, 256, 2, 3, 1, 1)]
+         # activations of 4-8 MiB (past the L2, a large share of the last-level cache): 1x1
+         # expanding and projecting, depthwise 3x3 (stride 1 and 2) and 5x5, over 128 x 128
+         + [(32, 128, 128, 1, 1, 1), (128, 32, 128, 1, 1, 1), (128, 128, 128, 3, 1, 128),
+            (128, 128, 128, 3, 2, 128), (64, 64, 128, 5, 1, 64)])
 
 
 def _matmul(device: str) -> list[Workload]:
