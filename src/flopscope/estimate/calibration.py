@@ -31,13 +31,13 @@ without them says its prediction is not validated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flopscope.errors import UsageError
 
-__all__ = ["FAMILIES", "Calibration", "Point"]
+__all__ = ["FAMILIES", "Calibration", "Point", "table_with"]
 
 FAMILIES = ("matmul", "conv", "attention", "elementwise", "reduction", "normalization",
             "pooling", "special", "view")
@@ -46,6 +46,28 @@ products, convolutions, attention kernels, element-wise and copies, reductions, 
 pooling, special functions (:data:`~flopscope.estimate.profile.SPECIAL_FUNCTIONS`), and calls that move
 no byte (views, metadata: host time only)."""
 
+
+
+def table_with(data: Any, where: str, keys: Sequence[str]) -> Mapping[str, Any]:
+    """Check that a profile block read from a file is a table holding ``keys``.
+
+    Args:
+        data: the block's value.
+        where: what to name in error messages (the file and the block).
+        keys: the fields it must have.
+
+    Returns:
+        ``data``, as a mapping.
+
+    Raises:
+        UsageError: not a table, or a field missing.
+    """
+    if not isinstance(data, Mapping):
+        raise UsageError(f"{where} must be a table, not {type(data).__name__}")
+    for key in keys:
+        if key not in data:
+            raise UsageError(f"{where} needs {key!r}")
+    return data
 
 @dataclass(frozen=True)
 class Point:
@@ -197,11 +219,7 @@ class Calibration:
             UsageError: a missing or malformed field.
         """
         where = f"{where}: calibration"
-        if not isinstance(data, Mapping):
-            raise UsageError(f"{where} must be a table, not {type(data).__name__}")
-        for key in ("date", "device", "threads", "points"):
-            if key not in data:
-                raise UsageError(f"{where} needs {key!r}")
+        data = table_with(data, where, ("date", "device", "threads", "points"))
 
         def families(table: Any, name: str, extra: tuple[str, ...] = ()) -> dict[str, float]:
             if not isinstance(table, Mapping):

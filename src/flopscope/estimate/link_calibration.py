@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flopscope.errors import UsageError
+from flopscope.estimate.calibration import table_with
 
 __all__ = ["LINKS", "LinkCalibration", "LinkFit", "LinkPoint", "fit_alpha_beta"]
 
@@ -245,11 +246,7 @@ class LinkCalibration:
             UsageError: a missing or malformed field.
         """
         where = f"{where}: link_calibration"
-        if not isinstance(data, Mapping):
-            raise UsageError(f"{where} must be a table, not {type(data).__name__}")
-        for key in ("date", "backend", "ranks", "link", "fit", "points"):
-            if key not in data:
-                raise UsageError(f"{where} needs {key!r}")
+        data = table_with(data, where, ("date", "backend", "ranks", "link", "fit", "points"))
         if data["link"] not in LINKS:
             raise UsageError(f"{where}: link must be one of {', '.join(LINKS)}, not "
                              f"{data['link']!r}")
