@@ -29,6 +29,14 @@ __all__ = ["CountingMode"]
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 _modes_below = torch._C._len_torch_dispatch_stack
+try:  # Dynamo's per-code-object frame strategy (see CountingMode._should_skip_dynamo)
+    from torch._C._dynamo.eval_frame import (  # type: ignore[attr-defined,unused-ignore]
+        _FrameAction,
+        _FrameExecStrategy,
+        set_code_exec_strategy,
+    )
+except ImportError:  # an older or newer torch without it: TorchDispatchMode's wrapper is kept
+    set_code_exec_strategy = None  # type: ignore[assignment]
 
 
 def _defers(types: tuple[type, ...]) -> bool:
@@ -56,6 +64,15 @@ class CountingMode(TorchDispatchMode):
 
     # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
     supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Whether :class:`TorchDispatchMode` wraps ``__torch_dispatch__`` to keep Dynamo out of
+        it: not where Dynamo can be told so once, on the handler's code object (skip it and
+        every frame it calls: what the wrapper does by switching Dynamo's frame callback off
+        and on around every operator call, two Python frames and two more Python calls per
+        call). Dynamo reads that mark only while a ``torch.compile``'d function runs."""
+        return set_code_exec_strategy is None
 
     def __init__(self, owner: object, recorder: Recorder, guard: WriteGuard | None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -141,3 +158,9 @@ class CountingMode(TorchDispatchMode):
             ledger.depth -= 1
         recorder.record_logical(func, args, kwargs, out)
         return out
+
+
+
+if set_code_exec_strategy is not None:  # Dynamo never traces the handler nor what it calls
+    set_code_exec_strategy(CountingMode.__torch_dispatch__.__code__,
+                           _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))

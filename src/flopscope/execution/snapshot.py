@@ -23,6 +23,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["ModelSnapshot"]
 
+_PLAIN = (torch.Tensor, nn.Parameter)  # no subclass: data pointers say where the memory is
+
 
 def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` is a view of exactly ``b``'s memory: the same storage, offset, sizes and
@@ -30,7 +32,7 @@ def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
     share one; ``b``, the alias taken before, keeps the old storage alive); a meta tensor (data
     pointers all 0) or a tensor subclass (a fake tensor has no data to point to) by storage
     identity."""
-    if type(a) is torch.Tensor and type(b) is torch.Tensor and not a.is_meta and not b.is_meta:
+    if type(a) in _PLAIN and type(b) in _PLAIN and not a.is_meta and not b.is_meta:
         return bool(a.data_ptr() == b.data_ptr() and a.shape == b.shape
                     and a.stride() == b.stride())
     return bool(StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
@@ -83,8 +85,8 @@ class ModelSnapshot:
         with torch.no_grad():
             for m in self.modules:
                 for name, b in m._buffers.items():
-                    if b is not None:
-                        self.buffers.append((m._buffers, name, b, b.detach().clone()))
+                    if b is not None:  # (no grad here: the clone is detached)
+                        self.buffers.append((m._buffers, name, b, b.clone()))
         if meta:
             self.aliases = [(p, p.detach()) for m in self.modules
                             for p in m._parameters.values() if p is not None]
@@ -105,9 +107,14 @@ class ModelSnapshot:
             for held, original in self.aliases:
                 if not _same_place(held, original):
                     held.data = original
+            into: list[torch.Tensor] = []
+            values: list[torch.Tensor] = []
             for table, name, tensor, value in self.buffers:
                 table[name] = tensor
                 if tensor.shape == value.shape and tensor.dtype == value.dtype:
-                    tensor.copy_(value)
+                    into.append(tensor)
+                    values.append(value)
                 else:  # `buffer.data = other` changed its shape: take the saved copy's storage
                     tensor.data = value
+            if into:  # one call for every buffer (a copy_ per buffer from Python otherwise)
+                torch._foreach_copy_(into, values)
