@@ -104,8 +104,22 @@ def cost_key(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any],
                 key.append(name)
                 if not _add(key, a):
                     return None
-        key.append(_R)  # the outputs
-        if type(out) is _Tensor:
+        key.append(_R)  # the outputs: a tensor, or a tuple of tensors (as _add keys them)
+        if type(out) is tuple:
+            key += (tuple, len(out))
+            for o in out:
+                to = type(o)
+                if to is _Tensor:
+                    if o.layout is not _STRIDED or o.is_meta or (dtype := o.dtype) not in _PLAIN:
+                        return None
+                    key += (_R, dtype, o.shape, o.stride())
+                elif to is int:
+                    key.append(o)
+                elif to in _SCALARS:
+                    key += (to, o)
+                elif to is not _Parameter or not _add(key, o):
+                    return None
+        elif type(out) is _Tensor:
             if out.layout is not _STRIDED or out.is_meta or (dtype := out.dtype) not in _PLAIN:
                 return None
             key += (_R, dtype, out.shape, out.stride())

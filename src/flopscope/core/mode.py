@@ -103,7 +103,7 @@ class CountingMode(TorchDispatchMode):
         if recorder.dtensor.depth and in_sharding_propagation():
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         entry = self.entries.get(id(func)) or self.entry(func)
-        if self.guard is not None and entry.facts.written:  # count(): keep the model's tensors
+        if self.guard is not None and entry.facts.guarded:  # count(): keep the model's tensors
             self.guard(func, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
             out = recorder.decomposed(self, func, entry, args, kwargs)
@@ -120,7 +120,11 @@ class CountingMode(TorchDispatchMode):
                 out = args[0] if made is SELF else replay(made)
                 self.record(func, entry, args, kwargs, out, None, memo)
                 return out
-            out = func(*args, **kwargs)
+            kernel = entry.facts.kernel
+            if kernel is not None and func._pyobj_dispatcher is None:
+                out = kernel(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             made = outputs_of(func, args, out)
             if made is None:
                 memo = None
@@ -128,7 +132,11 @@ class CountingMode(TorchDispatchMode):
                 remember(memo, made)
             self.record(func, entry, args, kwargs, out, None, memo)
             return out
-        out = func(*args, **kwargs)
+        kernel = entry.facts.kernel  # the C++ callable, without OpOverload.__call__'s frame
+        if kernel is not None and func._pyobj_dispatcher is None:
+            out = kernel(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         # a default rule's cost is remembered by the call's metadata (flopscope.core.cost_memo)
         self.record(func, entry, args, kwargs, out, None,
                     cost_key(id(func), args, kwargs, out) if entry.memoizable else None)
