@@ -168,7 +168,6 @@ class CountingMode(TorchDispatchMode):
         return out
 
 
-
 if set_code_exec_strategy is not None:  # Dynamo never traces the handler nor what it calls
     set_code_exec_strategy(CountingMode.__torch_dispatch__.__code__,
                            _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
