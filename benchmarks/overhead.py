@@ -97,3 +97,40 @@ def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) 
         }
     finally:
         torch.set_num_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.overhead --models resnet50 mobilenet_v3_large --json FILE``: the
+    measurement above for torchvision models, appended to ``FILE`` under ``--label`` with the
+    load average before and after (run it with another checkout's ``src`` first on
+    ``PYTHONPATH`` to compare versions, alternating processes)."""
+    import argparse
+    import json
+    import os
+    from pathlib import Path
+
+    import flopscope
+    from benchmarks.models import torchvision_benches
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead")
+    parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_large"])
+    parser.add_argument("--tools", nargs="+", default=["flopscope", "ptflops", "FlopCounterMode"])
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--label", default="")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    rows = [measure(bench, args.tools, args.rounds) for bench in torchvision_benches(args.models)]
+    run = {"label": args.label, "flopscope_file": flopscope.__file__, "load_before": load_before,
+           "load_after": os.getloadavg(), "rows": rows}
+    print(json.dumps({"label": args.label, "load": [load_before[0], run["load_after"][0]],
+                      "ratios": {r["model"]: {n: round(t["ratio"], 3) for n, t in r["tools"].items()}
+                                 for r in rows}}))
+    if args.json is not None:
+        previous = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
+        previous["runs"].append(run)
+        args.json.write_text(json.dumps(previous, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

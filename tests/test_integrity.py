@@ -219,3 +219,41 @@ def test_count_runs_with_the_heap_frozen() -> None:
     count(Probe(), torch.randn(2), warn=False)
     assert seen and seen[0] > before
     assert gc.get_freeze_count() == before
+
+
+@pytest.mark.parametrize(("train", "copies"), [(False, 0), (True, 3)])
+def test_buffers_are_copied_only_when_an_operator_writes_them(train: bool, copies: int) -> None:
+    # copy on write of buffers: batch norm's kernel updates running_mean and running_var (its
+    # schema does not say so) and the module bumps num_batches_tracked only in training mode:
+    # 3 buffers saved and put back; in eval mode none
+    from flopscope import Counter
+
+    model = nn.BatchNorm1d(4).train(train)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    c = Counter(model, warn=False)
+    c.protect([*model.parameters(), *model.buffers()])
+    with c:
+        model(torch.randn(3, 4))
+    assert c.restore() == copies
+    for name, b in model.named_buffers():
+        assert torch.equal(b, before[name]), name
+
+
+class SharedStorage(nn.Module):
+    """Two buffers that are views of one storage; the forward writes the first one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        base = torch.zeros(6)
+        self.register_buffer("a", base[:3])
+        self.register_buffer("b", base[3:])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.a.add_(1)
+        return x + self.a + self.b
+
+
+def test_buffers_sharing_a_storage_are_put_back() -> None:
+    model = SharedStorage()
+    count(model, torch.randn(3), warn=False)
+    assert torch.equal(model.a, torch.zeros(3)) and torch.equal(model.b, torch.zeros(3))

@@ -218,11 +218,12 @@ def count(
                 counter.restore()  # the abandoned attempt's writes
                 reset_observers(observers)  # the abandoned attempt's calls do not count
                 counter = new_counter(model)
-            if how is not How.META:  # a real model counted on meta runs on meta copies of it
-                snapshot.keep_values()
-            if how is How.REAL:
-                counter.protect(snapshot.params)
+            if how is How.REAL:  # parameters and buffers: copy on write
+                snapshot.keep_values(buffers=False)
+                counter.protect([*snapshot.params, *snapshot.own_buffers])
                 counter.memo_shape_only = False  # real tensors: nothing for the memo
+            elif how is not How.META:  # a real model counted on meta runs on meta copies of it
+                snapshot.keep_values()
             try:
                 if run_forward(how, counter, model, meta, args, kwargs, backward, alias):
                     break
@@ -234,6 +235,6 @@ def count(
                     raise
             i += 1
     finally:
+        snapshot.restore()  # storages swapped by `.data =` first, then the values written
         counter.restore()
-        snapshot.restore()
     return counter.make_report(shape_only=shape_only or meta, meta=source)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["REAL_LIMIT", "cost_key", "is_real_key"]
+__all__ = ["REAL_KEY", "REAL_LIMIT", "cost_key", "is_real_key"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -35,8 +35,9 @@ _PLAIN = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16,
                     torch.float8_e4m3fn, torch.float8_e5m2})
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                       torch.memory_format})
+_INTS = frozenset({int})
 _R = object()  # a real tensor's place in a key (never equal to a scalar argument)
-_KEY = object()  # the second element of every key made here (is_real_key)
+REAL_KEY = _KEY = object()  # the second element of every key made here (is_real_key)
 REAL_LIMIT = 20_000  # keys remembered per phase before the table starts over (a few MB)
 
 
@@ -84,16 +85,45 @@ def cost_key(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any],
     """
     key: list[Any] = [func_id, _KEY]
     try:
+        # the common arguments (plain tensors, scalars) inline: this runs on every operator call
         for a in args:
-            if not _add(key, a):
+            ta = type(a)
+            if ta is _Tensor or ta is _Parameter:
+                if a.layout is not _STRIDED or a.is_meta or (dtype := a.dtype) not in _PLAIN:
+                    return None
+                key += (_R, dtype, a.shape, a.stride())
+            elif ta in _SCALARS:
+                key += (ta, a)
+            elif ta is list and _INTS.issuperset(map(type, a)):  # sizes, strides, paddings
+                key += (ta, len(a))
+                key += a
+            elif not _add(key, a):
                 return None
         if kwargs:
             for name, a in kwargs.items():
                 key.append(name)
                 if not _add(key, a):
                     return None
-        key.append(_R)  # the outputs
-        if not _add(key, out):
+        key.append(_R)  # the outputs: a tensor, or a tuple of tensors (as _add keys them)
+        if type(out) is tuple:
+            key += (tuple, len(out))
+            for o in out:
+                to = type(o)
+                if to is _Tensor:
+                    if o.layout is not _STRIDED or o.is_meta or (dtype := o.dtype) not in _PLAIN:
+                        return None
+                    key += (_R, dtype, o.shape, o.stride())
+                elif to is int:
+                    key.append(o)
+                elif to in _SCALARS:
+                    key += (to, o)
+                elif to is not _Parameter or not _add(key, o):
+                    return None
+        elif type(out) is _Tensor:
+            if out.layout is not _STRIDED or out.is_meta or (dtype := out.dtype) not in _PLAIN:
+                return None
+            key += (_R, dtype, out.shape, out.stride())
+        elif not _add(key, out):
             return None
     except RuntimeError:  # a strided nested tensor has no sizes or strides to read
         return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from flopscope.core.cost_memo import REAL_LIMIT, is_real_key
+from flopscope.core.cost_memo import REAL_KEY, REAL_LIMIT, is_real_key
 from flopscope.core.facts import OpFacts, facts
 from flopscope.core.memo import is_shared
 from flopscope.core.numbers import in_real_numbers
@@ -111,7 +111,10 @@ class Costing:
 
     def remembered(self, entry: OpEntry, memo: tuple[Any, ...], phase: Phase) -> Cost | None:
         """The remembered cost of a call with this memo key, or ``None``."""
-        hit = self._table(memo)[id(phase)].get(memo)
+        # (the tables of _table, inline: this runs on every remembered call)
+        tables = _REAL_MEMO if len(memo) > 1 and memo[1] is REAL_KEY else (
+            _SHARED_MEMO if is_shared(memo) else self._memo)
+        hit = tables[id(phase)].get(memo)
         return hit[1] if hit is not None and hit[0] is entry.rule else None
 
     def _table(self, memo: tuple[Any, ...]) -> dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._ops import HigherOrderOperator
+from torch._ops import HigherOrderOperator, OpOverload
 
 from flopscope.core.decompose import decomposition, runs_decomposed
 
@@ -34,6 +34,11 @@ RESHAPING = frozenset({
     "aten::detach_", "aten::requires_grad_", "aten::_coalesced_", "aten::sparse_resize_",
     "aten::sparse_resize_and_clear_", "aten::_resize_output_",
 })
+# operators that write arguments their schema does not mark written: batch norm's kernels update
+# the running statistics in place when ``training`` is true (no alias annotation, and no bump of
+# the statistics' version counters either)
+_WRITES_RUNNING_STATS = frozenset({"aten::native_batch_norm", "aten::cudnn_batch_norm",
+                                   "aten::miopen_batch_norm"})
 _SINGLE = frozenset({"Tensor", "Optional[Tensor]"})
 _LISTS = frozenset({"List[Tensor]", "List[Optional[Tensor]]"})
 _UNSET: Any = object()
@@ -93,7 +98,12 @@ class OpFacts:
         aliasing: some output aliases an argument (views, in-place and ``out=`` forms).
         allocation: it only allocates (``empty``, ``zeros``, ...).
         ignored: a ``prim::`` metadata query (``prim::device``), not an operator that runs.
-        written: (position, name) of the arguments it writes to.
+        written: (position, name) of the arguments its schema marks written.
+        stats_written: for batch norm's kernels, (position of ``training``, the (position,
+            name) of ``running_mean`` and ``running_var``): arguments written, unmarked, when
+            ``training`` is true; ``None`` for other operators.
+        guarded: it may write an argument (``written`` or ``stats_written``): what copy on
+            write of the model's tensors looks at (:mod:`flopscope.core.integrity`).
         pointwise: it carries torch's ``pointwise`` tag (what Inductor fuses).
         reshaping: it changes an argument's metadata in place (``resize_``, ``t_``, ...).
         layout: where its positional tensor arguments are (see :func:`_layout`), or ``None``.
@@ -101,16 +111,22 @@ class OpFacts:
         memo_kind: a :class:`MemoKind`.
         pure_view: an ``aten`` view operator that writes nothing (``view``, ``t``, ``slice``):
             a symbolic count makes its outputs from templates.
+        kernel: the overload's C++ callable, which ``op(...)`` calls through a Python frame
+            (``OpOverload.__call__``) when no Python dispatcher is set on the overload
+            (``op._pyobj_dispatcher is None``: then calling it is calling ``op``); ``None`` for
+            other operator types, and on a torch whose overloads have no such attribute.
     """
 
     __slots__ = ("_decomposition", "_runs_decomposed", "aliasing", "allocation", "arg_index",
-                 "ignored", "layout", "memo_kind", "name", "op", "pointwise", "pure_view",
-                 "reshaping", "schema_name", "view", "written")
+                 "guarded", "ignored", "kernel", "layout", "memo_kind", "name", "op", "pointwise",
+                 "pure_view", "reshaping", "schema_name", "stats_written", "view", "written")
 
     def __init__(self, op: Any) -> None:
         self.op = op
         self._decomposition: Callable[..., Any] | None = _UNSET
         self._runs_decomposed: bool | None = None
+        self.kernel: Callable[..., Any] | None = (
+            op._op if type(op) is OpOverload and hasattr(op, "_pyobj_dispatcher") else None)
         schema = None if isinstance(op, HigherOrderOperator) else getattr(op, "_schema", None)
         if schema is None:
             name = op.name() if callable(getattr(op, "name", None)) else str(op)
@@ -119,6 +135,8 @@ class OpFacts:
             self.view = self.aliasing = self.allocation = self.ignored = False
             self.pointwise = self.reshaping = self.pure_view = False
             self.written: tuple[tuple[int, str], ...] = ()
+            self.stats_written: tuple[int, tuple[tuple[int, str], ...]] | None = None
+            self.guarded = False
             self.layout: tuple[tuple[int, ...], tuple[int, ...]] | None = None
             self.arg_index: dict[str, int] = {}
             self.memo_kind = MemoKind.OTHER
@@ -136,6 +154,12 @@ class OpFacts:
         self.reshaping = schema.name in RESHAPING
         self.layout = _layout(schema)
         self.arg_index = {a.name: i for i, a in enumerate(schema.arguments) if not a.kwarg_only}
+        self.stats_written = None
+        if schema.name in _WRITES_RUNNING_STATS:
+            at = self.arg_index
+            self.stats_written = (at["training"], tuple((at[n], n)
+                                                        for n in ("running_mean", "running_var")))
+        self.guarded = bool(self.written) or self.stats_written is not None
         self.memo_kind = _memo_kind(op, schema)
         self.pure_view = bool(op.namespace == "aten" and returns and not self.reshaping
                               and all(r.alias_info is not None and not r.alias_info.is_write
@@ -182,3 +206,4 @@ def facts(op: Any) -> OpFacts:
     if found is None or found.op is not op:
         found = _TABLE[id(op)] = OpFacts(op)
     return found
+

@@ -1,10 +1,12 @@
 """Model integrity during a real count: copy on write of the model's own tensors.
 
-A forward may write to its parameters in place (``nn.Embedding(max_norm=...)`` renormalises rows).
-:class:`WriteGuard` saves a protected tensor just before an operator first writes to it (writes
-are found from the operator's schema and matched by storage, so views and ``.data`` aliases are
-covered) and puts every saved value back on :meth:`WriteGuard.restore`. Tensors nothing writes to
-are never copied.
+A forward may write to its parameters in place (``nn.Embedding(max_norm=...)`` renormalises rows)
+and to its buffers (batch norm's running statistics in training mode). :class:`WriteGuard` saves a
+protected tensor just before an operator first writes to it (writes are found from the operator's
+schema, and for batch norm's kernels, which update the running statistics without their schema
+saying so, from :attr:`~flopscope.core.facts.OpFacts.stats_written`; they are matched by storage,
+so views and ``.data`` aliases are covered) and puts every saved value back on
+:meth:`WriteGuard.restore`. Tensors nothing writes to are never copied.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from flopscope.core.facts import facts
 __all__ = ["WriteGuard", "plain_tensors"]
 
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def plain_tensors(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -40,29 +43,46 @@ class WriteGuard:
     """Copy on write of ``tensors`` (see the module docstring).
 
     Args:
-        tensors: the model's parameters (and any other tensors to keep as they were).
+        tensors: the model's parameters and buffers (any tensors to keep as they were).
     """
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.protected = {t.untyped_storage().data_ptr(): t for t in plain_tensors(tensors)
-                          if t.untyped_storage().nbytes()}
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # (made at every count: plain tensors and parameters, the usual case, need no unwrapping)
+        plain = tensors if _PLAIN.issuperset(map(type, tensors)) else plain_tensors(tensors)
+        # storage -> the protected tensors on it (all saved at the first write to any of them)
+        self.protected: dict[int, list[torch.Tensor]] = {}
+        seen: set[int] = set()
+        for t in plain:
+            storage = t.untyped_storage()
+            if storage.nbytes() and id(t) not in seen:  # (a tied tensor is listed twice)
+                seen.add(id(t))
+                self.protected.setdefault(storage.data_ptr(), []).append(t)
+        self.saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Before ``func`` runs: save any protected tensor it is about to write to."""
-        for i, name in facts(func).written:
+        """Before ``func`` runs: save any protected tensor it is about to write to (the
+        arguments its schema marks written, and batch norm's running statistics in training:
+        :attr:`~flopscope.core.facts.OpFacts.stats_written`)."""
+        f = facts(func)
+        written = f.written
+        if f.stats_written is not None:
+            flag, stats = f.stats_written
+            if (args[flag] if flag < len(args) else kwargs.get("training")) is True:
+                written = (*written, *stats)
+        for i, name in written:
             t = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()
-                owner = self.protected.get(ptr)
-                if owner is not None and ptr not in self.saved:
-                    self.saved[ptr] = (owner, owner.detach().clone())
+                owners = self.protected.get(ptr)
+                if owners is not None and ptr not in self.saved:
+                    self.saved[ptr] = [(owner, owner.detach().clone()) for owner in owners]
 
     def restore(self) -> int:
         """Put back every protected tensor an operator wrote to; returns how many."""
         with torch.no_grad():
-            for tensor, value in self.saved.values():
-                tensor.copy_(value)
-        n = len(self.saved)
+            for saved in self.saved.values():
+                for tensor, value in saved:
+                    tensor.copy_(value)
+        n = sum(map(len, self.saved.values()))
         self.saved = {}
         return n

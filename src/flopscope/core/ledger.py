@@ -47,6 +47,8 @@ class Sums:
         entries of a forward are one call; plain integers only, as comparing symbolic sizes
         would add guards)."""
         first = self.first
+        if first is not None and self.calls == 1:  # one call added: its cost is the total
+            return first  # type: ignore[no-any-return]
         macs, flops, read, written = self.macs, self.flops, self.bytes_read, self.bytes_written
         if (first is not None and type(macs) is int and type(flops) is int and type(read) is int
                 and type(written) is int and first.macs == macs and first.flops == flops
@@ -193,6 +195,7 @@ class Ledger:
     def records(acc: Acc, counted: Callable[[OpFacts], bool]) -> tuple[OpRecord, ...]:
         """Report records of a table; ``counted`` says whether an operator had a rule."""
         records = []
+        known: dict[OpFacts, bool] = {}  # counted(), once per operator
         for (path, op, phase), sums in acc.items():
             decomposed = False
             if type(op) is str:  # a module rule's entry
@@ -201,7 +204,10 @@ class Ledger:
                 name, is_counted, decomposed = op.facts.name, True, True
             else:
                 assert isinstance(op, OpFacts)
-                name, is_counted = op.name, counted(op)
+                name = op.name
+                is_counted = known.get(op)  # type: ignore[assignment]
+                if is_counted is None:
+                    is_counted = known[op] = counted(op)
             records.append(OpRecord(path, name, phase, sums.calls, sums.cost(), is_counted,
                                     decomposed))
         return tuple(records)

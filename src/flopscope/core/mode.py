@@ -29,6 +29,14 @@ __all__ = ["CountingMode"]
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 _modes_below = torch._C._len_torch_dispatch_stack
+try:  # Dynamo's per-code-object frame strategy (see CountingMode._should_skip_dynamo)
+    from torch._C._dynamo.eval_frame import (  # type: ignore[attr-defined,unused-ignore]
+        _FrameAction,
+        _FrameExecStrategy,
+        set_code_exec_strategy,
+    )
+except ImportError:  # an older or newer torch without it: TorchDispatchMode's wrapper is kept
+    set_code_exec_strategy = None  # type: ignore[assignment]
 
 
 def _defers(types: tuple[type, ...]) -> bool:
@@ -56,6 +64,15 @@ class CountingMode(TorchDispatchMode):
 
     # higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ too
     supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Whether :class:`TorchDispatchMode` wraps ``__torch_dispatch__`` to keep Dynamo out of
+        it: not where Dynamo can be told so once, on the handler's code object (skip it and
+        every frame it calls: what the wrapper does by switching Dynamo's frame callback off
+        and on around every operator call, two Python frames and two more Python calls per
+        call). Dynamo reads that mark only while a ``torch.compile``'d function runs."""
+        return set_code_exec_strategy is None
 
     def __init__(self, owner: object, recorder: Recorder, guard: WriteGuard | None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -86,7 +103,7 @@ class CountingMode(TorchDispatchMode):
         if recorder.dtensor.depth and in_sharding_propagation():
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         entry = self.entries.get(id(func)) or self.entry(func)
-        if self.guard is not None and entry.facts.written:  # count(): keep the model's tensors
+        if self.guard is not None and entry.facts.guarded:  # count(): keep the model's tensors
             self.guard(func, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
             out = recorder.decomposed(self, func, entry, args, kwargs)
@@ -103,7 +120,11 @@ class CountingMode(TorchDispatchMode):
                 out = args[0] if made is SELF else replay(made)
                 self.record(func, entry, args, kwargs, out, None, memo)
                 return out
-            out = func(*args, **kwargs)
+            kernel = entry.facts.kernel
+            if kernel is not None and func._pyobj_dispatcher is None:
+                out = kernel(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             made = outputs_of(func, args, out)
             if made is None:
                 memo = None
@@ -111,7 +132,11 @@ class CountingMode(TorchDispatchMode):
                 remember(memo, made)
             self.record(func, entry, args, kwargs, out, None, memo)
             return out
-        out = func(*args, **kwargs)
+        kernel = entry.facts.kernel  # the C++ callable, without OpOverload.__call__'s frame
+        if kernel is not None and func._pyobj_dispatcher is None:
+            out = kernel(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         # a default rule's cost is remembered by the call's metadata (flopscope.core.cost_memo)
         self.record(func, entry, args, kwargs, out, None,
                     cost_key(id(func), args, kwargs, out) if entry.memoizable else None)
@@ -141,3 +166,8 @@ class CountingMode(TorchDispatchMode):
             ledger.depth -= 1
         recorder.record_logical(func, args, kwargs, out)
         return out
+
+
+if set_code_exec_strategy is not None:  # Dynamo never traces the handler nor what it calls
+    set_code_exec_strategy(CountingMode.__torch_dispatch__.__code__,
+                           _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))

@@ -213,7 +213,8 @@ class Recorder:
                 self.pieces.append((func, cost, True))
                 return
         if frame is not None:
-            if not counted or may_be_nonzero(cost.flops):
+            fl = cost.flops
+            if not counted or (fl != 0 if type(fl) is int else may_be_nonzero(fl)):
                 frame.arithmetic += 1
             elif f.allocation:
                 frame.allocations += 1

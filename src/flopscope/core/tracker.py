@@ -117,6 +117,20 @@ class ThreadState:
         self.seqs: list[int] = []
         self.seq_paths: list[str] = []
 
+    def mark(self, path: str) -> None:
+        """From the autograd sequence number now on, nodes are created under ``path``. When no
+        node was created since the last mark (a forward under ``no_grad``, or a module that
+        creates none), the last mark is replaced rather than a new one added: a lookup takes the
+        last mark at or before a node's number, so the answer is the same, and the timeline
+        does not grow with every module call of a count without autograd."""
+        seq = _sequence_nr()
+        seqs = self.seqs
+        if seqs and seqs[-1] == seq:
+            self.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            self.seq_paths.append(path)
+
 
 class ModuleTracker:
     """Module paths, types, calls and parameters, the per-thread stacks of running modules, and the
@@ -340,8 +354,7 @@ class ModuleTracker:
         if kind & _SCRIPTED and module._modules:
             self.scripted[path] = None
         stack.append(frame)
-        st.seqs.append(_sequence_nr())
-        st.seq_paths.append(path)
+        st.mark(path)
         if self.on_enter and st is self.main:
             for enter in self.on_enter:
                 enter(path, phase)
@@ -394,8 +407,7 @@ class ModuleTracker:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        st.seqs.append(_sequence_nr())
-        st.seq_paths.append(parent.path if parent is not None else "")
+        st.mark(parent.path if parent is not None else "")
 
     # -- optimizer hooks ----------------------------------------------------------------------
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from functools import partial
+from operator import attrgetter, is_not
 from typing import Any
 
 from torch import nn
@@ -24,6 +26,9 @@ from torch.utils._pytree import tree_iter
 from flopscope.execution.meta import needs_fake_cpu
 
 __all__ = ["How", "given_fake_mode", "ladder", "on_meta"]
+
+_is_meta = attrgetter("is_meta")
+_not_none = partial(is_not, None)
 
 
 class How(str, enum.Enum):
@@ -45,8 +50,11 @@ def on_meta(modules: Iterable[nn.Module]) -> bool:
     Returns:
         As above.
     """
-    return any(t is not None and t.is_meta
-               for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
+    for m in modules:  # (tensors tested in C: this runs at every count)
+        for table in (m._parameters, m._buffers):
+            if table and any(map(_is_meta, filter(_not_none, table.values()))):
+                return True
+    return False
 
 
 def given_fake_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
