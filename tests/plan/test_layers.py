@@ -8,12 +8,13 @@ import math
 from typing import Any
 
 import pytest
+from tests.plan.same_role import assert_same_role
 
 import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.plan import planner
 from flopscope.plan.planner import build_model
-from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
+from flopscope.plan.roles import RoleKey, Roles, clear_cache
 
 # 24 layers, hidden 64 (4 heads of 16, 2 KV heads), MLP 128, a vocabulary of 16,384 and 96
 # tokens: FSDP2's gathered embedding and head (2 x 16,384 x 64 parameters) outweigh the
@@ -31,20 +32,6 @@ def _roles(repeat: bool, config: dict[str, Any] = MOVING) -> Roles:
                  ("test_layers", repeat), repeat_layers=repeat)
 
 
-def _memory(run: RoleRun) -> tuple[Any, ...]:
-    m = run.memory
-    return m.peak_bytes, m.peak_module, m.peak_phase, m.peak_op, m.at_peak, m.end_bytes
-
-
-def _same_time(a: RoleRun, b: RoleRun) -> None:
-    assert a.estimate.by_phase.keys() == b.estimate.by_phase.keys()
-    for phase, row in b.estimate.by_phase.items():
-        got = a.estimate.by_phase[phase]
-        assert (got.calls, got.flops, got.bytes) == (row.calls, row.flops, row.bytes)
-        # float sums in another order: equal to 1e-12 of their value
-        assert math.isclose(got.time_s, row.time_s, rel_tol=1e-12)
-
-
 @pytest.mark.parametrize("key", [
     RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=False),
     RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=True),
@@ -55,10 +42,7 @@ def test_a_role_from_small_layer_counts_equals_the_whole_simulation(key: RoleKey
     fast_roles, slow_roles = _roles(True), _roles(False)
     fast, slow = fast_roles.get(key), slow_roles.get(key)
     assert (fast_roles.from_small, slow_roles.from_small) == (1, 0)
-    assert fast.report == slow.report
-    assert _memory(fast) == _memory(slow)
-    assert fast.parameter_bytes == slow.parameter_bytes
-    _same_time(fast, slow)
+    assert_same_role(fast, slow)
     if key == RoleKey(2, 1, 0, 2, 1, 1, False):
         # the peak moved out of the root's gather (see MOVING): the layers' activations and the
         # logits' gradient at the head's backward
@@ -86,10 +70,7 @@ def test_a_pipeline_stage_from_small_layer_counts_equals_the_whole_simulation(
     fast_roles, slow_roles = _roles(True, PIPELINE), _roles(False, PIPELINE)
     fast, slow = fast_roles.get(key), slow_roles.get(key)
     assert (fast_roles.from_small, slow_roles.from_small) == (1, 0)
-    assert fast.report == slow.report
-    assert _memory(fast) == _memory(slow)
-    assert fast.parameter_bytes == slow.parameter_bytes
-    _same_time(fast, slow)
+    assert_same_role(fast, slow)
 
 
 def test_a_stage_of_few_layers_is_simulated_whole() -> None:

@@ -10,13 +10,14 @@ import os
 from typing import Any
 
 import pytest
+from tests.plan.same_role import assert_same_role, memory
 
 import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.plan import layers, planner
 from flopscope.plan import roles as roles_module
 from flopscope.plan.planner import build_model
-from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
+from flopscope.plan.roles import RoleKey, Roles, clear_cache
 
 # 20 layers of hidden 64 (4 heads of 16, 2 KV heads, MLP 128), a vocabulary of 1,000, 32
 # tokens: a pipeline of 20 stages (one layer each) runs 20 microbatches, more than the small
@@ -29,11 +30,6 @@ SEQ = 32
 def _roles(fast: bool, config: dict[str, Any] = DEEP) -> Roles:
     return Roles(build_model("hf:llama", SEQ, "float32", config), get_hardware("h100-sxm"),
                  ("test_microbatches", fast), repeat_microbatches=fast)
-
-
-def _memory(run: RoleRun) -> tuple[Any, ...]:
-    m = run.memory
-    return m.peak_bytes, m.peak_module, m.peak_phase, m.peak_op, m.at_peak, m.end_bytes
 
 
 @pytest.mark.parametrize("key", [
@@ -53,15 +49,7 @@ def test_a_stage_from_small_pipelines_equals_the_whole_simulation(key: RoleKey) 
     fast_roles, slow_roles = _roles(True), _roles(False)
     fast, slow = fast_roles.get(key), slow_roles.get(key)
     assert (fast_roles.from_microbatches, slow_roles.from_microbatches) == (1, 0)
-    assert fast.report == slow.report
-    assert _memory(fast) == _memory(slow)
-    assert fast.parameter_bytes == slow.parameter_bytes
-    assert fast.estimate.by_phase.keys() == slow.estimate.by_phase.keys()
-    for phase, row in slow.estimate.by_phase.items():
-        got = fast.estimate.by_phase[phase]
-        assert (got.calls, got.flops, got.bytes) == (row.calls, row.flops, row.bytes)
-        # float sums in another order: equal to 1e-12 of their value
-        assert math.isclose(got.time_s, row.time_s, rel_tol=1e-12)
+    assert_same_role(fast, slow)
     if key.stage == 1 and key.dp == 2:
         assert (fast.memory.peak_module, fast.memory.peak_phase, fast.memory.peak_op) == (
             "model.layers.1", "backward", "resize_")
@@ -98,7 +86,7 @@ def test_small_pipelines_that_do_not_line_up_are_refused(monkeypatch: pytest.Mon
     fast, slow = fast_roles.get(key), slow_roles.get(key)
     assert (fast_roles.simulations, fast_roles.from_microbatches) == (1, 0)
     assert fast.report == slow.report
-    assert _memory(fast) == _memory(slow)
+    assert memory(fast) == memory(slow)
 
 
 @pytest.mark.skipif(not os.environ.get("FLOPSCOPE_SLOW"),
