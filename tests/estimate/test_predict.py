@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.cli.conftest import Result
+from tests.estimate.synthetic import FAST
 from torch import nn
 
 import flopscope
@@ -26,8 +27,6 @@ Cli = Callable[..., Result]
 # the module (the package's ``calibrate`` attribute is the function of that name)
 calibrate_module = importlib.import_module("flopscope.estimate.calibrate")
 
-# a machine so fast that every roofline bound is far below the predictions (no clamping)
-FAST = Hardware("fast", memory_bandwidth=1e18, matrix={"fp32": 1e18}, vector={"fp32": 1e18})
 
 HOST = {"elementwise": 1e-6, "matmul": 2e-6, "view": 5e-7}
 POINTS = (

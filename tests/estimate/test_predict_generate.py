@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from tests.cli.conftest import Result
+from tests.estimate.synthetic import FAST
 
-from flopscope.estimate import Calibration, Hardware
+from flopscope.estimate import Calibration
 from flopscope.estimate.calibration import Point
 
 Cli = Callable[..., Result]
 
-FAST = Hardware("fast", memory_bandwidth=1e18, matrix={"fp32": 1e18}, vector={"fp32": 1e18})
 CALIBRATED = dataclasses.replace(FAST, calibration=Calibration(
     "2026-11-27T00:00:00+00:00", "cpu (test)", 1, {"torch": "x"},
     {"elementwise": 1e-6, "matmul": 2e-6, "view": 5e-7},

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 import torch
+from tests.estimate import synthetic
+from tests.estimate.synthetic import FAST, Fn
 from torch import nn
 
 import flopscope
@@ -23,25 +25,12 @@ from flopscope.estimate.calibration import Point
 
 calibrate_module = importlib.import_module("flopscope.estimate.calibrate")
 
-# a machine so fast that every roofline bound is far below the predictions (no clamping)
-FAST = Hardware("fast", memory_bandwidth=1e18, matrix={"fp32": 1e18}, vector={"fp32": 1e18})
 HOST = {"elementwise": 1e-6, "view": 5e-7}
 MIB = 1 << 20
 
 
 def calibrated(points: tuple[Point, ...], hw: Hardware = FAST, **extra: object) -> Hardware:
-    cal = Calibration("2026-11-27T00:00:00+00:00", "cpu (test)", 1, {"torch": "x"}, HOST, points,
-                      **extra)  # type: ignore[arg-type]
-    return dataclasses.replace(hw, calibration=cal)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: object) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)  # type: ignore[operator, no-any-return]
+    return synthetic.calibrated(points, HOST, hw, date="2026-11-27T00:00:00+00:00", **extra)
 
 
 # mul: 1e10 B/s of device time (after the 1e-6 s host time) at 1e3-1e8 B

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.estimate.synthetic import FAST, Fn, calibrated
 from torch import nn
 
 import flopscope
@@ -20,9 +21,6 @@ from flopscope.estimate import Calibration, Hardware, load_hardware
 from flopscope.estimate.calibrate import op_host_times
 from flopscope.estimate.calibration import Point
 from flopscope.estimate.workloads import host_calls, workloads
-
-# a machine so fast that every roofline bound is far below the predictions (no clamping)
-FAST = Hardware("fast", memory_bandwidth=1e18, matrix={"fp32": 1e18}, vector={"fp32": 1e18})
 
 HOST = {"elementwise": 1e-6, "pooling": 1e-6, "view": 5e-7}
 HOST_OP = {"sqrt": 3e-6}
@@ -39,18 +37,7 @@ POINTS = (
 
 
 def synthetic(points: tuple[Point, ...] = POINTS) -> Hardware:
-    cal = Calibration("2026-11-26T00:00:00+00:00", "cpu (test)", 1, {"torch": "x"}, HOST,
-                      points, host_op_s=HOST_OP)
-    return dataclasses.replace(FAST, calibration=cal)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: object) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)  # type: ignore[operator, no-any-return]
+    return calibrated(points, HOST, host_op_s=HOST_OP)
 
 
 def test_a_call_takes_its_own_operators_points_and_host_time() -> None:
