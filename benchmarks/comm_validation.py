@@ -9,7 +9,8 @@ the layouts against the measured order.
    - links: ``flopscope calibrate --comm --ranks 4`` (:func:`flopscope.distributed.probe
      .calibrate_links`, gloo over loopback: groups of 4 and of 2), the same link block put into
      every profile.
-   The profiles are written to ``benchmarks/results/comm_profile_{alone,2,4}.json``.
+   The profiles are written beside ``--output``: ``comm_profile_{alone,2,4}.json`` for the
+   default output, ``<output's stem>_profile_{key}.json`` for another.
 2. **Plan** (``flopscope.plan``) the model of :mod:`benchmarks.gloo_jobs` on 2 and 4 devices
    (one node: ``gpus_per_node`` = the ranks; float32; every layout, no memory budget), with
    each profile: per layout the predicted per-rank peak memory and step time.
@@ -22,7 +23,13 @@ the layouts against the measured order.
    same way by the planner or not. The 90th percentile of ``|predicted / measured - 1|`` of
    the steps is written as ``error_bars["step"]`` into each profile's link calibration.
 
-    PYTHONPATH=src python -m benchmarks.comm_validation [--steps 5] [--tables]
+    PYTHONPATH=src python -m benchmarks.comm_validation [--steps 5] [--ranks 2] [--realtime]
+        [--output FILE] [--tables]
+
+``--ranks 2`` calibrates, plans and runs the 2-rank layouts only: each rank then has a core of
+its own, as the planner's ranks-as-devices model assumes. ``--realtime`` runs everything at
+SCHED_FIFO priority (root; the jobs' processes inherit it): the other processes on the machine
+keep the kernel's 5% real-time reserve, so their load no longer spreads the measured steps.
 """
 
 from __future__ import annotations
@@ -68,8 +75,16 @@ def concurrent_calibration(processes: int) -> Any:
     return Calibration.from_dict(blocks[0], where=f"{processes} processes")
 
 
-def profiles() -> dict[str, Any]:
-    """Calibrate (step 1 of the module docstring); returns the profiles by key."""
+def profile_path(output: Path, key: str) -> Path:
+    """Where the profile ``key`` of a run writing ``output`` goes."""
+    if output == RESULTS / "comm_validation.json":
+        return RESULTS / f"comm_profile_{key}.json"
+    return output.with_name(f"{output.stem}_profile_{key}.json")
+
+
+def profiles(output: Path, ranks: tuple[int, ...] = (2, 4)) -> dict[str, Any]:
+    """Calibrate (step 1 of the module docstring) for jobs on ``ranks`` processes; returns the
+    profiles by key."""
     from flopscope.distributed.probe import calibrate_links
     from flopscope.estimate import measure_this_machine
 
@@ -77,14 +92,14 @@ def profiles() -> dict[str, Any]:
     base = measure_this_machine()
     out: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    for key, n in (("alone", 1), ("2", 2), ("4", 4)):
+    for key, n in (("alone", 1), *((str(r), r) for r in ranks)):
         start = time.perf_counter()
         cal = concurrent_calibration(n)
         seconds[key] = time.perf_counter() - start
         out[key] = dataclasses.replace(base, name=f"this-machine-{key}", calibration=cal)
         _say(f"compute calibration, {n} process(es) at once: {seconds[key]:.0f} s")
     start = time.perf_counter()
-    linked = calibrate_links(base, 4)
+    linked = calibrate_links(base, max(ranks))
     seconds["links"] = time.perf_counter() - start
     cal = linked.link_calibration
     assert cal is not None
@@ -94,8 +109,7 @@ def profiles() -> dict[str, Any]:
         out[key] = dataclasses.replace(hw, link_calibration=cal,
                                        intra_node_bandwidth=linked.intra_node_bandwidth,
                                        intra_node_latency=linked.intra_node_latency)
-        (RESULTS / f"comm_profile_{key}.json").write_text(
-            json.dumps(out[key].to_dict(), indent=1) + "\n")
+        profile_path(output, key).write_text(json.dumps(out[key].to_dict(), indent=1) + "\n")
     out["seconds"] = seconds
     return out
 
@@ -163,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--output", default=str(RESULTS / "comm_validation.json"))
     parser.add_argument("--jobs", default="", help="comma-separated job indices (default all)")
+    parser.add_argument("--ranks", default="2,4", help="the jobs' process counts (2, 4)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="run at SCHED_FIFO priority (root): other processes' load stays out")
     parser.add_argument("--tables", action="store_true",
                         help="print the markdown tables of --output's results and stop")
     opts = parser.parse_args(argv)
@@ -171,18 +188,23 @@ def main(argv: list[str] | None = None) -> int:
 
         print(tables(json.loads(Path(opts.output).read_text())))
         return 0
+    if opts.realtime:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    ranks = tuple(int(r) for r in opts.ranks.split(","))
+    output = Path(opts.output)
     start = time.perf_counter()
-    hws = profiles()
+    hws = profiles(output, ranks)
     seconds = hws.pop("seconds")
     predicted: dict[str, dict[int, dict[str, Any]]] = {}
     for key, hw in hws.items():
-        for ranks in (2, 4):
-            if key in ("2", "4") and key != str(ranks):
+        for world in ranks:
+            if key != "alone" and key != str(world):
                 continue
             t = time.perf_counter()
-            predicted.setdefault(key, {})[ranks] = plans(hw, ranks)
-            _say(f"plan on {ranks} with profile {key}: {time.perf_counter() - t:.0f} s")
+            predicted.setdefault(key, {})[world] = plans(hw, world)
+            _say(f"plan on {world} with profile {key}: {time.perf_counter() - t:.0f} s")
     jobs = [JOBS[int(i)] for i in opts.jobs.split(",")] if opts.jobs else JOBS
+    jobs = [job for job in jobs if job.world in ranks]
     rows = []
     for job in jobs:
         measured = run_job(job, steps=opts.steps)
@@ -203,14 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         cal = hw.link_calibration
         hw = dataclasses.replace(hw, link_calibration=dataclasses.replace(
             cal, error_bars={"step": bar}))
-        (RESULTS / f"comm_profile_{key}.json").write_text(json.dumps(hw.to_dict(), indent=1)
-                                                          + "\n")
+        profile_path(output, key).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     out = {"torch": torch.__version__, "cpu_count": os.cpu_count(), "steps": opts.steps,
+           "ranks": list(ranks), "realtime": opts.realtime,
            "calibration_s": seconds, "total_s": time.perf_counter() - start,
            "note": "gloo over loopback on a shared 2-core machine (other jobs running: load "
                    "average per job); 1 torch thread per rank",
            "comparison": result, "rows": rows}
-    Path(opts.output).write_text(json.dumps(out, indent=1) + "\n")
+    output.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v["summary"] for k, v in result.items()}, indent=1), file=sys.stderr)
     return 0
 

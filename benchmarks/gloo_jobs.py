@@ -74,6 +74,10 @@ class Job:
 JOBS = [
     Job("FSDP 2", 2, 1, 1, 2, 1, 1, False),
     Job("TP 2", 2, 2, 1, 1, 2, 1, False),
+    Job("FSDP 2, checkpointing", 2, 1, 1, 2, 1, 1, True),
+    Job("TP 2, checkpointing", 2, 2, 1, 1, 2, 1, True),
+    Job("PP 2", 2, 1, 2, 1, 1, 2, False),
+    Job("PP 2, checkpointing", 2, 1, 2, 1, 1, 2, True),
     Job("FSDP 4", 4, 1, 1, 4, 1, 1, False),
     Job("FSDP 4, checkpointing", 4, 1, 1, 4, 1, 1, True),
     Job("TP 2 x DP 2", 4, 2, 1, 2, 2, 1, False),

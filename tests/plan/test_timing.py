@@ -61,3 +61,43 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     assert fsdp.time.fsdp_comm == pytest.approx(comm.overlapped_exposed(busy))
     assert fsdp.time.fsdp_hidden == pytest.approx(comm.overlapped_first + comm.overlapped_rest
                                                   - fsdp.time.fsdp_comm)
+
+
+def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> None:
+    from flopscope.estimate.calibration import DTENSOR_DISPATCH
+    from flopscope.plan.planner import build_model
+    from flopscope.plan.roles import RoleKey, Roles
+    from flopscope.plan.timing import describe
+
+    clear_cache()
+    base = _calibrated()
+    assert base.calibration is not None
+    hw = dataclasses.replace(base, name="h100-framework", calibration=dataclasses.replace(
+        base.calibration, fsdp_collective_s=1e-3, dtensor_call_s=1e-4))
+    args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=2,
+                                dtype="float32", checkpointing=("none",))
+    plain = {c.choice.label: c for c in flopscope.plan("hf:llama", hardware=base, **args).ranked}
+    framed = {c.choice.label: c for c in flopscope.plan("hf:llama", hardware=hw, **args).ranked}
+    roles = Roles(build_model("hf:llama", 64, "float32", CONFIG), hw,
+                  ("hf:llama", 64, "float32", tuple(sorted(CONFIG.items()))))
+    # FSDP 2: the root's and both layers' all-gathers in the forward, the root's and the last
+    # layer's again in the backward, three reduce-scatters: 8 collectives at 1 ms
+    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False))
+    gathers = [c.calls for c in run.report.communication
+               if c.kind in ("all_gather", "reduce_scatter")]
+    assert sum(gathers) == 8
+    fsdp = framed["TP1 PP1 DP2 mb1x1"]
+    assert fsdp.time.fsdp_hooks == pytest.approx(8e-3, rel=1e-12)
+    assert plain["TP1 PP1 DP2 mb1x1"].time.fsdp_hooks == 0.0  # not measured: not charged
+    assert ("FSDP2 hooks (host)", pytest.approx(8e-3), pytest.approx(8e-3 / fsdp.time.total)) in \
+        describe(fsdp.time)
+    # TP 2: every outermost operator on DTensors is a call of no work whose prediction is the
+    # measured 1e-4 s of host time; the forward and backward grow by exactly that
+    tp = roles.get(RoleKey(2, 1, 0, 1, 2, 1, False))
+    dispatch = tp.estimate.by_op[DTENSOR_DISPATCH]
+    assert dispatch.calls > 0 and dispatch.time_s == 0.0  # no work: no bound
+    assert dispatch.predicted_s == pytest.approx(dispatch.calls * 1e-4, rel=1e-9)
+    a, b = plain["TP2 PP1 DP1 mb2x1"].time, framed["TP2 PP1 DP1 mb2x1"].time
+    assert (b.forward + b.backward) - (a.forward + a.backward) == pytest.approx(
+        dispatch.calls * 1e-4, rel=1e-9)
+    assert b.fsdp_hooks == 0.0  # no FSDP2 in a TP 2 x DP 1 layout

@@ -54,6 +54,8 @@ class Recorder:
         self.tracker = tracker
         self.costing = costing
         self.observers = observers
+        # observers that also see each outermost operator on DTensors (``on_dtensor_call``)
+        self.dtensor_observers = tuple(o for o in observers if hasattr(o, "on_dtensor_call"))
         self.strict = strict
         self.ledger = Ledger()
         self.dtensor = DTensorLedger()  # work inside DTensor operators, logical costs
@@ -261,3 +263,5 @@ class Recorder:
         else:
             cost = self.costing.cost(entry, call, path, logical=True)
         self.dtensor.add_logical((path, f, phase), cost)
+        for observer in self.dtensor_observers:
+            observer.on_dtensor_call(path, phase, f.name)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from flopscope.errors import UsageError
 from flopscope.estimate.calibration import Calibration, Point
+from flopscope.estimate.framework import framework_costs
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
@@ -476,6 +477,7 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         host_op = op_host_times(device)
         evicted = evicted_host_times(device)
         module_s = module_call_time(device)
+        dtensor_s, fsdp_s = framework_costs(clock(device)[1])  # host time: any device
         points = calibration_points(device, budget_s=budget_s, progress=progress)
         used = torch.get_num_threads()
         clock_name = clock(device)[0]
@@ -490,5 +492,6 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
                   "python": platform.python_version()},
         host_s=host, points=tuple(points), host_op_s=host_op, clock=clock_name,
         host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
-        fault_s_per_byte=fault, module_call_s=module_s)
+        fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
+        fsdp_collective_s=fsdp_s)
     return dataclasses.replace(hardware, calibration=calibration)

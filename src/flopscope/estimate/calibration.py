@@ -21,7 +21,11 @@ family's curve and host time). ``fault_s_per_byte`` and ``mmap_bytes``: what a f
 of at least ``mmap_bytes`` costs per byte beyond the call's work (the allocator maps it anew,
 each page faults when first written and is unmapped when freed), and a point's ``fresh``: the
 bytes of new output storage it allocated; ``module_call_s``: Python's time per ``nn.Module``
-call outside its operators (absent: not modelled, as before).
+call outside its operators (absent: not modelled, as before); ``dtensor_call_s``: DTensor's own
+host time per operator on DTensors (its dispatch and sharding propagation, beyond the local calls
+it makes), and ``fsdp_collective_s``: FSDP2's host time per all-gather or reduce-scatter (its
+hooks, beyond the operators they run); both absent: not modelled
+(:mod:`flopscope.estimate.framework`).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -37,7 +41,11 @@ from typing import Any
 
 from flopscope.errors import UsageError
 
-__all__ = ["FAMILIES", "Calibration", "Point", "table_with"]
+__all__ = ["DTENSOR_DISPATCH", "FAMILIES", "Calibration", "Point", "table_with"]
+
+DTENSOR_DISPATCH = "dtensor.dispatch"
+"""The report name a prediction gives DTensor's own host time of one operator on DTensors (a
+:class:`~flopscope.estimate.CallLog` record of no work; its family is ``"framework"``)."""
 
 FAMILIES = ("matmul", "conv", "attention", "elementwise", "reduction", "normalization",
             "pooling", "special", "view")
@@ -148,6 +156,10 @@ class Calibration:
             into it: a page fault per page when first written, the unmapping when freed.
         module_call_s: Python's time per ``nn.Module`` call outside its operators
             (``Module.__call__`` and a one-line ``forward``); 0: not measured.
+        dtensor_call_s: host seconds per operator on DTensors beyond its local calls; 0: not
+            measured.
+        fsdp_collective_s: host seconds of FSDP2's hooks per all-gather or reduce-scatter
+            beyond the operators they run; 0: not measured.
     """
 
     date: str
@@ -164,6 +176,8 @@ class Calibration:
     mmap_bytes: int = 0
     fault_s_per_byte: float = 0.0
     module_call_s: float = 0.0
+    dtensor_call_s: float = 0.0
+    fsdp_collective_s: float = 0.0
 
     def fault_s(self, fresh: int) -> float:
         """Seconds a call's fresh allocation of ``fresh`` bytes costs in page faults and
@@ -202,6 +216,9 @@ class Calibration:
             out["fault_s_per_byte"] = self.fault_s_per_byte
         if self.module_call_s:
             out["module_call_s"] = self.module_call_s
+        for name in ("dtensor_call_s", "fsdp_collective_s"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out
 
     @classmethod
@@ -278,12 +295,21 @@ class Calibration:
         if mmap_bytes < 0 or fault < 0 or module < 0:
             raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
                              "be negative")
+        framework = {}
+        for name in ("dtensor_call_s", "fsdp_collective_s"):
+            try:
+                framework[name] = float(data.get(name, 0.0))
+            except (TypeError, ValueError):
+                raise UsageError(f"{where}: {name} must be a number of seconds, not "
+                                 f"{data.get(name)!r}") from None
+            if framework[name] < 0:
+                raise UsageError(f"{where}: {name} must not be negative")
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
                    families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
                    str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault,
-                   module)
+                   module, **framework)
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

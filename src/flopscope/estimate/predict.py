@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flopscope.estimate.calibration import Calibration
+from flopscope.estimate.calibration import DTENSOR_DISPATCH, Calibration
 
 if TYPE_CHECKING:
     from flopscope.estimate.bound import Estimate
@@ -66,7 +66,7 @@ def family_of(op: str, macs: int, flops: int, nbytes: int, special: bool,
     """
     base = op.split(".")[1] if op.count(".") >= 1 else op
     if flops == 0 and nbytes == 0:
-        return "view"
+        return "framework" if op == DTENSOR_DISPATCH else "view"
     if "attention" in base:
         return "attention"
     if convolution:
@@ -368,6 +368,8 @@ class Predictor:
         from flopscope.estimate.profile import dtype_key
 
         fam = family(rec)
+        if fam == "framework":  # DTensor's dispatch: host time only
+            return CallPrediction(fam, self.calibration.dtensor_call_s, 0.0, True)
         key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
         function = rec.special[0] if rec.special is not None else ""
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op

@@ -55,6 +55,7 @@ import torch
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import Estimate, ancestors, is_convolution, resolve_tf32
+from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 
 __all__ = ["CallLog", "CallRecord", "call_dtype", "special_function"]
@@ -281,6 +282,12 @@ class CallLog:
                 if key is not None:
                     out[key] = t.nbytes
         self._prev = (path, phase, pointwise, rec, out)
+
+    def on_dtensor_call(self, path: str, phase: Phase, op: str) -> None:
+        """An outermost operator on DTensors ran (its local calls come to :meth:`on_call`): a
+        record of no work, :data:`~flopscope.estimate.calibration.DTENSOR_DISPATCH`, that a
+        calibrated prediction gives DTensor's own host time."""
+        self.records.append(CallRecord(path, phase.value, DTENSOR_DISPATCH, 0, 0, 0, None))
 
     def _entered(self, path: str, phase: Phase) -> int:
         """How many ``nn.Module`` calls a forward (or recomputed) call at ``path`` entered since

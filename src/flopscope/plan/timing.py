@@ -17,7 +17,11 @@ Parts (seconds per step, on the layout's slowest stage):
   pipeline point-to-point exposed; expert parallelism's all-to-alls (the tokens' dispatch to
   their experts' ranks and the results' return) exposed;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
-  (:func:`flopscope.distributed.pipeline.bubble`).
+  (:func:`flopscope.distributed.pipeline.bubble`);
+- **FSDP2's hooks**: with a CPU calibration that measured it, FSDP2's host time per all-gather
+  and reduce-scatter (:mod:`flopscope.estimate.framework`) for each of the rank's, on the rank's
+  one timeline (a GPU's host runs them while the device works: not added there). DTensor's own
+  host time per operator is in the compute, as a call of its own in the prediction.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class StepTime:
         ep_comm: expert parallelism's all-to-alls (dispatch and combine; exposed).
         compute: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
             the compute parts are.
+        fsdp_hooks: FSDP2's host time around its collectives (see the module docstring).
     """
 
     forward: float
@@ -68,6 +73,7 @@ class StepTime:
     total: float
     ep_comm: float = 0.0
     compute: str = "bound"
+    fsdp_hooks: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """A JSON-ready dict (seconds; what the compute is: :meth:`compute_kind`)."""
@@ -112,6 +118,7 @@ class _Stage:
     backward: float
     recompute: float
     comm: CommTime
+    hooks: float = 0.0
 
     @property
     def ep_comm(self) -> float:
@@ -123,7 +130,7 @@ class _Stage:
 
     @property
     def busy(self) -> float:
-        return self.forward + self.backward + self.recompute + self.comm.blocking
+        return self.forward + self.backward + self.recompute + self.comm.blocking + self.hooks
 
     @property
     def fsdp(self) -> float:
@@ -157,9 +164,15 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
         comm = dataclasses.replace(comm, blocking_forward=comm.blocking_forward + ahead,
                                    blocking_backward=comm.blocking_backward + behind,
                                    by_kind=by_kind)
+    cal = estimate.hardware.calibration
+    hooks = 0.0
+    if predicted and cal is not None and not cal.device.startswith("cuda"):
+        hooks = cal.fsdp_collective_s * scale * sum(
+            r.calls for r in records if r.kind in ("all_gather", "reduce_scatter")
+            and r not in sequence)
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
                   backward=phase(Phase.BACKWARD.value) * scale,
-                  recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm)
+                  recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm, hooks=hooks)
 
 
 def _sequence_parallel(run: RoleRun, record: CommRecord) -> bool:
@@ -209,7 +222,7 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
     kind = "prediction" if all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
                     max(0.0, hidden), p2p, span - slow.busy, total, ep_comm=slow.ep_comm,
-                    compute=kind)
+                    compute=kind, fsdp_hooks=slow.hooks)
 
 
 @dataclass(frozen=True)
@@ -270,7 +283,7 @@ PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
               "tp_comm": "tensor-parallel all-reduces",
               "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
               "p2p": "pipeline sends/receives", "bubble": "pipeline bubble",
-              "ep_comm": "expert all-to-alls"}
+              "ep_comm": "expert all-to-alls", "fsdp_hooks": "FSDP2 hooks (host)"}
 
 
 def describe(time: StepTime) -> list[tuple[str, float, float]]:

@@ -1,0 +1,113 @@
+"""The host time of PyTorch's parallelism frameworks, measured for a calibration
+(:func:`framework_costs`): what DTensor spends per operator on DTensors and FSDP2 per collective,
+in Python, beyond the operators they run.
+
+Eager tensor parallelism runs every operator on a sharded weight through DTensor's dispatch
+(sharding propagation, redistribution decisions, wrapping the local result), and FSDP2 runs
+hooks around every sharded module (gathering, registering and freeing the unsharded parameters,
+reducing the gradients). Neither is an operator, so the per-operator host times of a calibration
+do not see them; on this machine they cost about 75 us per DTensor operator and 0.3 ms per FSDP2
+collective, more than the local work of a small model's layers. They are measured on models of
+tiny layers, whose arithmetic is negligible, on a fake process group of 2 ranks (no
+communication): the time of a forward and backward less that of the same layers unsharded, over
+the number of DTensor operators (seen by :class:`~flopscope.Counter`'s ``on_dtensor_call``) or of
+FSDP2's collectives (counted by :class:`torch.distributed.tensor.debug.CommDebugMode`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["framework_costs"]
+
+_BLOCKS, _WIDTH = 8, 16
+
+
+def _blocks(middle: int) -> nn.Sequential:
+    return nn.Sequential(*[nn.Sequential(nn.Linear(_WIDTH, middle), nn.ReLU(),
+                                         nn.Linear(middle, _WIDTH)) for _ in range(_BLOCKS)])
+
+
+def _step_s(model: nn.Module, x: torch.Tensor, now: Callable[[], float], samples: int) -> float:
+    def step() -> None:
+        model(x).sum().backward()
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(samples):
+        start = now()
+        step()
+        times.append(now() - start)
+    return statistics.median(times)
+
+
+class _DTensorCalls:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_call(self, *_: Any) -> None:
+        pass
+
+    def on_dtensor_call(self, *_: Any) -> None:
+        self.calls += 1
+
+
+def framework_costs(now: Callable[[], float], *, samples: int = 21) -> tuple[float, float]:
+    """(DTensor's host seconds per operator on DTensors, FSDP2's host seconds per all-gather or
+    reduce-scatter), each beyond the operators it runs (see the module docstring).
+
+    Args:
+        now: the calibration's clock (:func:`flopscope.estimate.calibrate.clock`).
+        samples: timed steps of each model.
+
+    Returns:
+        The two costs; ``(0.0, 0.0)`` where they cannot be measured here: without
+        ``torch.distributed``, or inside a process group already initialised (a fake one would
+        replace it).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        return 0.0, 0.0
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from flopscope.distributed.world import fake_world
+    from flopscope.run import count
+
+    with fake_world(2, 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mesh = init_device_mesh("cpu", (2,))
+            x = torch.randn(4, _WIDTH, generator=torch.Generator().manual_seed(0))
+            plain, local = _blocks(_WIDTH), _blocks(_WIDTH // 2)
+            tp, fsdp = _blocks(_WIDTH), _blocks(_WIDTH)
+            for block in tp:
+                parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            for block in fsdp:
+                fully_shard(block, mesh=mesh)
+            fully_shard(fsdp, mesh=mesh)
+            seen = _DTensorCalls()
+            count(tp, x, backward=True, observers=[seen], warn=False)
+            with CommDebugMode() as comm:
+                fsdp(x).sum().backward()
+            collectives = sum(n for op, n in comm.get_comm_counts().items()
+                              if "gather" in str(op) or "reduce_scatter" in str(op))
+            local_s, tp_s = _step_s(local, x, now, samples), _step_s(tp, x, now, samples)
+            plain_s, fsdp_s = _step_s(plain, x, now, samples), _step_s(fsdp, x, now, samples)
+    dtensor = max(tp_s - local_s, 0.0) / seen.calls if seen.calls else 0.0
+    per_collective = max(fsdp_s - plain_s, 0.0) / collectives if collectives else 0.0
+    return dtensor, per_collective
