@@ -409,14 +409,3 @@ def test_remembered_tables_do_not_keep_a_model_alive() -> None:
     gc.collect()
     assert gone() is None
     assert key not in _tracker._TABLES  # its entry is dropped with it
-
-
-def test_a_users_rule_and_the_defaults_do_not_share_operator_entries() -> None:
-    """Counts under the default rules share one table of operator entries; a count with a rule
-    of the user's has its own, before and after them."""
-    model = nn.Linear(4, 3, bias=False)  # runs aten::mm: 2 * 4 * 3 = 24 MACs by default
-    x = torch.randn(2, 4)
-    assert count(model, x).macs == 24
-    assert count(model, x, rules={"aten::mm": lambda call: 7}).macs == 7
-    assert count(model, x).macs == 24
-    assert count(model, x, rules=flopscope.default_rules()).macs == 24

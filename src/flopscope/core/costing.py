@@ -36,9 +36,6 @@ _MEMO_LIMIT = 200_000  # entries per phase before a memo starts over
 # read no tensor's values (flopscope.core.cost_memo): shared by every Counter likewise
 _REAL_MEMO: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {id(p): {} for p in Phase}
 
-# id(operator overload) -> its entry under the default rules (see Costing.entries)
-_DEFAULT_ENTRIES: dict[int, OpEntry] = {}
-
 
 def may_be_nonzero(n: Any) -> bool:
     """Whether a cost field may be nonzero, without a guard on a symbolic size: on a
@@ -84,10 +81,7 @@ class Costing:
 
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
-        # id(operator overload) -> entry; under the default rules alone (no rule of the user's)
-        # an entry depends on the operator only, so every such Costing shares one table: a count
-        # does not make again the entries of the operators earlier counts have seen
-        self.entries: dict[int, OpEntry] = _DEFAULT_ENTRIES if rules is default_rules() else {}
+        self.entries: dict[int, OpEntry] = {}  # id(operator overload) -> entry
         # this Counter's own memo, for keys that are not shared (see memo.is_shared)
         self._memo: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {
             id(p): {} for p in Phase}
