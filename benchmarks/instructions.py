@@ -88,11 +88,13 @@ def _worker(model_name: str, size: int, repeat: int, lib: str, parts: bool) -> N
         with finished:
             model(x)
 
-        def snapshot() -> None:
+        def snapshot() -> None:  # as count() does for a real run: buffers by copy on write
             kept = ModelSnapshot(modules)
-            kept.keep_values()
-            flopscope.Counter(model, warn=False).protect(kept.params)
+            kept.keep_values(buffers=False)
+            counter = flopscope.Counter(model, warn=False)
+            counter.protect([*kept.params, *kept.own_buffers])
             kept.restore()
+            counter.restore()
 
         def block() -> None:
             counter = flopscope.Counter(model, warn=False)

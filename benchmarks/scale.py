@@ -1,8 +1,9 @@
 """Scale: shape-only counting of a Llama-2-70B-shaped decoder on the ``meta`` device.
 
 Each (tool, tokens) pair runs in a fresh subprocess (``python -m benchmarks.scale TOOL TOKENS``),
-which prints one JSON line: wall time of the count, and peak resident memory above the baseline
-measured right after the imports.
+which prints one JSON line: wall time of the count, its CPU time (``process_time``: less moved by
+other processes on a shared machine), and peak resident memory above the baseline measured right
+after the imports.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def worker(tool: str, tokens: int, config: dict[str, Any] | None = None) -> dict
         ids = torch.zeros(1, tokens, dtype=torch.long)
     built = _rss_kib()
     start = time.perf_counter()
+    cpu = time.process_time()
     if tool == "flopscope":
         macs = flopscope.count(model, ids, warn=False).macs
     elif tool == "FlopCounterMode":
@@ -63,8 +65,10 @@ def worker(tool: str, tokens: int, config: dict[str, Any] | None = None) -> dict
     else:
         raise SystemExit(f"unknown tool {tool!r}")
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu
     peak = _status_kib("VmHWM")
-    return {"tool": tool, "tokens": tokens, "seconds": seconds, "macs": int(macs),
+    return {"tool": tool, "tokens": tokens, "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "macs": int(macs),
             "params": sum(p.numel() for p in model.parameters()),
             "import_rss_mib": baseline / 1024, "model_rss_mib": (built - baseline) / 1024,
             "peak_above_import_mib": (peak - baseline) / 1024}

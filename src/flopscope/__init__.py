@@ -87,12 +87,14 @@ def __getattr__(name: str) -> _Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flopscope' has no attribute {name!r}")
-    for public, where in _EXPORTS.items():
-        found = _importlib.import_module(where)
-        # a package exported under its own name (``plan``) is itself callable: the package, so
-        # that ``flopscope.plan(...)`` and ``flopscope.plan.planner`` both work in any order
-        globals()[public] = found if where == f"flopscope.{public}" else getattr(found, public)
-    return globals()[name]
+    # only the module that defines ``name``: ``flopscope.count`` does not load the planner, the
+    # timing or the estimate packages (their import time and memory are a count's otherwise)
+    found = _importlib.import_module(module)
+    # a package exported under its own name (``plan``) is itself callable: the package, so that
+    # ``flopscope.plan(...)`` and ``flopscope.plan.planner`` both work in any order
+    value = found if module == f"flopscope.{name}" else getattr(found, name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:

@@ -95,8 +95,11 @@ class ModelSnapshot:
                 self.aliases = [(p, p.data) for m in self.modules
                                 for p in m._parameters.values() if p is not None]
             else:
+                # (a plain tensor on meta says so in is_meta; a subclass's device may say meta
+                # where is_meta does not: a fake tensor of a meta model)
                 self.params = [p for m in self.modules for p in m._parameters.values()
-                               if p is not None and not p.is_meta and p.device.type != "meta"]
+                               if p is not None and not p.is_meta
+                               and (type(p) in _PLAIN or p.device.type != "meta")]
                 self.aliases = [(p, p.data) for p in self.params]
         if buffers and not self.copied:
             self.copied = True
