@@ -108,3 +108,25 @@ def test_a_pipeline_stage_at_a_third_degree() -> None:
 ])
 def test_padding_follows_fsdp2s_dim0_rule(dims: Any, degree: int, padded: bool) -> None:
     assert pads(dims, degree) is padded
+
+
+def test_a_stage_from_small_pipelines_at_a_third_degree() -> None:
+    # 20 layers in 20 stages, 20 microbatches: the second stage put together from pipelines of
+    # 5, 6 and 7 stages (flopscope.plan.layers); at FSDP 8 those small pipelines but the first
+    # come from FSDP 2 and 4 (sharded dims 0: 1,000, 64, 32, 128, no padding at 2, 4 or 8)
+    config = dict(CONFIG, vocab_size=1000, num_hidden_layers=20)
+    clear_cache()
+    fast, slow = (Roles(build_model("hf:llama", 32, "float32", config), get_hardware("h100-sxm"),
+                        ("test_degrees_deep", degrees), repeat_degrees=degrees)
+                  for degrees in (True, False))
+
+    def key(dp: int) -> RoleKey:
+        return RoleKey(tp=1, pp=20, stage=1, dp=dp, micro_batch=1, microbatches=20,
+                       checkpoint=False)
+
+    for dp in (2, 4):
+        fast.get(key(dp))
+    derived = fast.get(key(8))
+    assert (fast.from_microbatches, fast.from_degrees) == (3, 1)
+    assert_same_role(derived, slow.get(key(8)))
+    clear_cache()

@@ -33,15 +33,18 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
 from flopscope.distributed.repeat import NotRepeating
 from flopscope.estimate import Estimate, MemoryProfile
-from flopscope.plan.layers import Small
+from flopscope.plan.layers import Small, unit_module
 
 __all__ = ["Degrees", "Dims", "clear_degrees", "derive", "dims_of", "pads", "same_run"]
+
+#: what tells a role's small runs apart (layers per stage, stages of a small pipeline)
+C = TypeVar("C", bound=Hashable)
 
 #: each parameter's (dimension 0, ranks sharding it but FSDP2's), or ``None`` where unknown
 Dims = tuple[tuple[int, int], ...] | None
@@ -112,12 +115,14 @@ def _mix(values: Sequence[Any], weights: Sequence[Fraction], degrees: Sequence[i
 
 def _peak(points: Sequence[tuple[str, str, str, Mapping[str, int]]]
           ) -> tuple[int, str, str, str, dict[str, int]]:
-    """The first call with the most live bytes: (total, module, phase, op, live)."""
+    """The first call with the most live bytes: (total, module, phase, op, live); a small
+    pipeline's module paths without their microbatch (:func:`~flopscope.plan.layers.unit_module`,
+    as its memory profile names the peak)."""
     best: tuple[int, str, str, str, dict[str, int]] = (-1, "", "", "", {})
     for module, phase, op, live in points:
         total = sum(live.values())
         if total > best[0]:
-            best = (total, module, phase, op, {c: v for c, v in live.items() if v})
+            best = (total, unit_module(module), phase, op, {c: v for c, v in live.items() if v})
     return best
 
 
@@ -247,8 +252,8 @@ class Degrees:
         self.derived = 0
         self.refused = 0
 
-    def runs(self, block: Hashable, degree: int, counts: Sequence[int],
-             run: Callable[[int], tuple[Small, Dims]], world_size: int, rank: int
+    def runs(self, block: Hashable, degree: int, counts: Sequence[C],
+             run: Callable[[C], tuple[Small, Dims]], world_size: int, rank: int
              ) -> list[Small]:
         """The role's small runs at ``degree``: derived from two earlier degrees of the same
         ``block`` (the first simulated as the check), else simulated; kept either way.
@@ -256,8 +261,9 @@ class Degrees:
         Args:
             block: the role without its degree.
             degree: FSDP2's degree.
-            counts: the small runs' layers per stage.
-            run: simulates one (layers per stage) -> (run, :func:`dims_of` its model).
+            counts: what tells the small runs apart (layers per stage; stages of a small
+                pipeline).
+            run: simulates one (one of ``counts``) -> (run, :func:`dims_of` its model).
             world_size: the job's ranks.
             rank: the simulated rank.
 

@@ -201,8 +201,8 @@ class Roles:
         repeat_microbatches: put the first, second and last stage of a pipeline of more than
             18 stages together from the stage in pipelines of 5, 6 and 7 (as many microbatches;
             :mod:`flopscope.plan.layers`); ``False``: simulate every microbatch.
-        repeat_degrees: a role from small layer counts at a third FSDP2 degree or later takes
-            its small runs from two earlier degrees where that is exact
+        repeat_degrees: a role from small layer counts or small pipelines at a third FSDP2
+            degree or later takes its small runs from two earlier degrees where that is exact
             (:mod:`flopscope.plan.degrees`: no padding, the first small run simulated as the
             check); ``False``: simulate them.
 
@@ -211,8 +211,9 @@ class Roles:
         from_small: of those, roles put together from three small layer counts
             (:mod:`flopscope.plan.layers`) instead of simulated whole.
         from_microbatches: of those, pipeline stages put together from three small pipelines.
-        from_degrees: of the roles from small layer counts, those whose small runs (but the
-            check) were derived from two other FSDP2 degrees (:mod:`flopscope.plan.degrees`).
+        from_degrees: of the roles from small layer counts or small pipelines, those whose
+            small runs (but the check) were derived from two other FSDP2 degrees
+            (:mod:`flopscope.plan.degrees`).
         degrees_refused: roles at a third degree or later whose small runs were simulated
             (padding at a degree, or the check failed).
         used: distinct roles asked for.
@@ -315,8 +316,8 @@ class Roles:
             if self._degrees is None:
                 a, b, c = (self._run(key, n) for n in SMALL)
             else:
-                a, b, c = self._degrees.runs(dataclasses.replace(key, dp=0), key.dp, SMALL, run,
-                                             layout.world_size, layout.rank)
+                a, b, c = self._degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
+                                             SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, to)
 
@@ -335,9 +336,19 @@ class Roles:
         held = split_layers(self._layer_count(), key.pp)[key.stage]
         if not last and held.start != key.stage * len(held):  # the first stage holds one more
             return None
-        a, b, c = (self._run(dataclasses.replace(key, pp=m, microbatches=m,
-                                                 stage=m - 1 if last else key.stage),
-                             len(held), like=key) for m in UNIT_SMALL)
+        def run(m: int) -> tuple[Small, Dims]:
+            dims: list[Dims] = []
+            small = self._run(dataclasses.replace(key, pp=m, microbatches=m,
+                                                  stage=m - 1 if last else key.stage),
+                              len(held), like=key, dims=dims)
+            return small, dims[0] if dims else None
+
+        if self._degrees is None:
+            a, b, c = (run(m)[0] for m in UNIT_SMALL)
+        else:
+            layout = _layout(key)
+            a, b, c = self._degrees.runs(("stages", dataclasses.replace(key, dp=0)), key.dp,
+                                         UNIT_SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, Frame(UNITS, 0, key.microbatches))
 
