@@ -223,8 +223,8 @@ class _Kept:
 
 
 #: every small run simulated (not derived) in this process, by (model identity, hardware name,
-#: the role without its degree, layers per stage) -> degree -> run
-_RUNS: dict[tuple[Hashable, str, Hashable, int], dict[int, _Kept]] = {}
+#: the role without its degree, the small run) -> degree -> run
+_RUNS: dict[tuple[Hashable, str, Hashable, Hashable], dict[int, _Kept]] = {}
 
 
 def clear_degrees() -> None:
