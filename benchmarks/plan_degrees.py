@@ -15,7 +15,10 @@ others (:mod:`flopscope.plan.degrees`).
    today's path, one after the other in one process, wall and CPU seconds, the same role both
    ways.
 3. ``sweeps``: the 70B plans' roles over sweeps of device counts (counted from the enumeration,
-   nothing simulated): the layer passes with and without the degrees' sharing.
+   nothing simulated): the layer passes of the roles put together from small runs (small layer
+   counts, small pipelines), today and with the degrees' sharing (a role at a third degree or
+   later, no padding: its first small run only); roles simulated whole are the same either
+   way.
 
 Run: ``python -m benchmarks.plan_degrees [--part measure|sweeps|timed ...] [--json FILE]`` (2
 shared vCPUs here; the parts given are merged into ``FILE`` when it exists).
@@ -157,6 +160,7 @@ def sweeps() -> list[dict[str, Any]]:
 
     from flopscope.distributed.pipeline import split_layers
     from flopscope.distributed.repeat import SMALL
+    from flopscope.plan.layers import UNIT_SMALL
     from flopscope.plan.roles import RoleKey, roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
 
@@ -180,21 +184,27 @@ def sweeps() -> list[dict[str, Any]]:
         for gpus in counts:
             keys = {k for c in enumerate_layouts(gpus, shape, gpus) for k in roles_of(c, layers)}
             for k in sorted(keys, key=lambda k: dataclasses.astuple(k)):
-                n = len(split_layers(layers, k.pp)[k.stage])
-                if n <= sum(SMALL):
-                    continue  # not from small layer counts: the same either way
-                work = k.microbatches * sum(SMALL)
+                held = split_layers(layers, k.pp)[k.stage]
+                n = len(held)
+                if n > sum(SMALL):  # from small layer counts: 3, 4, 5 layers per stage
+                    work, check = k.microbatches * sum(SMALL), k.microbatches * SMALL[0]
+                elif k.pp > sum(UNIT_SMALL) and (k.stage == k.pp - 1 or (
+                        k.stage <= 1 and held.start == k.stage * n)):
+                    # from small pipelines of 5, 6, 7 stages (as many microbatches)
+                    work, check = n * sum(UNIT_SMALL), n * UNIT_SMALL[0]
+                else:
+                    continue  # simulated whole: the same either way
                 today += work
                 block = dataclasses.replace(k, dp=0)
                 refs = [r for r in seen.get(block, []) if r.dp not in (1, k.dp)
                         and not padded(r)]
                 if len(refs) >= 2 and k.dp > 1 and not padded(k):
-                    shared += k.microbatches * SMALL[0]
+                    shared += check
                     derived += 1
                 else:
                     shared += work
                     seen.setdefault(block, []).append(k)
-        out.append({"gpus": list(counts), "layer_passes_from_small_layer_counts_today": today,
+        out.append({"gpus": list(counts), "layer_passes_from_small_runs_today": today,
                     "with_degrees": shared, "roles_derived": derived})
     return out
 
