@@ -5,12 +5,16 @@ layer; refused where FSDP2 pads a parameter."""
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import pytest
 from tests.plan.same_role import assert_same_role
 
+import flopscope
 from flopscope.estimate import get_hardware
+from flopscope.plan import planner
 from flopscope.plan.degrees import pads
 from flopscope.plan.planner import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
@@ -130,3 +134,38 @@ def test_a_stage_from_small_pipelines_at_a_third_degree() -> None:
     assert (fast.from_microbatches, fast.from_degrees) == (3, 1)
     assert_same_role(derived, slow.get(key(8)))
     clear_cache()
+
+
+def test_a_sweep_of_device_counts_plans_the_same_with_degrees_shared(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # pure FSDP2 on 2, 4 and 8 GPUs, one sequence per GPU: one layout per plan, its role
+    # (13 layers: from small layer counts) at FSDP 2, 4, then 8, derived from the first two
+    def sweep() -> list[tuple[Any, ...]]:
+        out = []
+        for gpus in (2, 4, 8):
+            p = flopscope.plan("hf:llama", gpus=gpus, hardware="h100-sxm", config=CONFIG,
+                               seq_len=SEQ, global_batch=gpus, dtype="float32", tp=1, pp=1,
+                               checkpointing=("none",))
+            out += [(c.choice, c.memory_bytes, c.at_peak, c.peak_where, c.fits,
+                     c.time.to_dict()) for c in (*p.ranked, *p.dropped)]
+        return out
+
+    made: list[Roles] = []
+
+    def roles(*args: Any, **kwargs: Any) -> Roles:
+        made.append(Roles(*args, **kwargs))
+        return made[-1]
+
+    clear_cache()
+    monkeypatch.setattr(planner, "Roles", roles)
+    fast = sweep()
+    assert [r.from_degrees for r in made] == [0, 0, 1]
+    clear_cache()
+    monkeypatch.setattr(planner, "Roles", functools.partial(Roles, repeat_degrees=False))
+    slow = sweep()
+    clear_cache()
+    assert len(fast) == 3
+    for a, b in zip(fast, slow, strict=True):
+        assert a[:5] == b[:5]
+        for part, seconds in b[5].items():
+            assert math.isclose(a[5][part], seconds, rel_tol=1e-12, abs_tol=1e-18)
