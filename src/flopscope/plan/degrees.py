@@ -222,8 +222,9 @@ class _Kept:
     dims: Dims
 
 
-#: every small run simulated (not derived) in this process, by (model identity, hardware name,
-#: the role without its degree, the small run) -> degree -> run
+#: the first two simulated small runs of every role at a degree above 1 without padding, in
+#: this process, by (model identity, hardware name, the role without its degree, the small
+#: run) -> degree -> run
 _RUNS: dict[tuple[Hashable, str, Hashable, Hashable], dict[int, _Kept]] = {}
 
 
@@ -273,11 +274,9 @@ class Degrees:
         kept = [_RUNS.setdefault((self._identity, self._hardware, block, n), {})
                 for n in counts]
         first, dims = run(counts[0])
-        kept[0][degree] = _Kept(degree, first, dims)
-        refs = [k for k in kept[0].values() if k.degree not in (1, degree)
-                and not pads(k.dims, k.degree) and all(k.degree in ks for ks in kept[1:])]
+        refs = [k for k in kept[0].values() if k.degree != degree]
         if len(refs) >= 2 and degree > 1 and not pads(dims, degree) and dims == refs[0].dims:
-            pair = sorted(refs, key=lambda k: -k.degree)[:2]
+            pair = refs[:2]
             try:
                 derived = [derive([(k.degree, ks[k.degree].run) for k in pair], degree,
                                   world_size, rank) for ks in kept]
@@ -289,9 +288,10 @@ class Degrees:
             self.refused += 1
         elif len(refs) >= 2:
             self.refused += 1
-        out = [first]
-        for n, ks in zip(counts[1:], kept[1:], strict=True):
-            small, d = run(n)
-            ks[degree] = _Kept(degree, small, d)
-            out.append(small)
+        out = [first, *(run(n)[0] for n in counts[1:])]
+        # kept as references: two degrees above 1 without padding per role (about 1 MB of
+        # records and call points per small run of a 70B rank)
+        if degree > 1 and not pads(dims, degree) and len(kept[0]) < 2:
+            for ks, small in zip(kept, out, strict=True):
+                ks[degree] = _Kept(degree, small, dims)
         return out
