@@ -52,18 +52,49 @@ def _shard(params: list[tuple[int, int]], w: int) -> int:
     return sum(math.ceil(d / w) * rest for d, rest in params)
 
 
+def _simulate(w: int) -> Any:
+    """The small Llama's TP 2 x FSDP2 ``w`` rank, as a plan's role is simulated: the memory
+    tracker's call points and the roofline log watching."""
+    import warnings
+
+    from torch import nn
+
+    from flopscope.distributed import Layout, simulate
+    from flopscope.distributed.repeat import Frame
+    from flopscope.estimate import CallLog, MemoryTracker, get_hardware
+    from flopscope.plan.layers import Small
+    from flopscope.plan.planner import build_model
+    from flopscope.plan.roles import local_tensor
+
+    tracker, log, kept = MemoryTracker(), CallLog(), []
+    build = build_model("hf:llama", 96, "float32", SMALL_LLAMA)
+
+    def prepare(model: nn.Module, args: Any, kwargs: Any) -> None:
+        kept.append(model)
+        tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
+        tracker.register((local_tensor(b) for b in model.buffers()), "buffers")
+        tracker.register([*args, *kwargs.values()], "inputs")
+
+    layout = Layout(2 * w, tp=2, fsdp=w, mixed_precision=("bfloat16", "float32"),
+                    sequence_parallel=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(lambda: build(1, False), layout, backward=True, shape_only=True,
+                          logical=False, prepare=prepare, observers=[tracker, log], warn=False)
+    params = list(kept[0].parameters())
+    memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
+                                                    if p.grad is not None]})
+    points = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
+    return Small(Frame("model.layers", 0, 4), report, points, memory,
+                 log.estimate(get_hardware("h100-sxm")),
+                 sum(local_tensor(p).untyped_storage().nbytes() for p in params))
+
+
 def measure() -> dict[str, Any]:
     """Part 1 (see the module docstring)."""
-    from flopscope.estimate import get_hardware
     from flopscope.plan.degrees import derive, same_run
-    from flopscope.plan.planner import build_model
-    from flopscope.plan.roles import RoleKey, Roles
 
-    roles = Roles(build_model("hf:llama", 96, "float32", SMALL_LLAMA), get_hardware("h100-sxm"),
-                  "measure", repeat_layers=False)
-    mixed = ("bfloat16", "float32")
-    runs = {w: roles._run(RoleKey(2, 1, 0, w, 1, 1, False, mixed, True), None)
-            for w in (2, 3, 4, 8)}
+    runs = {w: _simulate(w) for w in (2, 3, 4, 8)}
     base = runs[2]
     changed: dict[str, Any] = {}
     for w, run in runs.items():
