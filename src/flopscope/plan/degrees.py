@@ -1,7 +1,7 @@
 """A role's small runs at one FSDP2 degree from the same runs at two others.
 
 What a rank's simulated step depends on its FSDP2 degree ``W`` for (measured on a Llama, TP 2 x
-FSDP 2, 3, 4 and 8: ``benchmarks/fsdp_degrees.py``, ``benchmarks/results/fsdp_degrees.json``):
+FSDP 2, 3, 4 and 8: ``benchmarks/plan_degrees.py``, ``benchmarks/results/plan_degrees.json``):
 the same operator calls, collectives and memory events in the same order at every degree, only
 FSDP2's own figures change, each a closed form of the parameter shards. FSDP2 pads a parameter's
 dimension 0 to a multiple of ``W`` (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``), so a
@@ -17,9 +17,10 @@ roofline estimate's sums, is ``c + a / W``. The collectives' group size is the d
 So a run at degree ``W`` is ``x0 r(W0) + x1 r(W1)`` of the same run (the same role with another
 FSDP2 degree) at two degrees, ``x0 + x1 = 1`` and ``x0 / W0 + x1 / W1 = 1 / W``, every integer
 exact (a figure that is not an integer there is refused), with the collectives of group size
-``W0`` and ``W1`` given ``W``. :class:`Degrees` keeps every small run of
-:mod:`flopscope.plan.roles` by its role without the degree; a role at a new degree with two
-earlier ones (no padding at any of the three, degrees above 1) has its first small run simulated
+``W0`` and ``W1`` given ``W``. :class:`Degrees` keeps the small runs of
+:mod:`flopscope.plan.roles` (three small layer counts, three small pipelines) by their role
+without the degree, at its first two degrees above 1 without padding; a role at another degree
+(no padding, above 1) has its first small run simulated
 as the check (it must equal the derived one: the report record for record, the live bytes at every
 call, the peak, the parameter shards, the estimate's integers exactly and its seconds to 1e-9 of
 their value) and the other two derived; otherwise, or where the check fails, they are simulated.
