@@ -41,6 +41,7 @@ from flopscope.distributed.repeat import (
 from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.plan.degrees import Degrees, Dims, clear_degrees, dims_of
 from flopscope.plan.layers import (
     UNIT_SMALL,
     UNITS,
@@ -168,8 +169,9 @@ _CACHE: dict[tuple[Hashable, str, RoleKey], RoleRun] = {}
 
 
 def clear_cache() -> None:
-    """Forget every simulated role (the next plan simulates its roles again)."""
+    """Forget every simulated role and small run (the next plan simulates its roles again)."""
     _CACHE.clear()
+    clear_degrees()
 
 
 def remember(identity: Hashable, hardware: Hardware, run: RoleRun) -> None:
@@ -199,18 +201,28 @@ class Roles:
         repeat_microbatches: put the first, second and last stage of a pipeline of more than
             18 stages together from the stage in pipelines of 5, 6 and 7 (as many microbatches;
             :mod:`flopscope.plan.layers`); ``False``: simulate every microbatch.
+        repeat_degrees: a role from small layer counts or small pipelines at a third FSDP2
+            degree or later takes its small runs from two earlier degrees where that is exact
+            (:mod:`flopscope.plan.degrees`: no padding, the first small run simulated as the
+            check); ``False``: simulate them.
 
     Attributes:
         simulations: simulations run (cache misses).
         from_small: of those, roles put together from three small layer counts
             (:mod:`flopscope.plan.layers`) instead of simulated whole.
         from_microbatches: of those, pipeline stages put together from three small pipelines.
+        from_degrees: of the roles from small layer counts or small pipelines, those whose
+            small runs (but the check) were derived from two other FSDP2 degrees
+            (:mod:`flopscope.plan.degrees`).
+        degrees_refused: roles at a third degree or later whose small runs were simulated
+            (padding at a degree, or the check failed).
         used: distinct roles asked for.
         seconds: time spent simulating.
     """
 
     def __init__(self, build: Build, hardware: Hardware, identity: Hashable, *,
-                 repeat_layers: bool = True, repeat_microbatches: bool = True) -> None:
+                 repeat_layers: bool = True, repeat_microbatches: bool = True,
+                 repeat_degrees: bool = True) -> None:
         self._build = build
         self._hardware = hardware
         self._identity = identity
@@ -218,6 +230,7 @@ class Roles:
         self._alike: bool | None = None if repeat_layers else False
         self._layers: tuple[str, int] = ("", 0)
         self._microbatches = repeat_microbatches
+        self._degrees = Degrees(identity, hardware.name) if repeat_degrees else None
         self.from_small = 0
         self.from_microbatches = 0
         self.simulations = 0
@@ -227,6 +240,16 @@ class Roles:
     def used(self) -> int:
         """Distinct roles asked for."""
         return len(self._used)
+
+    @property
+    def from_degrees(self) -> int:
+        """Roles whose small runs were derived from two other FSDP2 degrees."""
+        return self._degrees.derived if self._degrees is not None else 0
+
+    @property
+    def degrees_refused(self) -> int:
+        """Roles at a third degree or later whose small runs were simulated."""
+        return self._degrees.refused if self._degrees is not None else 0
 
     def get(self, key: RoleKey) -> RoleRun:
         """The role's simulation (run now when no earlier one is cached).
@@ -284,8 +307,17 @@ class Roles:
         if to.n <= sum(SMALL):
             return None
         layout = _layout(key)
+
+        def run(n: int) -> tuple[Small, Dims]:
+            dims: list[Dims] = []
+            return self._run(key, n, dims=dims), dims[0] if dims else None
+
         with fake_world(layout.world_size, layout.rank), shared_world(layout):
-            a, b, c = (self._run(key, n) for n in SMALL)
+            if self._degrees is None:
+                a, b, c = (self._run(key, n) for n in SMALL)
+            else:
+                a, b, c = self._degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
+                                             SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, to)
 
@@ -304,9 +336,19 @@ class Roles:
         held = split_layers(self._layer_count(), key.pp)[key.stage]
         if not last and held.start != key.stage * len(held):  # the first stage holds one more
             return None
-        a, b, c = (self._run(dataclasses.replace(key, pp=m, microbatches=m,
-                                                 stage=m - 1 if last else key.stage),
-                             len(held), like=key) for m in UNIT_SMALL)
+        def run(m: int) -> tuple[Small, Dims]:
+            dims: list[Dims] = []
+            small = self._run(dataclasses.replace(key, pp=m, microbatches=m,
+                                                  stage=m - 1 if last else key.stage),
+                              len(held), like=key, dims=dims)
+            return small, dims[0] if dims else None
+
+        if self._degrees is None:
+            a, b, c = (run(m)[0] for m in UNIT_SMALL)
+        else:
+            layout = _layout(key)
+            a, b, c = self._degrees.runs(("stages", dataclasses.replace(key, dp=0)), key.dp,
+                                         UNIT_SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, Frame(UNITS, 0, key.microbatches))
 
@@ -317,16 +359,20 @@ class Roles:
             self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
         return self._layers[1]
 
-    def _run(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None) -> Small:
+    def _run(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
+             dims: list[Dims] | None = None) -> Small:
         """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
         model's own); ``like``: a pipeline stage put together from small pipelines, for which
         this run (``key``, fewer stages) stands (its calls named by microbatch, its world's size
-        and point-to-point groups ``like``'s)."""
+        and point-to-point groups ``like``'s); ``dims``: given how the sharded model's
+        parameters split their dimension 0 (:func:`~flopscope.plan.degrees.dims_of`)."""
         tracker, log, actions = MemoryTracker(), CallLog(), Actions()
         kept: list[nn.Module] = []
 
         def prepare(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
             kept.append(model)
+            if dims is not None:
+                dims.append(dims_of(model, key.dp))
             tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
             tracker.register((local_tensor(b) for b in model.buffers()), "buffers")
             tracker.register(_tensors(args, kwargs), "inputs")
