@@ -90,6 +90,7 @@ class ExpertRoles(OneRole[int]):
     """
 
     cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]] = {}
+    loss: ClassVar[str] = "cross_entropy"
 
     def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
         """See :meth:`OneRole.role`."""
