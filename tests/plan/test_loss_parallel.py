@@ -127,7 +127,7 @@ def test_plan_applies_it_by_default_where_there_is_tensor_parallelism() -> None:
 def test_a_pipelines_last_stage_runs_the_cross_entropy() -> None:
     build = build_model("hf:llama", 64, "bfloat16", CONFIG)
     roles = Roles(build, get_hardware("h100"), ("loss test", 64))
-    last = roles.get(RoleKey(1, 2, 1, 1, 1, 2, False))
+    last = roles.get(RoleKey(1, 2, 1, 1, 1, 2, False, loss="cross_entropy"))
     ops = {(r.op, r.calls) for r in last.report.records if r.module == ""}
     # one cross-entropy per microbatch (2)
     assert ("aten.nll_loss_forward.default", 2) in ops

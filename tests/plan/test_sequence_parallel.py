@@ -79,7 +79,7 @@ def test_tp_equal_to_fsdp_degree() -> None:
     # are all over groups of 2; each record names its group, so the step time charges the
     # tensor-parallel ones exposed (sum of 12 us x calls + bus bytes / 450 GB/s) and FSDP2's
     # as overlapped (the first all-gather exposed, the rest hidden behind compute)
-    plan = flopscope.plan("hf:llama", **{**ARGS, "gpus": 4, "global_batch": 2,
+    plan = flopscope.plan("hf:llama", **{**ARGS, "gpus": 4, "global_batch": 2, "pp": 1,
                                          "checkpointing": ("none",)}, sequence_parallel=True)
     assert isinstance(plan, Plan)
     (c,) = plan.ranked

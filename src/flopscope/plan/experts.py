@@ -95,7 +95,7 @@ class ExpertRoles(OneRole[int]):
     def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
         """See :meth:`OneRole.role`."""
         key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                      choice.checkpoint == "block")
+                      choice.checkpoint == "block", loss=self.loss)
         return choice.ep, key, choice.tp * choice.dp
 
     def shard(self, variant: int, key: RoleKey) -> Shard:

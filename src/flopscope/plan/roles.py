@@ -83,6 +83,8 @@ class RoleKey:
             tensor-parallel ranks (:attr:`flopscope.distributed.Layout.sequence_parallel`).
         loss_parallel: the head's logits vocabulary shards over the tensor-parallel ranks, the
             cross-entropy computed on them (:attr:`flopscope.distributed.Layout.loss_parallel`).
+        loss: what backward runs from (:func:`flopscope.distributed.simulate`): ``"sum"`` of
+            the logits, or ``"cross_entropy"``, a plan's (:func:`roles_of`).
     """
 
     tp: int
@@ -95,10 +97,12 @@ class RoleKey:
     mixed_precision: tuple[str, str] | None = None
     sequence_parallel: bool = False
     loss_parallel: bool = False
+    loss: str = "sum"
 
 
 def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
-             sequence_parallel: bool = False, loss_parallel: bool = False) -> list[RoleKey]:
+             sequence_parallel: bool = False, loss_parallel: bool = False,
+             loss: str = "cross_entropy") -> list[RoleKey]:
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
@@ -119,6 +123,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
             pipeline stages (:attr:`RoleKey.sequence_parallel`).
         loss_parallel: loss parallelism where it applies: tensor parallelism without pipeline
             stages (:attr:`RoleKey.loss_parallel`).
+        loss: the roles' loss (:attr:`RoleKey.loss`; a plan's: the cross-entropy).
 
     Returns:
         One role per stage (middle stages may share one).
@@ -135,7 +140,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
                            simulated, choice.checkpoint == "block", mixed_precision, sp,
-                           loss_parallel and choice.tp > 1 and choice.pp == 1))
+                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss))
     return out
 
 
@@ -346,7 +351,7 @@ class Roles:
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
                               microbatches=key.microbatches if key.pp > 1 else None,
-                              loss="cross_entropy",
+                              loss=key.loss,
                               prepare=prepare, observers=[tracker, log, actions], warn=False)
         model = kept[0]
         params = [p for p in model.parameters()]

@@ -6,8 +6,9 @@ The decoder layouts of :mod:`flopscope.plan.roles` go through
 (:mod:`flopscope.plan.experts`) shard the model their own way. :func:`simulate_sharded` runs such
 a rank the same way: on torch's fake process group of ``world`` ranks, the model built on
 ``meta``, sharded by ``shard``, its shards made fake CPU tensors, forward and backward from the
-loss (the sum of the outputs; a decoder's cross-entropy), with the memory tracker (parameters, buffers and inputs registered, the
-gradients relabelled after backward) and the roofline log watching.
+loss (the sum of the outputs; a decoder's cross-entropy), with the memory tracker (parameters,
+buffers and inputs registered, the gradients relabelled after backward) and the roofline log
+watching.
 """
 
 from __future__ import annotations

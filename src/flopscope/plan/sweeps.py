@@ -22,7 +22,7 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
-from flopscope.plan.experts import expert_count, expert_layouts
+from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.planner import Plan, build_model, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey, roles_of
@@ -131,7 +131,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
             key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                          choice.checkpoint == "block")
+                          choice.checkpoint == "block", loss=ExpertRoles.loss)
             tasks.append(task("experts", key=key, ep=choice.ep))
     return list(dict.fromkeys(tasks))
 
