@@ -51,7 +51,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     fsdp = p["TP1 PP1 DP2 mb1x1"]
     roles = Roles(build_model("hf:llama", 64, "float32", CONFIG), hw,
                   ("hf:llama", 64, "float32", tuple(sorted(CONFIG.items()))))
-    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False))
+    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False, loss="cross_entropy"))  # the plan's role
     assert run.estimate.calibrated
     assert fsdp.time.forward == pytest.approx(run.estimate.by_phase["forward"].predicted_s)
     # and its FSDP2 communication is comm_time's overlap rule on the same records
