@@ -169,3 +169,24 @@ def test_fit_to_dict_is_microseconds_and_gb_s() -> None:
     assert LinkFit(5e-5, 2e9, 0.1, 9).to_dict() == {
         "latency_us": pytest.approx(50), "bandwidth_gb_s": pytest.approx(2), "error": 0.1,
         "points": 9}
+
+
+def test_a_collective_is_sorted_by_its_group() -> None:
+    # TP 4 x FSDP 4 = 16 ranks on nodes of 4: a tensor-parallel group stays inside a node
+    # (1 GB/s, 10 us), an FSDP group spans 16 ranks (0.1 GB/s, 100 us). Two all-gathers of the
+    # same size and group size, one over each group: sequence parallelism's over "tp" is
+    # blocking, 10 us + 1e6 / 1e9 = 1.01 ms, exposed in forward; FSDP2's over "dp" is
+    # overlapped (the step's first all-gather: 100 us + 1e6 / 1e8 = 10.1 ms, exposed)
+    links = Links.of(HW, gpus_per_node=4)
+    sp = CommRecord("model.layers.0.self_attn", Phase.FORWARD, "all_gather", 4, 1, 1_000_000,
+                    1_000_000, "tp")
+    fsdp = dataclasses.replace(sp, module="model.layers.0", group="dp")
+    comm = comm_time([sp, fsdp], links, tp=4, dp=4)
+    assert comm.blocking_forward == pytest.approx(1.01e-3)
+    assert comm.overlapped_first == pytest.approx(1.01e-2)
+    assert comm.blocking_backward == comm.overlapped_rest == comm.p2p == 0
+    assert comm.by_kind["all_gather"] == pytest.approx(1.01e-3 + 1.01e-2)
+    # the same records without their groups (an older report): both taken as FSDP2's
+    bare = comm_time([dataclasses.replace(r, group="") for r in (sp, fsdp)], links, tp=4, dp=4)
+    assert bare.blocking_forward == 0
+    assert bare.overlapped_first + bare.overlapped_rest == pytest.approx(2 * 1.01e-2)

@@ -262,23 +262,29 @@ def test_no_layout_is_a_usage_error() -> None:
 
 def test_one_gpu_memory_agrees_with_peak_memory_of_a_training_step() -> None:
     """On one GPU the plan's figure is flopscope.estimate.peak_memory's training step (the real
-    AdamW step, shape-only) but for two known differences: the simulated rank keeps the model's
-    output (the logits) through backward, as `outputs = model(x); outputs.loss.backward()`
-    does, 1 x 256 x 512 bfloat16 = 262,144 bytes; and AdamW's step counters (one float32 scalar
-    per parameter tensor: 4 layers x 9 + embedding, norm, head = 39, x 4 bytes = 156), which the
-    plan leaves out."""
+    AdamW step, shape-only, from the same loss: the causal LM's cross-entropy) but for two known
+    differences: the simulated rank keeps the model's output (the logits) through backward, as
+    `outputs = model(x); outputs.loss.backward()` does, 1 x 256 x 512 bfloat16 = 262,144 bytes;
+    and AdamW's step counters (one float32 scalar per parameter tensor: 4 layers x 9 +
+    embedding, norm, head = 39, x 4 bytes = 156), which the plan leaves out."""
     from flopscope import sources
     from flopscope.estimate import peak_memory
+    from flopscope.execution.training import causal_lm_loss
 
     one = flopscope.plan("hf:llama", **{**ARGS, "gpus": 1, "global_batch": 1})
     (c,) = [c for c in one.ranked if c.choice.checkpoint == "none"]
     loaded = sources.load_model("hf:llama", batch=1, seq_len=256, config=CONFIG,
                                 shape_only=True, dtype="bfloat16")
     loaded.model.train()
+    ids = loaded.inputs.kwargs["input_ids"]
     _, mem = peak_memory(loaded.model, *loaded.inputs.args, train=True, optimizer="adamw",
-                         shape_only=True, **loaded.inputs.kwargs)
-    assert (mem.peak_module, mem.peak_phase) == ("model.norm", "backward")
-    assert c.peak_where == "model.norm (backward)"
+                         shape_only=True,
+                         loss_fn=lambda out: causal_lm_loss(out, ids.to(out.logits.device)),
+                         **loaded.inputs.kwargs)
+    # the peak: the cross-entropy's backward (the root's: the float32 log-softmax and its
+    # gradients of 256 x 512 x 4 bytes each live)
+    assert (mem.peak_module, mem.peak_phase) == ("", "backward")
+    assert c.peak_where == "(root) (backward)"
     assert c.at_peak["activations"] == mem.at_peak["activations"] + 262_144
     assert c.at_peak["optimizer_state"] == mem.at_peak["optimizer_state"] - 156
     assert c.memory_bytes == mem.peak_bytes + 262_144 - 156

@@ -13,7 +13,7 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
-from flopscope.plan.planner import Plan, build_model
+from flopscope.plan.planner import Plan, build_model, model_identity
 from flopscope.plan.roles import RoleKey, Roles, roles_of
 from flopscope.plan.space import Choice
 
@@ -61,7 +61,8 @@ def test_plan_with_sequence_parallelism() -> None:
 
 
 def test_only_where_it_applies() -> None:
-    # tensor parallelism without stages, of another degree than FSDP2's
+    # tensor parallelism without stages, whatever FSDP2's degree (equal to TP's too: the
+    # records name their group)
     assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 4, 1, 1, "none"), 4,
                                                   sequence_parallel=True)] == [True]
     assert [k.sequence_parallel for k in roles_of(Choice(1, 1, 8, 1, 1, "none"), 4,
@@ -69,7 +70,44 @@ def test_only_where_it_applies() -> None:
     assert [k.sequence_parallel for k in roles_of(Choice(2, 2, 2, 1, 2, "none"), 4,
                                                   sequence_parallel=True)] == [False, False]
     assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 2, 1, 1, "none"), 4,
-                                                  sequence_parallel=True)] == [False]
+                                                  sequence_parallel=True)] == [True]
+
+
+def test_tp_equal_to_fsdp_degree() -> None:
+    # TP 2 x FSDP 2 on 4 GPUs (one node of 8: every group on NVLink, the h100 profile's 450 GB/s
+    # and 12 us per call): sequence parallelism's all-gathers and reduce-scatters and FSDP2's
+    # are all over groups of 2; each record names its group, so the step time charges the
+    # tensor-parallel ones exposed (sum of 12 us x calls + bus bytes / 450 GB/s) and FSDP2's
+    # as overlapped (the first all-gather exposed, the rest hidden behind compute)
+    plan = flopscope.plan("hf:llama", **{**ARGS, "gpus": 4, "global_batch": 2, "pp": 1,
+                                         "checkpointing": ("none",)}, sequence_parallel=True)
+    assert isinstance(plan, Plan)
+    (c,) = plan.ranked
+    assert (c.choice.tp, c.choice.dp) == (2, 2) and c.applied == ("sequence", "loss")
+    hw = get_hardware("h100")
+    (key,) = roles_of(c.choice, 4, sequence_parallel=True, loss_parallel=True)
+    assert key.sequence_parallel and key.loss_parallel
+    run = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), hw,
+                model_identity("hf:llama", 256, "bfloat16", CONFIG)).get(key)
+    comm = run.report.communication
+    by_group = {g: {(r.kind, r.group_size) for r in comm if r.group == g} for g in ("tp", "dp")}
+    # sequence parallelism's collectives and loss parallelism's all-reduces over "tp"; FSDP2's
+    # over "dp": the same kinds and group size, told apart by the group only
+    assert by_group == {"tp": {("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", 2)},
+                        "dp": {("all_gather", 2), ("reduce_scatter", 2)}}
+    assert {r.group for r in comm} == {"tp", "dp"}
+
+    def seconds(records: list[Any]) -> float:
+        return sum(12e-6 * r.calls + r.bus_bytes / 450e9 for r in records)
+
+    tp = [r for r in comm if r.group == "tp"]
+    dp = [r for r in comm if r.group == "dp"]
+    assert c.time.tp_comm == pytest.approx(seconds(tp), rel=1e-12)
+    assert c.time.fsdp_comm + c.time.fsdp_hidden == pytest.approx(seconds(dp), rel=1e-12)
+    # the first all-gather of the step (the root's, forward) is exposed, the rest hidden
+    first = next(r for r in dp if r.kind == "all_gather" and r.phase.value == "forward")
+    assert c.time.fsdp_comm == pytest.approx(seconds([first]) / first.calls, rel=1e-12)
+    assert "(where TP differs" not in plan.notes[1]
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:

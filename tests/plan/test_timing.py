@@ -51,7 +51,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     fsdp = p["TP1 PP1 DP2 mb1x1"]
     roles = Roles(build_model("hf:llama", 64, "float32", CONFIG), hw,
                   ("hf:llama", 64, "float32", tuple(sorted(CONFIG.items()))))
-    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False))
+    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False, loss="cross_entropy"))  # the plan's role
     assert run.estimate.calibrated
     assert fsdp.time.forward == pytest.approx(run.estimate.by_phase["forward"].predicted_s)
     # and its FSDP2 communication is comm_time's overlap rule on the same records
@@ -82,7 +82,7 @@ def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> Non
                   ("hf:llama", 64, "float32", tuple(sorted(CONFIG.items()))))
     # FSDP 2: the root's and both layers' all-gathers in the forward, the root's and the last
     # layer's again in the backward, three reduce-scatters: 8 collectives at 1 ms
-    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False))
+    run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False, loss="cross_entropy"))
     gathers = [c.calls for c in run.report.communication
                if c.kind in ("all_gather", "reduce_scatter")]
     assert sum(gathers) == 8
@@ -93,7 +93,7 @@ def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> Non
         describe(fsdp.time)
     # TP 2: every outermost operator on DTensors is a call of no work whose prediction is the
     # measured 1e-4 s of host time; the forward and backward grow by exactly that
-    tp = roles.get(RoleKey(2, 1, 0, 1, 2, 1, False))
+    tp = roles.get(RoleKey(2, 1, 0, 1, 2, 1, False, loss_parallel=True, loss="cross_entropy"))
     dispatch = tp.estimate.by_op[DTENSOR_DISPATCH]
     assert dispatch.calls > 0 and dispatch.time_s == 0.0  # no work: no bound
     assert dispatch.predicted_s == pytest.approx(dispatch.calls * 1e-4, rel=1e-9)

@@ -52,6 +52,11 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--sequence-parallel", action="store_true",
                    help="training: tensor-parallel layouts without pipeline stages run sequence "
                         "parallelism (norms on sequence shards), as torchtitan and Megatron-LM do")
+    p.add_argument("--loss-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="training: tensor-parallel layouts without pipeline stages shard the "
+                        "head over the vocabulary and compute the cross-entropy on the shards "
+                        "(torch's loss_parallel), as torchtitan and Megatron-LM do (the default; "
+                        "--no-loss-parallel: the head whole on every tensor-parallel rank)")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")
@@ -152,9 +157,10 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         given = "--global-batch" if args.global_batch is not None else "--checkpointing"
         raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
                           "(sizes per replica) and --max-new-tokens")
-    if serve and (args.param_dtype or args.reduce_dtype or args.sequence_parallel):
+    if serve and (args.param_dtype or args.reduce_dtype or args.sequence_parallel
+                  or args.loss_parallel is not None):
         given = ("--param-dtype" if args.param_dtype else "--reduce-dtype" if args.reduce_dtype
-                 else "--sequence-parallel")
+                 else "--sequence-parallel" if args.sequence_parallel else "--loss-parallel")
         raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
                           "--dtype and runs plain tensor parallelism")
     if not serve and args.max_new_tokens is not None:
@@ -173,6 +179,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
                        reduce_dtype=args.reduce_dtype,
                        sequence_parallel=args.sequence_parallel,
+                       **({} if args.loss_parallel is None
+                          else {"loss_parallel": args.loss_parallel}),
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
                                       else tuple(choices)))
     return options

@@ -1,5 +1,5 @@
 """The communication log: collectives seen by a :class:`~flopscope.Counter`, per module, phase,
-kind and group size (conventions: :mod:`flopscope.rules.collectives`).
+kind and process group (its size and name) (conventions: :mod:`flopscope.rules.collectives`).
 
 A :class:`~flopscope.Counter` installs a :class:`CommLog` as one of its observers the first time
 an operator from a distributed namespace runs, and puts its :meth:`CommLog.records` in
@@ -19,8 +19,8 @@ class CommLog:
     """Accumulates what collectives send (a :class:`~flopscope.core.counter.CallObserver`)."""
 
     def __init__(self) -> None:
-        # (module path, phase, kind, group size) -> [calls, payload bytes, bus bytes]
-        self._acc: dict[tuple[str, Phase, str, int], list[int]] = {}
+        # (module path, phase, kind, group size, group) -> [calls, payload bytes, bus bytes]
+        self._acc: dict[tuple[str, Phase, str, int, str], list[int]] = {}
 
     def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
         """One costed call: logged when it is a collective.
@@ -35,7 +35,7 @@ class CommLog:
         if call is None or getattr(call.op, "namespace", None) not in NAMESPACES:
             return
         for c in communication(call):
-            key = (path, phase, c.kind, c.group_size)
+            key = (path, phase, c.kind, c.group_size, c.group)
             sums = self._acc.get(key)
             if sums is None:
                 sums = self._acc[key] = [0, 0, 0]
@@ -51,7 +51,8 @@ class CommLog:
         """The log as report records, in the order the collectives first ran.
 
         Returns:
-            One :class:`~flopscope.report.report.CommRecord` per (module, phase, kind, group size).
+            One :class:`~flopscope.report.report.CommRecord` per (module, phase, kind, group).
         """
-        return tuple(CommRecord(path, phase, kind, n, calls, payload, bus)
-                     for (path, phase, kind, n), (calls, payload, bus) in self._acc.items())
+        return tuple(CommRecord(path, phase, kind, n, calls, payload, bus, group)
+                     for (path, phase, kind, n, group), (calls, payload, bus)
+                     in self._acc.items())

@@ -12,7 +12,8 @@ from torch import nn
 
 from flopscope.errors import UsageError
 
-__all__ = ["Layout", "apply_layout", "llama_tp_plan", "sequence_parallel_model_plan"]
+__all__ = ["Layout", "apply_layout", "head_plan", "llama_tp_plan", "named_mesh",
+           "sequence_parallel_model_plan"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Layout:
             ``fully_shard`` over a data-parallel group of one as well (FSDP2 then casts
             without a collective); not built with ``ep`` > 1. ``None``: the model's dtype
             throughout.
+        loss_parallel: the head column-wise over the vocabulary, its logits left sharded
+            (``Shard(-1)``, no gather) and the loss computed on the shards under torch's
+            :func:`~torch.distributed.tensor.parallel.loss_parallel` (torchtitan's and
+            Megatron-LM's tensor parallelism); needs ``tp`` >= 2, not built with pipeline
+            stages or expert parallelism.
 
     Raises:
         UsageError: the degrees do not multiply to the world size, the rank is out of range, or
@@ -60,6 +66,7 @@ class Layout:
     pp: int = 1
     ep: int = 1
     mixed_precision: tuple[str, str] | None = None
+    loss_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("world_size", "tp", "pp", "ep"):
@@ -89,6 +96,9 @@ class Layout:
                 "ranks that divide the world with --fsdp = --world-size and no --tp (every "
                 "expert FSDP-sharded over its world / ep copies); not combined with --pp or "
                 "--sequence-parallel: pipeline stages with experts are not built")
+        if self.loss_parallel and (self.tp < 2 or self.pp > 1 or self.ep > 1):
+            raise UsageError("loss parallelism shards the logits over the tensor-parallel ranks: "
+                             "it needs --tp >= 2 and is not built with --pp or --ep")
         if self.mixed_precision is not None:
             if self.ep > 1:
                 raise UsageError("mixed precision (FSDP2's MixedPrecisionPolicy) is not built "
@@ -141,17 +151,34 @@ class Layout:
         Returns:
             A :class:`torch.distributed.device_mesh.DeviceMesh`.
         """
-        from torch.distributed.device_mesh import init_device_mesh
-
         if self.ep > 1 and self.tp == 1 and self.ep == self.world_size:
-            return init_device_mesh("cpu", (self.ep, 1), mesh_dim_names=("ep", "tp"))
+            return named_mesh((self.ep, 1), ("ep", "tp"))
         if self.ep > 1 and self.tp == 1:
-            return init_device_mesh("cpu", (self.world_size // self.ep, self.ep, 1),
-                                    mesh_dim_names=("efsdp", "ep", "tp"))
+            return named_mesh((self.world_size // self.ep, self.ep, 1), ("efsdp", "ep", "tp"))
         if self.pp > 1:
-            return init_device_mesh("cpu", (self.pp, self.dp, self.tp),
-                                    mesh_dim_names=("pp", "dp", "tp"))
-        return init_device_mesh("cpu", (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+            return named_mesh((self.pp, self.dp, self.tp), ("pp", "dp", "tp"))
+        return named_mesh((self.dp, self.tp), ("dp", "tp"))
+
+
+def named_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """A CPU device mesh whose every dimension has a process group of its own, described
+    ``mesh_<name>`` (a collective's record names its group by it: :mod:`flopscope.core.comm`):
+    ``init_device_mesh`` hands a dimension that spans the whole world the default group unless
+    its backend is given, so it is given (the default group's).
+
+    Args:
+        shape: the mesh's shape.
+        names: its dimensions' names.
+
+    Returns:
+        A :class:`torch.distributed.device_mesh.DeviceMesh`.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    backend = str(dist.get_backend())
+    return init_device_mesh("cpu", shape, mesh_dim_names=names,
+                            backend_override={n: backend for n in names})
 
 
 def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str, Any]:
@@ -217,7 +244,8 @@ def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str
     }
 
 
-def sequence_parallel_model_plan(model: nn.Module) -> dict[str, Any]:
+def sequence_parallel_model_plan(model: nn.Module, loss_parallel: bool = False
+                                 ) -> dict[str, Any]:
     """The model-level half of the sequence-parallel plan (torchtitan's layout): the first decoder
     layer takes the (replicated) embedding output and keeps its own sequence shard (a local
     slice, nothing sent); the final norm runs on sequence shards; the head's input is
@@ -232,6 +260,7 @@ def sequence_parallel_model_plan(model: nn.Module) -> dict[str, Any]:
 
     Args:
         model: a transformers decoder LM (``model.layers``, ``model.norm``, ``lm_head``).
+        loss_parallel: the head column-wise over the vocabulary (:func:`head_plan`) instead.
 
     Returns:
         A plan for :func:`torch.distributed.tensor.parallel.parallelize_module` on ``model``.
@@ -253,9 +282,36 @@ def sequence_parallel_model_plan(model: nn.Module) -> dict[str, Any]:
         "model.layers.0": PrepareModuleInput(input_layouts=(Replicate(),),
                                              desired_input_layouts=(seq,), use_local_output=True),
         "model.norm": SequenceParallel(),
-        "lm_head": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                      use_local_output=True),
+        "lm_head": head_plan(model, seq)["lm_head"] if loss_parallel else PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True),
     }
+
+
+def head_plan(model: nn.Module, input_layout: Any = None) -> dict[str, Any]:
+    """Loss parallelism's head (torchtitan's plan of its output layer): ``lm_head`` column-wise
+    over the vocabulary, its logits left as vocabulary shards (a DTensor, ``Shard(-1)``: no
+    gather), for a loss computed on the shards under torch's
+    :func:`~torch.distributed.tensor.parallel.loss_parallel`.
+
+    Args:
+        model: a transformers decoder LM (``lm_head``).
+        input_layout: the head's input placement (``Shard(1)``: sequence shards, gathered
+            first); ``None``: replicated.
+
+    Returns:
+        A plan for :func:`torch.distributed.tensor.parallel.parallelize_module` on ``model``.
+
+    Raises:
+        UsageError: the model has no ``lm_head``.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    if not _has(model, "lm_head"):
+        raise UsageError(f"{type(model).__name__} has no lm_head: loss parallelism shards a "
+                         "transformers causal LM's head")
+    return {"lm_head": ColwiseParallel(input_layouts=input_layout or Replicate(),
+                                       output_layouts=Shard(-1), use_local_output=False)}
 
 
 def _has(module: nn.Module, path: str) -> bool:
@@ -365,7 +421,10 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         for layer in layers:
             parallelize_module(layer, mesh["tp"], llama_tp_plan(layer, layout.sequence_parallel))
         if layout.sequence_parallel:
-            parallelize_module(model, mesh["tp"], sequence_parallel_model_plan(model))
+            parallelize_module(model, mesh["tp"],
+                               sequence_parallel_model_plan(model, layout.loss_parallel))
+        elif layout.loss_parallel:
+            parallelize_module(model, mesh["tp"], head_plan(model))
     if layout.dp > 1 or layout.mixed_precision is not None:
         from torch.distributed.fsdp import fully_shard
 

@@ -86,7 +86,6 @@ class DecoderStage(nn.Module):
     Raises:
         UsageError: the model does not have that structure, or has fewer layers than stages.
     """
-
     def __init__(self, model: nn.Module, stage: int, stages: int) -> None:
         super().__init__()
         base = getattr(model, "model", None)
@@ -252,9 +251,9 @@ class _P2PLog:
     def __init__(self, me: int) -> None:
         self.me = me
         self.backward = False
-        self.acc: dict[tuple[Phase, str, int], list[int]] = {}
+        self.acc: dict[tuple[Phase, str, int, str], list[int]] = {}
         self.moved: dict[tuple[str, str], list[int]] = {}  # (module, op) -> calls, cost
-        self.moved_comm: dict[tuple[str, str, int], list[int]] = {}
+        self.moved_comm: dict[tuple[str, str, int, str], list[int]] = {}
 
     def on_call(self, path: str, phase: Phase, op: str, call: OpCall | None, cost: Cost) -> None:
         if call is None:
@@ -263,7 +262,7 @@ class _P2PLog:
             peer = int(call.args[2])
             for c in communication(call):
                 forward = peer == (self.me + 1 if c.kind == "send" else self.me - 1)
-                key = (Phase.FORWARD if forward else Phase.BACKWARD, c.kind, c.group_size)
+                key = (Phase.FORWARD if forward else Phase.BACKWARD, c.kind, *c.group_key)
                 _add(self.acc.setdefault(key, [0, 0, 0]), (1, c.payload_bytes, c.bus_bytes))
                 if not forward and phase is Phase.FORWARD:
                     self._move(path, op, cost)
@@ -272,7 +271,7 @@ class _P2PLog:
             self._move(path, op, cost)
             if is_collective(call.op):
                 for c in communication(call):
-                    _add(self.moved_comm.setdefault((path, c.kind, c.group_size), [0, 0, 0]),
+                    _add(self.moved_comm.setdefault((path, c.kind, *c.group_key), [0, 0, 0]),
                          (1, c.payload_bytes, c.bus_bytes))
 
     def _move(self, path: str, op: str, cost: Cost) -> None:
@@ -282,22 +281,23 @@ class _P2PLog:
     def relabel(self, report: Report) -> Report:
         """The report with its send/recv records replaced by the labelled ones, and the backward
         work seen in the forward phase moved to the backward phase."""
-        comm: dict[tuple[str, Phase, str, int], list[int]] = {}
+        comm: dict[tuple[str, Phase, str, int, str], list[int]] = {}
         for r in report.communication:
             if r.kind in ("send", "recv"):
                 continue
-            sums = [r.calls, r.payload_bytes, r.bus_bytes]
-            if r.phase is Phase.FORWARD and (r.module, r.kind, r.group_size) in self.moved_comm:
-                back = self.moved_comm[(r.module, r.kind, r.group_size)]
-                _add(comm.setdefault((r.module, Phase.BACKWARD, r.kind, r.group_size),
-                                     [0, 0, 0]), back)
+            sums, moved = [r.calls, r.payload_bytes, r.bus_bytes], (r.module, r.kind, *r.group_key)
+            if r.phase is Phase.FORWARD and moved in self.moved_comm:
+                back = self.moved_comm[moved]
+                _add(comm.setdefault((r.module, Phase.BACKWARD, r.kind, *r.group_key), [0, 0, 0]),
+                     back)
                 sums = [a - b for a, b in zip(sums, back, strict=True)]
                 if not sums[0]:
                     continue
-            _add(comm.setdefault((r.module, r.phase, r.kind, r.group_size), [0, 0, 0]), sums)
-        kept = tuple(CommRecord(m, ph, kind, n, *sums) for (m, ph, kind, n), sums in comm.items())
-        p2p = tuple(CommRecord("", phase, kind, n, calls, payload, bus)
-                    for (phase, kind, n), (calls, payload, bus) in sorted(
+            _add(comm.setdefault((r.module, r.phase, r.kind, *r.group_key), [0, 0, 0]), sums)
+        kept = tuple(CommRecord(m, ph, kind, n, s[0], s[1], s[2], g)
+                     for (m, ph, kind, n, g), s in comm.items())
+        p2p = tuple(CommRecord("", phase, kind, n, calls, payload, bus, g)
+                    for (phase, kind, n, g), (calls, payload, bus) in sorted(
                         self.acc.items(), key=lambda kv: (kv[0][0].value, kv[0][1])))
         return dataclasses.replace(report, communication=kept + p2p,
                                    records=_moved_records(report.records, self.moved))
@@ -398,6 +398,7 @@ def run_stage(
     backward: bool,
     config: Any,
     count_kwargs: dict[str, Any],
+    loss: str = "sum",
 ) -> StageRun:
     """Count one step of ``stage_module`` under torch's pipeline schedule (every rank of the
     pipeline group runs this with its own stage; on the fake process group only one does).
@@ -411,7 +412,7 @@ def run_stage(
         group: the pipeline process group.
         microbatches: microbatches per step (divides the batch).
         schedule: a key of :data:`SCHEDULES`.
-        backward: a training step (loss = the sum of the logits, as ``count(backward=True)``).
+        backward: a training step, from ``loss``: ``sum`` (of the logits) or ``cross_entropy``.
         config: the model's config (``hidden_size``, ``vocab_size``).
         count_kwargs: options of :class:`flopscope.Counter` (an observer with ``on_action(kind,
             microbatch)`` is told when each action starts: ``F`` or ``B``, and its microbatch).
@@ -425,10 +426,10 @@ def run_stage(
     from torch.distributed import pipelining
 
     from flopscope.core.counter import Counter
+    from flopscope.execution.training import causal_lm_loss
 
     if schedule not in SCHEDULES:
-        raise UsageError(f"unknown pipeline schedule {schedule!r}: use one of "
-                         f"{', '.join(SCHEDULES)}")
+        raise UsageError(f"unknown pipeline schedule {schedule!r}: use {', '.join(SCHEDULES)}")
     batch, seq = int(inputs.shape[0]), int(inputs.shape[1])
     if microbatches < 1 or batch % microbatches:
         raise UsageError(f"{microbatches} microbatches do not split the batch of {batch} "
@@ -452,12 +453,11 @@ def run_stage(
     log = _P2PLog(stage)
     pipe_stage.log = log
     cls = getattr(pipelining, SCHEDULES[schedule])
-    sched = cls(pipe_stage, n_microbatches=microbatches,
-                loss_fn=(lambda out, target: out.sum()) if backward else None)
+    loss_fn = causal_lm_loss if loss == "cross_entropy" else (lambda out, target: out.sum())
+    sched = cls(pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn if backward else None)
     kwargs = dict(count_kwargs)
     kwargs["observers"] = [*kwargs.get("observers", ()), log]
     pipe_stage.watchers = [o for o in kwargs["observers"] if hasattr(o, "on_action")]
-    # the loss ignores its target; the last stage's schedule splits one all the same
     target = {"target": inputs} if backward and stage == stages - 1 else {}
     import torch.distributed as dist
 

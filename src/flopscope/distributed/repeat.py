@@ -207,9 +207,10 @@ def _cost(c: Cost) -> tuple[int, ...]:
 _OP = _Kind(lambda r: r.module, lambda r: (r.op, r.phase, r.counted, r.decomposed),
             lambda r: (r.calls, *_cost(r.cost)),
             lambda r, p, v: dataclasses.replace(r, module=p, calls=v[0], cost=Cost(*v[1:])))
-_COMM = _Kind(lambda r: r.module, lambda r: (r.phase, r.kind, r.group_size),
+_COMM = _Kind(lambda r: r.module, lambda r: (r.phase, r.kind, r.group_size, r.group),
               lambda r: (r.calls, r.payload_bytes, r.bus_bytes),
-              lambda r, p, v: CommRecord(p, r.phase, r.kind, r.group_size, *v))
+              lambda r, p, v: CommRecord(p, r.phase, r.kind, r.group_size, v[0], v[1], v[2],
+                                         r.group))
 _RULE = _Kind(lambda r: r.module, lambda r: (r.rule, r.macs_only),
               lambda r: (r.calls, *_cost(r.cost), *_cost(r.shadowed)),
               lambda r, p, v: RuleRecord(p, r.rule, v[0], Cost(*v[1:5]), Cost(*v[5:]),

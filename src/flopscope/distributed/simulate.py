@@ -27,6 +27,7 @@ from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
 from flopscope.execution.meta import ShapeOnlyFakeMode
+from flopscope.execution.training import causal_lm_loss
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
 from flopscope.run import Inputs, count
@@ -35,8 +36,11 @@ from flopscope.run import Inputs, count
 #: before the rank is counted: e.g. to register them with a memory tracker among the observers
 Prepare = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]
 
-__all__ = ["Prepare", "after_backward", "count_rank", "count_stage", "fake_world", "simulate",
-           "simulate_pipeline"]
+#: the losses a simulated training step backpropagates from (:func:`count_rank`)
+LOSSES = ("sum", "cross_entropy")
+
+__all__ = ["LOSSES", "Prepare", "after_backward", "count_rank", "count_stage", "fake_world",
+           "simulate", "simulate_pipeline"]
 
 
 def count_rank(
@@ -45,35 +49,56 @@ def count_rank(
     kwargs: dict[str, Any] | None = None,
     *,
     backward: bool = False,
+    loss: str = "sum",
+    loss_parallel: bool = False,
     **counter_kwargs: Any,
 ) -> Report:
     """Count this rank's forward (and backward) of a sharded model: the same program on a real
     job (``torchrun``) and on a simulated rank, so the two reports compare exactly.
 
-    Backward runs from the sum of every floating-point output that requires grad (one
-    ``ones_like`` per output, as ``sum().backward()`` does).
+    Backward runs from the loss: ``"sum"``, the sum of every floating-point output that
+    requires grad (one ``ones_like`` per output, as ``sum().backward()`` does), or
+    ``"cross_entropy"``, a causal LM's cross-entropy on its token ids
+    (:func:`~flopscope.execution.training.causal_lm_loss`), with ``loss_parallel`` computed on
+    vocabulary-sharded logits under torch's
+    :func:`~torch.distributed.tensor.parallel.loss_parallel` (the loss and its backward).
 
     Args:
         model: the model, sharded (DTensor parameters, ``fully_shard``).
         args: its positional inputs (this rank's local batch).
         kwargs: its keyword inputs.
         backward: also count backward.
+        loss: ``"sum"`` or ``"cross_entropy"``.
+        loss_parallel: the logits are vocabulary shards (:attr:`Layout.loss_parallel`).
         **counter_kwargs: options of :class:`flopscope.Counter` (``rules``, ``strict``, ``warn``).
 
     Returns:
         The rank's report.
+
+    Raises:
+        UsageError: an unknown loss, or no output to backpropagate from.
     """
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel as on_shards
+
+    if loss not in LOSSES:
+        raise UsageError(f"unknown loss {loss!r}: use one of {', '.join(LOSSES)}")
     kwargs = kwargs or {}
     before: Report | None = None
     with Counter(model, **counter_kwargs) as counter:
         out = model(*args, **kwargs)
         if backward:
-            roots = [t.sum() for t in tree_iter(out) if isinstance(t, torch.Tensor)
-                     and t.is_floating_point() and t.requires_grad]
-            if not roots:
-                raise UsageError("backward=True, but no floating-point output requires grad")
-            before = counter.report
-            torch.autograd.backward(roots)
+            with on_shards() if loss_parallel else nullcontext():
+                if loss == "cross_entropy":
+                    roots = [causal_lm_loss(out, _token_ids(args, kwargs))]
+                else:
+                    roots = [t.sum() for t in tree_iter(out) if isinstance(t, torch.Tensor)
+                             and t.is_floating_point() and t.requires_grad]
+                if not roots:
+                    raise UsageError("backward=True, but no floating-point output requires grad")
+                before = counter.report
+                torch.autograd.backward(roots)
     if before is None:
         return counter.report
     return after_backward(before, counter.report)
@@ -126,34 +151,35 @@ def after_backward(before: Report, after: Report) -> Report:
     Returns:
         ``after`` with those records (operators and communication) in the backward phase.
     """
-    was = {(c.module, c.kind, c.group_size): c for c in before.communication
+    was = {(c.module, c.kind, *c.group_key): c for c in before.communication
            if c.phase is Phase.FORWARD}
-    comm: dict[tuple[str, Phase, str, int], list[int]] = {}
+    comm: dict[tuple[str, Phase, str, int, str], list[int]] = {}
 
-    def add(module: str, phase: Phase, kind: str, n: int, sums: tuple[int, int, int]) -> None:
-        acc = comm.setdefault((module, phase, kind, n), [0, 0, 0])
+    def add(module: str, phase: Phase, kind: str, group: tuple[int, str],
+            sums: tuple[int, int, int]) -> None:
+        acc = comm.setdefault((module, phase, kind, *group), [0, 0, 0])
         for i, v in enumerate(sums):
             acc[i] += v
 
     for c in after.communication:
-        old = was.get((c.module, c.kind, c.group_size)) if c.phase is Phase.FORWARD else None
+        old = was.get((c.module, c.kind, *c.group_key)) if c.phase is Phase.FORWARD else None
         if c.phase is Phase.FORWARD and (old is None or old.calls != c.calls):
             if old is not None:
-                add(c.module, c.phase, c.kind, c.group_size,
+                add(c.module, c.phase, c.kind, c.group_key,
                     (old.calls, old.payload_bytes, old.bus_bytes))
-            add(c.module, Phase.BACKWARD, c.kind, c.group_size,
+            add(c.module, Phase.BACKWARD, c.kind, c.group_key,
                 (c.calls - (old.calls if old else 0),
                  c.payload_bytes - (old.payload_bytes if old else 0),
                  c.bus_bytes - (old.bus_bytes if old else 0)))
         else:
-            add(c.module, c.phase, c.kind, c.group_size,
+            add(c.module, c.phase, c.kind, c.group_key,
                 (c.calls, c.payload_bytes, c.bus_bytes))
     return dataclasses.replace(
         after, records=_delta_records(before.records, after.records),
         logical=_delta_records(before.logical, after.logical),
         replicated=_delta_records(before.replicated, after.replicated),
-        communication=tuple(CommRecord(m, ph, kind, n, *sums)
-                            for (m, ph, kind, n), sums in comm.items()))
+        communication=tuple(CommRecord(m, ph, kind, n, s[0], s[1], s[2], g)
+                            for (m, ph, kind, n, g), s in comm.items()))
 
 
 @contextmanager
@@ -230,6 +256,7 @@ def _stage_run(
     schedule: str,
     count_kwargs: dict[str, Any],
     prepare: Prepare | None = None,
+    loss: str = "sum",
 ) -> StageRun:
     """Count the pipeline stage of ``layout.rank`` (sharded by the rest of the layout)."""
     with world_of(layout):
@@ -242,7 +269,7 @@ def _stage_run(
         apply_layout(stage, layout, mesh)
         run = dict(stage=layout.stage, stages=layout.pp, group=mesh["pp"].get_group(),
                    microbatches=microbatches or layout.pp, schedule=schedule,
-                   backward=backward, config=config, count_kwargs=count_kwargs)
+                   backward=backward, config=config, count_kwargs=count_kwargs, loss=loss)
         if not shape_only:
             if prepare is not None:
                 prepare(stage, (ids,), {})
@@ -306,6 +333,7 @@ def simulate(
     schedule: str = "1f1b",
     prepare: Prepare | None = None,
     repeat_layers: bool = True,
+    loss: str = "sum",
     **count_kwargs: Any,
 ) -> Report:
     """Count one rank of a sharded model: build it, shard it with ``layout`` (the standard
@@ -339,6 +367,9 @@ def simulate(
             4 and 5 layers and put the report together at its own count from the first two,
             checked against the third (:mod:`flopscope.distributed.repeat`; the same report
             record for record); where the check fails, every layer is counted.
+        loss: what backward runs from (:func:`count_rank`): ``"sum"`` of the outputs, or
+            ``"cross_entropy"`` (a causal LM's on its token ids; on vocabulary shards with
+            :attr:`Layout.loss_parallel`; a pipeline's last stage too).
 
     With ``layout.ep`` > 1 (expert parallelism, real weights only) ``build`` returns the whole
     expert-parallel group's batch, split along dimension 0 into the ranks' batches, and must
@@ -360,7 +391,7 @@ def simulate(
         def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
                 ) -> Report:
             return simulate(small, layout, backward=backward, shape_only=True, logical=logical,
-                            repeat_layers=False, **count_kwargs)
+                            repeat_layers=False, loss=loss, **count_kwargs)
 
         try:
             with fake_world(layout.world_size, layout.rank), shared_world(layout):
@@ -371,15 +402,15 @@ def simulate(
     if layout.pp > 1:
         report = _stage_run(build, layout, backward=backward, shape_only=shape_only,
                             microbatches=microbatches, schedule=schedule,
-                            count_kwargs=count_kwargs, prepare=prepare).report
+                            count_kwargs=count_kwargs, prepare=prepare, loss=loss).report
     elif layout.ep > 1:
         if prepare is not None:
             raise UsageError("simulate(prepare=...) is not built for expert parallelism (ep > 1)")
         report, local = _expert_rank(build, layout, backward=backward, shape_only=shape_only,
-                                     count_kwargs=count_kwargs)
+                                     count_kwargs={**count_kwargs, "loss": loss})
     else:
         report = _one_rank(build, layout, backward=backward, shape_only=shape_only,
-                           count_kwargs=count_kwargs, prepare=prepare)
+                           count_kwargs={**count_kwargs, "loss": loss}, prepare=prepare)
     if not logical:
         return dataclasses.replace(report, shape_only=shape_only)
     # the logical figure: the same model unsharded, on the same (local) inputs
@@ -446,7 +477,8 @@ def _one_rank(
         if not shape_only:
             if prepare is not None:
                 prepare(model, args, kwargs)
-            report = count_rank(model, args, kwargs, backward=backward, **count_kwargs)
+            report = count_rank(model, args, kwargs, backward=backward,
+                                loss_parallel=layout.loss_parallel, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
             with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
@@ -454,6 +486,7 @@ def _one_rank(
                 fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
                 if prepare is not None:
                     prepare(model, *fake)
-                report = count_rank(model, *fake, backward=backward, **count_kwargs)
+                report = count_rank(model, *fake, backward=backward,
+                                    loss_parallel=layout.loss_parallel, **count_kwargs)
         del model
     return report

@@ -30,8 +30,11 @@ whole layout.
   model) the same way, overlapped with backward bucket by bucket; one bucket (the first
   all-reduce call) is exposed.
 
-Sequence parallelism's all-gathers and reduce-scatters are blocking in a real job but are taken
-as FSDP2's here (the records carry kind and group size, not which parallelism issued them).
+Which parallelism issued a collective is told by its group (``CommRecord.group``: the device
+mesh's dimension): an all-gather or reduce-scatter over the tensor-parallel group (``tp``:
+sequence parallelism's, before and after attention and the MLP) is blocking and exposed, as the
+all-reduces it replaces; over the data-parallel group (``dp``), FSDP2's, overlapped. A record
+without a group (an older report) is sorted by its kind alone.
 """
 
 from __future__ import annotations
@@ -213,10 +216,12 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
     by_kind: dict[str, float] = {}
     first_seen = False
     for r in records:
-        overlapped = r.kind in OVERLAPPED_KINDS or (ddp and r.kind in _TP_KINDS)
+        tensor_parallel = r.group == "tp" or (r.kind in _TP_KINDS and not ddp)
+        overlapped = ((r.kind in OVERLAPPED_KINDS or (ddp and r.kind in _TP_KINDS))
+                      and not tensor_parallel)
         if overlapped:
             span = tp * dp
-        elif r.kind in _TP_KINDS:
+        elif tensor_parallel:
             span = tp
         elif r.kind in P2P_KINDS:
             span = world

@@ -26,8 +26,8 @@ from flopscope.execution.copies import converted_copy, meta_input, meta_twin, to
 from flopscope.execution.how import How, ladder, on_meta
 from flopscope.execution.meta import ShapeOnlyFakeMode, sdpa_as_cpu
 
-__all__ = ["OptimizerArg", "Step", "default_loss", "optimizer_by_name", "tensors",
-           "training_step"]
+__all__ = ["OptimizerArg", "Step", "causal_lm_loss", "default_loss", "optimizer_by_name",
+           "tensors", "training_step"]
 
 OptimizerArg = str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None
 
@@ -84,6 +84,26 @@ def default_loss(out: Any) -> torch.Tensor:
     for t in roots[1:]:
         loss = loss + t.sum()
     return loss
+
+
+def causal_lm_loss(out: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """A causal language model's training loss, as transformers computes it
+    (``ForCausalLMLoss``): the logits upcast to float32, the labels the input ids shifted one
+    token left (the last position ignored, ``-100``), the mean cross-entropy over the tokens.
+    On vocabulary-sharded logits (a DTensor, ``Shard(-1)``) under torch's ``loss_parallel()``
+    the same calls run on the shards.
+
+    Args:
+        out: the model's output (``.logits``) or the logits, (batch, sequence, vocabulary).
+        input_ids: the token ids, (batch, sequence).
+
+    Returns:
+        A scalar tensor.
+    """
+    logits = getattr(out, "logits", out)
+    labels = torch.nn.functional.pad(input_ids, (0, 1), value=-100)[..., 1:].contiguous()
+    flat = logits.float().view(-1, logits.shape[-1])
+    return torch.nn.functional.cross_entropy(flat, labels.view(-1), ignore_index=-100)
 
 
 def tensors(tree: Any) -> list[torch.Tensor]:

@@ -40,12 +40,17 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _row(rank: str, c: Candidate) -> list[str]:
+def _row(rank: str, c: Candidate, extras: bool) -> list[str]:
     t = c.time
     return [rank, c.choice.label, human_bytes(c.memory_bytes), seconds(t.total),
             f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", seconds(t.forward + t.backward),
             seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p + t.ep_comm),
-            seconds(t.bubble)]
+            seconds(t.bubble), *([_applied(c)] if extras else [])]
+
+
+def _applied(c: Candidate) -> str:
+    """The table's ``TP with`` cell: the plan-wide parallelisms the layout has."""
+    return " + ".join({"sequence": "SP", "loss": "loss"}[a] for a in c.applied) or "-"
 
 
 def _ddp(name: str, ddp: bool) -> str:
@@ -99,10 +104,12 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         "",
     ]
     per = "tok/s/GPU" if plan.unit == "tokens" else "samples/s/GPU"
+    # the column of sequence (SP) and loss parallelism, where a listed layout has either
+    extras = any(c.applied for c in plan.ranked[:top])
     header = ["#", "layout", "peak/GPU", "step", per, "MFU", "compute", "recompute",
-              "comm exposed", "bubble"]
+              "comm exposed", "bubble", *(["TP with"] if extras else [])]
     if plan.ranked:
-        rows = [header] + [_row(str(i + 1), c) for i, c in enumerate(plan.ranked[:top])]
+        rows = [header] + [_row(str(i + 1), c, extras) for i, c in enumerate(plan.ranked[:top])]
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")

@@ -90,11 +90,12 @@ class ExpertRoles(OneRole[int]):
     """
 
     cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]] = {}
+    loss: ClassVar[str] = "cross_entropy"
 
     def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
         """See :meth:`OneRole.role`."""
         key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                      choice.checkpoint == "block")
+                      choice.checkpoint == "block", loss=self.loss)
         return choice.ep, key, choice.tp * choice.dp
 
     def shard(self, variant: int, key: RoleKey) -> Shard:

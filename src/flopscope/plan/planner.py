@@ -26,6 +26,7 @@ from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.model_flops import model_flops
+from flopscope.plan.options import applied, decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.serve import ServePlan
@@ -60,6 +61,7 @@ class Candidate:
         mfu: model FLOPs utilization (0-1).
         fits: whether the peak is within the budget.
         reason: why it was dropped (``None`` when it fits).
+        applied: the plan-wide parallelisms this layout has (``"sequence"``, ``"loss"``).
     """
 
     choice: Choice
@@ -71,6 +73,7 @@ class Candidate:
     mfu: float
     fits: bool
     reason: str | None = None
+    applied: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes, seconds)."""
@@ -78,7 +81,7 @@ class Candidate:
                 "memory_bytes": self.memory_bytes, "at_peak": dict(self.at_peak),
                 "peak_where": self.peak_where, "time_s": self.time.to_dict(),
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
-                "fits": self.fits, "reason": self.reason}
+                "fits": self.fits, "reason": self.reason, "applied": list(self.applied)}
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class Plan:
         reduce_dtype: the dtype gradients are reduced in (``None``: ``param_dtype``).
         sequence_parallel: tensor-parallel layouts without stages shard the norms' activations
             along the sequence.
+        loss_parallel: tensor-parallel layouts without stages shard the head's logits over the
+            vocabulary, the cross-entropy computed on the shards.
     """
 
     source: str
@@ -131,6 +136,7 @@ class Plan:
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     sequence_parallel: bool = False
+    loss_parallel: bool = False
 
     @property
     def precision(self) -> str:
@@ -165,6 +171,8 @@ class Plan:
             "param_dtype": self.param_dtype or self.dtype,
             "reduce_dtype": self.reduce_dtype or self.param_dtype or self.dtype,
             "precision": self.precision, "sequence_parallel": self.sequence_parallel,
+            "loss_parallel": self.loss_parallel,
+            "loss": "cross_entropy" if self.unit == "tokens" else "sum",
             "memory_budget": self.memory_budget,
             "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
             "ranked": [c.to_dict() for c in self.ranked],
@@ -287,6 +295,7 @@ def plan(
     param_dtype: str | None = None,
     reduce_dtype: str | None = None,
     sequence_parallel: bool = False,
+    loss_parallel: bool = True,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -323,6 +332,10 @@ def plan(
             sequence parallelism (the norms on sequence shards, all-gathers and
             reduce-scatters instead of all-reduces; torchtitan's and Megatron-LM's tensor
             parallelism; :attr:`flopscope.distributed.Layout.sequence_parallel`).
+        loss_parallel: training: tensor-parallel layouts without pipeline stages shard the head
+            over the vocabulary and compute the loss (a decoder's cross-entropy, logits in
+            float32) on the shards (:attr:`flopscope.distributed.Layout.loss_parallel`), as
+            torchtitan and Megatron-LM do; ``False``: the head whole on every rank.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -403,7 +416,8 @@ def plan(
             if choice.ep > 1:
                 return expert_roles.runs(choice)
             return [roles.get(key)
-                    for key in roles_of(choice, shape.layers, mixed, sequence_parallel)]
+                    for key in roles_of(choice, shape.layers, mixed, sequence_parallel,
+                                        loss_parallel)]
     else:
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
@@ -427,7 +441,7 @@ def plan(
         mfu = flops / (t.total * gpus * peak) if t.total else 0.0
         fits = used <= budget
         cand = Candidate(choice, used, at, where, t, tokens, mfu, fits,
-                         None if fits else _reason(used, at, where, budget))
+                         None if fits else _reason(used, at, where, budget), applied(runs[0].key))
         (fitting if fits else dropped).append(cand)
     fitting.sort(key=lambda c: (c.time.total, c.memory_bytes))
     compute = ("calibrated predictions (the profile's calibration block)" if hw.calibration
@@ -435,14 +449,7 @@ def plan(
     notes = (f"step times: compute from {compute}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
-             "data parallelism is FSDP2 (fully_shard per decoder layer and the root); optimizer "
-             "AdamW (two moments per parameter, in the parameters' dtype)" + (
-                 "" if mixed is None else
-                 f"; mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
-                 f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
-                 f"{mixed[1]}") + ("; sequence parallelism on tensor-parallel layouts "
-                                   "without stages (where TP differs from FSDP's degree)"
-                                   if sequence_parallel else "") if decoder else
+             decoder_note(stored, mixed, sequence_parallel, loss_parallel) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s")
@@ -453,7 +460,7 @@ def plan(
         "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
         used_roles, simulations, time.perf_counter() - start, notes,
         "tokens" if decoder else "samples", None if mixed is None else stored,
-        None if mixed is None else mixed[1], sequence_parallel)
+        None if mixed is None else mixed[1], sequence_parallel, loss_parallel and decoder)
 
 
 def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:

@@ -82,6 +82,10 @@ class RoleKey:
             throughout.
         sequence_parallel: the norms' activations sharded along the sequence over the
             tensor-parallel ranks (:attr:`flopscope.distributed.Layout.sequence_parallel`).
+        loss_parallel: the head's logits vocabulary shards over the tensor-parallel ranks, the
+            cross-entropy computed on them (:attr:`flopscope.distributed.Layout.loss_parallel`).
+        loss: what backward runs from (:func:`flopscope.distributed.simulate`): ``"sum"`` of
+            the logits, or ``"cross_entropy"``, a plan's (:func:`roles_of`).
     """
 
     tp: int
@@ -93,10 +97,13 @@ class RoleKey:
     checkpoint: bool
     mixed_precision: tuple[str, str] | None = None
     sequence_parallel: bool = False
+    loss_parallel: bool = False
+    loss: str = "sum"
 
 
 def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
-             sequence_parallel: bool = False) -> list[RoleKey]:
+             sequence_parallel: bool = False, loss_parallel: bool = False,
+             loss: str = "cross_entropy") -> list[RoleKey]:
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
@@ -114,9 +121,10 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
         layers: the model's decoder layers.
         mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
         sequence_parallel: sequence parallelism where it applies: tensor parallelism without
-            pipeline stages, of another degree than FSDP2's (a simulated collective records
-            its group's size, not the group: with equal degrees the step time could not tell
-            its all-gathers from FSDP2's); :attr:`RoleKey.sequence_parallel`.
+            pipeline stages (:attr:`RoleKey.sequence_parallel`).
+        loss_parallel: loss parallelism where it applies: tensor parallelism without pipeline
+            stages (:attr:`RoleKey.loss_parallel`).
+        loss: the roles' loss (:attr:`RoleKey.loss`; a plan's: the cross-entropy).
 
     Returns:
         One role per stage (middle stages may share one).
@@ -124,7 +132,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     from flopscope.distributed.pipeline import split_layers
 
     simulated = choice.pp if choice.pp > 1 else 1
-    sp = sequence_parallel and 1 < choice.tp != choice.dp and choice.pp == 1
+    sp = sequence_parallel and choice.tp > 1 and choice.pp == 1
     sizes = [len(r) for r in split_layers(layers, choice.pp)]
     out = []
     for s in range(choice.pp):
@@ -132,7 +140,8 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
         if 0 < s < choice.pp - 1:
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
-                           simulated, choice.checkpoint == "block", mixed_precision, sp))
+                           simulated, choice.checkpoint == "block", mixed_precision, sp,
+                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss))
     return out
 
 
@@ -388,6 +397,7 @@ class Roles:
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
                               microbatches=key.microbatches if key.pp > 1 else None,
+                              loss=key.loss,
                               prepare=prepare, observers=[tracker, log, actions], warn=False)
         model = kept[0]
         params = [p for p in model.parameters()]
@@ -418,7 +428,7 @@ def _layout(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
                   rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision,
-                  sequence_parallel=key.sequence_parallel)
+                  sequence_parallel=key.sequence_parallel, loss_parallel=key.loss_parallel)
 
 
 def _moved(path: str, frm: Frame, to: Frame) -> str:

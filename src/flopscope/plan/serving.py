@@ -152,16 +152,16 @@ def _stage_weights(model: nn.Module, layers: int) -> tuple[tuple[int, ...], int,
 def _minus(after: tuple[CommRecord, ...], before: tuple[CommRecord, ...]
            ) -> tuple[CommRecord, ...]:
     """The collectives a forward issued: the counter's records after it less those before."""
-    was = {(c.module, c.phase, c.kind, c.group_size): c for c in before}
+    was = {(c.module, c.phase, c.kind, *c.group_key): c for c in before}
     out = []
     for c in after:
-        old = was.get((c.module, c.phase, c.kind, c.group_size))
+        old = was.get((c.module, c.phase, c.kind, *c.group_key))
         if old is None:
             out.append(c)
         elif c.calls != old.calls:
             out.append(CommRecord(c.module, c.phase, c.kind, c.group_size, c.calls - old.calls,
                                   c.payload_bytes - old.payload_bytes,
-                                  c.bus_bytes - old.bus_bytes))
+                                  c.bus_bytes - old.bus_bytes, c.group))
     return tuple(out)
 
 

@@ -6,8 +6,9 @@ The decoder layouts of :mod:`flopscope.plan.roles` go through
 (:mod:`flopscope.plan.experts`) shard the model their own way. :func:`simulate_sharded` runs such
 a rank the same way: on torch's fake process group of ``world`` ranks, the model built on
 ``meta``, sharded by ``shard``, its shards made fake CPU tensors, forward and backward from the
-sum of the outputs, with the memory tracker (parameters, buffers and inputs registered, the
-gradients relabelled after backward) and the roofline log watching.
+loss (the sum of the outputs; a decoder's cross-entropy), with the memory tracker (parameters,
+buffers and inputs registered, the gradients relabelled after backward) and the roofline log
+watching.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ Shard = Callable[[nn.Module], None]
 
 
 def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
-                     hardware: Hardware) -> RoleRun:
+                     hardware: Hardware, loss: str = "sum") -> RoleRun:
     """Simulate rank 0 of a ``world``-rank layout that ``shard`` builds, one training step of
     ``key.micro_batch`` sequences (samples).
 
@@ -48,6 +49,7 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
         world: ranks in the job.
         shard: shards the model (FSDP2, DDP, expert parallelism ...).
         hardware: the profile the roofline estimate is for.
+        loss: what backward runs from (:func:`~flopscope.distributed.simulate.count_rank`).
 
     Returns:
         The :class:`~flopscope.plan.roles.RoleRun`.
@@ -65,7 +67,7 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
             tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
             tracker.register((local_tensor(b) for b in model.buffers()), "buffers")
             tracker.register(_tensors(fake_args, fake_kwargs), "inputs")
-            report = count_rank(model, fake_args, fake_kwargs, backward=True,
+            report = count_rank(model, fake_args, fake_kwargs, backward=True, loss=loss,
                                 observers=[tracker, log], warn=False)
             params = list(model.parameters())
             memory = tracker.profile(relabel={"gradients": [
@@ -93,6 +95,8 @@ class OneRole(Generic[V]):
     """
 
     cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]]
+    #: what backward runs from (a decoder's: ``"cross_entropy"``)
+    loss: ClassVar[str] = "sum"
 
     def __init__(self, build: Build, hardware: Hardware, identity: Hashable) -> None:
         self._build = build
@@ -144,7 +148,7 @@ class OneRole(Generic[V]):
         found = self.cache.get(full)
         if found is None:
             found = self.cache[full] = simulate_sharded(
-                self._build, key, world, self.shard(variant, key), self._hardware)
+                self._build, key, world, self.shard(variant, key), self._hardware, self.loss)
             self.simulations += 1
         return [found]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
-from flopscope.plan.experts import expert_count, expert_layouts
+from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.planner import Plan, build_model, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey, roles_of
@@ -67,7 +67,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                tp: int | None = None, pp: int | None = None,
                ep: int | None = None, param_dtype: str | None = None,
                reduce_dtype: str | None = None,
-               sequence_parallel: bool = False) -> list[RoleTask]:
+               sequence_parallel: bool = False, loss_parallel: bool = True) -> list[RoleTask]:
     """The role simulations :func:`flopscope.plan.plan` with these options will ask for (a
     serving plan's largest-batch roles aside).
 
@@ -89,6 +89,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         param_dtype: training: the parameters' dtype (mixed precision where it differs).
         reduce_dtype: training: the gradients' reduce dtype.
         sequence_parallel: training: sequence parallelism on tensor-parallel layouts.
+        loss_parallel: training: loss parallelism on tensor-parallel layouts.
 
     Returns:
         The distinct tasks, in the order the plan meets them.
@@ -124,13 +125,13 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     batch = global_batch or gpus
     for choice in enumerate_layouts(gpus, shape, batch, checkpointing):
         if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
-            tasks += [task("train", key=key) for key in roles_of(choice, shape.layers, mixed,
-                                                                sequence_parallel)]
+            tasks += [task("train", key=key) for key in roles_of(
+                choice, shape.layers, mixed, sequence_parallel, loss_parallel)]
     experts = expert_count(model_config)
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
             key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                          choice.checkpoint == "block")
+                          choice.checkpoint == "block", loss=ExpertRoles.loss)
             tasks.append(task("experts", key=key, ep=choice.ep))
     return list(dict.fromkeys(tasks))
 
@@ -187,7 +188,8 @@ def sweep(
     needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
     keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
                                      "batches", "max_new_tokens", "tp", "pp", "ep",
-                                     "param_dtype", "reduce_dtype", "sequence_parallel")
+                                     "param_dtype", "reduce_dtype", "sequence_parallel",
+                                     "loss_parallel")
             if k in options}
     for point in points:
         source, count, seq = point

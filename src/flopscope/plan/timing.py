@@ -26,7 +26,6 @@ Parts (seconds per step, on the layout's slowest stage):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from fractions import Fraction
@@ -148,41 +147,21 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
             return 0.0
         return row.predicted_s if predicted else row.time_s
 
+    # sequence parallelism's all-gathers and reduce-scatters (over the tensor-parallel group)
+    # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
+    # overlapped: comm_time tells them apart by the records' group
     records = run.report.communication
-    sequence = [r for r in records if _sequence_parallel(run, r)]
-    comm = comm_time([r for r in records if r not in sequence], links, tp=choice.tp,
-                     dp=choice.dp, gpus=choice.gpus, scale=scale,
+    comm = comm_time(records, links, tp=choice.tp, dp=choice.dp, gpus=choice.gpus, scale=scale,
                      ddp=choice.data_parallel == "ddp")
-    if sequence:  # exposed, as the all-reduces they replace: between two products
-        fwd = [r for r in sequence if r.phase is Phase.FORWARD]
-        bwd = [r for r in sequence if r.phase is not Phase.FORWARD]
-        ahead, behind = (links.seconds(rs, choice.tp) * scale for rs in (fwd, bwd))
-        by_kind = dict(comm.by_kind)
-        for r in sequence:
-            by_kind[r.kind] = (by_kind.get(r.kind, 0.0)
-                               + links.seconds([r], choice.tp) * scale)
-        comm = dataclasses.replace(comm, blocking_forward=comm.blocking_forward + ahead,
-                                   blocking_backward=comm.blocking_backward + behind,
-                                   by_kind=by_kind)
     cal = estimate.hardware.calibration
     hooks = 0.0
     if predicted and cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
             r.calls for r in records if r.kind in ("all_gather", "reduce_scatter")
-            and r not in sequence)
+            and r.group != "tp")
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
                   backward=phase(Phase.BACKWARD.value) * scale,
                   recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm, hooks=hooks)
-
-
-def _sequence_parallel(run: RoleRun, record: CommRecord) -> bool:
-    """Whether a collective is sequence parallelism's (an all-gather or reduce-scatter over
-    the tensor-parallel group, where the role runs it): told from FSDP2's by the group's size,
-    which :func:`~flopscope.plan.roles.roles_of` keeps apart (sequence parallelism only where
-    the tensor-parallel and FSDP2 degrees differ)."""
-    key = run.key
-    return (key.sequence_parallel and record.kind in ("all_gather", "reduce_scatter")
-            and record.group_size == key.tp != key.dp)
 
 
 def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime:

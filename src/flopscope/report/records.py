@@ -31,8 +31,8 @@ class OpRecord:
 
 @dataclass(frozen=True, slots=True)
 class CommRecord:
-    """Calls of one kind of collective over one group size, issued by one module in one phase,
-    and what they sent per rank together (conventions: :mod:`flopscope.rules.collectives`).
+    """Calls of one kind of collective over one process group, issued by one module in one
+    phase, and what they sent per rank together (conventions: :mod:`flopscope.rules.collectives`).
 
     Attributes:
         module: module path that issued the calls.
@@ -43,6 +43,10 @@ class CommRecord:
         calls: number of calls.
         payload_bytes: bytes per rank, summed over the calls (NCCL tests' "size").
         bus_bytes: ring-algorithm bytes per rank, summed over the calls.
+        group: which process group: the device-mesh dimension it is (``tp``, ``dp``, ``pp``,
+            ``ep`` ...: a mesh's group is described ``mesh_<name>``), ``world`` for the default
+            group, the group's own description otherwise; ``""`` where not recorded (a report
+            read from an older JSON).
     """
 
     module: str
@@ -52,6 +56,12 @@ class CommRecord:
     calls: int
     payload_bytes: int
     bus_bytes: int
+    group: str = ""
+
+    @property
+    def group_key(self) -> tuple[int, str]:
+        """``(group_size, group)``: what tells two records' groups apart."""
+        return self.group_size, self.group
 
 
 @dataclass(frozen=True, slots=True)

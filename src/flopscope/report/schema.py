@@ -65,7 +65,7 @@ def communication_dict(
         "total": total.to_dict(),
         "records": [
             {"module": r.module, "phase": r.phase.value, "kind": r.kind,
-             "group_size": r.group_size, "calls": r.calls,
+             "group_size": r.group_size, "group": r.group, "calls": r.calls,
              "payload_bytes": r.payload_bytes, "bus_bytes": r.bus_bytes}
             for r in records
         ],
@@ -133,7 +133,8 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
             "meta": SourceInfo.from_dict(data.get("meta", {})),
             "communication": tuple(
                 CommRecord(r["module"], Phase(r["phase"]), r["kind"], int(r["group_size"]),
-                           int(r["calls"]), int(r["payload_bytes"]), int(r["bus_bytes"]))
+                           int(r["calls"]), int(r["payload_bytes"]), int(r["bus_bytes"]),
+                           str(r.get("group", "")))
                 for r in data.get("communication", {}).get("records", ())
             ),
             "logical": tuple(_op_record(r, decomposed=False) for r in logical.get("records", ())),

@@ -26,7 +26,7 @@ import torch
 from flopscope.cost import Cost, OpCall, tensor_bytes
 from flopscope.rules.registry import rule
 
-__all__ = ["BUS_FACTORS", "CommCall", "communication", "is_collective"]
+__all__ = ["BUS_FACTORS", "CommCall", "communication", "group_name", "is_collective"]
 
 #: Ring-algorithm bus bytes per payload byte, as a function of the group size n.
 BUS_FACTORS: dict[str, Callable[[int], Fraction]] = {
@@ -55,12 +55,19 @@ class CommCall(NamedTuple):
         group_size: ranks in the process group (n).
         payload_bytes: S, as defined in this module's docstring.
         bus_bytes: S times the ring algorithm's factor for ``kind`` and n (floored).
+        group: which group (:func:`group_name`: a device mesh's dimension, ``world``).
     """
 
     kind: str
     group_size: int
     payload_bytes: int
     bus_bytes: int
+    group: str = ""
+
+    @property
+    def group_key(self) -> tuple[int, str]:
+        """``(group_size, group)``."""
+        return self.group_size, self.group
 
 
 def _bytes(tree: Any) -> int:
@@ -72,17 +79,40 @@ def _bytes(tree: Any) -> int:
     return 0
 
 
-def _group_size(group: Any) -> int:
-    """The size of a process group given as a group name (functional collectives) or an object."""
+def _process_group(group: Any) -> Any:
+    """A process group given as a group name (functional collectives) or an object."""
     from torch.distributed import ProcessGroup, distributed_c10d
 
     if isinstance(group, torch.ScriptObject):  # a process group as the dispatcher passes it
         group = ProcessGroup.unbox(group)
     if hasattr(group, "size") and not isinstance(group, str):
-        return int(group.size())
-
+        return group
     resolve = getattr(distributed_c10d, "_resolve_process_group")  # noqa: B009  (not exported)
-    return int(resolve(group).size())
+    return resolve(group)
+
+
+def _group_size(group: Any) -> int:
+    """The size of a process group given as a group name or an object."""
+    return int(_process_group(group).size())
+
+
+def group_name(group: Any) -> str:
+    """Which process group a collective ran over, by its description: a device mesh names its
+    dimensions' groups ``mesh_<dimension>`` (``init_device_mesh``), given here as the
+    dimension (``tp``, ``dp``, ``pp`` ...); the default group is ``world`` (a mesh dimension
+    that spans the world gets it unless the mesh is made with a backend per dimension, as
+    :func:`flopscope.distributed.layout.named_mesh` does).
+
+    Args:
+        group: a process group, or its name.
+
+    Returns:
+        The name (``""`` when the group has no description).
+    """
+    desc = str(getattr(_process_group(group), "group_desc", "") or "")
+    if desc == "default_pg":
+        return "world"
+    return desc.removeprefix("mesh_")
 
 
 # op name -> (kind, index of the group argument, payload from the call)
@@ -171,11 +201,11 @@ def _ring(kind: str, n: int, payload: int) -> int:
 
 def _batch_p2p(call: OpCall) -> Iterator[CommCall]:
     ops, tensors = call.args[0], call.args[3]
-    n = _group_size(call.args[4])
+    n, name = _group_size(call.args[4]), group_name(call.args[4])
     for op, t in zip(ops, tensors, strict=False):
         kind = "send" if "send" in op else "recv"
         size = _bytes(t)
-        yield CommCall(kind, n, size, size)
+        yield CommCall(kind, n, size, size, name)
 
 
 def communication(call: OpCall) -> list[CommCall]:
@@ -199,9 +229,10 @@ def communication(call: OpCall) -> list[CommCall]:
     if entry is None:
         return []
     kind, group_at, payload_of = entry
-    n = _group_size(call.arg(group_at, "group_name"))
+    group = call.arg(group_at, "group_name")
+    n = _group_size(group)
     payload = payload_of(call, n)
-    return [CommCall(kind, n, payload, _ring(kind, n, payload))]
+    return [CommCall(kind, n, payload, _ring(kind, n, payload), group_name(group))]
 
 
 @rule(*sorted({k for k, v in _TABLE.items() if v[0] in {"all_reduce", "reduce_scatter", "reduce"}}))

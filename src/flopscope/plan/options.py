@@ -1,0 +1,51 @@
+"""A training plan's plan-wide options in words: what the plan's notes say of a decoder's
+data parallelism, optimizer, precision, loss, sequence and loss parallelism, and what each
+layout had applied (:func:`applied`)."""
+
+from __future__ import annotations
+
+from flopscope.plan.roles import RoleKey
+
+__all__ = ["applied", "decoder_note"]
+
+
+def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: bool,
+                 loss_parallel: bool) -> str:
+    """The plan's note on a decoder's training step.
+
+    Args:
+        stored: the parameters' dtype.
+        mixed: ``(compute, reduce)`` dtypes of FSDP2's mixed precision, or ``None``.
+        sequence_parallel: sequence parallelism asked for.
+        loss_parallel: loss parallelism asked for.
+
+    Returns:
+        One line.
+    """
+    words = ["data parallelism is FSDP2 (fully_shard per decoder layer and the root); "
+             "optimizer AdamW (two moments per parameter, in the parameters' dtype); loss: "
+             "cross-entropy on the logits upcast to float32 (transformers' ForCausalLMLoss)"]
+    if mixed is not None:
+        words.append(f"mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
+                     f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
+                     f"{mixed[1]}")
+    if sequence_parallel:
+        words.append("sequence parallelism on tensor-parallel layouts without stages")
+    if loss_parallel:
+        words.append("loss parallelism on tensor-parallel layouts without stages (the head "
+                     "column-wise over the vocabulary, the loss on the shards)")
+    return "; ".join(words)
+
+
+def applied(key: RoleKey) -> tuple[str, ...]:
+    """Which plan-wide parallelisms a layout's role ran with: each applies to tensor-parallel
+    layouts without pipeline stages (:func:`flopscope.plan.roles.roles_of`).
+
+    Args:
+        key: the layout's (first) role.
+
+    Returns:
+        ``("sequence", "loss")``, either, or neither.
+    """
+    return tuple(name for name, on in (("sequence", key.sequence_parallel),
+                                       ("loss", key.loss_parallel)) if on)
