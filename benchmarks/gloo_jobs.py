@@ -9,7 +9,9 @@ intra-op thread each. Every rank builds the same model (``flopscope.sources.load
 Llama plan, FSDP2 on every decoder layer and the root), or splits it into 1F1B pipeline stages
 (:class:`flopscope.distributed.pipeline.DecoderStage`, torch's ``PipelineStage`` and
 ``Schedule1F1B``), activation checkpointing with transformers' own switch (non-reentrant). The
-loss is the sum of the logits (the planner's convention). Each step: a barrier, forward and
+loss is the planner's: a causal LM's cross-entropy (:func:`flopscope.execution.training
+.causal_lm_loss`), on the vocabulary shards under ``loss_parallel()`` in tensor-parallel layouts
+without stages (the planner's default loss parallelism). Each step: a barrier, forward and
 backward (timed: what the planner's step time models), then AdamW's step and ``zero_grad``
 (timed apart: the planner's step leaves the optimizer out).
 
@@ -27,6 +29,7 @@ and are not in it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -120,6 +123,7 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
 
     from flopscope import sources
     from flopscope.distributed import Layout, apply_layout
+    from flopscope.execution.training import causal_lm_loss
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -136,7 +140,11 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
         assert isinstance(ids, torch.Tensor)
         if job.checkpoint:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-        layout = Layout(job.world, tp=job.tp, fsdp=job.dp, pp=job.pp, rank=rank)
+        # the planner's training step: cross-entropy as transformers computes it, on the
+        # vocabulary shards (loss parallelism) in tensor-parallel layouts without stages
+        parallel_loss = job.tp > 1 and job.pp == 1
+        layout = Layout(job.world, tp=job.tp, fsdp=job.dp, pp=job.pp, rank=rank,
+                        loss_parallel=parallel_loss)
         mesh = layout.mesh()
         dp_rank = mesh["dp"].get_local_rank() if job.dp > 1 else 0
         per = job.micro_batch * job.microbatches
@@ -146,8 +154,10 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
             module: torch.nn.Module = model
 
             def fwd_bwd() -> None:
-                logits = model(input_ids=local).logits
-                logits.sum().backward()
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                with loss_parallel() if parallel_loss else contextlib.nullcontext():
+                    causal_lm_loss(model(input_ids=local).logits, local).backward()
         else:
             from torch.distributed import pipelining
 
@@ -169,7 +179,7 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
                                             output_args=(example_out,),
                                             group=mesh["pp"].get_group())
             sched = pipelining.Schedule1F1B(pipe, n_microbatches=job.microbatches,
-                                            loss_fn=lambda out, target: out.sum())
+                                            loss_fn=causal_lm_loss)
 
             def fwd_bwd() -> None:
                 if layout.stage == 0:
