@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.results_file import append_run
+
 STAGES = ("bare dispatch mode", "bare + module listener", "Counter block",
           "Counter block + report", "count")
 
@@ -116,9 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"label": args.label, "load": run["load"],
                       "ratio": {r["model"]: r["ratio"] for r in rows}}))
     if args.json is not None:
-        previous = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
-        previous["runs"].append(run)
-        args.json.write_text(json.dumps(previous, indent=1) + "\n")
+        append_run(args.json, run)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import append_run
+
 TOOLS = ("plain", "bare dispatch mode", "ptflops", "FlopCounterMode", "flopscope")
 _HELPER = r"""
 #include <valgrind/callgrind.h>
@@ -201,9 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: row[k] for k in ("model", "ops", "ratio", "per_op_beyond_plain",
                                               "flopscope_beyond_bare_per_op")}), flush=True)
     if args.json is not None:
-        previous = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
-        previous["runs"].append({"label": args.label, "rows": rows})
-        args.json.write_text(json.dumps(previous, indent=1) + "\n")
+        append_run(args.json, {"label": args.label, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks import tools
 from benchmarks.agreement import _TupleOutput
 from benchmarks.models import Bench
+from benchmarks.results_file import append_run
 
 FLOOR = "bare dispatch mode"  # a TorchDispatchMode that only forwards: the floor of such tools
 
@@ -127,9 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                       "ratios": {r["model"]: {n: round(t["ratio"], 3) for n, t in r["tools"].items()}
                                  for r in rows}}))
     if args.json is not None:
-        previous = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
-        previous["runs"].append(run)
-        args.json.write_text(json.dumps(previous, indent=1) + "\n")
+        append_run(args.json, run)
 
 
 if __name__ == "__main__":
