@@ -190,3 +190,29 @@ def test_a_collective_is_sorted_by_its_group() -> None:
     bare = comm_time([dataclasses.replace(r, group="") for r in (sp, fsdp)], links, tp=4, dp=4)
     assert bare.blocking_forward == 0
     assert bare.overlapped_first + bare.overlapped_rest == pytest.approx(2 * 1.01e-2)
+
+
+def test_over_gloos_links_nothing_overlaps() -> None:
+    # the records of test_overlap_rules over links a gloo calibration measured: gloo's
+    # transfers run on the CPU cores the ranks compute on, so FSDP2's all-gathers and
+    # reduce-scatters are exposed where they run, as the blocking all-reduces are
+    records = [
+        _rec("all_gather", Phase.FORWARD, 4, 4_000_000),       # 4.04 ms
+        _rec("all_reduce", Phase.FORWARD, 2, 1_000_000),       # 1.02 ms
+        _rec("all_reduce", Phase.BACKWARD, 3, 2_000_000),      # 2.03 ms
+        _rec("all_gather", Phase.BACKWARD, 3, 3_000_000),      # 3.03 ms
+        _rec("reduce_scatter", Phase.BACKWARD, 4, 4_000_000),  # 4.04 ms
+    ]
+    gloo = dataclasses.replace(Links.of(HW, gpus_per_node=8), overlap=False)
+    t = comm_time(records, gloo, tp=2, dp=2, gpus=8)
+    assert t.overlapped_first == t.overlapped_rest == 0.0
+    assert t.blocking_forward == pytest.approx(4.04e-3 + 1.02e-3)
+    assert t.blocking_backward == pytest.approx(2.03e-3 + 3.03e-3 + 4.04e-3)
+    assert t.exposed(20e-3) == pytest.approx(14.16e-3)  # all of it, however long the compute
+    # a profile whose link calibration was measured with gloo gets such links
+    gloo_hw = _calibrated(HW)  # its link calibration was measured with gloo
+    assert gloo_hw.link_calibration is not None and gloo_hw.link_calibration.backend == "gloo"
+    assert not Links.of(gloo_hw, gpus_per_node=8).overlap
+    nccl = dataclasses.replace(gloo_hw.link_calibration, backend="nccl")
+    assert Links.of(dataclasses.replace(HW, link_calibration=nccl), gpus_per_node=8).overlap
+    assert Links.of(HW, gpus_per_node=8).overlap  # the profile's link fields: a device's

@@ -30,6 +30,10 @@ whole layout.
   model) the same way, overlapped with backward bucket by bucket; one bucket (the first
   all-reduce call) is exposed.
 
+Where the links are gloo's (a link calibration measured with the ``gloo`` backend: ranks on CPU
+cores), nothing overlaps: gloo's transfers run on the cores the ranks compute on, so FSDP2's and
+DDP's collectives are exposed where they run, as the blocking ones are (:attr:`Links.overlap`).
+
 Which parallelism issued a collective is told by its group (``CommRecord.group``: the device
 mesh's dimension): an all-gather or reduce-scatter over the tensor-parallel group (``tp``:
 sequence parallelism's, before and after attention and the MLP) is blocking and exposed, as the
@@ -76,6 +80,8 @@ class Links:
         calibration: the profile's link calibration (its fits, per kind and group size, are
             preferred over the link fields on the link it measured).
         source: where the figures come from, for reports.
+        overlap: collectives can run beside compute (a device's copy engines and NCCL's
+            kernels); ``False`` for gloo's links (the CPU cores that compute move the data).
     """
 
     intra_bandwidth: float
@@ -85,6 +91,7 @@ class Links:
     gpus_per_node: int
     calibration: LinkCalibration | None = None
     source: str = "the profile's link fields"
+    overlap: bool = True
 
     @classmethod
     def of(cls, hardware: Hardware, gpus_per_node: int, gpus: int | None = None) -> Links:
@@ -121,7 +128,7 @@ class Links:
                       f"{cal.link}-node)")
         return cls(hardware.intra_node_bandwidth, hardware.intra_node_latency,
                    hardware.inter_node_bandwidth, hardware.inter_node_latency, gpus_per_node,
-                   cal, source)
+                   cal, source, overlap=cal is None or cal.backend != "gloo")
 
     def call_seconds(self, kind: str, bus_bytes: int, calls: int, span: int,
                      group_size: int = 0) -> float:
@@ -229,6 +236,7 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
             span = r.group_size
         seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
         by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * scale
+        overlapped = overlapped and links.overlap  # gloo: on the cores that compute
         if overlapped:
             if (not first_seen and r.calls > 0
                     and ((r.kind == "all_gather" and r.phase is Phase.FORWARD)
