@@ -5,7 +5,6 @@ layer; refused where FSDP2 pads a parameter."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -14,6 +13,7 @@ from tests.plan.same_role import assert_same_role
 
 import flopscope
 from flopscope.estimate import get_hardware
+from flopscope.plan import degrees as degrees_module
 from flopscope.plan import planner
 from flopscope.plan.degrees import pads
 from flopscope.plan.planner import build_model
@@ -158,14 +158,35 @@ def test_a_sweep_of_device_counts_plans_the_same_with_degrees_shared(
 
     clear_cache()
     monkeypatch.setattr(planner, "Roles", roles)
-    fast = sweep()
-    assert [r.from_degrees for r in made] == [0, 0, 1]
+    slow = sweep()  # one plan keeps no small runs for the next: nothing is derived
+    assert [r.from_degrees for r in made] == [0, 0, 0]
+    assert not degrees_module.sharing_degrees()
+    made.clear()
     clear_cache()
-    monkeypatch.setattr(planner, "Roles", functools.partial(Roles, repeat_degrees=False))
-    slow = sweep()
+    with degrees_module.shared_degrees():  # as flopscope.plan.sweep plans its device counts
+        fast = sweep()
+    assert [r.from_degrees for r in made] == [0, 0, 1]
     clear_cache()
     assert len(fast) == 3
     for a, b in zip(fast, slow, strict=True):
         assert a[:5] == b[:5]
         for part, seconds in b[5].items():
             assert math.isclose(a[5][part], seconds, rel_tol=1e-12, abs_tol=1e-18)
+
+
+def test_a_sequential_sweep_shares_small_runs_and_one_plan_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from flopscope.errors import UsageError
+    from flopscope.plan import sweeps
+
+    seen: list[bool] = []
+
+    def plan(*_: Any, **__: Any) -> Any:
+        seen.append(degrees_module.sharing_degrees())
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(sweeps, "plan", plan)
+    rows = list(sweeps.sweep(["hf:llama"], gpus=[2, 4], hardware="h100-sxm"))
+    assert [r.error for r in rows] == ["stop here", "stop here"]
+    assert seen == [True, True]  # every plan of the sweep shares
+    assert not degrees_module.sharing_degrees()  # and nothing after it

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
@@ -42,7 +43,8 @@ from flopscope.distributed.repeat import NotRepeating
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.plan.layers import Small, unit_module
 
-__all__ = ["Degrees", "Dims", "clear_degrees", "derive", "dims_of", "pads", "same_run"]
+__all__ = ["Degrees", "Dims", "clear_degrees", "derive", "dims_of", "pads", "same_run",
+           "shared_degrees", "sharing_degrees"]
 
 #: what tells a role's small runs apart (layers per stage, stages of a small pipeline)
 C = TypeVar("C", bound=Hashable)
@@ -232,6 +234,31 @@ _RUNS: dict[tuple[Hashable, str, Hashable, Hashable], dict[int, _Kept]] = {}
 def clear_degrees() -> None:
     """Forget every kept small run."""
     _RUNS.clear()
+
+
+_SHARING = [0]  # open shared_degrees() blocks
+
+
+@contextmanager
+def shared_degrees() -> Iterator[None]:
+    """Plans made inside share their roles' small runs across FSDP2 degrees (what
+    :func:`flopscope.plan.sweep` does over its device counts): one plan has each role at one
+    degree only, so it keeps none (about 0.4 MB per small run of a 16-layer Llama of width
+    256 here, more for a 70B rank) unless a later plan of the same process can use them.
+
+    Yields:
+        Nothing.
+    """
+    _SHARING[0] += 1
+    try:
+        yield
+    finally:
+        _SHARING[0] -= 1
+
+
+def sharing_degrees() -> bool:
+    """Whether plans made now share small runs across degrees (:func:`shared_degrees`)."""
+    return _SHARING[0] > 0
 
 
 class Degrees:

@@ -24,6 +24,7 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
+from flopscope.plan.degrees import sharing_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import applied, decoder_note
@@ -409,7 +410,7 @@ def plan(
                 f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
                 f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch "
                 f"of {batch}" + _restricted(tp, pp, ep) + ": change --gpus or --global-batch")
-        roles = Roles(build, hw, identity)
+        roles = Roles(build, hw, identity, repeat_degrees=sharing_degrees())
         expert_roles = ExpertRoles(build, hw, identity)
 
         def runs_of(choice: Choice) -> list[RoleRun]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
+from flopscope.plan.degrees import shared_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.planner import Plan, build_model, plan
 from flopscope.plan.precision import mixed_precision
@@ -182,8 +183,9 @@ def sweep(
         return SweepRow(source, count, seq, made)
 
     if jobs <= 1 and ray is None:
-        for point in points:
-            yield row(point)
+        with shared_degrees():  # a role at a third device count from the first two
+            for point in points:
+                yield row(point)
         return
     needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
     keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
