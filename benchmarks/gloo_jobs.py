@@ -153,9 +153,9 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
             apply_layout(model, layout, mesh)
             module: torch.nn.Module = model
 
-            def fwd_bwd() -> None:
-                from torch.distributed.tensor.parallel import loss_parallel
+            from torch.distributed.tensor.parallel import loss_parallel
 
+            def fwd_bwd() -> None:
                 with loss_parallel() if parallel_loss else contextlib.nullcontext():
                     causal_lm_loss(model(input_ids=local).logits, local).backward()
         else:

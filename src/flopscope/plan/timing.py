@@ -32,7 +32,7 @@ from fractions import Fraction
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
-from flopscope.estimate.comm_time import CommTime, Links, comm_time
+from flopscope.estimate.comm_time import OVERLAPPED_KINDS, CommTime, Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
@@ -157,8 +157,7 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
     hooks = 0.0
     if predicted and cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
-            r.calls for r in records if r.kind in ("all_gather", "reduce_scatter")
-            and r.group != "tp")
+            r.calls for r in records if r.kind in OVERLAPPED_KINDS and r.group != "tp")
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
                   backward=phase(Phase.BACKWARD.value) * scale,
                   recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm, hooks=hooks)
