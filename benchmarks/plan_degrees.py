@@ -79,7 +79,7 @@ def _simulate(w: int) -> Any:
                     sequence_parallel=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = simulate(lambda: build(1, False), layout, backward=True, shape_only=True,
+        report = simulate(lambda: build(1, "none"), layout, backward=True, shape_only=True,
                           logical=False, prepare=prepare, observers=[tracker, log], warn=False)
     params = list(kept[0].parameters())
     memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params

@@ -329,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="each run's layout on a tiny model (seconds)")
     parser.add_argument("--json", help="where to write (default: "
                         "benchmarks/results/published_runs.json; with --dry, nowhere)")
+    parser.add_argument("--checkpointing", default="",
+                        help="comma-separated checkpointing choices planned for every run "
+                             "instead of its own (e.g. selective)")
     args = parser.parse_args(argv)
+    choices = tuple(s for s in args.checkpointing.split(",") if s)
     path = args.json or (None if args.dry else "benchmarks/results/published_runs.json")
     only = {s for s in args.only.split(",") if s}
     unknown = only - {r["id"] for r in RUNS}
@@ -344,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in RUNS:
         if only and run["id"] not in only:
             continue
+        if choices:
+            run = {**run, "checkpointing": choices}
         row = compare(shrink(run) if args.dry else run)
         row["load"] = round(load, 1)
         kept[run["id"]] = row

@@ -36,6 +36,7 @@ def _roles(repeat: bool, config: dict[str, Any] = MOVING) -> Roles:
     RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=False),
     RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=True),
     RoleKey(tp=1, pp=1, stage=0, dp=4, micro_batch=2, microbatches=1, checkpoint=False),
+    RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint="selective"),
 ])
 def test_a_role_from_small_layer_counts_equals_the_whole_simulation(key: RoleKey) -> None:
     clear_cache()
@@ -101,7 +102,7 @@ def test_a_plan_is_the_same_with_roles_from_small_layer_counts(
     assert figures(fast) == figures(slow)
     # MFU's numerator, also from small layer counts: the whole model's forward + backward FLOPs
     # for one sequence, counted every layer, times the global batch of 2
-    model, args, kwargs = build_model("hf:llama", SEQ, "float32", MOVING)(1, False)
+    model, args, kwargs = build_model("hf:llama", SEQ, "float32", MOVING)(1, "none")
     whole = flopscope.count(model, flopscope.Inputs(*args, **kwargs), backward=True,
                             shape_only=True, warn=False)
     assert fast.model_flops == slow.model_flops == whole.flops * 2

@@ -43,7 +43,7 @@ def _rank(loss_parallel: bool) -> tuple[Report, list[tuple[str, str, str, int]],
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = simulate(lambda: build(1, False), Layout(2, tp=2, loss_parallel=loss_parallel),
+        report = simulate(lambda: build(1, "none"), Layout(2, tp=2, loss_parallel=loss_parallel),
                           backward=True, logical=False, loss="cross_entropy", prepare=prepare,
                           observers=[tracker], warn=False)
     tracker.profile()
@@ -154,5 +154,5 @@ def test_bad_use() -> None:
     with pytest.raises(UsageError, match="not built with --pp or --ep"):
         Layout(4, tp=2, pp=2, loss_parallel=True)
     with pytest.raises(UsageError, match="unknown loss 'mse': use one of sum, cross_entropy"):
-        count_rank(build_model("hf:llama", 8, "float32", CONFIG)(1, False)[0], backward=True,
+        count_rank(build_model("hf:llama", 8, "float32", CONFIG)(1, "none")[0], backward=True,
                    loss="mse")

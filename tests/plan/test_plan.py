@@ -57,8 +57,9 @@ def test_enumeration_is_the_divisor_triples() -> None:
 
 
 def test_enumeration_refuses_unknown_checkpointing() -> None:
-    with pytest.raises(UsageError, match="unknown checkpointing 'selective'"):
-        enumerate_layouts(2, ModelShape(2, 4, 2, 512), 2, ("selective",))
+    with pytest.raises(UsageError, match="unknown checkpointing 'full'; use one of none, block, "
+                                         "selective"):
+        enumerate_layouts(2, ModelShape(2, 4, 2, 512), 2, ("full",))
 
 
 def test_each_role_is_simulated_once_and_reused(two_gpus: Plan) -> None:

@@ -61,7 +61,7 @@ def test_all_gathers_in_the_compute_dtype_reduce_scatters_in_the_reduce_dtype() 
 
     def payloads(reduce: str) -> dict[tuple[str, str, str], int]:
         layout = Layout(2, fsdp=2, mixed_precision=("bfloat16", reduce))
-        report = simulate(lambda: build(1, False), layout, backward=True, logical=False)
+        report = simulate(lambda: build(1, "none"), layout, backward=True, logical=False)
         return {(c.module, c.phase.value, c.kind): c.payload_bytes
                 for c in report.communication}
 

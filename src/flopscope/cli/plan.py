@@ -81,8 +81,11 @@ def add_subcommands(subparsers: Any) -> None:
                    help="sequences per step (default: one per device)")
     p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
                    help="memory per device, e.g. 80GiB (default: the profile's capacity)")
-    p.add_argument("--checkpointing", default="none,block", metavar="none,block",
-                   help="activation checkpointing choices to try (default none,block)")
+    p.add_argument("--checkpointing", default="none,block", metavar="none,block,selective",
+                   help="activation checkpointing choices to try: none, block (every decoder "
+                        "block recomputed) and selective (inside each block all but matrix "
+                        "products, attention and tensor-parallel reductions recomputed); "
+                        "default none,block")
     p.add_argument("--tp", type=positive_int, metavar="N",
                    help="only layouts of this tensor-parallel degree (default: every one)")
     p.add_argument("--pp", type=positive_int, metavar="N",
@@ -136,7 +139,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     """Refuse options that do not go together (exit 2); the plan's options."""
-    from flopscope.plan.space import CHECKPOINTING
+    from flopscope.plan.checkpointing import CHECKPOINTING, KNOWN
 
     serve = args.mode == "serve"
     if not sources:
@@ -166,10 +169,10 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     if not serve and args.max_new_tokens is not None:
         raise usage_error("--max-new-tokens applies to --serve only")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
-    bad = [c for c in choices if c not in CHECKPOINTING]
+    bad = [c for c in choices if c not in KNOWN]
     if bad or not choices:
-        raise usage_error(f"--checkpointing {args.checkpointing!r}: use none, block or "
-                          "none,block")
+        raise usage_error(f"--checkpointing {args.checkpointing!r}: give a comma-separated "
+                          f"list of {', '.join(KNOWN)} (e.g. none,block,selective)")
     options: dict[str, Any] = dict(gpus_per_node=args.gpus_per_node,
                                    memory_budget=args.memory_budget, dtype=args.dtype,
                                    tp=args.tp, pp=args.pp, ep=args.ep)

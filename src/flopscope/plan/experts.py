@@ -28,9 +28,10 @@ from torch import nn
 
 from flopscope.distributed import Layout, apply_layout
 from flopscope.estimate import Hardware
+from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
-from flopscope.plan.space import CHECKPOINTING, Choice, ModelShape, divisors
+from flopscope.plan.space import Choice, ModelShape, divisors
 
 __all__ = ["ExpertRoles", "expert_count", "expert_layouts", "remember"]
 
@@ -95,7 +96,7 @@ class ExpertRoles(OneRole[int]):
     def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
         """See :meth:`OneRole.role`."""
         key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                      choice.checkpoint == "block", loss=self.loss)
+                      choice.checkpoint, loss=self.loss)
         return choice.ep, key, choice.tp * choice.dp
 
     def shard(self, variant: int, key: RoleKey) -> Shard:

@@ -38,7 +38,7 @@ def model_flops(build: Build, global_batch: int) -> int:
                          warn=False)
 
     def one() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-        return build(1, False)
+        return build(1, "none")
 
     try:
         report = from_small(one, run)

@@ -13,7 +13,6 @@ ranked by step time.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
+from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE, enable
 from flopscope.plan.degrees import sharing_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.model_flops import model_flops
@@ -31,12 +31,7 @@ from flopscope.plan.options import applied, decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.serve import ServePlan
-from flopscope.plan.space import (
-    CHECKPOINTING,
-    Choice,
-    ModelShape,
-    enumerate_layouts,
-)
+from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
 from flopscope.plan.timing import Links, StepTime, step_time
 from flopscope.plan.vision import (
     VisionRoles,
@@ -187,8 +182,8 @@ class Plan:
 def build_model(source: str, seq_len: int | None, dtype: str,
                 config: Mapping[str, Any] | None) -> Build:
     """How a plan builds ``source``'s model for a role (:data:`~flopscope.plan.roles.Build`):
-    on ``meta``, in train mode, each decoder block checkpointed (transformers' own switch,
-    non-reentrant) when asked.
+    on ``meta``, in train mode, its decoder blocks checkpointed as asked
+    (:func:`flopscope.plan.checkpointing.enable`).
 
     Args:
         source: the SOURCE string.
@@ -201,20 +196,12 @@ def build_model(source: str, seq_len: int | None, dtype: str,
     """
     from flopscope import sources
 
-    def build(batch: int, checkpoint: bool) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+    def build(batch: int, checkpoint: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
         loaded = sources.load_model(source, batch=batch, seq_len=seq_len, config=config,
                                     shape_only=True, dtype=dtype)
         model = loaded.model
         model.train()
-        if checkpoint:
-            enable = (getattr(model, "activation_checkpointing_enable", None)
-                      or getattr(model, "gradient_checkpointing_enable", None))
-            if enable is None:
-                raise UsageError(f"{source}: the model has no activation checkpointing switch "
-                                 "(transformers' activation_checkpointing_enable)")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                enable({"use_reentrant": False})
+        enable(model, checkpoint, source)
         return model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
 
     return build
@@ -378,7 +365,7 @@ def plan(
     batch = global_batch if global_batch is not None else gpus
     stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, stored, config)
-    probe, args, _ = build(1, False)
+    probe, args, _ = build(1, "none")
     decoder = is_decoder(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
@@ -453,7 +440,8 @@ def plan(
              decoder_note(stored, mixed, sequence_parallel, loss_parallel) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
-             "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s")
+             "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
+             *((SELECTIVE_NOTE,) if "selective" in checkpointing else ()))
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))
@@ -480,7 +468,7 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
 
     check_serve_options(max_new_tokens, batches, training)
     build = build_model(source, seq_len, dtype, config)
-    probe, args, _ = build(1, False)
+    probe, args, _ = build(1, "none")
     shape = ModelShape.from_config(getattr(probe, "config", None))
     ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
     prompt = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
@@ -488,7 +476,7 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
     del probe
 
     def model() -> nn.Module:
-        built, _, _ = build(1, False)
+        built, _, _ = build(1, "none")
         return built.eval()
 
     identity = ("serve", *model_identity(source, seq_len, dtype, config))

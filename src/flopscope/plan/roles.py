@@ -59,8 +59,9 @@ __all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor"
            "roles_of"]
 
 #: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
-#: mode and ``batch`` sequences of token ids
-Build = Callable[[int, bool], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+#: mode, checkpointed as ``checkpoint`` says (:data:`flopscope.plan.checkpointing.KNOWN`), and
+#: ``batch`` sequences of token ids
+Build = Callable[[int, str], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ class RoleKey:
         dp: FSDP2 degree.
         micro_batch: sequences per microbatch.
         microbatches: microbatches in the simulated step (1 without stages).
-        checkpoint: every decoder block checkpointed.
+        checkpoint: the decoder blocks' checkpointing: ``"none"``, ``"block"`` or
+            ``"selective"`` (:mod:`flopscope.plan.checkpointing`); ``False`` and ``True`` are
+            taken as ``"none"`` and ``"block"``.
         mixed_precision: ``(compute dtype, reduce dtype)``: FSDP2's mixed precision policy
             (:attr:`flopscope.distributed.Layout.mixed_precision`); ``None``: the model's dtype
             throughout.
@@ -94,11 +97,15 @@ class RoleKey:
     dp: int
     micro_batch: int
     microbatches: int
-    checkpoint: bool
+    checkpoint: str
     mixed_precision: tuple[str, str] | None = None
     sequence_parallel: bool = False
     loss_parallel: bool = False
     loss: str = "sum"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpoint, bool):  # one key per role, whichever way it was named
+            object.__setattr__(self, "checkpoint", "block" if self.checkpoint else "none")
 
 
 def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
@@ -140,7 +147,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
         if 0 < s < choice.pp - 1:
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
-                           simulated, choice.checkpoint == "block", mixed_precision, sp,
+                           simulated, choice.checkpoint, mixed_precision, sp,
                            loss_parallel and choice.tp > 1 and choice.pp == 1, loss))
     return out
 
@@ -304,7 +311,7 @@ class Roles:
     def _repeats(self) -> bool:
         """Whether the model's decoder layers are alike (checked once)."""
         if self._alike is None:
-            model = self._build(1, False)[0]
+            model = self._build(1, "none")[0]
             found = layer_list(model)
             self._alike = found is not None and alike(list(found[1].children()))
             self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
@@ -364,7 +371,7 @@ class Roles:
     def _layer_count(self) -> int:
         """The model's decoder layers (and where: :attr:`_layers`)."""
         if not self._layers[0]:
-            found = layer_list(self._build(1, False)[0])
+            found = layer_list(self._build(1, "none")[0])
             self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
         return self._layers[1]
 

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from flopscope.errors import UsageError
+from flopscope.plan.checkpointing import CHECKPOINTING, KNOWN, LABEL_SUFFIX
 
-__all__ = ["CHECKPOINTING", "Choice", "ModelShape", "divisors", "enumerate_layouts",
+__all__ = ["Choice", "ModelShape", "divisors", "enumerate_layouts",
            "parse_bytes"]
 
-#: activation checkpointing choices: none, or every decoder block recomputed in backward
-CHECKPOINTING = ("none", "block")
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,9 @@ class Choice:
         dp: data-parallel (FSDP2) degree.
         micro_batch: sequences per microbatch on a rank.
         microbatches: microbatches per step (pipelined, or accumulated without stages).
-        checkpoint: ``"none"`` or ``"block"`` (every decoder block recomputed in backward).
+        checkpoint: ``"none"``, ``"block"`` (every decoder block recomputed in backward) or
+            ``"selective"`` (inside each block, what is not a matrix product, attention or a
+            tensor-parallel collective recomputed: :mod:`flopscope.plan.checkpointing`).
         data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks) or
             ``"ddp"`` (parameters replicated, gradients all-reduced; vision models).
         ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
@@ -101,7 +102,7 @@ class Choice:
         ep = f" EP{self.ep}" if self.ep > 1 else ""
         return (f"TP{self.tp} PP{self.pp} {dp}{self.dp}{ep} "
                 f"mb{self.micro_batch}x{self.microbatches}"
-                + (" ckpt" if self.checkpoint == "block" else ""))
+                + LABEL_SUFFIX[self.checkpoint])
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -142,9 +143,9 @@ def enumerate_layouts(
     Raises:
         UsageError: a bad checkpointing choice.
     """
-    bad = [c for c in checkpointing if c not in CHECKPOINTING]
+    bad = [c for c in checkpointing if c not in KNOWN]
     if bad:
-        raise UsageError(f"unknown checkpointing {bad[0]!r}; use one of {', '.join(CHECKPOINTING)}")
+        raise UsageError(f"unknown checkpointing {bad[0]!r}; use one of {', '.join(KNOWN)}")
     out: list[Choice] = []
     for tp in divisors(gpus):
         if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp:

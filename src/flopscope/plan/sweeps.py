@@ -22,13 +22,14 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
+from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.planner import Plan, build_model, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey, roles_of
 from flopscope.plan.serve import ServePlan, serve_layouts
-from flopscope.plan.space import CHECKPOINTING, ModelShape, enumerate_layouts
+from flopscope.plan.space import ModelShape, enumerate_layouts
 from flopscope.plan.vision import data_parallel_layouts, is_decoder
 from flopscope.plan.workers import RoleTask, remember_result, results
 
@@ -97,7 +98,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     """
     dtype, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, dtype, config)
-    probe, args, _ = build(1, False)
+    probe, args, _ = build(1, "none")
     model_config = getattr(probe, "config", None)
     ids = args[0] if args else None
     prompt = int(ids.shape[-1]) if ids is not None and hasattr(ids, "shape") else 0
@@ -112,7 +113,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         if mode == "serve" or max(tp or 1, pp or 1, ep or 1) > 1:
             return []  # refused by the plan itself, with its message
         for choice in data_parallel_layouts(gpus, global_batch or gpus):
-            key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, False)
+            key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, "none")
             tasks.append(task("vision", key=key, data_parallel=choice.data_parallel))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
@@ -132,7 +133,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
             key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                          choice.checkpoint == "block", loss=ExpertRoles.loss)
+                          choice.checkpoint, loss=ExpertRoles.loss)
             tasks.append(task("experts", key=key, ep=choice.ep))
     return list(dict.fromkeys(tasks))
 

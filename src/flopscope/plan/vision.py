@@ -104,7 +104,7 @@ class VisionRoles(OneRole[str]):
     def role(self, choice: Choice) -> tuple[str, RoleKey, int]:
         """See :meth:`OneRole.role`."""
         return choice.data_parallel, RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1,
-                                             False), choice.dp
+                                             "none"), choice.dp
 
     def shard(self, variant: str, key: RoleKey) -> Shard:
         """See :meth:`OneRole.shard`."""
@@ -160,5 +160,5 @@ def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
                              "decoders' heads and layers); leave it out")
     if asked and any(c != "none" for c in checkpointing):
         raise UsageError(f"{source} is planned data parallel only (DDP or FSDP2 over the "
-                         "batch): activation checkpointing per block is built for transformers "
-                         "decoders; leave --checkpointing out")
+                         "batch): activation checkpointing (per block or selective) is built for "
+                         "transformers decoders; leave --checkpointing out")

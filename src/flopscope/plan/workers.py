@@ -27,6 +27,7 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
+from flopscope.plan.checkpointing import LABEL_SUFFIX
 from flopscope.plan.roles import RoleKey, RoleRun
 
 __all__ = ["RoleTask", "remember_result", "results", "run_task"]
@@ -80,7 +81,7 @@ class RoleTask:
         k = self.key
         assert k is not None
         return (f"{self.source} TP{k.tp} PP{k.pp} stage {k.stage} DP{k.dp} "
-                f"mb{k.micro_batch}{' ckpt' if k.checkpoint else ''}"
+                f"mb{k.micro_batch}{LABEL_SUFFIX[k.checkpoint]}"
                 + (" DDP" if self.data_parallel == "ddp" else "")
                 + (f" EP{self.ep}" if self.ep > 1 else ""))
 
@@ -105,7 +106,7 @@ def run_task(task: RoleTask) -> Any:
     if task.kind == "serve":
         assert task.serve is not None
         tp, batch, prompt, new_tokens = task.serve
-        roles = ServeRoles(lambda: build(1, False)[0].eval(), task.hardware, task.identity,
+        roles = ServeRoles(lambda: build(1, "none")[0].eval(), task.hardware, task.identity,
                            prompt, new_tokens)
         return roles.get(tp, batch)
     assert task.key is not None
@@ -114,8 +115,7 @@ def run_task(task: RoleTask) -> Any:
         choice = Choice(1, 1, k.dp, k.micro_batch, 1, "none", task.data_parallel)
         return VisionRoles(build, task.hardware, task.identity).runs(choice)[0]
     if task.kind == "experts":
-        choice = Choice(k.tp, 1, k.dp, k.micro_batch, 1, "block" if k.checkpoint else "none",
-                        "fsdp", task.ep)
+        choice = Choice(k.tp, 1, k.dp, k.micro_batch, 1, k.checkpoint, "fsdp", task.ep)
         return ExpertRoles(build, task.hardware, task.identity).runs(choice)[0]
     return Roles(build, task.hardware, task.identity).get(task.key)
 
