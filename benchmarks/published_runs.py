@@ -71,7 +71,8 @@ _GRAND_TETON = "H100 96 GB HBM2e, 2.4 TB/s, 500 W power limit (the h100-sxm prof
 _TORCHTITAN_GAP = [
     "selective per-op activation checkpointing (torchtitan's 'op' policy keeps some "
     "operators' outputs, attention and every other matrix product, and recomputes the rest): "
-    "the planner has none or every block, shown both",
+    "planned with none and every block in the main table; with torchtitan's "
+    "rule (selective-half) in published_runs_selective.json",
     "the devices ran at 500 W with HBM2e (the benchmark's footnote: their peak is between SXM "
     "and NVL); the profile is the 700 W SXM5 at 3.35 TB/s",
     "kernel efficiency: times are roofline lower bounds (every call at the bf16 dense peak or "

@@ -46,7 +46,7 @@ def test_saved_classes(op: Any, cls: str | None) -> None:
 
 def test_unknown_choice_and_a_model_without_the_switch() -> None:
     with pytest.raises(UsageError, match="unknown checkpointing 'full'; use one of none, block, "
-                                         "selective"):
+                                         "selective, selective-half"):
         enable(torch.nn.Linear(2, 2), "full", "mine")
     with pytest.raises(UsageError, match="mine: the model has no activation checkpointing "
                                          "switch"):
@@ -58,19 +58,19 @@ def _flops(run: RoleRun, phase: Phase, keep: Any = lambda op: True) -> int:
 
 
 @pytest.fixture(scope="module")
-def three() -> dict[tuple[int, str], RoleRun]:
+def runs() -> dict[tuple[int, str], RoleRun]:
     clear_cache()
     roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), get_hardware("h100-sxm"),
                   ("test_checkpointing",))
     # TP 2 (its all-reduces are DTensor's functional collectives) and FSDP2 over 2 ranks
     return {(tp, how): roles.get(RoleKey(tp, 1, 0, 3 - tp, 1, 1, how, loss="cross_entropy"))
-            for tp in (1, 2) for how in ("none", "block", "selective")}
+            for tp in (1, 2) for how in ("none", "block", "selective", "selective-half")}
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_selective_recomputes_all_but_the_saved_classes(
-        three: dict[tuple[int, str], RoleRun], tp: int) -> None:
-    none, block, sel = (three[tp, h] for h in ("none", "block", "selective"))
+        runs: dict[tuple[int, str], RoleRun], tp: int) -> None:
+    none, block, sel = (runs[tp, h] for h in ("none", "block", "selective"))
     # the forward is the same work whichever way the blocks are checkpointed, and the backward
     # the same under both checkpointings (under either, each block's input gradient is summed
     # once more in backward than without: an add of 256 x 256 per layer at down_proj)
@@ -104,6 +104,22 @@ def test_selective_recomputes_all_but_the_saved_classes(
     assert block.memory.peak_bytes < sel.memory.peak_bytes < none.memory.peak_bytes
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_selective_half_recomputes_every_other_product(
+        runs: dict[tuple[int, str], RoleRun], tp: int) -> None:
+    block, sel, half = (runs[tp, h] for h in ("block", "selective", "selective-half"))
+    # each block's products in order: q, k, v, o (attention), gate, up, down (MLP); the even
+    # ones (k, o, up) run again: on 256 tokens, k 2 x 256 x 256 x 128 = 16,777,216 FLOPs, o
+    # 2 x 256 x 256 x 256 = 33,554,432, up 2 x 256 x 256 x 512 = 67,108,864; 117,440,512 per
+    # layer, x 4 layers, split over the tensor-parallel ranks
+    again = {r.module.rsplit(".", 1)[-1] for r in half.report.records
+             if r.phase is Phase.RECOMPUTE and saved_class(r.op) == "matmul"}
+    assert again == {"k_proj", "o_proj", "up_proj"}
+    assert _flops(half, Phase.RECOMPUTE) == _flops(sel, Phase.RECOMPUTE) + 117_440_512 * 4 // tp
+    assert _flops(half, Phase.BACKWARD) == _flops(block, Phase.BACKWARD)
+    assert block.memory.peak_bytes < half.memory.peak_bytes < sel.memory.peak_bytes
+
+
 def test_cli_plans_selective(capsys: pytest.CaptureFixture[str]) -> None:
     flags = [a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]
     code = main(["plan", "hf:llama", "--gpus", "1", "--hardware", "h100", "--seq-len", "256",
@@ -121,5 +137,5 @@ def test_cli_refuses_an_unknown_choice(capsys: pytest.CaptureFixture[str]) -> No
     code = main(["plan", "hf:llama", "--gpus", "1", "--checkpointing", "none,full"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert ("--checkpointing 'none,full': give a comma-separated list of none, block, selective"
-            in err)
+    assert ("--checkpointing 'none,full': give a comma-separated list of none, block, "
+            "selective, selective-half" in err)

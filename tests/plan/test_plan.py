@@ -58,7 +58,7 @@ def test_enumeration_is_the_divisor_triples() -> None:
 
 def test_enumeration_refuses_unknown_checkpointing() -> None:
     with pytest.raises(UsageError, match="unknown checkpointing 'full'; use one of none, block, "
-                                         "selective"):
+                                         "selective, selective-half"):
         enumerate_layouts(2, ModelShape(2, 4, 2, 512), 2, ("full",))
 
 

@@ -81,11 +81,12 @@ def add_subcommands(subparsers: Any) -> None:
                    help="sequences per step (default: one per device)")
     p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
                    help="memory per device, e.g. 80GiB (default: the profile's capacity)")
-    p.add_argument("--checkpointing", default="none,block", metavar="none,block,selective",
-                   help="activation checkpointing choices to try: none, block (every decoder "
-                        "block recomputed) and selective (inside each block all but matrix "
-                        "products, attention and tensor-parallel reductions recomputed); "
-                        "default none,block")
+    p.add_argument("--checkpointing", default="none,block", metavar="LIST",
+                   help="activation checkpointing choices to try, comma-separated: none, block "
+                        "(every decoder block recomputed), selective (inside each block all but "
+                        "matrix products, attention and tensor-parallel reductions recomputed), "
+                        "selective-half (the same, every other matrix product kept); default "
+                        "none,block")
     p.add_argument("--tp", type=positive_int, metavar="N",
                    help="only layouts of this tensor-parallel degree (default: every one)")
     p.add_argument("--pp", type=positive_int, metavar="N",

@@ -11,6 +11,10 @@ operator class.
   all-gathers, whose outputs are the tensor-parallel degree times their inputs) is run again. The expensive FLOPs are not
   repeated; the cheap, memory-heavy intermediates are (the policy torchtitan calls "selective
   op" checkpointing, less its every-other-matmul rule).
+- ``selective-half``: the same, but of each block's matrix products only the first, third,
+  fifth ... are kept (the even ones run again): the rule of torchtitan's "op" policy, with
+  which its published Llama 3 runs were made (less memory than ``selective``, more
+  recomputation).
 
 Which operators a class holds is decided from the operator's name alone (the policy is asked
 about every call inside a block, before it runs): :func:`saved_class`.
@@ -33,10 +37,10 @@ CHECKPOINTING = ("none", "block")
 
 #: every choice a plan knows (``selective`` is tried when asked: ``--checkpointing
 #: none,block,selective``)
-KNOWN = ("none", "block", "selective")
+KNOWN = ("none", "block", "selective", "selective-half")
 
 #: a layout label's suffix per choice (``TP2 PP1 DP4 mb2x4 ckpt``)
-LABEL_SUFFIX = {"none": "", "block": " ckpt", "selective": " sac"}
+LABEL_SUFFIX = {"none": "", "block": " ckpt", "selective": " sac", "selective-half": " sac/2"}
 
 #: operator classes whose outputs selective checkpointing keeps, with the ATen operators (by
 #: name) each holds
@@ -53,7 +57,8 @@ SAVED_CLASSES: dict[str, tuple[str, ...]] = {
 SELECTIVE_NOTE = ("sac: selective activation checkpointing (torch.utils.checkpoint's "
                   "create_selective_checkpoint_contexts): inside each decoder block the outputs "
                   "of matrix products, attention and tensor-parallel all-reduces and "
-                  "reduce-scatters are kept, the rest run again in backward")
+                  "reduce-scatters are kept, the rest run again in backward; sac/2: the same "
+                  "with only every other matrix product kept (torchtitan's 'op' policy)")
 _CLASS_OF = {(("_c10d_functional" if cls == "collective" else "aten"), name): cls
              for cls, names in SAVED_CLASSES.items() for name in names}
 
@@ -95,6 +100,26 @@ def _contexts() -> Any:
     return create_selective_checkpoint_contexts(_policy)
 
 
+def _half_contexts() -> Any:
+    """A block's contexts under ``selective-half``: made once per checkpointed call, so the
+    count of matrix products starts at each block, in its forward and in its recomputation
+    alike (the policy is asked about the same calls in the same order both times)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    products = {False: 0, True: 0}  # by ctx.is_recompute
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        cls = saved_class(func)
+        if cls == "matmul":
+            products[ctx.is_recompute] += 1
+            if products[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (CheckpointPolicy.MUST_SAVE if cls is not None
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def enable(model: nn.Module, how: str, source: str) -> None:
     """Checkpoint ``model``'s decoder blocks as ``how`` says, through transformers' own switch
     (``activation_checkpointing_enable`` or ``gradient_checkpointing_enable``), non-reentrant.
@@ -117,8 +142,8 @@ def enable(model: nn.Module, how: str, source: str) -> None:
         raise UsageError(f"{source}: the model has no activation checkpointing switch "
                          "(transformers' activation_checkpointing_enable)")
     kwargs: dict[str, Any] = {"use_reentrant": False}
-    if how == "selective":
-        kwargs["context_fn"] = _contexts
+    if how != "block":
+        kwargs["context_fn"] = _contexts if how == "selective" else _half_contexts
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         switch(kwargs)

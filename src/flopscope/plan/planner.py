@@ -441,7 +441,8 @@ def plan(
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
-             *((SELECTIVE_NOTE,) if "selective" in checkpointing else ()))
+             *((SELECTIVE_NOTE,) if any(c.startswith("selective") for c in checkpointing)
+               else ()))
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))
