@@ -99,10 +99,14 @@ class CountingMode(TorchDispatchMode):
             if is_dtensor_call(types):
                 return self._dtensor(func, args, kwargs)
             return NotImplemented
+        entry = self.entries.get(id(func))
+        if entry is not None and entry.facts.ignored:  # a prim:: metadata query (autograd asks
+            return func(*args, **kwargs)  # every output's device): nothing to record
         recorder = self.recorder
         if recorder.dtensor.depth and in_sharding_propagation():
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
-        entry = self.entries.get(id(func)) or self.entry(func)
+        if entry is None:
+            entry = self.entry(func)
         if self.guard is not None and entry.facts.guarded:  # count(): keep the model's tensors
             self.guard(func, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
@@ -117,7 +121,7 @@ class CountingMode(TorchDispatchMode):
             # own fake mode (flopscope.core.memo.replays_fake)
             made = OUTPUTS.get(memo) if not _modes_below() or replays_fake(memo) else None
             if made is not None:
-                out = args[0] if made is SELF else replay(made)
+                out = args[0] if made is SELF else replay(made, args)
                 self.record(func, entry, args, kwargs, out, None, memo)
                 return out
             kernel = entry.facts.kernel
