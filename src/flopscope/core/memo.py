@@ -168,17 +168,19 @@ def _add_fake(key: list[Any], a: Any) -> bool:
     """A fake tensor of a symbolic count's mode, with no constant value: its metadata, sizes as
     expressions."""
     mode = a.fake_mode
-    if id(mode) not in FAKE_MODES or a.layout is not _STRIDED or a.is_nested \
-            or a.dtype in _COMPLEX:
+    entry = FAKE_MODES.get(id(mode))
+    if entry is None or a.layout is not _STRIDED or a.is_nested or a.dtype in _COMPLEX:
         return False
     if a.constant is not None and a.constant.numel():  # values a kernel may read (an empty
         return False  # one, such as a fresh key/value cache, has none)
     _saw_fake.yes = True
     key.append(_T)
     key.append(id(mode))
-    key.append(tuple(_expr(n) for n in a.shape))
-    key.append(tuple(_expr(n) for n in a.stride()))
-    key.append(_expr(a.storage_offset()))
+    if entry[1] is None:  # a static mode: plain integers
+        key += (a.shape, a.stride(), a.storage_offset())
+    else:
+        key += (tuple(_expr(n) for n in a.shape), tuple(_expr(n) for n in a.stride()),
+                _expr(a.storage_offset()))
     key.append(a.dtype)
     key.append(a.fake_device)
     key.append(a.requires_grad)
