@@ -32,7 +32,9 @@ The guards a replayed call would add are those its first call added (the same op
 same symbolic metadata). Tensors made from one template share its autograd version counter, so
 this is done only for a count without backward (no saved tensor's version is ever checked);
 outputs whose sizes hold a data-dependent (unbacked) symbol are never replayed (each call makes
-its own), nor are outputs with a storage offset.
+its own), nor are outputs with a storage offset. A shape-only simulation's fake mode (static
+sizes: :func:`static_replay`) is keyed the same way; its outputs are made fresh
+(:mod:`flopscope.core.fake_outputs`), so with backward too.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
+from flopscope.core import fake_outputs as fresh
 from flopscope.core.facts import MemoKind, facts
 
 __all__ = ["FAKE_MODES", "OUTPUTS", "SELF", "is_pure", "is_shared", "key_part", "outputs_of", "remember",
-           "replay", "replays_fake", "same_size", "signature", "spec", "symbolic_replay",
-           "template"]
+           "replay", "replays_fake", "same_size", "signature", "spec", "static_replay",
+           "symbolic_replay", "template"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -79,6 +82,7 @@ _F = object()  # the last element of a key made of fake tensors / SymInts (see r
 _S = object()  # a SymInt's place in a key
 _FAKE_ONE = object()  # first element of a spec of one fake output
 _FAKE_MANY = object()  # first element of a spec of a tuple or list of fake outputs
+_FAKE_SPECS = (_FAKE_ONE, _FAKE_MANY, *fresh.SPECS)
 _saw_fake = threading.local()  # per thread: whether the key being made holds a fake tensor
 _UNKEYED: set[int] = set()  # ids of prim:: operators, not keyed during a symbolic count
 
@@ -164,17 +168,19 @@ def _add_fake(key: list[Any], a: Any) -> bool:
     """A fake tensor of a symbolic count's mode, with no constant value: its metadata, sizes as
     expressions."""
     mode = a.fake_mode
-    if id(mode) not in FAKE_MODES or a.layout is not _STRIDED or a.is_nested \
-            or a.dtype in _COMPLEX:
+    entry = FAKE_MODES.get(id(mode))
+    if entry is None or a.layout is not _STRIDED or a.is_nested or a.dtype in _COMPLEX:
         return False
     if a.constant is not None and a.constant.numel():  # values a kernel may read (an empty
         return False  # one, such as a fresh key/value cache, has none)
     _saw_fake.yes = True
     key.append(_T)
     key.append(id(mode))
-    key.append(tuple(_expr(n) for n in a.shape))
-    key.append(tuple(_expr(n) for n in a.stride()))
-    key.append(_expr(a.storage_offset()))
+    if entry[1] is None:  # a static mode: plain integers
+        key += (a.shape, a.stride(), a.storage_offset())
+    else:
+        key += (tuple(_expr(n) for n in a.shape), tuple(_expr(n) for n in a.stride()),
+                _expr(a.storage_offset()))
     key.append(a.dtype)
     key.append(a.fake_device)
     key.append(a.requires_grad)
@@ -262,6 +268,8 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
                 return False  # costs only (a count with backward)
             if kind == MemoKind.SELF and args and out is args[0]:
                 return SELF
+            if fake[0] in fresh.SPECS:
+                return fresh.fresh_or_view(func, args, out, fake)
             return fake if kind == MemoKind.NEW or facts(func).pure_view else False
     if kind == MemoKind.SELF and args and out is args[0]:
         return SELF if _meta_of(out) is not False else None
@@ -317,11 +325,13 @@ def spec(out: Any) -> Any:
     return None
 
 
-def replay(s: Any) -> Any:
+def replay(s: Any, args: tuple[Any, ...] = ()) -> Any:
     """New meta tensors with the metadata of a :func:`spec` (not ``False`` or ``None``).
 
     Args:
         s: the spec.
+        args: the call's arguments (a static fake mode's view is made over the first one's
+            storage).
 
     Returns:
         A tensor, or a tuple or list of tensors.
@@ -333,6 +343,8 @@ def replay(s: Any) -> Any:
     if s[0] is _FAKE_MANY:
         fakes = [_FakeTensor(s[1], t, d) for t, d in s[3]]
         return tuple(fakes) if s[2] is tuple else fakes
+    if s[0] in fresh.SPECS:
+        return fresh.replay(s, args)
     made = [_empty_strided(p[0], p[1], dtype=p[2], device=_META) for p in s[1]]
     return tuple(made) if s[0] is tuple else made
 
@@ -345,7 +357,7 @@ def remember(key: tuple[Any, ...], s: Any) -> None:
     # a symbolic count's entries go when it ends: keys made of its fake tensors, and any key whose
     # outputs are its fake tensors (a factory given only scalars has the key a real count's call
     # would have, and must not hand that count a fake tensor)
-    if key[-1] is _F or (type(s) is tuple and s and (s[0] is _FAKE_ONE or s[0] is _FAKE_MANY)):
+    if key[-1] is _F or (type(s) is tuple and s and s[0] in _FAKE_SPECS):
         _FAKE_KEYS.append(key)
 
 
@@ -399,7 +411,13 @@ def _note_origins(func: Any, out: Any) -> None:
 
 def _fake_spec(out: Any) -> Any:
     """What :func:`replay` needs to make a symbolic count's fake outputs again (templates), or
-    ``None``."""
+    a static mode's (fresh meta tensors), or ``None``."""
+    first: Any = out if type(out) is _FakeTensor else out[0] if type(out) in (tuple, list) \
+        and out else None
+    if type(first) is _FakeTensor:
+        entry = FAKE_MODES.get(id(first.fake_mode))
+        if entry is not None and entry[1] is None:  # a static mode (see static_replay)
+            return fresh.spec(entry[0], out)
     if type(out) is _FakeTensor:
         entry = FAKE_MODES.get(id(out.fake_mode))
         tpl = template(out, entry[1]) if entry is not None else None
@@ -431,6 +449,29 @@ def replays_outputs(mode: Any) -> bool:
     without backward: see :func:`symbolic_replay`)."""
     entry = FAKE_MODES.get(id(mode))
     return entry is not None and entry[0] is mode and bool(entry[2])
+
+
+@contextmanager
+def static_replay(mode: Any) -> Iterator[None]:
+    """While the block runs, calls on ``mode``'s fake tensors (a fake mode without a shape
+    environment, as a shape-only simulation's) are memoised as a symbolic count's are: their
+    costs looked up, their outputs made again by :mod:`flopscope.core.fake_outputs` (new
+    tensors fresh, views over their base's storage), so with backward too.
+
+    Args:
+        mode: the ``FakeTensorMode`` (``shape_env`` ``None``).
+
+    Yields:
+        Nothing.
+
+    Raises:
+        ValueError: the mode has a shape environment (use :func:`symbolic_replay`).
+    """
+    if getattr(mode, "shape_env", None) is not None:
+        raise ValueError("static_replay() takes a fake mode without a shape environment; "
+                         "use symbolic_replay() for a symbolic count's")
+    with symbolic_replay(mode):
+        yield
 
 
 @contextmanager

@@ -19,7 +19,16 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from flopscope.core.cost_memo import cost_key
 from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
 from flopscope.core.integrity import WriteGuard
-from flopscope.core.memo import OUTPUTS, SELF, outputs_of, remember, replay, replays_fake, signature
+from flopscope.core.memo import (
+    FAKE_MODES,
+    OUTPUTS,
+    SELF,
+    outputs_of,
+    remember,
+    replay,
+    replays_fake,
+    signature,
+)
 from flopscope.core.recorder import Recorder
 from flopscope.core.unseen import unseen_calls
 
@@ -29,6 +38,7 @@ __all__ = ["CountingMode"]
 _DEFERS: dict[tuple[type, ...], bool] = {}
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 _modes_below = torch._C._len_torch_dispatch_stack
+_DEVICE = torch.ops.prim.device.default
 try:  # Dynamo's per-code-object frame strategy (see CountingMode._should_skip_dynamo)
     from torch._C._dynamo.eval_frame import (  # type: ignore[attr-defined,unused-ignore]
         _FrameAction,
@@ -37,6 +47,19 @@ try:  # Dynamo's per-code-object frame strategy (see CountingMode._should_skip_d
     )
 except ImportError:  # an older or newer torch without it: TorchDispatchMode's wrapper is kept
     set_code_exec_strategy = None  # type: ignore[assignment]
+
+
+def _static_device(t: Any) -> Any:
+    """A static fake mode's answer to ``prim.device`` on its fake tensor (its ``fake_device``:
+    torch's ``_device_handler`` outside a kernel), when that mode is the only one below this
+    one and memoised (:func:`~flopscope.core.memo.static_replay`); else ``None``."""
+    if type(t) is not FakeTensor:
+        return None
+    entry = FAKE_MODES.get(id(t.fake_mode))
+    if entry is None or entry[1] is not None or entry[0] is not t.fake_mode \
+            or t.fake_mode.in_kernel_invocation or _modes_below() != 1:
+        return None
+    return t.fake_device
 
 
 def _defers(types: tuple[type, ...]) -> bool:
@@ -99,10 +122,16 @@ class CountingMode(TorchDispatchMode):
             if is_dtensor_call(types):
                 return self._dtensor(func, args, kwargs)
             return NotImplemented
+        entry = self.entries.get(id(func))
+        if entry is not None and entry.facts.ignored:  # a prim:: metadata query (autograd asks
+            if func is _DEVICE and len(args) == 1:  # every output's device): nothing to record
+                return _static_device(args[0]) or func(*args, **kwargs)
+            return func(*args, **kwargs)
         recorder = self.recorder
         if recorder.dtensor.depth and in_sharding_propagation():
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
-        entry = self.entries.get(id(func)) or self.entry(func)
+        if entry is None:
+            entry = self.entry(func)
         if self.guard is not None and entry.facts.guarded:  # count(): keep the model's tensors
             self.guard(func, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
@@ -117,7 +146,7 @@ class CountingMode(TorchDispatchMode):
             # own fake mode (flopscope.core.memo.replays_fake)
             made = OUTPUTS.get(memo) if not _modes_below() or replays_fake(memo) else None
             if made is not None:
-                out = args[0] if made is SELF else replay(made)
+                out = args[0] if made is SELF else replay(made, args)
                 self.record(func, entry, args, kwargs, out, None, memo)
                 return out
             kernel = entry.facts.kernel

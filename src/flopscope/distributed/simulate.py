@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._pytree import tree_iter, tree_map_only
 
 from flopscope.core.counter import Counter
+from flopscope.core.memo import static_replay
 from flopscope.cost import Cost, Phase
 from flopscope.distributed.layout import Layout, apply_layout
 from flopscope.distributed.pipeline import (
@@ -274,7 +275,8 @@ def _stage_run(
             if prepare is not None:
                 prepare(stage, (ids,), {})
             return run_stage(stage, ids, **run)
-        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives(), \
+                static_replay(mode):
             stage.to_empty(device="cpu")
             fake_ids = to_fake(mode, ids)
             if prepare is not None:
@@ -481,7 +483,8 @@ def _one_rank(
                                 loss_parallel=layout.loss_parallel, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives():
+            with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives(), \
+                    static_replay(mode):
                 model.to_empty(device="cpu")
                 fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
                 if prepare is not None:

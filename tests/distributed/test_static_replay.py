@@ -1,0 +1,147 @@
+"""A shape-only simulated rank answers repeated operator calls from memory
+(:func:`flopscope.core.memo.static_replay`): the same report, memory profile, call points and
+roofline estimate as when every call runs in the fake tensor mode (the path it replaces)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import importlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from tests.plan.same_role import memory
+
+from flopscope.core.memo import static_replay
+from flopscope.distributed import Layout, simulate
+from flopscope.estimate import CallLog, MemoryTracker, get_hardware
+from flopscope.execution.meta import ShapeOnlyFakeMode
+from flopscope.plan.planner import build_model
+from flopscope.plan.roles import RoleKey, Roles, clear_cache, local_tensor
+
+# 4 layers, hidden 64 (4 heads of 16, 2 KV heads), MLP 128, vocabulary 1,000, 96 tokens
+CONFIG: dict[str, Any] = dict(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+SEQ = 96
+# the module (the package's name ``simulate`` is the function)
+simulate_module = importlib.import_module("flopscope.distributed.simulate")
+
+
+@contextlib.contextmanager
+def _nothing(mode: Any) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def _every_call_in_fake_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The path static_replay replaces: every call runs in the fake tensor mode."""
+    with monkeypatch.context() as m:
+        m.setattr(simulate_module, "static_replay", _nothing)
+        yield
+
+
+@contextlib.contextmanager
+def _fake_mode_calls() -> Iterator[collections.Counter[str]]:
+    """Count the operator calls that reach the shape-only fake mode."""
+    seen: collections.Counter[str] = collections.Counter()
+    original = ShapeOnlyFakeMode.dispatch
+
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        seen[str(func)] += 1
+        return original(self, func, types, args, kwargs)
+
+    ShapeOnlyFakeMode.dispatch = dispatch  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        ShapeOnlyFakeMode.dispatch = original  # type: ignore[method-assign]
+
+
+def _role(key: RoleKey) -> Any:
+    clear_cache()
+    roles = Roles(build_model("hf:llama", SEQ, "bfloat16", CONFIG), get_hardware("h100-sxm"),
+                  ("test_static_replay", key), repeat_layers=False, repeat_microbatches=False)
+    return roles.get(key)
+
+
+@pytest.mark.parametrize("key", [
+    RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=False,
+            loss="cross_entropy"),
+    RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=2, microbatches=1, checkpoint=True,
+            loss="cross_entropy"),
+    RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1, checkpoint=False,
+            mixed_precision=("bfloat16", "float32"), sequence_parallel=True,
+            loss_parallel=True, loss="cross_entropy"),
+    RoleKey(tp=1, pp=2, stage=0, dp=2, micro_batch=1, microbatches=2, checkpoint=False,
+            loss="cross_entropy"),
+    RoleKey(tp=2, pp=2, stage=1, dp=2, micro_batch=1, microbatches=2, checkpoint=True,
+            loss="cross_entropy"),
+    # selective checkpointing: its own dispatch mode keeps some outputs for the recomputation
+    RoleKey(tp=2, pp=1, stage=0, dp=2, micro_batch=1, microbatches=1,
+            checkpoint="selective-half", sequence_parallel=True, loss_parallel=True,
+            loss="cross_entropy"),
+])
+def test_a_role_is_the_same_with_calls_answered_from_memory(
+        key: RoleKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _fake_mode_calls() as fast_calls:
+        fast = _role(key)
+    with _every_call_in_fake_mode(monkeypatch), _fake_mode_calls() as slow_calls:
+        slow = _role(key)
+    assert fast.report == slow.report
+    # the whole memory profile: the peak, where, what is live then and at the end, the peak of
+    # every module and the timeline
+    assert fast.memory == slow.memory
+    assert memory(fast) == memory(slow)
+    assert fast.parameter_bytes == slow.parameter_bytes
+    assert fast.estimate.by_phase.keys() == slow.estimate.by_phase.keys()
+    for phase, row in slow.estimate.by_phase.items():
+        got = fast.estimate.by_phase[phase]
+        assert (got.calls, got.flops, got.bytes) == (row.calls, row.flops, row.bytes)
+        assert math.isclose(got.time_s, row.time_s, rel_tol=1e-12)
+    # not vacuous: the layers' repeated products and views were answered from memory
+    assert fast_calls["aten.mm.default"] < slow_calls["aten.mm.default"]
+    assert fast_calls["aten.view.default"] < slow_calls["aten.view.default"]
+
+
+def test_every_call_point_is_the_same_with_calls_answered_from_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory tracker's live bytes at every operator call (what a role from small runs
+    is put together from), with checkpointing (recomputation reruns the forward)."""
+    build = functools.partial(build_model("hf:llama", SEQ, "bfloat16", CONFIG), 2, "block")
+
+    def points() -> tuple[list[Any], Any]:
+        tracker, log = MemoryTracker(), CallLog()
+
+        def prepare(model: torch.nn.Module, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> None:
+            tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
+            tracker.register([t for t in kwargs.values() if isinstance(t, torch.Tensor)],
+                             "inputs")
+
+        report = simulate(build, Layout(4, tp=2, fsdp=2), backward=True, logical=False,
+                          loss="cross_entropy", prepare=prepare, observers=[tracker, log],
+                          warn=False)
+        out = [dataclasses.astuple(p) for p in tracker.call_points()]
+        tracker.close()  # (stops following storage resizes: torch's resize_ put back)
+        return out, (report, log.estimate(get_hardware("h100-sxm")).by_phase)
+
+    fast = points()
+    with _every_call_in_fake_mode(monkeypatch):
+        slow = points()
+    assert len(fast[0]) == len(slow[0]) > 1000
+    assert fast[0] == slow[0]
+    assert fast[1][0] == slow[1][0]
+
+
+def test_static_replay_takes_a_mode_without_a_shape_environment() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with pytest.raises(ValueError, match="without a shape environment"), \
+            static_replay(FakeTensorMode(shape_env=ShapeEnv())):
+        pass
