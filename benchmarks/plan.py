@@ -9,7 +9,11 @@ either way; two stages of deep pipelines (TP 8 x PP 32, stage 1; TP 4 x PP 64, s
 together from small pipelines and simulated over every microbatch; and from these the whole
 plans' time, estimated (it takes hours).
 
-Run: ``python -m benchmarks.plan [--70b] [--seq-len S] [--json FILE]`` (2 shared vCPUs here; the
+The roles are asked for as a plan asks for them: the causal LM's cross-entropy as the loss, loss
+parallelism on the tensor-parallel roles without stages. ``--peaks``: only the peak memory of
+those roles (put together from small runs where they can be).
+
+Run: ``python -m benchmarks.plan [--70b | --peaks] [--seq-len S] [--json FILE]`` (2 shared vCPUs here; the
 figures depend on the load).
 """
 
@@ -67,6 +71,59 @@ def one(config: dict[str, Any], gpus: int, global_batch: int, seq_len: int,
     }
 
 
+def _key(tp: int, pp: int, stage: int, dp: int, micro_batch: int, microbatches: int,
+         checkpoint: bool) -> Any:
+    """A role as a plan with the default options asks for it: the causal LM's cross-entropy as
+    the loss, loss parallelism on tensor-parallel layouts without stages (bfloat16 throughout,
+    no sequence parallelism)."""
+    from flopscope.plan.roles import RoleKey
+
+    return RoleKey(tp, pp, stage, dp, micro_batch, microbatches, checkpoint,
+                   loss_parallel=tp > 1 and pp == 1, loss="cross_entropy")
+
+
+#: the roles of the 70B table in docs/plan.md's "Speed": name -> (tp, pp, stage, dp,
+#: micro-batch, microbatches simulated, checkpointing)
+TABLE_ROLES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
+    "tp8_fsdp32_mb1": (8, 1, 0, 32, 1, 1, False),
+    "tp8_fsdp32_mb1_ckpt": (8, 1, 0, 32, 1, 1, True),
+    "tp8_pp2_fsdp16_stage0_mb1": (8, 2, 0, 16, 1, 2, False),
+    "tp8_pp32_dp1_stage1_mb1": (8, 32, 1, 1, 1, 32, False),
+    "tp4_pp64_dp1_stage0_mb1": (4, 64, 0, 1, 1, 64, False),
+    "tp8_pp8_fsdp4_stage0_mb1": (8, 8, 0, 4, 1, 8, False),
+}
+
+
+def peaks() -> dict[str, Any]:
+    """The peak memory of each role of the 70B table (:data:`TABLE_ROLES`), as a plan asks for
+    it today (:func:`_key`), each put together from small runs where it can be (the fast path;
+    the timed comparison of :func:`big` checks both ways agree).
+
+    Returns:
+        The figures: per role its peak (GiB), where, the seconds it took, and the load.
+    """
+    import os
+
+    import torch
+
+    from flopscope.plan.planner import build_model
+
+    torch.set_num_threads(1)
+    build = build_model("hf:llama", 4096, "bfloat16", LLAMA_70B)
+    out: dict[str, Any] = {"model": "70B-shaped Llama", "seq_len": 4096, "dtype": "bfloat16",
+                           "loss": "cross_entropy", "load_1min": round(os.getloadavg()[0], 2),
+                           "roles": {}}
+    for name, args in TABLE_ROLES.items():
+        seconds, run = _role_time(build, _key(*args), True)
+        out["roles"][name] = {
+            "seconds": round(seconds, 1), "loss_parallel": args[0] > 1 and args[1] == 1,
+            "peak_gib": round(run.memory.peak_bytes / 2**30, 2),
+            "peak_where": f"{run.memory.peak_module or '(root)'} ({run.memory.peak_phase})"}
+        print(name, json.dumps(out["roles"][name]), flush=True)
+    out["load_1min_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
 def _role_time(build: Any, key: Any, repeat: bool) -> tuple[float, Any]:
     """One role simulated in a fresh cache: seconds and its run (``repeat``: layers and
     microbatches put together from small counts where they can be; else every one simulated)."""
@@ -100,7 +157,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
     from flopscope.distributed.repeat import SMALL
     from flopscope.plan.layers import UNIT_SMALL
     from flopscope.plan.planner import build_model
-    from flopscope.plan.roles import RoleKey, roles_of
+    from flopscope.plan.roles import roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
 
     torch.set_num_threads(1)
@@ -113,7 +170,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
     per_pass: dict[bool, float] = {}
     fast_role: dict[bool, float] = {}
     for checkpoint in (False, True):
-        key = RoleKey(8, 1, 0, 32, 1, 1, checkpoint)
+        key = _key(8, 1, 0, 32, 1, 1, checkpoint)
         fast_s, fast = _role_time(build, key, True)
         slow_s, slow = _role_time(build, key, False)
         same = (fast.report == slow.report and fast.memory.peak_bytes == slow.memory.peak_bytes
@@ -129,7 +186,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
     # a pipeline stage of 40 layers (TP 8 x PP 2 x FSDP 16, stage 0, 2 microbatches) both
     # ways, and one of 10 layers (TP 8 x PP 8 x FSDP 4, stage 0, 8 microbatches: 80 layer
     # passes), simulated whole either way (too few layers to gain)
-    key = RoleKey(8, 2, 0, 16, 1, 2, False)
+    key = _key(8, 2, 0, 16, 1, 2, False)
     fast_s, fast = _role_time(build, key, True)
     slow_s, slow = _role_time(build, key, False)
     timed["tp8_pp2_fsdp16_stage0_mb1"] = {
@@ -142,7 +199,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
         "peak_where": f"{fast.memory.peak_module or '(root)'} ({fast.memory.peak_phase})",
         "estimate_repeated_s": round(2 * fast_role[False], 1),
         "estimate_every_layer_s": round(80 * per_pass[False], 1)}
-    pipe_s, _ = _role_time(build, RoleKey(8, 8, 0, 4, 1, 8, False), True)
+    pipe_s, _ = _role_time(build, _key(8, 8, 0, 4, 1, 8, False), True)
     timed["tp8_pp8_fsdp4_stage0_mb1"] = {
         "seconds": round(pipe_s, 1), "layer_passes": 80,
         "estimate_from_layer_passes_s": round(80 * per_pass[False], 1)}
@@ -150,8 +207,8 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
     # pipelines of more than 18 stages: the first, second and last stage put together from
     # the stage in pipelines of 5, 6 and 7 stages (as many microbatches), side by side with
     # the stage simulated over all its microbatches
-    for name, key in (("tp8_pp32_dp1_stage1_mb1", RoleKey(8, 32, 1, 1, 1, 32, False)),
-                      ("tp4_pp64_dp1_stage0_mb1", RoleKey(4, 64, 0, 1, 1, 64, False))):
+    for name, key in (("tp8_pp32_dp1_stage1_mb1", _key(8, 32, 1, 1, 1, 32, False)),
+                      ("tp4_pp64_dp1_stage0_mb1", _key(4, 64, 0, 1, 1, 64, False))):
         fast_s, fast = _role_time(build, key, True)
         slow_s, slow = _role_time(build, key, False)
         n = len(split_layers(layers, key.pp)[key.stage])
@@ -234,10 +291,13 @@ def main() -> None:
     parser.add_argument("--70b", dest="big", action="store_true",
                         help="only the 70B-shaped plans on 256 and 1,024 GPUs: their roles, "
                              "three roles timed, the whole plans' time estimated")
+    parser.add_argument("--peaks", action="store_true",
+                        help="only the peak memory of the 70B table's roles (put together "
+                             "from small runs), as a plan asks for them today")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    rows = [big()] if args.big else [one(SMALL, 8, 8, args.seq_len),
+    rows = [peaks()] if args.peaks else [big()] if args.big else [one(SMALL, 8, 8, args.seq_len),
                                       one(SMALL, 64, 64, args.seq_len)]
     for r in rows:
         print(json.dumps(r))

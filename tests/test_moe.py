@@ -580,3 +580,31 @@ def test_expert_parallel_real_gloo_job_equals_simulated(tmp_path: object) -> Non
             assert {k[1] for k in extra} <= {"aten.copy_.default"}, extra
             assert all(k in b and b[k].flops == 0 for k in extra)
             assert len(a) - len(extra) > 50  # the rest, equal, is most of the model
+
+
+@pytest.mark.parametrize(("layout", "groups"), [
+    # experts over the whole world, FSDP2 on the rest over the same 4 ranks
+    (dict(world_size=4, ep=4, fsdp=4),
+     {("all_gather", "dp", 4), ("reduce_scatter", "dp", 4), ("all_to_all", "ep", 4)}),
+    # tensor-parallel attention: the all-to-alls over every rank, FSDP2 over 2
+    (dict(world_size=4, ep=4, tp=2, fsdp=2),
+     {("all_gather", "tp", 2), ("all_reduce", "tp", 2), ("all_gather", "dp", 2),
+      ("reduce_scatter", "dp", 2), ("all_to_all", "ep", 4)}),
+    # expert groups of 4 in 8 ranks: each expert FSDP2-sharded over its 2 copies (efsdp), the
+    # rest over all 8
+    (dict(world_size=8, ep=4, fsdp=8),
+     {("all_gather", "dp", 8), ("reduce_scatter", "dp", 8), ("all_gather", "efsdp", 2),
+      ("reduce_scatter", "efsdp", 2), ("all_to_all", "ep", 4)}),
+])
+def test_expert_parallel_records_name_their_mesh_dimension(
+        layout: dict[str, int], groups: set[tuple[str, str, int]]) -> None:
+    # CommRecord.group names the device mesh's dimension, as tensor parallelism's and FSDP2's
+    # records do: the all-to-alls ``ep`` (they were ``world`` with tensor parallelism), FSDP2 on
+    # the non-expert parameters ``dp`` (``world`` in expert groups, ``ep`` over the whole world)
+    from flopscope.distributed import Layout, simulate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = simulate(_ep_meta_build, Layout(**layout), shape_only=True, backward=True,
+                          logical=False, warn=False)
+    assert {(r.kind, r.group, r.group_size) for r in report.communication} == groups

@@ -1,4 +1,4 @@
-"""``flopscope count --world-size N --pp/--ep/--sequence-parallel``: the options reach the layout,
+"""``flopscope count --world-size N --pp/--ep/--sequence-parallel/--loss-parallel``: the options reach the layout,
 the output carries every pipeline stage, and bad combinations are usage errors (exit 2)."""
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ def test_pipeline_table_lines(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--pp", "2"], "--pp, --ep, --sequence-parallel and --microbatches need --world-size"),
+    (["--pp", "2"], "--pp, --ep, --sequence-parallel, --loss-parallel and --microbatches need "
+                    "--world-size"),
+    (["--loss-parallel"], "--loss-parallel and --microbatches need --world-size"),
+    (["--world-size", "2", "--loss-parallel"],
+     "loss parallelism shards the logits over the tensor-parallel ranks: it needs --tp >= 2"),
+    (["--world-size", "4", "--tp", "2", "--pp", "2", "--loss-parallel"],
+     "is not built with --pp or --ep"),
     (["--world-size", "2", "--pp", "2", "--sequence-parallel", "--tp", "1"],
      "sequence parallelism shards activations over the tensor-parallel ranks"),
     (["--world-size", "4", "--ep", "2"], "expert parallelism is built over the whole world"),
@@ -58,3 +64,37 @@ def test_bad_parallel_options(capsys: pytest.CaptureFixture[str], argv: list[str
     code, _, err = _run(capsys, "count", *LLAMA, "--shape-only", *argv)
     assert code == 2
     assert message in err
+
+
+def test_loss_parallel_shards_the_head_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 2 of the 2-layer Llama, 16 tokens, float32: the same rank without and with
+    # --loss-parallel (Layout(loss_parallel=True), the planner's option)
+    argv = ["count", *LLAMA, "--shape-only", "--backward", "--world-size", "2", "--tp", "2",
+            "--format", "json"]
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0
+    off = json.loads(out)
+    code, out, _ = _run(capsys, *argv, "--loss-parallel")
+    assert code == 0
+    on = json.loads(out)
+    assert off["loss_parallel"] == {"on": False, "loss": "sum"}
+    assert on["loss_parallel"] == {"on": True, "loss": "cross_entropy"}
+    # the head's products (forward, input gradient, weight gradient) on half the vocabulary:
+    # 3 x 16 tokens x 64 x 256 / 2 = 393,216 MACs fewer on the rank
+    assert off["totals"]["macs"] - on["totals"]["macs"] == 3 * 16 * 64 * 256 // 2
+    # the loss's three all-reduces of one float32 per token (3 x 64 bytes) and the head's input
+    # gradient all-reduced in backward (16 x 64 float32 = 4,096 bytes), beside the layers' 14
+    kinds_off = off["communication"]["kinds"]["all_reduce"]
+    kinds_on = on["communication"]["kinds"]["all_reduce"]
+    assert (kinds_off["calls"], kinds_on["calls"]) == (14, 18)
+    assert kinds_on["payload_bytes"] - kinds_off["payload_bytes"] == 3 * 16 * 4 + 16 * 64 * 4
+    assert {r["group"] for r in on["communication"]["records"]} == {"tp"}
+
+
+def test_loss_parallel_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "count", *LLAMA, "--shape-only", "--world-size", "2", "--tp", "2",
+                        "--loss-parallel", "--depth", "0")
+    assert code == 0
+    assert ("loss parallelism: on: lm_head column-wise over the vocabulary, its logits "
+            "vocabulary shards on each of the 2 tensor-parallel ranks; backward from no loss "
+            "(forward only)") in out

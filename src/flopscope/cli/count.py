@@ -98,6 +98,11 @@ def add_subcommands(subparsers: Any) -> None:
     par.add_argument("--rank", type=int, default=0, metavar="R", help="the rank to count")
     par.add_argument("--sequence-parallel", action="store_true",
                      help="with --tp: the norms on sequence shards (SequenceParallel)")
+    par.add_argument("--loss-parallel", action="store_true",
+                     help="with --tp (no --pp or --ep): the head column-wise over the "
+                          "vocabulary, its logits left as vocabulary shards; with --backward "
+                          "from the causal LM's cross-entropy on the shards (torch's "
+                          "loss_parallel), as flopscope plan runs tensor parallelism")
     par.add_argument("--pp", type=int, default=1, metavar="N",
                      help="pipeline stages (torch.distributed.pipelining): every stage is "
                           "counted; the table shows --rank's stage")
@@ -178,10 +183,10 @@ def _simulated(args: argparse.Namespace, rules: Any, log: Any = None) -> tuple[A
     Raises:
         UsageError: a bad layout or a source that is not a Llama-style decoder.
     """
-    from flopscope.distributed import Layout, simulate, simulate_pipeline
+    from flopscope.distributed import simulate, simulate_pipeline
 
-    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
-                    ep=args.ep, sequence_parallel=args.sequence_parallel)
+    layout = _layout(args)
+    loss = _loss(args)
 
     builds = [0]
 
@@ -196,23 +201,44 @@ def _simulated(args: argparse.Namespace, rules: Any, log: Any = None) -> tuple[A
     if layout.pp > 1:
         pipeline = simulate_pipeline(build, layout, microbatches=args.microbatches,
                                      schedule=args.schedule, backward=args.backward,
-                                     shape_only=args.shape_only, **options)
+                                     shape_only=args.shape_only, **options)  # the sum of the logits
         if log is not None:  # the rank's own stage again, its calls logged (the one run that is)
             simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
                      logical=False, microbatches=args.microbatches, schedule=args.schedule,
-                     **observed)
+                     loss=loss or "sum", **observed)
         return pipeline.stages[layout.stage], pipeline
     return simulate(build, layout, backward=args.backward, shape_only=args.shape_only,
-                    **observed), None
+                    loss=loss or "sum", **observed), None
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    """The :class:`~flopscope.distributed.Layout` that ``--world-size/--tp/--fsdp/--rank/--pp/
+    --ep/--sequence-parallel/--loss-parallel`` say.
+
+    Raises:
+        UsageError: a bad layout.
+    """
+    from flopscope.distributed import Layout
+
+    return Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
+                  ep=args.ep, sequence_parallel=args.sequence_parallel,
+                  loss_parallel=args.loss_parallel)
+
+
+def _loss(args: argparse.Namespace) -> str | None:
+    """What a simulated rank's backward runs from: the causal LM's cross-entropy with
+    ``--loss-parallel`` (the loss computed on the logits' vocabulary shards), else the sum of
+    the outputs; ``None`` without ``--backward``."""
+    if not args.backward:
+        return None
+    return "cross_entropy" if args.loss_parallel else "sum"
 
 
 def _rank_step(args: argparse.Namespace, report: Any, estimate: Any, pipeline: Any) -> Any:
     """The simulated rank's predicted step time section (compute + exposed communication)."""
-    from flopscope.distributed import Layout
     from flopscope.distributed.display import rank_step_section
 
-    layout = Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
-                    ep=args.ep, sequence_parallel=args.sequence_parallel)
+    layout = _layout(args)
     bubble = float(pipeline.stage_bubbles[layout.stage]) if pipeline is not None else 0.0
     return rank_step_section(report, estimate, layout, args.hardware, args.gpus_per_node,
                              bubble)
@@ -249,18 +275,16 @@ def _check_options(args: argparse.Namespace) -> Any:
     if args.world_size is None:
         if args.tp != 1 or args.fsdp:
             raise usage_error("--tp and --fsdp need --world-size")
-        if args.pp != 1 or args.ep != 1 or args.sequence_parallel or args.microbatches:
-            raise usage_error("--pp, --ep, --sequence-parallel and --microbatches need "
-                              "--world-size")
+        if (args.pp != 1 or args.ep != 1 or args.sequence_parallel or args.loss_parallel
+                or args.microbatches):
+            raise usage_error("--pp, --ep, --sequence-parallel, --loss-parallel and "
+                              "--microbatches need --world-size")
     else:
         if args.memory:
             raise usage_error("--world-size does not combine with --memory yet")
         if timed:
             raise usage_error("--step-time does not combine with --world-size yet")
-        from flopscope.distributed import Layout
-
-        Layout(args.world_size, tp=args.tp, fsdp=args.fsdp, rank=args.rank, pp=args.pp,
-               ep=args.ep, sequence_parallel=args.sequence_parallel)  # a bad layout fails here
+        _layout(args)  # a bad layout fails here
     hardware = None
     if args.hardware:
         from flopscope.estimate import get_hardware
@@ -352,6 +376,10 @@ def run_count(args: argparse.Namespace) -> int:
         from flopscope.distributed.display import CommunicationSection, PipelineSection
 
         sections.append(CommunicationSection(report))
+        if args.world_size is not None and args.tp > 1:
+            from flopscope.distributed.display import loss_parallel_section
+
+            sections.append(loss_parallel_section(_layout(args), _loss(args)))
         if pipeline is not None:
             sections.append(PipelineSection(pipeline))
     if args.world_size is not None and args.ep > 1 and args.shape_only:

@@ -14,7 +14,8 @@ from flopscope.report.report import Report
 from flopscope.report.sections import Column
 
 __all__ = ["CommunicationSection", "PipelineSection", "communication_columns",
-           "communication_lines", "pipeline_lines", "rank_step_section", "step_lines"]
+           "communication_lines", "loss_parallel_section", "pipeline_lines", "rank_step_section",
+           "step_lines"]
 
 
 def communication_columns(report: Report) -> list[Column]:
@@ -218,3 +219,31 @@ def rank_step_section(report: Report, estimate: Any, layout: Any, hardware: Any,
                      gpus=layout.world_size, bubble=bubble, error=error)
     rank = report.rank if report.rank is not None else layout.rank
     return DataSection("step_time", step.to_dict(), tuple(step_lines(step, rank)))
+
+
+def loss_parallel_section(layout: Any, loss: str | None) -> Any:
+    """The ``"loss_parallel"`` section of a simulated tensor-parallel rank's report: whether its
+    head ran with loss parallelism (:attr:`~flopscope.distributed.Layout.loss_parallel`) and
+    what backward ran from.
+
+    Args:
+        layout: the rank's :class:`~flopscope.distributed.Layout`.
+        loss: what backward ran from (``"sum"``, ``"cross_entropy"``), ``None`` forward only.
+
+    Returns:
+        A :class:`~flopscope.report.sections.DataSection` (``{"on": bool, "loss": ...}``).
+    """
+    from flopscope.report.sections import DataSection
+
+    losses = {"sum": "the sum of the outputs", "cross_entropy": "the causal LM's cross-entropy",
+              None: "no loss (forward only)"}
+    if layout.loss_parallel:
+        line = (f"loss parallelism: on: lm_head column-wise over the vocabulary, its logits "
+                f"vocabulary shards on each of the {layout.tp} tensor-parallel ranks; backward "
+                f"from {losses[loss]}" + (" on the shards (torch's loss_parallel)"
+                                          if loss == "cross_entropy" else ""))
+    else:
+        line = (f"loss parallelism: off: lm_head whole on every tensor-parallel rank "
+                f"(--loss-parallel shards it, as flopscope plan does by default); backward from "
+                f"{losses[loss]}")
+    return DataSection("loss_parallel", {"on": layout.loss_parallel, "loss": loss}, (line,))

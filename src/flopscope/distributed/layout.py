@@ -344,17 +344,18 @@ def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     from flopscope.distributed.experts import apply_expert_parallel, moe_blocks
 
     layers = _decoder_layers(model)
+    # every group a mesh dimension of its own, so each collective's record names it
+    # (CommRecord.group: ``ep`` for the all-to-alls, ``dp`` for FSDP2 on the rest, ``efsdp`` for
+    # the experts' copies); a dimension spanning the world would otherwise be ``world``
+    dp_mesh = None
     if layout.tp > 1:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
 
         for layer in layers:
             parallelize_module(layer, mesh["tp"], llama_tp_plan(layer))
-        every = init_device_mesh("cpu", (layout.ep,), mesh_dim_names=("ep",))
-        apply_expert_parallel(model, {"ep": every, "tp": mesh["tp"]})
+        apply_expert_parallel(model, {"ep": named_mesh((layout.ep,), ("ep",)), "tp": mesh["tp"]})
         dp_mesh = mesh["dp"]
     elif layout.ep < layout.world_size:  # expert groups: each expert has world / ep copies
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Shard
 
@@ -368,16 +369,16 @@ def _expert_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
                 return Shard(1)
         for _, block in blocks:
             fully_shard(block.experts, mesh=mesh["efsdp"], shard_placement_fn=along)
-        dp_mesh = init_device_mesh("cpu", (layout.world_size,), mesh_dim_names=("dp",))
     else:
         apply_expert_parallel(model, mesh)
-        dp_mesh = mesh["ep"]
     if layout.fsdp is not None and layout.fsdp > 1:
         # torchtitan's layout at ep = dp_shard x tp: the experts sharded by expert parallelism
         # only (each on one rank, nothing to reduce), the rest by FSDP2 over the data-parallel
         # ranks
         from torch.distributed.fsdp import fully_shard
 
+        if dp_mesh is None:  # the non-expert parameters over every rank (fsdp = world size)
+            dp_mesh = named_mesh((layout.world_size,), ("dp",))
         experts = {p for _, b in moe_blocks(model) for p in b.experts.parameters()}
         for layer in layers:
             fully_shard(layer, mesh=dp_mesh, ignored_params=experts)
