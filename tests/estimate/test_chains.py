@@ -59,6 +59,21 @@ def test_chains_are_averaged_in_octaves_of_activation_bytes() -> None:
     assert cal.chain_factor("elementwise", 16) == pytest.approx(expected, rel=1e-12)
 
 
+def test_products_and_convolutions_take_the_chains_of_their_reduction_length() -> None:
+    depthwise = dataclasses.replace(chain(2.0, 4096, ("conv",)), reduction=9.0)
+    dense = dataclasses.replace(chain(0.5, 4096, ("conv",)), reduction=36.0)
+    cal = calibrated(POINTS, HOST, chains=(depthwise, dense)).calibration
+    assert cal is not None
+    # a depthwise 3x3 call (reduction 9): weights 1 and exp(-2^2 / 2) (log2(36 / 9) = 2)
+    w = math.exp(-2.0)
+    expected = math.exp((math.log(2.0) + w * math.log(0.5)) / (1 + w))
+    assert cal.chain_factor("conv", 4096, 9.0) == pytest.approx(expected, rel=1e-12)
+    # reduction 18: one octave from each, equal weights: the geometric mean of 2 and 1/2
+    assert cal.chain_factor("conv", 4096, 18.0) == pytest.approx(1.0, rel=1e-12)
+    # a call without a reduction length (a batch norm): by size alone, equal weights
+    assert cal.chain_factor("conv", 4096) == pytest.approx(1.0, rel=1e-12)
+
+
 def test_the_prediction_of_a_chained_family_is_scaled_host_and_device() -> None:
     x = torch.randn(1024)  # x + x: writes 4096 B, moves 12288 B
     plain = calibrated(POINTS, HOST)
@@ -84,7 +99,8 @@ def test_a_chain_factor_never_takes_a_call_below_its_bound() -> None:
 
 
 def test_chains_round_trip_through_a_profile_file(tmp_path: Path) -> None:
-    hw = calibrated(POINTS, HOST, chains=(chain(1.25, 8192, ("conv", "normalization")),))
+    hw = calibrated(POINTS, HOST, chains=(chain(1.25, 8192, ("conv", "normalization")),
+                                          dataclasses.replace(chain(1.5, 4096), reduction=9.0)))
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(hw.to_dict()))
     (loaded,) = load_hardware(path)
@@ -126,6 +142,8 @@ def test_chain_points_predict_each_chain_from_the_points_alone() -> None:
     assert first.what == "conv3x3+bn+relu 24x64x64 x3" and first.calls == 12
     assert first.activation_bytes == 24 * 64 * 64 * 4 and first.seconds == 2e-3
     assert first.families == ("conv", "elementwise", "normalization")
+    assert first.reduction == 24 * 3 * 3  # a dense 3x3 convolution's input channels x window
+    assert chains[-1].reduction == 896  # the last linear layer's input width
     # the points' prediction of the same chain counted by flopscope, without the chains
     torch.manual_seed(0)
     layers = [m for _ in range(3) for m in (nn.Conv2d(24, 24, 3, padding=1, bias=False),

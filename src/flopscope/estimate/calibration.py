@@ -102,6 +102,8 @@ class ChainPoint:
         seconds: its measured time per forward (the calibration's clock).
         predicted_s: what its calls' points predicted for it when it was calibrated (the
             model without chains: host plus device per call).
+        reduction: its products' or convolutions' reduction length (MACs per output element:
+            a depthwise 3x3 convolution's 9, a dense one's 9 x channels); 0: not recorded.
     """
 
     what: str
@@ -110,12 +112,14 @@ class ChainPoint:
     activation_bytes: int
     seconds: float
     predicted_s: float
+    reduction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The chain in the file format."""
-        return {"what": self.what, "families": list(self.families), "calls": self.calls,
-                "activation_bytes": self.activation_bytes, "seconds": self.seconds,
-                "predicted_s": self.predicted_s}
+        out = {"what": self.what, "families": list(self.families), "calls": self.calls,
+               "activation_bytes": self.activation_bytes, "seconds": self.seconds,
+               "predicted_s": self.predicted_s}
+        return {**out, "reduction": self.reduction} if self.reduction else out
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ChainPoint:
@@ -134,7 +138,8 @@ class ChainPoint:
         try:
             chain = cls(str(data.get("what", "")), tuple(str(f) for f in data["families"]),
                         int(data["calls"]), int(data["activation_bytes"]),
-                        float(data["seconds"]), float(data["predicted_s"]))
+                        float(data["seconds"]), float(data["predicted_s"]),
+                        float(data.get("reduction", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise UsageError(f"{where} is malformed ({type(e).__name__}: {e}); each needs "
                              "families, calls, activation_bytes, seconds, predicted_s") from None
@@ -253,17 +258,20 @@ class Calibration:
     fsdp_collective_s: float = 0.0
     chains: tuple[ChainPoint, ...] = ()
 
-    def chain_factor(self, family: str, written: int) -> float:
+    def chain_factor(self, family: str, written: int, reduction: float = 0.0) -> float:
         """How much longer (or shorter) a call of ``family`` writing ``written`` bytes takes in
         a chain of layers over fresh outputs than its points predict: over the :attr:`chains`
         holding the family, the geometric mean of measured / predicted weighted by
         ``exp(-d^2 / 2)``, ``d`` the octaves between ``written`` and the chain's activation
         bytes over :data:`CHAIN_OCTAVES` (``written`` taken at the chains' smallest or largest
-        size beyond them).
+        size beyond them); for a product or convolution (``reduction`` > 0), times the same
+        weight of the octaves between its reduction length and the chain's (a depthwise
+        convolution takes the depthwise chains', a dense one the dense chains').
 
         Args:
             family: the call's family.
             written: the bytes it writes.
+            reduction: its reduction length (0: none, or not a product).
 
         Returns:
             The factor; 1 without chains of the family or without bytes written.
@@ -271,10 +279,13 @@ class Calibration:
         chains = [c for c in self.chains if family in c.families] if written > 0 else []
         if not chains:
             return 1.0
-        logs = [(math.log2(c.activation_bytes), math.log(c.seconds / c.predicted_s))
-                for c in chains]
-        x = min(max(math.log2(written), min(a for a, _ in logs)), max(a for a, _ in logs))
-        weights = [(math.exp(-((x - a) / CHAIN_OCTAVES) ** 2 / 2), r) for a, r in logs]
+        sizes = [math.log2(c.activation_bytes) for c in chains]
+        x = min(max(math.log2(written), min(sizes)), max(sizes))
+        weights = []
+        for c, a in zip(chains, sizes, strict=True):
+            d = (x - a) ** 2 + (math.log2(reduction / c.reduction) ** 2
+                                if reduction > 0 and c.reduction > 0 else 0.0)
+            weights.append((math.exp(-d / CHAIN_OCTAVES**2 / 2), math.log(c.seconds / c.predicted_s)))
         return math.exp(sum(w * r for w, r in weights) / sum(w for w, _ in weights))
 
     def fault_s(self, fresh: int) -> float:

@@ -11,7 +11,7 @@ batch 1, or a linear layer, a layer norm and a GELU over rows of tokens; activat
 to 2 MiB. Each is counted (its calls, predicted by the calibration's points, without chains)
 and timed whole by the calibration's clock; :meth:`Calibration.chain_factor
 <flopscope.estimate.calibration.Calibration.chain_factor>` turns measured / predicted into a
-factor per family and size.
+factor per family, size and (for products and convolutions) reduction length.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def chain_points(hardware: Hardware, device: str,
     Returns:
         The chains measured.
     """
-    from flopscope.estimate.predict import family
+    from flopscope.estimate.predict import family, reduction_length
     from flopscope.estimate.roofline import CallLog
     from flopscope.run import count
 
@@ -101,6 +101,8 @@ def chain_points(hardware: Hardware, device: str,
             predicted = log.estimate(alone).total.predicted_s
             families = sorted({family(r) for r in log.records if r.bytes})
             seconds = time_per_call(lambda m=module, x=x: m(x), device)  # type: ignore[misc]
+            lengths = sorted(reduction_length(r) for r in log.records if r.macs)
             out.append(ChainPoint(what, tuple(families), len(log.records),
-                                  x.numel() * x.element_size(), seconds, predicted))
+                                  x.numel() * x.element_size(), seconds, predicted,
+                                  lengths[len(lengths) // 2] if lengths else 0.0))
     return tuple(out)

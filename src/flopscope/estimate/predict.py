@@ -388,7 +388,7 @@ class Predictor:
         # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU);
         # the chains' measured / predicted for the family at its size (1 without chains)
         fault = self.calibration.fault_s(rec.fresh_bytes or 0)
-        k = self.calibration.chain_factor(fam, rec.bytes_written)
+        k = self.calibration.chain_factor(fam, rec.bytes_written, reduction_length(rec))
         return CallPrediction(fam, host * k, max(device * k, bound_s) + fault, True)
 
 
