@@ -306,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the markdown tables of --output's results and stop")
     parser.add_argument("--plot", metavar="PNG",
                         help="draw predicted vs measured of --output's results (and of its "
-                             "_repeat and _2threads files, when there) and stop")
+                             "_2threads_chains file, when there) and stop")
     opts = parser.parse_args(argv)
     if opts.plot:
         runs = [("1 thread", json.loads(Path(opts.output).read_text()))]
-        for suffix, label in (("_repeat", "1 thread, repeat"), ("_2threads", "2 threads")):
+        for suffix, label in (("_2threads_chains", "2 threads, real-time priority"),):
             other = Path(opts.output).with_name(Path(opts.output).stem + suffix + ".json")
             if other.exists():
                 runs.append((label, json.loads(other.read_text())))

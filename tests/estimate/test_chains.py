@@ -127,8 +127,15 @@ def test_a_bad_chain_is_a_clear_error(change: object, message: str) -> None:
         Hardware.from_dict(data, where="cal.json")
 
 
+def two_threads(hw: Hardware) -> Hardware:
+    """``hw`` with its calibration at 2 threads."""
+    assert hw.calibration is not None
+    return dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration, threads=2))
+
+
 def test_chain_points_predict_each_chain_from_the_points_alone() -> None:
-    hw = calibrated(POINTS, HOST, chains=(chain(9.0, 4096),))  # ignored: the points alone
+    # a calibration at 2 threads; its chains are ignored: the points alone predict
+    hw = two_threads(calibrated(POINTS, HOST, chains=(chain(9.0, 4096),)))
     timed: list[int] = []
 
     def timer(fn: object, device: str) -> float:
@@ -151,18 +158,25 @@ def test_chain_points_predict_each_chain_from_the_points_alone() -> None:
     with torch.no_grad():  # a forward, as the calibration runs it
         _, est = flopscope.estimate.roofline(nn.Sequential(*layers).eval(),
                                              torch.randn(1, 24, 64, 64),
-                                             hardware=calibrated(POINTS, HOST))
+                                             hardware=two_threads(calibrated(POINTS, HOST)))
     assert first.predicted_s == pytest.approx(est.total.predicted_s, rel=1e-12)
     assert chains[-1].families == ("matmul", "normalization", "special")
-    # none on CUDA (the device's own timeline), none without points
+    # none at one thread (no parallel speed-up to lose), on CUDA (the device's own
+    # timeline), without points
+    assert chain_points(calibrated(POINTS, HOST), "cpu", timer) == ()  # type: ignore[arg-type]
     assert chain_points(hw, "cuda", timer) == ()  # type: ignore[arg-type]
     assert chain_points(FAST, "cpu", timer) == ()  # type: ignore[arg-type]
 
 
-def test_calibrate_times_the_chains_at_its_thread_count() -> None:
-    hw = calibrate(get_hardware("epyc-9654"), device="cpu", threads=1, budget_s=0.0005)
+def test_calibrate_times_the_chains_at_two_threads_and_none_at_one() -> None:
+    one = calibrate(get_hardware("epyc-9654"), device="cpu", threads=1, budget_s=0.0005)
+    assert one.calibration is not None and one.calibration.chains == ()
+    before = torch.get_num_threads()
+    hw = calibrate(get_hardware("epyc-9654"), device="cpu", threads=2, budget_s=0.0005)
+    assert torch.get_num_threads() == before  # put back
     cal = hw.calibration
-    assert cal is not None and len(cal.chains) == len(CONV_CHAINS) + len(LINEAR_CHAINS)
+    assert cal is not None and cal.threads == 2
+    assert len(cal.chains) == len(CONV_CHAINS) + len(LINEAR_CHAINS)
     assert all(c.seconds > 0 and c.predicted_s > 0 for c in cal.chains)
     assert {f for c in cal.chains for f in c.families} == {
         "conv", "elementwise", "normalization", "matmul", "special"}

@@ -5,7 +5,7 @@ A calibration point is one operator timed in a loop or in a rotation of its grou
 its layers in a chain, each reading the output the one before just wrote, and allocating its
 own. At two threads on a 2-core machine the chain is what does not speed up as the points do
 (docs/prediction.md, round 4: a ReLU or batch norm reading a fresh output took 2-10x its warm
-time). A chain here is a generic stack of ``blocks`` layers, none a validated model's: a
+time), so the chains are measured at more than one thread only (:func:`chain_points`). A chain here is a generic stack of ``blocks`` layers, none a validated model's: a
 convolution (dense 3x3, 1x1 or depthwise 3x3), an eval-mode batch norm and an in-place ReLU at
 batch 1, or a linear layer, a layer norm and a GELU over rows of tokens; activations of 16 KiB
 to 2 MiB. Each is counted (its calls, predicted by the calibration's points, without chains)
@@ -72,27 +72,33 @@ def chains(device: str = "cpu", *, blocks: int = 3) -> list[tuple[str, nn.Module
 def chain_points(hardware: Hardware, device: str,
                  time_per_call: Callable[[Callable[[], object], str], float]) -> tuple[
                      ChainPoint, ...]:
-    """Count, predict and time every chain of :func:`chains` (none on CUDA: its host and device
-    overlap, and the calibration's points there are the device's).
+    """Count, predict and time every chain of :func:`chains`, at more than one thread only: what
+    they measure is the parallel speed-up a model's chain of fresh outputs does not get while
+    the points, each in a loop or a rotation, do. At one thread here they ran 0.8-0.9x of
+    their points' prediction (three identical blocks keep the kernel library's state warm, a
+    model's varied layers do not), and taking that into the model made the 1-thread validation
+    worse (24 models: median |error| 10.5% -> 18.5%, docs/prediction.md). None on CUDA either
+    (its host and device overlap, and the calibration's points there are the device's).
 
     Args:
-        hardware: a profile whose calibration has the points (and no chains): each chain's
-            ``predicted_s`` is what they predict for its calls.
+        hardware: a profile whose calibration has the points (and no chains) and the thread
+            count they were timed at: each chain's ``predicted_s`` is what the points predict
+            for its calls.
         device: ``"cpu"`` or ``"cuda"``.
         time_per_call: the calibration's timer (``fn, device -> seconds per call``:
             :func:`flopscope.estimate.calibrate.time_per_call`).
 
     Returns:
-        The chains measured.
+        The chains measured; none at one thread, on CUDA, or without a calibration.
     """
     from flopscope.estimate.predict import family, reduction_length
     from flopscope.estimate.roofline import CallLog
     from flopscope.run import count
 
-    if device.startswith("cuda") or hardware.calibration is None:
+    cal = hardware.calibration
+    if device.startswith("cuda") or cal is None or cal.threads <= 1:
         return ()
-    alone = dataclasses.replace(hardware, calibration=dataclasses.replace(
-        hardware.calibration, chains=()))
+    alone = dataclasses.replace(hardware, calibration=dataclasses.replace(cal, chains=()))
     out = []
     with torch.no_grad():
         for what, module, x in chains(device):
