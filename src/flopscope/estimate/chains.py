@@ -74,10 +74,10 @@ def chain_points(hardware: Hardware, device: str,
                      ChainPoint, ...]:
     """Count, predict and time every chain of :func:`chains`, at more than one thread only: what
     they measure is the parallel speed-up a model's chain of fresh outputs does not get while
-    the points, each in a loop or a rotation, do. At one thread here they ran 0.8-0.9x of
-    their points' prediction (three identical blocks keep the kernel library's state warm, a
-    model's varied layers do not), and taking that into the model made the 1-thread validation
-    worse (24 models: median |error| 10.5% -> 18.5%, docs/prediction.md). None on CUDA either
+    the points, each in a loop or a rotation, do. At one thread here they ran a median of 0.76x
+    their points' prediction (plausibly three identical blocks keep the kernel library's state
+    warm where a model's varied layers do not), and taking that into the model made the
+    1-thread validation worse (24 models: median |error| 10.5% -> 18.5%, docs/prediction.md). None on CUDA either
     (its host and device overlap, and the calibration's points there are the device's).
 
     Args:
