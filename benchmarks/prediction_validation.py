@@ -143,6 +143,12 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
         f["calls"] += 1
         f["predicted_s"] += c.bound.predicted_s
         f["bound_s"] += c.bound.time_s
+    # the same calls predicted by the points alone (the calibration without its chains), to
+    # show what the chains' factor did in the same run
+    alone = (dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration, chains=()))
+             if hw.calibration is not None else hw)
+    _, again = flopscope.profile(model, *args, train=train, hardware=alone, repeat=1, warmup=0)
+    points_only = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
     run = _step(model, args, train)
     times, walls = plain_runs(run, repeat)
     for op, seconds in captured_by_op(run).items():
@@ -156,12 +162,14 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
            "measured_wall_s": statistics.median(walls), "profile_wall_s": timing.wall_s,
            "predicted_s": predicted, "host_s": host, "bound_s": bound,
            "ratio": predicted / measured, "ratio_to_min": predicted / min(times),
+           "predicted_points_only_s": points_only, "ratio_points_only": points_only / measured,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
-          f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x)  bound "
+          f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
+          f"{points_only / measured:5.2f}x)  bound "
           f"{bound * 1e3:9.2f} ms  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
@@ -198,6 +206,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                [r["ratio_to_min"] for r in models]),
                            "all models, against the wall time": stats(
                                [r["ratio_to_wall"] for r in models])}
+    if all("ratio_points_only" in r for r in models):
+        out["all models, the points alone (no chains)"] = stats(
+            [r["ratio_points_only"] for r in models])
     for kind in sorted({r["kind"] for r in rows}):
         out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
     families: dict[str, list[float]] = {}
@@ -217,13 +228,15 @@ def tables(data: dict[str, Any]) -> str:
              f"{data['calibration_s']:.0f} s of wall time ({data.get('calibration_cpu_s', 0):.0f}"
              " s of CPU time).", "",
              "| model | run | measured (median) | fastest | wall (median) | predicted | "
-             "predicted / measured | bound | host part | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "predicted / measured | points alone / measured | bound | host part | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
+        alone = f"{r['ratio_points_only']:.2f}" if "ratio_points_only" in r else "-"
         lines.append(
             f"| {r['model']} | {r['kind']} | {r['measured_s'] * 1e3:,.1f} ms | "
             f"{r['measured_min_s'] * 1e3:,.1f} ms | {r['measured_wall_s'] * 1e3:,.1f} ms | "
-            f"{r['predicted_s'] * 1e3:,.1f} ms | {r['ratio']:.2f} | {r['bound_s'] * 1e3:,.1f} ms"
+            f"{r['predicted_s'] * 1e3:,.1f} ms | {r['ratio']:.2f} | {alone} | "
+            f"{r['bound_s'] * 1e3:,.1f} ms"
             f"{'' if r['bound_holds'] else ' (above!)'} | {r['host_s'] * 1e3:,.2f} ms | "
             f"{r['load_before']:.1f} |")
     lines += ["", "| set | n | median abs. error | 90th percentile | median predicted / measured |",
@@ -293,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the markdown tables of --output's results and stop")
     parser.add_argument("--plot", metavar="PNG",
                         help="draw predicted vs measured of --output's results (and of its "
-                             "_repeat and _2threads files, when there) and stop")
+                             "_2threads_chains file, when there) and stop")
     opts = parser.parse_args(argv)
     if opts.plot:
         runs = [("1 thread", json.loads(Path(opts.output).read_text()))]
-        for suffix, label in (("_repeat", "1 thread, repeat"), ("_2threads", "2 threads")):
+        for suffix, label in (("_2threads_chains", "2 threads, real-time priority"),):
             other = Path(opts.output).with_name(Path(opts.output).stem + suffix + ".json")
             if other.exists():
                 runs.append((label, json.loads(other.read_text())))

@@ -26,15 +26,14 @@ import torch.nn.functional as F
 
 from flopscope.errors import UsageError
 from flopscope.estimate.calibration import Calibration, Point
+from flopscope.estimate.chains import chain_points
 from flopscope.estimate.framework import framework_costs
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.workloads import Fn, Workload, host_calls, workloads
 
 __all__ = ["EVICTIONS", "MMAP_BYTES", "Counted", "calibrate", "calibration_points", "clock",
-           "counted_call", "evicted_host_times", "fault_cost", "module_call_time",
-           "host_times", "op_base", "op_host_times",
-           "time_in_rotation", "time_per_call"]
-
+           "counted_call", "evicted_host_times", "fault_cost", "module_call_time", "host_times",
+           "op_base", "op_host_times", "time_in_rotation", "time_per_call"]
 
 
 def clock(device: str) -> tuple[str, Callable[[], float]]:
@@ -434,9 +433,11 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
 def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | None = None,
               budget_s: float = 0.01,
               progress: Callable[[str], None] | None = None) -> Hardware:
-    """Calibrate ``hardware`` on the machine this runs on: the microbenchmarks' raw points and
-    the host time per call (:mod:`flopscope.estimate.calibration`), stored in a copy of the
-    profile, from which estimates predict time (:mod:`flopscope.estimate.predict`).
+    """Calibrate ``hardware`` on the machine this runs on: the microbenchmarks' raw points, the
+    host time per call (:mod:`flopscope.estimate.calibration`) and, last, the chains of layers
+    over fresh outputs timed whole against what the points predict for them
+    (:mod:`flopscope.estimate.chains`), stored in a copy of the profile, from which estimates
+    predict time (:mod:`flopscope.estimate.predict`).
 
     Args:
         hardware: the profile the calibration is stored in (its peaks stay the bound's).
@@ -479,19 +480,21 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         module_s = module_call_time(device)
         dtensor_s, fsdp_s = framework_costs(clock(device)[1])  # host time: any device
         points = calibration_points(device, budget_s=budget_s, progress=progress)
-        used = torch.get_num_threads()
-        clock_name = clock(device)[0]
+        name = device if device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
+        calibration = Calibration(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            device=name if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+            threads=torch.get_num_threads(),
+            versions={"torch": torch.__version__, "flopscope": __version__,
+                      "python": platform.python_version()},
+            host_s=host, points=tuple(points), host_op_s=host_op, clock=clock(device)[0],
+            host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
+            fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
+            fsdp_collective_s=fsdp_s)
+        # last: the chains' prediction is the points'
+        chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
+                               lambda fn, dev: time_per_call(fn, dev, budget_s=2 * budget_s))
     finally:
         torch.set_num_threads(before)
-    name = device if device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
-    calibration = Calibration(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=name if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
-        threads=used,
-        versions={"torch": torch.__version__, "flopscope": __version__,
-                  "python": platform.python_version()},
-        host_s=host, points=tuple(points), host_op_s=host_op, clock=clock_name,
-        host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
-        fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
-        fsdp_collective_s=fsdp_s)
-    return dataclasses.replace(hardware, calibration=calibration)
+    return dataclasses.replace(hardware, calibration=dataclasses.replace(calibration,
+                                                                         chains=chained))

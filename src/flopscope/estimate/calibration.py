@@ -25,7 +25,11 @@ call outside its operators (absent: not modelled, as before); ``dtensor_call_s``
 host time per operator on DTensors (its dispatch and sharding propagation, beyond the local calls
 it makes), and ``fsdp_collective_s``: FSDP2's host time per all-gather or reduce-scatter (its
 hooks, beyond the operators they run); both absent: not modelled
-(:mod:`flopscope.estimate.framework`).
+(:mod:`flopscope.estimate.framework`). ``chains``: model-like chains of layers over fresh outputs
+(:mod:`flopscope.estimate.chains`), each timed whole against what its calls' points predict
+(``[{"what": "conv3x3+bn+relu 48x32x32 x3", "families": ["conv", ...], "calls": 9,
+"activation_bytes": 196608, "seconds": 1.9e-3, "predicted_s": 1.5e-3}, ...]``; absent: not
+modelled, as before).
 
 ``error_bars`` (optional) are the validation's relative errors per family and for whole models
 (``"total"``): the 90th percentile over the validation models of ``|predicted / measured - 1|``
@@ -35,13 +39,15 @@ without them says its prediction is not validated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flopscope.errors import UsageError
 
-__all__ = ["DTENSOR_DISPATCH", "FAMILIES", "Calibration", "Point", "table_with"]
+__all__ = ["CHAIN_OCTAVES", "DTENSOR_DISPATCH", "FAMILIES", "Calibration", "ChainPoint", "Point",
+           "table_with"]
 
 DTENSOR_DISPATCH = "dtensor.dispatch"
 """The report name a prediction gives DTensor's own host time of one operator on DTensors (a
@@ -76,6 +82,76 @@ def table_with(data: Any, where: str, keys: Sequence[str]) -> Mapping[str, Any]:
         if key not in data:
             raise UsageError(f"{where} needs {key!r}")
     return data
+
+
+CHAIN_OCTAVES = 1.0
+"""The width of :meth:`Calibration.chain_factor`'s smoothing, in octaves of activation bytes:
+chains of different layers at about one size are averaged, chains twice or half as large count
+``exp(-1/2)`` as much."""
+
+
+@dataclass(frozen=True)
+class ChainPoint:
+    """A chain of layers over fresh outputs, timed whole (:mod:`flopscope.estimate.chains`).
+
+    Attributes:
+        what: what ran (``"conv3x3+bn+relu 48x32x32 x3"``).
+        families: the families of its calls that move bytes (:data:`FAMILIES`).
+        calls: its operator calls.
+        activation_bytes: the bytes of each activation it passes on (its calls' outputs).
+        seconds: its measured time per forward (the calibration's clock).
+        predicted_s: what its calls' points predicted for it when it was calibrated (the
+            model without chains: host plus device per call).
+        reduction: its products' or convolutions' reduction length (MACs per output element:
+            a depthwise 3x3 convolution's 9, a dense one's 9 x channels); 0: not recorded.
+    """
+
+    what: str
+    families: tuple[str, ...]
+    calls: int
+    activation_bytes: int
+    seconds: float
+    predicted_s: float
+    reduction: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The chain in the file format."""
+        out = {"what": self.what, "families": list(self.families), "calls": self.calls,
+               "activation_bytes": self.activation_bytes, "seconds": self.seconds,
+               "predicted_s": self.predicted_s}
+        return {**out, "reduction": self.reduction} if self.reduction else out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ChainPoint:
+        """Read one chain (:meth:`to_dict`'s format).
+
+        Args:
+            data: the chain's table.
+            where: what to name in error messages.
+
+        Returns:
+            The chain.
+
+        Raises:
+            UsageError: a missing or malformed field, an unknown family, a time not positive.
+        """
+        try:
+            chain = cls(str(data.get("what", "")), tuple(str(f) for f in data["families"]),
+                        int(data["calls"]), int(data["activation_bytes"]),
+                        float(data["seconds"]), float(data["predicted_s"]),
+                        float(data.get("reduction", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UsageError(f"{where} is malformed ({type(e).__name__}: {e}); each needs "
+                             "families, calls, activation_bytes, seconds, predicted_s") from None
+        unknown = sorted(set(chain.families) - set(FAMILIES))
+        if unknown:
+            raise UsageError(f"{where}: unknown famil{'y' if len(unknown) == 1 else 'ies'} "
+                             f"{', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+        if not (chain.seconds > 0 and chain.predicted_s > 0 and chain.activation_bytes > 0):
+            raise UsageError(f"{where}: seconds, predicted_s and activation_bytes must be "
+                             "positive")
+        return chain
+
 
 @dataclass(frozen=True)
 class Point:
@@ -160,6 +236,8 @@ class Calibration:
             measured.
         fsdp_collective_s: host seconds of FSDP2's hooks per all-gather or reduce-scatter
             beyond the operators they run; 0: not measured.
+        chains: chains of layers over fresh outputs timed whole (:meth:`chain_factor`);
+            empty: not measured.
     """
 
     date: str
@@ -178,6 +256,37 @@ class Calibration:
     module_call_s: float = 0.0
     dtensor_call_s: float = 0.0
     fsdp_collective_s: float = 0.0
+    chains: tuple[ChainPoint, ...] = ()
+
+    def chain_factor(self, family: str, written: int, reduction: float = 0.0) -> float:
+        """How much longer (or shorter) a call of ``family`` writing ``written`` bytes takes in
+        a chain of layers over fresh outputs than its points predict: over the :attr:`chains`
+        holding the family, the geometric mean of measured / predicted weighted by
+        ``exp(-d^2 / 2)``, ``d`` the octaves between ``written`` and the chain's activation
+        bytes over :data:`CHAIN_OCTAVES` (``written`` taken at the chains' smallest or largest
+        size beyond them); for a product or convolution (``reduction`` > 0), times the same
+        weight of the octaves between its reduction length and the chain's (a depthwise
+        convolution takes the depthwise chains', a dense one the dense chains').
+
+        Args:
+            family: the call's family.
+            written: the bytes it writes.
+            reduction: its reduction length (0: none, or not a product).
+
+        Returns:
+            The factor; 1 without chains of the family or without bytes written.
+        """
+        chains = [c for c in self.chains if family in c.families] if written > 0 else []
+        if not chains:
+            return 1.0
+        sizes = [math.log2(c.activation_bytes) for c in chains]
+        x = min(max(math.log2(written), min(sizes)), max(sizes))
+        weights = []
+        for c, a in zip(chains, sizes, strict=True):
+            d = (x - a) ** 2 + (math.log2(reduction / c.reduction) ** 2
+                                if reduction > 0 and c.reduction > 0 else 0.0)
+            weights.append((math.exp(-d / CHAIN_OCTAVES**2 / 2), math.log(c.seconds / c.predicted_s)))
+        return math.exp(sum(w * r for w, r in weights) / sum(w for w, _ in weights))
 
     def fault_s(self, fresh: int) -> float:
         """Seconds a call's fresh allocation of ``fresh`` bytes costs in page faults and
@@ -219,6 +328,8 @@ class Calibration:
         for name in ("dtensor_call_s", "fsdp_collective_s"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
+        if self.chains:
+            out["chains"] = [c.to_dict() for c in self.chains]
         return out
 
     @classmethod
@@ -304,12 +415,17 @@ class Calibration:
                                  f"{data.get(name)!r}") from None
             if framework[name] < 0:
                 raise UsageError(f"{where}: {name} must not be negative")
+        chains = data.get("chains", [])
+        if not isinstance(chains, list):
+            raise UsageError(f"{where}: chains must be a list")
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
                    families(data.get("error_bars", {}), "error_bars", ("total",)), host_op_s,
                    str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault,
-                   module, **framework)
+                   module, **framework,
+                   chains=tuple(ChainPoint.from_dict(c, f"{where}: chain {i}")
+                                for i, c in enumerate(chains)))
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

@@ -385,9 +385,11 @@ class Predictor:
         host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
-        # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU)
+        # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU);
+        # the chains' measured / predicted for the family at its size (1 without chains)
         fault = self.calibration.fault_s(rec.fresh_bytes or 0)
-        return CallPrediction(fam, host, max(device, bound_s) + fault, True)
+        k = self.calibration.chain_factor(fam, rec.bytes_written, reduction_length(rec))
+        return CallPrediction(fam, host * k, max(device * k, bound_s) + fault, True)
 
 
 def overlapped(calls: Iterable[tuple[float, float]]) -> tuple[float, float]:
