@@ -8,9 +8,9 @@ operator class.
   outputs of the operators of :data:`SAVED_CLASSES` are kept from the forward (matrix products,
   attention kernels, the tensor-parallel all-reduces and reduce-scatters of DTensor), and
   everything else (element-wise work, norms, activations, views, and sequence parallelism's
-  all-gathers, whose outputs are the tensor-parallel degree times their inputs) is run again. The expensive FLOPs are not
-  repeated; the cheap, memory-heavy intermediates are (the policy torchtitan calls "selective
-  op" checkpointing, less its every-other-matmul rule).
+  all-gathers, whose outputs are the tensor-parallel degree times their inputs) is run again.
+  The expensive FLOPs are not repeated; the cheap, memory-heavy intermediates are (the policy
+  torchtitan calls "selective op" checkpointing, less its every-other-matmul rule).
 - ``selective-half``: the same, but of each block's matrix products only the first, third,
   fifth ... are kept (the even ones run again): the rule of torchtitan's "op" policy, with
   which its published Llama 3 runs were made (less memory than ``selective``, more
@@ -22,6 +22,7 @@ about every call inside a block, before it runs): :func:`saved_class`.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -87,32 +88,21 @@ def saved_class(func: Any) -> str | None:
     return _CLASS_OF.get((namespace, name))
 
 
-def _policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return (CheckpointPolicy.MUST_SAVE if saved_class(func) is not None
-            else CheckpointPolicy.PREFER_RECOMPUTE)
-
-
-def _contexts() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_policy)
-
-
-def _half_contexts() -> Any:
-    """A block's contexts under ``selective-half``: made once per checkpointed call, so the
-    count of matrix products starts at each block, in its forward and in its recomputation
-    alike (the policy is asked about the same calls in the same order both times)."""
+def _contexts(every: int) -> Any:
+    """A block's contexts (``context_fn``): of its matrix products every ``every``-th is run
+    again (1: none, ``selective``; 2: the second, fourth ..., ``selective-half``), the other
+    :data:`SAVED_CLASSES` kept, the rest run again. Made once per checkpointed call, so the
+    count of products starts at each block, in its forward and in its recomputation alike (the
+    policy is asked about the same calls in the same order both times)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     products = {False: 0, True: 0}  # by ctx.is_recompute
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         cls = saved_class(func)
-        if cls == "matmul":
+        if cls == "matmul" and every > 1:
             products[ctx.is_recompute] += 1
-            if products[ctx.is_recompute] % 2 == 0:
+            if products[ctx.is_recompute] % every == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return (CheckpointPolicy.MUST_SAVE if cls is not None
                 else CheckpointPolicy.PREFER_RECOMPUTE)
@@ -143,7 +133,7 @@ def enable(model: nn.Module, how: str, source: str) -> None:
                          "(transformers' activation_checkpointing_enable)")
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if how != "block":
-        kwargs["context_fn"] = _contexts if how == "selective" else _half_contexts
+        kwargs["context_fn"] = functools.partial(_contexts, 1 if how == "selective" else 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         switch(kwargs)
