@@ -1,6 +1,6 @@
 """GPU truth (issue 28): flopscope's counts, memory and time checked on a real GPU, in one command.
 
-    python -m benchmarks.gpu_check --out DIR [--parts attention,memory,time,calib,flops]
+    python -m benchmarks.gpu_check --out DIR [--parts attention,memory,time,calib,predict,flops]
                                    [--budget SECONDS] [--force]
 
 Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped unless
@@ -15,6 +15,9 @@ Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped
   (launch-bound), at batch 1 and a large batch, inference and a training step.
 - ``calib``: raw calibration points (GEMMs, streaming operators, attention, convolutions, host
   time per call) for the prediction issue (``benchmarks/gpu_calib.py``).
+- ``predict``: the calibrated prediction (a profile made from this run's ``calib`` part when it
+  is complete) against measured eager and CUDA-graph times of whole-model forwards and training
+  steps, per family against the joined kernels (``benchmarks/gpu_predict.py``).
 - ``flops``: counted FLOPs against the floating-point instructions the GPU executed, from Nsight
   Compute's SASS and tensor-pipe counters (``benchmarks/gpu_ncu.py``), per workload: GEMMs (fp32,
   fp64, fp16), a convolution, layer norm, softmax, element-wise operators, SDPA, and whole models
@@ -31,7 +34,6 @@ results say so.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -47,9 +49,11 @@ from torch import nn
 
 import flopscope
 from benchmarks import gpu_ncu
-from benchmarks.gpu_calib import captured, part_calib
+from benchmarks.gpu_calib import part_calib
+from benchmarks.gpu_models import free, hf_model
+from benchmarks.gpu_predict import part_predict, walls
 
-PARTS = ("attention", "memory", "time", "calib", "flops")
+PARTS = ("attention", "memory", "time", "calib", "predict", "flops")
 Build = Callable[[], tuple[nn.Module, tuple[Any, ...]]]
 
 
@@ -63,45 +67,6 @@ class _Fn(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return self.fn(*args)
-
-
-class _Hidden(nn.Module):
-    """A transformers model returning one tensor (its ``attr`` output), so a backward is one sum."""
-
-    def __init__(self, model: nn.Module, attr: str) -> None:
-        super().__init__()
-        self.model, self.attr = model, attr
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return getattr(self.model(ids), self.attr)
-
-
-def hf_model(kind: str, dry: bool, device: str) -> tuple[nn.Module, torch.Tensor]:
-    """BERT-base, GPT-2 small or a Llama-style model from its config (no weights), and its ids.
-
-    ``kind``: ``bert``, ``gpt2`` (with its LM head), ``llama_layer`` (one decoder layer of a
-    2B-shaped Llama with grouped-query attention) or ``llama`` (4 layers, its LM head)."""
-    import transformers as tf
-
-    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-            "num_hidden_layers": 1, "vocab_size": 256}
-    seq = 16 if dry else 512
-    if kind == "bert":
-        cfg = tf.BertConfig(**tiny) if dry else tf.BertConfig()
-        model, attr, seq = tf.BertModel(cfg), "last_hidden_state", 16 if dry else 128
-    elif kind == "gpt2":
-        cfg = tf.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256) if dry else tf.GPT2Config()
-        model, attr = tf.GPT2LMHeadModel(cfg), "logits"
-    else:
-        shape = tiny if dry else {"hidden_size": 2048, "intermediate_size": 5632,
-                                  "num_attention_heads": 16, "num_key_value_heads": 4,
-                                  "num_hidden_layers": 1 if kind == "llama_layer" else 4,
-                                  "vocab_size": 32000}
-        cfg = tf.LlamaConfig(**shape)
-        model = tf.LlamaModel(cfg) if kind == "llama_layer" else tf.LlamaForCausalLM(cfg)
-        attr = "last_hidden_state" if kind == "llama_layer" else "logits"
-    ids = torch.randint(0, cfg.vocab_size, (1, seq), device=device)
-    return _Hidden(model, attr).to(device).eval(), ids
 
 
 def workloads(device: str, dry: bool) -> dict[str, Build]:
@@ -238,7 +203,7 @@ def part_flops(device: str, dry: bool, path: Path, deadline: float) -> dict[str,
             row["error"] = f"{type(e).__name__}: {e}"[:600]
         data["rows"].append(row)
         path.write_text(json.dumps(data, indent=2) + "\n")
-        _free()
+        free()
     return data
 
 
@@ -289,12 +254,6 @@ def part_attention(device: str, dry: bool) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def _free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _memory_models(device: str, dry: bool) -> dict[str, Build]:
     import torchvision
 
@@ -315,7 +274,7 @@ def _memory_models(device: str, dry: bool) -> dict[str, Build]:
 def _measured_step(model: nn.Module, x: Any, train: bool) -> dict[str, int]:
     """The allocator's peak over one inference forward, or one steady-state AdamW step (a
     warm-up step first), as flopscope's step runs it."""
-    _free()
+    free()
     torch.cuda.synchronize()
     if train:
         model.train()
@@ -363,7 +322,7 @@ def part_memory(device: str, dry: bool) -> dict[str, Any]:
             except Exception as e:  # noqa: BLE001 - one model failing must not lose the others
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
             rows.append(row)
-            _free()
+            free()
     return {"rows": rows, "note": "predicted peak_bytes counts every live tensor (parameters, "
             "gradients and optimizer state included); measured max_allocated is the allocator's "
             "absolute peak in a process that holds only this model and its inputs"}
@@ -372,47 +331,6 @@ def part_memory(device: str, dry: bool) -> dict[str, Any]:
 def _hardware() -> str:
     name = torch.cuda.get_device_name().lower()
     return "h200" if "h200" in name else "h100-sxm"
-
-
-def _walls(model: nn.Module, x: torch.Tensor, train: bool, device: str) -> dict[str, float]:
-    """The run's own time without any profiler, median of 10 after 3 warm-ups: eager, and (an
-    inference forward on CUDA) replayed as a CUDA graph (no host launches): what issue 29's
-    prediction is checked against, and how much of an eager run the host costs."""
-    import statistics
-
-    cuda = device == "cuda"
-    opt = torch.optim.AdamW(model.parameters()) if train else None
-
-    def step() -> None:
-        if opt is not None:
-            opt.zero_grad(set_to_none=True)
-            model(x).sum().backward()
-            opt.step()
-        else:
-            with torch.no_grad():
-                model(x)
-
-    def timed(fn: Callable[[], Any]) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(10):
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    model.train(train)
-    out = {"eager_s": timed(step)}
-    if cuda and not train:
-        with torch.no_grad():
-            graph = captured(lambda: model(x), warmups=3)
-        out["graph_s"] = timed(graph.replay)
-    return out
 
 
 def part_time(device: str, dry: bool) -> dict[str, Any]:
@@ -446,12 +364,12 @@ def part_time(device: str, dry: bool) -> dict[str, Any]:
                                        "measured_s": c.seconds} for c in above if c.bound][:20],
                 top=[{"op": c.op, "module": c.module, "measured_s": c.seconds,
                       "bound_s": c.bound.time_s if c.bound else None} for c in top])
-            case.update(_walls(model, x, train, device))
+            case.update(walls(model, x, train, device))
         except Exception as e:  # noqa: BLE001
             case["error"] = f"{type(e).__name__}: {e}"[:400]
         runs.append(case)
         del model, x
-        _free()
+        free()
     return {"runs": runs}
 
 
@@ -483,6 +401,7 @@ def run(out: Path, parts: list[str], force: bool, dry: bool | None = None,
         print(f"[gpu_check] {part} ...", file=sys.stderr, flush=True)
         try:
             data = (part_flops(device, dry, path, deadline) if part == "flops"
+                    else part_predict(device, dry, out) if part == "predict"
                     else PART_FUNCTIONS[part](device, dry))
             status = "ok"
         except Exception as e:  # noqa: BLE001 - one part failing must not lose the others

@@ -51,7 +51,8 @@ VISION = ["resnet18", "resnet50", "mobilenet_v3_large", "mobilenet_v2", "efficie
 _SPECIAL_BASES = {("_" + f if f.endswith("softmax") else f) for f in SPECIAL_FUNCTIONS}
 
 
-def _family(op: str, cost: Any) -> str:
+def call_family(op: str, cost: Any) -> str:
+    """The prediction family of one counted call (its operator and cost)."""
     base = op.split(".")[1] if op.count(".") >= 1 else op
     special = base.rstrip("_") in _SPECIAL_BASES
     return family_of(op, int(cost.macs), int(cost.flops),
@@ -137,7 +138,7 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
     for c in timing.calls:
         if c.bound is None:
             continue
-        fam = op_family.setdefault(c.op, _family(c.op, c.cost))
+        fam = op_family.setdefault(c.op, call_family(c.op, c.cost))
         f = fams.setdefault(fam, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0,
                                   "bound_s": 0.0})
         f["calls"] += 1

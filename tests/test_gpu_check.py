@@ -59,6 +59,17 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert all(r["predicted"]["peak_bytes"] > 0 and r["predicted_shape_only"] > 0 for r in memory)
     calib = json.loads((tmp_path / "calib.json").read_text())
     assert calib["gemm"][0]["tflops"] > 0 and calib["host"][0]["host_s_per_call"] > 0
+    predict = json.loads((tmp_path / "predict.json").read_text())
+    assert predict["profile"] == "shipped docs/gpu/h200_calibrated.json"  # dry: not from calib
+    assert [(r["model"], r["train"], r["dtype"]) for r in predict["rows"]] == [
+        ("resnet18", False, "float32"), ("llama", True, "bfloat16")]
+    for r in predict["rows"]:
+        assert "error" not in r and r["eager_s"] > 0 and r["calls"] > 0
+        # the step is host and device overlapping: at least each, at most their sum
+        assert max(r["predicted_host_s"], r["predicted_device_s"]) <= r["predicted_step_s"]
+        assert r["predicted_step_s"] <= r["predicted_host_s"] + r["predicted_device_s"] + 1e-12
+        assert r["ratio"] == r["predicted_step_s"] / r["eager_s"]
+        assert sum(f["calls"] for f in r["families"].values()) == r["calls"]
     # a second run keeps what is complete; a flops file cut short goes on where it stopped
     again = gpu_check.run(tmp_path, ["flops"], force=False, dry=True)
     assert again["parts"] == {"flops": "kept"}
