@@ -19,20 +19,31 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flopscope.estimate.predict import GRAPH_CLOCK
 
 
 def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:
-    """Seconds per call of ``fn`` over ``repeat`` calls (median of three batches)."""
+    """Seconds per call of ``fn`` over ``repeat`` calls (median of three batches). On CUDA the
+    ``repeat`` calls are captured as one CUDA graph and its replays timed by CUDA events: the
+    device's time per kernel back to back, with no host launch between them (an eager loop of
+    small kernels times the host instead, and its points could only be dropped)."""
     def cuda(fn: Callable[[], Any], repeat: int) -> float:
+        def calls() -> None:
+            for _ in range(repeat):
+                fn()
+
+        graph = captured(calls)
         times = []
         for _ in range(3):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(repeat):
-                fn()
+            graph.replay()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3 / repeat)
+        del graph
         return statistics.median(times)
 
     def cpu(fn: Callable[[], Any], repeat: int) -> float:
@@ -115,42 +126,58 @@ def cache_points(device: str, dry: bool) -> list[dict[str, Any]]:
     for mib in ([1] if dry else [1, 4, 8, 16]):
         x = torch.empty(mib * 2**20 // 4, device=device)
         y = torch.empty_like(x)
-        copies = 4 if dry else 200
-        if device == "cuda":
-            def copy_all(x: torch.Tensor = x, y: torch.Tensor = y, n: int = copies) -> None:
-                for _ in range(n):
-                    y.copy_(x)
-
-            seconds = timer(captured(copy_all).replay, 5) / copies
-        else:
-            seconds = timer(lambda x=x, y=y: y.copy_(x), copies)
+        seconds = timer(lambda x=x, y=y: y.copy_(x), 4 if dry else 200)
         nbytes = 2 * x.numel() * 4
         rows.append({"op": "copy_in_graph" if device == "cuda" else "copy", "mib": mib,
                      "bytes": nbytes, "seconds": seconds, "gbps": nbytes / seconds / 1e9})
     return rows
 
 
+def _bn_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running mean and variance of 64 channels like ``x`` (made once per tensor)."""
+    key = id(x)
+    if key not in _STATS:
+        _STATS.clear()
+        _STATS[key] = (torch.zeros(64, device=x.device, dtype=x.dtype),
+                       torch.ones(64, device=x.device, dtype=x.dtype))
+    return _STATS[key]
+
+
+_STATS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+# name -> (the call on a flat tensor of at least 1,024 elements, tensors' worth of bytes moved);
+# benchmarks/gpu_profile.py rebuilds each on the meta device by the same name
+STREAM_OPS: dict[str, tuple[Callable[[torch.Tensor], Any], float]] = {
+    # add reads two tensors (x and x + 1 made once); add(x, x) would read x once
+    "add": (lambda x: torch.add(x, _other(x)), 3), "mul_scalar": (lambda x: x * 2.0, 2),
+    "gelu": (F.gelu, 2), "silu": (F.silu, 2), "relu_": (lambda x: x.relu_(), 2),
+    "sum": (lambda x: x.sum(), 1), "mean_rows": (lambda x: x.view(-1, 1024).mean(-1), 1),
+    "softmax": (lambda x: torch.softmax(x.view(-1, 1024), -1), 2),
+    "layer_norm": (lambda x: F.layer_norm(x.view(-1, 1024), (1024,)), 2),
+    "batch_norm": (lambda x: F.batch_norm(x.view(-1, 64, 16), *_bn_stats(x)), 2),
+    "max_pool2d": (lambda x: F.max_pool2d(x.view(-1, 16, 8, 8), 3, 2, 1), 1.25),
+    "copy": (lambda x: x.clone(), 2),
+}
+
+
 def stream_points(device: str, dry: bool) -> list[dict[str, Any]]:
-    """Element-wise, reductions, normalisation and softmax by size (cache-resident to
-    streaming); bytes are what the operator must read and write once."""
+    """Element-wise, reductions, normalisation, pooling and softmax by size, from 4 KiB (a
+    kernel's floor on a GPU) to cache-resident and streaming; bytes are what the operator must
+    read and write once."""
     timer = _timer(device)
-    sizes = [1 << 10, 1 << 14] if dry else [1 << p for p in (12, 16, 20, 22, 24, 26, 28)]
+    sizes = [1 << 10, 1 << 14] if dry else [1 << p for p in range(10, 29, 2)]
     dtypes = [torch.float32] if dry else [torch.float32, torch.bfloat16]
-    ops: dict[str, tuple[Callable[[torch.Tensor], Any], int]] = {  # fn, tensors moved
-        # add reads two tensors (x and x + 1 made once); add(x, x) would read x once
-        "add": (lambda x: torch.add(x, _other(x)), 3), "mul_scalar": (lambda x: x * 2.0, 2),
-        "gelu": (F.gelu, 2), "sum": (lambda x: x.sum(), 1),
-        "softmax": (lambda x: torch.softmax(x.view(-1, 1024), -1), 2),
-        "layer_norm": (lambda x: F.layer_norm(x.view(-1, 1024), (1024,)), 2),
-        "copy": (lambda x: x.clone(), 2),
-    }
     rows = []
     for dtype in dtypes:
         for numel in sizes:
             x = torch.randn(numel, device=device, dtype=dtype)
-            for name, (fn, moved) in ops.items():
-                seconds, repeat = _point(timer, lambda fn=fn, x=x: fn(x))
-                nbytes = moved * numel * x.element_size()
+            for name, (fn, moved) in STREAM_OPS.items():
+                try:
+                    seconds, repeat = _point(timer, lambda fn=fn, x=x: fn(x))
+                except Exception as e:  # noqa: BLE001 - one operator failing loses only itself
+                    rows.append({"op": name, "dtype": str(dtype).removeprefix("torch."),
+                                 "numel": numel, "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                nbytes = int(moved * numel * x.element_size())
                 rows.append({"op": name, "dtype": str(dtype).removeprefix("torch."),
                              "numel": numel, "bytes": nbytes, "seconds": seconds,
                              "repeat": repeat, "gbps": nbytes / seconds / 1e9})
@@ -158,12 +185,14 @@ def stream_points(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 def attention_points(device: str, dry: bool) -> list[dict[str, Any]]:
-    """SDPA (the default backend choice) by sequence length and head size, causal or not."""
+    """SDPA (the default backend choice) by sequence length and head size, causal or not, in
+    bfloat16 (flash) and float32 (memory-efficient)."""
     timer = _timer(device)
-    dtype = torch.float32 if dry else torch.bfloat16
-    grid = [(64, 32)] if dry else [(s, d) for s in (512, 2048, 8192) for d in (64, 128)]
+    grid = [(torch.float32, 64, 32)] if dry else [
+        (dt, s, d) for dt in (torch.bfloat16, torch.float32) for s in (128, 512, 2048, 8192)
+        for d in (64, 128) if s < 8192 or dt is torch.bfloat16]
     rows = []
-    for seq, head in grid:
+    for dtype, seq, head in grid:
         heads = 2 if dry else 16
         q = torch.randn(1, heads, seq, head, device=device, dtype=dtype)
         for causal in (False, True):
@@ -178,42 +207,70 @@ def attention_points(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 def conv_points(device: str, dry: bool) -> list[dict[str, Any]]:
-    """ResNet-like convolutions (cuDNN's default choice; TF32 as torch's default allows)."""
+    """ResNet-like convolutions, and depthwise ones (one group per channel, 3x3 and 7x7)
+    (cuDNN's default choice; TF32 as torch's default allows)."""
     timer = _timer(device)
-    grid = [(1, 8, 8, 16, 3)] if dry else [
-        (b, c, c, hw, k) for b in (1, 32) for c, hw in ((64, 56), (256, 14)) for k in (1, 3)]
+    grid = [(1, 8, 8, 16, 3, 1), (1, 8, 8, 16, 3, 8)] if dry else [
+        (b, c, c, hw, k, 1) for b in (1, 32) for c, hw in ((64, 56), (256, 14)) for k in (1, 3)
+    ] + [(b, 256, 256, 28, k, 256) for b in (1, 32) for k in (3, 7)]
     rows = []
-    for batch, cin, cout, hw, k in grid:
-        conv = torch.nn.Conv2d(cin, cout, k, padding=k // 2, bias=False).to(device)
+    for batch, cin, cout, hw, k, groups in grid:
+        conv = torch.nn.Conv2d(cin, cout, k, padding=k // 2, bias=False, groups=groups).to(device)
         x = torch.randn(batch, cin, hw, hw, device=device)
         with torch.no_grad():
             seconds, repeat = _point(timer, lambda conv=conv, x=x: conv(x))
-        macs = batch * cout * hw * hw * cin * k * k
+        macs = batch * cout * hw * hw * cin // groups * k * k
         rows.append({"op": "conv2d", "dtype": "float32", "batch": batch, "cin": cin, "cout": cout,
-                     "hw": hw, "k": k, "seconds": seconds, "repeat": repeat,
+                     "hw": hw, "k": k, "groups": groups, "seconds": seconds, "repeat": repeat,
                      "tflops": 2 * macs / seconds / 1e12})
     return rows
 
 
+class _Ops(TorchDispatchMode):
+    """The ATen operators (base names) a call dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
     """Host time per eager call of tiny operators (the device idle between them): dispatch and
-    launch, what a batch-1 eager run pays per kernel."""
+    launch, what a batch-1 eager run pays per kernel. Functional calls, no ``nn.Module``: a
+    module's own Python time is measured apart (``module_call_s``). Each row names the ATen
+    operators its call dispatched on the device."""
     calls = 50 if dry else 2000
     x = torch.randn(8, 8, device=device)
-    lin = torch.nn.Linear(8, 8).to(device)
-    conv = torch.nn.Conv2d(4, 4, 3).to(device)
+    w, b = torch.randn(8, 8, device=device), torch.randn(8, device=device)
+    cw = torch.randn(4, 4, 3, 3, device=device)
     img = torch.randn(1, 4, 8, 8, device=device)
+    mean, var = torch.zeros(4, device=device), torch.ones(4, device=device)
+    table = torch.randn(16, 8, device=device)
+    ids = torch.arange(8, device=device)
     q = torch.randn(1, 1, 8, 8, device=device)
     ops: dict[str, Callable[[], Any]] = {
-        "add": lambda: torch.add(x, x), "mm": lambda: torch.mm(x, x), "linear": lambda: lin(x),
-        "gelu": lambda: F.gelu(x), "layer_norm": lambda: F.layer_norm(x, (8,)),
-        "softmax": lambda: torch.softmax(x, -1), "conv2d": lambda: conv(img),
-        "sdpa": lambda: F.scaled_dot_product_attention(q, q, q), "view": lambda: x.view(64),
+        "add": lambda: torch.add(x, x), "mm": lambda: torch.mm(x, x),
+        "linear": lambda: F.linear(x, w, b), "gelu": lambda: F.gelu(x),
+        "layer_norm": lambda: F.layer_norm(x, (8,)), "softmax": lambda: torch.softmax(x, -1),
+        "conv2d": lambda: F.conv2d(img, cw), "sdpa": lambda: F.scaled_dot_product_attention(
+            q, q, q), "view": lambda: x.view(64),
+        "batch_norm": lambda: F.batch_norm(img, mean, var), "relu_": lambda: img.relu_(),
+        "max_pool2d": lambda: F.max_pool2d(img, 3, 2, 1),
+        "mean": lambda: x.mean(-1), "cat": lambda: torch.cat([x, x]),
+        "mul": lambda: torch.mul(x, x), "silu": lambda: F.silu(x),
+        "embedding": lambda: F.embedding(ids, table), "transpose": lambda: x.transpose(0, 1),
     }
     rows = []
     with torch.no_grad():
         for name, fn in ops.items():
             for _ in range(20):
+                fn()
+            with _Ops() as seen:
                 fn()
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -225,17 +282,29 @@ def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
                 torch.cuda.synchronize()
             total = (time.perf_counter() - start) / calls
             rows.append({"op": name, "calls": calls, "host_s_per_call": host,
-                         "until_done_s_per_call": total})
+                         "until_done_s_per_call": total, "aten": seen.ops})
     return rows
+
+
+def module_call_points(device: str, dry: bool) -> dict[str, Any]:
+    """Python's time per ``nn.Module`` call outside its operators, as the CPU calibration
+    measures it (:func:`flopscope.estimate.calibrate.module_call_time`: host time either way)."""
+    from flopscope.estimate.calibrate import module_call_time
+
+    return {"module_call_s": module_call_time(device, modules=50 if dry else 200,
+                                              samples=5 if dry else 21)}
 
 
 def part_calib(device: str, dry: bool) -> dict[str, Any]:
     """Every group of points, timed; raw, nothing fitted."""
     out: dict[str, Any] = {"note": "raw points; dry mode: tiny CPU shapes" if dry else
-                           "raw points: device time by CUDA events, host time by perf_counter",
+                           "raw points: device time by CUDA events around CUDA graph replays, host "
+                           "time by perf_counter",
                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
-    for name, fn in (("host", host_points), ("gemm", gemm_points), ("stream", stream_points),
+    out["timing"] = GRAPH_CLOCK if device == "cuda" else "perf_counter loop"
+    for name, fn in (("host", host_points), ("module", module_call_points),
+                     ("gemm", gemm_points), ("stream", stream_points),
                      ("cache", cache_points),
                      ("attention", attention_points), ("conv", conv_points)):
         start = time.perf_counter()

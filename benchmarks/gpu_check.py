@@ -390,6 +390,7 @@ def run(out: Path, parts: list[str], force: bool, dry: bool | None = None,
         summary["driver"] = subprocess.run(
             [smi, "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
             capture_output=True, text=True, check=False).stdout.strip() if smi else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # the parts read it
     for part in parts:
         path = out / f"{part}.json"
         if path.exists() and not force and json.loads(path.read_text()).get("complete"):

@@ -27,24 +27,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gpu_calib import STREAM_OPS
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibrate import counted_call
 from flopscope.estimate.calibration import Calibration, Point
+from flopscope.estimate.predict import GRAPH_CLOCK
 from flopscope.estimate.profile import Hardware, dtype_key
 
 GPU = Path(__file__).parent.parent / "docs" / "gpu"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_STREAM = {  # as benchmarks/gpu_calib.stream_points calls them
-    "add": lambda x: torch.add(x, torch.empty_like(x)), "mul_scalar": lambda x: x * 2.0,
-    "gelu": F.gelu, "sum": lambda x: x.sum(),
-    "softmax": lambda x: torch.softmax(x.view(-1, 1024), -1),
-    "layer_norm": lambda x: F.layer_norm(x.view(-1, 1024), (1024,)), "copy": lambda x: x.clone(),
-}
-# the check's tiny host calls -> (family, operator)
+# the check's tiny host calls -> (the family whose host time it gives, the operator where a
+# row does not name the ATen operators its call dispatched (files before it))
 _HOST = {"add": ("elementwise", "add"), "mm": ("matmul", "mm"), "linear": ("", "addmm"),
          "gelu": ("special", "gelu"), "layer_norm": ("normalization", "native_layer_norm"),
          "softmax": ("", "_softmax"), "conv2d": ("conv", "convolution"),
-         "sdpa": ("attention", ""), "view": ("view", "view")}
+         "sdpa": ("attention", ""), "view": ("view", "view"), "max_pool2d": ("pooling", "")}
+_NOT_WORK = {"view", "t", "transpose", "expand", "unsqueeze", "_unsafe_view", "reshape",
+             "detach", "alias", "as_strided", "empty", "empty_like"}  # beside the operator
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -67,10 +66,14 @@ def points(raw: dict[str, Any]) -> list[Point]:
         out.append(_point(f"mm {g['m']}x{g['n']}x{g['k']}", key,
                           lambda a=a, b=b: torch.mm(a, b), g["seconds"]))
     for s in raw["stream"]:
+        if "error" in s:
+            continue
         dt = _DTYPES[s["dtype"]]
         x = _meta((s["numel"],), dt)
+        fn = STREAM_OPS[s["op"]][0]
+        fn(x)  # once uncounted: what it makes once per tensor (add's other, the running stats)
         out.append(_point(f"{s['op']} {s['numel']}", dtype_key(dt) or "fp32",
-                          lambda f=_STREAM[s["op"]], x=x: f(x), s["seconds"]))
+                          lambda f=fn, x=x: f(x), s["seconds"]))
     for a in raw["attention"]:
         dt = _DTYPES[a["dtype"]]
         q = _meta((1, a["heads"], a["seq"], a["head_dim"]), dt)
@@ -79,11 +82,13 @@ def points(raw: dict[str, Any]) -> list[Point]:
                           lambda q=q, c=a["causal"]: F.scaled_dot_product_attention(
                               q, q, q, is_causal=c), a["seconds"]))
     for c in raw["conv"]:
+        groups = c.get("groups", 1)
         x = _meta((c["batch"], c["cin"], c["hw"], c["hw"]), torch.float32)
-        w = _meta((c["cout"], c["cin"], c["k"], c["k"]), torch.float32)
+        w = _meta((c["cout"], c["cin"] // groups, c["k"], c["k"]), torch.float32)
         out.append(_point(f"conv2d {c['batch']}x{c['cin']}->{c['cout']} {c['hw']}x{c['hw']} "
-                          f"k{c['k']}", "fp32", lambda x=x, w=w, k=c["k"]: F.conv2d(
-                              x, w, padding=k // 2), c["seconds"]))
+                          f"k{c['k']}{f' groups {groups}' if groups > 1 else ''}", "fp32",
+                          lambda x=x, w=w, k=c["k"], g=groups: F.conv2d(
+                              x, w, padding=k // 2, groups=g), c["seconds"]))
     return out
 
 
@@ -92,16 +97,23 @@ def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any]) -> Hardware:
     family_host: dict[str, float] = {}
     op_host: dict[str, float] = {}
     for h in raw["host"]:
-        fam, op = _HOST[h["op"]]
+        fam, op = _HOST.get(h["op"], ("", ""))
         if fam:
             family_host[fam] = h["host_s_per_call"]
+        work = [o for o in h.get("aten", []) if o not in _NOT_WORK]
+        # the operator the call dispatched (the one that is not a view), else the table's
+        op = work[0] if len(set(work)) == 1 else op if "aten" not in h or not work else ""
+        if h["op"] in ("view", "transpose"):
+            op = h["aten"][0] if h.get("aten") else op
         if op:
             op_host[op] = h["host_s_per_call"]
     date = summary["date"].replace(" UTC", "").replace(" ", "T") + ":00+00:00"
     cal = Calibration(date, f"cuda ({summary['device']})", 1,
                       {"torch": summary["torch"], "cuda": summary["cuda"],
                        "source": "docs/gpu/calib.json (benchmarks/gpu_calib.py)"},
-                      family_host, tuple(points(raw)), host_op_s=op_host, clock="CUDA events")
+                      family_host, tuple(points(raw)), host_op_s=op_host,
+                      module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
+                      clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
     return dataclasses.replace(get_hardware("h200"), name="h200-calibrated",
                                description="NVIDIA H200 SXM 141 GB, calibrated on one H200 "
                                            "(torch 2.11, CUDA 13.0)",

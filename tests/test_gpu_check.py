@@ -62,7 +62,7 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     predict = json.loads((tmp_path / "predict.json").read_text())
     assert predict["profile"] == "shipped docs/gpu/h200_calibrated.json"  # dry: not from calib
     assert [(r["model"], r["train"], r["dtype"]) for r in predict["rows"]] == [
-        ("resnet18", False, "float32"), ("llama", True, "bfloat16")]
+        ("resnet18", False, "float32"), ("llama", True, "bfloat16"), ("squeezenet1_0", False, "float32")]
     for r in predict["rows"]:
         assert "error" not in r and r["eager_s"] > 0 and r["calls"] > 0
         # the step is host and device overlapping: at least each, at most their sum

@@ -219,8 +219,10 @@ class Calibration:
             (empty: not validated).
         host_op_s: ATen operator base name -> seconds per eager call of its tiniest variant
             (the family's ``host_s`` for operators not in it).
-        clock: what timed the points: ``"wall"``, or ``"thread CPU time"`` (a CPU at one
-            thread: the core's time, not other processes').
+        clock: what timed the points: ``"wall"``, ``"thread CPU time"`` (a CPU at one
+            thread: the core's time, not other processes'), ``"CUDA events"`` (around an eager
+            loop: the device's time, or the host's where it is slower) or ``"CUDA graph
+            replay"`` (CUDA events around a captured loop: the device's time always).
         evictions: bytes moved before the timed calls of ``host_evicted_s``, ascending.
         host_evicted_s: ATen operator base name -> its tiny call's seconds after a call that
             moved each of ``evictions`` bytes (empty: not measured; the host time is then
