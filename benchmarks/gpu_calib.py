@@ -105,15 +105,17 @@ def captured(fn: Callable[[], Any], warmups: int = 1) -> Any:
     return graph
 
 
-_OTHERS: dict[int, torch.Tensor] = {}
+_Key = tuple[tuple[int, ...], torch.dtype, torch.device]
+_OTHERS: dict[_Key, torch.Tensor] = {}
 
 
 def _other(x: torch.Tensor) -> torch.Tensor:
-    """A second tensor like ``x`` (made once per tensor), so a binary operator reads two."""
-    if id(x) not in _OTHERS:
+    """A second tensor like ``x`` (made once per shape, dtype and device), so a binary operator reads two."""
+    key = (tuple(x.shape), x.dtype, x.device)  # not id(x): a freed tensor's id is reused
+    if key not in _OTHERS:
         _OTHERS.clear()
-        _OTHERS[id(x)] = torch.empty_like(x).fill_(1.0)
-    return _OTHERS[id(x)]
+        _OTHERS[key] = torch.empty_like(x).fill_(1.0)
+    return _OTHERS[key]
 
 
 def cache_points(device: str, dry: bool) -> list[dict[str, Any]]:
@@ -134,8 +136,9 @@ def cache_points(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 def _bn_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Running mean and variance of 64 channels like ``x`` (made once per tensor)."""
-    key = id(x)
+    """Running mean and variance of 64 channels like ``x`` (made once per shape, dtype and
+    device)."""
+    key = (tuple(x.shape), x.dtype, x.device)
     if key not in _STATS:
         _STATS.clear()
         _STATS[key] = (torch.zeros(64, device=x.device, dtype=x.dtype),
@@ -143,7 +146,7 @@ def _bn_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _STATS[key]
 
 
-_STATS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_STATS: dict[_Key, tuple[torch.Tensor, torch.Tensor]] = {}
 # name -> (the call on a flat tensor of at least 1,024 elements, tensors' worth of bytes moved);
 # benchmarks/gpu_profile.py rebuilds each on the meta device by the same name
 STREAM_OPS: dict[str, tuple[Callable[[torch.Tensor], Any], float]] = {

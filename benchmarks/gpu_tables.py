@@ -9,6 +9,7 @@ device lists ``sm__ops_path_tensor_src_fp16`` without a destination type).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,9 +115,69 @@ def calib_table(data: dict[str, Any]) -> list[str]:
     lines.append(f"| copy of {_mib(copy['numel'] * (4 if copy['dtype'] == 'float32' else 2))} "
                  f"MiB ({copy['dtype']}), read + written | {copy['gbps']:,.0f} GB/s |")
     for r in data["host"]:
-        if r["op"] in ("add", "linear", "conv2d", "view"):
+        if r["op"] in ("add", "linear", "conv2d", "batch_norm", "view"):
             lines.append(f"| host time per eager {r['op']} call | "
                          f"{r['host_s_per_call'] * 1e6:.1f} us |")
+    if "module" in data:
+        lines.append(f"| host time per nn.Module call, outside its operators | "
+                     f"{data['module']['module_call_s'] * 1e6:.1f} us |")
+    small = [r for r in data["stream"] if r["op"] == "add" and r["dtype"] == "float32"
+             and "seconds" in r]
+    if small and data.get("timing"):
+        tiny = min(small, key=lambda r: r["numel"])
+        lines.append(f"| device time of the smallest float32 add ({tiny['numel']:,} elements), "
+                     f"{data['timing']} | {tiny['seconds'] * 1e6:.2f} us |")
+    return lines
+
+
+def _errors(rows: list[dict[str, Any]], key: str) -> str:
+    """``median / p90`` of |ratio - 1| over rows with ``key``, as percentages."""
+    errs = sorted(abs(r[key] - 1) for r in rows if key in r)
+    if not errs:
+        return "-"
+    p90 = errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))]
+    return f"{statistics.median(errs):.0%} / {p90:.0%} ({len(errs)})"
+
+
+def _with_device_ratio(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**r, "device_ratio": r["predicted_device_s"] / r["graph_s"]} if "graph_s" in r
+            else r for r in rows]
+
+
+def predict_summary(folder: Path) -> list[str]:
+    """The errors of each prediction file in the folder: whole eager step (predicted step,
+    host and device overlapping, against the eager time) and device alone (predicted device
+    time against the CUDA graph's replay), on the cases seen before the model changed and on
+    the held-out ones."""
+    lines = ["| prediction | profile made from | step vs eager: seen | held out | device vs CUDA graph: "
+             "seen | held out |", "|---|---|---:|---:|---:|---:|"]
+    for path in sorted(folder.glob("predict*.json")):
+        data = json.loads(path.read_text())
+        rows = _with_device_ratio([r for r in data["rows"] if "ratio" in r])
+        seen = [r for r in rows if not r.get("held_out")]
+        held = [r for r in rows if r.get("held_out")]
+        made = data.get("profile_made_from", data["profile"])
+        lines.append(f"| {path.name} | {made} | {_errors(seen, 'ratio')} | "
+                     f"{_errors(held, 'ratio')} | {_errors(seen, 'device_ratio')} | "
+                     f"{_errors(held, 'device_ratio')} |")
+    return lines
+
+
+def predict_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| model | batch | step | dtype | held out | eager ms | predicted step ms (host, "
+             "device) | predicted / eager | CUDA graph ms | predicted device / graph |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in _with_device_ratio(data["rows"]):
+        head = (f"| {r['model']} | {r['batch']} | {'AdamW' if r['train'] else 'forward'} | "
+                f"{r['dtype']} | {'yes' if r.get('held_out') else ''} |")
+        if "error" in r:
+            lines.append(f"{head} {r['error']} | | | | |")
+            continue
+        graph = (f"{r['graph_s'] * 1e3:.2f} | {r['device_ratio']:.2f}" if "graph_s" in r
+                 else "- | -")
+        lines.append(f"{head} {r['eager_s'] * 1e3:.2f} | {r['predicted_step_s'] * 1e3:.2f} "
+                     f"({r['predicted_host_s'] * 1e3:.2f}, {r['predicted_device_s'] * 1e3:.2f}) | "
+                     f"{r['ratio']:.2f} | {graph} |")
     return lines
 
 
@@ -126,11 +187,19 @@ def render(folder: Path) -> str:
     summary = json.loads((folder / "summary.json").read_text())
     out.append(f"Device: {summary['device']} (driver {summary.get('driver', '?')}), torch "
                f"{summary['torch']}, CUDA {summary['cuda']}, {summary['date']}.")
+    for run in summary.get("runs", []):
+        parts = ", ".join(f"{k} {v}" for k, v in run["parts"].items())
+        out.append(f"- {run['date']}: {parts} ([{run['log']}](gpu/{run['log']}))"
+                   + (f"; kept: {run['kept']}" if "kept" in run else ""))
     for name, table in (("flops", flops_table), ("attention", attention_table),
-                        ("memory", memory_table), ("time", time_table), ("calib", calib_table)):
+                        ("memory", memory_table), ("time", time_table), ("calib", calib_table),
+                        ("predict", predict_table)):
         path = folder / f"{name}.json"
         if path.exists():
             out += ["", f"#### {name}", "", *table(json.loads(path.read_text()))]
+    if any(folder.glob("predict*.json")):
+        out += ["", "#### prediction errors (median / 90th percentile of |predicted / measured "
+                "- 1|, cases)", "", *predict_summary(folder)]
     return "\n".join(out) + "\n"
 
 
