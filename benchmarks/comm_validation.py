@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.errors import quantile
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -128,11 +130,6 @@ def plans(hw: Any, ranks: int) -> dict[str, Any]:
             for c in plan.ranked}
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else 0.0
-
-
 def compare(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """Ratios and the order check for one profile ``key``."""
     out: dict[str, Any] = {"rows": [], "pairs": []}
@@ -163,8 +160,8 @@ def compare(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     peaks = [abs(r["peak_ratio"] - 1) for r in out["rows"]]
     distinct = [p for p in out["pairs"] if p["distinct"]]
     out["summary"] = {
-        "step_median_abs_error": _quantile(steps, 0.5), "step_p90_abs_error": _quantile(steps, 0.9),
-        "peak_median_abs_error": _quantile(peaks, 0.5), "peak_max_abs_error": max(peaks),
+        "step_median_abs_error": quantile(steps, 0.5), "step_p90_abs_error": quantile(steps, 0.9),
+        "peak_median_abs_error": quantile(peaks, 0.5), "peak_max_abs_error": max(peaks),
         "pairs_distinct": len(distinct), "pairs_agree": sum(p["agree"] for p in distinct)}
     return out
 

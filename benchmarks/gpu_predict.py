@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import flopscope
+from benchmarks.errors import abs_errors
 from benchmarks.gpu_calib import captured
 from benchmarks.gpu_models import free, hf_model
 from benchmarks.prediction_validation import call_family
@@ -197,15 +198,6 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         if out is not None:  # each row as it finishes: a run cut short keeps what it measured
             (out / "predict.json").write_text(json.dumps({"profile": source, "rows": rows},
                                                          indent=2) + "\n")
-    return {"profile": source, "rows": rows, "seen": errors([r for r in rows
-                                                            if not r["held_out"]]),
-            "held_out": errors([r for r in rows if r["held_out"]])}
-
-
-def errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median and 90th percentile of |predicted / measured - 1| over the rows measured."""
-    errs = sorted(abs(r["ratio"] - 1) for r in rows if "ratio" in r)
-    if not errs:
-        return {"cases": 0}
-    return {"cases": len(errs), "median_abs_error": statistics.median(errs),
-            "p90_abs_error": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))]}
+    return {"profile": source, "rows": rows,
+            "seen": abs_errors(r["ratio"] for r in rows if "ratio" in r and not r["held_out"]),
+            "held_out": abs_errors(r["ratio"] for r in rows if "ratio" in r and r["held_out"])}

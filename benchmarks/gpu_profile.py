@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.errors import quantile
 from benchmarks.gpu_calib import STREAM_OPS
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibrate import counted_call
@@ -92,7 +93,24 @@ def points(raw: dict[str, Any]) -> list[Point]:
     return out
 
 
-def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any]) -> Hardware:
+def error_bars(predict: dict[str, Any]) -> dict[str, float]:
+    """The validation's error bars (``benchmarks/gpu_predict.py``'s cases, seen and held out):
+    per family the 90th percentile over the cases of |predicted / measured - 1| of the family's
+    device time (the calls joined to kernels: their predicted device time against their
+    kernels'), and ``total``: of the whole step against its eager time."""
+    per: dict[str, list[float]] = {}
+    for r in predict["rows"]:
+        if "ratio" not in r:
+            continue
+        per.setdefault("total", []).append(abs(r["ratio"] - 1))
+        for fam, f in r["families"].items():
+            if f["measured_s"] > 0 and f["predicted_device_s"] > 0:
+                per.setdefault(fam, []).append(abs(f["predicted_device_s"] / f["measured_s"] - 1))
+    return {k: round(quantile(v, 0.9), 3) for k, v in sorted(per.items())}
+
+
+def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
+                    bars: dict[str, float] | None = None) -> Hardware:
     """The shipped ``h200`` profile with the check's points as its calibration block."""
     family_host: dict[str, float] = {}
     op_host: dict[str, float] = {}
@@ -113,6 +131,7 @@ def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any]) -> Hardware:
                        "source": "docs/gpu/calib.json (benchmarks/gpu_calib.py)"},
                       family_host, tuple(points(raw)), host_op_s=op_host,
                       module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
+                      error_bars=bars or {},
                       clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
     return dataclasses.replace(get_hardware("h200"), name="h200-calibrated",
                                description="NVIDIA H200 SXM 141 GB, calibrated on one H200 "
@@ -127,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args[1]) if len(args) > 1 else GPU / "h200_calibrated.json"
     raw = json.loads(src.read_text())
     summary = json.loads((src.parent / "summary.json").read_text())
-    hw = calibrated_h200(raw, summary)
+    predict = src.parent / "predict.json"  # the validation of a profile made from this calib
+    bars = error_bars(json.loads(predict.read_text())) if predict.exists() else None
+    hw = calibrated_h200(raw, summary, bars)
     out.write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     assert hw.calibration is not None
     print(f"{out}: {len(hw.calibration.points)} points", file=sys.stderr)

@@ -9,12 +9,12 @@ device lists ``sm__ops_path_tensor_src_fp16`` without a destination type).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks import gpu_ncu
+from benchmarks.errors import abs_errors
 
 
 def _g(x: float) -> str:
@@ -132,11 +132,10 @@ def calib_table(data: dict[str, Any]) -> list[str]:
 
 def _errors(rows: list[dict[str, Any]], key: str) -> str:
     """``median / p90`` of |ratio - 1| over rows with ``key``, as percentages."""
-    errs = sorted(abs(r[key] - 1) for r in rows if key in r)
-    if not errs:
+    e = abs_errors(r[key] for r in rows if key in r)
+    if not e["cases"]:
         return "-"
-    p90 = errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))]
-    return f"{statistics.median(errs):.0%} / {p90:.0%} ({len(errs)})"
+    return f"{e['median_abs_error']:.0%} / {e['p90_abs_error']:.0%} ({e['cases']})"
 
 
 def _with_device_ratio(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

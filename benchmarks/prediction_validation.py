@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 import flopscope
+from benchmarks.errors import quantile
 from flopscope.estimate import calibrate, measure_this_machine
 from flopscope.estimate.bound import is_convolution
 from flopscope.estimate.calibrate import clock
@@ -57,13 +58,6 @@ def call_family(op: str, cost: Any) -> str:
     special = base.rstrip("_") in _SPECIAL_BASES
     return family_of(op, int(cost.macs), int(cost.flops),
                      int(cost.bytes_read + cost.bytes_written), special, is_convolution(op))
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
@@ -198,7 +192,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def stats(values: list[float]) -> dict[str, float]:
         errors = [abs(v - 1) for v in values]
         return {"n": len(values), "median_abs_error": statistics.median(errors),
-                "p90_abs_error": _quantile(errors, 0.9),
+                "p90_abs_error": quantile(errors, 0.9),
                 "median_ratio": statistics.median(values)}
 
     models = [r for r in rows if r["kind"] != "host check"]
