@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from flopscope.estimate.predict import GRAPH_CLOCK
+from flopscope.estimate.calibration import GRAPH_CLOCK
 
 
 def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:

@@ -31,8 +31,7 @@ from benchmarks.errors import quantile
 from benchmarks.gpu_calib import STREAM_OPS
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibrate import counted_call
-from flopscope.estimate.calibration import Calibration, Point
-from flopscope.estimate.predict import GRAPH_CLOCK
+from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration, Point
 from flopscope.estimate.profile import Hardware, dtype_key
 
 GPU = Path(__file__).parent.parent / "docs" / "gpu"

@@ -11,8 +11,8 @@ import pytest
 from tests.cli.conftest import Result
 
 from flopscope.estimate import load_hardware
-from flopscope.estimate.predict import GRAPH_CLOCK, predictor
-from flopscope.estimate.predict import GRAPH_CLOCK, predictor
+from flopscope.estimate.calibration import GRAPH_CLOCK
+from flopscope.estimate.predict import predictor
 
 Cli = Callable[..., Result]
 H200 = Path(__file__).parent.parent.parent / "docs" / "gpu" / "h200_calibrated.json"

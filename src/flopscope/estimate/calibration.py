@@ -46,8 +46,12 @@ from typing import Any
 
 from flopscope.errors import UsageError
 
-__all__ = ["CHAIN_OCTAVES", "DTENSOR_DISPATCH", "FAMILIES", "Calibration", "ChainPoint", "Point",
-           "table_with"]
+__all__ = ["CHAIN_OCTAVES", "DTENSOR_DISPATCH", "FAMILIES", "GRAPH_CLOCK", "Calibration",
+           "ChainPoint", "Point", "table_with"]
+
+GRAPH_CLOCK = "CUDA graph replay"
+"""A CUDA calibration's clock when its points were timed as CUDA graphs' replays: device time
+at every size, kept however small (an eager loop's small points time the host instead)."""
 
 DTENSOR_DISPATCH = "dtensor.dispatch"
 """The report name a prediction gives DTensor's own host time of one operator on DTensors (a

@@ -22,23 +22,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flopscope.estimate.calibration import DTENSOR_DISPATCH, Calibration
+from flopscope.estimate.calibration import DTENSOR_DISPATCH, GRAPH_CLOCK, Calibration
 
 if TYPE_CHECKING:
     from flopscope.estimate.bound import Estimate
     from flopscope.estimate.roofline import CallRecord
 
-__all__ = ["COMPUTE_FAMILIES", "GRAPH_CLOCK", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
+__all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
            "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
            "overlapped", "predicted_step_s", "predictor", "reduction_length", "ROTATED_FAMILIES",
            "SHAPED_FAMILIES", "WORK_IN_FLOPS"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
-
-GRAPH_CLOCK = "CUDA graph replay"
-"""A CUDA calibration's clock when its points were timed as CUDA graphs' replays: device time
-at every size, kept however small (an eager loop's small points time the host instead)."""
 
 HOST_DOMINATED = 0.5
 """A point whose device time is under this fraction of its measured time is host time: the
@@ -257,17 +253,15 @@ class Predictor:
             self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
                 ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
-        cuda = calibration.device.startswith("cuda")
-        graphed = calibration.clock == GRAPH_CLOCK
+        cuda, graphed = calibration.device.startswith("cuda"), calibration.clock == GRAPH_CLOCK
         self._shaped = all(p.reduction > 0 for p in calibration.points
                            if p.family in COMPUTE_FAMILIES)  # else files before it: 2-D
         for p in calibration.points:
             host = self.host_s(p.family, p.op)
             work = _work(p.family, p.flops, p.bytes)
-            # CUDA events around an eager loop time the device per call, or the host where it
-            # is slower (not a rate: dropped); around a CUDA graph's replay, the device always
-            # (no launch from the host); on a CPU the host's time is inside the point's (one
-            # timeline)
+            # CUDA events around an eager loop time the device, or the host where slower (not a
+            # rate: dropped); around a graph's replay, the device always; on a CPU the host's
+            # time is inside the point's (one timeline)
             device = ((p.seconds if graphed or p.seconds >= 2 * host else 0.0) if cuda
                       else p.seconds - host - calibration.fault_s(p.fresh))
             # a point timed in rotation holds what a model's call pays besides its host time
