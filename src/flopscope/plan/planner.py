@@ -224,6 +224,14 @@ def model_identity(source: str, seq_len: int | None, dtype: str,
     return (source, seq_len, dtype, tuple(sorted((config or {}).items())))
 
 
+UNDERSTATED_NOTE = (
+    "pipeline layouts with a stage put together from small runs (more than 12 layers per "
+    "stage, or more than 18 stages) and more microbatches than it was simulated with ({} "
+    "here): that stage's peak is the simulated count's, below the step's (each microbatch "
+    "beyond leaves its input, and on the last stage its output, live to the step's end; "
+    "docs/plan.md)")
+
+
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
     """The fullest stage's peak: the tracked step, AdamW's moments (two per parameter, in the
     parameter's dtype, live through the whole step) and, when microbatches accumulate without
@@ -421,8 +429,10 @@ def plan(
     peak = hw.peak(dtype_key(compute_dtype) or "fp32", matrix=True)
     fitting: list[Candidate] = []
     dropped: list[Candidate] = []
+    understated = 0
     for choice in choices:
         runs = runs_of(choice)
+        understated += any(r.understated for r in runs)
         t = step_time(runs, choice, links)
         used, at, where = _memory(runs, choice)
         tokens = batch * seq / t.total / gpus if t.total else 0.0
@@ -442,7 +452,8 @@ def plan(
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
              *((SELECTIVE_NOTE,) if any(c.startswith("selective") for c in checkpointing)
-               else ()))
+               else ()),
+             *((UNDERSTATED_NOTE.format(understated),) if understated else ()))
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))

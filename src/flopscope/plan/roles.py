@@ -52,6 +52,7 @@ from flopscope.plan.layers import (
     combine,
     frame_of,
 )
+from flopscope.plan.microbatches import extend_peak
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
@@ -89,6 +90,9 @@ class RoleKey:
             cross-entropy computed on them (:attr:`flopscope.distributed.Layout.loss_parallel`).
         loss: what backward runs from (:func:`flopscope.distributed.simulate`): ``"sum"`` of
             the logits, or ``"cross_entropy"``, a plan's (:func:`roles_of`).
+        peak_microbatches: the step's microbatches when more than ``microbatches`` (0: the
+            same): the stage's peak memory is taken at that count
+            (:mod:`flopscope.plan.microbatches`), its work at ``microbatches`` and scaled.
     """
 
     tp: int
@@ -102,6 +106,7 @@ class RoleKey:
     sequence_parallel: bool = False
     loss_parallel: bool = False
     loss: str = "sum"
+    peak_microbatches: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint, bool):  # one key per role, whichever way it was named
@@ -114,9 +119,12 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
-    A stage is simulated over ``pp`` microbatches, the most 1F1B keeps in flight on any stage,
-    so its peak memory is the step's; :func:`~flopscope.plan.timing.step_time` scales its work
-    to the step's microbatches. Middle stages (neither the first, with the embedding, nor the
+    A stage is simulated over the step's microbatches up to ``pp + 2`` (1F1B keeps at most
+    ``pp`` in flight, but from ``pp + 1`` on forwards run while the gradients exist, and each
+    microbatch leaves its input, and on the last stage its output, live to the step's end);
+    with more, its peak is taken at the step's count (:attr:`RoleKey.peak_microbatches`) and
+    :func:`~flopscope.plan.timing.step_time` scales its work. A pipeline of more than 18 stages
+    is simulated over ``pp`` (its stages put together from small pipelines of as many). Middle stages (neither the first, with the embedding, nor the
     last, with the head) that hold as many layers run the same shapes per microbatch; the
     earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
     theirs: they share its role. A pipeline has at most four roles: the first stage, the
@@ -138,7 +146,11 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     """
     from flopscope.distributed.pipeline import split_layers
 
-    simulated = choice.pp if choice.pp > 1 else 1
+    simulated = peak = 1
+    if choice.pp > 1:
+        deep = choice.pp > sum(UNIT_SMALL)
+        simulated = choice.pp if deep else min(choice.microbatches, choice.pp + 2)
+        peak = choice.microbatches
     sp = sequence_parallel and choice.tp > 1 and choice.pp == 1
     sizes = [len(r) for r in split_layers(layers, choice.pp)]
     out = []
@@ -148,7 +160,8 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
                            simulated, choice.checkpoint, mixed_precision, sp,
-                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss))
+                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss,
+                           peak if peak > simulated else 0))
     return out
 
 
@@ -163,6 +176,9 @@ class RoleRun:
         estimate: the roofline estimate of its calls (a lower bound on time).
         parameter_bytes: the rank's own parameter shards.
         seconds: how long the simulation took here.
+        memory_microbatches: the microbatches ``memory`` is for (0: ``key.microbatches``);
+            below ``key.peak_microbatches``, the peak is the simulated count's, lower than the
+            step's (a stage put together from small runs).
     """
 
     key: RoleKey
@@ -171,6 +187,12 @@ class RoleRun:
     estimate: Estimate
     parameter_bytes: int
     seconds: float
+    memory_microbatches: int = 0
+
+    @property
+    def understated(self) -> bool:
+        """Whether the peak is the simulated microbatches', below the step's."""
+        return self.key.peak_microbatches > (self.memory_microbatches or self.key.microbatches)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -280,8 +302,37 @@ class Roles:
         full = (self._identity, self._hardware.name, key)
         found = _CACHE.get(full)
         if found is None:
-            found = _CACHE[full] = self._simulate(key)
+            found = _CACHE[full] = (self._more_microbatches(key) if key.peak_microbatches
+                                    else self._simulate(key))
         return found
+
+    def _more_microbatches(self, key: RoleKey) -> RoleRun:
+        """A stage with more microbatches in its step: work at ``key.microbatches``, the peak
+        at the step's from one microbatch fewer too (:func:`~.microbatches.extend_peak`; else
+        simulated); put together from small runs, the simulated count's (``understated``)."""
+        start = time.perf_counter()
+        base = dataclasses.replace(key, peak_microbatches=0)
+        self._repeats()
+        prefix, layers = self._layers
+        if (self._alike and frame_of(prefix, layers, key.pp, key.stage).n > sum(SMALL)) or (
+                self._microbatches and key.pp > sum(UNIT_SMALL)):
+            return dataclasses.replace(self.get(base), key=key)
+        a = self._run(dataclasses.replace(base, microbatches=base.microbatches - 1), None)
+        b = self._run(base, None)
+        self.simulations += 2
+        try:
+            memory = extend_peak(a.points, b.points, base.microbatches, key.peak_microbatches,
+                                 a.memory, b.memory)
+        except NotRepeating:
+            memory = self._run(dataclasses.replace(base, microbatches=key.peak_microbatches),
+                               None).memory
+            self.simulations += 1
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        _CACHE.setdefault((self._identity, self._hardware.name, base), RoleRun(
+            base, b.report, b.memory, b.estimate, b.parameter_bytes, seconds))
+        return RoleRun(key, b.report, memory, b.estimate, b.parameter_bytes, seconds,
+                       key.peak_microbatches)
 
     def _simulate(self, key: RoleKey) -> RoleRun:
         """The role simulated: from three small layer counts when its stage holds more

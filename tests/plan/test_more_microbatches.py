@@ -1,0 +1,99 @@
+"""A pipeline stage whose step has more microbatches than stages (flopscope.plan.microbatches):
+its peak memory at the step's count equals simulating every microbatch of the step, to the byte
+and with where it is reached, though the stage is simulated over at most ``pp + 2``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.plan.same_role import memory
+
+import flopscope
+from flopscope.estimate import get_hardware
+from flopscope.plan.planner import build_model
+from flopscope.plan.roles import RoleKey, Roles, clear_cache, roles_of
+from flopscope.plan.space import Choice
+
+# 4 layers of hidden 256 (4 heads, 2 KV heads, MLP 512), a vocabulary of 4,096, 256 tokens
+# per microbatch, bfloat16
+SMALL: dict[str, Any] = dict(vocab_size=4096, hidden_size=256, intermediate_size=512,
+                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _roles(config: dict[str, Any] = SMALL) -> Roles:
+    return Roles(build_model("hf:llama", 256, "bfloat16", config), get_hardware("h100-sxm"),
+                 ("test_more_microbatches",))
+
+
+@pytest.mark.parametrize("key", [
+    # the first stage: from pp + 1 on, forwards run while all the gradients exist
+    RoleKey(tp=1, pp=2, stage=0, dp=2, micro_batch=1, microbatches=4, checkpoint="none",
+            peak_microbatches=7),
+    # the last, checkpointed: at 7 microbatches the peak moves from lm_head's backward to the
+    # step's end, where torch's schedule merges the 7 kept outputs (one more copy of them all)
+    RoleKey(tp=1, pp=2, stage=1, dp=2, micro_batch=1, microbatches=4, checkpoint="block",
+            peak_microbatches=7),
+    # a middle stage of four, and tensor parallelism
+    RoleKey(tp=1, pp=4, stage=1, dp=1, micro_batch=1, microbatches=6, checkpoint="none",
+            peak_microbatches=9),
+    RoleKey(tp=2, pp=2, stage=0, dp=1, micro_batch=1, microbatches=4, checkpoint="none",
+            peak_microbatches=7),
+])
+def test_the_peak_at_the_steps_microbatches_equals_simulating_them(key: RoleKey) -> None:
+    clear_cache()
+    roles = _roles()
+    run = roles.get(key)
+    whole = roles.get(RoleKey(key.tp, key.pp, key.stage, key.dp, key.micro_batch,
+                              key.peak_microbatches, key.checkpoint))
+    assert memory(run) == memory(whole)
+    assert not run.understated and run.memory_microbatches == key.peak_microbatches
+    # the work is the simulated count's (the step's time scales it), that role cached too
+    simulated = roles.get(RoleKey(key.tp, key.pp, key.stage, key.dp, key.micro_batch,
+                                  key.microbatches, key.checkpoint))
+    assert run.report == simulated.report and run.estimate == simulated.estimate
+    if key.stage == 1 and key.pp == 2:
+        assert (run.memory.peak_module, run.memory.peak_phase, run.memory.peak_op) == (
+            "", "forward", "aten.cat.default")
+
+
+def test_each_microbatch_beyond_adds_the_last_stages_kept_output() -> None:
+    clear_cache()
+    roles = _roles()
+
+    def peak(m: int) -> int:
+        return roles.get(RoleKey(tp=1, pp=2, stage=1, dp=2, micro_batch=1, microbatches=4,
+                                 checkpoint="none", peak_microbatches=m)).memory.peak_bytes
+
+    # at lm_head's backward, each microbatch more keeps its logits (256 x 4,096 bfloat16:
+    # 2,097,152 bytes), its token ids (256 x 8: 2,048), its loss (one bfloat16: 2) and a
+    # 256 x 256 bfloat16 hidden state (131,072): 2,230,274 bytes
+    assert peak(6) - peak(5) == 2_230_274 == 256 * 4096 * 2 + 256 * 8 + 2 + 256 * 256 * 2
+
+
+def test_roles_of_simulates_up_to_two_microbatches_beyond_the_stages() -> None:
+    def simulated(pp: int, m: int) -> tuple[int, int]:
+        (key, *_) = roles_of(Choice(1, pp, 1, 1, m, "none"), 4)
+        return key.microbatches, key.peak_microbatches
+
+    # up to pp + 2 simulated as they are; beyond, at pp + 2 with the peak taken at the step's
+    assert [simulated(2, m) for m in (2, 3, 4, 5, 8)] == [(2, 0), (3, 0), (4, 0), (4, 5), (4, 8)]
+    assert simulated(1, 8) == (1, 0)  # no stages: accumulated microbatches, one simulated
+
+
+def test_a_stage_from_small_layer_counts_keeps_the_simulated_peak_and_the_plan_says_so(
+        ) -> None:
+    # 30 layers: two stages of 15, each put together from 3, 4 and 5 layers; its peak at the
+    # step's microbatches is not built (the note says so)
+    deep = dict(SMALL, num_hidden_layers=30, vocab_size=1000, hidden_size=64,
+                intermediate_size=128)
+    clear_cache()
+    roles = _roles(deep)
+    run = roles.get(RoleKey(tp=1, pp=2, stage=0, dp=1, micro_batch=1, microbatches=4,
+                            checkpoint="none", peak_microbatches=8))
+    assert run.understated and roles.from_small == 1
+    plan = flopscope.plan("hf:llama", gpus=2, hardware="h100-sxm", config=deep, seq_len=32,
+                          global_batch=8, pp=2, checkpointing=("none",))
+    # micro-batches 1 (8 microbatches: understated), 2 (4) and 4 (2)
+    assert any("below the step's" in n and "(1 here)" in n for n in plan.notes)
+    clear_cache()
