@@ -81,19 +81,44 @@ def test_roles_of_simulates_up_to_two_microbatches_beyond_the_stages() -> None:
     assert simulated(1, 8) == (1, 0)  # no stages: accumulated microbatches, one simulated
 
 
-def test_a_stage_from_small_layer_counts_keeps_the_simulated_peak_and_the_plan_says_so(
-        ) -> None:
-    # 30 layers: two stages of 15, each put together from 3, 4 and 5 layers; its peak at the
-    # step's microbatches is not built (the note says so)
+def test_a_stage_from_small_layer_counts_at_the_steps_microbatches() -> None:
+    # 30 layers: two stages of 15, each put together from 3, 4 and 5 layers, each of those at
+    # 3 and 4 microbatches moved to 7 (checked at 5 layers): the same peak as simulating every
+    # layer and microbatch
     deep = dict(SMALL, num_hidden_layers=30, vocab_size=1000, hidden_size=64,
                 intermediate_size=128)
+    for stage in (0, 1):
+        clear_cache()
+        fast = _roles(deep)
+        slow = Roles(build_model("hf:llama", 256, "bfloat16", deep), get_hardware("h100-sxm"),
+                     ("test_more_microbatches", "slow"), repeat_layers=False)
+        key = RoleKey(tp=1, pp=2, stage=stage, dp=2, micro_batch=1, microbatches=4,
+                      checkpoint="block", peak_microbatches=7)
+        run = fast.get(key)
+        whole = slow.get(RoleKey(1, 2, stage, 2, 1, 7, "block"))
+        assert memory(run) == memory(whole) and not run.understated
+        # the report and estimate: the stage's at 4 microbatches, put together from 3, 4, 5 layers
+        assert run.report == slow.get(RoleKey(1, 2, stage, 2, 1, 4, "block")).report
     clear_cache()
-    roles = _roles(deep)
-    run = roles.get(RoleKey(tp=1, pp=2, stage=0, dp=1, micro_batch=1, microbatches=4,
-                            checkpoint="none", peak_microbatches=8))
-    assert run.understated and roles.from_small == 1
-    plan = flopscope.plan("hf:llama", gpus=2, hardware="h100-sxm", config=deep, seq_len=32,
-                          global_batch=8, pp=2, checkpointing=("none",))
-    # micro-batches 1 (8 microbatches: understated), 2 (4) and 4 (2)
+
+
+def test_a_deep_pipelines_stage_keeps_the_simulated_peak_and_the_plan_says_so() -> None:
+    # 20 stages of one layer: the stages put together from small pipelines of as many
+    # microbatches as stages; with 40 microbatches their peak is the 20's, and the note says so
+    from tests.plan.test_microbatches import DEEP, SEQ
+
+    clear_cache()
+    roles = Roles(build_model("hf:llama", SEQ, "float32", DEEP), get_hardware("h100-sxm"),
+                  ("test_more_microbatches", "deep"))
+    run = roles.get(RoleKey(tp=1, pp=20, stage=0, dp=1, micro_batch=1, microbatches=20,
+                            checkpoint="none", peak_microbatches=40))
+    assert run.understated and roles.from_microbatches == 1
+    plan = flopscope.plan("hf:llama", gpus=20, hardware="h100-sxm", config=DEEP, seq_len=SEQ,
+                          global_batch=40, pp=20, tp=1, dtype="float32",
+                          checkpointing=("none",))
+    # micro-batches 1 (40 microbatches: below the step's) and 2 (20: the step's)
     assert any("below the step's" in n and "(1 here)" in n for n in plan.notes)
+    assert not any("below the step's" in n for n in flopscope.plan(
+        "hf:llama", gpus=20, hardware="h100-sxm", config=DEEP, seq_len=SEQ, global_batch=20,
+        pp=20, tp=1, dtype="float32", checkpointing=("none",)).notes)
     clear_cache()

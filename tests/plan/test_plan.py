@@ -69,11 +69,12 @@ def test_each_role_is_simulated_once_and_reused(two_gpus: Plan) -> None:
     # 10 roles, 10 simulations
     assert len(two_gpus.ranked) + len(two_gpus.dropped) == 8
     assert two_gpus.roles == 10 and two_gpus.simulations == 10
-    # global batch 4 shares the roles of mb 1 (TP1 PP1, TP1 PP2) and TP2's mb 1 and 2 with the
-    # plan above; new per choice: TP1 PP1 DP2 mb2x1, TP1 PP2 mb2x2 (2 stages), TP2 mb4x1: 4,
-    # x 2 = 8 simulations of 18 roles
+    # global batch 4 shares the roles of TP1 PP1 mb 1 and TP2's mb 1 and 2 with the plan
+    # above; new per choice: TP1 PP1 DP2 mb2x1, TP1 PP2 mb2x2 (2 stages), TP1 PP2 mb1x4 (2
+    # stages, simulated over the step's 4 microbatches, pp + 2), TP2 mb4x1: 6, x 2 = 12
+    # simulations of 18 roles
     again = flopscope.plan("hf:llama", **{**ARGS, "global_batch": 4})
-    assert again.roles == 18 and again.simulations == 8
+    assert again.roles == 18 and again.simulations == 12
 
 
 def test_memory_has_the_parameters_and_adamw_moments() -> None:

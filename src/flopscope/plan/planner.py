@@ -225,11 +225,10 @@ def model_identity(source: str, seq_len: int | None, dtype: str,
 
 
 UNDERSTATED_NOTE = (
-    "pipeline layouts with a stage put together from small runs (more than 12 layers per "
-    "stage, or more than 18 stages) and more microbatches than it was simulated with ({} "
-    "here): that stage's peak is the simulated count's, below the step's (each microbatch "
-    "beyond leaves its input, and on the last stage its output, live to the step's end; "
-    "docs/plan.md)")
+    "pipelines of more than 18 stages with more microbatches than stages ({} here): a stage "
+    "put together from small pipelines has the peak of as many microbatches as stages, below "
+    "the step's (each microbatch beyond leaves its input, and on the last stage its output, "
+    "live to the step's end; docs/plan.md, 'More microbatches than stages')")
 
 
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:

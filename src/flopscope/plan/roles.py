@@ -52,7 +52,7 @@ from flopscope.plan.layers import (
     combine,
     frame_of,
 )
-from flopscope.plan.microbatches import extend_peak
+from flopscope.plan.microbatches import at_step
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
@@ -178,7 +178,7 @@ class RoleRun:
         seconds: how long the simulation took here.
         memory_microbatches: the microbatches ``memory`` is for (0: ``key.microbatches``);
             below ``key.peak_microbatches``, the peak is the simulated count's, lower than the
-            step's (a stage put together from small runs).
+            step's (a stage of a deep pipeline, put together from small pipelines).
     """
 
     key: RoleKey
@@ -307,32 +307,33 @@ class Roles:
         return found
 
     def _more_microbatches(self, key: RoleKey) -> RoleRun:
-        """A stage with more microbatches in its step: work at ``key.microbatches``, the peak
-        at the step's from one microbatch fewer too (:func:`~.microbatches.extend_peak`; else
-        simulated); put together from small runs, the simulated count's (``understated``)."""
-        start = time.perf_counter()
-        base = dataclasses.replace(key, peak_microbatches=0)
+        """A stage with more microbatches in its step: the peak at the step's count
+        (:func:`~.microbatches.at_step`); a deep pipeline's, the simulated count's."""
+        start, base = time.perf_counter(), dataclasses.replace(key, peak_microbatches=0)
         self._repeats()
-        prefix, layers = self._layers
-        if (self._alike and frame_of(prefix, layers, key.pp, key.stage).n > sum(SMALL)) or (
-                self._microbatches and key.pp > sum(UNIT_SMALL)):
+        to = frame_of(*self._layers, key.pp, key.stage)
+        small = bool(self._alike) and to.n > sum(SMALL)
+        if self._microbatches and key.pp > sum(UNIT_SMALL):
             return dataclasses.replace(self.get(base), key=key)
-        a = self._run(dataclasses.replace(base, microbatches=base.microbatches - 1), None)
-        b = self._run(base, None)
-        self.simulations += 2
-        try:
-            memory = extend_peak(a.points, b.points, base.microbatches, key.peak_microbatches,
-                                 a.memory, b.memory)
-        except NotRepeating:
-            memory = self._run(dataclasses.replace(base, microbatches=key.peak_microbatches),
-                               None).memory
+        layout = _layout(key)
+
+        def run(m: int, n: int | None) -> Small:
             self.simulations += 1
+            return self._run(dataclasses.replace(base, microbatches=m), n)
+
+        try:
+            with fake_world(layout.world_size, layout.rank), shared_world(layout):
+                report, memory, estimate, params = at_step(
+                    run, base.microbatches, key.peak_microbatches, to if small else None)
+        except NotRepeating:
+            found = self.get(base)
+            if small:
+                return dataclasses.replace(found, key=key)
+            report, estimate, params = found.report, found.estimate, found.parameter_bytes
+            memory = run(key.peak_microbatches, None).memory
         seconds = time.perf_counter() - start
         self.seconds += seconds
-        _CACHE.setdefault((self._identity, self._hardware.name, base), RoleRun(
-            base, b.report, b.memory, b.estimate, b.parameter_bytes, seconds))
-        return RoleRun(key, b.report, memory, b.estimate, b.parameter_bytes, seconds,
-                       key.peak_microbatches)
+        return RoleRun(key, report, memory, estimate, params, seconds, key.peak_microbatches)
 
     def _simulate(self, key: RoleKey) -> RoleRun:
         """The role simulated: from three small layer counts when its stage holds more
