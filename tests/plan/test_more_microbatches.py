@@ -1,13 +1,14 @@
 """A pipeline stage whose step has more microbatches than stages (flopscope.plan.microbatches):
-its peak memory at the step's count equals simulating every microbatch of the step, to the byte
-and with where it is reached, though the stage is simulated over at most ``pp + 2``."""
+at the step's count its peak memory (to the byte, with where it is reached), report and estimate
+equal simulating every microbatch of the step, though the stage is simulated over at most
+``pp + 2``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from tests.plan.same_role import memory
+from tests.plan.same_role import assert_same_role
 
 import flopscope
 from flopscope.estimate import get_hardware
@@ -44,14 +45,13 @@ def test_the_peak_at_the_steps_microbatches_equals_simulating_them(key: RoleKey)
     clear_cache()
     roles = _roles()
     run = roles.get(key)
+    assert roles.simulations == 2  # at pp + 1 and pp + 2 (lined up, not simulated at the step's)
     whole = roles.get(RoleKey(key.tp, key.pp, key.stage, key.dp, key.micro_batch,
                               key.peak_microbatches, key.checkpoint))
-    assert memory(run) == memory(whole)
-    assert not run.understated and run.memory_microbatches == key.peak_microbatches
-    # the work is the simulated count's (the step's time scales it), that role cached too
-    simulated = roles.get(RoleKey(key.tp, key.pp, key.stage, key.dp, key.micro_batch,
-                                  key.microbatches, key.checkpoint))
-    assert run.report == simulated.report and run.estimate == simulated.estimate
+    # the peak, the report record for record (work per microbatch and once per step alike),
+    # the estimate and the parameter shards at the step's count
+    assert_same_role(run, whole)
+    assert not run.understated and run.microbatches == key.peak_microbatches
     if key.stage == 1 and key.pp == 2:
         assert (run.memory.peak_module, run.memory.peak_phase, run.memory.peak_op) == (
             "", "forward", "aten.cat.default")
@@ -95,10 +95,10 @@ def test_a_stage_from_small_layer_counts_at_the_steps_microbatches() -> None:
         key = RoleKey(tp=1, pp=2, stage=stage, dp=2, micro_batch=1, microbatches=4,
                       checkpoint="block", peak_microbatches=7)
         run = fast.get(key)
+        assert fast.simulations == 6  # 3, 4 and 5 layers, each at 3 and 4 microbatches
         whole = slow.get(RoleKey(1, 2, stage, 2, 1, 7, "block"))
-        assert memory(run) == memory(whole) and not run.understated
-        # the report and estimate: the stage's at 4 microbatches, put together from 3, 4, 5 layers
-        assert run.report == slow.get(RoleKey(1, 2, stage, 2, 1, 4, "block")).report
+        assert_same_role(run, whole)
+        assert not run.understated
     clear_cache()
 
 
@@ -117,7 +117,7 @@ def test_a_deep_pipelines_stage_keeps_the_simulated_peak_and_the_plan_says_so() 
                           global_batch=40, pp=20, tp=1, dtype="float32",
                           checkpointing=("none",))
     # micro-batches 1 (40 microbatches: below the step's) and 2 (20: the step's)
-    assert any("below the step's" in n and "(1 here)" in n for n in plan.notes)
+    assert any("below the step's" in n and "(1 here:" in n for n in plan.notes)
     assert not any("below the step's" in n for n in flopscope.plan(
         "hf:llama", gpus=20, hardware="h100-sxm", config=DEEP, seq_len=SEQ, global_batch=20,
         pp=20, tp=1, dtype="float32", checkpointing=("none",)).notes)

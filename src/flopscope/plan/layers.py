@@ -38,7 +38,7 @@ from flopscope.estimate.bound import Row
 from flopscope.report.report import Report
 
 __all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",
-           "combine", "frame_of", "unit_module"]
+           "combine", "estimate_at", "frame_of", "unit_module"]
 
 #: the path prefix of a pipeline stage's microbatches, as if they were layers
 #: (``~microbatch.3.F|model.layers.1.mlp``: a call of microbatch 3's forward in that module)
@@ -139,7 +139,8 @@ def _row(a: Row, b: Row, nb: int, n: int) -> Row:
     return Row(**out)
 
 
-def _estimate(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
+def estimate_at(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
+    """The estimate at ``n`` from ``a`` at ``nb - 1`` and ``b`` at ``nb`` (every figure affine)."""
     phases = {p: _row(a.by_phase.get(p, Row()), b.by_phase.get(p, Row()), nb, n)
               for p in {*a.by_phase, *b.by_phase}}
     return Estimate(b.hardware, b.tf32, _row(a.total, b.total, nb, n), phases,
@@ -177,7 +178,7 @@ def combine(a: Small, b: Small, c: Small, to: Frame
                            {c: v for c, v in peak.live.items() if v},
                            line(a.memory.end_bytes, b.memory.end_bytes, nb, to.n),
                            train=b.memory.train, note=b.memory.note)
-    return (report, memory, _estimate(a.estimate, b.estimate, nb, to.n),
+    return (report, memory, estimate_at(a.estimate, b.estimate, nb, to.n),
             line(a.parameter_bytes, b.parameter_bytes, nb, to.n))
 
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from flopscope.distributed.repeat import SMALL, Frame, NotRepeating
+from flopscope.distributed.repeat import SMALL, Frame, NotRepeating, expand_report
 from flopscope.distributed.repeat_peak import Point
 from flopscope.estimate import Estimate, MemoryProfile
-from flopscope.plan.layers import Small, check, combine
+from flopscope.plan.layers import UNITS, Small, check, combine, estimate_at
 from flopscope.report.report import Report
 
 __all__ = ["at_step", "extend_peak", "extend_points", "peak_of"]
@@ -168,11 +168,12 @@ def extend_peak(a: Sequence[Point], b: Sequence[Point], microbatches: int, to: i
 
 def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
             layers: Frame | None) -> tuple[Report, MemoryProfile, Estimate, int]:
-    """A stage's report, estimate and parameter shards at ``microbatches`` and its peak at
-    ``to``: from its simulations at ``microbatches - 1`` and ``microbatches``; with ``layers``
-    (a stage of more than ``sum(SMALL)`` layers, where they are), from those of ``SMALL``'s
-    layer counts, each one's call points moved to ``to`` and the three put together at the
-    stage's layers by :func:`~flopscope.plan.layers.combine`, checked exact at the third.
+    """A stage at ``to`` microbatches from its simulations at ``microbatches - 1`` and
+    ``microbatches``: the peak by :func:`extend_peak`, the report and estimate affine in the
+    count (a step's per-microbatch work and its once-per-step collectives alike). With
+    ``layers`` (a stage of more than ``sum(SMALL)`` layers, where they are), from those of
+    ``SMALL``'s layer counts, each moved to ``to`` and the three put together at the stage's
+    layers by :func:`~flopscope.plan.layers.combine`, checked exact at the third.
 
     Args:
         run: ``run(m, n)``: the stage simulated over ``m`` microbatches with ``n`` layers per
@@ -182,22 +183,27 @@ def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
         layers: where the stage's layers are, for a stage put together from small counts.
 
     Returns:
-        (report, memory profile, estimate, parameter bytes).
+        (report, memory profile, estimate, parameter bytes) at ``to`` microbatches.
 
     Raises:
         NotRepeating: the calls do not line up, or the small counts do not repeat.
     """
-    if layers is None:
-        a, b = run(microbatches - 1, None), run(microbatches, None)
-        memory = extend_peak(a.points, b.points, microbatches, to, a.memory, b.memory)
-        return b.report, memory, b.estimate, b.parameter_bytes
-    smalls = []
-    for n in SMALL:
+    def moved(n: int | None) -> Small:
         a, b = run(microbatches - 1, n), run(microbatches, n)
         points = extend_points(a.points, b.points, microbatches, to)
         end = b.memory.end_bytes + (to - microbatches) * (b.memory.end_bytes -
                                                           a.memory.end_bytes)
-        smalls.append(dataclasses.replace(b, points=points, memory=peak_of(points, end,
-                                                                           b.memory)))
+        # no record is a microbatch's own (they are summed over the step): every one affine
+        report = expand_report(a.report, Frame(UNITS, 0, microbatches - 1), b.report,
+                               Frame(UNITS, 0, microbatches), Frame(UNITS, 0, to), 0)
+        return dataclasses.replace(b, report=report, points=points,
+                                   memory=peak_of(points, end, b.memory),
+                                   estimate=estimate_at(a.estimate, b.estimate, microbatches,
+                                                        to))
+
+    if layers is None:
+        one = moved(None)
+        return one.report, one.memory, one.estimate, one.parameter_bytes
+    smalls = [moved(n) for n in SMALL]
     check(smalls[0], smalls[1], smalls[2])
     return combine(smalls[0], smalls[1], smalls[2], layers)

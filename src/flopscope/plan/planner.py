@@ -225,10 +225,10 @@ def model_identity(source: str, seq_len: int | None, dtype: str,
 
 
 UNDERSTATED_NOTE = (
-    "pipelines of more than 18 stages with more microbatches than stages ({} here): a stage "
-    "put together from small pipelines has the peak of as many microbatches as stages, below "
-    "the step's (each microbatch beyond leaves its input, and on the last stage its output, "
-    "live to the step's end; docs/plan.md, 'More microbatches than stages')")
+    "pipeline layouts with a stage whose peak is taken at fewer microbatches than the step's "
+    "({} here: pipelines of more than 18 stages, at as many microbatches as stages): below the "
+    "step's (each microbatch beyond leaves its input, and on the last stage its output, live "
+    "to the step's end; docs/plan.md, 'More microbatches than stages')")
 
 
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:

@@ -123,9 +123,9 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     ``pp`` in flight, but from ``pp + 1`` on forwards run while the gradients exist, and each
     microbatch leaves its input, and on the last stage its output, live to the step's end);
     with more, its peak is taken at the step's count (:attr:`RoleKey.peak_microbatches`) and
-    :func:`~flopscope.plan.timing.step_time` scales its work. A pipeline of more than 18 stages
-    is simulated over ``pp`` (its stages put together from small pipelines of as many). Middle stages (neither the first, with the embedding, nor the
-    last, with the head) that hold as many layers run the same shapes per microbatch; the
+    :func:`~flopscope.plan.timing.step_time` scales its work. A pipeline of more than 18
+    stages is simulated over ``pp`` (its stages put together from small pipelines of as
+    many). Middle stages (neither the first, with the embedding, nor the last, with the head) that hold as many layers run the same shapes per microbatch; the
     earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
     theirs: they share its role. A pipeline has at most four roles: the first stage, the
     last, and the earliest middle stage of each layer count (``split_layers`` gives the first
@@ -176,9 +176,9 @@ class RoleRun:
         estimate: the roofline estimate of its calls (a lower bound on time).
         parameter_bytes: the rank's own parameter shards.
         seconds: how long the simulation took here.
-        memory_microbatches: the microbatches ``memory`` is for (0: ``key.microbatches``);
-            below ``key.peak_microbatches``, the peak is the simulated count's, lower than the
-            step's (a stage of a deep pipeline, put together from small pipelines).
+        microbatches: the microbatches ``report``, ``memory`` and ``estimate`` are for (0:
+            ``key.microbatches``); below ``key.peak_microbatches``, the simulated count's:
+            the peak lower than the step's (a stage of a deep pipeline).
     """
 
     key: RoleKey
@@ -187,12 +187,12 @@ class RoleRun:
     estimate: Estimate
     parameter_bytes: int
     seconds: float
-    memory_microbatches: int = 0
+    microbatches: int = 0
 
     @property
     def understated(self) -> bool:
         """Whether the peak is the simulated microbatches', below the step's."""
-        return self.key.peak_microbatches > (self.memory_microbatches or self.key.microbatches)
+        return self.key.peak_microbatches > (self.microbatches or self.key.microbatches)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -307,13 +307,13 @@ class Roles:
         return found
 
     def _more_microbatches(self, key: RoleKey) -> RoleRun:
-        """A stage with more microbatches in its step: the peak at the step's count
+        """A stage with more microbatches in its step, at the step's count
         (:func:`~.microbatches.at_step`); a deep pipeline's, the simulated count's."""
         start, base = time.perf_counter(), dataclasses.replace(key, peak_microbatches=0)
         self._repeats()
         to = frame_of(*self._layers, key.pp, key.stage)
         small = bool(self._alike) and to.n > sum(SMALL)
-        if self._microbatches and key.pp > sum(UNIT_SMALL):
+        if key.pp > sum(UNIT_SMALL):  # simulated over pp (roles_of): not built
             return dataclasses.replace(self.get(base), key=key)
         layout = _layout(key)
 
@@ -326,11 +326,11 @@ class Roles:
                 report, memory, estimate, params = at_step(
                     run, base.microbatches, key.peak_microbatches, to if small else None)
         except NotRepeating:
-            found = self.get(base)
             if small:
-                return dataclasses.replace(found, key=key)
-            report, estimate, params = found.report, found.estimate, found.parameter_bytes
-            memory = run(key.peak_microbatches, None).memory
+                return dataclasses.replace(self.get(base), key=key)
+            whole = run(key.peak_microbatches, None)
+            report, memory, estimate = whole.report, whole.memory, whole.estimate
+            params = whole.parameter_bytes
         seconds = time.perf_counter() - start
         self.seconds += seconds
         return RoleRun(key, report, memory, estimate, params, seconds, key.peak_microbatches)

@@ -166,8 +166,9 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
 def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime:
     """The step time of ``choice`` from its roles (one run, or one per pipeline stage).
 
-    A role's run covers ``runs[i].key.microbatches`` microbatches; its work is scaled to the
-    step's ``choice.microbatches`` (products and collectives are per microbatch). With stages,
+    A role's run covers ``runs[i].microbatches`` (else ``key.microbatches``) microbatches; its
+    work is scaled to the step's ``choice.microbatches`` (products and collectives are per
+    microbatch; a stage with more microbatches than ``pp + 2`` is at the step's already). With stages,
     the 1F1B schedule of ``choice.microbatches`` is replayed with each stage's forward (compute
     and tensor-parallel communication) and backward (with recompute) times per microbatch; the
     step is its makespan plus the exposed FSDP2 and point-to-point time of the slowest stage.
@@ -180,7 +181,8 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
     Returns:
         The :class:`StepTime`.
     """
-    stages = [_stage(r, choice, links, choice.microbatches / r.key.microbatches) for r in runs]
+    stages = [_stage(r, choice, links, choice.microbatches / (r.microbatches or r.key.microbatches))
+              for r in runs]
     if len(stages) == 1:
         span = stages[0].busy
         slow = stages[0]
