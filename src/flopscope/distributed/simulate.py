@@ -5,16 +5,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_iter, tree_map_only
+from torch.utils._pytree import tree_iter
 
 from flopscope.core.counter import Counter
-from flopscope.core.memo import static_replay
 from flopscope.cost import Cost, Phase
 from flopscope.distributed.layout import Layout, apply_layout
 from flopscope.distributed.pipeline import (
@@ -24,10 +22,10 @@ from flopscope.distributed.pipeline import (
     pipeline_report,
     run_stage,
 )
+from flopscope.distributed.shape_only import fake_tree, shape_only_rank
 from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
-from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.execution.training import causal_lm_loss
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
@@ -183,26 +181,6 @@ def after_backward(before: Report, after: Report) -> Report:
                             for (m, ph, kind, n, g), s in comm.items()))
 
 
-@contextmanager
-def _eager_collectives() -> Iterator[None]:
-    """Functional collectives as in an eager job under a fake tensor mode.
-
-    A functional collective that sees a fake tensor mode assumes it is being traced and waits at
-    once (``wait_tensor`` where it is issued); eagerly it returns an ``AsyncCollectiveTensor``
-    that waits where the result is first used (``_wrap_tensor_autograd``, then ``wait_tensor``
-    in the consumer's module). A shape-only rank runs the eager program, so that its report
-    equals a real rank's record for record.
-    """
-    from torch.distributed import _functional_collectives as fc
-
-    saved = fc._are_we_tracing
-    fc._are_we_tracing = torch.compiler.is_compiling
-    try:
-        yield
-    finally:
-        fc._are_we_tracing = saved
-
-
 def count_stage(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -275,9 +253,7 @@ def _stage_run(
             if prepare is not None:
                 prepare(stage, (ids,), {})
             return run_stage(stage, ids, **run)
-        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives(), \
-                static_replay(mode):
-            stage.to_empty(device="cpu")
+        with shape_only_rank(stage) as mode:
             fake_ids = to_fake(mode, ids)
             if prepare is not None:
                 prepare(stage, (fake_ids,), {})
@@ -483,10 +459,8 @@ def _one_rank(
                                 loss_parallel=layout.loss_parallel, **count_kwargs)
         else:
             # FSDP2 refuses meta parameters: the rank's shards become fake CPU tensors (no memory)
-            with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, _eager_collectives(), \
-                    static_replay(mode):
-                model.to_empty(device="cpu")
-                fake = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t), (args, kwargs))
+            with shape_only_rank(model) as mode:
+                fake = fake_tree(mode, (args, kwargs))
                 if prepare is not None:
                     prepare(model, *fake)
                 report = count_rank(model, *fake, backward=backward,

@@ -25,6 +25,10 @@ done in, whether the operator is element-wise); it knows nothing about hardware.
   larger of all bytes / cache bandwidth and that time for the bytes that miss the cache;
 - time = max(compute time, memory time); the call is compute-bound when its compute time is the
   larger, memory-bound otherwise.
+- a collective (an operator of ``torch.distributed``'s namespaces) is charged only the bytes of a
+  copy kernel it runs besides its own (:func:`flopscope.rules.collectives.copy_bytes`: the
+  out-of-place functional all-reduce's copy of its input); its own kernel's reads and writes
+  are its time on the link (:mod:`flopscope.estimate.comm_time`), not a memory-bound call's.
 
 The cache level: the log follows the calls in order, with a clock that advances by the bytes each
 call touches (its tensors' storage sizes). A storage the call reads was last touched *d* bytes of
@@ -57,6 +61,7 @@ from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import Estimate, ancestors, is_convolution, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+from flopscope.rules.collectives import copy_bytes, is_collective
 
 __all__ = ["CallLog", "CallRecord", "call_dtype", "special_function"]
 
@@ -254,14 +259,17 @@ class CallLog:
             self.records.append(rec)
             self._prev = (path, phase, False, rec, {})
             return
+        local = (cost.bytes_read, cost.bytes_written)
+        if is_collective(call.op):  # its link time is the rest (rules.collectives, "Time")
+            local = copy_bytes(call.op, cost)
+            nbytes = local[0] + local[1]
         rec = CallRecord(path, phase.value, op, cost.macs, cost.flops, nbytes, call_dtype(call))
         rec.before = self._clock - self._op_clock.get(op, 0)
         rec.modules = self._entered(path, phase)
         if rec.convolution and _is_gemm_convolution(op, call):
             rec.convolution = False
         rec.special = special_function(op, call)
-        rec.bytes_read = cost.bytes_read
-        rec.bytes_written = cost.bytes_written
+        rec.bytes_read, rec.bytes_written = local
         self._follow(rec, call)
         self._op_clock[op] = self._clock
         self.records.append(rec)

@@ -3,7 +3,9 @@
 A serving layout's rank runs the decode loop of ``transformers``: a prefill of the prompt, then
 one forward per new token with a growing ``DynamicCache``. :func:`simulate_serving` runs that loop
 on one rank of a tensor-parallel group (torch's fake process group, shape-only, the standard
-Llama plan of :func:`flopscope.distributed.apply_layout`) under a counter, four forwards:
+Llama plan of :func:`flopscope.distributed.apply_layout`; the simulated ranks' shape-only mode,
+:func:`flopscope.distributed.shape_only.shape_only_rank`, repeated calls answered from memory)
+under a counter, four forwards:
 
 1. the **prefill**: ``batch`` prompts of ``prompt`` tokens, the cache starts empty;
 2. the **first decode step**: one token per sequence, attending ``prompt + 1`` keys;
@@ -37,10 +39,10 @@ from torch import nn
 from flopscope.core.counter import Counter
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.distributed import Layout, apply_layout
+from flopscope.distributed.shape_only import shape_only_rank
 from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
-from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
 from flopscope.plan.roles import local_tensor
 from flopscope.report.records import CommRecord
@@ -205,8 +207,7 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
         layout = Layout(tp, tp=tp, fsdp=1)
         apply_layout(model, layout, layout.mesh())
         layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0))
-        with ShapeOnlyFakeMode(allow_non_fake_inputs=True), torch.no_grad():
-            model.to_empty(device="cpu")
+        with shape_only_rank(model), torch.no_grad():
             weights = [local_tensor(p) for p in model.parameters()]
             per_layer, first_bytes, last_bytes = _stage_weights(model, layers)
             decoder = model.get_submodule("model.layers.0")

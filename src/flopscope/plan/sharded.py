@@ -5,7 +5,9 @@ The decoder layouts of :mod:`flopscope.plan.roles` go through
 (:mod:`flopscope.plan.vision`) and the expert-parallel layouts of a mixture of experts
 (:mod:`flopscope.plan.experts`) shard the model their own way. :func:`simulate_sharded` runs such
 a rank the same way: on torch's fake process group of ``world`` ranks, the model built on
-``meta``, sharded by ``shard``, its shards made fake CPU tensors, forward and backward from the
+``meta``, sharded by ``shard``, its shards made fake CPU tensors (the simulated ranks' shape-only
+mode: :func:`flopscope.distributed.shape_only.shape_only_rank`, repeated calls answered from
+memory), forward and backward from the
 loss (the sum of the outputs; a decoder's cross-entropy), with the memory tracker (parameters,
 buffers and inputs registered, the gradients relabelled after backward) and the roofline log
 watching.
@@ -20,12 +22,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map_only
 
+from flopscope.distributed.shape_only import fake_tree, shape_only_rank
 from flopscope.distributed.simulate import count_rank, fake_world
 from flopscope.estimate import CallLog, Hardware, MemoryTracker
-from flopscope.execution.copies import to_fake
-from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.plan.roles import Build, RoleKey, RoleRun, local_tensor
 from flopscope.plan.space import Choice
 
@@ -60,10 +60,8 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
         warnings.simplefilter("ignore")
         model, args, kwargs = build(key.micro_batch, key.checkpoint)
         shard(model)
-        with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode:
-            model.to_empty(device="cpu")
-            fake_args, fake_kwargs = tree_map_only(torch.Tensor, lambda t: to_fake(mode, t),
-                                                   (args, kwargs))
+        with shape_only_rank(model) as mode:
+            fake_args, fake_kwargs = fake_tree(mode, (args, kwargs))
             tracker.register((local_tensor(p) for p in model.parameters()), "parameters")
             tracker.register((local_tensor(b) for b in model.buffers()), "buffers")
             tracker.register(_tensors(fake_args, fake_kwargs), "inputs")

@@ -13,6 +13,14 @@ list, the tensor for broadcast, send and recv) and the **bus bytes** per rank un
 algorithm: all-reduce 2(n-1)/n x S; all-gather, reduce-scatter, all-to-all, gather, scatter
 (n-1)/n x S; broadcast, reduce, send, recv 1 x S; barrier 0 (integer floor). ``wait_tensor`` and
 ``_wrap_tensor_autograd`` move nothing and are free.
+
+**Time** (:func:`copy_bytes`): a collective's own kernel (NCCL's, gloo's) reads and writes
+its local buffers while it sends: that is the collective's time on its link
+(:mod:`flopscope.estimate.comm_time`, measured end to end), not a memory-bound call's. Only
+the out-of-place functional all-reduce and broadcast (``_c10d_functional.all_reduce``,
+``all_reduce_coalesced``, ``broadcast``) run a kernel of their own besides: they copy their
+input (``clone``) and then run in place, so their local bytes are that copy's. The roofline log
+(:class:`flopscope.estimate.CallLog`) charges a collective call those bytes and nothing else.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import torch
 from flopscope.cost import Cost, OpCall, tensor_bytes
 from flopscope.rules.registry import rule
 
-__all__ = ["BUS_FACTORS", "CommCall", "communication", "group_name", "is_collective"]
+__all__ = ["BUS_FACTORS", "CommCall", "communication", "copy_bytes", "group_name",
+           "is_collective"]
 
 #: Ring-algorithm bus bytes per payload byte, as a function of the group size n.
 BUS_FACTORS: dict[str, Callable[[int], Fraction]] = {
@@ -192,6 +201,31 @@ def is_collective(op: Any) -> bool:
         operators.
     """
     return getattr(op, "namespace", None) in NAMESPACES
+
+
+#: out-of-place functional collectives that copy their input, then run in place (torch's
+#: ``torch/csrc/distributed/c10d/Functional.cpp``: ``input.clone()``, then the ``_`` variant)
+_COPY_FIRST = frozenset({"_c10d_functional::all_reduce", "_c10d_functional::all_reduce_coalesced",
+                         "_c10d_functional::broadcast"})
+
+
+def copy_bytes(op: Any, cost: Cost) -> tuple[int, int]:
+    """Of a collective call's local bytes (its cost's), those a kernel other than the
+    collective's own moves: the copy an out-of-place functional all-reduce or broadcast makes
+    of its input (its input read, its output written: the whole cost); nothing for every other
+    collective, whose local reads and writes are its own kernel's, part of its time on the
+    link (this module's docstring, "Time").
+
+    Args:
+        op: the operator overload (a collective: :func:`is_collective`).
+        cost: the call's cost (:func:`reducing_collective`, :func:`moving_collective`).
+
+    Returns:
+        ``(bytes read, bytes written)``.
+    """
+    if _packet(op) in _COPY_FIRST:
+        return cost.bytes_read, cost.bytes_written
+    return 0, 0
 
 
 def _ring(kind: str, n: int, payload: int) -> int:
