@@ -55,6 +55,10 @@ _HOST = {"add": ("elementwise", "add"), "mm": ("matmul", "mm"), "linear": ("", "
          "gelu": ("special", "gelu"), "layer_norm": ("normalization", "native_layer_norm"),
          "softmax": ("", "_softmax"), "conv2d": ("conv", "convolution"),
          "sdpa": ("attention", ""), "view": ("view", "view"), "max_pool2d": ("pooling", "")}
+MIXED_HOST = ("host_rotation", "chains")
+"""The calib's groups of host time in a model's mixed sequence of operators: a calib without them
+makes the profile as before (host times of tight loops, no chains), which the validation
+predicts beside (``benchmarks/gpu_predict.py``, :func:`loop_only`)."""
 _NOT_WORK = {"view", "t", "transpose", "expand", "unsqueeze", "_unsafe_view", "reshape",
              "detach", "alias", "as_strided", "empty", "empty_like"}  # beside the operator
 
@@ -119,6 +123,12 @@ def error_bars(predict: dict[str, Any]) -> dict[str, float]:
             if f["measured_s"] > 0 and f["predicted_device_s"] > 0:
                 per.setdefault(fam, []).append(abs(f["predicted_device_s"] / f["measured_s"] - 1))
     return {k: round(quantile(v, 0.9), 3) for k, v in sorted(per.items())}
+
+
+def loop_only(raw: dict[str, Any]) -> dict[str, Any]:
+    """The calib without its :data:`MIXED_HOST` groups: the profile made from it is the one
+    made before they existed."""
+    return {k: v for k, v in raw.items() if k not in MIXED_HOST}
 
 
 def host_times(raw: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:

@@ -9,6 +9,7 @@ device lists ``sm__ops_path_tensor_src_fp16`` without a destination type).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,16 @@ def calib_table(data: dict[str, Any]) -> list[str]:
     if "module" in data:
         lines.append(f"| host time per nn.Module call, outside its operators | "
                      f"{data['module']['module_call_s'] * 1e6:.1f} us |")
+    rotation = [r["rotation_over_loop"] for r in data.get("host_rotation", [])
+                if isinstance(r, dict) and "rotation_over_loop" in r]
+    if rotation:
+        lines.append(f"| host time in rotation / in a tight loop, median of {len(rotation)} tiny "
+                     f"calls (range) | {statistics.median(rotation):.2f} ({min(rotation):.2f}-"
+                     f"{max(rotation):.2f}) |")
+    chains = [r for r in data.get("chains", []) if isinstance(r, dict) and "graph_s" in r]
+    if chains:
+        lines.append(f"| chains of layers: device (CUDA graph) / eager time, median of "
+                     f"{len(chains)} | {statistics.median(r['graph_s'] / r['seconds'] for r in chains):.2f} |")
     small = [r for r in data["stream"] if r["op"] == "add" and r["dtype"] == "float32"
              and "seconds" in r]
     if small and data.get("timing"):
@@ -159,6 +170,12 @@ def predict_summary(folder: Path) -> list[str]:
         lines.append(f"| {path.name} | {made} | {_errors(seen, 'ratio')} | "
                      f"{_errors(held, 'ratio')} | {_errors(seen, 'device_ratio')} | "
                      f"{_errors(held, 'device_ratio')} |")
+        loop = [{"ratio": r["loop_host"]["ratio"], "held_out": r.get("held_out")} for r in rows
+                if "ratio" in r.get("loop_host", {})]
+        if loop:  # the same cases and measured times, the profile without them
+            lines.append(f"| {path.name}, loop_host | the same calib without its mixed-operator "
+                         f"host times | {_errors([r for r in loop if not r['held_out']], 'ratio')} | "
+                         f"{_errors([r for r in loop if r['held_out']], 'ratio')} | - | - |")
     return lines
 
 

@@ -7,12 +7,13 @@ unchanged by the shared code this touched."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from benchmarks import gpu_calib, gpu_profile
+from benchmarks import gpu_calib, gpu_predict, gpu_profile, gpu_tables
 from torch import nn
 
 from flopscope.estimate import load_hardware
@@ -122,6 +123,36 @@ def test_a_mixed_sequence_costs_the_host_what_the_rotation_and_the_chains_say() 
     host_chained, device_chained = _host_device(chained)
     assert host_chained == pytest.approx(87e-6, rel=1e-12)
     assert device_chained == pytest.approx(device, rel=1e-12)
+
+
+def test_the_validation_predicts_beside_the_profile_without_them(tmp_path: Path) -> None:
+    """benchmarks/gpu_predict.py predicts each case with the profile made from the run's calib
+    and, beside it, the one the same calib makes without the mixed-operator host times: both
+    against the same measured eager time (the device's host varies between runs)."""
+    rotated = [{"op": op, "rotation_s_per_call": s}
+               for op, s in (("linear", 15e-6), ("layer_norm", 12e-6), ("gelu", 9e-6),
+                             ("view", 3e-6))]
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    (tmp_path / "calib.json").write_text(json.dumps({**_raw(), "complete": True}))
+    assert gpu_predict.loop_profile(tmp_path / "calib.json") is None  # nothing to compare
+    (tmp_path / "calib.json").write_text(json.dumps({**_raw(rotated), "complete": True}))
+    loop = gpu_predict.loop_profile(tmp_path / "calib.json")
+    assert loop is not None and loop.calibration is not None
+    assert loop.calibration.host_op_s["addmm"] == 10e-6  # the tight loop's
+    mixed = gpu_profile.calibrated_h200(_raw(rotated), SUMMARY)
+    block = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU())
+    row = gpu_predict.predict_one(block, torch.randn(8, 64), False, mixed, True, loop)
+    # the host times of the test above, 47 us and 34 us, measured on the CPU here (dry)
+    assert row["predicted_host_s"] == pytest.approx(47e-6, rel=1e-12)
+    assert row["loop_host"]["predicted_host_s"] == pytest.approx(34e-6, rel=1e-12)
+    # the tables put the two side by side: ratios 1.1 and 0.8 are errors of 10% and 20%
+    (tmp_path / "predict.json").write_text(json.dumps({"profile": "p", "rows": [
+        {"ratio": 1.1, "held_out": False, "predicted_device_s": 1.0,
+         "loop_host": {"ratio": 0.8}}]}))
+    assert gpu_tables.predict_summary(tmp_path)[-2:] == [
+        "| predict.json | p | 10% / 10% (1) | - | - | - |",
+        "| predict.json, loop_host | the same calib without its mixed-operator host times | "
+        "20% / 20% (1) | - | - | - |"]
 
 
 def gpu_calib_chains() -> list[tuple[str, nn.Module, torch.Tensor]]:
