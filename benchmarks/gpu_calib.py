@@ -4,7 +4,9 @@ Each point is one operator on one shape and dtype, timed on the device (CUDA eve
 ``repeat`` back-to-back calls after a warm-up, the median of three such batches) and on the host
 (the wall time of ``host_calls`` calls of the same operator on tiny inputs, divided by their
 number: what eager PyTorch spends per call before a kernel runs, when the device is not the
-bottleneck). Nothing is fitted here: the points are stored raw, with the device and versions, and
+bottleneck), also in rotation with the other tiny calls (a model's mixed sequence), and of
+chains of layers at tiny sizes timed eagerly (the host's time for a model-like sequence, its
+module calls and fresh outputs). Nothing is fitted here: the points are stored raw, with the device and versions, and
 the prediction issue fits and validates on them (no model under validation is among them).
 
 In dry mode (no CUDA) the same loops run on tiny CPU shapes with ``time.perf_counter``.
@@ -312,31 +314,37 @@ def host_rotation_points(device: str, dry: bool) -> list[dict[str, Any]]:
     """Host time per eager call of each of :func:`tiny_calls` called in turn with the others, as
     a model calls a mixed sequence of operators (:func:`flopscope.estimate.calibrate
     .time_in_rotation`: rounds of one call of each, every call timed alone by the wall clock,
-    the median over the rounds), interleaved with the same calls in a tight loop of themselves
-    (``rounds`` times each, the median): the CPU calibration's finding that a call following
-    other operators costs the host more (its code, the dispatcher's and the kernel library's
-    state evicted from the caches, branch predictors trained on another call) measured on the
-    GPU's host. The device keeps up with tiny kernels, so each call's time is the host's."""
+    the median over the rounds), against the same call in a rotation of itself alone (the same
+    timing, no other operator between) and in a tight loop (timed as a batch); the three
+    interleaved, ``rounds`` times each, the medians: the CPU calibration's finding that a call
+    following other operators costs the host more (its code, the dispatcher's and the kernel
+    library's state evicted from the caches, branch predictors trained on another call),
+    measured on the GPU's host. The device keeps up with tiny kernels, so each call's time is
+    the host's."""
     from flopscope.estimate.calibrate import time_in_rotation
 
     calls = tiny_calls(device)
     names, fns = list(calls), list(calls.values())
+    budget = 0.002 if dry else 0.01
     loops: dict[str, list[float]] = {n: [] for n in names}
+    alone: dict[str, list[float]] = {n: [] for n in names}
     rotated: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
         for _ in range(3 if dry else 7):
             for name, fn in calls.items():
                 loops[name].append(_loop_host_s(fn, device, 50 if dry else 500))
+                alone[name].append(time_in_rotation([fn], device, budget_s=budget)[0])
             _sync(device)
-            for name, seconds in zip(names, time_in_rotation(fns, device, budget_s=0.002 if dry
-                                                             else 0.01), strict=True):
+            for name, seconds in zip(names, time_in_rotation(fns, device, budget_s=budget),
+                                     strict=True):
                 rotated[name].append(seconds)
             _sync(device)
     rows = []
     for name in names:
-        loop, rotation = statistics.median(loops[name]), statistics.median(rotated[name])
-        rows.append({"op": name, "loop_s_per_call": loop, "rotation_s_per_call": rotation,
-                     "rotation_over_loop": rotation / loop})
+        rotation, by_itself = statistics.median(rotated[name]), statistics.median(alone[name])
+        rows.append({"op": name, "loop_s_per_call": statistics.median(loops[name]),
+                     "alone_s_per_call": by_itself, "rotation_s_per_call": rotation,
+                     "rotation_over_alone": rotation / by_itself})
     return rows
 
 

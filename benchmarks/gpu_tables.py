@@ -122,10 +122,10 @@ def calib_table(data: dict[str, Any]) -> list[str]:
     if "module" in data:
         lines.append(f"| host time per nn.Module call, outside its operators | "
                      f"{data['module']['module_call_s'] * 1e6:.1f} us |")
-    rotation = [r["rotation_over_loop"] for r in data.get("host_rotation", [])
-                if isinstance(r, dict) and "rotation_over_loop" in r]
+    rotation = [r["rotation_over_alone"] for r in data.get("host_rotation", [])
+                if isinstance(r, dict) and "rotation_over_alone" in r]
     if rotation:
-        lines.append(f"| host time in rotation / in a tight loop, median of {len(rotation)} tiny "
+        lines.append(f"| host time in rotation / alone, median of {len(rotation)} tiny "
                      f"calls (range) | {statistics.median(rotation):.2f} ({min(rotation):.2f}-"
                      f"{max(rotation):.2f}) |")
     chains = [r for r in data.get("chains", []) if isinstance(r, dict) and "graph_s" in r]

@@ -33,8 +33,8 @@ def test_the_new_calib_groups_run_dry_and_make_rows() -> None:
     rotation = gpu_calib.host_rotation_points("cpu", dry=True)
     assert [r["op"] for r in rotation] == list(gpu_calib.tiny_calls("cpu"))  # all 18
     for r in rotation:
-        assert r["loop_s_per_call"] > 0 and r["rotation_s_per_call"] > 0
-        assert r["rotation_over_loop"] == r["rotation_s_per_call"] / r["loop_s_per_call"]
+        assert r["loop_s_per_call"] > 0 and r["alone_s_per_call"] > 0
+        assert r["rotation_over_alone"] == r["rotation_s_per_call"] / r["alone_s_per_call"]
     rows = gpu_calib.chain_rows("cpu", dry=True)
     # the dry subset of the chains: two convolution chains, a token chain, a residual chain
     assert [r["what"] for r in rows] == [
