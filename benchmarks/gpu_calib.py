@@ -349,7 +349,7 @@ def host_rotation_points(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 # the chains of layers timed eagerly on the device (flopscope.estimate.chains.chains' kinds, at
-# sizes small enough for the host to be the bottleneck on a GPU: activations of 2-16 KiB);
+# sizes small enough for the host to be the bottleneck on a GPU: activations of 2-32 KiB);
 # benchmarks/gpu_profile.py rebuilds them on the meta device from the same table
 GPU_CHAINS: dict[str, Any] = {
     "conv": (("conv3x3", 16, 16), ("conv3x3", 32, 8), ("conv1x1", 16, 16), ("conv1x1", 64, 8),

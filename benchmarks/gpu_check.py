@@ -17,7 +17,7 @@ Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped
   time per call in a loop and in rotation, chains of layers timed eagerly) for the prediction
   issue (``benchmarks/gpu_calib.py``).
 - ``predict``: the calibrated prediction (a profile made from this run's ``calib`` part when it
-  is complete; beside it the same calib's profile without the mixed-operator host times)
+  is complete; beside it the same calib's profiles without its mixed-operator host times)
   against measured eager and CUDA-graph times of whole-model forwards and training steps, per
   family against the joined kernels (``benchmarks/gpu_predict.py``).
 - ``flops``: counted FLOPs against the floating-point instructions the GPU executed, from Nsight

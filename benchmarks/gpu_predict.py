@@ -121,11 +121,11 @@ def build(case: Case, device: str, dry: bool) -> tuple[nn.Module, torch.Tensor]:
     return model.to(getattr(torch, dtype)), x
 
 
-def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, Hardware | None]:
+def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, dict[str, Hardware]]:
     """The calibrated profile to predict with: made from this run's complete ``calib`` part when
     there is one (written to ``out/h200_calibrated.json``), else the shipped one; and, where
-    that calib has the host time of mixed operators, the profile it makes without them
-    (:func:`loop_profile`)."""
+    that calib has the host time of mixed operators, the profiles it makes without them
+    (:func:`baseline_profiles`)."""
     import json
 
     calib = out / "calib.json" if out is not None else None
@@ -137,26 +137,28 @@ def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, Hardware | 
         try:
             if make_profile([str(calib), str(made)]) == 0:
                 (hw,) = load_hardware(made)
-                return hw, f"made from this run's calib part ({made.name})", loop_profile(calib)
+                return (hw, f"made from this run's calib part ({made.name})",
+                        baseline_profiles(calib))
         except Exception as e:  # noqa: BLE001 - the shipped profile still predicts
             print(f"[gpu_predict] no profile from {calib}: {type(e).__name__}: {e}", flush=True)
     (hw,) = load_hardware(SHIPPED)
-    return hw, f"shipped {SHIPPED.relative_to(SHIPPED.parent.parent.parent)}", None
+    return hw, f"shipped {SHIPPED.relative_to(SHIPPED.parent.parent.parent)}", {}
 
 
-def loop_profile(calib: Path) -> Hardware | None:
-    """The profile a calib makes without its groups of mixed-operator host time (host times of
-    tight loops, no chains: the profiles before them), to predict beside the full one against
-    the same measured times (the device's host varies between runs); ``None`` where the calib
-    has none of them (``summary.json`` beside it, as ``benchmarks/gpu_profile.py`` reads it)."""
+def baseline_profiles(calib: Path) -> dict[str, Hardware]:
+    """The profiles a calib makes without some of its groups of mixed-operator host time
+    (:func:`benchmarks.gpu_profile.baselines`: ``loop_host``, tight-loop host times and no
+    chains, the profiles before them; ``rotation_only``, no chains), to predict beside the full
+    one against the same measured times (the device's host varies between runs); none where
+    the calib has no such group (``summary.json`` beside it, as ``benchmarks/gpu_profile.py``
+    reads it)."""
     import json
 
-    from benchmarks.gpu_profile import MIXED_HOST, calibrated_h200, loop_only
+    from benchmarks.gpu_profile import baselines, calibrated_h200
 
     raw = json.loads(calib.read_text())
-    if not any(isinstance(raw.get(k), list) and raw[k] for k in MIXED_HOST):
-        return None
-    return calibrated_h200(loop_only(raw), json.loads((calib.parent / "summary.json").read_text()))
+    summary = json.loads((calib.parent / "summary.json").read_text())
+    return {name: calibrated_h200(part, summary) for name, part in baselines(raw).items()}
 
 
 def _predicted(timing: Any) -> tuple[list[tuple[Any, Any]], float, float]:
@@ -168,11 +170,11 @@ def _predicted(timing: Any) -> tuple[list[tuple[Any, Any]], float, float]:
 
 
 def predict_one(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware,
-                dry: bool, baseline: Hardware | None = None) -> dict[str, Any]:
+                dry: bool, baselines: dict[str, Hardware] | None = None) -> dict[str, Any]:
     """The profile's calls predicted and measured: the step (host and device overlapping), sums,
-    and per family the predicted against the measured device time of the joined calls; with a
-    ``baseline`` profile, its step and host time for the same calls (``loop_host``: one more
-    profiled run, for its predictions only)."""
+    and per family the predicted against the measured device time of the joined calls; for
+    each of ``baselines`` (name -> profile), its step and host time for the same calls (one
+    more profiled run each, for its predictions only)."""
     _, timing = flopscope.profile(model, x, train=train, hardware=hw, warmup=0 if dry else 2,
                                   repeat=1 if dry else 3)
     calls, step, idle = _predicted(timing)
@@ -195,7 +197,7 @@ def predict_one(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware,
             "unmatched": timing.unmatched, "profile_wall_s": timing.wall_s,
             "kernels_s": sum(c.seconds or 0.0 for c in timing.calls),
             "outside_s": timing.outside_s, "families": fams,
-            **({} if baseline is None else {"loop_host": _baseline(model, x, train, baseline)})}
+            **{name: _baseline(model, x, train, b) for name, b in (baselines or {}).items()}}
 
 
 def _baseline(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware) -> dict[str, float]:
@@ -208,7 +210,7 @@ def _baseline(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware) -> d
 def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, Any]:
     import json
 
-    hw, source, baseline = profile_for(out, dry)
+    hw, source, baselines = profile_for(out, dry)
     rows: list[dict[str, Any]] = []
     for case in cases(dry):
         name, batch, train, dtype, held_out = case
@@ -217,11 +219,11 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         start = time.perf_counter()
         try:
             model, x = build(case, device, dry)
-            row.update(predict_one(model, x, train, hw, dry, baseline))
+            row.update(predict_one(model, x, train, hw, dry, baselines))
             row.update(walls(model, x, train, device))
             row["ratio"] = row["predicted_step_s"] / row["eager_s"]
-            if "loop_host" in row:
-                row["loop_host"]["ratio"] = row["loop_host"]["predicted_step_s"] / row["eager_s"]
+            for name in baselines:
+                row[name]["ratio"] = row[name]["predicted_step_s"] / row["eager_s"]
             if "graph_s" in row:
                 row["device_ratio"] = row["predicted_device_s"] / row["graph_s"]
             row["bound_holds"] = row["eager_min_s"] >= row["bound_s"]
@@ -238,9 +240,8 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         "profile": source, "rows": rows,
         "seen": abs_errors(r["ratio"] for r in rows if "ratio" in r and not r["held_out"]),
         "held_out": abs_errors(r["ratio"] for r in rows if "ratio" in r and r["held_out"])}
-    if baseline is not None:  # the same cases by the profile without mixed-operator host times
+    for base in baselines:  # the same cases and eager times, by a profile without some groups
         for name, held in (("seen", False), ("held_out", True)):
-            result[f"{name}_loop_host"] = abs_errors(
-                r["loop_host"]["ratio"] for r in rows
-                if "ratio" in r and "loop_host" in r and r["held_out"] is held)
+            result[f"{name}_{base}"] = abs_errors(
+                r[base]["ratio"] for r in rows if "ratio" in r and r["held_out"] is held)
     return result

@@ -58,7 +58,7 @@ _HOST = {"add": ("elementwise", "add"), "mm": ("matmul", "mm"), "linear": ("", "
 MIXED_HOST = ("host_rotation", "chains")
 """The calib's groups of host time in a model's mixed sequence of operators: a calib without them
 makes the profile as before (host times of tight loops, no chains), which the validation
-predicts beside (``benchmarks/gpu_predict.py``, :func:`loop_only`)."""
+predicts beside (``benchmarks/gpu_predict.py``, :func:`baselines`)."""
 _NOT_WORK = {"view", "t", "transpose", "expand", "unsqueeze", "_unsafe_view", "reshape",
              "detach", "alias", "as_strided", "empty", "empty_like"}  # beside the operator
 
@@ -129,6 +129,18 @@ def loop_only(raw: dict[str, Any]) -> dict[str, Any]:
     """The calib without its :data:`MIXED_HOST` groups: the profile made from it is the one
     made before they existed."""
     return {k: v for k, v in raw.items() if k not in MIXED_HOST}
+
+
+def baselines(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The calibs whose profiles the validation predicts beside the full one's, each without
+    some of the :data:`MIXED_HOST` groups the calib has: ``loop_host`` without any (tight-loop
+    host times, no chains), and where it has both, ``rotation_only`` (no chains), so each
+    mechanism's part is seen on the same measured times."""
+    has = [k for k in MIXED_HOST if isinstance(raw.get(k), list) and raw[k]]
+    out = {"loop_host": loop_only(raw)} if has else {}
+    if len(has) == len(MIXED_HOST):
+        out["rotation_only"] = {k: v for k, v in raw.items() if k != "chains"}
+    return out
 
 
 def host_times(raw: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:

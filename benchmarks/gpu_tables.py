@@ -170,13 +170,19 @@ def predict_summary(folder: Path) -> list[str]:
         lines.append(f"| {path.name} | {made} | {_errors(seen, 'ratio')} | "
                      f"{_errors(held, 'ratio')} | {_errors(seen, 'device_ratio')} | "
                      f"{_errors(held, 'device_ratio')} |")
-        loop = [{"ratio": r["loop_host"]["ratio"], "held_out": r.get("held_out")} for r in rows
-                if "ratio" in r.get("loop_host", {})]
-        if loop:  # the same cases and measured times, the profile without them
-            lines.append(f"| {path.name}, loop_host | the same calib without its mixed-operator "
-                         f"host times | {_errors([r for r in loop if not r['held_out']], 'ratio')} | "
-                         f"{_errors([r for r in loop if r['held_out']], 'ratio')} | - | - |")
+        for base, what in _BASELINES.items():  # the same cases and measured times
+            loop = [{"ratio": r[base]["ratio"], "held_out": r.get("held_out")} for r in rows
+                    if "ratio" in r.get(base, {})]
+            if loop:
+                lines.append(f"| {path.name}, {base} | {what} | "
+                             f"{_errors([r for r in loop if not r['held_out']], 'ratio')} | "
+                             f"{_errors([r for r in loop if r['held_out']], 'ratio')} | - | - |")
     return lines
+
+
+# benchmarks/gpu_predict.py's predictions beside the full profile's
+_BASELINES = {"loop_host": "the same calib without its mixed-operator host times",
+              "rotation_only": "the same calib without its chains"}
 
 
 def predict_table(data: dict[str, Any]) -> list[str]:

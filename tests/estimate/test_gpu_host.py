@@ -125,34 +125,49 @@ def test_a_mixed_sequence_costs_the_host_what_the_rotation_and_the_chains_say() 
     assert device_chained == pytest.approx(device, rel=1e-12)
 
 
-def test_the_validation_predicts_beside_the_profile_without_them(tmp_path: Path) -> None:
+def test_the_validation_predicts_beside_the_profiles_without_them(tmp_path: Path) -> None:
     """benchmarks/gpu_predict.py predicts each case with the profile made from the run's calib
-    and, beside it, the one the same calib makes without the mixed-operator host times: both
-    against the same measured eager time (the device's host varies between runs)."""
+    and, beside it, the ones the same calib makes without the mixed-operator host times
+    (``loop_host``) and without the chains (``rotation_only``): all against the same measured
+    eager time (the device's host varies between runs)."""
     rotated = [{"op": op, "rotation_s_per_call": s}
                for op, s in (("linear", 15e-6), ("layer_norm", 12e-6), ("gelu", 9e-6),
                              ("view", 3e-6))]
     (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
     (tmp_path / "calib.json").write_text(json.dumps({**_raw(), "complete": True}))
-    assert gpu_predict.loop_profile(tmp_path / "calib.json") is None  # nothing to compare
+    assert gpu_predict.baseline_profiles(tmp_path / "calib.json") == {}  # nothing to compare
     (tmp_path / "calib.json").write_text(json.dumps({**_raw(rotated), "complete": True}))
-    loop = gpu_predict.loop_profile(tmp_path / "calib.json")
-    assert loop is not None and loop.calibration is not None
-    assert loop.calibration.host_op_s["addmm"] == 10e-6  # the tight loop's
-    mixed = gpu_profile.calibrated_h200(_raw(rotated), SUMMARY)
+    only = gpu_predict.baseline_profiles(tmp_path / "calib.json")
+    assert list(only) == ["loop_host"]  # no chains: no rotation_only
+    assert only["loop_host"].calibration is not None
+    assert only["loop_host"].calibration.host_op_s["addmm"] == 10e-6  # the tight loop's
+    # with a chain measured at 2x its prediction as well: three profiles to compare
+    what = "linear+layernorm+gelu 8x64 x3"
+    module, x = next((m, x) for w, m, x in gpu_calib_chains() if w == what)
+    rotation = gpu_profile.calibrated_h200(_raw(rotated), SUMMARY)
+    chain = [{"what": what, "calls": 100,
+              "seconds": 2 * chain_point(rotation, what, module, x, 1.0)[0].predicted_s}]
+    (tmp_path / "calib.json").write_text(json.dumps({**_raw(rotated, chain), "complete": True}))
+    both = gpu_predict.baseline_profiles(tmp_path / "calib.json")
+    assert list(both) == ["loop_host", "rotation_only"]
+    mixed = gpu_profile.calibrated_h200(_raw(rotated, chain), SUMMARY)
     block = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU())
-    row = gpu_predict.predict_one(block, torch.randn(8, 64), False, mixed, True, loop)
-    # the host times of the test above, 47 us and 34 us, measured on the CPU here (dry)
-    assert row["predicted_host_s"] == pytest.approx(47e-6, rel=1e-12)
+    row = gpu_predict.predict_one(block, torch.randn(8, 64), False, mixed, True, both)
+    # the host times of the test above, 87, 34 and 47 us, predicted for the calls counted on
+    # the CPU here (dry)
+    assert row["predicted_host_s"] == pytest.approx(87e-6, rel=1e-12)
     assert row["loop_host"]["predicted_host_s"] == pytest.approx(34e-6, rel=1e-12)
-    # the tables put the two side by side: ratios 1.1 and 0.8 are errors of 10% and 20%
+    assert row["rotation_only"]["predicted_host_s"] == pytest.approx(47e-6, rel=1e-12)
+    # the tables put them side by side: ratios 1.1, 0.8 and 0.9 are errors of 10%, 20%, 10%
     (tmp_path / "predict.json").write_text(json.dumps({"profile": "p", "rows": [
         {"ratio": 1.1, "held_out": False, "predicted_device_s": 1.0,
-         "loop_host": {"ratio": 0.8}}]}))
-    assert gpu_tables.predict_summary(tmp_path)[-2:] == [
+         "loop_host": {"ratio": 0.8}, "rotation_only": {"ratio": 0.9}}]}))
+    assert gpu_tables.predict_summary(tmp_path)[-3:] == [
         "| predict.json | p | 10% / 10% (1) | - | - | - |",
         "| predict.json, loop_host | the same calib without its mixed-operator host times | "
-        "20% / 20% (1) | - | - | - |"]
+        "20% / 20% (1) | - | - | - |",
+        "| predict.json, rotation_only | the same calib without its chains | "
+        "10% / 10% (1) | - | - | - |"]
 
 
 def gpu_calib_chains() -> list[tuple[str, nn.Module, torch.Tensor]]:
