@@ -4,7 +4,9 @@ Each point is one operator on one shape and dtype, timed on the device (CUDA eve
 ``repeat`` back-to-back calls after a warm-up, the median of three such batches) and on the host
 (the wall time of ``host_calls`` calls of the same operator on tiny inputs, divided by their
 number: what eager PyTorch spends per call before a kernel runs, when the device is not the
-bottleneck). Nothing is fitted here: the points are stored raw, with the device and versions, and
+bottleneck), also in rotation with the other tiny calls (a model's mixed sequence), and of
+chains of layers at tiny sizes timed eagerly (the host's time for a model-like sequence, its
+module calls and fresh outputs). Nothing is fitted here: the points are stored raw, with the device and versions, and
 the prediction issue fits and validates on them (no model under validation is among them).
 
 In dry mode (no CUDA) the same loops run on tiny CPU shapes with ``time.perf_counter``.
@@ -242,12 +244,10 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
-    """Host time per eager call of tiny operators (the device idle between them): dispatch and
-    launch, what a batch-1 eager run pays per kernel. Functional calls, no ``nn.Module``: a
-    module's own Python time is measured apart (``module_call_s``). Each row names the ATen
-    operators its call dispatched on the device."""
-    calls = 50 if dry else 2000
+def tiny_calls(device: str) -> dict[str, Callable[[], Any]]:
+    """The tiny functional calls whose eager time per call is host time (8 x 8 inputs, a
+    4-channel 8 x 8 image): dispatch and launch, what a batch-1 eager run pays per kernel. No
+    ``nn.Module``: a module's own Python time is measured apart (``module_call_s``)."""
     x = torch.randn(8, 8, device=device)
     w, b = torch.randn(8, 8, device=device), torch.randn(8, device=device)
     cw = torch.randn(4, 4, 3, 3, device=device)
@@ -256,7 +256,7 @@ def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
     table = torch.randn(16, 8, device=device)
     ids = torch.arange(8, device=device)
     q = torch.randn(1, 1, 8, 8, device=device)
-    ops: dict[str, Callable[[], Any]] = {
+    return {
         "add": lambda: torch.add(x, x), "mm": lambda: torch.mm(x, x),
         "linear": lambda: F.linear(x, w, b), "gelu": lambda: F.gelu(x),
         "layer_norm": lambda: F.layer_norm(x, (8,)), "softmax": lambda: torch.softmax(x, -1),
@@ -268,24 +268,127 @@ def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
         "mul": lambda: torch.mul(x, x), "silu": lambda: F.silu(x),
         "embedding": lambda: F.embedding(ids, table), "transpose": lambda: x.transpose(0, 1),
     }
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def host_points(device: str, dry: bool) -> list[dict[str, Any]]:
+    """Host time per eager call of each of :func:`tiny_calls` in a tight loop of itself (the
+    device idle between them). Each row names the ATen operators its call dispatched on the
+    device."""
+    calls = 50 if dry else 2000
     rows = []
     with torch.no_grad():
-        for name, fn in ops.items():
+        for name, fn in tiny_calls(device).items():
             for _ in range(20):
                 fn()
             with _Ops() as seen:
                 fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
+            _sync(device)
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
             host = (time.perf_counter() - start) / calls
-            if device == "cuda":
-                torch.cuda.synchronize()
+            _sync(device)
             total = (time.perf_counter() - start) / calls
             rows.append({"op": name, "calls": calls, "host_s_per_call": host,
                          "until_done_s_per_call": total, "aten": seen.ops})
+    return rows
+
+
+def _loop_host_s(fn: Callable[[], Any], device: str, calls: int) -> float:
+    """Host seconds per call of ``fn`` in a tight loop of ``calls`` (after 20), by wall clock."""
+    for _ in range(20):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def host_rotation_points(device: str, dry: bool) -> list[dict[str, Any]]:
+    """Host time per eager call of each of :func:`tiny_calls` called in turn with the others, as
+    a model calls a mixed sequence of operators (:func:`flopscope.estimate.calibrate
+    .time_in_rotation`: rounds of one call of each, every call timed alone by the wall clock,
+    the median over the rounds), against the same call in a rotation of itself alone (the same
+    timing, no other operator between) and in a tight loop (timed as a batch); the three
+    interleaved, ``rounds`` times each, the medians: the CPU calibration's finding that a call
+    following other operators costs the host more (its code, the dispatcher's and the kernel
+    library's state evicted from the caches, branch predictors trained on another call),
+    measured on the GPU's host. The device keeps up with tiny kernels, so each call's time is
+    the host's."""
+    from flopscope.estimate.calibrate import time_in_rotation
+
+    calls = tiny_calls(device)
+    names, fns = list(calls), list(calls.values())
+    budget = 0.002 if dry else 0.01
+    loops: dict[str, list[float]] = {n: [] for n in names}
+    alone: dict[str, list[float]] = {n: [] for n in names}
+    rotated: dict[str, list[float]] = {n: [] for n in names}
+    with torch.no_grad():
+        for _ in range(3 if dry else 7):
+            for name, fn in calls.items():
+                loops[name].append(_loop_host_s(fn, device, 50 if dry else 500))
+                alone[name].append(time_in_rotation([fn], device, budget_s=budget)[0])
+            _sync(device)
+            for name, seconds in zip(names, time_in_rotation(fns, device, budget_s=budget),
+                                     strict=True):
+                rotated[name].append(seconds)
+            _sync(device)
+    rows = []
+    for name in names:
+        rotation, by_itself = statistics.median(rotated[name]), statistics.median(alone[name])
+        rows.append({"op": name, "loop_s_per_call": statistics.median(loops[name]),
+                     "alone_s_per_call": by_itself, "rotation_s_per_call": rotation,
+                     "rotation_over_alone": rotation / by_itself})
+    return rows
+
+
+# the chains of layers timed eagerly on the device (flopscope.estimate.chains.chains' kinds, at
+# sizes small enough for the host to be the bottleneck on a GPU: activations of 2-32 KiB);
+# benchmarks/gpu_profile.py rebuilds them on the meta device from the same table
+GPU_CHAINS: dict[str, Any] = {
+    "conv": (("conv3x3", 16, 16), ("conv3x3", 32, 8), ("conv1x1", 16, 16), ("conv1x1", 64, 8),
+             ("depthwise3x3", 32, 16), ("depthwise3x3", 64, 8)),
+    "linear": ((8, 64), (16, 128), (8, 256)),
+    "residual": ((8, 64), (16, 128), (8, 256)),
+}
+_DRY_CHAINS: dict[str, Any] = {"conv": (("conv3x3", 16, 16), ("depthwise3x3", 32, 16)),
+                               "linear": ((8, 64),), "residual": ((8, 64),)}
+
+
+def chain_rows(device: str, dry: bool) -> list[dict[str, Any]]:
+    """Model-like chains of layers (:func:`flopscope.estimate.chains.chains`: three blocks of a
+    convolution, a batch norm and an in-place ReLU at batch 1; of a linear layer, a layer norm
+    and a GELU; of a pre-norm residual block) at tiny sizes, each forward timed eagerly by the
+    wall clock with a synchronize at the end of each batch (``calls`` forwards, the median of
+    five batches): the host's time for a model's mixed sequence of calls, its module calls and
+    fresh outputs. On CUDA each is also replayed as a CUDA graph (its device time, ``graph_s``),
+    to show it is host-bound. No validated model is among them."""
+    from flopscope.estimate.chains import chains
+
+    calls = 5 if dry else 100
+    rows = []
+    with torch.no_grad():
+        for what, module, x in chains(device, **(_DRY_CHAINS if dry else GPU_CHAINS)):
+            for _ in range(3):
+                module(x)
+            times = []
+            for _ in range(5):
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(calls):
+                    module(x)
+                _sync(device)
+                times.append((time.perf_counter() - start) / calls)
+            row: dict[str, Any] = {"what": what, "calls": calls, "seconds": statistics.median(times)}
+            if device == "cuda":
+                row["graph_s"] = _timer(device)(lambda m=module, x=x: m(x), 20)
+            rows.append(row)
     return rows
 
 
@@ -306,7 +409,8 @@ def part_calib(device: str, dry: bool) -> dict[str, Any]:
                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     out["timing"] = GRAPH_CLOCK if device == "cuda" else "perf_counter loop"
-    for name, fn in (("host", host_points), ("module", module_call_points),
+    for name, fn in (("host", host_points), ("host_rotation", host_rotation_points),
+                     ("module", module_call_points), ("chains", chain_rows),
                      ("gemm", gemm_points), ("stream", stream_points),
                      ("cache", cache_points),
                      ("attention", attention_points), ("conv", conv_points)):

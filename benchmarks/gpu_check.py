@@ -14,10 +14,12 @@ Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped
   bound against its measured kernel time, and the share of the run outside every kernel
   (launch-bound), at batch 1 and a large batch, inference and a training step.
 - ``calib``: raw calibration points (GEMMs, streaming operators, attention, convolutions, host
-  time per call) for the prediction issue (``benchmarks/gpu_calib.py``).
+  time per call in a loop and in rotation, chains of layers timed eagerly) for the prediction
+  issue (``benchmarks/gpu_calib.py``).
 - ``predict``: the calibrated prediction (a profile made from this run's ``calib`` part when it
-  is complete) against measured eager and CUDA-graph times of whole-model forwards and training
-  steps, per family against the joined kernels (``benchmarks/gpu_predict.py``).
+  is complete; beside it the same calib's profiles without its mixed-operator host times)
+  against measured eager and CUDA-graph times of whole-model forwards and training steps, per
+  family against the joined kernels (``benchmarks/gpu_predict.py``).
 - ``flops``: counted FLOPs against the floating-point instructions the GPU executed, from Nsight
   Compute's SASS and tensor-pipe counters (``benchmarks/gpu_ncu.py``), per workload: GEMMs (fp32,
   fp64, fp16), a convolution, layer norm, softmax, element-wise operators, SDPA, and whole models

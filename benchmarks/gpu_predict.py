@@ -121,9 +121,11 @@ def build(case: Case, device: str, dry: bool) -> tuple[nn.Module, torch.Tensor]:
     return model.to(getattr(torch, dtype)), x
 
 
-def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str]:
+def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, dict[str, Hardware]]:
     """The calibrated profile to predict with: made from this run's complete ``calib`` part when
-    there is one (written to ``out/h200_calibrated.json``), else the shipped one."""
+    there is one (written to ``out/h200_calibrated.json``), else the shipped one; and, where
+    that calib has the host time of mixed operators, the profiles it makes without them
+    (:func:`baseline_profiles`)."""
     import json
 
     calib = out / "calib.json" if out is not None else None
@@ -135,21 +137,47 @@ def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str]:
         try:
             if make_profile([str(calib), str(made)]) == 0:
                 (hw,) = load_hardware(made)
-                return hw, f"made from this run's calib part ({made.name})"
+                return (hw, f"made from this run's calib part ({made.name})",
+                        baseline_profiles(calib))
         except Exception as e:  # noqa: BLE001 - the shipped profile still predicts
             print(f"[gpu_predict] no profile from {calib}: {type(e).__name__}: {e}", flush=True)
     (hw,) = load_hardware(SHIPPED)
-    return hw, f"shipped {SHIPPED.relative_to(SHIPPED.parent.parent.parent)}"
+    return hw, f"shipped {SHIPPED.relative_to(SHIPPED.parent.parent.parent)}", {}
+
+
+def baseline_profiles(calib: Path) -> dict[str, Hardware]:
+    """The profiles a calib makes without some of its groups of mixed-operator host time
+    (:func:`benchmarks.gpu_profile.baselines`: ``loop_host``, tight-loop host times and no
+    chains, the profiles before them; ``rotation_only``, no chains), to predict beside the full
+    one against the same measured times (the device's host varies between runs); none where
+    the calib has no such group (``summary.json`` beside it, as ``benchmarks/gpu_profile.py``
+    reads it)."""
+    import json
+
+    from benchmarks.gpu_profile import baselines, calibrated_h200
+
+    raw = json.loads(calib.read_text())
+    summary = json.loads((calib.parent / "summary.json").read_text())
+    return {name: calibrated_h200(part, summary) for name, part in baselines(raw).items()}
+
+
+def _predicted(timing: Any) -> tuple[list[tuple[Any, Any]], float, float]:
+    """A profile's calls with their predictions, and the step (host and device overlapping):
+    (calls, step seconds, the device's idle seconds)."""
+    calls = [(c, c.bound) for c in timing.calls if c.bound is not None]
+    step, idle = overlapped((b.host_s, b.predicted_s - b.host_s) for _, b in calls)
+    return calls, step, idle
 
 
 def predict_one(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware,
-                dry: bool) -> dict[str, Any]:
+                dry: bool, baselines: dict[str, Hardware] | None = None) -> dict[str, Any]:
     """The profile's calls predicted and measured: the step (host and device overlapping), sums,
-    and per family the predicted against the measured device time of the joined calls."""
+    and per family the predicted against the measured device time of the joined calls; for
+    each of ``baselines`` (name -> profile), its step and host time for the same calls (one
+    more profiled run each, for its predictions only)."""
     _, timing = flopscope.profile(model, x, train=train, hardware=hw, warmup=0 if dry else 2,
                                   repeat=1 if dry else 3)
-    calls = [(c, c.bound) for c in timing.calls if c.bound is not None]
-    step, idle = overlapped((b.host_s, b.predicted_s - b.host_s) for _, b in calls)
+    calls, step, idle = _predicted(timing)
     fams: dict[str, dict[str, float]] = {}
     for c, b in calls:
         f = fams.setdefault(call_family(c.op, c.cost), {
@@ -168,13 +196,21 @@ def predict_one(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware,
             "bound_s": sum(b.time_s for _, b in calls), "calls": len(timing.calls),
             "unmatched": timing.unmatched, "profile_wall_s": timing.wall_s,
             "kernels_s": sum(c.seconds or 0.0 for c in timing.calls),
-            "outside_s": timing.outside_s, "families": fams}
+            "outside_s": timing.outside_s, "families": fams,
+            **{name: _baseline(model, x, train, b) for name, b in (baselines or {}).items()}}
+
+
+def _baseline(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware) -> dict[str, float]:
+    """The step and host time ``hw`` predicts for the model's calls."""
+    _, timing = flopscope.profile(model, x, train=train, hardware=hw, warmup=0, repeat=1)
+    calls, step, _ = _predicted(timing)
+    return {"predicted_step_s": step, "predicted_host_s": sum(b.host_s for _, b in calls)}
 
 
 def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, Any]:
     import json
 
-    hw, source = profile_for(out, dry)
+    hw, source, baselines = profile_for(out, dry)
     rows: list[dict[str, Any]] = []
     for case in cases(dry):
         name, batch, train, dtype, held_out = case
@@ -183,9 +219,11 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         start = time.perf_counter()
         try:
             model, x = build(case, device, dry)
-            row.update(predict_one(model, x, train, hw, dry))
+            row.update(predict_one(model, x, train, hw, dry, baselines))
             row.update(walls(model, x, train, device))
             row["ratio"] = row["predicted_step_s"] / row["eager_s"]
+            for name in baselines:
+                row[name]["ratio"] = row[name]["predicted_step_s"] / row["eager_s"]
             if "graph_s" in row:
                 row["device_ratio"] = row["predicted_device_s"] / row["graph_s"]
             row["bound_holds"] = row["eager_min_s"] >= row["bound_s"]
@@ -198,6 +236,12 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         if out is not None:  # each row as it finishes: a run cut short keeps what it measured
             (out / "predict.json").write_text(json.dumps({"profile": source, "rows": rows},
                                                          indent=2) + "\n")
-    return {"profile": source, "rows": rows,
-            "seen": abs_errors(r["ratio"] for r in rows if "ratio" in r and not r["held_out"]),
-            "held_out": abs_errors(r["ratio"] for r in rows if "ratio" in r and r["held_out"])}
+    result: dict[str, Any] = {
+        "profile": source, "rows": rows,
+        "seen": abs_errors(r["ratio"] for r in rows if "ratio" in r and not r["held_out"]),
+        "held_out": abs_errors(r["ratio"] for r in rows if "ratio" in r and r["held_out"])}
+    for base in baselines:  # the same cases and eager times, by a profile without some groups
+        for name, held in (("seen", False), ("held_out", True)):
+            result[f"{name}_{base}"] = abs_errors(
+                r[base]["ratio"] for r in rows if "ratio" in r and r["held_out"] is held)
+    return result

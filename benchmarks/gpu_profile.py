@@ -9,6 +9,17 @@ times: the check's tiny eager calls (``add`` for the element-wise family and ope
 ``linear`` as ``addmm``, ``gelu``, ``layer_norm``, ``softmax``, ``conv2d`` as ``convolution``,
 ``sdpa`` for attention, ``view``).
 
+Host times in a model's mixed sequence (when the calib has them; a calib without them makes the
+same profile as before): each tiny call's host time *in rotation* with the others
+(``host_rotation``) is its operator's and family's host time, in place of its tight loop's (a
+model's call follows other operators, not itself); and the chains of layers timed eagerly at
+tiny sizes (``chains``) are predicted here from the points (:func:`flopscope.estimate.chains
+.chain_point`, the step with host and device overlapping) and kept where host-bound (their
+device time, a CUDA graph's replay where measured, under half their eager time): the
+calibration's ``chains``, whose measured / predicted multiplies the host time of their
+families' calls (:meth:`flopscope.estimate.calibration.Calibration.chain_factor`; on a GPU
+calibration the host's only, ``flopscope.estimate.predict.Predictor.call``).
+
 What the points do not cover is predicted at the bound and said so (``uncalibrated_s``):
 pooling, batch norm, every backward operator, the optimizers' in-place updates, embeddings, and
 reductions other than a full sum.
@@ -28,10 +39,12 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.errors import quantile
-from benchmarks.gpu_calib import STREAM_OPS
+from benchmarks.gpu_calib import GPU_CHAINS, STREAM_OPS
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibrate import counted_call
-from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration, Point
+from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration, ChainPoint, Point
+from flopscope.estimate.chains import chain_point, chains
+from flopscope.estimate.predict import HOST_DOMINATED
 from flopscope.estimate.profile import Hardware, dtype_key
 
 GPU = Path(__file__).parent.parent / "docs" / "gpu"
@@ -42,6 +55,10 @@ _HOST = {"add": ("elementwise", "add"), "mm": ("matmul", "mm"), "linear": ("", "
          "gelu": ("special", "gelu"), "layer_norm": ("normalization", "native_layer_norm"),
          "softmax": ("", "_softmax"), "conv2d": ("conv", "convolution"),
          "sdpa": ("attention", ""), "view": ("view", "view"), "max_pool2d": ("pooling", "")}
+MIXED_HOST = ("host_rotation", "chains")
+"""The calib's groups of host time in a model's mixed sequence of operators: a calib without them
+makes the profile as before (host times of tight loops, no chains), which the validation
+predicts beside (``benchmarks/gpu_predict.py``, :func:`baselines`)."""
 _NOT_WORK = {"view", "t", "transpose", "expand", "unsqueeze", "_unsafe_view", "reshape",
              "detach", "alias", "as_strided", "empty", "empty_like"}  # beside the operator
 
@@ -108,22 +125,69 @@ def error_bars(predict: dict[str, Any]) -> dict[str, float]:
     return {k: round(quantile(v, 0.9), 3) for k, v in sorted(per.items())}
 
 
-def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
-                    bars: dict[str, float] | None = None) -> Hardware:
-    """The shipped ``h200`` profile with the check's points as its calibration block."""
+def loop_only(raw: dict[str, Any]) -> dict[str, Any]:
+    """The calib without its :data:`MIXED_HOST` groups: the profile made from it is the one
+    made before they existed."""
+    return {k: v for k, v in raw.items() if k not in MIXED_HOST}
+
+
+def baselines(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The calibs whose profiles the validation predicts beside the full one's, each without
+    some of the :data:`MIXED_HOST` groups the calib has: ``loop_host`` without any (tight-loop
+    host times, no chains), and where it has both, ``rotation_only`` (no chains), so each
+    mechanism's part is seen on the same measured times."""
+    has = [k for k in MIXED_HOST if isinstance(raw.get(k), list) and raw[k]]
+    out = {"loop_host": loop_only(raw)} if has else {}
+    if len(has) == len(MIXED_HOST):
+        out["rotation_only"] = {k: v for k, v in raw.items() if k != "chains"}
+    return out
+
+
+def host_times(raw: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(family -> seconds, operator -> seconds) of host time per eager call, from the check's
+    tiny calls: each one's time in rotation with the others where the calib has it
+    (``host_rotation``), else in a tight loop of itself (``host``)."""
+    rotation = {r["op"]: r["rotation_s_per_call"] for r in raw.get("host_rotation", [])
+                if isinstance(r, dict) and "rotation_s_per_call" in r}
     family_host: dict[str, float] = {}
     op_host: dict[str, float] = {}
     for h in raw["host"]:
+        seconds = rotation.get(h["op"], h["host_s_per_call"])
         fam, op = _HOST.get(h["op"], ("", ""))
         if fam:
-            family_host[fam] = h["host_s_per_call"]
+            family_host[fam] = seconds
         work = [o for o in h.get("aten", []) if o not in _NOT_WORK]
         # the operator the call dispatched (the one that is not a view), else the table's
         op = work[0] if len(set(work)) == 1 else op if "aten" not in h or not work else ""
         if h["op"] in ("view", "transpose"):
             op = h["aten"][0] if h.get("aten") else op
         if op:
-            op_host[op] = h["host_s_per_call"]
+            op_host[op] = seconds
+    return family_host, op_host
+
+
+def host_bound_chains(hw: Hardware, rows: Any) -> tuple[ChainPoint, ...]:
+    """The calib's chains (``benchmarks.gpu_calib.chain_rows``), rebuilt on the meta device and
+    predicted by ``hw``'s calibration without chains; those whose device time (a CUDA graph's
+    replay where measured, else the predicted) is under :data:`HOST_DOMINATED` of their eager
+    time: host-bound, their measured / predicted the host's."""
+    built = {what: (m, x) for what, m, x in chains("meta", **GPU_CHAINS)}
+    out = []
+    for r in rows if isinstance(rows, list) else []:
+        if r.get("what") not in built or not r.get("seconds", 0) > 0:
+            continue
+        module, x = built[r["what"]]
+        point, estimate = chain_point(hw, r["what"], module, x, r["seconds"])
+        device = r.get("graph_s", estimate.total.predicted_s - estimate.total.host_s)
+        if device < HOST_DOMINATED * point.seconds:
+            out.append(point)
+    return tuple(out)
+
+
+def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
+                    bars: dict[str, float] | None = None) -> Hardware:
+    """The shipped ``h200`` profile with the check's points as its calibration block."""
+    family_host, op_host = host_times(raw)
     date = summary["date"].replace(" UTC", "").replace(" ", "T") + ":00+00:00"
     cal = Calibration(date, f"cuda ({summary['device']})", 1,
                       {"torch": summary["torch"], "cuda": summary["cuda"],
@@ -132,10 +196,12 @@ def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
                       module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
                       error_bars=bars or {},
                       clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
-    return dataclasses.replace(get_hardware("h200"), name="h200-calibrated",
-                               description="NVIDIA H200 SXM 141 GB, calibrated on one H200 "
-                                           "(torch 2.11, CUDA 13.0)",
-                               calibration=cal)
+    hw = dataclasses.replace(get_hardware("h200"), name="h200-calibrated",
+                             description="NVIDIA H200 SXM 141 GB, calibrated on one H200 "
+                                         "(torch 2.11, CUDA 13.0)",
+                             calibration=cal)
+    chained = host_bound_chains(hw, raw.get("chains", []))  # last: predicted by the rest
+    return dataclasses.replace(hw, calibration=dataclasses.replace(cal, chains=chained))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ device lists ``sm__ops_path_tensor_src_fp16`` without a destination type).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,16 @@ def calib_table(data: dict[str, Any]) -> list[str]:
     if "module" in data:
         lines.append(f"| host time per nn.Module call, outside its operators | "
                      f"{data['module']['module_call_s'] * 1e6:.1f} us |")
+    rotation = [r["rotation_over_alone"] for r in data.get("host_rotation", [])
+                if isinstance(r, dict) and "rotation_over_alone" in r]
+    if rotation:
+        lines.append(f"| host time in rotation / alone, median of {len(rotation)} tiny "
+                     f"calls (range) | {statistics.median(rotation):.2f} ({min(rotation):.2f}-"
+                     f"{max(rotation):.2f}) |")
+    chains = [r for r in data.get("chains", []) if isinstance(r, dict) and "graph_s" in r]
+    if chains:
+        lines.append(f"| chains of layers: device (CUDA graph) / eager time, median of "
+                     f"{len(chains)} | {statistics.median(r['graph_s'] / r['seconds'] for r in chains):.2f} |")
     small = [r for r in data["stream"] if r["op"] == "add" and r["dtype"] == "float32"
              and "seconds" in r]
     if small and data.get("timing"):
@@ -159,7 +170,19 @@ def predict_summary(folder: Path) -> list[str]:
         lines.append(f"| {path.name} | {made} | {_errors(seen, 'ratio')} | "
                      f"{_errors(held, 'ratio')} | {_errors(seen, 'device_ratio')} | "
                      f"{_errors(held, 'device_ratio')} |")
+        for base, what in _BASELINES.items():  # the same cases and measured times
+            loop = [{"ratio": r[base]["ratio"], "held_out": r.get("held_out")} for r in rows
+                    if "ratio" in r.get(base, {})]
+            if loop:
+                lines.append(f"| {path.name}, {base} | {what} | "
+                             f"{_errors([r for r in loop if not r['held_out']], 'ratio')} | "
+                             f"{_errors([r for r in loop if r['held_out']], 'ratio')} | - | - |")
     return lines
+
+
+# benchmarks/gpu_predict.py's predictions beside the full profile's
+_BASELINES = {"loop_host": "the same calib without its mixed-operator host times",
+              "rotation_only": "the same calib without its chains"}
 
 
 def predict_table(data: dict[str, Any]) -> list[str]:

@@ -59,6 +59,8 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert all(r["predicted"]["peak_bytes"] > 0 and r["predicted_shape_only"] > 0 for r in memory)
     calib = json.loads((tmp_path / "calib.json").read_text())
     assert calib["gemm"][0]["tflops"] > 0 and calib["host"][0]["host_s_per_call"] > 0
+    # the host time of mixed operators: the tiny calls in rotation, the chains of layers
+    assert len(calib["host_rotation"]) == len(calib["host"]) and len(calib["chains"]) == 4
     predict = json.loads((tmp_path / "predict.json").read_text())
     assert predict["profile"] == "shipped docs/gpu/h200_calibrated.json"  # dry: not from calib
     assert [(r["model"], r["train"], r["dtype"]) for r in predict["rows"]] == [

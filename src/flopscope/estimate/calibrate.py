@@ -367,8 +367,8 @@ def time_in_rotation(fns: list[Fn], device: str, *, budget_s: float = 0.01) -> l
 
     Args:
         fns: the calls.
-        device: ``"cpu"`` (on CUDA the device's queue hides the host's caches: use
-            :func:`time_per_call`).
+        device: ``"cpu"``, or ``"cuda"`` for the host's time issuing each call (tiny calls,
+            the device keeping up; a device's time needs :func:`time_per_call`).
         budget_s: about a third of the time spent on each call.
 
     Returns:

@@ -12,12 +12,18 @@ to 2 MiB. Each is counted (its calls, predicted by the calibration's points, wit
 and timed whole by the calibration's clock; :meth:`Calibration.chain_factor
 <flopscope.estimate.calibration.Calibration.chain_factor>` turns measured / predicted into a
 factor per family, size and (for products and convolutions) reduction length.
+
+A GPU calibration (``benchmarks/gpu_calib.py``) times the same kinds at tiny sizes eagerly on the
+device (host-bound: their time is the host's issuing of the calls) and predicts them here
+(:func:`chain_point`) from its points on the meta device, its timeline being the host and the
+device overlapping.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,7 +31,10 @@ from torch import nn
 from flopscope.estimate.calibration import ChainPoint
 from flopscope.estimate.profile import Hardware
 
-__all__ = ["CONV_CHAINS", "LINEAR_CHAINS", "chain_points", "chains"]
+if TYPE_CHECKING:
+    from flopscope.estimate.bound import Estimate
+
+__all__ = ["CONV_CHAINS", "LINEAR_CHAINS", "Residual", "chain_point", "chain_points", "chains"]
 
 CONV_CHAINS = (
     # (kind, channels, side): activations of channels x side^2 fp32 values, batch 1
@@ -41,18 +50,45 @@ LINEAR_CHAINS = ((16, 256), (48, 512), (160, 896))
 """The token chains (rows, width): a linear layer, a layer norm, a GELU."""
 
 
-def chains(device: str = "cpu", *, blocks: int = 3) -> list[tuple[str, nn.Module, torch.Tensor]]:
+class Residual(nn.Module):
+    """A pre-norm residual block of a transformer, at its smallest: ``x + linear(layer_norm(x))``
+    (a layer norm, a linear layer, an add).
+
+    Args:
+        width: the features.
+    """
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x + linear(layer_norm(x))``."""
+        y: torch.Tensor = self.linear(self.norm(x))
+        return x + y
+
+
+def chains(device: str = "cpu", *, blocks: int = 3,
+           conv: Sequence[tuple[str, int, int]] = CONV_CHAINS,
+           linear: Sequence[tuple[int, int]] = LINEAR_CHAINS,
+           residual: Sequence[tuple[int, int]] = ()) -> list[tuple[str, nn.Module, torch.Tensor]]:
     """The chains: (what, the module in eval mode, its input).
 
     Args:
-        device: where they run.
+        device: where they run (``"meta"``: counted, not run).
         blocks: blocks per chain (three calls each).
+        conv: the convolution chains (kind, channels, side): a convolution, an eval-mode batch
+            norm, an in-place ReLU per block.
+        linear: the token chains (rows, width): a linear layer, a layer norm, a GELU per block.
+        residual: pre-norm residual chains (rows, width): :class:`Residual` blocks (none in the
+            CPU calibration).
 
     Returns:
         The chains.
     """
     out: list[tuple[str, nn.Module, torch.Tensor]] = []
-    for kind, c, side in CONV_CHAINS:
+    for kind, c, side in conv:
         k, groups = (1, 1) if kind == "conv1x1" else (3, c if kind.startswith("depth") else 1)
         layers: list[nn.Module] = [m for _ in range(blocks) for m in (
             nn.Conv2d(c, c, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(c),
@@ -60,13 +96,56 @@ def chains(device: str = "cpu", *, blocks: int = 3) -> list[tuple[str, nn.Module
         out.append((f"{kind}+bn+relu {c}x{side}x{side} x{blocks}",
                     nn.Sequential(*layers).to(device).eval(),
                     torch.randn(1, c, side, side, device=device)))
-    for rows, width in LINEAR_CHAINS:
+    for rows, width in linear:
         layers = [m for _ in range(blocks) for m in (
             nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())]
         out.append((f"linear+layernorm+gelu {rows}x{width} x{blocks}",
                     nn.Sequential(*layers).to(device).eval(),
                     torch.randn(rows, width, device=device)))
+    for rows, width in residual:
+        out.append((f"layernorm+linear+add {rows}x{width} x{blocks}",
+                    nn.Sequential(*[Residual(width) for _ in range(blocks)]).to(device).eval(),
+                    torch.randn(rows, width, device=device)))
     return out
+
+
+def chain_point(hardware: Hardware, what: str, module: nn.Module, x: torch.Tensor,
+                seconds: float) -> tuple[ChainPoint, Estimate]:
+    """One chain, counted as a model's forward is and predicted by ``hardware``'s calibration
+    without its chains: the predicted run's time (:func:`flopscope.estimate.predict
+    .predicted_step_s`: on a CPU its calls' sum, on a GPU calibration the step with the host
+    and device overlapping).
+
+    Args:
+        hardware: a calibrated profile.
+        what: what ran.
+        module: the chain (on any device, ``"meta"`` included).
+        x: its input.
+        seconds: its measured time per forward.
+
+    Returns:
+        (the chain, its estimate).
+
+    Raises:
+        ValueError: ``hardware`` has no calibration.
+    """
+    from flopscope.estimate.predict import family, predicted_step_s, reduction_length
+    from flopscope.estimate.roofline import CallLog
+    from flopscope.run import count
+
+    cal = hardware.calibration
+    if cal is None:
+        raise ValueError("chain_point needs a calibrated profile")
+    alone = dataclasses.replace(hardware, calibration=dataclasses.replace(cal, chains=()))
+    log = CallLog()
+    with torch.no_grad():
+        count(module, x, observers=[log])  # as a model's forward is counted
+    estimate = log.estimate(alone)
+    families = sorted({family(r) for r in log.records if r.bytes})
+    lengths = sorted(reduction_length(r) for r in log.records if r.macs)
+    return ChainPoint(what, tuple(families), len(log.records), x.numel() * x.element_size(),
+                      seconds, predicted_step_s(estimate),
+                      lengths[len(lengths) // 2] if lengths else 0.0), estimate
 
 
 def chain_points(hardware: Hardware, device: str,
@@ -77,8 +156,9 @@ def chain_points(hardware: Hardware, device: str,
     the points, each in a loop or a rotation, do. At one thread here they ran a median of 0.76x
     their points' prediction (plausibly three identical blocks keep the kernel library's state
     warm where a model's varied layers do not), and taking that into the model made the
-    1-thread validation worse (24 models: median |error| 10.5% -> 18.5%, docs/prediction.md). None on CUDA either
-    (its host and device overlap, and the calibration's points there are the device's).
+    1-thread validation worse (24 models: median |error| 10.5% -> 18.5%, docs/prediction.md). None on CUDA here:
+    the GPU's chains are timed eagerly at tiny sizes by ``benchmarks/gpu_calib.py`` (their time
+    is the host's there) and predicted by :func:`chain_point` in ``benchmarks/gpu_profile.py``.
 
     Args:
         hardware: a profile whose calibration has the points (and no chains) and the thread
@@ -91,24 +171,13 @@ def chain_points(hardware: Hardware, device: str,
     Returns:
         The chains measured; none at one thread, on CUDA, or without a calibration.
     """
-    from flopscope.estimate.predict import family, reduction_length
-    from flopscope.estimate.roofline import CallLog
-    from flopscope.run import count
-
     cal = hardware.calibration
     if device.startswith("cuda") or cal is None or cal.threads <= 1:
         return ()
-    alone = dataclasses.replace(hardware, calibration=dataclasses.replace(cal, chains=()))
     out = []
     with torch.no_grad():
         for what, module, x in chains(device):
-            log = CallLog()
-            count(module, x, observers=[log])  # as a model's forward is counted
-            predicted = log.estimate(alone).total.predicted_s
-            families = sorted({family(r) for r in log.records if r.bytes})
+            point = chain_point(hardware, what, module, x, 1.0)[0]  # counted first, then timed
             seconds = time_per_call(lambda m=module, x=x: m(x), device)  # type: ignore[misc]
-            lengths = sorted(reduction_length(r) for r in log.records if r.macs)
-            out.append(ChainPoint(what, tuple(families), len(log.records),
-                                  x.numel() * x.element_size(), seconds, predicted,
-                                  lengths[len(lengths) // 2] if lengths else 0.0))
+            out.append(dataclasses.replace(point, seconds=seconds))
     return tuple(out)

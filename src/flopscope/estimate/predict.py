@@ -224,8 +224,7 @@ class CallPrediction:
 
 
 class Predictor:
-    """The calibrated model of one :class:`~.calibration.Calibration` (see the module
-    docstring).
+    """The calibrated model of one :class:`~.calibration.Calibration` (the module docstring).
 
     Args:
         calibration: the points and host times.
@@ -264,8 +263,7 @@ class Predictor:
             # time is inside the point's (one timeline)
             device = ((p.seconds if graphed or p.seconds >= 2 * host else 0.0) if cuda
                       else p.seconds - host - calibration.fault_s(p.fresh))
-            # a point timed in rotation holds what a model's call pays besides its host time
-            # in a loop (its code, descriptors and weights evicted): a rate even when small
+            # a rotation-timed point holds what a model's call pays beyond its loop host time
             floor = 0.0 if p.family in ROTATED_FAMILIES and not cuda else HOST_DOMINATED
             if p.family == "view" or work <= 0 or device <= 0 or device < floor * p.seconds:
                 continue
@@ -386,11 +384,14 @@ class Predictor:
         host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
-        # a fresh allocation the allocator maps anew: its page faults and unmapping (a CPU);
-        # the chains' measured / predicted for the family at its size (1 without chains)
+        # a fresh allocation mapped anew: its page faults and unmapping (a CPU); the chains'
+        # measured / predicted for the family at its size (1 without): a CPU's time host and
+        # device on one timeline (both take it), a GPU's are eager, tiny and host-bound
+        # (benchmarks/gpu_calib.py: the host's, the device's time stays its graph-timed points')
         fault = self.calibration.fault_s(rec.fresh_bytes or 0)
         k = self.calibration.chain_factor(fam, rec.bytes_written, reduction_length(rec))
-        return CallPrediction(fam, host * k, max(device * k, bound_s) + fault, True)
+        kd = 1.0 if self.calibration.device.startswith("cuda") else k
+        return CallPrediction(fam, host * k, max(device * kd, bound_s) + fault, True)
 
 
 def overlapped(calls: Iterable[tuple[float, float]]) -> tuple[float, float]:
@@ -429,8 +430,7 @@ def predictor(calibration: Calibration) -> Predictor:
     """
     entry = _PREDICTORS.get(id(calibration))
     if entry is None or entry[0] is not calibration:
-        entry = (calibration, Predictor(calibration))
-        _PREDICTORS[id(calibration)] = entry
+        entry = _PREDICTORS[id(calibration)] = (calibration, Predictor(calibration))
     return entry[1]
 
 
@@ -475,7 +475,6 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     device = total.predicted_s - total.host_s
     host_bound = total.host_s > device
     import torch
-
     out: dict[str, Any] = {
         "status": "calibrated", "calibrated": cal.date, "device": cal.device,
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
