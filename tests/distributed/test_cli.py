@@ -91,6 +91,34 @@ def test_loss_parallel_shards_the_head_and_says_so(capsys: pytest.CaptureFixture
     assert {r["group"] for r in on["communication"]["records"]} == {"tp"}
 
 
+def test_loss_parallel_logical_figure_runs_the_same_loss(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With --loss-parallel --backward the rank runs the causal LM's cross-entropy; its logical
+    (unsharded) figure now runs it too, on the whole logits (16 tokens x 256 = 4,096 float32):
+    log_softmax 5 FLOPs a logit (20,480), its backward 4 (16,384), nll_loss a negate and the
+    mean's sum per token (2 x 16 = 32), its backward 1 per token (16): 36,912 FLOPs more than
+    the logical figure backward from the sum of the outputs (0 FLOPs: a ones_like), the same
+    MACs."""
+    argv = ["count", *LLAMA, "--shape-only", "--backward", "--world-size", "2", "--tp", "2",
+            "--format", "json"]
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0
+    off = json.loads(out)["logical"]["totals"]
+    code, out, _ = _run(capsys, *argv, "--loss-parallel")
+    assert code == 0
+    on = json.loads(out)
+    assert on["loss_parallel"] == {"on": True, "loss": "cross_entropy"}
+    logical = on["logical"]
+    assert logical["totals"]["flops"] - off["flops"] == 20_480 + 16_384 + 32 + 16
+    assert logical["totals"]["macs"] == off["macs"]
+    losses = {r["op"]: r["flops"] for r in logical["records"] if r["module"] == ""
+              and r["flops"]}
+    assert losses == {"aten._log_softmax.default": 20_480,
+                      "aten._log_softmax_backward_data.default": 16_384,
+                      "aten.nll_loss_forward.default": 32,
+                      "aten.nll_loss_backward.default": 16}
+
+
 def test_loss_parallel_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "count", *LLAMA, "--shape-only", "--world-size", "2", "--tp", "2",
                         "--loss-parallel", "--depth", "0")

@@ -321,7 +321,8 @@ def simulate(
 
     Only the simulated rank's shards exist: memory and time do not grow with the world size
     beyond the process groups themselves. The report's ``logical`` records are those of the same
-    model unsharded on the same inputs (built again with ``build``), and ``replicated`` (with
+    model unsharded on the same inputs (built again with ``build``), backward from the same
+    ``loss`` (on the whole logits), and ``replicated`` (with
     tensor parallelism) the rank's records that equal their unsharded counterpart: work every rank
     of a tensor-parallel group does in full (embedding, norms, the head, the loss).
 
@@ -391,12 +392,12 @@ def simulate(
                            count_kwargs={**count_kwargs, "loss": loss}, prepare=prepare)
     if not logical:
         return dataclasses.replace(report, shape_only=shape_only)
-    # the logical figure: the same model unsharded, on the same (local) inputs
+    # the logical figure: the same model unsharded, on the same (local) inputs, backward from
+    # the same loss (on the whole logits)
     model, args, kwargs = build()
     if local is not None:
         args, kwargs = local
-    whole = count(model, Inputs(*args, **kwargs), backward=backward, shape_only=shape_only,
-                  warn=False)
+    whole = _unsharded(model, args, kwargs, backward=backward, shape_only=shape_only, loss=loss)
     mine: dict[tuple[str, str, Phase], Cost] = {}
     for r in report.records:
         mine[(r.module, r.op, r.phase)] = mine.get((r.module, r.op, r.phase), Cost()) + r.cost
@@ -408,6 +409,24 @@ def simulate(
                        and mine[(r.module, r.op, r.phase)] == unsharded.get((r.module, r.op, r.phase)))
     return dataclasses.replace(report, shape_only=shape_only, logical=whole.records,
                                replicated=replicated)
+
+
+def _unsharded(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+               backward: bool, shape_only: bool, loss: str) -> Report:
+    """Count the model unsharded (the logical figure), backward from ``loss``: from the sum of
+    the outputs, ``flopscope.count``'s own backward (so the figure is ``count --backward``'s of
+    the whole model); from another loss (the cross-entropy), as a rank is counted
+    (:func:`count_rank`), shape-only on fake CPU tensors as a simulated rank
+    (:func:`~flopscope.distributed.shape_only.shape_only_rank`)."""
+    if loss == "sum":
+        return count(model, Inputs(*args, **kwargs), backward=backward, shape_only=shape_only,
+                     warn=False)
+    if not shape_only:
+        return count_rank(model, args, kwargs, backward=backward, loss=loss, warn=False)
+    with shape_only_rank(model) as mode:
+        fake_args, fake_kwargs = fake_tree(mode, (args, kwargs))
+        return count_rank(model, fake_args, fake_kwargs, backward=backward, loss=loss,
+                          warn=False)
 
 
 def _expert_rank(
