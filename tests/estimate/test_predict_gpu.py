@@ -52,6 +52,8 @@ def test_an_h200_prediction_of_a_shape_only_count_runs_on_the_cpu(cli: Cli) -> N
     assert pred["host_s"] <= pred["step_s"] <= pred["predicted_s"] + 1e-12
     r = cli("count", "tiny_models:tiny", "--shape-only", "--hardware", str(H200))
     assert "step with host and device overlapping" in r.out
+    # the calibration's device is the GPU: no host thread count beside it
+    assert "prediction (calibrated 2026-11-27, cuda (NVIDIA H200)): " in r.out
 
 
 def test_expected_mfu_from_the_prediction_beside_the_measured(cli: Cli) -> None:

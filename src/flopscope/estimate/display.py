@@ -150,8 +150,11 @@ def prediction_lines(estimate: Estimate) -> list[str]:
                 "calibrate --output FILE` writes one): the bound only"]
     total = estimate.total
     device = total.predicted_s - total.host_s
-    lines = [f"  prediction (calibrated {cal.date[:10]}, {cal.device}, {cal.threads} "
-             f"thread{'s' if cal.threads != 1 else ''}): {human_seconds(total.predicted_s)} = "
+    # a CUDA calibration's device is the GPU: the host's intra-op threads are not its setting
+    threads = ("" if cal.device.startswith("cuda") else
+               f", {cal.threads} thread{'s' if cal.threads != 1 else ''}")
+    lines = [f"  prediction (calibrated {cal.date[:10]}, {cal.device}{threads}): "
+             f"{human_seconds(total.predicted_s)} = "
              f"host {human_seconds(total.host_s)} + device {human_seconds(device)} "
              "(per call: host time of its operator + work at the attained rate; "
              + ("one timeline on a CPU)" if estimate.overlapped is None else
