@@ -10,7 +10,7 @@ all). So one more microbatch adds one steady pair of calls, and the live bytes a
 keeps its place counted from the step's start (the warm-up, the early pairs) or from its end
 (the late pairs, the cool-down, the merge) are affine in the microbatch count.
 
-:func:`extend_peak` takes the call points of two simulations of the stage, at ``m`` and
+:func:`extend_points` takes the call points of two simulations of the stage, at ``m`` and
 ``m + 1`` microbatches (both ``pp + 1`` or more), lines their calls up (from the end as far as
 they agree, then from the start; the second's extra calls are runs that repeat the run before
 or after them: one call in each per-microbatch group at the start, a steady pair before the
@@ -33,7 +33,7 @@ from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.plan.layers import UNITS, Small, check, combine, estimate_at
 from flopscope.report.report import Report
 
-__all__ = ["at_step", "extend_peak", "extend_points", "peak_of"]
+__all__ = ["at_step", "extend_points", "peak_of"]
 
 
 def _line_up(sa: Sequence[tuple[str, str, str]], sb: Sequence[tuple[str, str, str]]
@@ -141,39 +141,15 @@ def peak_of(points: Sequence[Point], end_bytes: int, memory: MemoryProfile) -> M
                          end_bytes, train=memory.train, note=memory.note)
 
 
-def extend_peak(a: Sequence[Point], b: Sequence[Point], microbatches: int, to: int,
-                memory_a: MemoryProfile, memory_b: MemoryProfile) -> MemoryProfile:
-    """The stage's memory profile at ``to`` microbatches from its call points at
-    ``microbatches - 1`` (``a``) and ``microbatches`` (``b``).
-
-    Args:
-        a: the call points with one microbatch fewer.
-        b: the call points at ``microbatches``.
-        microbatches: ``b``'s microbatch count.
-        to: the step's microbatches (``microbatches`` or more).
-        memory_a: ``a``'s memory profile (its bytes at the end).
-        memory_b: ``b``'s (its bytes at the end, whether a training step, its note).
-
-    Returns:
-        The profile: the peak, where it is reached, what is live then and at the end; no
-        per-module marks or timeline.
-
-    Raises:
-        NotRepeating: see :func:`extend_points`.
-    """
-    steps = to - microbatches
-    end = memory_b.end_bytes + steps * (memory_b.end_bytes - memory_a.end_bytes)
-    return peak_of(extend_points(a, b, microbatches, to), end, memory_b)
-
-
 def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
             layers: Frame | None) -> tuple[Report, MemoryProfile, Estimate, int]:
     """A stage at ``to`` microbatches from its simulations at ``microbatches - 1`` and
-    ``microbatches``: the peak by :func:`extend_peak`, the report and estimate affine in the
-    count (a step's per-microbatch work and its once-per-step collectives alike). With
-    ``layers`` (a stage of more than ``sum(SMALL)`` layers, where they are), from those of
-    ``SMALL``'s layer counts, each moved to ``to`` and the three put together at the stage's
-    layers by :func:`~flopscope.plan.layers.combine`, checked exact at the third.
+    ``microbatches``: the peak from :func:`extend_points` and :func:`peak_of`, the report and
+    estimate affine in the count (a step's per-microbatch work and its once-per-step
+    collectives alike). With ``layers`` (a stage of more than ``sum(SMALL)`` layers, where they
+    are), from those of ``SMALL``'s layer counts, each moved to ``to`` and the three put
+    together at the stage's layers by :func:`~flopscope.plan.layers.combine`, checked exact at
+    the third.
 
     Args:
         run: ``run(m, n)``: the stage simulated over ``m`` microbatches with ``n`` layers per
