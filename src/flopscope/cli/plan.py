@@ -96,6 +96,14 @@ def add_subcommands(subparsers: Any) -> None:
                         "1: none; default: every one that divides the experts)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="layouts the table lists, fitting and dropped (default 10; JSON has all)")
+    p.add_argument("--screen", action="store_true",
+                   help="training: estimate every layout from a few small reference runs, then "
+                        "simulate only those that could win (rows marked ~ are estimates; the "
+                        "screen's error on the simulated ones is in the notes): a large model "
+                        "on many devices in minutes instead of hours")
+    p.add_argument("--confirm", type=positive_int, metavar="N",
+                   help="--screen: simulated layouts that fit to reach before stopping "
+                        "(default 3)")
     p.add_argument("--jobs", "-j", type=positive_int, metavar="N",
                    help="simulate the rank roles in N local worker processes (default: in this "
                         "process); with --ray alone, the local Ray cluster's CPUs")
@@ -169,6 +177,15 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                           "--dtype and runs plain tensor parallelism")
     if not serve and args.max_new_tokens is not None:
         raise usage_error("--max-new-tokens applies to --serve only")
+    if args.confirm is not None and not args.screen:
+        raise usage_error("--confirm applies to --screen (how many simulated layouts to reach)")
+    if args.screen and serve:
+        raise usage_error("--screen applies to a training plan: a serving plan simulates its "
+                          "roles")
+    if args.screen and (args.jobs is not None or args.ray is not None):
+        raise usage_error("--screen runs in this process (a few small reference runs); drop "
+                          f"{'--jobs' if args.jobs is not None else '--ray'}, which simulates "
+                          "every role")
     choices = [c.strip() for c in args.checkpointing.split(",") if c.strip()]
     bad = [c for c in choices if c not in KNOWN]
     if bad or not choices:
@@ -186,7 +203,9 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                        **({} if args.loss_parallel is None
                           else {"loss_parallel": args.loss_parallel}),
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
-                                      else tuple(choices)))
+                                      else tuple(choices)),
+                       **({"screen": True, "confirm": args.confirm or 3} if args.screen
+                          else {}))
     return options
 
 

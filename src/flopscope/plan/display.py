@@ -42,10 +42,15 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 def _row(rank: str, c: Candidate, extras: bool) -> list[str]:
     t = c.time
-    return [rank, c.choice.label, human_bytes(c.memory_bytes), seconds(t.total),
+    return [rank, _label(c), human_bytes(c.memory_bytes), seconds(t.total),
             f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", seconds(t.forward + t.backward),
             seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p + t.ep_comm),
             seconds(t.bubble), *([_applied(c)] if extras else [])]
+
+
+def _label(c: Candidate) -> str:
+    """The layout's label, ``~`` after it when its figures are a screen's estimate."""
+    return f"{c.choice.label} ~" if c.screened else c.choice.label
 
 
 def _applied(c: Candidate) -> str:
@@ -132,7 +137,7 @@ def plan_text(plan: Plan, top: int = 10) -> str:
     if plan.dropped:
         lines += ["", f"Dropped ({len(plan.dropped)}, smallest first):"]
         for c in sorted(plan.dropped, key=lambda c: c.memory_bytes)[:top]:
-            lines.append(f"  {c.choice.label}: {c.reason}")
+            lines.append(f"  {_label(c)}: {c.reason}")
         if len(plan.dropped) > top:
             lines.append(f"  ... {len(plan.dropped) - top} more")
     lines += ["", *(f"Note: {n}" for n in plan.notes)]

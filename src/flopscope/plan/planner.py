@@ -23,16 +23,19 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
+from flopscope.plan.candidate import Candidate, evaluate, pareto
 from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE, enable
+from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.model_flops import model_flops
-from flopscope.plan.options import applied, decoder_note
+from flopscope.plan.options import decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
+from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
-from flopscope.plan.timing import Links, StepTime, step_time
+from flopscope.plan.timing import Links
 from flopscope.plan.vision import (
     VisionRoles,
     check_vision_options,
@@ -41,43 +44,6 @@ from flopscope.plan.vision import (
 )
 
 __all__ = ["Candidate", "Plan", "build_model", "model_identity", "plan"]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One layout, evaluated.
-
-    Attributes:
-        choice: the layout.
-        memory_bytes: peak bytes per device (the fullest stage).
-        at_peak: category -> bytes live at that peak (``optimizer_state`` added: AdamW).
-        peak_where: ``module (phase)`` where that peak is reached, and the stage.
-        time: the step time and its parts.
-        tokens_per_s_per_gpu: training tokens per second per device.
-        mfu: model FLOPs utilization (0-1).
-        fits: whether the peak is within the budget.
-        reason: why it was dropped (``None`` when it fits).
-        applied: the plan-wide parallelisms this layout has (``"sequence"``, ``"loss"``).
-    """
-
-    choice: Choice
-    memory_bytes: int
-    at_peak: dict[str, int]
-    peak_where: str
-    time: StepTime
-    tokens_per_s_per_gpu: float
-    mfu: float
-    fits: bool
-    reason: str | None = None
-    applied: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes, seconds)."""
-        return {"layout": self.choice.label, **self.choice.to_dict(),
-                "memory_bytes": self.memory_bytes, "at_peak": dict(self.at_peak),
-                "peak_where": self.peak_where, "time_s": self.time.to_dict(),
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
-                "fits": self.fits, "reason": self.reason, "applied": list(self.applied)}
 
 
 @dataclass(frozen=True)
@@ -110,6 +76,7 @@ class Plan:
             along the sequence.
         loss_parallel: tensor-parallel layouts without stages shard the head's logits over the
             vocabulary, the cross-entropy computed on the shards.
+        screening: a screened plan's screen (``None``: every layout simulated).
     """
 
     source: str
@@ -133,6 +100,7 @@ class Plan:
     reduce_dtype: str | None = None
     sequence_parallel: bool = False
     loss_parallel: bool = False
+    screening: Screening | None = None
 
     @property
     def precision(self) -> str:
@@ -176,6 +144,7 @@ class Plan:
             "dropped": [c.to_dict() for c in self.dropped],
             "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds,
             "notes": list(self.notes), "unit": self.unit,
+            "screening": self.screening.to_dict() if self.screening is not None else None,
         }
 
 
@@ -231,44 +200,6 @@ UNDERSTATED_NOTE = (
     "to the step's end; docs/plan.md, 'More microbatches than stages')")
 
 
-def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
-    """The fullest stage's peak: the tracked step, AdamW's moments (two per parameter, in the
-    parameter's dtype, live through the whole step) and, when microbatches accumulate without
-    stages, the gradients the earlier microbatches left (the simulated first one starts
-    without)."""
-    best: tuple[int, dict[str, int], str] = (-1, {}, "")
-    for run in runs:
-        at = dict(run.memory.at_peak)
-        at["optimizer_state"] = at.get("optimizer_state", 0) + 2 * run.parameter_bytes
-        if choice.pp == 1 and choice.microbatches > 1:
-            missing = max(0, run.parameter_bytes - at.get("gradients", 0))
-            at["gradients"] = at.get("gradients", 0) + missing
-        total = sum(at.values())
-        where = f"{run.memory.peak_module or '(root)'} ({run.memory.peak_phase})"
-        if choice.pp > 1:
-            where = f"stage {run.key.stage}: {where}"
-        if total > best[0]:
-            best = (total, at, where)
-    return best
-
-
-def _reason(peak: int, at: Mapping[str, int], where: str, budget: int) -> str:
-    from flopscope.render.units import human_bytes
-
-    category, size = max(at.items(), key=lambda kv: kv[1])
-    return (f"peak {human_bytes(peak)} is {human_bytes(peak - budget)} over the "
-            f"{human_bytes(budget)} budget, at {where}; largest: {category.replace('_', ' ')} "
-            f"{human_bytes(size)}")
-
-
-def _pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
-    front: list[Candidate] = []
-    for c in ranked:  # fastest first: keep each that needs less memory than every faster one
-        if not front or c.memory_bytes < front[-1].memory_bytes:
-            front.append(c)
-    return tuple(front)
-
-
 def plan(
     source: str,
     *,
@@ -291,6 +222,8 @@ def plan(
     reduce_dtype: str | None = None,
     sequence_parallel: bool = False,
     loss_parallel: bool = True,
+    screen: bool = False,
+    confirm: int = 3,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -331,6 +264,11 @@ def plan(
             over the vocabulary and compute the loss (a decoder's cross-entropy, logits in
             float32) on the shards (:attr:`flopscope.distributed.Layout.loss_parallel`), as
             torchtitan and Megatron-LM do; ``False``: the head whole on every rank.
+        screen: training a decoder: estimate every layout from a few small reference runs
+            (:mod:`flopscope.plan.screen`), then simulate those that could win
+            (:func:`flopscope.plan.confirm.confirm_best`); the other rows are estimates
+            (:attr:`Candidate.screened`), the screen's error on the simulated ones in the notes.
+        confirm: with ``screen``: simulated layouts that fit to reach before stopping.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -343,6 +281,11 @@ def plan(
     start = time.perf_counter()
     if mode not in ("train", "serve"):
         raise UsageError(f"plan(): mode must be 'train' or 'serve', got {mode!r}")
+    if mode == "serve" and screen:
+        raise UsageError("plan(): screen applies to training plans (mode='train'); a serving "
+                         "plan simulates its roles")
+    if not isinstance(confirm, int) or confirm < 1:
+        raise UsageError(f"plan(): confirm must be a whole number >= 1, got {confirm!r}")
     if mode == "train" and (max_new_tokens is not None or batches is not None):
         raise UsageError("plan(): max_new_tokens and batches are serving options "
                          "(mode='serve'); a training plan takes global_batch")
@@ -426,20 +369,33 @@ def plan(
         runs_of = vision.runs
     flops = model_flops(build, batch)
     peak = hw.peak(dtype_key(compute_dtype) or "fp32", matrix=True)
-    fitting: list[Candidate] = []
-    dropped: list[Candidate] = []
     understated = 0
-    for choice in choices:
+
+    def simulated(choice: Choice) -> Candidate:
+        nonlocal understated
         runs = runs_of(choice)
         understated += any(r.understated for r in runs)
-        t = step_time(runs, choice, links)
-        used, at, where = _memory(runs, choice)
-        tokens = batch * seq / t.total / gpus if t.total else 0.0
-        mfu = flops / (t.total * gpus * peak) if t.total else 0.0
-        fits = used <= budget
-        cand = Candidate(choice, used, at, where, t, tokens, mfu, fits,
-                         None if fits else _reason(used, at, where, budget), applied(runs[0].key))
-        (fitting if fits else dropped).append(cand)
+        return evaluate(choice, runs, links, budget=budget, tokens=batch * seq, flops=flops,
+                        peak=peak)
+
+    screening = None
+    if screen and decoder:
+        scr = Screen(roles, build, gpus)
+
+        def screened(choice: Choice) -> Candidate:
+            if choice.ep > 1:
+                return simulated(choice)
+            runs = [scr.run(key) for key in roles_of(choice, shape.layers, mixed,
+                                                       sequence_parallel, loss_parallel)]
+            return evaluate(choice, runs, links, budget=budget, tokens=batch * seq,
+                            flops=flops, peak=peak, screened=True)
+
+        every_one, screening = confirm_best(choices, screened, simulated, budget, confirm,
+                                            lambda: scr.references)
+    else:
+        every_one = [simulated(c) for c in choices]
+    fitting = [c for c in every_one if c.fits]
+    dropped = [c for c in every_one if not c.fits]
     fitting.sort(key=lambda c: (c.time.total, c.memory_bytes))
     compute = ("calibrated predictions (the profile's calibration block)" if hw.calibration
                else "roofline lower bounds (every call at peak rate or bandwidth)")
@@ -452,15 +408,17 @@ def plan(
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
              *((SELECTIVE_NOTE,) if any(c.startswith("selective") for c in checkpointing)
                else ()),
-             *((UNDERSTATED_NOTE.format(understated),) if understated else ()))
+             *((UNDERSTATED_NOTE.format(understated),) if understated else ()),
+             *((screening.note(),) if screening is not None else ()))
     used_roles, simulations = ((roles.used + expert_roles.used,
                                 roles.simulations + expert_roles.simulations) if decoder
                                else (vision.used, vision.simulations))
     return Plan(source, gpus, hw, gpus_per_node, batch, seq, str(compute_dtype).replace(
-        "torch.", ""), budget, tuple(fitting), tuple(dropped), _pareto(fitting), flops,
+        "torch.", ""), budget, tuple(fitting), tuple(dropped), pareto(fitting), flops,
         used_roles, simulations, time.perf_counter() - start, notes,
         "tokens" if decoder else "samples", None if mixed is None else stored,
-        None if mixed is None else mixed[1], sequence_parallel, loss_parallel and decoder)
+        None if mixed is None else mixed[1], sequence_parallel, loss_parallel and decoder,
+        screening)
 
 
 def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:

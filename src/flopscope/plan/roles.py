@@ -319,7 +319,7 @@ class Roles:
 
         def run(m: int, n: int | None) -> Small:
             self.simulations += 1
-            return self._run(dataclasses.replace(base, microbatches=m), n)
+            return self.small(dataclasses.replace(base, microbatches=m), n)
 
         try:
             with fake_world(layout.world_size, layout.rank), shared_world(layout):
@@ -353,7 +353,7 @@ class Roles:
                 run = None
             self.from_microbatches += run is not None
         if run is None:
-            small = self._run(key, None)
+            small = self.small(key, None)
             run = (small.report, small.memory, small.estimate, small.parameter_bytes)
         seconds = time.perf_counter() - start
         self.simulations += 1
@@ -378,11 +378,11 @@ class Roles:
 
         def run(n: int) -> tuple[Small, Dims]:
             dims: list[Dims] = []
-            return self._run(key, n, dims=dims), dims[0] if dims else None
+            return self.small(key, n, dims=dims), dims[0] if dims else None
 
         with fake_world(layout.world_size, layout.rank), shared_world(layout):
             if self._degrees is None:
-                a, b, c = (self._run(key, n) for n in SMALL)
+                a, b, c = (self.small(key, n) for n in SMALL)
             else:
                 a, b, c = self._degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
                                              SMALL, run, layout.world_size, layout.rank)
@@ -401,12 +401,12 @@ class Roles:
         if key.pp <= sum(UNIT_SMALL) or not (key.stage <= 1 or last) or \
                 key.microbatches != key.pp:
             return None
-        held = split_layers(self._layer_count(), key.pp)[key.stage]
+        held = split_layers(self.decoder_layers()[1], key.pp)[key.stage]
         if not last and held.start != key.stage * len(held):  # the first stage holds one more
             return None
         def run(m: int) -> tuple[Small, Dims]:
             dims: list[Dims] = []
-            small = self._run(dataclasses.replace(key, pp=m, microbatches=m,
+            small = self.small(dataclasses.replace(key, pp=m, microbatches=m,
                                                   stage=m - 1 if last else key.stage),
                               len(held), like=key, dims=dims)
             return small, dims[0] if dims else None
@@ -420,14 +420,14 @@ class Roles:
         check(a, b, c)
         return combine(a, b, c, Frame(UNITS, 0, key.microbatches))
 
-    def _layer_count(self) -> int:
-        """The model's decoder layers (and where: :attr:`_layers`)."""
+    def decoder_layers(self) -> tuple[str, int]:
+        """Where the model's decoder layers are (their module list's path) and how many."""
         if not self._layers[0]:
             found = layer_list(self._build(1, "none")[0])
             self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
-        return self._layers[1]
+        return self._layers
 
-    def _run(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
+    def small(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
              dims: list[Dims] | None = None) -> Small:
         """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
         model's own); ``like``: a pipeline stage put together from small pipelines, for which
@@ -469,7 +469,7 @@ class Roles:
         total = per_stage * key.pp if per_stage is not None else layers
         frame = frame_of(prefix, total, key.pp, key.stage) if total >= key.pp else None
         if like is not None:
-            real = frame_of(prefix, self._layer_count(), like.pp, like.stage)
+            real = frame_of(prefix, self.decoder_layers()[1], like.pp, like.stage)
             if frame is not None and frame.first != real.first:  # the last stage
                 report = move_layers(report, frame, real)
                 points = [(_moved(p[0], frame, real), *p[1:]) for p in points]

@@ -1,0 +1,124 @@
+"""One layout of a training plan, evaluated from its roles: its peak memory per device (the
+fullest stage, with AdamW's state), its step time, tokens/s and MFU, whether it fits, why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flopscope.plan.options import applied
+from flopscope.plan.roles import RoleRun
+from flopscope.plan.space import Choice
+from flopscope.plan.timing import Links, StepTime, step_time
+
+__all__ = ["Candidate", "evaluate", "pareto"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout, evaluated.
+
+    Attributes:
+        choice: the layout.
+        memory_bytes: peak bytes per device (the fullest stage).
+        at_peak: category -> bytes live at that peak (``optimizer_state`` added: AdamW).
+        peak_where: ``module (phase)`` where that peak is reached, and the stage.
+        time: the step time and its parts.
+        tokens_per_s_per_gpu: training tokens per second per device.
+        mfu: model FLOPs utilization (0-1).
+        fits: whether the peak is within the budget.
+        reason: why it was dropped (``None`` when it fits).
+        applied: the plan-wide parallelisms this layout has (``"sequence"``, ``"loss"``).
+        screened: its figures are a screen's estimate (:mod:`flopscope.plan.screen`), not
+            simulated.
+    """
+
+    choice: Choice
+    memory_bytes: int
+    at_peak: dict[str, int]
+    peak_where: str
+    time: StepTime
+    tokens_per_s_per_gpu: float
+    mfu: float
+    fits: bool
+    reason: str | None = None
+    applied: tuple[str, ...] = ()
+    screened: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (bytes, seconds)."""
+        return {"layout": self.choice.label, **self.choice.to_dict(),
+                "memory_bytes": self.memory_bytes, "at_peak": dict(self.at_peak),
+                "peak_where": self.peak_where, "time_s": self.time.to_dict(),
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+                "fits": self.fits, "reason": self.reason, "applied": list(self.applied),
+                "screened": self.screened}
+
+
+def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
+    """The fullest stage's peak: the tracked step, AdamW's moments (two per parameter, in the
+    parameter's dtype, live through the whole step) and, when microbatches accumulate without
+    stages, the gradients the earlier microbatches left (the simulated first one starts
+    without)."""
+    best: tuple[int, dict[str, int], str] = (-1, {}, "")
+    for run in runs:
+        at = dict(run.memory.at_peak)
+        at["optimizer_state"] = at.get("optimizer_state", 0) + 2 * run.parameter_bytes
+        if choice.pp == 1 and choice.microbatches > 1:
+            missing = max(0, run.parameter_bytes - at.get("gradients", 0))
+            at["gradients"] = at.get("gradients", 0) + missing
+        total = sum(at.values())
+        where = f"{run.memory.peak_module or '(root)'} ({run.memory.peak_phase})"
+        if choice.pp > 1:
+            where = f"stage {run.key.stage}: {where}"
+        if total > best[0]:
+            best = (total, at, where)
+    return best
+
+
+def _reason(peak: int, at: Mapping[str, int], where: str, budget: int) -> str:
+    from flopscope.render.units import human_bytes
+
+    category, size = max(at.items(), key=lambda kv: kv[1])
+    return (f"peak {human_bytes(peak)} is {human_bytes(peak - budget)} over the "
+            f"{human_bytes(budget)} budget, at {where}; largest: {category.replace('_', ' ')} "
+            f"{human_bytes(size)}")
+
+
+def pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    front: list[Candidate] = []
+    for c in ranked:  # fastest first: keep each that needs less memory than every faster one
+        if not front or c.memory_bytes < front[-1].memory_bytes:
+            front.append(c)
+    return tuple(front)
+
+
+def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: int,
+             tokens: int, flops: int, peak: float, screened: bool = False) -> Candidate:
+    """A layout from its roles' runs.
+
+    Args:
+        choice: the layout.
+        runs: its roles, in stage order.
+        links: the collectives' links.
+        budget: bytes per device.
+        tokens: tokens (or samples) per step.
+        flops: the unsharded model's FLOPs per step (MFU's numerator).
+        peak: one device's dense peak FLOP rate for the compute dtype.
+        screened: the runs are estimates (:mod:`flopscope.plan.screen`).
+
+    Returns:
+        The :class:`Candidate`.
+    """
+    t = step_time(runs, choice, links)
+    used, at, where = _memory(runs, choice)
+    gpus = choice.gpus
+    per_gpu = tokens / t.total / gpus if t.total else 0.0
+    mfu = flops / (t.total * gpus * peak) if t.total else 0.0
+    fits = used <= budget
+    reason = None if fits else _reason(used, at, where, budget) + (
+        " (screened estimate)" if screened else "")
+    return Candidate(choice, used, at, where, t, per_gpu, mfu, fits, reason,
+                     applied(runs[0].key), screened)

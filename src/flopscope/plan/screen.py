@@ -1,0 +1,400 @@
+"""Screening: every role of a plan estimated from two small reference runs, the best layouts
+then simulated (:func:`flopscope.plan.plan`'s ``screen``).
+
+A plan simulates each rank role once (:mod:`flopscope.plan.roles`), but a 70B-shaped model on
+hundreds of devices has hundreds of roles (every tensor-parallel degree, pipeline depth and
+stage, micro-batch and checkpointing), each tens of decoder-layer passes through DTensor, FSDP2
+and the fake tensor mode. A screened plan simulates instead, per tensor-parallel degree,
+micro-batch, checkpointing and parallelism options, the model cut to 3 and to 4 decoder layers
+without pipeline stages (a *reference*: 7 layer passes), and puts every role together from it:
+
+- **time** per phase: a layer's forward, backward and recomputation (4 layers less 3), the
+  embedding's (its module's own rows) and the rest (the final norm, the head and the loss), each
+  stage's ``k`` layers times the step's microbatches, the embedding on the first stage and the
+  rest on the last;
+- **collectives**: the tensor-parallel ones per layer and microbatch as the reference ran them;
+  FSDP2's all-gathers (``microbatches + 1`` per layer and step: it reshards after each forward
+  and backward but the last) and reduce-scatters (one per layer and step) at the role's FSDP2
+  degree (payloads unchanged, bus bytes at the degree); pipeline sends and receives of the
+  hidden states, one each way per microbatch and stage boundary;
+- **peak memory**: on the last stage the reference's peak (in the loss's backward) at ``k``
+  layers; on the others its largest live bytes inside the layers' backward at ``k`` layers;
+  both with the stage's parameter shards (the reference's per layer, embedding and rest, at the
+  role's FSDP2 degree) and with the activations of the other microbatches 1F1B keeps in flight
+  (``min(pp - stage, microbatches) - 1``, each a layer's saved activations times ``k``, and
+  the embedding's output on the first stage).
+
+Every figure is affine in the layer count between the two reference runs (as
+:mod:`flopscope.plan.layers` puts roles together, without its third run's check). What a
+pipeline adds beyond that (its own loss call, FSDP2's resharding between microbatches, the
+schedule's order of frees) is not in the reference, so a screened role is an **estimate**: the
+plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`) and reports the screen's error
+on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from flopscope.cost import Phase
+from flopscope.distributed.pipeline import split_layers
+from flopscope.distributed.repeat import NotRepeating
+from flopscope.distributed.repeat_peak import Point
+from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate.bound import Row
+from flopscope.plan.layers import Small
+from flopscope.plan.microbatches import extend_points, peak_of
+from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles
+from flopscope.report.records import CommRecord
+from flopscope.rules.collectives import BUS_FACTORS
+
+__all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
+           "Screen", "reference_key", "screened"]
+
+#: the layer counts of a reference's two runs
+REFERENCE_LAYERS = (3, 4)
+#: the microbatches of a reference pipeline's stages (and one more on the last stage)
+PIPELINE_MICROBATCHES = 3
+#: FSDP2's own operators (its gathers' copy in and out, the gradients' concatenation, the
+#: gathered buffers' allocation): run per step, not per microbatch (a pipeline stage keeps
+#: its gathered parameters between microbatches)
+PER_STEP = ("fsdp.", "aten.empty.memory_format")
+#: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
+#: DecoderStage`); the layers' parent's other modules and the root's run on the last
+EMBEDDING = "model.embed_tokens"
+_BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
+
+
+def reference_key(key: RoleKey, gpus: int) -> RoleKey:
+    """The reference a role is screened from: its tensor-parallel degree, micro-batch,
+    checkpointing, precision and loss, without pipeline stages, one microbatch. A role without
+    stages is its own reference at its FSDP2 degree (sequence and loss parallelism as it has
+    them); a pipeline stage's is at ``gpus / tp`` (no sequence or loss parallelism: a plan
+    applies them without stages only).
+
+    Args:
+        key: the role.
+        gpus: the plan's devices.
+
+    Returns:
+        The reference's key.
+    """
+    if key.pp == 1:
+        return dataclasses.replace(key, microbatches=1, peak_microbatches=0)
+    return dataclasses.replace(key, pp=1, stage=0, dp=gpus // key.tp, microbatches=1,
+                               sequence_parallel=False, loss_parallel=False,
+                               peak_microbatches=0)
+
+
+def _lin(terms: Iterable[tuple[float, Row]]) -> Row:
+    """``sum(c * row)`` field by field (integer fields rounded)."""
+    sums: dict[str, float] = {}
+    for c, row in terms:
+        for f in dataclasses.fields(Row):
+            sums[f.name] = sums.get(f.name, 0.0) + c * getattr(row, f.name)
+    zero = Row()
+    values: dict[str, Any] = {
+        f.name: (round(sums.get(f.name, 0.0)) if isinstance(getattr(zero, f.name), int)
+                 else sums.get(f.name, 0.0)) for f in dataclasses.fields(Row)}
+    return Row(**values)
+
+
+def _in_layers(module: str, layers: str) -> bool:
+    """Whether a call point's module is inside the decoder layers (a pipeline's points are
+    prefixed with their microbatch: ``UNITS.i.F|model.layers.0.mlp``)."""
+    return module.split("|")[-1].startswith(layers + ".")
+
+
+def _part(module: str, layers: str) -> str:
+    if module.startswith(layers + "."):
+        return "layer"
+    return "embed" if module == EMBEDDING or module.startswith(EMBEDDING + ".") else "rest"
+
+
+def _records(records: Iterable[CommRecord], layers: str
+             ) -> dict[tuple[str, str, str, str], tuple[int, int]]:
+    """Collectives summed by (phase, kind, group, part)."""
+    out: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+    for r in records:
+        key = (r.phase.value, r.kind, r.group, _part(r.module, layers))
+        calls, payload = out.get(key, (0, 0))
+        out[key] = (calls + r.calls, payload + r.payload_bytes)
+    return out
+
+
+def _affine(a: Mapping[str, int], b: Mapping[str, int], n: int) -> dict[str, int]:
+    """Per category, ``a`` at 3 layers and ``b`` at 4 carried to ``n`` (never below 0)."""
+    first = REFERENCE_LAYERS[0]
+    return {c: max(0, a.get(c, 0) + (n - first) * (b.get(c, 0) - a.get(c, 0)))
+            for c in {*a, *b}}
+
+
+def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
+    """Live bytes at the first forward call after the last layer's forward (the final norm)."""
+    last = max((i for i, p in enumerate(points)
+                if p[1] == Phase.FORWARD.value and p[0].startswith(layers + ".")), default=-1)
+    for _, phase, _, live in points[last + 1:]:
+        if phase == Phase.FORWARD.value:
+            return live
+    return points[-1][3] if points else {}
+
+
+def _layer_backward_peak(points: Sequence[Point], layers: str) -> Point | None:
+    """The call inside the layers' backward (or recomputation) with the most live bytes."""
+    inside = [p for p in points if p[1] in _BACKWARD and p[0].startswith(layers + ".")]
+    return max(inside, key=lambda p: sum(p[3].values()), default=None)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Two small runs of a role without stages (3 and 4 layers) and what screening reads of
+    them.
+
+    Args:
+        a: the run with 3 layers.
+        b: the run with 4 layers.
+        first: a pipeline's first stage: two stages of one layer, :data:`PIPELINE_MICROBATCHES`
+            microbatches (``None`` for a role without stages).
+        last: that pipeline's last stage.
+        last_more: its last stage with one microbatch more.
+        layers: the decoder layers' module path (``model.layers``).
+        embedding_share: the embedding's share of the parameters outside the layers (by
+            element count, unsharded).
+        dp: the references' FSDP2 degree.
+    """
+
+    a: Small
+    b: Small
+    layers: str
+    embedding_share: float
+    dp: int
+    first: Small | None = None
+    last: Small | None = None
+    last_more: Small | None = None
+
+    def rows(self, phase: str) -> tuple[Row, Row, Row, Row, Row]:
+        """A phase's rows: per microbatch (layer, embedding, rest), and FSDP2's per step
+        (layer, outside the layers: :data:`PER_STEP`)."""
+        first = REFERENCE_LAYERS[0]
+        ra, rb = (r.estimate.by_phase.get(phase, Row()) for r in (self.a, self.b))
+        sa, sb = (_lin((1, row) for op, row in r.estimate.by_phase_op.get(phase, {}).items()
+                       if op.startswith(PER_STEP)) for r in (self.a, self.b))
+        step_layer = _lin([(1, sb), (-1, sa)])
+        step_rest = _lin([(1, sa), (-first, step_layer)])
+        layer = _lin([(1, rb), (-1, ra), (-1, step_layer)])
+        embed = self.a.estimate.by_phase_module.get(phase, {}).get(EMBEDDING, Row())
+        rest = _lin([(1, ra), (-first, layer), (-1, embed), (-1, sa)])
+        return layer, embed, rest, step_layer, step_rest
+
+    def parameters(self) -> tuple[int, int, int]:
+        """Parameter shard bytes at :attr:`dp`: (per layer, embedding, rest)."""
+        layer = self.b.parameter_bytes - self.a.parameter_bytes
+        base = self.a.parameter_bytes - REFERENCE_LAYERS[0] * layer
+        embed = round(base * self.embedding_share)
+        return layer, embed, base - embed
+
+    def activations(self) -> tuple[int, int]:
+        """Saved activations of one microbatch: (per layer, the embedding's output)."""
+        a = _before_head(self.a.points, self.layers).get("activations", 0)
+        b = _before_head(self.b.points, self.layers).get("activations", 0)
+        return b - a, max(0, a - REFERENCE_LAYERS[0] * (b - a))
+
+
+def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
+    """A role put together from its reference (see the module docstring): an estimate.
+
+    Args:
+        key: the role.
+        ref: its reference (:func:`reference_key`).
+        layers: the model's decoder layers.
+
+    Returns:
+        The :class:`~flopscope.plan.roles.RoleRun` (``seconds`` 0; its report holds only the
+        collectives).
+    """
+    k = len(split_layers(layers, key.pp)[key.stage])
+    first, last = key.stage == 0, key.stage == key.pp - 1
+    m = key.peak_microbatches or key.microbatches
+    est = ref.a.estimate
+    phases = {}
+    ends = first * ref.embedding_share + last * (1 - ref.embedding_share)
+    for phase in {*est.by_phase, *ref.b.estimate.by_phase}:
+        layer, embed, rest, step_layer, step_rest = ref.rows(phase)
+        phases[phase] = _lin([(m * k, layer), (m * first, embed), (m * last, rest),
+                              (k, step_layer), (ends, step_rest)])
+    estimate = Estimate(est.hardware, est.tf32, _lin((1, r) for r in phases.values()), phases,
+                        tf32_convolution=est.tf32_convolution)
+    records = _stage_records(key, ref, k, first, last, m)
+    memory, params = _stage_memory(key, ref, k, first, last, m)
+    report = dataclasses.replace(ref.a.report, records=(), logical=(), replicated=(),
+                                 communication=tuple(records))
+    return RoleRun(key, report, memory, estimate, params, 0.0, m)
+
+
+def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
+                   ) -> list[CommRecord]:
+    a = _records(ref.a.report.communication, ref.layers)
+    b = _records(ref.b.report.communication, ref.layers)
+    out: list[CommRecord] = []
+    for (phase, kind, group, part) in sorted({*a, *b}):
+        ca, pa = a.get((phase, kind, group, part), (0, 0))
+        cb, pb = b.get((phase, kind, group, part), (0, 0))
+        if part == "layer":
+            calls, payload = cb - ca, pb - pa
+            times = k
+        else:
+            calls, payload = ca, pa
+            times = first if part == "embed" else last
+        if not times or not calls:
+            continue
+        if group == "dp":
+            if key.dp == 1:
+                continue
+            # per step: all-gathers before each microbatch's forward and backward but the
+            # reference's one backward, reduce-scatters once
+            per = Fraction(m + 1, 2) if kind == "all_gather" else Fraction(1)
+            size = key.dp
+        else:
+            per, size = Fraction(m), key.tp
+        n_calls = round(calls * times * per)
+        pay = round(payload * times * per)
+        out.append(CommRecord("", Phase(phase), kind, size, n_calls, pay,
+                              int(pay * BUS_FACTORS[kind](size)), group))
+    # the reference pipeline's first stage sends one microbatch's hidden states per send
+    sends = [r for r in (ref.first.report.communication if ref.first else ())
+             if r.kind == "send"]
+    hidden = m * sum(r.payload_bytes for r in sends) // max(1, sum(r.calls for r in sends))
+    for phase, kind, needed in ((Phase.FORWARD, "send", not last), (Phase.BACKWARD, "recv", not last),
+                                (Phase.FORWARD, "recv", not first),
+                                (Phase.BACKWARD, "send", not first)):
+        if needed and key.pp > 1:
+            out.append(CommRecord("", phase, kind, key.pp, m, hidden, hidden, "pp"))
+    return out
+
+
+def _sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    return {c: a.get(c, 0) - b.get(c, 0) for c in {*a, *b}}
+
+
+def _add(at: dict[str, int], d: Mapping[str, int], times: int) -> None:
+    for c, v in d.items():
+        at[c] = at.get(c, 0) + times * v
+
+
+def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers: str
+                ) -> MemoryProfile:
+    """A pipeline's last stage of ``k`` layers at ``m`` microbatches, from one layer at
+    ``mb`` and ``mb + 1``: each call point carried to ``m`` along its line
+    (:func:`~flopscope.plan.microbatches.extend_points`), then the ``k - 1`` more layers'
+    activations of the microbatch in flight added from its layer's forward to the end of its
+    layer's backward (the calls after hold only the microbatches' kept inputs, outputs and
+    their gradients)."""
+    mb = PIPELINE_MICROBATCHES + 1
+    points = last.points
+    if m != mb - 1:
+        try:
+            points = extend_points(last.points, more.points, mb, m)
+        except NotRepeating:
+            points = more.points if m > mb else last.points
+    grown: list[Point] = []
+    alive = in_backward = False  # the microbatch in flight holds its layers' activations
+    for module, phase, op, live in points:
+        inside = _in_layers(module, layers)
+        if inside:
+            alive = alive or phase == Phase.FORWARD.value
+            in_backward = phase in _BACKWARD
+        elif in_backward:
+            alive = in_backward = False
+        if alive:
+            live = {**live, "activations": live.get("activations", 0) + (k - 1) * act_layer}
+        grown.append((module, phase, op, live))
+    return peak_of(grown, 0, more.memory)
+
+
+def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
+                  ) -> tuple[MemoryProfile, int]:
+    layer_p, embed_p, rest_p = ref.parameters()
+    params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
+    act_layer, act_embed = ref.activations()
+    peak = ref.a.memory
+    if key.pp == 1:
+        at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
+    elif last and ref.last is not None and ref.last_more is not None:
+        peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
+        at = dict(peak.at_peak)
+    elif ref.first is not None:
+        # one layer, two microbatches in flight: each in flight holds k layers' activations
+        peak = ref.first.memory
+        at = dict(peak.at_peak)
+        in_flight = min(key.pp - key.stage, m)
+        at["activations"] = max(0, at.get("activations", 0) + (k - 1) * 2 * act_layer
+                                + (in_flight - 2) * (k * act_layer + first * act_embed)
+                                - (not first) * 2 * act_embed)
+    else:
+        raise ValueError("a pipeline stage's reference needs its pipeline runs")
+    at["parameters"] = params
+    memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
+                           {c: v for c, v in at.items() if v > 0}, train=True,
+                           note="screened from reference runs")
+    return memory, params
+
+
+class Screen:
+    """Screened roles of one plan, each reference simulated once.
+
+    Args:
+        roles: the plan's roles (their small runs: :meth:`~flopscope.plan.roles.Roles.small`).
+        build: the plan's model builder (:data:`~flopscope.plan.roles.Build`).
+        gpus: the plan's devices.
+
+    Attributes:
+        references: references simulated.
+    """
+
+    def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
+        self._roles = roles
+        self._gpus = gpus
+        self._refs: dict[RoleKey, tuple[Small, ...]] = {}
+        self._pipes: dict[RoleKey, tuple[Small | None, ...]] = {}
+        prefix, self._layers = roles.decoder_layers()
+        self._prefix = prefix
+        model = build(1, "none")[0]
+        outside = [p.numel() for n, p in model.named_parameters()
+                   if not n.startswith(prefix + ".")]
+        embed = sum(p.numel() for n, p in model.named_parameters()
+                    if n.startswith(EMBEDDING + "."))
+        self._share = embed / sum(outside) if outside and sum(outside) else 0.0
+
+    @property
+    def references(self) -> int:
+        """References simulated (without stages, and pipelines)."""
+        return len(self._refs) + len(self._pipes)
+
+    def run(self, key: RoleKey) -> RoleRun:
+        """The role, screened.
+
+        Args:
+            key: the role.
+
+        Returns:
+            Its estimate (:func:`screened`).
+        """
+        rk = reference_key(key, self._gpus)
+        runs = self._refs.get(rk)
+        if runs is None:
+            runs = self._refs[rk] = tuple(self._roles.small(rk, n) for n in REFERENCE_LAYERS)
+        pipe: tuple[Small | None, ...] = (None, None, None)
+        if key.pp > 1:
+            pipe = self._pipes.get(rk) or ()
+            if not pipe:
+                mb = PIPELINE_MICROBATCHES
+                two = dataclasses.replace(rk, pp=2, dp=max(1, self._gpus // (2 * key.tp)))
+                pipe = self._pipes[rk] = tuple(
+                    self._roles.small(dataclasses.replace(two, stage=s, microbatches=m), 1)
+                    for s, m in ((0, mb), (1, mb), (1, mb + 1)))
+        ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
+        return screened(key, ref, self._layers)
