@@ -388,7 +388,7 @@ def plan(
             runs = [scr.run(key) for key in roles_of(choice, shape.layers, mixed,
                                                        sequence_parallel, loss_parallel)]
             return evaluate(choice, runs, links, budget=budget, tokens=batch * seq,
-                            flops=flops, peak=peak, screened=True)
+                            flops=flops, peak=peak, screened=choice.pp > 1)
 
         every_one, screening = confirm_best(choices, screened, simulated, budget, confirm,
                                             lambda: scr.references)

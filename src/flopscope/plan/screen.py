@@ -1,35 +1,40 @@
-"""Screening: every role of a plan estimated from two small reference runs, the best layouts
-then simulated (:func:`flopscope.plan.plan`'s ``screen``).
+"""Screening: every pipeline stage of a plan estimated from a few small reference runs, the
+layouts that could win then simulated (:func:`flopscope.plan.plan`'s ``screen``).
 
 A plan simulates each rank role once (:mod:`flopscope.plan.roles`), but a 70B-shaped model on
-hundreds of devices has hundreds of roles (every tensor-parallel degree, pipeline depth and
-stage, micro-batch and checkpointing), each tens of decoder-layer passes through DTensor, FSDP2
-and the fake tensor mode. A screened plan simulates instead, per tensor-parallel degree,
-micro-batch, checkpointing and parallelism options, the model cut to 3 and to 4 decoder layers
-without pipeline stages (a *reference*: 7 layer passes), and puts every role together from it:
+hundreds of devices has hundreds of pipeline-stage roles (every tensor-parallel degree,
+pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-layer passes
+through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
+as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
+together from references shared by every depth and stage of a tensor-parallel degree,
+micro-batch, checkpointing and precision (:class:`Reference`, 23 layer passes): the model cut
+to 3 and to 4 decoder layers without stages, and two-stage pipelines of one layer per stage
+(first and last stage, :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
+more too, the first stage with two layers too):
 
 - **time** per phase: a layer's forward, backward and recomputation (4 layers less 3), the
-  embedding's (its module's own rows) and the rest (the final norm, the head and the loss), each
-  stage's ``k`` layers times the step's microbatches, the embedding on the first stage and the
-  rest on the last;
-- **collectives**: the tensor-parallel ones per layer and microbatch as the reference ran them;
-  FSDP2's all-gathers (``microbatches + 1`` per layer and step: it reshards after each forward
-  and backward but the last) and reduce-scatters (one per layer and step) at the role's FSDP2
-  degree (payloads unchanged, bus bytes at the degree); pipeline sends and receives of the
-  hidden states, one each way per microbatch and stage boundary;
-- **peak memory**: on the last stage the reference's peak (in the loss's backward) at ``k``
-  layers; on the others its largest live bytes inside the layers' backward at ``k`` layers;
-  both with the stage's parameter shards (the reference's per layer, embedding and rest, at the
-  role's FSDP2 degree) and with the activations of the other microbatches 1F1B keeps in flight
-  (``min(pp - stage, microbatches) - 1``, each a layer's saved activations times ``k``, and
-  the embedding's output on the first stage).
+  embedding's (its module's own rows) and the rest (the final norm, the head, the loss) per
+  microbatch, FSDP2's own operators per step (:data:`PER_STEP`): a stage of ``k`` layers runs
+  ``k`` layers' per microbatch, the embedding's on the first stage and the rest's on the last;
+- **collectives**: the tensor-parallel ones per layer and microbatch as the reference ran them
+  (affine in the layer count); FSDP2's all-gathers (``microbatches + 1`` per layer and step)
+  and reduce-scatters (one per layer and step) at the role's FSDP2 degree (payloads as
+  gathered, bus bytes at the degree); the hidden states sent and received, one each way per
+  microbatch and stage boundary (the size the reference pipeline sent);
+- **peak memory**: the first (and a middle) stage from the reference pipeline's first stage
+  (two microbatches in flight), plus what a layer adds there (its two-layer run less its
+  one-layer run) per further layer, plus each further microbatch 1F1B keeps in flight
+  (``min(pp - stage, microbatches)``: ``k`` layers' saved activations, what a stage computes
+  before its layers, the embedding's output on the first); the last stage from the reference
+  pipeline's last stage at one and one more microbatch, each call point carried to the step's
+  microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
+  stays live to the step's end), with the microbatch in flight's further layers; the stage's
+  parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
 
-Every figure is affine in the layer count between the two reference runs (as
-:mod:`flopscope.plan.layers` puts roles together, without its third run's check). What a
-pipeline adds beyond that (its own loss call, FSDP2's resharding between microbatches, the
-schedule's order of frees) is not in the reference, so a screened role is an **estimate**: the
-plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`) and reports the screen's error
-on them.
+What else a deep pipeline does (the schedule's order of frees, FSDP2's resharding between
+microbatches at every depth) is not in the references, so a screened stage is an **estimate**:
+the plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`)
+and reports the screen's error on them; docs/plan.md ("Screening") has the errors measured.
 """
 
 from __future__ import annotations
@@ -70,11 +75,10 @@ _BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
 
 
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
-    """The reference a role is screened from: its tensor-parallel degree, micro-batch,
-    checkpointing, precision and loss, without pipeline stages, one microbatch. A role without
-    stages is its own reference at its FSDP2 degree (sequence and loss parallelism as it has
-    them); a pipeline stage's is at ``gpus / tp`` (no sequence or loss parallelism: a plan
-    applies them without stages only).
+    """The reference a pipeline stage is screened from: its tensor-parallel degree,
+    micro-batch, checkpointing, precision and loss, without stages (at FSDP2 degree
+    ``gpus / tp``, no sequence or loss parallelism: a plan applies them without stages only),
+    one microbatch.
 
     Args:
         key: the role.
@@ -83,8 +87,6 @@ def reference_key(key: RoleKey, gpus: int) -> RoleKey:
     Returns:
         The reference's key.
     """
-    if key.pp == 1:
-        return dataclasses.replace(key, microbatches=1, peak_microbatches=0)
     return dataclasses.replace(key, pp=1, stage=0, dp=gpus // key.tp, microbatches=1,
                                sequence_parallel=False, loss_parallel=False,
                                peak_microbatches=0)
@@ -161,6 +163,9 @@ class Reference:
             microbatches (``None`` for a role without stages).
         last: that pipeline's last stage.
         last_more: its last stage with one microbatch more.
+        first_two: its first stage with two layers per stage (what a layer adds to a stage
+            under the pipeline: activations, and FSDP2's gathered parameters and unreduced
+            gradients, which a pipeline keeps between microbatches).
         layers: the decoder layers' module path (``model.layers``).
         embedding_share: the embedding's share of the parameters outside the layers (by
             element count, unsharded).
@@ -175,6 +180,7 @@ class Reference:
     first: Small | None = None
     last: Small | None = None
     last_more: Small | None = None
+    first_two: Small | None = None
 
     def rows(self, phase: str) -> tuple[Row, Row, Row, Row, Row]:
         """A phase's rows: per microbatch (layer, embedding, rest), and FSDP2's per step
@@ -197,11 +203,30 @@ class Reference:
         embed = round(base * self.embedding_share)
         return layer, embed, base - embed
 
-    def activations(self) -> tuple[int, int]:
-        """Saved activations of one microbatch: (per layer, the embedding's output)."""
+    def activations(self) -> tuple[int, int, int]:
+        """Saved activations of one microbatch: (per layer, the embedding's output, what every
+        stage computes before its layers: the rotary tables, the mask)."""
         a = _before_head(self.a.points, self.layers).get("activations", 0)
         b = _before_head(self.b.points, self.layers).get("activations", 0)
-        return b - a, max(0, a - REFERENCE_LAYERS[0] * (b - a))
+        return (b - a, *_before_layers(self.a.points, self.layers))
+
+
+def _before_layers(points: Sequence[Point], layers: str) -> tuple[int, int]:
+    """The activations the forward adds before the first layer: (the embedding's, the rest's),
+    leaving out the root's own calls (FSDP2 gathering the root's parameters, once a step)."""
+    embed = rest = 0
+    before = None
+    for module, phase, _, live in points:
+        if phase == Phase.FORWARD.value and module.startswith(layers + "."):
+            break
+        now = live.get("activations", 0)
+        if before is not None and module and phase == Phase.FORWARD.value:
+            if module == EMBEDDING or module.startswith(EMBEDDING + "."):
+                embed += now - before
+            else:
+                rest += now - before
+        before = now
+    return max(0, embed), max(0, rest)
 
 
 def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
@@ -243,9 +268,10 @@ def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool
     for (phase, kind, group, part) in sorted({*a, *b}):
         ca, pa = a.get((phase, kind, group, part), (0, 0))
         cb, pb = b.get((phase, kind, group, part), (0, 0))
-        if part == "layer":
-            calls, payload = cb - ca, pb - pa
-            times = k
+        if part == "layer":  # affine in the layer count (the first and last layers differ)
+            first_n = REFERENCE_LAYERS[0]
+            calls, payload = ca + (k - first_n) * (cb - ca), pa + (k - first_n) * (pb - pa)
+            times = 1
         else:
             calls, payload = ca, pa
             times = first if part == "embed" else last
@@ -319,21 +345,28 @@ def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool,
                   ) -> tuple[MemoryProfile, int]:
     layer_p, embed_p, rest_p = ref.parameters()
     params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
-    act_layer, act_embed = ref.activations()
+    act_layer, act_embed, act_pre = ref.activations()
     peak = ref.a.memory
     if key.pp == 1:
         at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
-    elif last and ref.last is not None and ref.last_more is not None:
-        peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
-        at = dict(peak.at_peak)
-    elif ref.first is not None:
-        # one layer, two microbatches in flight: each in flight holds k layers' activations
-        peak = ref.first.memory
-        at = dict(peak.at_peak)
-        in_flight = min(key.pp - key.stage, m)
-        at["activations"] = max(0, at.get("activations", 0) + (k - 1) * 2 * act_layer
-                                + (in_flight - 2) * (k * act_layer + first * act_embed)
-                                - (not first) * 2 * act_embed)
+    elif ref.first is not None and ref.first_two is not None:
+        # per layer under the pipeline: the first stage of two layers less that of one
+        per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
+        if last and ref.last is not None and ref.last_more is not None:
+            peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
+            at = dict(peak.at_peak)
+            _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
+        else:
+            # two microbatches in flight: each in flight holds k layers' activations and what
+            # the stage computes before its layers (the embedding's output on the first;
+            # every stage's rotary tables)
+            peak = ref.first.memory
+            at = dict(peak.at_peak)
+            _add(at, per_layer, k - 1)
+            in_flight = min(key.pp - key.stage, m)
+            at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
+                                    + (in_flight - 2) * (k * act_layer + first * act_embed
+                                                         + act_pre))
     else:
         raise ValueError("a pipeline stage's reference needs its pipeline runs")
     at["parameters"] = params
@@ -359,7 +392,7 @@ class Screen:
         self._roles = roles
         self._gpus = gpus
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
-        self._pipes: dict[RoleKey, tuple[Small | None, ...]] = {}
+        self._pipes: dict[tuple[RoleKey, int], tuple[Small | None, ...]] = {}
         prefix, self._layers = roles.decoder_layers()
         self._prefix = prefix
         model = build(1, "none")[0]
@@ -375,26 +408,33 @@ class Screen:
         return len(self._refs) + len(self._pipes)
 
     def run(self, key: RoleKey) -> RoleRun:
-        """The role, screened.
+        """A pipeline stage's role, screened; a role without stages, simulated (from small
+        layer counts where it has many layers: its figures are then exact, and it is cheap).
 
         Args:
             key: the role.
 
         Returns:
-            Its estimate (:func:`screened`).
+            The stage's estimate (:func:`screened`), or the role's simulation.
         """
+        if key.pp == 1:  # simulated (from small layer counts where it has many layers)
+            return self._roles.get(key)
         rk = reference_key(key, self._gpus)
         runs = self._refs.get(rk)
         if runs is None:
             runs = self._refs[rk] = tuple(self._roles.small(rk, n) for n in REFERENCE_LAYERS)
-        pipe: tuple[Small | None, ...] = (None, None, None)
+        pipe: tuple[Small | None, ...] = (None, None, None, None)
         if key.pp > 1:
-            pipe = self._pipes.get(rk) or ()
+            # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
+            # reference pipeline's degree is 1 for such a role, else the most it can have
+            dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
+            pipe = self._pipes.get((rk, dp)) or ()
             if not pipe:
                 mb = PIPELINE_MICROBATCHES
-                two = dataclasses.replace(rk, pp=2, dp=max(1, self._gpus // (2 * key.tp)))
-                pipe = self._pipes[rk] = tuple(
+                two = dataclasses.replace(rk, pp=2, dp=dp)
+                pipe = self._pipes[(rk, dp)] = tuple(
                     self._roles.small(dataclasses.replace(two, stage=s, microbatches=m), 1)
-                    for s, m in ((0, mb), (1, mb), (1, mb + 1)))
+                    for s, m in ((0, mb), (1, mb), (1, mb + 1))) + (
+                    self._roles.small(dataclasses.replace(two, stage=0, microbatches=mb), 2),)
         ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
         return screened(key, ref, self._layers)

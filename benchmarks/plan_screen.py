@@ -1,0 +1,160 @@
+"""Screened plans (``flopscope.plan(..., screen=True)``, ``flopscope plan --screen``): how far the
+screen is from the simulations and how long a screened plan takes.
+
+- ``--validate``: the small Llama-style config of :mod:`benchmarks.plan` (8 layers, hidden 1024)
+  on 8 GPUs, global batch 32 of 2048 tokens (docs/plan.md's worked example): every layout
+  screened and simulated, one after the other in one process; per layout the screened peak
+  memory (the fullest stage, with AdamW's state) and step time over the simulated ones, and the
+  seconds each way.
+- ``--roles``: the 70B-shaped roles of docs/plan.md's "Speed" table (:data:`benchmarks.plan.
+  TABLE_ROLES`, 256 GPUs) screened, against their simulated peaks recorded in
+  ``benchmarks/results/plan_70b_peaks.json`` (held out: the screen was built on the small
+  config only).
+- ``--time``: the 70B-shaped plans of docs/plan.md's worked example (4096 tokens, global batch
+  one sequence per GPU, float32 parameters, sequence parallelism) on 256 and 1,024 GPUs with
+  ``screen=True``: every layout, timed.
+
+Run: ``python -m benchmarks.plan_screen [--validate] [--roles] [--time] [--json FILE]`` (one
+thread; 2 shared vCPUs here: say the load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.plan import LLAMA_70B, SMALL, TABLE_ROLES, _key
+
+
+def _spread(errors: list[float]) -> dict[str, float]:
+    errs = sorted(abs(e) for e in errors)
+    return {"n": len(errs), "median": round(statistics.median(errs), 4),
+            "p90": round(errs[int(0.9 * (len(errs) - 1))], 4),
+            "worst": round(max(errors, key=abs), 4)}
+
+
+def validate() -> dict[str, Any]:
+    """Every layout of the small config on 8 GPUs, screened and simulated."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.candidate import evaluate
+    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.roles import Roles, clear_cache, roles_of
+    from flopscope.plan.screen import Screen
+    from flopscope.plan.space import ModelShape, enumerate_layouts
+    from flopscope.plan.timing import Links
+
+    clear_cache()
+    build = build_model("hf:llama", 2048, "bfloat16", SMALL)
+    hw = get_hardware("h100-sxm")
+    roles = Roles(build, hw, model_identity("hf:llama", 2048, "bfloat16", SMALL))
+    shape = ModelShape.from_config(build(1, "none")[0].config)
+    screen = Screen(roles, build, 8)
+    links = Links.of(hw, 8, 8)
+    common: dict[str, Any] = dict(budget=1 << 50, tokens=32 * 2048, flops=1, peak=1e15)
+    rows, seconds = [], {"screened": 0.0, "simulated": 0.0}
+    for choice in enumerate_layouts(8, shape, 32):
+        keys = roles_of(choice, shape.layers, None, False, True)
+        start = time.process_time()
+        est = evaluate(choice, [screen.run(k) for k in keys], links, screened=True, **common)
+        seconds["screened"] += time.process_time() - start
+        start = time.process_time()
+        sim = evaluate(choice, [roles.get(k) for k in keys], links, **common)
+        seconds["simulated"] += time.process_time() - start
+        rows.append({"layout": choice.label, "pp": choice.pp,
+                     "memory": [est.memory_bytes, sim.memory_bytes],
+                     "time_s": [est.time.total, sim.time.total],
+                     "memory_error": est.memory_bytes / sim.memory_bytes - 1,
+                     "time_error": est.time.total / sim.time.total - 1})
+        print(rows[-1]["layout"], f"{rows[-1]['memory_error']:+.3f}",
+              f"{rows[-1]['time_error']:+.3f}", flush=True)
+    out: dict[str, Any] = {"config": SMALL, "gpus": 8, "global_batch": 32, "seq_len": 2048,
+                           "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()},
+                           "references": screen.references, "layouts": rows}
+    for name, pick in (("all", lambda r: True), ("pipelines", lambda r: r["pp"] > 1)):
+        chosen = [r for r in rows if pick(r)]
+        out[name] = {"memory": _spread([r["memory_error"] for r in chosen]),
+                     "time": _spread([r["time_error"] for r in chosen])}
+    return out
+
+
+def roles_70b() -> dict[str, Any]:
+    """The 70B roles of docs/plan.md's table, screened, against their recorded simulations."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.roles import Roles, clear_cache
+    from flopscope.plan.screen import Screen
+
+    recorded = json.loads(Path("benchmarks/results/plan_70b_peaks.json").read_text())[-1]
+    clear_cache()
+    build = build_model("hf:llama", 4096, "bfloat16", LLAMA_70B)
+    roles = Roles(build, get_hardware("h100-sxm"),
+                  model_identity("hf:llama", 4096, "bfloat16", LLAMA_70B))
+    screen = Screen(roles, build, 256)
+    out: dict[str, Any] = {"recorded": "benchmarks/results/plan_70b_peaks.json", "roles": {}}
+    for name, args in TABLE_ROLES.items():
+        start = time.process_time()
+        run = screen.run(_key(*args))
+        gib = run.memory.peak_bytes / 2**30
+        want = recorded["roles"][name]["peak_gib"]
+        out["roles"][name] = {"screened_gib": round(gib, 2), "simulated_gib": want,
+                              "error": round(gib / want - 1, 4),
+                              "cpu_seconds": round(time.process_time() - start, 1)}
+        print(name, json.dumps(out["roles"][name]), flush=True)
+    out["references"] = screen.references
+    return out
+
+
+def timed(gpus: int) -> dict[str, Any]:
+    """The 70B plan on ``gpus`` with the screen."""
+    import flopscope
+    from flopscope.plan.roles import clear_cache
+
+    clear_cache()
+    load = os.getloadavg()[0]
+    start, cpu = time.perf_counter(), time.process_time()
+    plan: Any = flopscope.plan("hf:llama", gpus=gpus, hardware="h100-sxm", config=LLAMA_70B,
+                               seq_len=4096, global_batch=gpus, param_dtype="float32",
+                               sequence_parallel=True, screen=True)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    best = plan.best
+    return {"gpus": gpus, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+            "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "layouts": len(plan.ranked) + len(plan.dropped), "fit": len(plan.ranked),
+            "screening": plan.screening.to_dict() if plan.screening else None,
+            "best": None if best is None else {
+                "layout": best.choice.label, "step_s": round(best.time.total, 4),
+                "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2)}}
+
+
+def main() -> None:
+    """Run the parts asked for and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--roles", action="store_true")
+    parser.add_argument("--time", action="store_true")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--json", default="benchmarks/results/plan_screen.json")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    path = Path(args.json)
+    out: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if args.validate:
+        out["validate"] = validate()
+        print(json.dumps({k: out["validate"][k] for k in ("all", "pipelines", "cpu_seconds")}))
+    if args.roles:
+        out["roles_70b"] = roles_70b()
+    if args.time:
+        out["time"] = [timed(g) for g in args.gpus]
+        print(json.dumps(out["time"], indent=1))
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
