@@ -53,12 +53,14 @@ class Screening:
             worst = max(errors, key=abs)
             return f"median {100 * median(abs(e) for e in errors):.1f}%, worst {100 * worst:+.1f}%"
 
-        out = (f"screened: every layout estimated from {self.references} reference runs "
-               f"(flopscope.plan.screen); rows marked ~ are estimates, the {self.confirmed} "
-               "that could win were simulated")
-        if self.memory_error:
-            out += (f"; the screen against those simulations: peak memory "
-                    f"{spread(self.memory_error)}, step time {spread(self.time_error)}")
+        out = (f"screened: pipeline layouts estimated from {self.references} reference runs "
+               "(flopscope.plan.screen), rows marked ~; ")
+        if not self.memory_error:
+            return out + ("none could win within the screen's margins: every row without ~ "
+                          "was simulated")
+        out += (f"the {self.confirmed} that could win were simulated; the screen against "
+                f"them: peak memory {spread(self.memory_error)}, step time "
+                f"{spread(self.time_error)}")
         return out
 
 

@@ -385,10 +385,10 @@ def plan(
         def screened(choice: Choice) -> Candidate:
             if choice.ep > 1:
                 return simulated(choice)
-            runs = [scr.run(key) for key in roles_of(choice, shape.layers, mixed,
-                                                       sequence_parallel, loss_parallel)]
-            return evaluate(choice, runs, links, budget=budget, tokens=batch * seq,
-                            flops=flops, peak=peak, screened=choice.pp > 1)
+            keys = roles_of(choice, shape.layers, mixed, sequence_parallel, loss_parallel)
+            return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,
+                            tokens=batch * seq, flops=flops, peak=peak,
+                            screened=any(scr.estimates(k) for k in keys))
 
         every_one, screening = confirm_best(choices, screened, simulated, budget, confirm,
                                             lambda: scr.references)

@@ -175,10 +175,9 @@ class RoleRun:
         memory: the rank's tensors over the simulated step (no optimizer state).
         estimate: the roofline estimate of its calls (a lower bound on time).
         parameter_bytes: the rank's own parameter shards.
-        seconds: how long the simulation took here.
-        microbatches: the microbatches ``report``, ``memory`` and ``estimate`` are for (0:
-            ``key.microbatches``); below ``key.peak_microbatches``, the simulated count's:
-            the peak lower than the step's (a stage of a deep pipeline).
+        seconds: how long the simulation took here (0 for a screened estimate).
+        microbatches: the microbatches the figures are for (0: ``key.microbatches``); below
+            ``key.peak_microbatches``: the peak is lower than the step's (a deep pipeline).
     """
 
     key: RoleKey
@@ -233,9 +232,8 @@ class Roles:
         hardware: the profile the roofline estimate is for.
         identity: what ``build`` builds (source, config, sequence length, dtype), the cache's
             key with the role.
-        repeat_layers: put a role whose stage holds more than 12 alike decoder layers together
-            from three small layer counts (:mod:`flopscope.plan.layers`); ``False``: simulate
-            every layer.
+        repeat_layers: a role whose stage holds more than 12 alike decoder layers from three
+            small layer counts (:mod:`flopscope.plan.layers`); ``False``: every layer.
         repeat_microbatches: put the first, second and last stage of a pipeline of more than
             18 stages together from the stage in pipelines of 5, 6 and 7 (as many microbatches;
             :mod:`flopscope.plan.layers`); ``False``: simulate every microbatch.
@@ -249,13 +247,8 @@ class Roles:
         from_small: of those, roles put together from three small layer counts
             (:mod:`flopscope.plan.layers`) instead of simulated whole.
         from_microbatches: of those, pipeline stages put together from three small pipelines.
-        from_degrees: of the roles from small layer counts or small pipelines, those whose
-            small runs (but the check) were derived from two other FSDP2 degrees
-            (:mod:`flopscope.plan.degrees`).
-        degrees_refused: roles at a third degree or later whose small runs were simulated
-            (padding at a degree, or the check failed).
-        used: distinct roles asked for.
-        seconds: time spent simulating.
+        seconds: time spent simulating (also :attr:`used`, :attr:`from_degrees`,
+            :attr:`degrees_refused`).
     """
 
     def __init__(self, build: Build, hardware: Hardware, identity: Hashable, *,
@@ -429,11 +422,18 @@ class Roles:
 
     def small(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
              dims: list[Dims] | None = None) -> Small:
-        """One simulation of the role, with ``per_stage`` layers per stage (``None``: the
-        model's own); ``like``: a pipeline stage put together from small pipelines, for which
-        this run (``key``, fewer stages) stands (its calls named by microbatch, its world's size
-        and point-to-point groups ``like``'s); ``dims``: given how the sharded model's
-        parameters split their dimension 0 (:func:`~flopscope.plan.degrees.dims_of`)."""
+        """One simulation of a role (a small run: what roles are put together from).
+
+        Args:
+            key: the role.
+            per_stage: layers per stage (``None``: the model's own).
+            like: a stage put together from small pipelines, for which this run (fewer stages)
+                stands: its calls named by microbatch, its world and p2p groups ``like``'s.
+            dims: given how the parameters split their dimension 0 (``dims_of``).
+
+        Returns:
+            The :class:`~flopscope.plan.layers.Small` run.
+        """
         tracker, log, actions = MemoryTracker(), CallLog(), Actions()
         kept: list[nn.Module] = []
 
@@ -465,7 +465,7 @@ class Roles:
         points: list[Point] = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
         parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
         kept.clear()
-        prefix, layers = self._layers if self._alike is not None else ("", 0)
+        prefix, layers = self.decoder_layers()
         total = per_stage * key.pp if per_stage is not None else layers
         frame = frame_of(prefix, total, key.pp, key.stage) if total >= key.pp else None
         if like is not None:

@@ -47,8 +47,8 @@ from typing import Any
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import split_layers
-from flopscope.distributed.repeat import NotRepeating
-from flopscope.distributed.repeat_peak import Point
+from flopscope.distributed.repeat import SMALL, WIDTH, Frame, NotRepeating
+from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
@@ -87,6 +87,8 @@ def reference_key(key: RoleKey, gpus: int) -> RoleKey:
     Returns:
         The reference's key.
     """
+    if key.pp == 1:
+        return dataclasses.replace(key, microbatches=1, peak_microbatches=0)
     return dataclasses.replace(key, pp=1, stage=0, dp=gpus // key.tp, microbatches=1,
                                sequence_parallel=False, loss_parallel=False,
                                peak_microbatches=0)
@@ -348,7 +350,15 @@ def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool,
     act_layer, act_embed, act_pre = ref.activations()
     peak = ref.a.memory
     if key.pp == 1:
-        at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
+        # the reference's call points carried to k layers (the peak may move to another call
+        # as layers are added: flopscope.distributed.repeat_peak)
+        try:
+            found = extrapolate_peak(ref.a.points, ref.a.frame, ref.b.points, ref.b.frame,
+                                     Frame(ref.a.frame.prefix, 0, k), WIDTH)
+            at = dict(found.live)
+            peak = MemoryProfile(found.total, found.module, found.phase, found.op)
+        except NotRepeating:
+            at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
     elif ref.first is not None and ref.first_two is not None:
         # per layer under the pipeline: the first stage of two layers less that of one
         per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
@@ -407,17 +417,29 @@ class Screen:
         """References simulated (without stages, and pipelines)."""
         return len(self._refs) + len(self._pipes)
 
-    def run(self, key: RoleKey) -> RoleRun:
-        """A pipeline stage's role, screened; a role without stages, simulated (from small
-        layer counts where it has many layers: its figures are then exact, and it is cheap).
+    def estimates(self, key: RoleKey) -> bool:
+        """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
+        stages of a model with few layers, as cheap to simulate whole).
 
         Args:
             key: the role.
 
         Returns:
-            The stage's estimate (:func:`screened`), or the role's simulation.
+            ``True`` for an estimate.
         """
-        if key.pp == 1:  # simulated (from small layer counts where it has many layers)
+        return key.pp > 1 or self._layers > sum(SMALL)
+
+    def run(self, key: RoleKey) -> RoleRun:
+        """The role, screened (:meth:`estimates`): a pipeline stage from its references, a role
+        without stages from its own two small runs (its call points carried to its layers).
+
+        Args:
+            key: the role.
+
+        Returns:
+            Its estimate (:func:`screened`), or its simulation.
+        """
+        if not self.estimates(key):
             return self._roles.get(key)
         rk = reference_key(key, self._gpus)
         runs = self._refs.get(rk)

@@ -46,7 +46,7 @@
     var rt = el("section"), dt = el("section");
     append(root, [el("h2", { text: "Layouts that fit, fastest first" }), rt]);
     var rows = ranked.map(function (c, i) {
-      var r = { rank: i + 1, layout: c.layout, tp: c.tp, pp: c.pp, dp: c.dp, ep: c.ep, data_parallel: c.data_parallel,
+      var r = { rank: i + 1, layout: c.layout + (c.screened ? " ~" : ""), tp: c.tp, pp: c.pp, dp: c.dp, ep: c.ep, data_parallel: c.data_parallel,
         micro_batch: c.micro_batch, microbatches: c.microbatches,
         checkpoint: c.checkpoint, memory: c.memory_bytes, step: c.time_s.total, tokens: c.tokens_per_s_per_gpu, mfu: c.mfu,
         pareto: pareto.indexOf(c.layout) >= 0 ? "yes" : "", _cls: i === 0 ? "best" : "" };
@@ -69,7 +69,7 @@
       append(root, [el("h2", { text: "Dropped layouts, and why" }), dt]);
       table(dt, "dropped", [{ key: "layout", label: "layout", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
         { key: "over", label: "over the budget by", num: true, fmt: bytes }, { key: "reason", label: "why", num: false }],
-        dropped.map(function (c) { return { layout: c.layout, memory: c.memory_bytes, over: c.memory_bytes - data.memory_budget, reason: c.reason || "", _c: c }; }),
+        dropped.map(function (c) { return { layout: c.layout + (c.screened ? " ~" : ""), memory: c.memory_bytes, over: c.memory_bytes - data.memory_budget, reason: c.reason || "", _c: c }; }),
         { sort: "memory", onRow: function (r) { select(r._c); } });
     }
     planFooter(root, data, about);
