@@ -75,10 +75,10 @@ _BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
 
 
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
-    """The reference a pipeline stage is screened from: its tensor-parallel degree,
-    micro-batch, checkpointing, precision and loss, without stages (at FSDP2 degree
-    ``gpus / tp``, no sequence or loss parallelism: a plan applies them without stages only),
-    one microbatch.
+    """The reference a role is screened from: a role without stages is its own (one
+    microbatch); a pipeline stage's has its tensor-parallel degree, micro-batch, checkpointing,
+    precision and loss, without stages, at FSDP2 degree ``gpus / tp``, without sequence or
+    loss parallelism (a plan applies them without stages only).
 
     Args:
         key: the role.
