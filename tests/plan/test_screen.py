@@ -115,7 +115,7 @@ def test_a_screened_plan_simulates_its_best_and_marks_the_rest() -> None:
     assert screened.screening.memory_error == pytest.approx(tuple(
         e.memory_bytes / by_label[e.choice.label].memory_bytes - 1 for e in _screened(sim)))
     note = screened.notes[-1]
-    assert note.startswith("screened: pipeline layouts estimated from ")
+    assert note.startswith("screened: layouts estimated from ")
     assert f"the {len(sim)} that could win were simulated" in note
     data = screened.to_dict()
     assert data["screening"]["confirmed"] == len(sim)
@@ -188,4 +188,4 @@ def test_cli_screen_marks_estimates(capsys: pytest.CaptureFixture[str]) -> None:
                  "--global-batch", "8", "--pp", "2", *flags, "--screen", "--confirm", "1"]) == 0
     out = capsys.readouterr().out
     assert " ~ " in out  # a screened row
-    assert "Note: screened: pipeline layouts estimated from " in out
+    assert "Note: screened: layouts estimated from " in out

@@ -53,7 +53,7 @@ class Screening:
             worst = max(errors, key=abs)
             return f"median {100 * median(abs(e) for e in errors):.1f}%, worst {100 * worst:+.1f}%"
 
-        out = (f"screened: pipeline layouts estimated from {self.references} reference runs "
+        out = (f"screened: layouts estimated from {self.references} reference runs "
                "(flopscope.plan.screen), rows marked ~; ")
         if not self.memory_error:
             return out + ("none could win within the screen's margins: every row without ~ "
