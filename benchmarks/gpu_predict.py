@@ -123,7 +123,7 @@ def build(case: Case, device: str, dry: bool) -> tuple[nn.Module, torch.Tensor]:
 
 def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, dict[str, Hardware]]:
     """The calibrated profile to predict with: made from this run's complete ``calib`` part when
-    there is one (written to ``out/h200_calibrated.json``), else the shipped one; and, where
+    there is one (written to ``out/<profile>_calibrated.json``), else the shipped H200 one; and, where
     that calib has the host time of mixed operators, the profiles it makes without them
     (:func:`baseline_profiles`)."""
     import json
@@ -132,8 +132,9 @@ def profile_for(out: Path | None, dry: bool) -> tuple[Hardware, str, dict[str, H
     if not dry and calib is not None and calib.exists() and json.loads(
             calib.read_text()).get("complete"):
         from benchmarks.gpu_profile import main as make_profile
+        from benchmarks.gpu_profile import profile_file
 
-        made = calib.parent / "h200_calibrated.json"
+        made = calib.parent / profile_file(json.loads((calib.parent / "summary.json").read_text()))
         try:
             if make_profile([str(calib), str(made)]) == 0:
                 (hw,) = load_hardware(made)
@@ -154,11 +155,11 @@ def baseline_profiles(calib: Path) -> dict[str, Hardware]:
     reads it)."""
     import json
 
-    from benchmarks.gpu_profile import baselines, calibrated_h200
+    from benchmarks.gpu_profile import baselines, calibrated
 
     raw = json.loads(calib.read_text())
     summary = json.loads((calib.parent / "summary.json").read_text())
-    return {name: calibrated_h200(part, summary) for name, part in baselines(raw).items()}
+    return {name: calibrated(part, summary) for name, part in baselines(raw).items()}
 
 
 def _predicted(timing: Any) -> tuple[list[tuple[Any, Any]], float, float]:

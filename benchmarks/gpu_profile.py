@@ -1,6 +1,7 @@
-"""A calibrated H200 profile from the GPU check's raw points (docs/gpu/calib.json, measured by
-``benchmarks/gpu_calib.py`` on an H200 with torch 2.11): the shipped ``h200`` profile (its peaks
-stay the bound's) with a ``calibration`` block made of those points.
+"""A calibrated GPU profile from the GPU check's raw points (docs/gpu/calib.json, measured by
+``benchmarks/gpu_calib.py`` on an H200 with torch 2.11; an H100's the same way): the shipped
+profile of the device that ran them (``h200`` or ``h100-sxm``: its peaks stay the bound's) with a
+``calibration`` block made of those points.
 
 Each raw point is rebuilt on the ``meta`` device (no GPU needed) and counted by flopscope, so its
 FLOPs, bytes and operator are what flopscope counts for the same call, as a calibration run on the
@@ -184,9 +185,22 @@ def host_bound_chains(hw: Hardware, rows: Any) -> tuple[ChainPoint, ...]:
     return tuple(out)
 
 
-def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
-                    bars: dict[str, float] | None = None) -> Hardware:
-    """The shipped ``h200`` profile with the check's points as its calibration block."""
+def base_profile(device: str) -> str:
+    """The shipped profile whose peaks a calibration on ``device`` (a CUDA device's name) keeps:
+    ``h200`` for an H200, else ``h100-sxm`` (the lent machines are H100s and H200s)."""
+    return "h200" if "h200" in device.lower() else "h100-sxm"
+
+
+def profile_file(summary: dict[str, Any]) -> str:
+    """The calibrated profile's file name for the device in ``summary``: ``h200_calibrated.json``
+    for an H200, ``h100-sxm_calibrated.json`` for an H100."""
+    return f"{base_profile(summary['device'])}_calibrated.json"
+
+
+def calibrated(raw: dict[str, Any], summary: dict[str, Any],
+               bars: dict[str, float] | None = None) -> Hardware:
+    """The shipped profile of the device the check ran on (:func:`base_profile`: its peaks stay
+    the bound's) with the check's points as its calibration block."""
     family_host, op_host = host_times(raw)
     date = summary["date"].replace(" UTC", "").replace(" ", "T") + ":00+00:00"
     cal = Calibration(date, f"cuda ({summary['device']})", 1,
@@ -196,24 +210,26 @@ def calibrated_h200(raw: dict[str, Any], summary: dict[str, Any],
                       module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
                       error_bars=bars or {},
                       clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
-    hw = dataclasses.replace(get_hardware("h200"), name="h200-calibrated",
-                             description="NVIDIA H200 SXM 141 GB, calibrated on one H200 "
-                                         "(torch 2.11, CUDA 13.0)",
+    base = get_hardware(base_profile(summary["device"]))
+    hw = dataclasses.replace(base, name=f"{base.name}-calibrated",
+                             description=f"{base.description}, calibrated on one "
+                                         f"{summary['device']} (torch {summary['torch']}, "
+                                         f"CUDA {summary['cuda']})",
                              calibration=cal)
     chained = host_bound_chains(hw, raw.get("chains", []))  # last: predicted by the rest
     return dataclasses.replace(hw, calibration=dataclasses.replace(cal, chains=chained))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the calibrated profile (default docs/gpu/h200_calibrated.json)."""
+    """Write the calibrated profile (default: beside the calib, named by :func:`profile_file`)."""
     args = sys.argv[1:] if argv is None else argv
     src = Path(args[0]) if args else GPU / "calib.json"
-    out = Path(args[1]) if len(args) > 1 else GPU / "h200_calibrated.json"
     raw = json.loads(src.read_text())
     summary = json.loads((src.parent / "summary.json").read_text())
+    out = Path(args[1]) if len(args) > 1 else src.parent / profile_file(summary)
     predict = src.parent / "predict.json"  # the validation of a profile made from this calib
     bars = error_bars(json.loads(predict.read_text())) if predict.exists() else None
-    hw = calibrated_h200(raw, summary, bars)
+    hw = calibrated(raw, summary, bars)
     out.write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     assert hw.calibration is not None
     print(f"{out}: {len(hw.calibration.points)} points", file=sys.stderr)

@@ -43,14 +43,14 @@ def test_the_new_calib_groups_run_dry_and_make_rows() -> None:
     assert all(r["seconds"] > 0 and "graph_s" not in r for r in rows)  # no graph without CUDA
     # the profile rebuilds every one of them on the meta device (the dry chains are among the
     # GPU's by name) and keeps those it finds host-bound
-    hw = gpu_profile.calibrated_h200(_raw(chains=[{**r, "graph_s": 1e-9} for r in rows]),
+    hw = gpu_profile.calibrated(_raw(chains=[{**r, "graph_s": 1e-9} for r in rows]),
                                      SUMMARY)
     assert hw.calibration is not None
     assert [c.what for c in hw.calibration.chains] == [r["what"] for r in rows]
     # a chain whose device time (its graph's replay) is over half its eager time is not
     # host-bound: dropped
     slow = [{**rows[0], "graph_s": 0.6 * rows[0]["seconds"]}]
-    cal = gpu_profile.calibrated_h200(_raw(chains=slow), SUMMARY).calibration
+    cal = gpu_profile.calibrated(_raw(chains=slow), SUMMARY).calibration
     assert cal is not None and cal.chains == ()
 
 
@@ -89,12 +89,12 @@ def _host_device(hw: Hardware) -> tuple[float, float]:
 
 
 def test_a_mixed_sequence_costs_the_host_what_the_rotation_and_the_chains_say() -> None:
-    loop = gpu_profile.calibrated_h200(_raw(), SUMMARY)
+    loop = gpu_profile.calibrated(_raw(), SUMMARY)
     rotated = [{"op": "linear", "rotation_s_per_call": 15e-6},
                {"op": "layer_norm", "rotation_s_per_call": 12e-6},
                {"op": "gelu", "rotation_s_per_call": 9e-6},
                {"op": "view", "rotation_s_per_call": 3e-6}]
-    mixed = gpu_profile.calibrated_h200(_raw(rotated), SUMMARY)
+    mixed = gpu_profile.calibrated(_raw(rotated), SUMMARY)
     assert mixed.calibration is not None
     assert mixed.calibration.host_op_s["addmm"] == 15e-6  # the rotation's, not the loop's
     assert mixed.calibration.host_s["normalization"] == 12e-6
@@ -112,7 +112,7 @@ def test_a_mixed_sequence_costs_the_host_what_the_rotation_and_the_chains_say() 
     what = "linear+layernorm+gelu 8x64 x3"
     module, x = next((m, x) for w, m, x in gpu_calib_chains() if w == what)
     predicted = chain_point(mixed, what, module, x, 1.0)[0].predicted_s
-    chained = gpu_profile.calibrated_h200(
+    chained = gpu_profile.calibrated(
         _raw(rotated, [{"what": what, "calls": 100, "seconds": 2 * predicted}]), SUMMARY)
     cal = chained.calibration
     assert cal is not None and [c.predicted_s for c in cal.chains] == [predicted]
@@ -144,13 +144,13 @@ def test_the_validation_predicts_beside_the_profiles_without_them(tmp_path: Path
     # with a chain measured at 2x its prediction as well: three profiles to compare
     what = "linear+layernorm+gelu 8x64 x3"
     module, x = next((m, x) for w, m, x in gpu_calib_chains() if w == what)
-    rotation = gpu_profile.calibrated_h200(_raw(rotated), SUMMARY)
+    rotation = gpu_profile.calibrated(_raw(rotated), SUMMARY)
     chain = [{"what": what, "calls": 100,
               "seconds": 2 * chain_point(rotation, what, module, x, 1.0)[0].predicted_s}]
     (tmp_path / "calib.json").write_text(json.dumps({**_raw(rotated, chain), "complete": True}))
     both = gpu_predict.baseline_profiles(tmp_path / "calib.json")
     assert list(both) == ["loop_host", "rotation_only"]
-    mixed = gpu_profile.calibrated_h200(_raw(rotated, chain), SUMMARY)
+    mixed = gpu_profile.calibrated(_raw(rotated, chain), SUMMARY)
     block = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU())
     row = gpu_predict.predict_one(block, torch.randn(8, 64), False, mixed, True, both)
     # the host times of the test above, 87, 34 and 47 us, predicted for the calls counted on
