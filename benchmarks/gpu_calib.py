@@ -244,30 +244,40 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def tiny_calls(device: str) -> dict[str, Callable[[], Any]]:
-    """The tiny functional calls whose eager time per call is host time (8 x 8 inputs, a
-    4-channel 8 x 8 image): dispatch and launch, what a batch-1 eager run pays per kernel. No
-    ``nn.Module``: a module's own Python time is measured apart (``module_call_s``)."""
-    x = torch.randn(8, 8, device=device)
-    w, b = torch.randn(8, 8, device=device), torch.randn(8, device=device)
-    cw = torch.randn(4, 4, 3, 3, device=device)
-    img = torch.randn(1, 4, 8, 8, device=device)
-    mean, var = torch.zeros(4, device=device), torch.ones(4, device=device)
-    table = torch.randn(16, 8, device=device)
-    ids = torch.arange(8, device=device)
-    q = torch.randn(1, 1, 8, 8, device=device)
+def tiny_calls(device: str, rows: int = 8, width: int = 8, channels: int = 4,
+               side: int = 8) -> dict[str, Callable[[], Any]]:
+    """The functional calls whose eager time per call is host time: by default tiny (8 x 8
+    inputs, a 4-channel 8 x 8 image), dispatch and launch, what a batch-1 eager run pays per
+    kernel; :data:`SIZED` makes the same calls at a batch-1 model's sizes. No ``nn.Module``: a
+    module's own Python time is measured apart (``module_call_s``)."""
+    x = torch.randn(rows, width, device=device)
+    w, b = torch.randn(width, width, device=device), torch.randn(width, device=device)
+    cw = torch.randn(channels, channels, 3, 3, device=device)
+    img = torch.randn(1, channels, side, side, device=device)
+    mean, var = torch.zeros(channels, device=device), torch.ones(channels, device=device)
+    table = torch.randn(16, width, device=device)
+    ids = torch.arange(rows, device=device) % 16
+    head = min(width, 64)
+    q = torch.randn(1, 1, rows, head, device=device)
     return {
-        "add": lambda: torch.add(x, x), "mm": lambda: torch.mm(x, x),
+        "add": lambda: torch.add(x, x), "mm": lambda: torch.mm(x, w),
         "linear": lambda: F.linear(x, w, b), "gelu": lambda: F.gelu(x),
-        "layer_norm": lambda: F.layer_norm(x, (8,)), "softmax": lambda: torch.softmax(x, -1),
+        "layer_norm": lambda: F.layer_norm(x, (width,)), "softmax": lambda: torch.softmax(x, -1),
         "conv2d": lambda: F.conv2d(img, cw), "sdpa": lambda: F.scaled_dot_product_attention(
-            q, q, q), "view": lambda: x.view(64),
+            q, q, q), "view": lambda: x.view(rows * width),
         "batch_norm": lambda: F.batch_norm(img, mean, var), "relu_": lambda: img.relu_(),
         "max_pool2d": lambda: F.max_pool2d(img, 3, 2, 1),
         "mean": lambda: x.mean(-1), "cat": lambda: torch.cat([x, x]),
         "mul": lambda: torch.mul(x, x), "silu": lambda: F.silu(x),
         "embedding": lambda: F.embedding(ids, table), "transpose": lambda: x.transpose(0, 1),
     }
+
+
+# the same calls at a batch-1 model's sizes: 256 x 1024 float32 rows (1 MiB, the caching
+# allocator's small/large pool boundary), a 64-channel 56 x 56 image (784 KiB; resnet50's first
+# stage at batch 1); the dry mode's stay small
+SIZED: dict[str, int] = {"rows": 256, "width": 1024, "channels": 64, "side": 56}
+_DRY_SIZED: dict[str, int] = {"rows": 16, "width": 32, "channels": 8, "side": 12}
 
 
 def _sync(device: str) -> None:
@@ -359,22 +369,34 @@ GPU_CHAINS: dict[str, Any] = {
 }
 _DRY_CHAINS: dict[str, Any] = {"conv": (("conv3x3", 16, 16), ("depthwise3x3", 32, 16)),
                                "linear": ((8, 64),), "residual": ((8, 64),)}
+# the same kinds at a batch-1 model's sizes (activations of 0.4-3 MiB: resnet50's and
+# mobilenet's first stages, a 256-token BERT-base row block), still host-bound at batch 1 on a
+# GPU: not used by the profile (yet), measured beside the tiny ones to see whether a call's host
+# time grows with its size
+GPU_CHAINS_SIZED: dict[str, Any] = {
+    "conv": (("conv3x3", 64, 56), ("conv1x1", 256, 56), ("depthwise3x3", 96, 56)),
+    "linear": ((256, 768),), "residual": ((256, 768),)}
+_DRY_CHAINS_SIZED: dict[str, Any] = {"conv": (("conv1x1", 32, 16),), "linear": ((16, 128),),
+                                     "residual": ()}
 
 
-def chain_rows(device: str, dry: bool) -> list[dict[str, Any]]:
+def chain_rows(device: str, dry: bool, sized: bool = False) -> list[dict[str, Any]]:
     """Model-like chains of layers (:func:`flopscope.estimate.chains.chains`: three blocks of a
     convolution, a batch norm and an in-place ReLU at batch 1; of a linear layer, a layer norm
     and a GELU; of a pre-norm residual block) at tiny sizes, each forward timed eagerly by the
     wall clock with a synchronize at the end of each batch (``calls`` forwards, the median of
     five batches): the host's time for a model's mixed sequence of calls, its module calls and
     fresh outputs. On CUDA each is also replayed as a CUDA graph (its device time, ``graph_s``),
-    to show it is host-bound. No validated model is among them."""
+    to show it is host-bound. No validated model is among them. ``sized``: the same kinds at a
+    batch-1 model's sizes (:data:`GPU_CHAINS_SIZED`)."""
     from flopscope.estimate.chains import chains
 
     calls = 5 if dry else 100
+    table = ((_DRY_CHAINS_SIZED if dry else GPU_CHAINS_SIZED) if sized else
+             (_DRY_CHAINS if dry else GPU_CHAINS))
     rows = []
     with torch.no_grad():
-        for what, module, x in chains(device, **(_DRY_CHAINS if dry else GPU_CHAINS)):
+        for what, module, x in chains(device, **table):
             for _ in range(3):
                 module(x)
             times = []
@@ -389,6 +411,75 @@ def chain_rows(device: str, dry: bool) -> list[dict[str, Any]]:
             if device == "cuda":
                 row["graph_s"] = _timer(device)(lambda m=module, x=x: m(x), 20)
             rows.append(row)
+    return rows
+
+
+def kernels_per_call(fn: Callable[[], Any], device: str) -> int:
+    """The kernels one call of ``fn`` launches on the device: ``torch.profiler``'s device-side
+    events (:func:`flopscope.timing.run.recording`, as the measured-time join reads them); 0 on
+    the CPU, where there are none; -1 where the profiler failed (the group's times are kept)."""
+    if device != "cuda":
+        return 0
+    from flopscope.timing.run import recording
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+        with recording(True) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events()
+                   if not str(getattr(e, "device_type", "")).endswith("CPU"))
+    except Exception:  # noqa: BLE001 - the count is a side figure of the group
+        return -1
+
+
+def host_sized_points(device: str, dry: bool) -> list[dict[str, Any]]:
+    """The calls of :func:`host_rotation_points` at a batch-1 model's sizes (:data:`SIZED`)
+    beside the tiny ones, both in rotation (the same timing, the two rotations interleaved 7
+    times, the medians), with the bytes of each call's output and the kernels each call
+    launched: whether a call's host time grows with its size (the caching allocator's large
+    pool above 1 MiB, cuDNN's multi-kernel algorithms for larger convolutions) where a
+    batch-1 model's calls are under-predicted from tiny points. ``until_done_s_per_call``:
+    the sized rotation's time with the device's work waited for (its rounds timed whole, a
+    synchronize at the end): where it is well above the host's, the device did not keep up and
+    the host time is not clean."""
+    from flopscope.estimate.calibrate import time_in_rotation
+
+    tiny = tiny_calls(device)
+    sized = tiny_calls(device, **(_DRY_SIZED if dry else SIZED))
+    names = list(tiny)
+    budget = 0.002 if dry else 0.01
+    small: dict[str, list[float]] = {n: [] for n in names}
+    large: dict[str, list[float]] = {n: [] for n in names}
+    done: list[float] = []
+    with torch.no_grad():
+        for _ in range(3 if dry else 7):
+            for times, calls in ((small, tiny), (large, sized)):
+                _sync(device)
+                for name, seconds in zip(names, time_in_rotation(
+                        list(calls.values()), device, budget_s=budget), strict=True):
+                    times[name].append(seconds)
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(5):
+                for fn in sized.values():
+                    fn()
+            _sync(device)
+            done.append((time.perf_counter() - start) / (5 * len(names)))
+        rows = []
+        for name in names:
+            out = sized[name]()
+            rows.append({"op": name, "tiny_rotation_s_per_call": statistics.median(small[name]),
+                         "sized_rotation_s_per_call": statistics.median(large[name]),
+                         "sized_over_tiny": (statistics.median(large[name])
+                                             / statistics.median(small[name])),
+                         "sized_out_bytes": (out.numel() * out.element_size()
+                                             if isinstance(out, torch.Tensor) else 0),
+                         "tiny_kernels": kernels_per_call(tiny[name], device),
+                         "sized_kernels": kernels_per_call(sized[name], device)})
+    rows.append({"op": "(all, sized, until done)",
+                 "until_done_s_per_call": statistics.median(done)})
     return rows
 
 
@@ -410,7 +501,9 @@ def part_calib(device: str, dry: bool) -> dict[str, Any]:
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     out["timing"] = GRAPH_CLOCK if device == "cuda" else "perf_counter loop"
     for name, fn in (("host", host_points), ("host_rotation", host_rotation_points),
+                     ("host_sized", host_sized_points),
                      ("module", module_call_points), ("chains", chain_rows),
+                     ("chains_sized", lambda d, dry: chain_rows(d, dry, sized=True)),
                      ("gemm", gemm_points), ("stream", stream_points),
                      ("cache", cache_points),
                      ("attention", attention_points), ("conv", conv_points)):

@@ -132,6 +132,21 @@ def calib_table(data: dict[str, Any]) -> list[str]:
     if chains:
         lines.append(f"| chains of layers: device (CUDA graph) / eager time, median of "
                      f"{len(chains)} | {statistics.median(r['graph_s'] / r['seconds'] for r in chains):.2f} |")
+    sized = [r for r in data.get("host_sized", []) if isinstance(r, dict) and "sized_over_tiny" in r]
+    if sized:
+        grow = [r["sized_over_tiny"] for r in sized]
+        lines.append(f"| host time in rotation at a batch-1 model's sizes / tiny, median of "
+                     f"{len(grow)} calls (range) | {statistics.median(grow):.2f} ({min(grow):.2f}-"
+                     f"{max(grow):.2f}) |")
+        more = [f"{r['op']} {r['tiny_kernels']}->{r['sized_kernels']}" for r in sized
+                if r["sized_kernels"] != r["tiny_kernels"]]
+        lines.append(f"| kernels per call, tiny -> sized, where they differ | "
+                     f"{', '.join(more) or 'none'} |")
+    big = [r for r in data.get("chains_sized", []) if isinstance(r, dict) and "graph_s" in r]
+    if big:
+        lines.append(f"| chains at a batch-1 model's sizes: device (CUDA graph) / eager time, "
+                     f"median of {len(big)} | "
+                     f"{statistics.median(r['graph_s'] / r['seconds'] for r in big):.2f} |")
     small = [r for r in data["stream"] if r["op"] == "add" and r["dtype"] == "float32"
              and "seconds" in r]
     if small and data.get("timing"):

@@ -61,6 +61,14 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert calib["gemm"][0]["tflops"] > 0 and calib["host"][0]["host_s_per_call"] > 0
     # the host time of mixed operators: the tiny calls in rotation, the chains of layers
     assert len(calib["host_rotation"]) == len(calib["host"]) and len(calib["chains"]) == 4
+    # the same calls and chain kinds at a batch-1 model's sizes (dry: 16 x 32 rows, 8 x 12 x 12)
+    sized = {r["op"]: r for r in calib["host_sized"]}
+    assert set(sized) == {r["op"] for r in calib["host"]} | {"(all, sized, until done)"}
+    assert sized["add"]["sized_out_bytes"] == 16 * 32 * 4  # float32 rows x width
+    assert sized["conv2d"]["sized_out_bytes"] == 8 * 10 * 10 * 4  # 3x3, no padding: 12 -> 10
+    assert sized["add"]["tiny_kernels"] == sized["add"]["sized_kernels"] == 0  # no device here
+    assert [r["what"] for r in calib["chains_sized"]] == [
+        "conv1x1+bn+relu 32x16x16 x3", "linear+layernorm+gelu 16x128 x3"]
     predict = json.loads((tmp_path / "predict.json").read_text())
     assert predict["profile"] == "shipped docs/gpu/h200_calibrated.json"  # dry: not from calib
     assert [(r["model"], r["train"], r["dtype"]) for r in predict["rows"]] == [
