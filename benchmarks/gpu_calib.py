@@ -376,8 +376,8 @@ _DRY_CHAINS: dict[str, Any] = {"conv": (("conv3x3", 16, 16), ("depthwise3x3", 32
 GPU_CHAINS_SIZED: dict[str, Any] = {
     "conv": (("conv3x3", 64, 56), ("conv1x1", 256, 56), ("depthwise3x3", 96, 56)),
     "linear": ((256, 768),), "residual": ((256, 768),)}
-_DRY_CHAINS_SIZED: dict[str, Any] = {"conv": (("conv1x1", 32, 16),), "linear": ((16, 128),),
-                                     "residual": ()}
+_DRY_CHAINS_SIZED: dict[str, Any] = {"conv": (("depthwise3x3", 96, 56),), "linear": ((256, 768),),
+                                     "residual": ()}  # among the GPU's, by name
 
 
 def chain_rows(device: str, dry: bool, sized: bool = False) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.errors import quantile
-from benchmarks.gpu_calib import GPU_CHAINS, STREAM_OPS
+from benchmarks.gpu_calib import GPU_CHAINS, GPU_CHAINS_SIZED, STREAM_OPS
 from flopscope.estimate import get_hardware
 from flopscope.estimate.calibrate import counted_call
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration, ChainPoint, Point
@@ -56,10 +56,13 @@ _HOST = {"add": ("elementwise", "add"), "mm": ("matmul", "mm"), "linear": ("", "
          "gelu": ("special", "gelu"), "layer_norm": ("normalization", "native_layer_norm"),
          "softmax": ("", "_softmax"), "conv2d": ("conv", "convolution"),
          "sdpa": ("attention", ""), "view": ("view", "view"), "max_pool2d": ("pooling", "")}
-MIXED_HOST = ("host_rotation", "chains")
+MIXED_HOST = ("host_rotation", "chains", "chains_sized")
 """The calib's groups of host time in a model's mixed sequence of operators: a calib without them
 makes the profile as before (host times of tight loops, no chains), which the validation
-predicts beside (``benchmarks/gpu_predict.py``, :func:`baselines`)."""
+predicts beside (``benchmarks/gpu_predict.py``, :func:`baselines`). ``chains_sized``, the chains
+at a batch-1 model's sizes, join the tiny ones: a call's chain factor is taken at its own size
+(:meth:`flopscope.estimate.calibration.Calibration.chain_factor`), so a model's 0.2-3 MiB calls
+take the factor of chains of their size, not the largest tiny chain's."""
 _NOT_WORK = {"view", "t", "transpose", "expand", "unsqueeze", "_unsafe_view", "reshape",
              "detach", "alias", "as_strided", "empty", "empty_like"}  # beside the operator
 
@@ -136,11 +139,14 @@ def baselines(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The calibs whose profiles the validation predicts beside the full one's, each without
     some of the :data:`MIXED_HOST` groups the calib has: ``loop_host`` without any (tight-loop
     host times, no chains), and where it has both, ``rotation_only`` (no chains), so each
-    mechanism's part is seen on the same measured times."""
-    has = [k for k in MIXED_HOST if isinstance(raw.get(k), list) and raw[k]]
+    mechanism's part is seen on the same measured times; where it has the chains at model sizes
+    too, ``tiny_chains`` (the tiny chains only)."""
+    has = {k for k in MIXED_HOST if isinstance(raw.get(k), list) and raw[k]}
     out = {"loop_host": loop_only(raw)} if has else {}
-    if len(has) == len(MIXED_HOST):
-        out["rotation_only"] = {k: v for k, v in raw.items() if k != "chains"}
+    if {"host_rotation", "chains"} <= has:
+        out["rotation_only"] = {k: v for k, v in raw.items() if k not in ("chains", "chains_sized")}
+    if {"chains", "chains_sized"} <= has:
+        out["tiny_chains"] = {k: v for k, v in raw.items() if k != "chains_sized"}
     return out
 
 
@@ -172,7 +178,8 @@ def host_bound_chains(hw: Hardware, rows: Any) -> tuple[ChainPoint, ...]:
     predicted by ``hw``'s calibration without chains; those whose device time (a CUDA graph's
     replay where measured, else the predicted) is under :data:`HOST_DOMINATED` of their eager
     time: host-bound, their measured / predicted the host's."""
-    built = {what: (m, x) for what, m, x in chains("meta", **GPU_CHAINS)}
+    built = {what: (m, x) for table in (GPU_CHAINS, GPU_CHAINS_SIZED)
+             for what, m, x in chains("meta", **table)}
     out = []
     for r in rows if isinstance(rows, list) else []:
         if r.get("what") not in built or not r.get("seconds", 0) > 0:
@@ -216,7 +223,8 @@ def calibrated(raw: dict[str, Any], summary: dict[str, Any],
                                          f"{summary['device']} (torch {summary['torch']}, "
                                          f"CUDA {summary['cuda']})",
                              calibration=cal)
-    chained = host_bound_chains(hw, raw.get("chains", []))  # last: predicted by the rest
+    rows = [r for k in ("chains", "chains_sized") if isinstance(raw.get(k), list) for r in raw[k]]
+    chained = host_bound_chains(hw, rows)  # last: predicted by the rest
     return dataclasses.replace(hw, calibration=dataclasses.replace(cal, chains=chained))
 
 

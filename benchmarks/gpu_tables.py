@@ -197,7 +197,8 @@ def predict_summary(folder: Path) -> list[str]:
 
 # benchmarks/gpu_predict.py's predictions beside the full profile's
 _BASELINES = {"loop_host": "the same calib without its mixed-operator host times",
-              "rotation_only": "the same calib without its chains"}
+              "rotation_only": "the same calib without its chains",
+              "tiny_chains": "the same calib without its chains at model sizes"}
 
 
 def predict_table(data: dict[str, Any]) -> list[str]:

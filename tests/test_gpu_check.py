@@ -68,7 +68,7 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert sized["conv2d"]["sized_out_bytes"] == 8 * 10 * 10 * 4  # 3x3, no padding: 12 -> 10
     assert sized["add"]["tiny_kernels"] == sized["add"]["sized_kernels"] == 0  # no device here
     assert [r["what"] for r in calib["chains_sized"]] == [
-        "conv1x1+bn+relu 32x16x16 x3", "linear+layernorm+gelu 16x128 x3"]
+        "depthwise3x3+bn+relu 96x56x56 x3", "linear+layernorm+gelu 256x768 x3"]
     predict = json.loads((tmp_path / "predict.json").read_text())
     assert predict["profile"] == "shipped docs/gpu/h200_calibrated.json"  # dry: not from calib
     assert [(r["model"], r["train"], r["dtype"]) for r in predict["rows"]] == [

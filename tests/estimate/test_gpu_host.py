@@ -233,3 +233,35 @@ def test_cpu_predictions_are_unchanged(profile: str, name: str) -> None:
         count(make().eval(), torch.randn(*shape), observers=[log])
     total = log.estimate(hw).total
     assert (total.predicted_s, total.host_s) == BEFORE[(profile, name)]
+
+
+def test_chains_at_a_models_sizes_set_the_factor_of_calls_of_their_size() -> None:
+    """The chains at a batch-1 model's sizes (``chains_sized``) join the tiny ones in the
+    profile; a call takes the factor of the chains of its own size and reduction length
+    (Calibration.chain_factor), so a model's large calls no longer take the tiny chains'."""
+    from flopscope.estimate.chains import chains
+
+    built = {w: (m, x) for table in (gpu_calib.GPU_CHAINS, gpu_calib.GPU_CHAINS_SIZED)
+             for w, m, x in chains("meta", **table)}
+    rotated = [{"op": "linear", "rotation_s_per_call": 15e-6},
+               {"op": "layer_norm", "rotation_s_per_call": 12e-6},
+               {"op": "gelu", "rotation_s_per_call": 9e-6}]
+    rotation = gpu_profile.calibrated(_raw(rotated), SUMMARY)
+
+    def measured(what: str, times: float) -> dict[str, Any]:
+        module, x = built[what]
+        predicted = chain_point(rotation, what, module, x, 1.0)[0].predicted_s
+        return {"what": what, "calls": 100, "seconds": times * predicted, "graph_s": 1e-9}
+
+    tiny, large = "linear+layernorm+gelu 8x64 x3", "linear+layernorm+gelu 256x768 x3"
+    raw = {**_raw(rotated, [measured(tiny, 1.0)]), "chains_sized": [measured(large, 3.0)]}
+    cal = gpu_profile.calibrated(raw, SUMMARY).calibration
+    assert cal is not None and [c.what for c in cal.chains] == [tiny, large]
+    # a linear layer's call at each chain's size (8 x 64 and 256 x 768 float32 outputs) and
+    # reduction (64, 768) takes that chain's factor: the other is 8.6 octaves away in size and
+    # 3.6 in reduction, its weight exp(-(8.6^2 + 3.6^2) / 2), about 1e-19
+    assert cal.chain_factor("matmul", 8 * 64 * 4, 64) == pytest.approx(1.0, rel=1e-9)
+    assert cal.chain_factor("matmul", 256 * 768 * 4, 768) == pytest.approx(3.0, rel=1e-9)
+    # the validation predicts beside the profile without them (and the earlier baselines)
+    assert list(gpu_profile.baselines(raw)) == ["loop_host", "rotation_only", "tiny_chains"]
+    assert "chains_sized" not in gpu_profile.baselines(raw)["tiny_chains"]
