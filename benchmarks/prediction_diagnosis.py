@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_map
 from flopscope.estimate import load_hardware
 from flopscope.estimate.bound import call_row, resolve_tf32
 from flopscope.estimate.calibrate import clock, time_per_call
-from flopscope.estimate.predict import family
+from flopscope.estimate.families import family
 from flopscope.estimate.profile import Hardware
 
 

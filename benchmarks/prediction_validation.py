@@ -40,9 +40,8 @@ from torch import nn
 import flopscope
 from benchmarks.errors import quantile
 from flopscope.estimate import calibrate, measure_this_machine
-from flopscope.estimate.bound import is_convolution
 from flopscope.estimate.calibrate import clock
-from flopscope.estimate.predict import family_of
+from flopscope.estimate.families import family_of, is_convolution
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 
 RESULTS = Path(__file__).parent / "results"

@@ -19,7 +19,8 @@ from torch import nn
 from flopscope.estimate import load_hardware
 from flopscope.estimate.calibration import GRAPH_CLOCK
 from flopscope.estimate.chains import chain_point
-from flopscope.estimate.predict import predictor, reduction_length
+from flopscope.estimate.families import reduction_length
+from flopscope.estimate.predict import predictor
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.run import count

@@ -177,7 +177,7 @@ def test_evicted_host_times_are_measured_per_operator() -> None:
 def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    from flopscope.estimate.predict import ROTATED_FAMILIES
+    from flopscope.estimate.families import ROTATED_FAMILIES
 
     # the module (the package's ``calibrate`` attribute is the function of that name)
     module = importlib.import_module("flopscope.estimate.calibrate")

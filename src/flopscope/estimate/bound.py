@@ -12,19 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flopscope.estimate.predict import (
-    family,
-    is_convolution,
-    overlapped,
-    prediction_summary,
-    predictor,
-)
+from flopscope.estimate.families import family, is_convolution
+from flopscope.estimate.predict import overlapped, prediction_summary, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
 
 if TYPE_CHECKING:
     from flopscope.estimate.roofline import CallRecord
 
-__all__ = ["IGNORES", "Estimate", "Row", "ancestors", "call_row", "is_convolution"]
+__all__ = ["IGNORES", "Estimate", "Row", "ancestors", "call_row"]
 
 IGNORES = (
     "kernel launch and framework overhead",
@@ -243,7 +238,7 @@ class Estimate:
             order modules were first seen.
         by_module_self: module path -> the module's own calls.
         by_op_dtype: (operator, dtype key) -> sums, for plots (one roof per dtype).
-        by_family: operator family (:func:`flopscope.estimate.predict.family`) -> sums.
+        by_family: operator family (:func:`flopscope.estimate.families.family`) -> sums.
         by_phase_op: when more than one phase ran, phase -> operator -> sums (the HTML page's
             phase filter); empty otherwise.
         by_phase_module: likewise, phase -> module path -> inclusive sums.

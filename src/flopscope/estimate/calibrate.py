@@ -108,10 +108,10 @@ class Counted(NamedTuple):
 def counted_call(fn: Fn) -> Counted:
     """What flopscope counts for ``fn()``: the call of the most work names the family, the
     operator (its base name, ``"add_"``) and the reduction length
-    (:func:`flopscope.estimate.predict.reduction_length`); the others' (e.g. a ``t`` view)
+    (:func:`flopscope.estimate.families.reduction_length`); the others' (e.g. a ``t`` view)
     FLOPs and bytes are summed in."""
     from flopscope.core.counter import Counter
-    from flopscope.estimate.predict import family, reduction_length
+    from flopscope.estimate.families import family, reduction_length
     from flopscope.estimate.roofline import CallLog
 
     log = CallLog()
@@ -393,7 +393,7 @@ def time_in_rotation(fns: list[Fn], device: str, *, budget_s: float = 0.01) -> l
 def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
                        progress: Callable[[str], None] | None = None) -> list[Point]:
     """Time every microbenchmark (see the module docstring) on ``device``: on a CPU, the
-    families of :data:`~flopscope.estimate.predict.ROTATED_FAMILIES` in rotation within their
+    families of :data:`~flopscope.estimate.families.ROTATED_FAMILIES` in rotation within their
     group (:func:`time_in_rotation`), the others each in a loop of itself
     (:func:`time_per_call`: the streaming operators' activations stay in the caches, as a model's
     just-written ones do; their host time's growth in a model is measured apart,
@@ -407,7 +407,7 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01,
     Returns:
         The points.
     """
-    from flopscope.estimate.predict import ROTATED_FAMILIES
+    from flopscope.estimate.families import ROTATED_FAMILIES
 
     points: list[Point] = []
     with torch.no_grad():

@@ -59,7 +59,7 @@ DTENSOR_DISPATCH = "dtensor.dispatch"
 
 FAMILIES = ("matmul", "conv", "attention", "elementwise", "reduction", "normalization",
             "pooling", "special", "view")
-"""Operator families of the prediction (:func:`flopscope.estimate.predict.family`): matrix
+"""Operator families of the prediction (:func:`flopscope.estimate.families.family`): matrix
 products, convolutions, attention kernels, element-wise and copies, reductions, normalisations,
 pooling, special functions (:data:`~flopscope.estimate.profile.SPECIAL_FUNCTIONS`), and calls that move
 no byte (views, metadata: host time only)."""

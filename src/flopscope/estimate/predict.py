@@ -2,10 +2,11 @@
 the roofline bound (docs/prediction.md has the model, where its error came from, and its
 validation).
 
-Per call: its family (:func:`family`); its work (FLOPs for products, convolutions, attention and
-pooling, bytes for the rest); its attained rate interpolated among the points of its own ATen
-operator, else its family's (linearly in log work for the streaming families; by inverse-distance
-weighting in (log work, log intensity[, log reduction length]) for :data:`SHAPED_FAMILIES`);
+Per call: its family (:func:`.families.family`); its work (FLOPs for products, convolutions,
+attention and pooling, bytes for the rest); its attained rate interpolated among the points of
+its own ATen operator, else its family's (linearly in log work for the streaming families; by
+inverse-distance weighting in (log work, log intensity[, log reduction length]) for
+:data:`.families.SHAPED_FAMILIES`);
 device time = max(work / rate, the roofline bound); host time = its operator's tiny call's, grown
 with the bytes moved since the operator's last call for the loop-timed families;
 predicted = host + device (one timeline on a CPU; on a GPU the step overlaps them,
@@ -22,19 +23,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flopscope.estimate.calibration import DTENSOR_DISPATCH, GRAPH_CLOCK, Calibration
+from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
+from flopscope.estimate.families import (
+    COMPUTE_FAMILIES,
+    ROTATED_FAMILIES,
+    coords,
+    family,
+    reduction_length,
+    work,
+)
 
 if TYPE_CHECKING:
     from flopscope.estimate.bound import Estimate
     from flopscope.estimate.roofline import CallRecord
 
-__all__ = ["COMPUTE_FAMILIES", "HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction",
-           "Predictor", "family", "family_of", "is_convolution", "prediction_summary",
-           "overlapped", "predicted_step_s", "predictor", "reduction_length", "ROTATED_FAMILIES",
-           "SHAPED_FAMILIES", "WORK_IN_FLOPS"]
-
-COMPUTE_FAMILIES = ("matmul", "conv", "attention")
-"""Families whose work is FLOPs (the others' is bytes)."""
+__all__ = ["HOST_BOUND_ADVICE", "HOST_DOMINATED", "CallPrediction", "Predictor",
+           "prediction_summary", "overlapped", "predicted_step_s", "predictor"]
 
 HOST_DOMINATED = 0.5
 """A point whose device time is under this fraction of its measured time is host time: the
@@ -43,119 +47,6 @@ multiply's host time is twice an add's)."""
 
 _NEAREST = 4
 _HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
-_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean",
-               "prod", "argmax", "argmin", "logsumexp", "linalg_vector_norm", "norm", "cumsum",
-               "any", "all", "_foreach_norm", "nansum", "aminmax"}
-
-
-def family_of(op: str, macs: int, flops: int, nbytes: int, special: bool,
-              convolution: bool) -> str:
-    """The family of an operator call (:data:`~.calibration.FAMILIES`), from its report name
-    and counts.
-
-    Args:
-        op: the report name (``"aten.addmm.default"``).
-        macs: its MACs.
-        flops: its FLOPs.
-        nbytes: its bytes read plus written.
-        special: whether it evaluates a special function.
-        convolution: whether it is a convolution (forward or backward).
-
-    Returns:
-        The family.
-    """
-    base = op.split(".")[1] if op.count(".") >= 1 else op
-    if flops == 0 and nbytes == 0:
-        return "framework" if op == DTENSOR_DISPATCH else "view"
-    if "attention" in base:
-        return "attention"
-    if convolution:
-        return "conv"
-    if macs > 0:
-        return "matmul"
-    if special:
-        return "special"
-    if "norm" in base and base not in _REDUCTIONS and "linalg" not in base:
-        return "normalization"
-    if "pool" in base:
-        return "pooling"
-    if base.removesuffix("_") in _REDUCTIONS or base.removesuffix("_backward") in _REDUCTIONS:
-        return "reduction"
-    return "elementwise"
-
-
-def is_convolution(op: str) -> bool:
-    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
-    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
-    convolution's, whose products run at the profile's convolution rate when it has one."""
-    name = op.split(".")[1] if op.count(".") >= 1 else op
-    return "conv" in name and "convert" not in name
-
-
-def family(rec: CallRecord) -> str:
-    """The family of a recorded call (:func:`family_of`).
-
-    Args:
-        rec: the call's record.
-
-    Returns:
-        The family.
-    """
-    return family_of(rec.op, rec.macs, rec.flops, rec.bytes, rec.special is not None,
-                     is_convolution(rec.op))
-
-
-ROTATED_FAMILIES = (*COMPUTE_FAMILIES, "pooling")
-"""Families whose calibration points are timed in rotation with their group's other calls
-(:func:`flopscope.estimate.calibrate.time_in_rotation`): a model's layers evict each other's
-code, kernel descriptors and weights, so these points include what that costs, and their
-calls' host time does not grow again with the bytes moved before them."""
-
-WORK_IN_FLOPS = (*COMPUTE_FAMILIES, "pooling")
-"""Families whose work is FLOPs, and whose rate is interpolated in (log work, log intensity):
-the compute families, and pooling (one operation per element of each output's window: a
-stride-1 3x3 max pooling does four times a stride-2 one's over the same bytes, and the window's
-size and stride, which set the intensity, change the rate per operation by 2x here)."""
-
-
-def _work(fam: str, flops: int, nbytes: int) -> float:
-    return float(flops if fam in WORK_IN_FLOPS else nbytes)
-
-
-SHAPED_FAMILIES = (*WORK_IN_FLOPS, "normalization")
-"""Families whose rate is interpolated in (log work, log intensity) and not log work alone:
-the compute families and pooling, and normalisation (a training-mode batch norm computes its
-statistics, three times an eval-mode one's FLOPs per byte, at a different rate)."""
-
-
-def reduction_length(rec: CallRecord) -> float:
-    """MACs per output element of a call: a product's K, a convolution's input channels per
-    group times its window (a depthwise 3x3 convolution's 9, a dense one's 9 x channels);
-    0 for calls without MACs or whose output is not new.
-
-    Args:
-        rec: the call's record.
-
-    Returns:
-        The length.
-    """
-    if not rec.macs or not rec.bytes_written or rec.dtype is None:
-        return 0.0
-    return rec.macs / max(rec.bytes_written / rec.dtype.itemsize, 1.0)
-
-
-def _coords(fam: str, flops: int, nbytes: int, reduction: float = 0.0) -> tuple[float, ...]:
-    """The interpolation's coordinates: log work; then, for :data:`SHAPED_FAMILIES`, log
-    intensity; then, for the compute families when known, log reduction length (a depthwise
-    and a dense convolution of one size and intensity differ in it)."""
-    work = _work(fam, flops, nbytes)
-    if fam in SHAPED_FAMILIES:
-        intensity = flops / nbytes if nbytes else 1.0
-        at = (math.log10(work), math.log10(max(intensity, 1e-6)))
-        if reduction > 0 and fam in COMPUTE_FAMILIES:
-            return (*at, math.log10(reduction))
-        return at
-    return (math.log10(work),)
 
 
 @dataclass(frozen=True)
@@ -257,7 +148,7 @@ class Predictor:
                            if p.family in COMPUTE_FAMILIES)  # else files before it: 2-D
         for p in calibration.points:
             host = self.host_s(p.family, p.op)
-            work = _work(p.family, p.flops, p.bytes)
+            amount = work(p.family, p.flops, p.bytes)
             # CUDA events around an eager loop time the device, or the host where slower (not a
             # rate: dropped); around a graph's replay, the device always; on a CPU the host's
             # time is inside the point's (one timeline)
@@ -265,10 +156,10 @@ class Predictor:
                       else p.seconds - host - calibration.fault_s(p.fresh))
             # a rotation-timed point holds what a model's call pays beyond its loop host time
             floor = 0.0 if p.family in ROTATED_FAMILIES and not cuda else HOST_DOMINATED
-            if p.family == "view" or work <= 0 or device <= 0 or device < floor * p.seconds:
+            if p.family == "view" or amount <= 0 or device <= 0 or device < floor * p.seconds:
                 continue
-            point = (_coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
-                     math.log10(work / device))
+            point = (coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
+                     math.log10(amount / device))
             if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
                 raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
@@ -339,17 +230,17 @@ class Predictor:
         if fam == "view":
             return 0.0
         curve = self._curve(fam, dtype, *selectors)
-        work = _work(fam, flops, nbytes)
+        amount = work(fam, flops, nbytes)
         if curve is None:
             return None
-        if work <= 0:
+        if amount <= 0:
             return 0.0
-        at = _coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
-        seconds = work / 10 ** curve.log_rate(at)
+        at = coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
+        seconds = amount / 10 ** curve.log_rate(at)
         far = curve.streaming(at, cache_bytes) if cold > 0 and cache_bytes > 0 else None
         if far is None:
             return seconds
-        return (1 - cold) * seconds + cold * work / 10 ** curve.log_rate(far)
+        return (1 - cold) * seconds + cold * amount / 10 ** curve.log_rate(far)
 
     def call(self, rec: CallRecord, bound_s: float, cache_bytes: int = 0) -> CallPrediction:
         """One call's prediction.

@@ -58,8 +58,9 @@ import torch
 
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
-from flopscope.estimate.bound import Estimate, ancestors, is_convolution, resolve_tf32
+from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
+from flopscope.estimate.families import is_convolution
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
 
