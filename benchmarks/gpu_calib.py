@@ -371,8 +371,8 @@ _DRY_CHAINS: dict[str, Any] = {"conv": (("conv3x3", 16, 16), ("depthwise3x3", 32
                                "linear": ((8, 64),), "residual": ((8, 64),)}
 # the same kinds at a batch-1 model's sizes (activations of 0.4-3 MiB: resnet50's and
 # mobilenet's first stages, a 256-token BERT-base row block), still host-bound at batch 1 on a
-# GPU: not used by the profile (yet), measured beside the tiny ones to see whether a call's host
-# time grows with its size
+# GPU: beside the tiny ones, the chain factor of a model's calls at their own size
+# (benchmarks/gpu_profile.py)
 GPU_CHAINS_SIZED: dict[str, Any] = {
     "conv": (("conv3x3", 64, 56), ("conv1x1", 256, 56), ("depthwise3x3", 96, 56)),
     "linear": ((256, 768),), "residual": ((256, 768),)}
