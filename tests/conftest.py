@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -21,6 +22,17 @@ def quiet() -> object:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", flopscope.FlopscopeWarning)
         yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tier: a test marked ``slow`` runs only with ``FLOPSCOPE_SLOW=1`` (CI runs the
+    default tier; README.md, "Tests")."""
+    if os.environ.get("FLOPSCOPE_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: set FLOPSCOPE_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -67,6 +67,7 @@ def factory():
 """
 
 
+@pytest.mark.slow  # about 35 s under valgrind; the default tier keeps the float64 and JIT runs
 def test_cli_measure_file_factory_float64_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -114,6 +115,7 @@ def factory():
 """
 
 
+@pytest.mark.slow  # about 40 s under valgrind; a ModuleList's segments without it: test_request.py
 def test_module_list_items_are_measured_in_its_segment(tmp_path: Path) -> None:
     """maxvit_t keeps its stages in a ModuleList that its forward iterates: the list is a
     top-level segment that is never called.  Its items' code belongs to it (as flopscope counts

@@ -83,6 +83,7 @@ def test_a_stage_of_few_layers_is_simulated_whole() -> None:
     assert (roles.simulations, roles.from_small) == (1, 0)
 
 
+@pytest.mark.slow  # about 25 s: a whole plan twice; the roles' equality is the default tier's
 def test_a_plan_is_the_same_with_roles_from_small_layer_counts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     args: dict[str, Any] = dict(gpus=2, hardware="h100-sxm", config=MOVING, seq_len=SEQ,
