@@ -263,6 +263,23 @@ def test_storage_resized_outside_operators_is_freed_and_allocated_again() -> Non
     del a, b, c, d
 
 
+def test_storage_an_operator_resizes_after_the_peak_keeps_its_size_at_the_peak() -> None:
+    # an out= argument grows in place after the peak: it was 0 B then, so the peak's breakdown
+    # (and every earlier call's) holds 0 B of it, and the breakdown adds up to the peak
+    tracker = MemoryTracker()
+    with flopscope.Counter(warn=False, observers=[tracker]):
+        out = torch.empty(0)  # 0 B
+        a = torch.zeros(1000)  # 4,000 B
+        b = a + 1  # 4,000 B: the peak, 8,000 live
+        del a, b  # 0 live
+        s = torch.ones(10)  # 40 B
+        torch.mul(s, 2, out=out)  # out grows to 40 B: 80 live
+    mem = tracker.profile()
+    assert mem.peak_bytes == sum(mem.at_peak.values()) == 8_000
+    assert mem.end_bytes == 40 + 40
+    del out, s
+
+
 def test_simulated_fsdp_rank_frees_its_unsharded_layers_after_forward() -> None:
     # a 2-layer Llama, FSDP2 over 2 simulated ranks: after forward every layer's unsharded
     # parameters are freed (resize_(0)); at the peak (the head's backward) only the root's

@@ -268,9 +268,17 @@ class MemoryTracker:
                             break
                     continue
                 self._born(key, nbytes, st, _PHASE_CATEGORY[phase], path, phase.value)
-            elif alloc.nbytes != nbytes:  # resized in place (out= arguments, resize_)
-                self.current += nbytes - alloc.nbytes
-                alloc.nbytes = nbytes
+            elif alloc.nbytes != nbytes:
+                # resized in place (out= arguments, resize_), or known by an alias of another
+                # size (a stale one: what it aliased has died): its old bytes freed (the alias
+                # forgotten) and the new allocated now, so that what was live before (the
+                # peak's breakdown, every call's) keeps the size it had then
+                if alloc.key == key:
+                    self._died(alloc)
+                else:
+                    del live[key]
+                self._event += 1
+                self._born(key, nbytes, st, alloc.category, path, phase.value)
         scratch = layout_copy_bytes(call)
         if scratch:  # live while the call runs (with its inputs and outputs), then freed
             work = _Alloc(-1, scratch, self._event, "workspace", path, phase.value)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flopscope.distributed.repeat import layer_list, truncate
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
@@ -31,6 +32,7 @@ from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
+from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
@@ -161,14 +163,26 @@ def build_model(source: str, seq_len: int | None, dtype: str,
         config: config overrides.
 
     Returns:
-        ``build(batch, checkpoint) -> (model, args, kwargs)``.
+        ``build(batch, checkpoint, layers=None) -> (model, args, kwargs)``: with ``layers``, the
+        model's first decoder layers only (an ``hf:`` model built with as many: a 70B-shaped
+        Llama's 80 layers on ``meta`` take longer to make than a small run's count takes).
     """
     from flopscope import sources
 
-    def build(batch: int, checkpoint: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-        loaded = sources.load_model(source, batch=batch, seq_len=seq_len, config=config,
-                                    shape_only=True, dtype=dtype)
+    own: list[int] = []  # the model's decoder layers, once it was built whole
+
+    def build(batch: int, checkpoint: str, layers: int | None = None
+              ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+        fewer = layers is not None and source.startswith("hf:") and own and layers <= own[0]
+        loaded = sources.load_model(
+            source, batch=batch, seq_len=seq_len, shape_only=True, dtype=dtype,
+            config={**(config or {}), "num_hidden_layers": layers} if fewer else config)
         model = loaded.model
+        if not fewer:
+            found = layer_list(model)
+            own[:] = [len(found[1])] if found is not None else []
+        if layers is not None:
+            truncate(model, layers)
         model.train()
         enable(model, checkpoint, source)
         return model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
@@ -347,7 +361,9 @@ def plan(
                 f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
                 f"{shape.kv_heads} key/value heads, {shape.layers} layers) and a global batch "
                 f"of {batch}" + _restricted(tp, pp, ep) + ": change --gpus or --global-batch")
-        roles = Roles(build, hw, identity, repeat_degrees=sharing_degrees())
+        # a screened plan keeps its small runs: a confirmation reuses its reference's
+        roles = (KeptRoles if screen else Roles)(build, hw, identity,
+                                                 repeat_degrees=sharing_degrees())
         expert_roles = ExpertRoles(build, hw, identity)
 
         def runs_of(choice: Choice) -> list[RoleRun]:

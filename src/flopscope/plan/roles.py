@@ -36,7 +36,6 @@ from flopscope.distributed.repeat import (
     layer_list,
     layer_of,
     move_layers,
-    truncate,
 )
 from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
@@ -59,10 +58,11 @@ from flopscope.report.report import Report
 __all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "remember",
            "roles_of"]
 
-#: ``build(batch, checkpoint)`` -> ``(model, args, kwargs)``: the model (on ``meta``) in train
-#: mode, checkpointed as ``checkpoint`` says (:data:`flopscope.plan.checkpointing.KNOWN`), and
-#: ``batch`` sequences of token ids
-Build = Callable[[int, str], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
+#: ``build(batch, checkpoint, layers=None)`` -> ``(model, args, kwargs)``: the model (on
+#: ``meta``) in train mode, checkpointed as ``checkpoint`` says (:data:`flopscope.plan.
+#: checkpointing.KNOWN`), and ``batch`` sequences of token ids; ``layers``: its first decoder
+#: layers only (:func:`~flopscope.distributed.repeat.truncate`; ``None``: every one)
+Build = Callable[..., tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -446,10 +446,8 @@ class Roles:
             tracker.register(_tensors(args, kwargs), "inputs")
 
         def build() -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-            model, args, kwargs = self._build(key.micro_batch * key.microbatches, key.checkpoint)
-            if per_stage is not None:
-                truncate(model, per_stage * key.pp)
-            return model, args, kwargs
+            return self._build(key.micro_batch * key.microbatches, key.checkpoint,
+                               None if per_stage is None else per_stage * key.pp)
 
         layout = _layout(key)
         with warnings.catch_warnings():

@@ -41,14 +41,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from flopscope.cost import Phase
+from flopscope.distributed import Layout
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import SMALL, WIDTH, Frame, NotRepeating
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
+from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
@@ -387,7 +390,10 @@ def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool,
 
 
 class Screen:
-    """Screened roles of one plan, each reference simulated once.
+    """Screened roles of one plan, each reference simulated once, its small runs in the fake
+    world of their rank kept open from one run to the next in the same world
+    (:func:`~flopscope.distributed.world.shared_world`: DTensor's sharding decisions made once
+    for them) and left when :meth:`run` returns.
 
     Args:
         roles: the plan's roles (their small runs: :meth:`~flopscope.plan.roles.Roles.small`).
@@ -403,6 +409,8 @@ class Screen:
         self._gpus = gpus
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
         self._pipes: dict[tuple[RoleKey, int], tuple[Small | None, ...]] = {}
+        self._world: tuple[int, int] | None = None
+        self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
         self._prefix = prefix
         model = build(1, "none")[0]
@@ -441,10 +449,16 @@ class Screen:
         """
         if not self.estimates(key):
             return self._roles.get(key)
+        try:
+            return self._screened(key)
+        finally:
+            self._close()
+
+    def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
         runs = self._refs.get(rk)
         if runs is None:
-            runs = self._refs[rk] = tuple(self._roles.small(rk, n) for n in REFERENCE_LAYERS)
+            runs = self._refs[rk] = tuple(self._small(rk, n) for n in REFERENCE_LAYERS)
         pipe: tuple[Small | None, ...] = (None, None, None, None)
         if key.pp > 1:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
@@ -454,9 +468,28 @@ class Screen:
             if not pipe:
                 mb = PIPELINE_MICROBATCHES
                 two = dataclasses.replace(rk, pp=2, dp=dp)
-                pipe = self._pipes[(rk, dp)] = tuple(
-                    self._roles.small(dataclasses.replace(two, stage=s, microbatches=m), 1)
-                    for s, m in ((0, mb), (1, mb), (1, mb + 1))) + (
-                    self._roles.small(dataclasses.replace(two, stage=0, microbatches=mb), 2),)
+                # the first stage's runs, then the last's (two worlds: the ranks differ)
+                first, first_two = (self._small(dataclasses.replace(two, microbatches=mb), n)
+                                    for n in (1, 2))
+                last, last_more = (self._small(dataclasses.replace(two, stage=1,
+                                                                   microbatches=m), 1)
+                                   for m in (mb, mb + 1))
+                pipe = self._pipes[(rk, dp)] = (first, last, last_more, first_two)
         ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
         return screened(key, ref, self._layers)
+
+    def _small(self, key: RoleKey, per_stage: int) -> Small:
+        """A small run in its rank's world, entered unless it is the one open."""
+        world = (key.tp * key.pp * key.dp, key.stage * key.dp * key.tp)
+        if self._world != world:
+            self._close()
+            self._stack.enter_context(fake_world(*world))
+            self._stack.enter_context(shared_world(Layout(
+                world[0], tp=key.tp, fsdp=key.dp, pp=key.pp, rank=world[1])))
+            self._world = world
+        return self._roles.small(key, per_stage)
+
+    def _close(self) -> None:
+        """Leave the fake world kept open."""
+        self._stack.close()
+        self._world = None
