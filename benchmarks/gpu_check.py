@@ -331,8 +331,9 @@ def part_memory(device: str, dry: bool) -> dict[str, Any]:
 
 
 def _hardware() -> str:
-    name = torch.cuda.get_device_name().lower()
-    return "h200" if "h200" in name else "h100-sxm"
+    from benchmarks.gpu_profile import base_profile
+
+    return base_profile(torch.cuda.get_device_name())
 
 
 def part_time(device: str, dry: bool) -> dict[str, Any]:
