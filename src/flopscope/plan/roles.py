@@ -55,7 +55,7 @@ from flopscope.plan.microbatches import at_step
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
-__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "local_tensor", "remember",
+__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "layout_of", "local_tensor", "remember",
            "roles_of"]
 
 #: ``build(batch, checkpoint, layers=None)`` -> ``(model, args, kwargs)``: the model (on
@@ -308,7 +308,7 @@ class Roles:
         small = bool(self._alike) and to.n > sum(SMALL)
         if key.pp > sum(UNIT_SMALL):  # simulated over pp (roles_of): not built
             return dataclasses.replace(self.get(base), key=key)
-        layout = _layout(key)
+        layout = layout_of(key)
 
         def run(m: int, n: int | None) -> Small:
             self.simulations += 1
@@ -367,7 +367,7 @@ class Roles:
         to = frame_of(prefix, layers, key.pp, key.stage)
         if to.n <= sum(SMALL):
             return None
-        layout = _layout(key)
+        layout = layout_of(key)
 
         def run(n: int) -> tuple[Small, Dims]:
             dims: list[Dims] = []
@@ -407,7 +407,7 @@ class Roles:
         if self._degrees is None:
             a, b, c = (run(m)[0] for m in UNIT_SMALL)
         else:
-            layout = _layout(key)
+            layout = layout_of(key)
             a, b, c = self._degrees.runs(("stages", dataclasses.replace(key, dp=0)), key.dp,
                                          UNIT_SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
@@ -449,7 +449,7 @@ class Roles:
             return self._build(key.micro_batch * key.microbatches, key.checkpoint,
                                None if per_stage is None else per_stage * key.pp)
 
-        layout = _layout(key)
+        layout = layout_of(key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = simulate(build, layout, backward=True, shape_only=True, logical=False,
@@ -475,13 +475,13 @@ class Roles:
             frame = Frame(UNITS, 0, key.microbatches)
             p2p = tuple(dataclasses.replace(c, group_size=like.pp)
                         if c.kind in ("send", "recv") else c for c in report.communication)
-            report = dataclasses.replace(report, world_size=_layout(like).world_size,
-                                         rank=_layout(like).rank, communication=p2p)
+            report = dataclasses.replace(report, world_size=layout_of(like).world_size,
+                                         rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes)
 
 
-def _layout(key: RoleKey) -> Layout:
+def layout_of(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
                   rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision,

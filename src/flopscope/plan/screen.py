@@ -47,7 +47,6 @@ from fractions import Fraction
 from typing import Any
 
 from flopscope.cost import Phase
-from flopscope.distributed import Layout
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import SMALL, WIDTH, Frame, NotRepeating
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
@@ -56,7 +55,7 @@ from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import extend_points, peak_of
-from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles
+from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -480,12 +479,12 @@ class Screen:
 
     def _small(self, key: RoleKey, per_stage: int) -> Small:
         """A small run in its rank's world, entered unless it is the one open."""
-        world = (key.tp * key.pp * key.dp, key.stage * key.dp * key.tp)
+        layout = layout_of(key)
+        world = (layout.world_size, layout.rank)
         if self._world != world:
             self._close()
             self._stack.enter_context(fake_world(*world))
-            self._stack.enter_context(shared_world(Layout(
-                world[0], tp=key.tp, fsdp=key.dp, pp=key.pp, rank=world[1])))
+            self._stack.enter_context(shared_world(layout))
             self._world = world
         return self._roles.small(key, per_stage)
 
