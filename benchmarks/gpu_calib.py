@@ -322,7 +322,7 @@ def _loop_host_s(fn: Callable[[], Any], device: str, calls: int) -> float:
 
 def host_rotation_points(device: str, dry: bool) -> list[dict[str, Any]]:
     """Host time per eager call of each of :func:`tiny_calls` called in turn with the others, as
-    a model calls a mixed sequence of operators (:func:`flopscope.estimate.calibrate
+    a model calls a mixed sequence of operators (:func:`flopscope.estimate.timers
     .time_in_rotation`: rounds of one call of each, every call timed alone by the wall clock,
     the median over the rounds), against the same call in a rotation of itself alone (the same
     timing, no other operator between) and in a tight loop (timed as a batch); the three
@@ -331,7 +331,7 @@ def host_rotation_points(device: str, dry: bool) -> list[dict[str, Any]]:
     library's state evicted from the caches, branch predictors trained on another call),
     measured on the GPU's host. The device keeps up with tiny kernels, so each call's time is
     the host's."""
-    from flopscope.estimate.calibrate import time_in_rotation
+    from flopscope.estimate.timers import time_in_rotation
 
     calls = tiny_calls(device)
     names, fns = list(calls), list(calls.values())
@@ -444,7 +444,7 @@ def host_sized_points(device: str, dry: bool) -> list[dict[str, Any]]:
     the sized rotation's time with the device's work waited for (its rounds timed whole, a
     synchronize at the end): where it is well above the host's, the device did not keep up and
     the host time is not clean."""
-    from flopscope.estimate.calibrate import time_in_rotation
+    from flopscope.estimate.timers import time_in_rotation
 
     tiny = tiny_calls(device)
     sized = tiny_calls(device, **(_DRY_SIZED if dry else SIZED))
@@ -485,8 +485,8 @@ def host_sized_points(device: str, dry: bool) -> list[dict[str, Any]]:
 
 def module_call_points(device: str, dry: bool) -> dict[str, Any]:
     """Python's time per ``nn.Module`` call outside its operators, as the CPU calibration
-    measures it (:func:`flopscope.estimate.calibrate.module_call_time`: host time either way)."""
-    from flopscope.estimate.calibrate import module_call_time
+    measures it (:func:`flopscope.estimate.host_probes.module_call_time`: host time either way)."""
+    from flopscope.estimate.host_probes import module_call_time
 
     return {"module_call_s": module_call_time(device, modules=50 if dry else 200,
                                               samples=5 if dry else 21)}

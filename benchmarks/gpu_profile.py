@@ -42,11 +42,11 @@ import torch.nn.functional as F
 from benchmarks.errors import quantile
 from benchmarks.gpu_calib import GPU_CHAINS, GPU_CHAINS_SIZED, STREAM_OPS
 from flopscope.estimate import get_hardware
-from flopscope.estimate.calibrate import counted_call
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration, ChainPoint, Point
 from flopscope.estimate.chains import chain_point, chains
 from flopscope.estimate.predict import HOST_DOMINATED
 from flopscope.estimate.profile import Hardware, dtype_key
+from flopscope.estimate.timers import counted_call
 
 GPU = Path(__file__).parent.parent / "docs" / "gpu"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -5,9 +5,9 @@ arguments by a dispatch mode and timed three ways:
 
 - **in the model**: the wall time of the call inside a plain run (the mode reads the clock
   before and after the kernel; its own work is outside), the median of three runs;
-  all by :func:`flopscope.estimate.calibrate.clock` (at one thread the thread's CPU time);
+  all by :func:`flopscope.estimate.timers.clock` (at one thread the thread's CPU time);
 - **isolated**: the same call replayed alone in a loop on the same tensors
-  (:func:`flopscope.estimate.calibrate.time_per_call`: what a calibration point measures);
+  (:func:`flopscope.estimate.timers.time_per_call`: what a calibration point measures);
 - **predicted**: flopscope's prediction of that call from a calibrated profile.
 
 predicted / isolated is the model's error (the grid, the interpolation, the host time);
@@ -36,14 +36,14 @@ from torch.utils._pytree import tree_map
 
 from flopscope.estimate import load_hardware
 from flopscope.estimate.bound import call_row, resolve_tf32
-from flopscope.estimate.calibrate import clock, time_per_call
 from flopscope.estimate.families import family
 from flopscope.estimate.profile import Hardware
+from flopscope.estimate.timers import clock, time_per_call
 
 
 class Capture(TorchDispatchMode):
     """Records every call (with its arguments, ``keep``) and the time of its kernel by
-    :func:`flopscope.estimate.calibrate.clock`, and the page faults it took."""
+    :func:`flopscope.estimate.timers.clock`, and the page faults it took."""
 
     def __init__(self, keep: bool) -> None:
         super().__init__()

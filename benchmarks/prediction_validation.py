@@ -11,7 +11,7 @@
    of every call's predicted time as ``flopscope.profile`` counts them, the bound the sum of their
    roofline bounds.
 3. Measured: the median of ``--repeat`` plain runs (no profiler) by the calibration's clock
-   (``flopscope.estimate.calibrate.clock``: at 1 thread the thread's CPU time, what the core
+   (``flopscope.estimate.timers.clock``: at 1 thread the thread's CPU time, what the core
    spent whatever else the shared machine ran; at 2 threads the wall time), the wall time beside.
 4. Per family: the calls' predicted time summed per model and family against their time inside a
    plain run (a dispatch mode reads the clock around each kernel: no profiler events).
@@ -40,9 +40,9 @@ from torch import nn
 import flopscope
 from benchmarks.errors import quantile
 from flopscope.estimate import calibrate, measure_this_machine
-from flopscope.estimate.calibrate import clock
 from flopscope.estimate.families import family_of, is_convolution
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+from flopscope.estimate.timers import clock
 
 RESULTS = Path(__file__).parent / "results"
 VISION = ["resnet18", "resnet50", "mobilenet_v3_large", "mobilenet_v2", "efficientnet_b0",

@@ -23,7 +23,7 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Calibration, Hardware
 from flopscope.estimate.calibration import Point
 
-calibrate_module = importlib.import_module("flopscope.estimate.calibrate")
+host_probes = importlib.import_module("flopscope.estimate.host_probes")
 
 HOST = {"elementwise": 1e-6, "view": 5e-7}
 MIB = 1 << 20
@@ -133,13 +133,13 @@ def test_fault_cost_measures_glibcs_fresh_mappings() -> None:
     # in a fresh process, as `flopscope calibrate` runs it first (a test process's heap may
     # hold enough free memory to serve the allocation without a fault)
     code = ("import torch; torch.set_num_threads(1); import importlib; "
-            "print(*importlib.import_module('flopscope.estimate.calibrate').fault_cost("
+            "print(*importlib.import_module('flopscope.estimate.host_probes').fault_cost("
             "'cpu', samples=2))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300).stdout.split()
     assert int(out[0]) == 32 * MIB  # above glibc's largest dynamic mmap threshold
     assert float(out[1]) >= 0.0
-    assert calibrate_module.fault_cost("cuda") == (0, 0.0)  # CUDA's caching allocator
+    assert host_probes.fault_cost("cuda") == (0, 0.0)  # CUDA's caching allocator
 
 
 def test_each_module_call_adds_pythons_time_once() -> None:
@@ -167,7 +167,7 @@ def test_each_module_call_adds_pythons_time_once() -> None:
 
 def test_module_call_time_is_measured() -> None:
     torch.set_num_threads(1)
-    seconds = calibrate_module.module_call_time("cpu", modules=20, samples=3)
+    seconds = host_probes.module_call_time("cpu", modules=20, samples=3)
     assert 0.0 <= seconds < 1e-3
     cal = Calibration("d", "cpu", 1, module_call_s=1.5e-6)
     assert Calibration.from_dict(cal.to_dict()).module_call_s == 1.5e-6

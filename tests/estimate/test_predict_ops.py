@@ -18,8 +18,8 @@ from torch import nn
 import flopscope
 from flopscope.errors import UsageError
 from flopscope.estimate import Calibration, Hardware, load_hardware
-from flopscope.estimate.calibrate import op_host_times
 from flopscope.estimate.calibration import Point
+from flopscope.estimate.host_probes import op_host_times
 from flopscope.estimate.workloads import host_calls, workloads
 
 HOST = {"elementwise": 1e-6, "pooling": 1e-6, "view": 5e-7}
@@ -100,7 +100,7 @@ def test_bad_operator_host_times_are_a_clear_error() -> None:
 
 
 def test_every_workload_is_one_operator_the_prediction_recognises() -> None:
-    from flopscope.estimate.calibrate import counted_call
+    from flopscope.estimate.timers import counted_call
 
     with torch.no_grad():
         for w in workloads("cpu"):
@@ -124,7 +124,7 @@ def test_operator_host_times_cover_the_workloads_operators() -> None:
 def test_one_thread_on_the_cpu_is_timed_by_the_threads_cpu_time() -> None:
     import time
 
-    from flopscope.estimate.calibrate import clock, time_per_call
+    from flopscope.estimate.timers import clock, time_per_call
 
     before = torch.get_num_threads()
     try:
@@ -165,7 +165,7 @@ def test_host_time_grows_with_the_bytes_moved_since_the_operators_last_call() ->
 
 
 def test_evicted_host_times_are_measured_per_operator() -> None:
-    from flopscope.estimate.calibrate import EVICTIONS, evicted_host_times
+    from flopscope.estimate.host_probes import EVICTIONS, evicted_host_times
 
     torch.set_num_threads(1)
     table = evicted_host_times("cpu", samples=1)
@@ -207,7 +207,7 @@ def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch
 
 
 def test_convolutions_are_interpolated_by_their_reduction_length() -> None:
-    from flopscope.estimate.calibrate import counted_call
+    from flopscope.estimate.timers import counted_call
 
     x = torch.randn(1, 32, 28, 28)
     depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False)

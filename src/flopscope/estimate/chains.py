@@ -167,7 +167,7 @@ def chain_points(hardware: Hardware, device: str,
             for its calls.
         device: ``"cpu"`` or ``"cuda"``.
         time_per_call: the calibration's timer (``fn, device -> seconds per call``:
-            :func:`flopscope.estimate.calibrate.time_per_call`).
+            :func:`flopscope.estimate.timers.time_per_call`).
 
     Returns:
         The chains measured; none at one thread, on CUDA, or without a calibration.

@@ -84,7 +84,7 @@ def family(rec: CallRecord) -> str:
 
 ROTATED_FAMILIES = (*COMPUTE_FAMILIES, "pooling")
 """Families whose calibration points are timed in rotation with their group's other calls
-(:func:`flopscope.estimate.calibrate.time_in_rotation`): a model's layers evict each other's
+(:func:`flopscope.estimate.timers.time_in_rotation`): a model's layers evict each other's
 code, kernel descriptors and weights, so these points include what that costs, and their
 calls' host time does not grow again with the bytes moved before them."""
 

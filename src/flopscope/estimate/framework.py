@@ -64,7 +64,7 @@ def framework_costs(now: Callable[[], float], *, samples: int = 21) -> tuple[flo
     reduce-scatter), each beyond the operators it runs (see the module docstring).
 
     Args:
-        now: the calibration's clock (:func:`flopscope.estimate.calibrate.clock`).
+        now: the calibration's clock (:func:`flopscope.estimate.timers.clock`).
         samples: timed steps of each model.
 
     Returns:

@@ -22,7 +22,7 @@ __all__ = ["best_seconds", "last_level_cache_bytes", "measure_this_machine"]
 
 def best_seconds(fn: Any, repeats: int) -> float:
     """The shortest of ``repeats`` timed calls of ``fn``, after one untimed warm-up call, by the
-    calibration's clock (:func:`flopscope.estimate.calibrate.clock`: at one torch thread the
+    calibration's clock (:func:`flopscope.estimate.timers.clock`: at one torch thread the
     thread's CPU time, so that peaks measured on a shared machine are the core's, not lowered
     by other processes, and the bound they give stays below what the core later runs).
 
@@ -33,7 +33,7 @@ def best_seconds(fn: Any, repeats: int) -> float:
     Returns:
         Seconds.
     """
-    from flopscope.estimate.calibrate import clock
+    from flopscope.estimate.timers import clock
 
     now = clock("cpu")[1]
     fn()  # warm-up: first-touch page faults, library initialisation

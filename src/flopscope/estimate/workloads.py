@@ -8,7 +8,7 @@ comparisons of a stride-2 one over the same bytes, so one curve per family mispr
 operator its neighbours are not. The operators are those models are made of: forward and
 backward, and an optimizer's in-place updates. Every sweep's smallest size (64 elements, an 8 x 8
 product) is also timed in batches of many calls for the operator's host time
-(:func:`flopscope.estimate.calibrate.host_times`).
+(:func:`flopscope.estimate.host_probes.host_times`).
 
 - **matmul**: ``mm`` squares 16-1024; tall-skinny (M = 1-64 against 256-1024); small K (8-128);
   many rows and few columns; weights of 48-64 MiB (M = 1-128); ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16
