@@ -15,14 +15,9 @@ from torch.utils._pytree import tree_iter
 from flopscope.core.counter import Counter
 from flopscope.cost import Cost, Phase
 from flopscope.distributed.layout import Layout, apply_layout
-from flopscope.distributed.pipeline import (
-    DecoderStage,
-    PipelineReport,
-    StageRun,
-    pipeline_report,
-    run_stage,
-)
+from flopscope.distributed.pipeline import DecoderStage, PipelineReport
 from flopscope.distributed.shape_only import fake_tree, shape_only_rank
+from flopscope.distributed.stage_run import StageRun, pipeline_report, run_stage
 from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
