@@ -17,7 +17,7 @@ from typing import Any, Union
 
 from flopscope.core.facts import OpFacts
 from flopscope.cost import Cost, Phase
-from flopscope.report.records import OpRecord, RuleRecord
+from flopscope.report.records import OpRecord, RuleRecord, op_record
 
 __all__ = ["Acc", "Decomposed", "Key", "Ledger", "RuleSums", "Sums", "decomposed_key", "sums_of"]
 
@@ -220,26 +220,28 @@ class Ledger:
     @staticmethod
     def records(acc: Acc, counted: Callable[[OpFacts], bool]) -> tuple[OpRecord, ...]:
         """Report records of a table; ``counted`` says whether an operator had a rule."""
-        records = []
-        known: dict[OpFacts, bool] = {}  # counted(), once per operator
+        records: list[OpRecord] = []
+        append = records.append
+        # an operator key's (name, counted, decomposed), worked out once per operator
+        known: dict[OpKey, tuple[str, bool, bool]] = {}
         for (path, op, phase), sums in acc.items():
-            decomposed = False
-            if type(op) is str:  # a module rule's entry
-                name, is_counted = op, True
-            elif type(op) is Decomposed:
-                name, is_counted, decomposed = op.facts.name, True, True
-            else:
-                assert isinstance(op, OpFacts)
-                name = op.name
-                is_counted = known.get(op)  # type: ignore[assignment]
-                if is_counted is None:
-                    is_counted = known[op] = counted(op)
-            cost: Cost
+            found = known.get(op)
+            if found is None:
+                if type(op) is str:  # a module rule's entry
+                    found = (op, True, False)
+                elif type(op) is Decomposed:
+                    found = (op.facts.name, True, True)
+                else:
+                    assert isinstance(op, OpFacts)
+                    found = (op.name, counted(op), False)
+                known[op] = found
+            name, is_counted, decomposed = found
             if type(sums) is Sums:
-                calls, cost = sums.calls, sums.cost()
+                append(op_record(path, name, phase, sums.calls, sums.cost(), is_counted,
+                                 decomposed))
             else:  # one call: its cost
-                calls, cost = 1, sums  # type: ignore[assignment]
-            records.append(OpRecord(path, name, phase, calls, cost, is_counted, decomposed))
+                append(op_record(path, name, phase, 1, sums, is_counted,  # type: ignore[arg-type]
+                                 decomposed))
         return tuple(records)
 
     def rule_records(self) -> tuple[RuleRecord, ...]:
