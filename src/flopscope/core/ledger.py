@@ -80,7 +80,7 @@ def decomposed_key(facts: OpFacts) -> Decomposed:
 OpKey = Union[OpFacts, Decomposed, str]
 Key = tuple[str, OpKey, Phase]
 # a key's entry: its one call's Cost while it has one (most keys of a forward: no Sums made on the
-# hot path), its Sums from the second call on (calls(), sums_of())
+# hot path), its Sums from the second call on (read with sums_of(); merged() and records() take both)
 Acc = dict[Key, Union[Sums, Cost]]
 
 
