@@ -30,14 +30,21 @@ class _Bare(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def _timed(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) -> dict[str, Any]:
-    """Interleaved timings of ``bench`` for every tool; see the module docstring."""
+def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print,
+            clock: str = "wall") -> dict[str, Any]:
+    """Interleaved timings of ``bench`` for every tool; see the module docstring. ``clock``:
+    ``wall`` (elapsed time) or ``cpu`` (this thread's CPU time: every tool runs in this thread,
+    with one intra-op thread, so it is the whole work, less disturbed by other processes)."""
+    tick = _CLOCKS[clock]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -80,11 +87,11 @@ def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) 
             plains: list[float] = []
             for r in range(rounds):
                 order = usable[r % len(usable):] + usable[:r % len(usable)]
-                before = _timed(plain)
+                before = _timed(plain, tick)
                 plains.append(before)
                 for name in order:
-                    t = _timed(counter(name))
-                    after = _timed(plain)
+                    t = _timed(counter(name), tick)
+                    after = _timed(plain, tick)
                     plains.append(after)
                     ratios[name].append(t / ((before + after) / 2))
                     seconds[name].append(t)
@@ -92,6 +99,7 @@ def measure(bench: Bench, tool_names: list[str], rounds: int, log: Any = print) 
         return {
             "model": bench.name,
             "rounds": rounds,
+            "clock": clock,
             "plain_seconds": statistics.median(plains),
             "tools": {n: {"ratio": statistics.median(ratios[n]), "seconds": statistics.median(seconds[n]),
                           "ratios": [round(x, 4) for x in ratios[n]]} for n in usable},
@@ -119,9 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--label", default="")
+    parser.add_argument("--clock", choices=sorted(_CLOCKS), default="wall",
+                        help="wall (elapsed) or cpu (this thread's CPU time); default wall")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    rows = [measure(bench, args.tools, args.rounds) for bench in torchvision_benches(args.models)]
+    rows = [measure(bench, args.tools, args.rounds, clock=args.clock)
+            for bench in torchvision_benches(args.models)]
     run = {"label": args.label, "flopscope_file": flopscope.__file__, "load_before": load_before,
            "load_after": os.getloadavg(), "rows": rows}
     print(json.dumps({"label": args.label, "load": [load_before[0], run["load_after"][0]],

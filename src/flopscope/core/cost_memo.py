@@ -101,6 +101,10 @@ def cost_key(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any],
                 return None
         if kwargs:
             for name, a in kwargs.items():
+                ta = type(a)
+                if ta in _SCALARS:  # (dtype=, layout=, device=: inline, as above)
+                    key += (name, ta, a)
+                    continue
                 key.append(name)
                 if not _add(key, a):
                     return None

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from flopscope.rules.user import RulesArg, split_rules
 __all__ = ["CallObserver", "Counter"]
 
 _get_ident = threading.get_ident
+_path_of_key = itemgetter(0)  # a ledger key's module path
 
 
 class Counter:
@@ -320,9 +322,9 @@ class Counter:
         ledger, dt = recorder.ledger, recorder.dtensor
         paths = set(tracker.types)
         for acc in (ledger.sums, dt.sharded, dt.replicated, dt.logical):
-            for path, _, _ in acc:
-                paths.add(path)
-        modules = {p: (tracker.types.get(p, ""), tracker.calls.get(p, 0)) for p in tracker.types}
+            paths.update(map(_path_of_key, acc))  # (in C: one key per operator row)
+        calls = tracker.calls
+        modules = {p: (t, calls.get(p, 0)) for p, t in tracker.types.items()}
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
         counted = recorder.costing.counted

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_iter
 
-from flopscope.core.ledger import Acc, Key, Sums
+from flopscope.core.ledger import Acc, Key, Sums, sums_of
 from flopscope.cost import Cost
 
 __all__ = ["DTensorLedger", "in_sharding_propagation", "is_dtensor_call"]
@@ -96,8 +96,7 @@ class DTensorLedger:
     def add_logical(self, key: Key, cost: Cost) -> None:
         """Add the logical cost of a call on DTensors (costed on the DTensors themselves, whose
         shapes are global) under ``key``."""
-        sums = self.logical.get(key)
-        if sums is None:
-            sums = self.logical[key] = Sums()
+        found = self.logical.get(key)
+        sums = self.logical[key] = Sums() if found is None else sums_of(found)
         sums.calls += 1
         sums.add(cost)

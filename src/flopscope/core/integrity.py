@@ -12,6 +12,7 @@ so views and ``.data`` aliases are covered) and puts every saved value back on
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import methodcaller
 from typing import Any
 
 import torch
@@ -25,6 +26,9 @@ __all__ = ["WriteGuard", "plain_tensors"]
 
 _TRANSPARENT: tuple[type, ...] = (FakeTensor, FunctionalTensor)
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_untyped_storage = methodcaller("untyped_storage")
+_nbytes = methodcaller("nbytes")
+_data_ptr = methodcaller("data_ptr")
 
 
 def plain_tensors(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -52,11 +56,18 @@ class WriteGuard:
         # storage -> the protected tensors on it (all saved at the first write to any of them)
         self.protected: dict[int, list[torch.Tensor]] = {}
         seen: set[int] = set()
-        for t in plain:
-            storage = t.untyped_storage()
-            if storage.nbytes() and id(t) not in seen:  # (a tied tensor is listed twice)
-                seen.add(id(t))
-                self.protected.setdefault(storage.data_ptr(), []).append(t)
+        protected = self.protected
+        kept = list(plain)
+        storages = list(map(_untyped_storage, kept))  # (the storages' reads in C, all at once)
+        for t, nbytes, ptr, key in zip(kept, map(_nbytes, storages), map(_data_ptr, storages),
+                                       map(id, kept), strict=True):
+            if nbytes and key not in seen:  # (a tied tensor is listed twice)
+                seen.add(key)
+                owners = protected.get(ptr)
+                if owners is None:
+                    protected[ptr] = [t]
+                else:
+                    owners.append(t)
         self.saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -17,9 +17,9 @@ from typing import Any, Union
 
 from flopscope.core.facts import OpFacts
 from flopscope.cost import Cost, Phase
-from flopscope.report.records import OpRecord, RuleRecord
+from flopscope.report.records import OpRecord, RuleRecord, op_record
 
-__all__ = ["Acc", "Decomposed", "Key", "Ledger", "RuleSums", "Sums", "decomposed_key"]
+__all__ = ["Acc", "Decomposed", "Key", "Ledger", "RuleSums", "Sums", "decomposed_key", "sums_of"]
 
 
 class Sums:
@@ -79,7 +79,33 @@ def decomposed_key(facts: OpFacts) -> Decomposed:
 
 OpKey = Union[OpFacts, Decomposed, str]
 Key = tuple[str, OpKey, Phase]
-Acc = dict[Key, Sums]
+# a key's entry: its one call's Cost while it has one (most keys of a forward: no Sums made on the
+# hot path), its Sums from the second call on (read with sums_of(); merged() and records() take both)
+Acc = dict[Key, Union[Sums, Cost]]
+
+
+def _summed(first: Cost, cost: Cost | None) -> Sums:
+    """The Sums of an entry whose first call cost ``first``, with ``cost`` added as a second call
+    (``None``: none)."""
+    sums = Sums()
+    sums.first = first
+    sums.calls = 1
+    sums.macs = first.macs
+    sums.flops = first.flops
+    sums.bytes_read = first.bytes_read
+    sums.bytes_written = first.bytes_written
+    if cost is not None:
+        sums.calls = 2
+        sums.macs += cost.macs
+        sums.flops += cost.flops
+        sums.bytes_read += cost.bytes_read
+        sums.bytes_written += cost.bytes_written
+    return sums
+
+
+def sums_of(entry: Sums | Cost) -> Sums:
+    """An entry of an :data:`Acc` as :class:`Sums` (a lone cost: one call)."""
+    return entry if type(entry) is Sums else _summed(entry, None)  # type: ignore[arg-type]
 
 
 class RuleSums:
@@ -103,31 +129,31 @@ class Ledger:
 
     def add(self, key: Key, cost: Cost) -> None:
         """Add one call costing ``cost`` under ``key``."""
-        sums = self.sums.get(key)
-        if sums is None:  # the first call: its cost itself (adding to 0 costs SymInt arithmetic)
-            sums = self.sums[key] = Sums()
-            sums.first = cost
-            sums.calls = 1
-            sums.macs = cost.macs
-            sums.flops = cost.flops
-            sums.bytes_read = cost.bytes_read
-            sums.bytes_written = cost.bytes_written
+        sums = self.sums
+        found = sums.get(key)
+        if found is None:  # the first call: its cost itself stands for the entry (see Acc)
+            sums[key] = cost
             return
-        sums.calls += 1
-        sums.macs += cost.macs
-        sums.flops += cost.flops
-        sums.bytes_read += cost.bytes_read
-        sums.bytes_written += cost.bytes_written
+        if type(found) is Sums:
+            found.calls += 1
+            found.macs += cost.macs
+            found.flops += cost.flops
+            found.bytes_read += cost.bytes_read
+            found.bytes_written += cost.bytes_written
+            return
+        sums[key] = _summed(found, cost)  # type: ignore[arg-type]  # a Cost: the second call
 
     def add_calls(self, key: Key, calls: int, cost: Cost) -> None:
         """Add ``calls`` calls costing ``cost`` in all under ``key`` (a replayed module)."""
-        sums = self.sums.get(key)
-        if sums is None:
-            self.add(key, cost)
-            self.sums[key].calls = calls
+        found = self.sums.get(key)
+        if found is None:
+            self.add(key, cost)  # (through a listen()er, if any: as one call)
+            found = self.sums[key] = sums_of(self.sums[key])
+            found.calls = calls
             return
-        sums.calls += calls
-        sums.add(cost)
+        found = self.sums[key] = sums_of(found)
+        found.calls += calls
+        found.add(cost)
 
     def add_rule(self, path: str, name: str, macs_only: bool, cost: Cost,
                  shadow: Sums | None) -> None:
@@ -181,35 +207,41 @@ class Ledger:
         """Tables added together (the first one itself when the others are empty)."""
         if not any(accs[1:]):
             return accs[0]
-        out: Acc = {}
+        out: dict[Key, Sums] = {}
         for acc in accs:
             for key, sums in acc.items():
                 total = out.get(key)
                 if total is None:
                     total = out[key] = Sums()
-                total.calls += sums.calls
+                total.calls += sums.calls if type(sums) is Sums else 1
                 total.add(sums)
-        return out
+        return out  # type: ignore[return-value]
 
     @staticmethod
     def records(acc: Acc, counted: Callable[[OpFacts], bool]) -> tuple[OpRecord, ...]:
         """Report records of a table; ``counted`` says whether an operator had a rule."""
-        records = []
-        known: dict[OpFacts, bool] = {}  # counted(), once per operator
+        records: list[OpRecord] = []
+        append = records.append
+        # an operator key's (name, counted, decomposed), worked out once per operator
+        known: dict[OpKey, tuple[str, bool, bool]] = {}
         for (path, op, phase), sums in acc.items():
-            decomposed = False
-            if type(op) is str:  # a module rule's entry
-                name, is_counted = op, True
-            elif type(op) is Decomposed:
-                name, is_counted, decomposed = op.facts.name, True, True
-            else:
-                assert isinstance(op, OpFacts)
-                name = op.name
-                is_counted = known.get(op)  # type: ignore[assignment]
-                if is_counted is None:
-                    is_counted = known[op] = counted(op)
-            records.append(OpRecord(path, name, phase, sums.calls, sums.cost(), is_counted,
-                                    decomposed))
+            found = known.get(op)
+            if found is None:
+                if type(op) is str:  # a module rule's entry
+                    found = (op, True, False)
+                elif type(op) is Decomposed:
+                    found = (op.facts.name, True, True)
+                else:
+                    assert isinstance(op, OpFacts)
+                    found = (op.name, counted(op), False)
+                known[op] = found
+            name, is_counted, decomposed = found
+            if type(sums) is Sums:
+                append(op_record(path, name, phase, sums.calls, sums.cost(), is_counted,
+                                 decomposed))
+            else:  # one call: its cost
+                append(op_record(path, name, phase, 1, sums, is_counted,  # type: ignore[arg-type]
+                                 decomposed))
         return tuple(records)
 
     def rule_records(self) -> tuple[RuleRecord, ...]:

@@ -37,13 +37,20 @@ _LOCK = threading.Lock()
 # the listeners now (a tuple, replaced whole: a call in flight keeps the one it started with)
 _LISTENERS: list[tuple[tuple[Enter, Leave], ...]] = [()]
 _ORIGINAL: list[Any] = [nn.Module._call_impl]  # what nn.Module._call_impl was before ours
+# (enter, leave, original) while there is exactly one listener, else None (read first by _call)
+_ONE: list[tuple[Enter, Leave, Any] | None] = [None]
+
+
+def _update_one() -> None:
+    """Set :data:`_ONE` from the listeners now (called with the lock held)."""
+    listeners = _LISTENERS[0]
+    _ONE[0] = (*listeners[0], _ORIGINAL[0]) if len(listeners) == 1 else None
 
 
 def _call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    listeners = _LISTENERS[0]
-    original = _ORIGINAL[0]
-    if len(listeners) == 1:  # the common case: one Counter
-        enter, leave = listeners[0]
+    one = _ONE[0]
+    if one is not None:  # the common case: one Counter
+        enter, leave, original = one
         enter(self, args)
         try:
             out = original(self, *args, **kwargs)
@@ -52,6 +59,8 @@ def _call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             raise
         leave(self, out, None)
         return out
+    listeners = _LISTENERS[0]
+    original = _ORIGINAL[0]
     for enter, _ in listeners:
         enter(self, args)
     try:
@@ -81,6 +90,7 @@ def listen(enter: Enter, leave: Leave) -> tuple[Enter, Leave]:
             _ORIGINAL[0] = nn.Module._call_impl
             nn.Module._call_impl = _call  # type: ignore[method-assign]
         _LISTENERS[0] = (*_LISTENERS[0], pair)
+        _update_one()
     return pair
 
 
@@ -90,5 +100,6 @@ def stop_listening(pair: tuple[Enter, Leave]) -> None:
     call straight through)."""
     with _LOCK:
         _LISTENERS[0] = tuple(p for p in _LISTENERS[0] if p is not pair)
+        _update_one()
         if not _LISTENERS[0] and nn.Module._call_impl is _call:
             nn.Module._call_impl = _ORIGINAL[0]  # type: ignore[method-assign]

@@ -332,7 +332,7 @@ class ModuleTracker:
         else:
             phase = _FORWARD
         path = self.paths.get(module)
-        if path is None or module in self.shared:
+        if path is None or (self.shared and module in self.shared):
             path = self.path_of(module, stack)
         self.calls[path] += 1
         frame = Frame(module, path, phase)
@@ -344,17 +344,24 @@ class ModuleTracker:
             kind = _KINDS[type(module)] = ((_SCRIPTED if issubclass(type(module), _ScriptModule)
                                             else 0)
                                            | (_COSTED if issubclass(type(module), Costed) else 0))
-        if st.shadowing is None and (self._any_module_rule or kind & _COSTED):
-            fn = self.module_rules.find(module, path)
-            if fn is not None:
-                frame.rule = fn
-                frame.args = args
-                frame.shadow = Sums()
-                st.shadowing = frame
-        if kind & _SCRIPTED and module._modules:
-            self.scripted[path] = None
+        if kind or self._any_module_rule:  # (most module calls: a plain module, no module rule)
+            if st.shadowing is None and (self._any_module_rule or kind & _COSTED):
+                fn = self.module_rules.find(module, path)
+                if fn is not None:
+                    frame.rule = fn
+                    frame.args = args
+                    frame.shadow = Sums()
+                    st.shadowing = frame
+            if kind & _SCRIPTED and module._modules:
+                self.scripted[path] = None
         stack.append(frame)
-        st.mark(path)
+        seq = _sequence_nr()  # st.mark(path), inline: this runs on every module call
+        seqs = st.seqs
+        if seqs and seqs[-1] == seq:
+            st.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            st.seq_paths.append(path)
         if self.on_enter and st is self.main:
             for enter in self.on_enter:
                 enter(path, phase)
@@ -407,7 +414,14 @@ class ModuleTracker:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        st.mark(parent.path if parent is not None else "")
+        path = parent.path if parent is not None else ""  # st.mark(path), inline
+        seq = _sequence_nr()
+        seqs = st.seqs
+        if seqs and seqs[-1] == seq:
+            st.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            st.seq_paths.append(path)
 
     # -- optimizer hooks ----------------------------------------------------------------------
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -106,10 +106,11 @@ class ModelSnapshot:
             self._copy_buffers(lambda b: True)
         elif not buffers and not self.guarded:
             self.guarded = True
-            self.own_buffers = [b for m in self.modules for b in m._buffers.values()
-                                if b is not None and b.layout is _STRIDED]
+            held = [b for m in self.modules for b in m._buffers.values() if b is not None]
+            self.own_buffers = [b for b in held if b.layout is _STRIDED]
             self.aliases += [(b, b.data) for b in self.own_buffers]
-            self._copy_buffers(lambda b: b.layout is not _STRIDED)  # (sparse: no storage)
+            if len(self.own_buffers) < len(held):  # (sparse: no storage; none in most models)
+                self._copy_buffers(lambda b: b.layout is not _STRIDED)
 
     def _copy_buffers(self, which: Callable[[torch.Tensor], bool]) -> None:
         with torch.no_grad():

@@ -13,7 +13,7 @@ from flopscope.cost import Cost, Phase
 from flopscope.errors import UsageError
 
 __all__ = ["CommRecord", "CommStats", "Located", "ModuleStats", "OpRecord", "OpStats",
-           "RuleRecord", "as_phase", "is_within", "sum_costs"]
+           "RuleRecord", "as_phase", "is_within", "op_record", "sum_costs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,30 @@ class OpRecord:
     cost: Cost
     counted: bool = True
     decomposed: bool = False  # counted as the sum of its decomposition's pieces
+
+
+# OpRecord's slots set directly: the frozen dataclass's __init__ sets each field through
+# object.__setattr__ (a generic attribute lookup per field), and a report makes one record per
+# (module, operator, phase): the same record in about half the time (op_record)
+_OP_SLOTS = tuple(OpRecord.__dict__[name].__set__ for name in
+                  ("module", "op", "phase", "calls", "cost", "counted", "decomposed"))
+_new = object.__new__
+
+
+def op_record(module: str, op: str, phase: Phase, calls: int, cost: Cost, counted: bool,
+              decomposed: bool) -> OpRecord:
+    """``OpRecord(module, op, phase, calls, cost, counted, decomposed)``, made faster (every
+    field given: nothing to default)."""
+    record = _new(OpRecord)
+    s_module, s_op, s_phase, s_calls, s_cost, s_counted, s_decomposed = _OP_SLOTS
+    s_module(record, module)
+    s_op(record, op)
+    s_phase(record, phase)
+    s_calls(record, calls)
+    s_cost(record, cost)
+    s_counted(record, counted)
+    s_decomposed(record, decomposed)
+    return record
 
 
 @dataclass(frozen=True, slots=True)
