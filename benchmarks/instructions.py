@@ -75,11 +75,21 @@ def _worker(model_name: str, size: int, repeat: int, lib: str, parts: bool) -> N
         with Bare():
             model(x)
 
+    def tool(name: str) -> Any:
+        def run() -> None:
+            # a tool that fails (not installed: ``pip install -e '.[bench]'``) would be timed on
+            # its error path, a ratio near 0; say so instead
+            result = tools.measure(name, model, (x,), False)
+            if result.macs is None:
+                raise SystemExit(f"instructions: {name} did not count {model_name}: "
+                                 f"{result.error}")
+        return run
+
     runs = {
         "plain": lambda: model(x),
         "bare dispatch mode": bare,
-        "ptflops": lambda: tools.measure("ptflops", model, (x,), False),
-        "FlopCounterMode": lambda: tools.measure("FlopCounterMode", model, (x,), False),
+        "ptflops": tool("ptflops"),
+        "FlopCounterMode": tool("FlopCounterMode"),
         "flopscope": lambda: flopscope.count(model, x, warn=False),
     }
     if parts:  # flopscope's count in pieces: the per-count work apart from the forward
