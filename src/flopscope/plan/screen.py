@@ -54,18 +54,22 @@ from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
+from flopscope.plan.micro_batch import at_micro_batch
 from flopscope.plan.microbatches import extend_points, peak_of
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
-__all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
+__all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
            "Screen", "reference_key", "screened"]
 
 #: the layer counts of a reference's two runs
 REFERENCE_LAYERS = (3, 4)
 #: the microbatches of a reference pipeline's stages (and one more on the last stage)
 PIPELINE_MICROBATCHES = 3
+#: the micro-batches a reference pipeline at a larger one is carried from (at 1 a causal LM's
+#: loss makes one call fewer: its shifted labels are contiguous, not copied)
+CARRY_FROM = (2, 4)
 #: FSDP2's own operators (its gathers' copy in and out, the gradients' concatenation, the
 #: gathered buffers' allocation): run per step, not per microbatch (a pipeline stage keeps
 #: its gathered parameters between microbatches)
@@ -400,14 +404,19 @@ class Screen:
         gpus: the plan's devices.
 
     Attributes:
-        references: references simulated.
+        references: references simulated (a pipeline carried from others not counted).
+        carry_micro_batch: whether a reference pipeline above micro-batch 2 is carried from
+            those at 1 and 2 (:meth:`pipeline`); ``False``: simulated.
+        carried: reference pipelines carried so.
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
         self._roles = roles
         self._gpus = gpus
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
-        self._pipes: dict[tuple[RoleKey, int], tuple[Small | None, ...]] = {}
+        self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
+        self.carry_micro_batch = True
+        self.carried = 0
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -422,7 +431,7 @@ class Screen:
     @property
     def references(self) -> int:
         """References simulated (without stages, and pipelines)."""
-        return len(self._refs) + len(self._pipes)
+        return len(self._refs) + len(self._pipes) - self.carried
 
     def estimates(self, key: RoleKey) -> bool:
         """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
@@ -462,20 +471,55 @@ class Screen:
         if key.pp > 1:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
-            dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            pipe = self._pipes.get((rk, dp)) or ()
-            if not pipe:
-                mb = PIPELINE_MICROBATCHES
-                two = dataclasses.replace(rk, pp=2, dp=dp)
-                # the first stage's runs, then the last's (two worlds: the ranks differ)
-                first, first_two = (self._small(dataclasses.replace(two, microbatches=mb), n)
-                                    for n in (1, 2))
-                last, last_more = (self._small(dataclasses.replace(two, stage=1,
-                                                                   microbatches=m), 1)
-                                   for m in (mb, mb + 1))
-                pipe = self._pipes[(rk, dp)] = (first, last, last_more, first_two)
+            pipe = self._pipeline(rk, 1 if key.dp == 1 else self._gpus // (2 * key.tp))
         ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
         return screened(key, ref, self._layers)
+
+    def pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """A reference's two-stage pipeline runs (:meth:`_pipeline`), the fake world left.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+            dp: the pipeline's FSDP2 degree.
+
+        Returns:
+            (first stage, last stage, last with one microbatch more, first with two layers).
+        """
+        try:
+            return self._pipeline(rk, dp)
+        finally:
+            self._close()
+
+    def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """A reference's two-stage pipeline runs at FSDP2 degree ``dp`` (first stage, last
+        stage, last with one microbatch more, first with two layers): simulated, or above
+        :data:`CARRY_FROM`'s micro-batches carried along the line through them
+        (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
+        screening reads of them) unless they are not the same calls."""
+        pipe = self._pipes.get((rk, dp))
+        if pipe is not None:
+            return pipe
+        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
+            low, high = (self._pipeline(dataclasses.replace(rk, micro_batch=b), dp)
+                         for b in CARRY_FROM)
+            try:
+                pipe = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
+                             for a, b in zip(low, high, strict=True))
+                self.carried += 1
+            except NotRepeating:
+                pipe = None
+        if pipe is None:
+            mb = PIPELINE_MICROBATCHES
+            two_stages = dataclasses.replace(rk, pp=2, dp=dp)
+            # the first stage's runs, then the last's (two worlds: the ranks differ)
+            first, first_two = (self._small(dataclasses.replace(two_stages, microbatches=mb), n)
+                                for n in (1, 2))
+            last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
+                                                               microbatches=m), 1)
+                               for m in (mb, mb + 1))
+            pipe = (first, last, last_more, first_two)
+        self._pipes[(rk, dp)] = pipe
+        return pipe
 
     def _small(self, key: RoleKey, per_stage: int) -> Small:
         """A small run in its rank's world, entered unless it is the one open."""
