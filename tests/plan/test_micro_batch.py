@@ -48,7 +48,7 @@ CASES = [(1, 2, "none", None), (2, 1, "block", None), (1, 1, "selective", None),
          (2, 1, "none", ("bfloat16", "float32"))]
 
 
-@pytest.mark.parametrize("tp,dp,checkpoint,mixed", CASES)
+@pytest.mark.parametrize(("tp", "dp", "checkpoint", "mixed"), CASES)
 def test_a_pipeline_at_micro_batch_8_carried_equals_its_simulation(
         screens: tuple[Screen, Screen], tp: int, dp: int, checkpoint: str,
         mixed: tuple[str, str] | None) -> None:

@@ -28,7 +28,7 @@ import dataclasses
 
 from flopscope.distributed.repeat import NotRepeating
 from flopscope.distributed.repeat_peak import Point
-from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate import Estimate
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import peak_of

@@ -48,25 +48,21 @@ from typing import Any
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import split_layers
-from flopscope.distributed.repeat import SMALL, WIDTH, Frame, NotRepeating
-from flopscope.distributed.repeat_peak import Point, extrapolate_peak
+from flopscope.distributed.repeat import SMALL, NotRepeating
+from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
-from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate import Estimate
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
 from flopscope.plan.micro_batch import at_micro_batch
-from flopscope.plan.microbatches import extend_points, peak_of
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
+from flopscope.plan.stage_memory import PIPELINE_MICROBATCHES, REFERENCE_LAYERS, stage_memory
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
 __all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
            "Screen", "reference_key", "screened"]
 
-#: the layer counts of a reference's two runs
-REFERENCE_LAYERS = (3, 4)
-#: the microbatches of a reference pipeline's stages (and one more on the last stage)
-PIPELINE_MICROBATCHES = 3
 #: the micro-batches a reference pipeline at a larger one is carried from (at 1 a causal LM's
 #: loss makes one call fewer: its shifted labels are contiguous, not copied)
 CARRY_FROM = (2, 4)
@@ -77,7 +73,6 @@ PER_STEP = ("fsdp.", "aten.empty.memory_format")
 #: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
 #: DecoderStage`); the layers' parent's other modules and the root's run on the last
 EMBEDDING = "model.embed_tokens"
-_BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
 
 
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
@@ -113,12 +108,6 @@ def _lin(terms: Iterable[tuple[float, Row]]) -> Row:
     return Row(**values)
 
 
-def _in_layers(module: str, layers: str) -> bool:
-    """Whether a call point's module is inside the decoder layers (a pipeline's points are
-    prefixed with their microbatch: ``UNITS.i.F|model.layers.0.mlp``)."""
-    return module.split("|")[-1].startswith(layers + ".")
-
-
 def _part(module: str, layers: str) -> str:
     if module.startswith(layers + "."):
         return "layer"
@@ -136,13 +125,6 @@ def _records(records: Iterable[CommRecord], layers: str
     return out
 
 
-def _affine(a: Mapping[str, int], b: Mapping[str, int], n: int) -> dict[str, int]:
-    """Per category, ``a`` at 3 layers and ``b`` at 4 carried to ``n`` (never below 0)."""
-    first = REFERENCE_LAYERS[0]
-    return {c: max(0, a.get(c, 0) + (n - first) * (b.get(c, 0) - a.get(c, 0)))
-            for c in {*a, *b}}
-
-
 def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
     """Live bytes at the first forward call after the last layer's forward (the final norm)."""
     last = max((i for i, p in enumerate(points)
@@ -151,12 +133,6 @@ def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
         if phase == Phase.FORWARD.value:
             return live
     return points[-1][3] if points else {}
-
-
-def _layer_backward_peak(points: Sequence[Point], layers: str) -> Point | None:
-    """The call inside the layers' backward (or recomputation) with the most live bytes."""
-    inside = [p for p in points if p[1] in _BACKWARD and p[0].startswith(layers + ".")]
-    return max(inside, key=lambda p: sum(p[3].values()), default=None)
 
 
 @dataclass(frozen=True)
@@ -262,7 +238,7 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     estimate = Estimate(est.hardware, est.tf32, _lin((1, r) for r in phases.values()), phases,
                         tf32_convolution=est.tf32_convolution)
     records = _stage_records(key, ref, k, first, last, m)
-    memory, params = _stage_memory(key, ref, k, first, last, m)
+    memory, params = stage_memory(key, ref, k, first, last, m)
     report = dataclasses.replace(ref.a.report, records=(), logical=(), replicated=(),
                                  communication=tuple(records))
     return RoleRun(key, report, memory, estimate, params, 0.0, m)
@@ -308,88 +284,6 @@ def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool
         if needed and key.pp > 1:
             out.append(CommRecord("", phase, kind, key.pp, m, hidden, hidden, "pp"))
     return out
-
-
-def _sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
-    return {c: a.get(c, 0) - b.get(c, 0) for c in {*a, *b}}
-
-
-def _add(at: dict[str, int], d: Mapping[str, int], times: int) -> None:
-    for c, v in d.items():
-        at[c] = at.get(c, 0) + times * v
-
-
-def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers: str
-                ) -> MemoryProfile:
-    """A pipeline's last stage of ``k`` layers at ``m`` microbatches, from one layer at
-    ``mb`` and ``mb + 1``: each call point carried to ``m`` along its line
-    (:func:`~flopscope.plan.microbatches.extend_points`), then the ``k - 1`` more layers'
-    activations of the microbatch in flight added from its layer's forward to the end of its
-    layer's backward (the calls after hold only the microbatches' kept inputs, outputs and
-    their gradients)."""
-    mb = PIPELINE_MICROBATCHES + 1
-    points = last.points
-    if m != mb - 1:
-        try:
-            points = extend_points(last.points, more.points, mb, m)
-        except NotRepeating:
-            points = more.points if m > mb else last.points
-    grown: list[Point] = []
-    alive = in_backward = False  # the microbatch in flight holds its layers' activations
-    for module, phase, op, live in points:
-        inside = _in_layers(module, layers)
-        if inside:
-            alive = alive or phase == Phase.FORWARD.value
-            in_backward = phase in _BACKWARD
-        elif in_backward:
-            alive = in_backward = False
-        if alive:
-            live = {**live, "activations": live.get("activations", 0) + (k - 1) * act_layer}
-        grown.append((module, phase, op, live))
-    return peak_of(grown, 0, more.memory)
-
-
-def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
-                  ) -> tuple[MemoryProfile, int]:
-    layer_p, embed_p, rest_p = ref.parameters()
-    params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
-    act_layer, act_embed, act_pre = ref.activations()
-    peak = ref.a.memory
-    if key.pp == 1:
-        # the reference's call points carried to k layers (the peak may move to another call
-        # as layers are added: flopscope.distributed.repeat_peak)
-        try:
-            found = extrapolate_peak(ref.a.points, ref.a.frame, ref.b.points, ref.b.frame,
-                                     Frame(ref.a.frame.prefix, 0, k), WIDTH)
-            at = dict(found.live)
-            peak = MemoryProfile(found.total, found.module, found.phase, found.op)
-        except NotRepeating:
-            at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
-    elif ref.first is not None and ref.first_two is not None:
-        # per layer under the pipeline: the first stage of two layers less that of one
-        per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
-        if last and ref.last is not None and ref.last_more is not None:
-            peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
-            at = dict(peak.at_peak)
-            _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
-        else:
-            # two microbatches in flight: each in flight holds k layers' activations and what
-            # the stage computes before its layers (the embedding's output on the first;
-            # every stage's rotary tables)
-            peak = ref.first.memory
-            at = dict(peak.at_peak)
-            _add(at, per_layer, k - 1)
-            in_flight = min(key.pp - key.stage, m)
-            at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
-                                    + (in_flight - 2) * (k * act_layer + first * act_embed
-                                                         + act_pre))
-    else:
-        raise ValueError("a pipeline stage's reference needs its pipeline runs")
-    at["parameters"] = params
-    memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
-                           {c: v for c, v in at.items() if v > 0}, train=True,
-                           note="screened from reference runs")
-    return memory, params
 
 
 class Screen:
