@@ -21,6 +21,7 @@ thread; 2 shared vCPUs here: say the load).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -112,20 +113,34 @@ def roles_70b() -> dict[str, Any]:
 def timed(gpus: int) -> dict[str, Any]:
     """The 70B plan on ``gpus`` with the screen."""
     import flopscope
+    from flopscope.plan import planner
     from flopscope.plan.roles import clear_cache
+    from flopscope.plan.screen import Screen
 
     clear_cache()
+    made: list[Screen] = []
+
+    class Kept(Screen):  # the plan's screen, kept to list what it carried
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    planner.Screen = Kept  # type: ignore[attr-defined,assignment]
     load = os.getloadavg()[0]
     start, cpu = time.perf_counter(), time.process_time()
     plan: Any = flopscope.plan("hf:llama", gpus=gpus, hardware="h100-sxm", config=LLAMA_70B,
                                seq_len=4096, global_batch=gpus, param_dtype="float32",
                                sequence_parallel=True, screen=True)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    planner.Screen = Screen  # type: ignore[attr-defined]
     best = plan.best
     return {"gpus": gpus, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
             "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
             "layouts": len(plan.ranked) + len(plan.dropped), "fit": len(plan.ranked),
             "screening": plan.screening.to_dict() if plan.screening else None,
+            "carried": [[*dataclasses.astuple(rk), dp] for rk, dp in made[0].carried],
+            "rows": {c.choice.label: [c.memory_bytes, round(c.time.total, 9)]
+                     for c in [*plan.ranked, *plan.dropped]},
             "best": None if best is None else {
                 "layout": best.choice.label, "step_s": round(best.time.total, 4),
                 "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2)}}

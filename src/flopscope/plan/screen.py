@@ -301,7 +301,7 @@ class Screen:
         references: references simulated (a pipeline carried from others not counted).
         carry_micro_batch: whether a reference pipeline above micro-batch 2 is carried from
             those at 1 and 2 (:meth:`pipeline`); ``False``: simulated.
-        carried: reference pipelines carried so.
+        carried: the reference pipelines carried so, as ``(reference, FSDP2 degree)``.
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -310,7 +310,7 @@ class Screen:
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
         self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
         self.carry_micro_batch = True
-        self.carried = 0
+        self.carried: list[tuple[RoleKey, int]] = []
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -325,7 +325,7 @@ class Screen:
     @property
     def references(self) -> int:
         """References simulated (without stages, and pipelines)."""
-        return len(self._refs) + len(self._pipes) - self.carried
+        return len(self._refs) + len(self._pipes) - len(self.carried)
 
     def estimates(self, key: RoleKey) -> bool:
         """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
@@ -399,7 +399,7 @@ class Screen:
             try:
                 pipe = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
                              for a, b in zip(low, high, strict=True))
-                self.carried += 1
+                self.carried.append((rk, dp))
             except NotRepeating:
                 pipe = None
         if pipe is None:
