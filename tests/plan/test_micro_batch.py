@@ -107,3 +107,40 @@ def test_runs_that_make_different_calls_are_refused(screens: tuple[Screen, Scree
         at_micro_batch(one, dataclasses.replace(two, points=[
             (m, ph, op, {**live, "activations": live.get("activations", 0) + 1})
             for m, ph, op, live in two.points]), (2, 4), 5)
+
+
+# (tp, checkpointing, mixed precision, sequence parallelism, loss parallelism)
+REFS = [(1, "none", None, False, False), (2, "block", None, True, True),
+        (2, "selective", ("bfloat16", "float32"), False, False)]
+
+
+@pytest.mark.parametrize(("tp", "checkpoint", "mixed", "sp", "lp"), REFS)
+def test_a_reference_without_stages_at_micro_batch_8_carried_equals_its_simulation(
+        screens: tuple[Screen, Screen], tp: int, checkpoint: str,
+        mixed: tuple[str, str] | None, sp: bool, lp: bool) -> None:
+    # the runs of 3 and 4 layers: their call points, peak, collectives, parameters, and the
+    # roofline estimate summed from every call's record carried from micro-batch 2 and 4
+    carried, simulated = screens
+    rk = RoleKey(tp, 1, 0, GPUS // tp, 8, 1, checkpoint, mixed_precision=mixed,
+                 sequence_parallel=sp, loss_parallel=lp, loss="cross_entropy")
+    before = len(carried.carried)
+    got, want = carried.reference(rk), simulated.reference(rk)
+    assert len(carried.carried) == before + 1
+    for a, b in zip(got, want, strict=True):
+        _same(a, b)
+        assert a.parameter_bytes == b.parameter_bytes
+        for phase, row in b.estimate.by_phase.items():
+            mine = a.estimate.by_phase[phase]
+            for f in dataclasses.fields(row):
+                x, y = getattr(mine, f.name), getattr(row, f.name)
+                if isinstance(y, int):
+                    assert x == y, (phase, f.name)
+                else:
+                    assert x == pytest.approx(y, rel=1e-9, abs=1e-15), (phase, f.name)
+        assert a.estimate.by_phase_op.keys() == b.estimate.by_phase_op.keys()
+        for phase, ops in b.estimate.by_phase_op.items():  # what the screen's rows read
+            for op, row in ops.items():
+                mine = a.estimate.by_phase_op[phase][op]
+                assert (mine.flops, mine.time_s) == (row.flops, pytest.approx(row.time_s,
+                                                                              rel=1e-9))
+        assert a.estimate.total.time_s == pytest.approx(b.estimate.total.time_s, rel=1e-9)

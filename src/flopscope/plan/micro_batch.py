@@ -1,25 +1,32 @@
-"""A small run's memory at a larger micro-batch from its runs at two smaller ones.
+"""A small run at a larger micro-batch from the same run at two smaller ones.
 
-A screened plan's reference pipelines (:class:`flopscope.plan.screen.Reference`) are read for
-their memory and the hidden states they send only (their time comes from the references
-without stages). Run at micro-batch ``b`` of 2 or more, a pipeline makes the same calls in the
-same order at every ``b`` (the same modules, operators and phases: the batch is a tensor
+A screened plan's references (:class:`flopscope.plan.screen.Reference`) are small runs at the
+role's micro-batch: without stages at 3 and 4 layers (read for their time, collectives, call
+points and parameters) and two-stage pipelines (read for their memory and the hidden states
+they send). Run at micro-batch ``b`` of 2 or more, a run makes the same calls in the same order
+at every ``b`` (the same modules, operators, phases and dtypes: the batch is a tensor
 dimension, not a count of calls; at 1 a causal LM's loss makes one call fewer, its shifted
-labels being contiguous without a copy), and what is live at each call is, category by
-category, a sum of tensors whose bytes are either fixed (parameters, FSDP2's gathered buffers
-and gradients, the rotary tables) or proportional to the sequences in flight (activations,
-inputs, the logits): affine in ``b``. So each call point's live bytes at ``b`` are on the
-line through its live bytes at two micro-batches ``p < q`` (:data:`flopscope.plan.screen.
-CARRY_FROM`: 2 and 4), and so are the bytes sent (one microbatch's hidden states per send).
+labels being contiguous without a copy), and every count the screen reads is a sum of terms
+either fixed (parameters, FSDP2's gathered buffers and gradients, the rotary tables, a matrix
+product's weight bytes) or proportional to the sequences in flight (activations, inputs, the
+logits; a call's FLOPs, its activations' bytes): affine in ``b``. So each is on the line
+through its values at two micro-batches ``p < q`` (:data:`flopscope.plan.screen.CARRY_FROM`:
+2 and 4): every call point's live bytes by category, the bytes each collective sends, and
+every operator call's roofline record (its FLOPs, bytes read and written, the cache model's
+reuse distances and sizes, which are sums of bytes). The roofline time is **not** affine (a
+call's time is the larger of its compute and its memory time), so it is not carried: it is
+summed again from the carried records (:meth:`~flopscope.estimate.Estimate.from_records`), as
+the run itself would.
 
 That is a claim about the runs, so it is checked where it can be at run time and against
 simulations in tests: :func:`at_micro_batch` refuses (:class:`NotRepeating`) when the two runs'
-calls differ in any module, phase or operator, when their collectives differ in anything but
-their bytes, when a run's tracked peak is not the largest of its call points (the peak is then
-not read from them), or when a count falls below zero; ``tests/plan/test_micro_batch.py``
-checks the result equal to the simulation at micro-batch 8 (and 6) to the byte, every call
-point, the peak with where it is reached and what is live then, the sends, and that the run at
-micro-batch 1 is not on the line (it makes one call fewer).
+calls differ in any module, phase, operator or dtype, when their collectives differ in anything
+but their bytes, when a run's tracked peak is not the largest of its call points (the peak is
+then not read from them), or when a count falls below zero or off the integers;
+``tests/plan/test_micro_batch.py`` checks the result equal to the simulation at micro-batch 8
+(and 6): every call point, the peak with where it is reached and what is live then, the
+collectives, the estimate's integers exactly and its seconds to 1e-9 of their value; and that
+the run at micro-batch 1 is not on the line (it makes one call fewer).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from flopscope.distributed.repeat import NotRepeating
 from flopscope.distributed.repeat_peak import Point
 from flopscope.estimate import Estimate
 from flopscope.estimate.bound import Row
+from flopscope.estimate.roofline import CallRecord
 from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import peak_of
 from flopscope.report.records import CommRecord
@@ -69,6 +77,43 @@ def _communication(one: tuple[CommRecord, ...], two: tuple[CommRecord, ...],
                  for a, b in zip(one, two, strict=True))
 
 
+#: a call record's fields that are the same at every micro-batch (the call itself), and those
+#: on a line in it (bytes and their sums: the cache model's clocks and reuse distances, work)
+_SAME = ("path", "phase", "op", "dtype", "convolution", "modules")
+_LINE = ("macs", "flops", "bytes", "fused_bytes", "bytes_read", "bytes_written", "before")
+
+
+def _calls(one: list[CallRecord], two: list[CallRecord], at: tuple[int, int],
+           micro_batch: int) -> list[CallRecord]:
+    """Every operator call's record (what the roofline reads) carried along its line: the
+    same call at both micro-batches, its work and bytes, its inputs' reuse distances and
+    sizes, its outputs' sizes, its special function's evaluations."""
+    if len(one) != len(two):
+        raise NotRepeating("the runs at the two micro-batches make different calls")
+    out = []
+    for a, b in zip(one, two, strict=True):
+        if (any(getattr(a, f) != getattr(b, f) for f in _SAME) or len(a.reuse) != len(b.reuse)
+                or (a.special is None) != (b.special is None)
+                or (a.special and b.special and a.special[0] != b.special[0])
+                or (a.out_bytes is None) != (b.out_bytes is None)
+                or (a.fresh_bytes is None) != (b.fresh_bytes is None)):
+            raise NotRepeating("the runs at the two micro-batches make different calls")
+        rec = CallRecord(b.path, b.phase, b.op, 0, 0, 0, b.dtype)
+        for f in _LINE:
+            setattr(rec, f, _at(getattr(a, f), getattr(b, f), at, micro_batch))
+        rec.convolution, rec.modules = b.convolution, b.modules
+        rec.reuse = tuple((_at(n, m, at, micro_batch), _at(d, e, at, micro_batch))
+                          for (n, d), (m, e) in zip(a.reuse, b.reuse, strict=True))
+        if a.out_bytes is not None and b.out_bytes is not None:
+            rec.out_bytes = _at(a.out_bytes, b.out_bytes, at, micro_batch)
+        if a.fresh_bytes is not None and b.fresh_bytes is not None:
+            rec.fresh_bytes = _at(a.fresh_bytes, b.fresh_bytes, at, micro_batch)
+        if a.special and b.special:
+            rec.special = (b.special[0], _at(a.special[1], b.special[1], at, micro_batch))
+        out.append(rec)
+    return out
+
+
 def _peak_at_points(run: Small) -> None:
     """Refuse a run whose tracked peak is not its call points' largest (then a peak carried
     along the points would not be the run's)."""
@@ -91,9 +136,9 @@ def at_micro_batch(one: Small, two: Small, at: tuple[int, int], micro_batch: int
     Returns:
         The run at ``micro_batch``: its points, its memory profile (peak, where, what is live;
         no per-module marks), its report with the collectives carried (the operator records
-        are ``two``'s); its estimate is **empty** (a roofline time is not affine in the
-        batch: a call's bytes of weights do not grow with it), so read it for memory and
-        collectives only.
+        are ``two``'s), its calls' records and the estimate summed from them; where the runs
+        kept no call records (:attr:`~flopscope.plan.layers.Small.calls`) an **empty**
+        estimate: read it for memory and collectives only.
 
     Raises:
         NotRepeating: the runs are not the same calls, or a count is off its line (see the
@@ -107,6 +152,13 @@ def at_micro_batch(one: Small, two: Small, at: tuple[int, int], micro_batch: int
     report = dataclasses.replace(two.report, communication=_communication(
         one.report.communication, two.report.communication, at, micro_batch))
     est = two.estimate
-    empty = Estimate(est.hardware, est.tf32, Row(), {}, tf32_convolution=est.tf32_convolution)
+    if one.calls and two.calls:
+        calls = _calls(one.calls, two.calls, at, micro_batch)
+        estimate = Estimate.from_records(calls, est.hardware, tf32=est.tf32,
+                                         tf32_convolution=est.tf32_convolution)
+    else:
+        calls = []
+        estimate = Estimate(est.hardware, est.tf32, Row(), {},
+                            tf32_convolution=est.tf32_convolution)
     return dataclasses.replace(two, report=report, points=points, memory=memory,
-                               estimate=empty)
+                               estimate=estimate, calls=calls)

@@ -299,9 +299,11 @@ class Screen:
 
     Attributes:
         references: references simulated (a pipeline carried from others not counted).
-        carry_micro_batch: whether a reference pipeline above micro-batch 2 is carried from
-            those at 1 and 2 (:meth:`pipeline`); ``False``: simulated.
-        carried: the reference pipelines carried so, as ``(reference, FSDP2 degree)``.
+        carry_micro_batch: whether a reference above :data:`CARRY_FROM`'s micro-batches is
+            carried from those (its runs without stages and its pipelines); ``False``:
+            simulated.
+        carried: the references carried so, as ``(reference, FSDP2 degree of its pipeline)``
+            (0: its runs without stages).
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -358,9 +360,7 @@ class Screen:
 
     def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
-        runs = self._refs.get(rk)
-        if runs is None:
-            runs = self._refs[rk] = tuple(self._small(rk, n) for n in REFERENCE_LAYERS)
+        runs = self._reference(rk)
         pipe: tuple[Small | None, ...] = (None, None, None, None)
         if key.pp > 1:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
@@ -368,6 +368,43 @@ class Screen:
             pipe = self._pipeline(rk, 1 if key.dp == 1 else self._gpus // (2 * key.tp))
         ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
         return screened(key, ref, self._layers)
+
+    def reference(self, rk: RoleKey) -> tuple[Small, ...]:
+        """A reference's runs without stages (:meth:`_reference`), the fake world left.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+
+        Returns:
+            Its runs at :data:`REFERENCE_LAYERS`' layer counts.
+        """
+        try:
+            return self._reference(rk)
+        finally:
+            self._close()
+
+    def _reference(self, rk: RoleKey) -> tuple[Small, ...]:
+        """A reference's runs without stages (:data:`REFERENCE_LAYERS`): simulated (their
+        operator calls' records kept at :data:`CARRY_FROM`'s micro-batches), or above those
+        carried along the line through them (:func:`~flopscope.plan.micro_batch.
+        at_micro_batch`: every call's record, so the roofline estimate is summed from them)."""
+        runs = self._refs.get(rk)
+        if runs is not None:
+            return runs
+        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
+            low, high = (self._reference(dataclasses.replace(rk, micro_batch=b))
+                         for b in CARRY_FROM)
+            try:
+                runs = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
+                             for a, b in zip(low, high, strict=True))
+                self.carried.append((rk, 0))
+            except NotRepeating:
+                runs = None
+        if runs is None:
+            runs = tuple(self._small(rk, n, rk.micro_batch in CARRY_FROM)
+                         for n in REFERENCE_LAYERS)
+        self._refs[rk] = runs
+        return runs
 
     def pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
         """A reference's two-stage pipeline runs (:meth:`_pipeline`), the fake world left.
@@ -415,7 +452,7 @@ class Screen:
         self._pipes[(rk, dp)] = pipe
         return pipe
 
-    def _small(self, key: RoleKey, per_stage: int) -> Small:
+    def _small(self, key: RoleKey, per_stage: int, calls: bool = False) -> Small:
         """A small run in its rank's world, entered unless it is the one open."""
         layout = layout_of(key)
         world = (layout.world_size, layout.rank)
@@ -424,7 +461,7 @@ class Screen:
             self._stack.enter_context(fake_world(*world))
             self._stack.enter_context(shared_world(layout))
             self._world = world
-        return self._roles.small(key, per_stage)
+        return self._roles.small(key, per_stage, calls=calls)
 
     def _close(self) -> None:
         """Leave the fake world kept open."""
