@@ -31,6 +31,12 @@ more too, the first stage with two layers too):
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
   parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
 
+A reference above micro-batch :data:`CARRY_FROM`\ ``[1]`` is not simulated: its runs are
+carried from the same runs at :data:`CARRY_FROM`'s micro-batches
+(:func:`~flopscope.plan.micro_batch.at_micro_batch`: every count on its line in the
+micro-batch, the roofline time summed again from the carried call records), exact where the
+runs make the same calls (checked; else simulated).
+
 What else a deep pipeline does (the schedule's order of frees, FSDP2's resharding between
 microbatches at every depth) is not in the references, so a screened stage is an **estimate**:
 the plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`)
