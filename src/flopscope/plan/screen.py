@@ -31,7 +31,7 @@ more too, the first stage with two layers too):
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
   parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
 
-A reference above micro-batch :data:`CARRY_FROM`\ ``[1]`` is not simulated: its runs are
+A reference above the larger of :data:`CARRY_FROM` (micro-batch 4) is not simulated: its runs are
 carried from the same runs at :data:`CARRY_FROM`'s micro-batches
 (:func:`~flopscope.plan.micro_batch.at_micro_batch`: every count on its line in the
 micro-batch, the roofline time summed again from the carried call records), exact where the
