@@ -21,6 +21,7 @@ thread; 2 shared vCPUs here: say the load).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -109,26 +110,79 @@ def roles_70b() -> dict[str, Any]:
     return out
 
 
-def timed(gpus: int) -> dict[str, Any]:
-    """The 70B plan on ``gpus`` with the screen."""
+def timed(gpus: int, carry: bool = True) -> dict[str, Any]:
+    """The 70B plan on ``gpus`` with the screen (``carry``: references above micro-batch 4
+    carried from 2 and 4, :mod:`flopscope.plan.micro_batch`; else simulated)."""
     import flopscope
+    from flopscope.plan import planner
     from flopscope.plan.roles import clear_cache
+    from flopscope.plan.screen import Screen
 
     clear_cache()
+    made: list[Screen] = []
+
+    class Kept(Screen):  # the plan's screen, kept to list what it carried
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.carry_micro_batch = carry
+            made.append(self)
+
+    planner.Screen = Kept  # type: ignore[attr-defined,assignment]
     load = os.getloadavg()[0]
     start, cpu = time.perf_counter(), time.process_time()
     plan: Any = flopscope.plan("hf:llama", gpus=gpus, hardware="h100-sxm", config=LLAMA_70B,
                                seq_len=4096, global_batch=gpus, param_dtype="float32",
                                sequence_parallel=True, screen=True)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    planner.Screen = Screen  # type: ignore[attr-defined]
     best = plan.best
     return {"gpus": gpus, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
             "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
             "layouts": len(plan.ranked) + len(plan.dropped), "fit": len(plan.ranked),
             "screening": plan.screening.to_dict() if plan.screening else None,
+            "carried": [[*dataclasses.astuple(rk), dp] for rk, dp in made[0].carried],
+            "rows": {c.choice.label: [c.memory_bytes, round(c.time.total, 9)]
+                     for c in [*plan.ranked, *plan.dropped]},
             "best": None if best is None else {
                 "layout": best.choice.label, "step_s": round(best.time.total, 4),
                 "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2)}}
+
+
+def carry_check(carried: list[list[Any]], gpus: int) -> dict[str, Any]:
+    """The references a ``--time`` plan on ``gpus`` carried to a larger micro-batch
+    (:mod:`flopscope.plan.micro_batch`), carried again and simulated: whether every figure the
+    screen reads is the same (held out: the mechanism was tested on the test model only)."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.precision import mixed_precision
+    from flopscope.plan.roles import RoleKey, Roles, clear_cache
+    from flopscope.plan.screen import Screen
+
+    clear_cache()
+    stored, _ = mixed_precision("bfloat16", "float32", None)  # as timed()'s plan
+    build = build_model("hf:llama", 4096, stored, LLAMA_70B)
+    roles = Roles(build, get_hardware("h100-sxm"),
+                  model_identity("hf:llama", 4096, stored, LLAMA_70B))
+    screens = Screen(roles, build, gpus), Screen(roles, build, gpus)
+    screens[1].carry_micro_batch = False
+    out: dict[str, Any] = {"gpus": gpus, "references": []}
+    for row in carried:
+        *fields, dp = row
+        rk = RoleKey(*[tuple(f) if isinstance(f, list) else f for f in fields])
+        start = time.process_time()
+        got, want = (s.reference(rk) if dp == 0 else s.pipeline(rk, dp) for s in screens)
+        same = all(a.points == b.points and a.memory.peak_bytes == b.memory.peak_bytes
+                   and a.report.communication == b.report.communication
+                   and (dp or all(
+                       x.flops == y.flops and abs(x.time_s - y.time_s) <= 1e-9 * y.time_s
+                       for p, y in b.estimate.by_phase.items()
+                       for x in [a.estimate.by_phase[p]]))
+                   for a, b in zip(got, want, strict=True))
+        out["references"].append({"key": row, "same": same,
+                                   "cpu_seconds": round(time.process_time() - start, 1)})
+        print(json.dumps(out["references"][-1]), flush=True)
+    out["all_same"] = all(r["same"] for r in out["references"])
+    return out
 
 
 def main() -> None:
@@ -137,6 +191,12 @@ def main() -> None:
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--roles", action="store_true")
     parser.add_argument("--time", action="store_true")
+    parser.add_argument("--no-carry", action="store_true",
+                        help="--time without carrying references to micro-batch 8 (written as "
+                             "time_no_carry: every row should be the same)")
+    parser.add_argument("--carry-check", action="store_true",
+                        help="the references the --time plans carried, simulated (after --time "
+                             "or from the JSON's)")
     parser.add_argument("--gpus", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--json", default="benchmarks/results/plan_screen.json")
     args = parser.parse_args()
@@ -150,9 +210,17 @@ def main() -> None:
         print(json.dumps({k: out["validate"][k] for k in ("all", "pipelines", "cpu_seconds")}))
     if args.roles:
         out["roles_70b"] = roles_70b()
-    if args.time:
+    if args.time and args.no_carry:
+        out["time_no_carry"] = [timed(g, carry=False) for g in args.gpus]
+        for t in out["time_no_carry"]:
+            print(t["gpus"], t["seconds"], t["cpu_seconds"], t["best"])
+    elif args.time:
         out["time"] = [timed(g) for g in args.gpus]
-        print(json.dumps(out["time"], indent=1))
+        for t in out["time"]:
+            print(t["gpus"], t["seconds"], t["cpu_seconds"], t["best"])
+    if args.carry_check:
+        out["carry_check"] = [carry_check(t["carried"], t["gpus"]) for t in out["time"]
+                              if t.get("carried")]
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -35,6 +35,7 @@ from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating, expand_repo
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
+from flopscope.estimate.roofline import CallRecord
 from flopscope.report.report import Report
 
 __all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",
@@ -115,6 +116,8 @@ class Small:
         memory: the memory profile.
         estimate: the roofline estimate.
         parameter_bytes: the rank's parameter shards.
+        calls: every operator call's roofline record (what ``estimate`` is summed from), where
+            kept (:meth:`flopscope.plan.roles.Roles.small`'s ``keep_calls``).
     """
 
     frame: Frame
@@ -123,6 +126,7 @@ class Small:
     memory: MemoryProfile
     estimate: Estimate
     parameter_bytes: int
+    calls: list[CallRecord] = field(default_factory=list)
 
 
 def frame_of(prefix: str, layers: int, pp: int, stage: int) -> Frame:

@@ -35,14 +35,14 @@ class KeptRoles(Roles):
         self.reused = 0
 
     def small(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
-              dims: list[Dims] | None = None) -> Small:
+              dims: list[Dims] | None = None, calls: bool = False) -> Small:
         """:meth:`Roles.small <flopscope.plan.roles.Roles.small>`, simulated the first time
-        only."""
+        only (and again where its call records are asked for and were not kept)."""
         at = (key, per_stage, like)
         found = self._kept.get(at)
-        if found is None:
+        if found is None or (calls and not found[0].calls):
             got: list[Dims] = []
-            run = super().small(key, per_stage, like, got)
+            run = super().small(key, per_stage, like, got, calls)
             found = self._kept[at] = (run, got[0] if got else None)
         else:
             self.reused += 1

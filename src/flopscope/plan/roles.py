@@ -421,7 +421,7 @@ class Roles:
         return self._layers
 
     def small(self, key: RoleKey, per_stage: int | None, like: RoleKey | None = None,
-             dims: list[Dims] | None = None) -> Small:
+              dims: list[Dims] | None = None, calls: bool = False) -> Small:
         """One simulation of a role (a small run: what roles are put together from).
 
         Args:
@@ -430,6 +430,7 @@ class Roles:
             like: a stage put together from small pipelines, for which this run (fewer stages)
                 stands: its calls named by microbatch, its world and p2p groups ``like``'s.
             dims: given how the parameters split their dimension 0 (``dims_of``).
+            calls: keep every operator call's roofline record (``Small.calls``).
 
         Returns:
             The :class:`~flopscope.plan.layers.Small` run.
@@ -478,7 +479,8 @@ class Roles:
             report = dataclasses.replace(report, world_size=layout_of(like).world_size,
                                          rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
-                     log.estimate(self._hardware), parameter_bytes)
+                     log.estimate(self._hardware), parameter_bytes,
+                     log.records if calls else [])
 
 
 def layout_of(key: RoleKey) -> Layout:

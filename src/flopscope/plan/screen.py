@@ -31,6 +31,12 @@ more too, the first stage with two layers too):
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
   parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
 
+A reference above the larger of :data:`CARRY_FROM` (micro-batch 4) is not simulated: its runs are
+carried from the same runs at :data:`CARRY_FROM`'s micro-batches
+(:func:`~flopscope.plan.micro_batch.at_micro_batch`: every count on its line in the
+micro-batch, the roofline time summed again from the carried call records), exact where the
+runs make the same calls (checked; else simulated).
+
 What else a deep pipeline does (the schedule's order of frees, FSDP2's resharding between
 microbatches at every depth) is not in the references, so a screened stage is an **estimate**:
 the plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`)
@@ -48,24 +54,24 @@ from typing import Any
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import split_layers
-from flopscope.distributed.repeat import SMALL, WIDTH, Frame, NotRepeating
-from flopscope.distributed.repeat_peak import Point, extrapolate_peak
+from flopscope.distributed.repeat import SMALL, NotRepeating
+from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
-from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate import Estimate
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
-from flopscope.plan.microbatches import extend_points, peak_of
+from flopscope.plan.micro_batch import at_micro_batch
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
+from flopscope.plan.stage_memory import PIPELINE_MICROBATCHES, REFERENCE_LAYERS, stage_memory
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
-__all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
+__all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
            "Screen", "reference_key", "screened"]
 
-#: the layer counts of a reference's two runs
-REFERENCE_LAYERS = (3, 4)
-#: the microbatches of a reference pipeline's stages (and one more on the last stage)
-PIPELINE_MICROBATCHES = 3
+#: the micro-batches a reference pipeline at a larger one is carried from (at 1 a causal LM's
+#: loss makes one call fewer: its shifted labels are contiguous, not copied)
+CARRY_FROM = (2, 4)
 #: FSDP2's own operators (its gathers' copy in and out, the gradients' concatenation, the
 #: gathered buffers' allocation): run per step, not per microbatch (a pipeline stage keeps
 #: its gathered parameters between microbatches)
@@ -73,7 +79,6 @@ PER_STEP = ("fsdp.", "aten.empty.memory_format")
 #: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
 #: DecoderStage`); the layers' parent's other modules and the root's run on the last
 EMBEDDING = "model.embed_tokens"
-_BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
 
 
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
@@ -109,12 +114,6 @@ def _lin(terms: Iterable[tuple[float, Row]]) -> Row:
     return Row(**values)
 
 
-def _in_layers(module: str, layers: str) -> bool:
-    """Whether a call point's module is inside the decoder layers (a pipeline's points are
-    prefixed with their microbatch: ``UNITS.i.F|model.layers.0.mlp``)."""
-    return module.split("|")[-1].startswith(layers + ".")
-
-
 def _part(module: str, layers: str) -> str:
     if module.startswith(layers + "."):
         return "layer"
@@ -132,13 +131,6 @@ def _records(records: Iterable[CommRecord], layers: str
     return out
 
 
-def _affine(a: Mapping[str, int], b: Mapping[str, int], n: int) -> dict[str, int]:
-    """Per category, ``a`` at 3 layers and ``b`` at 4 carried to ``n`` (never below 0)."""
-    first = REFERENCE_LAYERS[0]
-    return {c: max(0, a.get(c, 0) + (n - first) * (b.get(c, 0) - a.get(c, 0)))
-            for c in {*a, *b}}
-
-
 def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
     """Live bytes at the first forward call after the last layer's forward (the final norm)."""
     last = max((i for i, p in enumerate(points)
@@ -147,12 +139,6 @@ def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
         if phase == Phase.FORWARD.value:
             return live
     return points[-1][3] if points else {}
-
-
-def _layer_backward_peak(points: Sequence[Point], layers: str) -> Point | None:
-    """The call inside the layers' backward (or recomputation) with the most live bytes."""
-    inside = [p for p in points if p[1] in _BACKWARD and p[0].startswith(layers + ".")]
-    return max(inside, key=lambda p: sum(p[3].values()), default=None)
 
 
 @dataclass(frozen=True)
@@ -258,7 +244,7 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     estimate = Estimate(est.hardware, est.tf32, _lin((1, r) for r in phases.values()), phases,
                         tf32_convolution=est.tf32_convolution)
     records = _stage_records(key, ref, k, first, last, m)
-    memory, params = _stage_memory(key, ref, k, first, last, m)
+    memory, params = stage_memory(key, ref, k, first, last, m)
     report = dataclasses.replace(ref.a.report, records=(), logical=(), replicated=(),
                                  communication=tuple(records))
     return RoleRun(key, report, memory, estimate, params, 0.0, m)
@@ -306,88 +292,6 @@ def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool
     return out
 
 
-def _sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
-    return {c: a.get(c, 0) - b.get(c, 0) for c in {*a, *b}}
-
-
-def _add(at: dict[str, int], d: Mapping[str, int], times: int) -> None:
-    for c, v in d.items():
-        at[c] = at.get(c, 0) + times * v
-
-
-def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers: str
-                ) -> MemoryProfile:
-    """A pipeline's last stage of ``k`` layers at ``m`` microbatches, from one layer at
-    ``mb`` and ``mb + 1``: each call point carried to ``m`` along its line
-    (:func:`~flopscope.plan.microbatches.extend_points`), then the ``k - 1`` more layers'
-    activations of the microbatch in flight added from its layer's forward to the end of its
-    layer's backward (the calls after hold only the microbatches' kept inputs, outputs and
-    their gradients)."""
-    mb = PIPELINE_MICROBATCHES + 1
-    points = last.points
-    if m != mb - 1:
-        try:
-            points = extend_points(last.points, more.points, mb, m)
-        except NotRepeating:
-            points = more.points if m > mb else last.points
-    grown: list[Point] = []
-    alive = in_backward = False  # the microbatch in flight holds its layers' activations
-    for module, phase, op, live in points:
-        inside = _in_layers(module, layers)
-        if inside:
-            alive = alive or phase == Phase.FORWARD.value
-            in_backward = phase in _BACKWARD
-        elif in_backward:
-            alive = in_backward = False
-        if alive:
-            live = {**live, "activations": live.get("activations", 0) + (k - 1) * act_layer}
-        grown.append((module, phase, op, live))
-    return peak_of(grown, 0, more.memory)
-
-
-def _stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
-                  ) -> tuple[MemoryProfile, int]:
-    layer_p, embed_p, rest_p = ref.parameters()
-    params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
-    act_layer, act_embed, act_pre = ref.activations()
-    peak = ref.a.memory
-    if key.pp == 1:
-        # the reference's call points carried to k layers (the peak may move to another call
-        # as layers are added: flopscope.distributed.repeat_peak)
-        try:
-            found = extrapolate_peak(ref.a.points, ref.a.frame, ref.b.points, ref.b.frame,
-                                     Frame(ref.a.frame.prefix, 0, k), WIDTH)
-            at = dict(found.live)
-            peak = MemoryProfile(found.total, found.module, found.phase, found.op)
-        except NotRepeating:
-            at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
-    elif ref.first is not None and ref.first_two is not None:
-        # per layer under the pipeline: the first stage of two layers less that of one
-        per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
-        if last and ref.last is not None and ref.last_more is not None:
-            peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
-            at = dict(peak.at_peak)
-            _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
-        else:
-            # two microbatches in flight: each in flight holds k layers' activations and what
-            # the stage computes before its layers (the embedding's output on the first;
-            # every stage's rotary tables)
-            peak = ref.first.memory
-            at = dict(peak.at_peak)
-            _add(at, per_layer, k - 1)
-            in_flight = min(key.pp - key.stage, m)
-            at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
-                                    + (in_flight - 2) * (k * act_layer + first * act_embed
-                                                         + act_pre))
-    else:
-        raise ValueError("a pipeline stage's reference needs its pipeline runs")
-    at["parameters"] = params
-    memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
-                           {c: v for c, v in at.items() if v > 0}, train=True,
-                           note="screened from reference runs")
-    return memory, params
-
-
 class Screen:
     """Screened roles of one plan, each reference simulated once, its small runs in the fake
     world of their rank kept open from one run to the next in the same world
@@ -400,14 +304,21 @@ class Screen:
         gpus: the plan's devices.
 
     Attributes:
-        references: references simulated.
+        references: references simulated (a pipeline carried from others not counted).
+        carry_micro_batch: whether a reference above :data:`CARRY_FROM`'s micro-batches is
+            carried from those (its runs without stages and its pipelines); ``False``:
+            simulated.
+        carried: the references carried so, as ``(reference, FSDP2 degree of its pipeline)``
+            (0: its runs without stages).
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
         self._roles = roles
         self._gpus = gpus
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
-        self._pipes: dict[tuple[RoleKey, int], tuple[Small | None, ...]] = {}
+        self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
+        self.carry_micro_batch = True
+        self.carried: list[tuple[RoleKey, int]] = []
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -422,7 +333,7 @@ class Screen:
     @property
     def references(self) -> int:
         """References simulated (without stages, and pipelines)."""
-        return len(self._refs) + len(self._pipes)
+        return len(self._refs) + len(self._pipes) - len(self.carried)
 
     def estimates(self, key: RoleKey) -> bool:
         """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
@@ -455,29 +366,99 @@ class Screen:
 
     def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
-        runs = self._refs.get(rk)
-        if runs is None:
-            runs = self._refs[rk] = tuple(self._small(rk, n) for n in REFERENCE_LAYERS)
+        runs = self._reference(rk)
         pipe: tuple[Small | None, ...] = (None, None, None, None)
         if key.pp > 1:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
-            dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            pipe = self._pipes.get((rk, dp)) or ()
-            if not pipe:
-                mb = PIPELINE_MICROBATCHES
-                two = dataclasses.replace(rk, pp=2, dp=dp)
-                # the first stage's runs, then the last's (two worlds: the ranks differ)
-                first, first_two = (self._small(dataclasses.replace(two, microbatches=mb), n)
-                                    for n in (1, 2))
-                last, last_more = (self._small(dataclasses.replace(two, stage=1,
-                                                                   microbatches=m), 1)
-                                   for m in (mb, mb + 1))
-                pipe = self._pipes[(rk, dp)] = (first, last, last_more, first_two)
+            pipe = self._pipeline(rk, 1 if key.dp == 1 else self._gpus // (2 * key.tp))
         ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
         return screened(key, ref, self._layers)
 
-    def _small(self, key: RoleKey, per_stage: int) -> Small:
+    def reference(self, rk: RoleKey) -> tuple[Small, ...]:
+        """A reference's runs without stages (:meth:`_reference`), the fake world left.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+
+        Returns:
+            Its runs at :data:`REFERENCE_LAYERS`' layer counts.
+        """
+        try:
+            return self._reference(rk)
+        finally:
+            self._close()
+
+    def _reference(self, rk: RoleKey) -> tuple[Small, ...]:
+        """A reference's runs without stages (:data:`REFERENCE_LAYERS`): simulated (their
+        operator calls' records kept at :data:`CARRY_FROM`'s micro-batches), or above those
+        carried along the line through them (:func:`~flopscope.plan.micro_batch.
+        at_micro_batch`: every call's record, so the roofline estimate is summed from them)."""
+        runs = self._refs.get(rk)
+        if runs is not None:
+            return runs
+        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
+            low, high = (self._reference(dataclasses.replace(rk, micro_batch=b))
+                         for b in CARRY_FROM)
+            try:
+                runs = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
+                             for a, b in zip(low, high, strict=True))
+                self.carried.append((rk, 0))
+            except NotRepeating:
+                runs = None
+        if runs is None:
+            runs = tuple(self._small(rk, n, rk.micro_batch in CARRY_FROM)
+                         for n in REFERENCE_LAYERS)
+        self._refs[rk] = runs
+        return runs
+
+    def pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """A reference's two-stage pipeline runs (:meth:`_pipeline`), the fake world left.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+            dp: the pipeline's FSDP2 degree.
+
+        Returns:
+            (first stage, last stage, last with one microbatch more, first with two layers).
+        """
+        try:
+            return self._pipeline(rk, dp)
+        finally:
+            self._close()
+
+    def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """A reference's two-stage pipeline runs at FSDP2 degree ``dp`` (first stage, last
+        stage, last with one microbatch more, first with two layers): simulated, or above
+        :data:`CARRY_FROM`'s micro-batches carried along the line through them
+        (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
+        screening reads of them) unless they are not the same calls."""
+        pipe = self._pipes.get((rk, dp))
+        if pipe is not None:
+            return pipe
+        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
+            low, high = (self._pipeline(dataclasses.replace(rk, micro_batch=b), dp)
+                         for b in CARRY_FROM)
+            try:
+                pipe = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
+                             for a, b in zip(low, high, strict=True))
+                self.carried.append((rk, dp))
+            except NotRepeating:
+                pipe = None
+        if pipe is None:
+            mb = PIPELINE_MICROBATCHES
+            two_stages = dataclasses.replace(rk, pp=2, dp=dp)
+            # the first stage's runs, then the last's (two worlds: the ranks differ)
+            first, first_two = (self._small(dataclasses.replace(two_stages, microbatches=mb), n)
+                                for n in (1, 2))
+            last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
+                                                               microbatches=m), 1)
+                               for m in (mb, mb + 1))
+            pipe = (first, last, last_more, first_two)
+        self._pipes[(rk, dp)] = pipe
+        return pipe
+
+    def _small(self, key: RoleKey, per_stage: int, calls: bool = False) -> Small:
         """A small run in its rank's world, entered unless it is the one open."""
         layout = layout_of(key)
         world = (layout.world_size, layout.rank)
@@ -486,7 +467,7 @@ class Screen:
             self._stack.enter_context(fake_world(*world))
             self._stack.enter_context(shared_world(layout))
             self._world = world
-        return self._roles.small(key, per_stage)
+        return self._roles.small(key, per_stage, calls=calls)
 
     def _close(self) -> None:
         """Leave the fake world kept open."""

@@ -1,0 +1,137 @@
+"""A screened pipeline stage's peak memory from its reference (:class:`flopscope.plan.screen.
+Reference`): the first (and a middle) stage from the reference pipeline's first stage, the
+last from its last stage carried to the step's microbatches, a stage without stages from the
+runs of 3 and 4 layers carried to its layers (see :mod:`flopscope.plan.screen`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from flopscope.cost import Phase
+from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating
+from flopscope.distributed.repeat_peak import Point, extrapolate_peak
+from flopscope.estimate import MemoryProfile
+from flopscope.plan.layers import Small
+from flopscope.plan.microbatches import extend_points, peak_of
+from flopscope.plan.roles import RoleKey
+
+if TYPE_CHECKING:
+    from flopscope.plan.screen import Reference
+
+__all__ = ["PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "stage_memory"]
+
+#: the layer counts of a reference's two runs
+REFERENCE_LAYERS = (3, 4)
+#: the microbatches of a reference pipeline's stages (and one more on the last stage)
+PIPELINE_MICROBATCHES = 3
+_BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
+
+
+def _in_layers(module: str, layers: str) -> bool:
+    """Whether a call point's module is inside the decoder layers (a pipeline's points are
+    prefixed with their microbatch: ``UNITS.i.F|model.layers.0.mlp``)."""
+    return module.split("|")[-1].startswith(layers + ".")
+
+
+def _affine(a: Mapping[str, int], b: Mapping[str, int], n: int) -> dict[str, int]:
+    """Per category, ``a`` at 3 layers and ``b`` at 4 carried to ``n`` (never below 0)."""
+    first = REFERENCE_LAYERS[0]
+    return {c: max(0, a.get(c, 0) + (n - first) * (b.get(c, 0) - a.get(c, 0)))
+            for c in {*a, *b}}
+
+
+def _sub(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    return {c: a.get(c, 0) - b.get(c, 0) for c in {*a, *b}}
+
+
+def _add(at: dict[str, int], d: Mapping[str, int], times: int) -> None:
+    for c, v in d.items():
+        at[c] = at.get(c, 0) + times * v
+
+
+def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers: str
+                ) -> MemoryProfile:
+    """A pipeline's last stage of ``k`` layers at ``m`` microbatches, from one layer at
+    ``mb`` and ``mb + 1``: each call point carried to ``m`` along its line
+    (:func:`~flopscope.plan.microbatches.extend_points`), then the ``k - 1`` more layers'
+    activations of the microbatch in flight added from its layer's forward to the end of its
+    layer's backward (the calls after hold only the microbatches' kept inputs, outputs and
+    their gradients)."""
+    mb = PIPELINE_MICROBATCHES + 1
+    points = last.points
+    if m != mb - 1:
+        try:
+            points = extend_points(last.points, more.points, mb, m)
+        except NotRepeating:
+            points = more.points if m > mb else last.points
+    grown: list[Point] = []
+    alive = in_backward = False  # the microbatch in flight holds its layers' activations
+    for module, phase, op, live in points:
+        inside = _in_layers(module, layers)
+        if inside:
+            alive = alive or phase == Phase.FORWARD.value
+            in_backward = phase in _BACKWARD
+        elif in_backward:
+            alive = in_backward = False
+        if alive:
+            live = {**live, "activations": live.get("activations", 0) + (k - 1) * act_layer}
+        grown.append((module, phase, op, live))
+    return peak_of(grown, 0, more.memory)
+
+
+def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
+                 ) -> tuple[MemoryProfile, int]:
+    """A stage's peak memory and parameter shard bytes.
+
+    Args:
+        key: the role.
+        ref: its reference.
+        k: the stage's decoder layers.
+        first: whether it is the first stage.
+        last: whether it is the last.
+        m: the step's microbatches.
+
+    Returns:
+        (memory profile, parameter bytes).
+    """
+    layer_p, embed_p, rest_p = ref.parameters()
+    params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
+    act_layer, act_embed, act_pre = ref.activations()
+    peak = ref.a.memory
+    if key.pp == 1:
+        # the reference's call points carried to k layers (the peak may move to another call
+        # as layers are added: flopscope.distributed.repeat_peak)
+        try:
+            found = extrapolate_peak(ref.a.points, ref.a.frame, ref.b.points, ref.b.frame,
+                                     Frame(ref.a.frame.prefix, 0, k), WIDTH)
+            at = dict(found.live)
+            peak = MemoryProfile(found.total, found.module, found.phase, found.op)
+        except NotRepeating:
+            at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
+    elif ref.first is not None and ref.first_two is not None:
+        # per layer under the pipeline: the first stage of two layers less that of one
+        per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
+        if last and ref.last is not None and ref.last_more is not None:
+            peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
+            at = dict(peak.at_peak)
+            _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
+        else:
+            # two microbatches in flight: each in flight holds k layers' activations and what
+            # the stage computes before its layers (the embedding's output on the first;
+            # every stage's rotary tables)
+            peak = ref.first.memory
+            at = dict(peak.at_peak)
+            _add(at, per_layer, k - 1)
+            in_flight = min(key.pp - key.stage, m)
+            at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
+                                    + (in_flight - 2) * (k * act_layer + first * act_embed
+                                                         + act_pre))
+    else:
+        raise ValueError("a pipeline stage's reference needs its pipeline runs")
+    at["parameters"] = params
+    memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
+                           {c: v for c, v in at.items() if v > 0}, train=True,
+                           note="screened from reference runs")
+    return memory, params
