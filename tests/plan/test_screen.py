@@ -102,16 +102,24 @@ def test_pipeline_stages_are_estimates_within_the_margins(both: Any) -> None:
     assert sorted(map(abs, memory))[7] < 0.1, memory
 
 
-def test_a_screened_plan_simulates_its_best_and_marks_the_rest(both: Any) -> None:
+@pytest.mark.parametrize("only", [
+    # TP 1 (4 layouts, 8 references: about 10 s of CPU)
+    dict(tp=1),
+    # every pp-2 layout (10, 20 references: about 28 s of CPU); the same mechanism as TP 1 (the
+    # screen's TP 2 references are checked against the simulation in the test above)
+    pytest.param({}, marks=pytest.mark.slow),
+])
+def test_a_screened_plan_simulates_its_best_and_marks_the_rest(
+        both: Any, only: dict[str, Any]) -> None:
     # pipeline layouts only (--pp 2): every one screened, the ones that could win simulated.
     # The whole plan asks for the roles `both` simulates in the test above (the same model
     # identity, hardware and keys: roles_of(choice, 8, None, False, True) is the plan's), so
     # the process's role cache (flopscope.plan.roles) answers it when that test ran first
     # (about 28 s of CPU saved); the screened plan runs with the cache cleared, its references
     # and confirmations simulated as a plan does
-    whole = flopscope.plan("hf:llama", pp=2, **ARGS)
+    whole = flopscope.plan("hf:llama", pp=2, **only, **ARGS)
     clear_cache()
-    screened = flopscope.plan("hf:llama", pp=2, screen=True, confirm=2, **ARGS)
+    screened = flopscope.plan("hf:llama", pp=2, screen=True, confirm=2, **only, **ARGS)
     assert isinstance(whole, Plan) and isinstance(screened, Plan)
     assert screened.best is not None and whole.best is not None
     # the best is simulated: the same figures as the whole plan's
