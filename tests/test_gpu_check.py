@@ -80,15 +80,20 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
         assert r["predicted_step_s"] <= r["predicted_host_s"] + r["predicted_device_s"] + 1e-12
         assert r["ratio"] == r["predicted_step_s"] / r["eager_s"]
         assert sum(f["calls"] for f in r["families"].values()) == r["calls"]
-    # a second run keeps what is complete; a flops file cut short goes on where it stopped
+    # a second run keeps what is complete; a flops file cut short goes on where it stopped: cut
+    # before its last workload (the tiny ViT's backward), so the resumed run measures that one
+    # only (cut at 3 it ran the 15 others again, resnet50's forward and backward among them)
     again = gpu_check.run(tmp_path, ["flops"], force=False, dry=True)
     assert again["parts"] == {"flops": "kept"}
     flops["complete"] = False
-    flops["rows"] = flops["rows"][:3]
+    kept, flops["rows"] = flops["rows"][:-1], flops["rows"][:-1]
     (tmp_path / "flops.json").write_text(json.dumps(flops))
     resumed = gpu_check.run(tmp_path, ["flops"], force=False, dry=True)
     assert resumed["parts"] == {"flops": "ok"}
-    assert len(json.loads((tmp_path / "flops.json").read_text())["rows"]) == len(rows)
+    after = json.loads((tmp_path / "flops.json").read_text())["rows"]
+    assert len(after) == len(rows) and after[:-1] == kept  # the kept rows as they were
+    last = list(rows)[-1]  # measured again: the same count
+    assert after[-1]["workload"] == last and after[-1]["macs"] == rows[last]["macs"]
 
 
 def test_unknown_part_is_a_usage_error() -> None:

@@ -5,7 +5,9 @@ layer; refused where FSDP2 pads a parameter."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from flopscope.plan import degrees as degrees_module
 from flopscope.plan import planner
 from flopscope.plan.degrees import pads
 from flopscope.plan.planner import build_model
-from flopscope.plan.roles import RoleKey, Roles, clear_cache
+from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
 
 # 13 layers (more than the small runs' 3 + 4 + 5), hidden 64 (4 heads of 16, 2 KV heads), MLP
 # 128, a vocabulary of 1,024, 96 tokens. Under TP 2 x FSDP2 W the sharded dimensions 0 are
@@ -42,33 +44,68 @@ def _key(dp: int, *, checkpoint: bool = False, micro_batch: int = 1, pp: int = 1
                    sequence_parallel=pp == 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class ThirdDegree:
+    """A role at FSDP 2, 4, then 8 (derived from the first two) and the roles' counters
+    (from_small, from_degrees, degrees_refused) after 4 and after 8."""
+
+    two: RoleRun
+    derived: RoleRun
+    at_four: tuple[int, int, int]
+    at_eight: tuple[int, int, int]
+
+
+@pytest.fixture(scope="module")
+def third_degree() -> Callable[[dict[str, Any]], ThirdDegree]:
+    """Each role's FSDP 2, 4 and 8 runs made once in the module: the role without
+    checkpointing is compared with the role simulated at 8 and with every layer simulated (two
+    tests; its 7 small runs were made twice, about 5 s of CPU)."""
+    made: dict[tuple[Any, ...], ThirdDegree] = {}
+
+    def get(options: dict[str, Any]) -> ThirdDegree:
+        at = tuple(sorted(options.items()))
+        if at not in made:
+            clear_cache()
+            fast = _roles()
+
+            def counters() -> tuple[int, int, int]:
+                return fast.from_small, fast.from_degrees, fast.degrees_refused
+
+            two = fast.get(_key(2, **options))
+            fast.get(_key(4, **options))
+            at_four = counters()
+            derived = fast.get(_key(8, **options))
+            made[at] = ThirdDegree(two, derived, at_four, counters())
+            clear_cache()
+        return made[at]
+
+    return get
+
+
 @pytest.mark.parametrize("options", [
     dict(checkpoint=False),
     dict(checkpoint=True, micro_batch=2),
 ])
-def test_a_role_at_a_third_degree_equals_the_role_simulated_at_it(options: Any) -> None:
+def test_a_role_at_a_third_degree_equals_the_role_simulated_at_it(
+        options: Any, third_degree: Callable[[dict[str, Any]], ThirdDegree]) -> None:
     clear_cache()
-    fast, slow = _roles(), _roles(repeat_degrees=False)
-    fast.get(_key(2, **options))
-    fast.get(_key(4, **options))
-    assert (fast.from_small, fast.from_degrees) == (2, 0)
-    derived = fast.get(_key(8, **options))
+    third, slow = third_degree(options), _roles(repeat_degrees=False)
+    assert third.at_four[:2] == (2, 0)
     # the third degree: its 3-layer run simulated (the check), its 4- and 5-layer runs derived
-    assert (fast.from_small, fast.from_degrees, fast.degrees_refused) == (3, 1, 0)
-    assert_same_role(derived, slow.get(_key(8, **options)))
+    assert third.at_eight == (3, 1, 0)
+    assert_same_role(third.derived, slow.get(_key(8, **options)))
     # FSDP2's figures did change with the degree: the rank's parameter shards are a quarter of
     # those at degree 2 (no padding: every sharded dimension 0 divides by 8 x its TP split)
-    assert derived.parameter_bytes * 4 == fast.get(_key(2, **options)).parameter_bytes
+    assert third.derived.parameter_bytes * 4 == third.two.parameter_bytes
     clear_cache()
 
 
-def test_a_role_from_other_degrees_equals_simulating_every_layer() -> None:
+def test_a_role_from_other_degrees_equals_simulating_every_layer(
+        third_degree: Callable[[dict[str, Any]], ThirdDegree]) -> None:
     clear_cache()
-    fast, whole = _roles(), _roles(repeat_layers=False)
-    for dp in (2, 4):
-        fast.get(_key(dp))
-    derived = fast.get(_key(8))
-    assert fast.from_degrees == 1
+    third, whole = third_degree(dict(checkpoint=False)), _roles(repeat_layers=False)
+    derived = third.derived
+    assert third.at_eight[1] == 1  # from FSDP 2 and 4
     assert_same_role(derived, whole.get(_key(8)))
     assert (derived.memory.peak_module, derived.memory.peak_phase) == ("lm_head", "backward")
     clear_cache()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from flopscope.estimate import get_hardware
 from flopscope.plan import layers, planner
 from flopscope.plan import roles as roles_module
 from flopscope.plan.planner import build_model
-from flopscope.plan.roles import RoleKey, Roles, clear_cache
+from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
 
 # 20 layers of hidden 64 (4 heads of 16, 2 KV heads, MLP 128), a vocabulary of 1,000, 32
 # tokens: a pipeline of 20 stages (one layer each) runs 20 microbatches, more than the small
@@ -32,6 +33,22 @@ def _roles(fast: bool, config: dict[str, Any] = DEEP) -> Roles:
                  ("test_microbatches", fast), repeat_microbatches=fast)
 
 
+@pytest.fixture(scope="module")
+def whole() -> Callable[[RoleKey], tuple[RoleRun, int]]:
+    """A stage simulated with every microbatch (``repeat_microbatches=False``) and that roles'
+    ``from_microbatches``, once per stage in the module: the second stage at FSDP 2 is compared
+    by two tests (about 4 s of CPU each time)."""
+    made: dict[RoleKey, tuple[RoleRun, int]] = {}
+
+    def get(key: RoleKey) -> tuple[RoleRun, int]:
+        if key not in made:
+            roles = _roles(False)
+            made[key] = roles.get(key), roles.from_microbatches
+        return made[key]
+
+    return get
+
+
 @pytest.mark.parametrize("key", [
     # the first stage (the embedding): every forward, then every backward
     RoleKey(tp=1, pp=20, stage=0, dp=2, micro_batch=1, microbatches=20, checkpoint=False),
@@ -44,11 +61,12 @@ def _roles(fast: bool, config: dict[str, Any] = DEEP) -> Roles:
     # a forward and a backward in turn, every microbatch's logits kept to the step's end
     RoleKey(tp=2, pp=20, stage=19, dp=2, micro_batch=1, microbatches=20, checkpoint=False),
 ])
-def test_a_stage_from_small_pipelines_equals_the_whole_simulation(key: RoleKey) -> None:
+def test_a_stage_from_small_pipelines_equals_the_whole_simulation(
+        key: RoleKey, whole: Callable[[RoleKey], tuple[RoleRun, int]]) -> None:
     clear_cache()
-    fast_roles, slow_roles = _roles(True), _roles(False)
-    fast, slow = fast_roles.get(key), slow_roles.get(key)
-    assert (fast_roles.from_microbatches, slow_roles.from_microbatches) == (1, 0)
+    fast_roles = _roles(True)
+    fast, (slow, slow_from_microbatches) = fast_roles.get(key), whole(key)
+    assert (fast_roles.from_microbatches, slow_from_microbatches) == (1, 0)
     assert_same_role(fast, slow)
     if key.stage == 1 and key.dp == 2:
         assert (fast.memory.peak_module, fast.memory.peak_phase, fast.memory.peak_op) == (
@@ -73,17 +91,17 @@ def test_stages_the_small_pipelines_cannot_stand_for_are_simulated_whole() -> No
     assert (uneven.simulations, uneven.from_microbatches) == (1, 0)
 
 
-def test_small_pipelines_that_do_not_line_up_are_refused(monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+def test_small_pipelines_that_do_not_line_up_are_refused(
+        monkeypatch: pytest.MonkeyPatch, whole: Callable[[RoleKey], tuple[RoleRun, int]]) -> None:
     # taking only the first and last microbatch as boundaries (pipelines of 3, 4 and 5 stages):
     # the second stage's backward after its one steady forward gathers the layer again (FSDP2),
     # so its calls are not those of the backwards after it; refused, the stage simulated whole
     monkeypatch.setattr(layers, "UNIT_WIDTH", 1)
     monkeypatch.setattr(roles_module, "UNIT_SMALL", (3, 4, 5))
     clear_cache()
-    fast_roles, slow_roles = _roles(True), _roles(False)
+    fast_roles = _roles(True)
     key = RoleKey(tp=1, pp=20, stage=1, dp=2, micro_batch=1, microbatches=20, checkpoint=False)
-    fast, slow = fast_roles.get(key), slow_roles.get(key)
+    fast, (slow, _) = fast_roles.get(key), whole(key)  # every microbatch: no small pipeline
     assert (fast_roles.simulations, fast_roles.from_microbatches) == (1, 0)
     assert fast.report == slow.report
     assert memory(fast) == memory(slow)

@@ -35,13 +35,22 @@ def both() -> tuple[Roles, Screen, list[Choice], Links]:
     return roles, Screen(roles, build, 4), enumerate_layouts(4, shape, 8), Links.of(hw, 8, 4)
 
 
+COMMON: dict[str, Any] = dict(budget=1 << 40, tokens=8 * 256, flops=1, peak=1e15)
+
+
+def _estimate(both: tuple[Roles, Screen, list[Choice], Links], choice: Choice) -> Candidate:
+    """The layout's candidate from `both`'s screen."""
+    _, screen, _, links = both
+    keys = roles_of(choice, 8, None, False, True)
+    return evaluate(choice, [screen.run(k) for k in keys], links, screened=True, **COMMON)
+
+
 def _candidates(both: tuple[Roles, Screen, list[Choice], Links], choice: Choice
                 ) -> tuple[Candidate, Candidate]:
-    roles, screen, _, links = both
+    roles, _, _, links = both
     keys = roles_of(choice, 8, None, False, True)
-    common: dict[str, Any] = dict(budget=1 << 40, tokens=8 * 256, flops=1, peak=1e15)
-    return (evaluate(choice, [screen.run(k) for k in keys], links, screened=True, **common),
-            evaluate(choice, [roles.get(k) for k in keys], links, **common))
+    return (_estimate(both, choice),
+            evaluate(choice, [roles.get(k) for k in keys], links, **COMMON))
 
 
 def test_a_role_without_stages_is_simulated(both: Any) -> None:
@@ -93,12 +102,24 @@ def test_pipeline_stages_are_estimates_within_the_margins(both: Any) -> None:
     assert sorted(map(abs, memory))[7] < 0.1, memory
 
 
-def test_a_screened_plan_simulates_its_best_and_marks_the_rest() -> None:
-    # pipeline layouts only (--pp 2): every one screened, the ones that could win simulated
+@pytest.mark.parametrize("only", [
+    # TP 1 (4 layouts, 8 references: about 10 s of CPU)
+    dict(tp=1),
+    # every pp-2 layout (10, 20 references: about 28 s of CPU); the same mechanism as TP 1 (the
+    # screen's TP 2 references are checked against the simulation in the test above)
+    pytest.param({}, marks=pytest.mark.slow),
+])
+def test_a_screened_plan_simulates_its_best_and_marks_the_rest(
+        both: Any, only: dict[str, Any]) -> None:
+    # pipeline layouts only (--pp 2): every one screened, the ones that could win simulated.
+    # The whole plan asks for the roles `both` simulates in the test above (the same model
+    # identity, hardware and keys: roles_of(choice, 8, None, False, True) is the plan's), so
+    # the process's role cache (flopscope.plan.roles) answers it when that test ran first
+    # (about 28 s of CPU saved); the screened plan runs with the cache cleared, its references
+    # and confirmations simulated as a plan does
+    whole = flopscope.plan("hf:llama", pp=2, **only, **ARGS)
     clear_cache()
-    whole = flopscope.plan("hf:llama", pp=2, **ARGS)
-    clear_cache()
-    screened = flopscope.plan("hf:llama", pp=2, screen=True, confirm=2, **ARGS)
+    screened = flopscope.plan("hf:llama", pp=2, screen=True, confirm=2, **only, **ARGS)
     assert isinstance(whole, Plan) and isinstance(screened, Plan)
     assert screened.best is not None and whole.best is not None
     # the best is simulated: the same figures as the whole plan's
@@ -113,7 +134,8 @@ def test_a_screened_plan_simulates_its_best_and_marks_the_rest() -> None:
     assert len(sim) < len(rows)
     # the errors reported are the screen's against the simulation, layout by layout
     assert screened.screening.memory_error == pytest.approx(tuple(
-        e.memory_bytes / by_label[e.choice.label].memory_bytes - 1 for e in _screened(sim)))
+        e.memory_bytes / by_label[e.choice.label].memory_bytes - 1
+        for e in _screened(both, sim)))
     note = screened.notes[-1]
     assert note.startswith("screened: layouts estimated from ")
     assert f"the {len(sim)} that could win were simulated" in note
@@ -123,18 +145,14 @@ def test_a_screened_plan_simulates_its_best_and_marks_the_rest() -> None:
     assert whole.to_dict()["screening"] is None
 
 
-def _screened(simulated: list[Candidate]) -> list[Candidate]:
+def _screened(both: tuple[Roles, Screen, list[Choice], Links], simulated: list[Candidate]
+              ) -> list[Candidate]:
     """The screen's own candidates for simulated layouts, in the order the plan confirmed them
-    (fastest screened step first)."""
-    build = build_model("hf:llama", 256, "bfloat16", CONFIG)
-    hw = get_hardware("h100")
-    roles = Roles(build, hw, model_identity("hf:llama", 256, "bfloat16", CONFIG))
-    screen = Screen(roles, build, 4)
-    common: dict[str, Any] = dict(budget=1 << 40, tokens=8 * 256, flops=1, peak=1e15)
-    links = Links.of(hw, 8, 4)
-    out = [evaluate(c.choice, [screen.run(k) for k in roles_of(c.choice, 8, None, False, True)],
-                    links, screened=True, **common) for c in simulated]
-    return sorted(out, key=lambda c: c.time.total)
+    (fastest screened step first): from `both`'s screen (the plan's model, hardware and 4 GPUs;
+    its references are those test_pipeline_stages_are_estimates_within_the_margins made, not
+    made a third time)."""
+    return sorted((_estimate(both, c.choice) for c in simulated),
+                  key=lambda c: c.time.total)
 
 
 def _cand(label: str, total: float, memory: int, screened: bool = True) -> Candidate:
@@ -182,10 +200,14 @@ def test_screen_options_are_checked_first(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_cli_screen_marks_estimates(capsys: pytest.CaptureFixture[str]) -> None:
+    # --tp 1 as well as --pp 2: 4 layouts (TP1 PP2 DP2, mb2x2 and mb1x4, each with and without
+    # checkpointing) from 8 references, one simulated and 3 left screened (10 s of CPU against
+    # 28 s for the 10 layouts of --pp 2 alone, which the test above plans through the API)
     clear_cache()
     flags = [a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]
     assert main(["plan", "hf:llama", "--gpus", "4", "--hardware", "h100", "--seq-len", "256",
-                 "--global-batch", "8", "--pp", "2", *flags, "--screen", "--confirm", "1"]) == 0
+                 "--global-batch", "8", "--pp", "2", "--tp", "1", *flags, "--screen",
+                 "--confirm", "1"]) == 0
     out = capsys.readouterr().out
     assert " ~ " in out  # a screened row
     assert "Note: screened: layouts estimated from " in out
