@@ -35,7 +35,8 @@ call touches (its tensors' storage sizes). A storage the call reads was last tou
 traffic ago; it is found in the cache when *d* plus its own size fits in *C* (an LRU cache
 holds the most recently touched *C* bytes; counting traffic rather than distinct bytes makes *d*
 an over-estimate, so hits are if anything missed). A storage never touched before in the run
-comes from main memory. Outputs that fit in *C* are written to the cache (written back later, if
+comes from main memory (a storage is told from one made later at the same address, which its
+key is). Outputs that fit in *C* are written to the cache (written back later, if
 ever, when evicted: charged to no call, which keeps the estimate a lower bound). So in one
 forward the weights come from memory and an activation read right after it was written comes
 from the cache when it fits; an operator timed in a loop finds its inputs in the cache when they
@@ -53,6 +54,9 @@ an intermediate that is needed later, e.g. saved for backward) and shows the low
 """
 
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 import torch
 
@@ -233,9 +237,11 @@ class CallLog:
         self.records: list[CallRecord] = []
         self.default_dtype = default_dtype or torch.get_default_dtype()
         # the cache model's clock: bytes touched so far, and the clock when each storage was
-        # last touched
+        # last touched, with a weak reference to the storage: a storage's key is its address,
+        # which a storage made after it died may take (a constant made outside any operator
+        # would otherwise find the dead one's clock, depending on what the allocator reused)
         self._clock = 0
-        self._touched: dict[int, int] = {}
+        self._touched: dict[int, tuple[int, weakref.ref[Any]]] = {}
         self._op_clock: dict[str, int] = {}  # the clock after each operator's last call
         self._chain: list[str] = []  # the module chain of the last forward call
         # the previous call, for the fused view: (path, phase, element-wise, record,
@@ -319,16 +325,18 @@ class CallLog:
         touched = self._touched
         clock = self._clock
         seen: dict[int, int] = {}
+        storages: dict[int, Any] = {}
         reuse = []
         for t in call.inputs:
             key = _storage_key(t)
             if key is None or key in seen:
                 continue
-            size = t.untyped_storage().nbytes()
+            storage = storages[key] = t.untyped_storage()
+            size = storage.nbytes()
             seen[key] = size
             last = touched.get(key)
-            if last is not None:
-                reuse.append((size, clock - last))
+            if last is not None and last[1]() is storage:  # the same storage, still alive
+                reuse.append((size, clock - last[0]))
         inputs = set(seen)
         out: dict[int, int] = {}  # written storages, in-place and out= ones included
         known = True
@@ -339,14 +347,17 @@ class CallLog:
                 continue
             known_size = seen.get(key)
             if known_size is None:
-                known_size = seen[key] = t.untyped_storage().nbytes()
+                storage = storages[key] = t.untyped_storage()
+                known_size = seen[key] = storage.nbytes()
             out[key] = known_size
         rec.reuse = tuple(reuse)
         rec.out_bytes = sum(out.values()) if known else None
         rec.fresh_bytes = sum(n for k, n in out.items() if k not in inputs) if known else None
         clock += sum(seen.values())
-        for key in seen:
-            touched[key] = clock
+        for key, storage in storages.items():
+            last = touched.get(key)
+            ref = last[1] if last is not None and last[1]() is storage else weakref.ref(storage)
+            touched[key] = (clock, ref)
         self._clock = clock
 
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
