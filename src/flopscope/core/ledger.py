@@ -236,12 +236,10 @@ class Ledger:
                     found = (op.name, counted(op), False)
                 known[op] = found
             name, is_counted, decomposed = found
-            if type(sums) is Sums:
-                append(op_record(path, name, phase, sums.calls, sums.cost(), is_counted,
-                                 decomposed))
-            else:  # one call: its cost
-                append(op_record(path, name, phase, 1, sums, is_counted,  # type: ignore[arg-type]
-                                 decomposed))
+            calls, cost = ((sums.calls, sums.cost()) if type(sums) is Sums
+                           else (1, sums))  # one call: its cost
+            append(op_record(path, name, phase, calls, cost, is_counted,  # type: ignore[arg-type]
+                             decomposed))
         return tuple(records)
 
     def rule_records(self) -> tuple[RuleRecord, ...]:

@@ -355,13 +355,7 @@ class ModuleTracker:
             if kind & _SCRIPTED and module._modules:
                 self.scripted[path] = None
         stack.append(frame)
-        seq = _sequence_nr()  # st.mark(path), inline: this runs on every module call
-        seqs = st.seqs
-        if seqs and seqs[-1] == seq:
-            st.seq_paths[-1] = path
-        else:
-            seqs.append(seq)
-            st.seq_paths.append(path)
+        st.mark(path)
         if self.on_enter and st is self.main:
             for enter in self.on_enter:
                 enter(path, phase)
@@ -414,14 +408,7 @@ class ModuleTracker:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        path = parent.path if parent is not None else ""  # st.mark(path), inline
-        seq = _sequence_nr()
-        seqs = st.seqs
-        if seqs and seqs[-1] == seq:
-            st.seq_paths[-1] = path
-        else:
-            seqs.append(seq)
-            st.seq_paths.append(path)
+        st.mark(parent.path if parent is not None else "")
 
     # -- optimizer hooks ----------------------------------------------------------------------
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -5,7 +5,7 @@ breakdowns hand back. Plain frozen values; :mod:`flopscope.report.report` re-exp
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 from flopscope.core.params import ParamStats
@@ -32,8 +32,9 @@ class OpRecord:
 # OpRecord's slots set directly: the frozen dataclass's __init__ sets each field through
 # object.__setattr__ (a generic attribute lookup per field), and a report makes one record per
 # (module, operator, phase): the same record in about half the time (op_record)
-_OP_SLOTS = tuple(OpRecord.__dict__[name].__set__ for name in
-                  ("module", "op", "phase", "calls", "cost", "counted", "decomposed"))
+_OP_FIELDS = ("module", "op", "phase", "calls", "cost", "counted", "decomposed")
+assert tuple(f.name for f in fields(OpRecord)) == _OP_FIELDS  # op_record sets each
+_OP_SLOTS = tuple(OpRecord.__dict__[name].__set__ for name in _OP_FIELDS)
 _new = object.__new__
 
 
