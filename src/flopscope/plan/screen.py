@@ -46,7 +46,7 @@ and reports the screen's error on them; docs/plan.md ("Screening") has the error
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
@@ -397,15 +397,7 @@ class Screen:
         runs = self._refs.get(rk)
         if runs is not None:
             return runs
-        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
-            low, high = (self._reference(dataclasses.replace(rk, micro_batch=b))
-                         for b in CARRY_FROM)
-            try:
-                runs = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
-                             for a, b in zip(low, high, strict=True))
-                self.carried.append((rk, 0))
-            except NotRepeating:
-                runs = None
+        runs = self._carried(rk, 0, self._reference)
         if runs is None:
             runs = tuple(self._small(rk, n, rk.micro_batch in CARRY_FROM)
                          for n in REFERENCE_LAYERS)
@@ -436,15 +428,7 @@ class Screen:
         pipe = self._pipes.get((rk, dp))
         if pipe is not None:
             return pipe
-        if rk.micro_batch > CARRY_FROM[1] and self.carry_micro_batch:
-            low, high = (self._pipeline(dataclasses.replace(rk, micro_batch=b), dp)
-                         for b in CARRY_FROM)
-            try:
-                pipe = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
-                             for a, b in zip(low, high, strict=True))
-                self.carried.append((rk, dp))
-            except NotRepeating:
-                pipe = None
+        pipe = self._carried(rk, dp, lambda k: self._pipeline(k, dp))
         if pipe is None:
             mb = PIPELINE_MICROBATCHES
             two_stages = dataclasses.replace(rk, pp=2, dp=dp)
@@ -457,6 +441,23 @@ class Screen:
             pipe = (first, last, last_more, first_two)
         self._pipes[(rk, dp)] = pipe
         return pipe
+
+    def _carried(self, rk: RoleKey, dp: int, runs_at: Callable[[RoleKey], tuple[Small, ...]]
+                 ) -> tuple[Small, ...] | None:
+        """``rk``'s runs carried from the same runs at :data:`CARRY_FROM`'s micro-batches
+        (``runs_at``; :func:`~flopscope.plan.micro_batch.at_micro_batch`), noted in
+        :attr:`carried` with ``dp`` (0: the runs without stages); ``None`` where ``rk`` is not
+        above them, carrying is off, or the runs are not the same calls."""
+        if rk.micro_batch <= CARRY_FROM[1] or not self.carry_micro_batch:
+            return None
+        low, high = (runs_at(dataclasses.replace(rk, micro_batch=b)) for b in CARRY_FROM)
+        try:
+            runs = tuple(at_micro_batch(a, b, CARRY_FROM, rk.micro_batch)
+                         for a, b in zip(low, high, strict=True))
+        except NotRepeating:
+            return None
+        self.carried.append((rk, dp))
+        return runs
 
     def _small(self, key: RoleKey, per_stage: int, calls: bool = False) -> Small:
         """A small run in its rank's world, entered unless it is the one open."""
