@@ -117,7 +117,7 @@ class Small:
         estimate: the roofline estimate.
         parameter_bytes: the rank's parameter shards.
         calls: every operator call's roofline record (what ``estimate`` is summed from), where
-            kept (:meth:`flopscope.plan.roles.Roles.small`'s ``keep_calls``).
+            kept (:meth:`flopscope.plan.roles.Roles.small`'s ``calls``).
     """
 
     frame: Frame
