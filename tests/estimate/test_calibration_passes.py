@@ -94,3 +94,38 @@ def test_points_pool_their_samples_over_the_passes(monkeypatch: pytest.MonkeyPat
             assert p.seconds == pytest.approx(statistics.median([1e-3, 2e-3, 3e-3, 4e-3]))
         else:  # four clean samples: 2, 4, 6, 8 ms
             assert p.seconds == pytest.approx(5e-3)
+
+
+def test_host_probes_take_the_median_of_their_runs() -> None:
+    from flopscope.estimate.host_probes import median_rows, median_table
+
+    # add: runs of 1, 5 and 2 us -> 2; view only in two runs: (1 + 3) / 2
+    runs = [{"add": 1e-6, "view": 1e-6}, {"add": 5e-6}, {"add": 2e-6, "view": 3e-6}]
+    assert median_table(runs) == {"add": 2e-6, "view": 2e-6}
+    rows = [{"mm": (1.0, 10.0)}, {"mm": (3.0, 40.0)}, {"mm": (2.0, 20.0)}]
+    assert median_rows(rows) == {"mm": (2.0, 20.0)}  # per position: median(1, 3, 2), (10, 40, 20)
+
+
+def test_calibrate_runs_the_host_probes_before_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.estimate.synthetic import FAST
+
+    module = importlib.import_module("flopscope.estimate.calibrate")
+    runs = iter([1e-6, 9e-6, 2e-6])  # one host time per run: the median is 2 us
+
+    def points(device: str, *, budget_s: float, passes: int, progress: object,
+               before_pass: object) -> list[object]:
+        assert callable(before_pass)
+        for p in range(passes):
+            before_pass(p)
+        return []
+
+    monkeypatch.setattr(module, "calibration_points", points)
+    monkeypatch.setattr(module, "host_times", lambda device, calls: {"view": next(runs)})
+    monkeypatch.setattr(module, "op_host_times", lambda device, calls: {"view": calls * 1e-6})
+    monkeypatch.setattr(module, "evicted_host_times",
+                        lambda device, samples: {"view": (float(samples),)})
+    cal = module.calibrate(FAST, device="cpu", threads=1, passes=3).calibration
+    assert cal is not None
+    assert cal.host_s == {"view": 2e-6}
+    assert cal.host_op_s == {"view": 133e-6}  # 400 // 3 calls a batch in each run
+    assert cal.host_evicted_s == {"view": (3.0,)}  # max(9 // 3, 3) samples a run

@@ -32,6 +32,8 @@ from flopscope.estimate.host_probes import (
     evicted_host_times,
     fault_cost,
     host_times,
+    median_rows,
+    median_table,
     module_call_time,
     op_host_times,
 )
@@ -51,7 +53,8 @@ __all__ = ["calibrate", "calibration_points"]
 
 
 def calibration_points(device: str = "cpu", *, budget_s: float = 0.01, passes: int = 5,
-                       progress: Callable[[str], None] | None = None) -> list[Point]:
+                       progress: Callable[[str], None] | None = None,
+                       before_pass: Callable[[int], None] | None = None) -> list[Point]:
     """Time every microbenchmark (see the module docstring) on ``device`` in ``passes`` passes
     over all of them, each point's time the :func:`robust_median` of its samples of every pass:
     a point's samples are spread over the whole calibration, so a moment of contention on a
@@ -71,6 +74,7 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01, passes: i
         budget_s: about a third of a point's time in all (above).
         passes: how many passes (at least 1).
         progress: called with a line per group of each pass.
+        before_pass: called with each pass's index before it (the host probes' runs).
 
     Returns:
         The points.
@@ -90,6 +94,8 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01, passes: i
         rounds = (-(-5 // passes), -(-200 // passes))  # 5-200 rounds in all, as in one pass
         share = 3 * budget_s / passes  # a loop-timed point's time in one pass
         for p in range(passes):
+            if before_pass is not None:
+                before_pass(p)
             first = 0
             for group, members in groups.items():
                 start = time.perf_counter()
@@ -166,13 +172,21 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         torch.set_num_threads(threads)
     try:
         mmap_bytes, fault = fault_cost(device)  # first: before the heap has grown
-        host = host_times(device)
-        host_op = op_host_times(device)
-        evicted = evicted_host_times(device)
         module_s = module_call_time(device)
         dtensor_s, fsdp_s = framework_costs(clock(device)[1])  # host time: any device
-        points = calibration_points(device, budget_s=budget_s, passes=passes,
-                                    progress=progress)
+        # the host probes: a share of them before each pass of the points, the median of the
+        # runs (a moment of contention moves one run, not the probe)
+        probes: list[tuple[dict[str, float], dict[str, float],
+                           dict[str, tuple[float, ...]]]] = []
+        calls, samples = max(400 // passes, 40), max(9 // passes, 3)
+        points = calibration_points(
+            device, budget_s=budget_s, passes=passes, progress=progress,
+            before_pass=lambda _: probes.append((
+                host_times(device, calls=calls), op_host_times(device, calls=calls),
+                evicted_host_times(device, samples=samples))))
+        host = median_table([p[0] for p in probes])
+        host_op = median_table([p[1] for p in probes])
+        evicted = median_rows([p[2] for p in probes])
         name = device if device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
         calibration = Calibration(
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
