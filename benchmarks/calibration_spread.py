@@ -80,13 +80,14 @@ def predict(log: CallLog, hw: Hardware) -> tuple[float, dict[str, float]]:
 
 def point_spreads(profiles: list[Hardware]) -> list[dict[str, Any]]:
     """Per calibration point, its seconds in every profile and their spread, largest first."""
-    seconds: dict[tuple[str, str, str], list[float]] = {}
-    for hw in profiles:
+    seconds: dict[tuple[str, str, str, int, int], list[float]] = {}
+    for hw in profiles:  # two workloads may share a name (what): their counts tell them apart
         assert hw.calibration is not None
         for p in hw.calibration.points:
-            seconds.setdefault((p.family, p.dtype, p.what), []).append(p.seconds)
-    rows = [{"family": f, "dtype": d, "what": w, "seconds": s, "spread": spread(s)}
-            for (f, d, w), s in seconds.items() if len(s) == len(profiles)]
+            seconds.setdefault((p.family, p.dtype, p.what, p.flops, p.bytes), []).append(p.seconds)
+    rows = [{"family": f, "dtype": d, "what": w, "flops": n, "bytes": b, "seconds": s,
+             "spread": spread(s)}
+            for (f, d, w, n, b), s in seconds.items() if len(s) == len(profiles)]
     return sorted(rows, key=lambda r: -r["spread"])
 
 
