@@ -200,7 +200,9 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             fsdp_collective_s=fsdp_s)
         # last: the chains' prediction is the points'
         chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
-                               lambda fn, dev: time_per_call(fn, dev, budget_s=2 * budget_s))
+                               lambda fn, dev: time_per_call(fn, dev,
+                                                             budget_s=2 * budget_s / passes),
+                               passes=passes)
     finally:
         torch.set_num_threads(before)
     return dataclasses.replace(hardware, calibration=dataclasses.replace(calibration,
