@@ -106,7 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="read the profiles already in --profiles; calibrate none")
     parser.add_argument("--output", default=str(RESULTS / "calibration_spread.json"))
+    parser.add_argument("--no-preemption-filter", action="store_true",
+                        help="keep every sample, preempted or not (an ablation: no context "
+                             "switch is ever seen)")
     opts = parser.parse_args(argv)
+    if opts.no_preemption_filter:
+        import flopscope.estimate.timers as timers
+
+        timers.switches = lambda: 0  # read at each call by batch_samples and rotation_samples
     torch.set_num_threads(opts.threads)
     folder = Path(opts.profiles)
     folder.mkdir(parents=True, exist_ok=True)
