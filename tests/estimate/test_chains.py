@@ -137,13 +137,17 @@ def test_chain_points_predict_each_chain_from_the_points_alone() -> None:
     # a calibration at 2 threads; its chains are ignored: the points alone predict
     hw = two_threads(calibrated(POINTS, HOST, chains=(chain(9.0, 4096),)))
     timed: list[int] = []
+    # three passes over the n chains, each pass timing every chain once
+    n = len(CONV_CHAINS) + len(LINEAR_CHAINS)
+    runs = iter([2e-3] * n + [9e-3] * n + [1e-3] * n)  # pass 1: 2 ms, 2: 9 ms, 3: 1 ms
 
     def timer(fn: object, device: str) -> float:
         timed.append(1)
-        return 2e-3
+        return next(runs)
 
-    chains = chain_points(hw, "cpu", timer)  # type: ignore[arg-type]
-    assert len(chains) == len(CONV_CHAINS) + len(LINEAR_CHAINS) == len(timed)
+    chains = chain_points(hw, "cpu", timer, passes=3)  # type: ignore[arg-type]
+    assert len(chains) == n and len(timed) == 3 * n
+    assert {c.seconds for c in chains} == {2e-3}  # the median of 2, 9 and 1 ms
     first = chains[0]  # conv3x3 24 channels of 64 x 64, three blocks of three layers
     # four calls a block: the eval-mode batch norm's output and an empty tensor beside it
     assert first.what == "conv3x3+bn+relu 24x64x64 x3" and first.calls == 12

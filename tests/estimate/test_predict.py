@@ -207,10 +207,14 @@ def test_calibrate_runs_every_family_on_the_cpu() -> None:
 def test_cli_calibrate_writes_a_file_count_predicts_with(
         cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the microbenchmarks replaced by the known points (the real ones: the test above)
-    monkeypatch.setattr(calibrate_module, "calibration_points",
-                        lambda device, budget_s, progress: list(POINTS))
-    monkeypatch.setattr(calibrate_module, "op_host_times", lambda device: {})
-    monkeypatch.setattr(calibrate_module, "host_times", lambda device: dict(HOST))
+    def points(device: str, *, budget_s: float, passes: int, progress: object,
+               before_pass: Callable[[int], None]) -> list[Point]:
+        before_pass(0)  # the host probes' run before the (one) pass
+        return list(POINTS)
+
+    monkeypatch.setattr(calibrate_module, "calibration_points", points)
+    monkeypatch.setattr(calibrate_module, "op_host_times", lambda device, calls: {})
+    monkeypatch.setattr(calibrate_module, "host_times", lambda device, calls: dict(HOST))
     base = tmp_path / "fast.json"
     base.write_text(json.dumps(FAST.to_dict()))
     out = tmp_path / "cal.json"

@@ -178,21 +178,24 @@ def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch
     import importlib
 
     from flopscope.estimate.families import ROTATED_FAMILIES
+    from flopscope.estimate.timers import Sample
 
     # the module (the package's ``calibrate`` attribute is the function of that name)
     module = importlib.import_module("flopscope.estimate.calibrate")
 
     rotated: list[int] = []
-    real = module.time_in_rotation
+    real = module.rotation_samples
 
-    def spy(fns: list[object], device: str, *, budget_s: float = 0.01) -> list[float]:
+    def spy(fns: list[object], device: str, *, budget_s: float = 0.01,
+            rounds: tuple[int, int] = (5, 200)) -> list[list[Sample]]:
         rotated.append(len(fns))
-        return [1e-3] * len(fns)
+        return [[Sample(1e-3, False)] for _ in fns]
 
-    monkeypatch.setattr(module, "time_in_rotation", spy)
-    monkeypatch.setattr(module, "time_per_call", lambda fn, device, budget_s=0.01: 2e-3)
+    monkeypatch.setattr(module, "rotation_samples", spy)
+    monkeypatch.setattr(module, "batch_samples",
+                        lambda fn, device, budget_s=0.01, once=None: ([Sample(2e-3, False)], 1.0))
     torch.set_num_threads(1)
-    points = module.calibration_points("cpu", budget_s=1e-4)
+    points = module.calibration_points("cpu", budget_s=1e-4, passes=1)
     for p in points:  # the rotated families' points took the rotation's time, the rest a loop's
         assert p.seconds == (1e-3 if p.family in ROTATED_FAMILIES else 2e-3), p.what
     assert sum(rotated) == sum(p.family in ROTATED_FAMILIES for p in points) > 0
@@ -203,7 +206,8 @@ def test_layer_like_points_are_timed_in_rotation(monkeypatch: pytest.MonkeyPatch
         counts[i] += 1
 
     times = real([lambda: call(0), lambda: call(1)], "cpu", budget_s=0.0)
-    assert len(times) == 2 and min(times) > 0 and counts[0] == counts[1] >= 6
+    assert len(times) == 2 and [len(t) for t in times] == [5, 5]
+    assert counts[0] == counts[1] == 6
 
 
 def test_convolutions_are_interpolated_by_their_reduction_length() -> None:

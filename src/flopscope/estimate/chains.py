@@ -22,6 +22,7 @@ device overlapping.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -150,8 +151,8 @@ def chain_point(hardware: Hardware, what: str, module: nn.Module, x: torch.Tenso
 
 
 def chain_points(hardware: Hardware, device: str,
-                 time_per_call: Callable[[Callable[[], object], str], float]) -> tuple[
-                     ChainPoint, ...]:
+                 time_per_call: Callable[[Callable[[], object], str], float], *,
+                 passes: int = 1) -> tuple[ChainPoint, ...]:
     """Count, predict and time every chain of :func:`chains`, at more than one thread only: what
     they measure is the parallel speed-up a model's chain of fresh outputs does not get while
     the points, each in a loop or a rotation, do. At one thread here they ran a median of 0.76x
@@ -161,6 +162,10 @@ def chain_points(hardware: Hardware, device: str,
     the GPU's chains are timed eagerly at tiny sizes by ``benchmarks/gpu_calib.py`` (their time
     is the host's there) and predicted by :func:`chain_point` in ``benchmarks/gpu_profile.py``.
 
+    Every chain is timed once in each of ``passes`` passes over all of them, its time the median
+    of its passes' (as the points, :func:`flopscope.estimate.calibrate.calibration_points`: a
+    moment of contention moves one pass, not the chain).
+
     Args:
         hardware: a profile whose calibration has the points (and no chains) and the thread
             count they were timed at: each chain's ``predicted_s`` is what the points predict
@@ -168,6 +173,7 @@ def chain_points(hardware: Hardware, device: str,
         device: ``"cpu"`` or ``"cuda"``.
         time_per_call: the calibration's timer (``fn, device -> seconds per call``:
             :func:`flopscope.estimate.timers.time_per_call`).
+        passes: how many passes.
 
     Returns:
         The chains measured; none at one thread, on CUDA, or without a calibration.
@@ -175,10 +181,12 @@ def chain_points(hardware: Hardware, device: str,
     cal = hardware.calibration
     if device.startswith("cuda") or cal is None or cal.threads <= 1:
         return ()
-    out = []
-    with torch.no_grad():
-        for what, module, x in chains(device):
-            point = chain_point(hardware, what, module, x, 1.0)[0]  # counted first, then timed
-            seconds = time_per_call(lambda m=module, x=x: m(x), device)  # type: ignore[misc]
-            out.append(dataclasses.replace(point, seconds=seconds))
-    return tuple(out)
+    with torch.no_grad():  # counted first, then timed
+        counted = [(module, x, chain_point(hardware, what, module, x, 1.0)[0])
+                   for what, module, x in chains(device)]
+        times: list[list[float]] = [[] for _ in counted]
+        for _ in range(passes):
+            for t, (module, x, _point) in zip(times, counted, strict=True):
+                t.append(time_per_call(lambda m=module, x=x: m(x), device))  # type: ignore[misc]
+    return tuple(dataclasses.replace(point, seconds=statistics.median(t))
+                 for t, (_, _, point) in zip(times, counted, strict=True))

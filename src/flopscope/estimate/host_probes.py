@@ -9,6 +9,7 @@ per page-faulting allocation (:func:`fault_cost`) and per ``nn.Module`` call
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,38 @@ from flopscope.estimate.timers import clock, counted_call, per_call
 from flopscope.estimate.workloads import Fn, host_calls
 
 __all__ = ["EVICTIONS", "MMAP_BYTES", "evicted_host_times", "fault_cost", "host_times",
-           "module_call_time", "op_host_times"]
+           "median_rows", "median_table", "module_call_time", "op_host_times"]
+
+
+def median_table(tables: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per key, the median of its values over the tables holding it: a probe run in each pass
+    of a calibration (:func:`flopscope.estimate.calibrate.calibrate`), each run a few seconds
+    apart, so a moment of contention moves one run, not the probe.
+
+    Args:
+        tables: the runs' tables.
+
+    Returns:
+        Key -> the median.
+    """
+    keys = dict.fromkeys(k for t in tables for k in t)
+    return {k: statistics.median(t[k] for t in tables if k in t) for k in keys}
+
+
+def median_rows(tables: Sequence[Mapping[str, tuple[float, ...]]]) -> dict[str, tuple[float, ...]]:
+    """Per key, the median at each position over the tables holding it (as
+    :func:`median_table`; a key's rows are of one length, :data:`EVICTIONS`'s).
+
+    Args:
+        tables: the runs' tables.
+
+    Returns:
+        Key -> the medians.
+    """
+    keys = dict.fromkeys(k for t in tables for k in t)
+    return {k: tuple(statistics.median(col) for col in zip(*(t[k] for t in tables if k in t),
+                                                            strict=True))
+            for k in keys}
 
 
 def host_times(device: str, *, calls: int = 400) -> dict[str, float]:
