@@ -7,20 +7,24 @@ pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-l
 through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
 as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
 together from references shared by every depth and stage of a tensor-parallel degree,
-micro-batch, checkpointing and precision (:class:`Reference`, 23 layer passes): the model cut
-to 3 and to 4 decoder layers without stages, and two-stage pipelines of one layer per stage
-(first and last stage, :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
-more too, the first stage with two layers too):
+micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 16
+layer passes): two-stage pipelines of one layer per stage (first and last stage,
+:data:`PIPELINE_MICROBATCHES` ``= M`` microbatches, the last stage with one more too, the first
+stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``). (Until this round a
+stage's time and collectives came from a second pair of runs, the model cut to 3 and 4 layers
+without stages: 7 more layer passes, and a figure further from the pipeline's.)
 
-- **time** per phase: a layer's forward, backward and recomputation (4 layers less 3), the
-  embedding's (its module's own rows) and the rest (the final norm, the head, the loss) per
-  microbatch, FSDP2's own operators per step (:data:`PER_STEP`): a stage of ``k`` layers runs
-  ``k`` layers' per microbatch, the embedding's on the first stage and the rest's on the last;
-- **collectives**: the tensor-parallel ones per layer and microbatch as the reference ran them
-  (affine in the layer count); FSDP2's all-gathers (``microbatches + 1`` per layer and step)
-  and reduce-scatters (one per layer and step) at the role's FSDP2 degree (payloads as
-  gathered, bus bytes at the degree); the hidden states sent and received, one each way per
-  microbatch and stage boundary (the size the reference pipeline sent);
+- **time** per phase (:meth:`~flopscope.plan.reference.Reference.stage_row`): a layer's
+  ``F2 - F1``, its work per microbatch (``m / M``) and FSDP2's own operators
+  (:data:`PER_STEP`) at ``(m + 1) / (M + 1)`` (as its all-gathers); the first stage's outside
+  its layers ``F1 - (F2 - F1)`` (the embedding's work per microbatch, FSDP2's per step); the
+  last stage's ``L1`` and ``L2`` on their line at ``m`` microbatches, with ``k - 1`` more
+  layers; a middle stage's ``k`` layers;
+- **collectives** the same way (:func:`_stage_records`): the tensor-parallel ones per
+  microbatch, FSDP2's all-gathers one per microbatch and one more and its reduce-scatters once
+  a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
+  hidden states sent and received, one each way per microbatch and stage boundary (the size
+  the reference pipeline sent);
 - **peak memory**: the first (and a middle) stage from the reference pipeline's first stage
   (two microbatches in flight), plus what a layer adds there (its two-layer run less its
   one-layer run) per further layer, plus each further microbatch 1F1B keeps in flight
@@ -29,7 +33,11 @@ more too, the first stage with two layers too):
   pipeline's last stage at one and one more microbatch, each call point carried to the step's
   microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
-  parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
+  parameter shards per layer (``F2 - F1``), embedding (``F1`` less a layer) and rest (``L1``
+  less a layer), at its FSDP2 degree.
+
+A role without stages of a model of more than 12 layers is screened from its own two runs of
+3 and 4 layers (:data:`REFERENCE_LAYERS`), every call point carried to its layers.
 
 A reference above the larger of :data:`CARRY_FROM` (micro-batch 4) is not simulated: its runs are
 carried from the same runs at :data:`CARRY_FROM`'s micro-batches
@@ -255,7 +263,7 @@ class Screen:
 
     @property
     def references(self) -> int:
-        """References simulated (without stages, and pipelines)."""
+        """References simulated (runs without stages, and pipelines)."""
         return len(self._refs) + len(self._pipes) - len(self.carried)
 
     def estimates(self, key: RoleKey) -> bool:
