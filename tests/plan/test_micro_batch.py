@@ -43,6 +43,26 @@ def _same(a: Small, b: Small) -> None:
     assert a.report.communication == b.report.communication
 
 
+def _same_estimate(a: Small, b: Small) -> None:
+    """The roofline estimate: every phase's integer figures exactly, its seconds to 1e-9."""
+    assert b.estimate.by_phase  # a run's estimate, not an empty one
+    for phase, row in b.estimate.by_phase.items():
+        mine = a.estimate.by_phase[phase]
+        for f in dataclasses.fields(row):
+            x, y = getattr(mine, f.name), getattr(row, f.name)
+            if isinstance(y, int):
+                assert x == y, (phase, f.name)
+            else:
+                assert x == pytest.approx(y, rel=1e-9, abs=1e-15), (phase, f.name)
+    assert a.estimate.by_phase_op.keys() == b.estimate.by_phase_op.keys()
+    for phase, ops in b.estimate.by_phase_op.items():  # what the screen's rows read
+        for op, row in ops.items():
+            mine = a.estimate.by_phase_op[phase][op]
+            assert mine.flops == row.flops
+            assert mine.time_s == pytest.approx(row.time_s, rel=1e-9)
+    assert a.estimate.total.time_s == pytest.approx(b.estimate.total.time_s, rel=1e-9)
+
+
 # (tp, FSDP2 degree of the pipeline, checkpointing, mixed precision)
 CASES = [(1, 2, "none", None), (2, 1, "block", None), (1, 1, "selective", None),
          (2, 1, "none", ("bfloat16", "float32"))]
@@ -59,8 +79,9 @@ def test_a_pipeline_at_micro_batch_8_carried_equals_its_simulation(
     got = carried.pipeline(rk, dp)
     assert len(carried.carried) == before + 1  # carried from micro-batch 2 and 4, not simulated
     want = simulated.pipeline(rk, dp)
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(got, want, strict=True):  # the screen reads a stage's time from them too
         _same(a, b)
+        _same_estimate(a, b)
     # one sequence's hidden states sent: 256 tokens x 256 hidden x 2 bytes = 131,072 bytes;
     # 8 sequences per microbatch: 1,048,576 per send
     sends = [r for r in got[0].report.communication if r.kind == "send"]
@@ -129,18 +150,4 @@ def test_a_reference_without_stages_at_micro_batch_8_carried_equals_its_simulati
     for a, b in zip(got, want, strict=True):
         _same(a, b)
         assert a.parameter_bytes == b.parameter_bytes
-        for phase, row in b.estimate.by_phase.items():
-            mine = a.estimate.by_phase[phase]
-            for f in dataclasses.fields(row):
-                x, y = getattr(mine, f.name), getattr(row, f.name)
-                if isinstance(y, int):
-                    assert x == y, (phase, f.name)
-                else:
-                    assert x == pytest.approx(y, rel=1e-9, abs=1e-15), (phase, f.name)
-        assert a.estimate.by_phase_op.keys() == b.estimate.by_phase_op.keys()
-        for phase, ops in b.estimate.by_phase_op.items():  # what the screen's rows read
-            for op, row in ops.items():
-                mine = a.estimate.by_phase_op[phase][op]
-                assert mine.flops == row.flops
-                assert mine.time_s == pytest.approx(row.time_s, rel=1e-9)
-        assert a.estimate.total.time_s == pytest.approx(b.estimate.total.time_s, rel=1e-9)
+        _same_estimate(a, b)

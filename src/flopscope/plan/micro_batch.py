@@ -1,9 +1,9 @@
 """A small run at a larger micro-batch from the same run at two smaller ones.
 
-A screened plan's references (:class:`flopscope.plan.screen.Reference`) are small runs at the
-role's micro-batch: without stages at 3 and 4 layers (read for their time, collectives, call
-points and parameters) and two-stage pipelines (read for their memory and the hidden states
-they send). Run at micro-batch ``b`` of 2 or more, a run makes the same calls in the same order
+A screened plan's references (:class:`flopscope.plan.reference.Reference`) are small runs at
+the role's micro-batch: a role without stages' own runs at 3 and 4 layers, and a pipeline
+stage's two-stage pipelines (each read for its time, collectives, call points and
+parameters). Run at micro-batch ``b`` of 2 or more, a run makes the same calls in the same order
 at every ``b`` (the same modules, operators, phases and dtypes: the batch is a tensor
 dimension, not a count of calls; at 1 a causal LM's loss makes one call fewer, its shifted
 labels being contiguous without a copy), and every count the screen reads is a sum of terms

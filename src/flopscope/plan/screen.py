@@ -7,20 +7,24 @@ pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-l
 through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
 as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
 together from references shared by every depth and stage of a tensor-parallel degree,
-micro-batch, checkpointing and precision (:class:`Reference`, 23 layer passes): the model cut
-to 3 and to 4 decoder layers without stages, and two-stage pipelines of one layer per stage
-(first and last stage, :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
-more too, the first stage with two layers too):
+micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 16
+layer passes): two-stage pipelines of one layer per stage (first and last stage,
+:data:`PIPELINE_MICROBATCHES` ``= M`` microbatches, the last stage with one more too, the first
+stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``). (Until this round a
+stage's time and collectives came from a second pair of runs, the model cut to 3 and 4 layers
+without stages: 7 more layer passes, and a figure further from the pipeline's.)
 
-- **time** per phase: a layer's forward, backward and recomputation (4 layers less 3), the
-  embedding's (its module's own rows) and the rest (the final norm, the head, the loss) per
-  microbatch, FSDP2's own operators per step (:data:`PER_STEP`): a stage of ``k`` layers runs
-  ``k`` layers' per microbatch, the embedding's on the first stage and the rest's on the last;
-- **collectives**: the tensor-parallel ones per layer and microbatch as the reference ran them
-  (affine in the layer count); FSDP2's all-gathers (``microbatches + 1`` per layer and step)
-  and reduce-scatters (one per layer and step) at the role's FSDP2 degree (payloads as
-  gathered, bus bytes at the degree); the hidden states sent and received, one each way per
-  microbatch and stage boundary (the size the reference pipeline sent);
+- **time** per phase (:meth:`~flopscope.plan.reference.Reference.stage_row`): a layer's
+  ``F2 - F1``, its work per microbatch (``m / M``) and FSDP2's own operators
+  (:data:`PER_STEP`) at ``(m + 1) / (M + 1)`` (as its all-gathers); the first stage's outside
+  its layers ``F1 - (F2 - F1)`` (the embedding's work per microbatch, FSDP2's per step); the
+  last stage's ``L1`` and ``L2`` on their line at ``m`` microbatches, with ``k - 1`` more
+  layers; a middle stage's ``k`` layers;
+- **collectives** the same way (:func:`_stage_records`): the tensor-parallel ones per
+  microbatch, FSDP2's all-gathers one per microbatch and one more and its reduce-scatters once
+  a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
+  hidden states sent and received, one each way per microbatch and stage boundary (the size
+  the reference pipeline sent);
 - **peak memory**: the first (and a middle) stage from the reference pipeline's first stage
   (two microbatches in flight), plus what a layer adds there (its two-layer run less its
   one-layer run) per further layer, plus each further microbatch 1F1B keeps in flight
@@ -29,7 +33,11 @@ more too, the first stage with two layers too):
   pipeline's last stage at one and one more microbatch, each call point carried to the step's
   microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
-  parameter shards from the references' per layer, embedding and rest, at its FSDP2 degree.
+  parameter shards per layer (``F2 - F1``), embedding (``F1`` less a layer) and rest (``L1``
+  less a layer), at its FSDP2 degree.
+
+A role without stages of a model of more than 12 layers is screened from its own two runs of
+3 and 4 layers (:data:`REFERENCE_LAYERS`), every call point carried to its layers.
 
 A reference above the larger of :data:`CARRY_FROM` (micro-batch 4) is not simulated: its runs are
 carried from the same runs at :data:`CARRY_FROM`'s micro-batches
@@ -46,23 +54,27 @@ and reports the screen's error on them; docs/plan.md ("Screening") has the error
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import SMALL, NotRepeating
-from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import Estimate
-from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
 from flopscope.plan.micro_batch import at_micro_batch
+from flopscope.plan.reference import (
+    EMBEDDING,
+    PER_STEP,
+    PIPELINE_MICROBATCHES,
+    REFERENCE_LAYERS,
+    Reference,
+    lin,
+)
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
-from flopscope.plan.stage_memory import PIPELINE_MICROBATCHES, REFERENCE_LAYERS, stage_memory
+from flopscope.plan.stage_memory import stage_memory
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -72,15 +84,6 @@ __all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFE
 #: the micro-batches a reference pipeline at a larger one is carried from (at 1 a causal LM's
 #: loss makes one call fewer: its shifted labels are contiguous, not copied)
 CARRY_FROM = (2, 4)
-#: FSDP2's own operators (its gathers' copy in and out, the gradients' concatenation, the
-#: gathered buffers' allocation): run per step, not per microbatch (a pipeline stage keeps
-#: its gathered parameters between microbatches)
-PER_STEP = ("fsdp.", "aten.empty.memory_format")
-#: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
-#: DecoderStage`); the layers' parent's other modules and the root's run on the last
-EMBEDDING = "model.embed_tokens"
-
-
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
     """The reference a role is screened from: a role without stages is its own (one
     microbatch); a pipeline stage's has its tensor-parallel degree, micro-batch, checkpointing,
@@ -101,19 +104,6 @@ def reference_key(key: RoleKey, gpus: int) -> RoleKey:
                                peak_microbatches=0)
 
 
-def _lin(terms: Iterable[tuple[float, Row]]) -> Row:
-    """``sum(c * row)`` field by field (integer fields rounded)."""
-    sums: dict[str, float] = {}
-    for c, row in terms:
-        for f in dataclasses.fields(Row):
-            sums[f.name] = sums.get(f.name, 0.0) + c * getattr(row, f.name)
-    zero = Row()
-    values: dict[str, Any] = {
-        f.name: (round(sums.get(f.name, 0.0)) if isinstance(getattr(zero, f.name), int)
-                 else sums.get(f.name, 0.0)) for f in dataclasses.fields(Row)}
-    return Row(**values)
-
-
 def _part(module: str, layers: str) -> str:
     if module.startswith(layers + "."):
         return "layer"
@@ -131,94 +121,6 @@ def _records(records: Iterable[CommRecord], layers: str
     return out
 
 
-def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
-    """Live bytes at the first forward call after the last layer's forward (the final norm)."""
-    last = max((i for i, p in enumerate(points)
-                if p[1] == Phase.FORWARD.value and p[0].startswith(layers + ".")), default=-1)
-    for _, phase, _, live in points[last + 1:]:
-        if phase == Phase.FORWARD.value:
-            return live
-    return points[-1][3] if points else {}
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Two small runs of a role without stages (3 and 4 layers) and what screening reads of
-    them.
-
-    Args:
-        a: the run with 3 layers.
-        b: the run with 4 layers.
-        first: a pipeline's first stage: two stages of one layer, :data:`PIPELINE_MICROBATCHES`
-            microbatches (``None`` for a role without stages).
-        last: that pipeline's last stage.
-        last_more: its last stage with one microbatch more.
-        first_two: its first stage with two layers per stage (what a layer adds to a stage
-            under the pipeline: activations, and FSDP2's gathered parameters and unreduced
-            gradients, which a pipeline keeps between microbatches).
-        layers: the decoder layers' module path (``model.layers``).
-        embedding_share: the embedding's share of the parameters outside the layers (by
-            element count, unsharded).
-        dp: the references' FSDP2 degree.
-    """
-
-    a: Small
-    b: Small
-    layers: str
-    embedding_share: float
-    dp: int
-    first: Small | None = None
-    last: Small | None = None
-    last_more: Small | None = None
-    first_two: Small | None = None
-
-    def rows(self, phase: str) -> tuple[Row, Row, Row, Row, Row]:
-        """A phase's rows: per microbatch (layer, embedding, rest), and FSDP2's per step
-        (layer, outside the layers: :data:`PER_STEP`)."""
-        first = REFERENCE_LAYERS[0]
-        ra, rb = (r.estimate.by_phase.get(phase, Row()) for r in (self.a, self.b))
-        sa, sb = (_lin((1, row) for op, row in r.estimate.by_phase_op.get(phase, {}).items()
-                       if op.startswith(PER_STEP)) for r in (self.a, self.b))
-        step_layer = _lin([(1, sb), (-1, sa)])
-        step_rest = _lin([(1, sa), (-first, step_layer)])
-        layer = _lin([(1, rb), (-1, ra), (-1, step_layer)])
-        embed = self.a.estimate.by_phase_module.get(phase, {}).get(EMBEDDING, Row())
-        rest = _lin([(1, ra), (-first, layer), (-1, embed), (-1, sa)])
-        return layer, embed, rest, step_layer, step_rest
-
-    def parameters(self) -> tuple[int, int, int]:
-        """Parameter shard bytes at :attr:`dp`: (per layer, embedding, rest)."""
-        layer = self.b.parameter_bytes - self.a.parameter_bytes
-        base = self.a.parameter_bytes - REFERENCE_LAYERS[0] * layer
-        embed = round(base * self.embedding_share)
-        return layer, embed, base - embed
-
-    def activations(self) -> tuple[int, int, int]:
-        """Saved activations of one microbatch: (per layer, the embedding's output, what every
-        stage computes before its layers: the rotary tables, the mask)."""
-        a = _before_head(self.a.points, self.layers).get("activations", 0)
-        b = _before_head(self.b.points, self.layers).get("activations", 0)
-        return (b - a, *_before_layers(self.a.points, self.layers))
-
-
-def _before_layers(points: Sequence[Point], layers: str) -> tuple[int, int]:
-    """The activations the forward adds before the first layer: (the embedding's, the rest's),
-    leaving out the root's own calls (FSDP2 gathering the root's parameters, once a step)."""
-    embed = rest = 0
-    before = None
-    for module, phase, _, live in points:
-        if phase == Phase.FORWARD.value and module.startswith(layers + "."):
-            break
-        now = live.get("activations", 0)
-        if before is not None and module and phase == Phase.FORWARD.value:
-            if module == EMBEDDING or module.startswith(EMBEDDING + "."):
-                embed += now - before
-            else:
-                rest += now - before
-        before = now
-    return max(0, embed), max(0, rest)
-
-
 def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     """A role put together from its reference (see the module docstring): an estimate.
 
@@ -234,60 +136,89 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     k = len(split_layers(layers, key.pp)[key.stage])
     first, last = key.stage == 0, key.stage == key.pp - 1
     m = key.peak_microbatches or key.microbatches
-    est = ref.a.estimate
+    est = ref.base().estimate
     phases = {}
-    ends = first * ref.embedding_share + last * (1 - ref.embedding_share)
-    for phase in {*est.by_phase, *ref.b.estimate.by_phase}:
+    for phase in ref.phases():
+        if key.pp > 1:
+            phases[phase] = ref.stage_row(phase, k, m, first, last)
+            continue
         layer, embed, rest, step_layer, step_rest = ref.rows(phase)
-        phases[phase] = _lin([(m * k, layer), (m * first, embed), (m * last, rest),
-                              (k, step_layer), (ends, step_rest)])
-    estimate = Estimate(est.hardware, est.tf32, _lin((1, r) for r in phases.values()), phases,
+        phases[phase] = lin([(m * k, layer), (m, embed), (m, rest), (k, step_layer),
+                             (1, step_rest)])
+    estimate = Estimate(est.hardware, est.tf32, lin((1, r) for r in phases.values()), phases,
                         tf32_convolution=est.tf32_convolution)
-    records = _stage_records(key, ref, k, first, last, m)
+    records = (_stage_records(key, ref, k, first, last, m) if key.pp > 1
+               else _role_records(key, ref, k))
     memory, params = stage_memory(key, ref, k, first, last, m)
-    report = dataclasses.replace(ref.a.report, records=(), logical=(), replicated=(),
+    report = dataclasses.replace(ref.base().report, records=(), logical=(), replicated=(),
                                  communication=tuple(records))
     return RoleRun(key, report, memory, estimate, params, 0.0, m)
 
 
-def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
-                   ) -> list[CommRecord]:
-    a = _records(ref.a.report.communication, ref.layers)
-    b = _records(ref.b.report.communication, ref.layers)
+def _record(key: RoleKey, phase: str, kind: str, group: str, calls: Fraction, payload: Fraction
+            ) -> list[CommRecord]:
+    size = key.dp if group == "dp" else key.tp
+    n_calls, pay = round(calls), round(payload)
+    if n_calls <= 0 or (group == "dp" and key.dp == 1):
+        return []
+    return [CommRecord("", Phase(phase), kind, size, n_calls, pay,
+                       int(pay * BUS_FACTORS[kind](size)), group)]
+
+
+def _role_records(key: RoleKey, ref: Reference, k: int) -> list[CommRecord]:
+    """A role without stages' collectives from its runs of 3 and 4 layers (one microbatch)."""
+    run_a, run_b = ref.pair()
+    a = _records(run_a.report.communication, ref.layers)
+    b = _records(run_b.report.communication, ref.layers)
     out: list[CommRecord] = []
     for (phase, kind, group, part) in sorted({*a, *b}):
         ca, pa = a.get((phase, kind, group, part), (0, 0))
         cb, pb = b.get((phase, kind, group, part), (0, 0))
         if part == "layer":  # affine in the layer count (the first and last layers differ)
             first_n = REFERENCE_LAYERS[0]
-            calls, payload = ca + (k - first_n) * (cb - ca), pa + (k - first_n) * (pb - pa)
-            times = 1
-        else:
-            calls, payload = ca, pa
-            times = first if part == "embed" else last
-        if not times or not calls:
+            ca, pa = ca + (k - first_n) * (cb - ca), pa + (k - first_n) * (pb - pa)
+        out += _record(key, phase, kind, group, Fraction(ca), Fraction(pa))
+    return out
+
+
+def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
+                   ) -> list[CommRecord]:
+    """A pipeline stage's collectives from the reference pipeline's (``M`` =
+    :data:`PIPELINE_MICROBATCHES`): a layer's ``D = F2 - F1``; the tensor-parallel ones per
+    microbatch (``m / M``), FSDP2's all-gathers one per microbatch and one more
+    (``(m + 1) / (M + 1)``) and its reduce-scatters once a step; the first stage's outside its
+    layers ``F1 - D``, the last stage's from its runs at ``M`` and ``M + 1`` microbatches on
+    their line at ``m``, with ``k - 1`` more layers; the hidden states sent and received one
+    each way per microbatch and stage boundary."""
+    f1, l1, l2, f2 = (_records(r.report.communication, "") for r in ref.pipeline())
+    big_m = PIPELINE_MICROBATCHES
+    out: list[CommRecord] = []
+    for (phase, kind, group, part) in sorted({*f1, *f2, *l1, *l2}):
+        if group == "pp":
             continue
-        if group == "dp":
-            if key.dp == 1:
-                continue
-            # per step: all-gathers before each microbatch's forward and backward but the
-            # reference's one backward, reduce-scatters once
-            per = Fraction(m + 1, 2) if kind == "all_gather" else Fraction(1)
-            size = key.dp
+        c1, p1 = f1.get((phase, kind, group, part), (0, 0))
+        c2, p2 = f2.get((phase, kind, group, part), (0, 0))
+        per = (Fraction(m, big_m) if group != "dp"
+               else Fraction(m + 1, big_m + 1) if kind == "all_gather" else Fraction(1))
+        if last:
+            e1, q1 = l1.get((phase, kind, group, part), (0, 0))
+            e2, q2 = l2.get((phase, kind, group, part), (0, 0))
+            calls = e1 + (m - big_m) * (e2 - e1) + (k - 1) * per * (c2 - c1)
+            payload = q1 + (m - big_m) * (q2 - q1) + (k - 1) * per * (p2 - p1)
         else:
-            per, size = Fraction(m), key.tp
-        n_calls = round(calls * times * per)
-        pay = round(payload * times * per)
-        out.append(CommRecord("", Phase(phase), kind, size, n_calls, pay,
-                              int(pay * BUS_FACTORS[kind](size)), group))
+            calls, payload = k * per * (c2 - c1), k * per * (p2 - p1)
+            if first:  # outside the layers: per microbatch (tensor parallel) or per step
+                outside = per if group != "dp" else Fraction(1)
+                calls += outside * (c1 - (c2 - c1))
+                payload += outside * (p1 - (p2 - p1))
+        out += _record(key, phase, kind, group, Fraction(calls), Fraction(payload))
     # the reference pipeline's first stage sends one microbatch's hidden states per send
-    sends = [r for r in (ref.first.report.communication if ref.first else ())
-             if r.kind == "send"]
+    sends = [r for r in ref.pipeline()[0].report.communication if r.kind == "send"]
     hidden = m * sum(r.payload_bytes for r in sends) // max(1, sum(r.calls for r in sends))
     for phase, kind, needed in ((Phase.FORWARD, "send", not last), (Phase.BACKWARD, "recv", not last),
                                 (Phase.FORWARD, "recv", not first),
                                 (Phase.BACKWARD, "send", not first)):
-        if needed and key.pp > 1:
+        if needed:
             out.append(CommRecord("", phase, kind, key.pp, m, hidden, hidden, "pp"))
     return out
 
@@ -332,7 +263,7 @@ class Screen:
 
     @property
     def references(self) -> int:
-        """References simulated (without stages, and pipelines)."""
+        """References simulated (runs without stages, and pipelines)."""
         return len(self._refs) + len(self._pipes) - len(self.carried)
 
     def estimates(self, key: RoleKey) -> bool:
@@ -366,13 +297,16 @@ class Screen:
 
     def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
-        runs = self._reference(rk)
-        pipe: tuple[Small | None, ...] = (None, None, None, None)
-        if key.pp > 1:
+        if key.pp == 1:
+            a, b = self._reference(rk)
+            ref = Reference(self._prefix, self._share, rk.dp, a=a, b=b)
+        else:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
-            pipe = self._pipeline(rk, 1 if key.dp == 1 else self._gpus // (2 * key.tp))
-        ref = Reference(runs[0], runs[1], self._prefix, self._share, rk.dp, *pipe)
+            dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
+            first, last, last_more, first_two = self._pipeline(rk, dp)
+            ref = Reference(self._prefix, self._share, dp, first=first, last=last,
+                            last_more=last_more, first_two=first_two)
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -433,10 +367,11 @@ class Screen:
             mb = PIPELINE_MICROBATCHES
             two_stages = dataclasses.replace(rk, pp=2, dp=dp)
             # the first stage's runs, then the last's (two worlds: the ranks differ)
-            first, first_two = (self._small(dataclasses.replace(two_stages, microbatches=mb), n)
-                                for n in (1, 2))
+            calls = rk.micro_batch in CARRY_FROM  # their time is read too: carried from them
+            first, first_two = (self._small(dataclasses.replace(two_stages, microbatches=mb), n,
+                                            calls) for n in (1, 2))
             last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
-                                                               microbatches=m), 1)
+                                                               microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
             pipe = (first, last, last_more, first_two)
         self._pipes[(rk, dp)] = pipe

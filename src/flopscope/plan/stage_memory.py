@@ -1,4 +1,4 @@
-"""A screened pipeline stage's peak memory from its reference (:class:`flopscope.plan.screen.
+"""A screened pipeline stage's peak memory from its reference (:class:`flopscope.plan.reference.
 Reference`): the first (and a middle) stage from the reference pipeline's first stage, the
 last from its last stage carried to the step's microbatches, a stage without stages from the
 runs of 3 and 4 layers carried to its layers (see :mod:`flopscope.plan.screen`).
@@ -7,7 +7,6 @@ runs of 3 and 4 layers carried to its layers (see :mod:`flopscope.plan.screen`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from flopscope.cost import Phase
 from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating
@@ -15,17 +14,11 @@ from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import MemoryProfile
 from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import extend_points, peak_of
+from flopscope.plan.reference import PIPELINE_MICROBATCHES, REFERENCE_LAYERS, Reference
 from flopscope.plan.roles import RoleKey
-
-if TYPE_CHECKING:
-    from flopscope.plan.screen import Reference
 
 __all__ = ["PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "stage_memory"]
 
-#: the layer counts of a reference's two runs
-REFERENCE_LAYERS = (3, 4)
-#: the microbatches of a reference pipeline's stages (and one more on the last stage)
-PIPELINE_MICROBATCHES = 3
 _BACKWARD = (Phase.BACKWARD.value, Phase.RECOMPUTE.value)
 
 
@@ -99,37 +92,37 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
     layer_p, embed_p, rest_p = ref.parameters()
     params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
     act_layer, act_embed, act_pre = ref.activations()
-    peak = ref.a.memory
     if key.pp == 1:
         # the reference's call points carried to k layers (the peak may move to another call
         # as layers are added: flopscope.distributed.repeat_peak)
+        a, b = ref.pair()
+        peak = a.memory
         try:
-            found = extrapolate_peak(ref.a.points, ref.a.frame, ref.b.points, ref.b.frame,
-                                     Frame(ref.a.frame.prefix, 0, k), WIDTH)
+            found = extrapolate_peak(a.points, a.frame, b.points, b.frame,
+                                     Frame(a.frame.prefix, 0, k), WIDTH)
             at = dict(found.live)
             peak = MemoryProfile(found.total, found.module, found.phase, found.op)
         except NotRepeating:
-            at = _affine(ref.a.memory.at_peak, ref.b.memory.at_peak, k)
-    elif ref.first is not None and ref.first_two is not None:
+            at = _affine(a.memory.at_peak, b.memory.at_peak, k)
+    else:
+        f1, l1, l2, f2 = ref.pipeline()
         # per layer under the pipeline: the first stage of two layers less that of one
-        per_layer = _sub(ref.first_two.memory.at_peak, ref.first.memory.at_peak)
-        if last and ref.last is not None and ref.last_more is not None:
-            peak = _last_stage(ref.last, ref.last_more, k, m, act_layer, ref.layers)
+        per_layer = _sub(f2.memory.at_peak, f1.memory.at_peak)
+        if last:
+            peak = _last_stage(l1, l2, k, m, act_layer, ref.layers)
             at = dict(peak.at_peak)
             _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
         else:
             # two microbatches in flight: each in flight holds k layers' activations and what
             # the stage computes before its layers (the embedding's output on the first;
             # every stage's rotary tables)
-            peak = ref.first.memory
+            peak = f1.memory
             at = dict(peak.at_peak)
             _add(at, per_layer, k - 1)
             in_flight = min(key.pp - key.stage, m)
             at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
                                     + (in_flight - 2) * (k * act_layer + first * act_embed
                                                          + act_pre))
-    else:
-        raise ValueError("a pipeline stage's reference needs its pipeline runs")
     at["parameters"] = params
     memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
                            {c: v for c, v in at.items() if v > 0}, train=True,

@@ -1,0 +1,224 @@
+"""What screening reads of a reference's small runs (:class:`Reference`; see
+:mod:`flopscope.plan.screen`).
+
+A role without stages is screened from two runs of it without stages, at 3 and at 4 decoder
+layers (:data:`REFERENCE_LAYERS`). A pipeline stage is screened from two-stage pipelines of its
+tensor-parallel degree, micro-batch, checkpointing and precision, one layer per stage (the
+first and the last stage at :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
+more too, the first stage with two layers per stage too): what a layer adds to a stage per
+step is the first stage of two layers less that of one, what the stage outside its layers
+does is the rest, and what a microbatch adds is the last stage at one microbatch more less the
+last stage (:meth:`Reference.stage_rows`, :meth:`Reference.parameters`,
+:meth:`Reference.activations`; the pipelines' collectives in :mod:`flopscope.plan.screen`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flopscope.cost import Phase
+from flopscope.distributed.repeat_peak import Point
+from flopscope.estimate.bound import Row
+from flopscope.plan.layers import Small
+
+__all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
+           "lin"]
+
+#: the layer counts of a reference's two runs without stages
+REFERENCE_LAYERS = (3, 4)
+#: the microbatches of a reference pipeline's stages (and one more on the last stage)
+PIPELINE_MICROBATCHES = 3
+#: FSDP2's own operators (its gathers' copy in and out, the gradients' concatenation, the
+#: gathered buffers' allocation): run per gather or reduction, not per microbatch's work
+PER_STEP = ("fsdp.", "aten.empty.memory_format")
+#: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
+#: DecoderStage`); the layers' parent's other modules and the root's run on the last
+EMBEDDING = "model.embed_tokens"
+
+
+def lin(terms: Iterable[tuple[float, Row]]) -> Row:
+    """``sum(c * row)`` field by field (integer fields rounded)."""
+    sums: dict[str, float] = {}
+    for c, row in terms:
+        for f in dataclasses.fields(Row):
+            sums[f.name] = sums.get(f.name, 0.0) + c * getattr(row, f.name)
+    zero = Row()
+    values: dict[str, Any] = {
+        f.name: (round(sums.get(f.name, 0.0)) if isinstance(getattr(zero, f.name), int)
+                 else sums.get(f.name, 0.0)) for f in dataclasses.fields(Row)}
+    return Row(**values)
+
+
+def _in_layers(module: str, layers: str) -> bool:
+    return module.split("|")[-1].startswith(layers + ".")
+
+
+def _before_head(points: Sequence[Point], layers: str) -> Mapping[str, int]:
+    """Live bytes at the first forward call after the last layer's forward (the final norm)."""
+    last = max((i for i, p in enumerate(points)
+                if p[1] == Phase.FORWARD.value and p[0].startswith(layers + ".")), default=-1)
+    for _, phase, _, live in points[last + 1:]:
+        if phase == Phase.FORWARD.value:
+            return live
+    return points[-1][3] if points else {}
+
+
+def _after_first_forward(points: Sequence[Point], layers: str) -> int:
+    """A pipeline stage's activations at the first call after its first microbatch's layers'
+    forward (what that microbatch keeps for its backward, with what the stage holds anyway)."""
+    seen = False
+    for module, phase, _, live in points:
+        if _in_layers(module, layers):
+            seen = seen or phase == Phase.FORWARD.value
+        elif seen:
+            return live.get("activations", 0)
+    return points[-1][3].get("activations", 0) if points else 0
+
+
+def _before_layers(points: Sequence[Point], layers: str) -> tuple[int, int]:
+    """The activations the forward adds before the first layer: (the embedding's, the rest's),
+    leaving out the root's own calls (FSDP2 gathering the root's parameters, once a step)."""
+    embed = rest = 0
+    before = None
+    for module, phase, _, live in points:
+        if phase == Phase.FORWARD.value and module.startswith(layers + "."):
+            break
+        now = live.get("activations", 0)
+        if before is not None and module and phase == Phase.FORWARD.value:
+            if module == EMBEDDING or module.startswith(EMBEDDING + "."):
+                embed += now - before
+            else:
+                rest += now - before
+        before = now
+    return max(0, embed), max(0, rest)
+
+
+def _split(run: Small, phase: str) -> tuple[Row, Row]:
+    """A run's phase row as (the work per microbatch, FSDP2's own operators: :data:`PER_STEP`)."""
+    ops = run.estimate.by_phase_op.get(phase, {})
+    fsdp = lin((1, row) for op, row in ops.items() if op.startswith(PER_STEP))
+    return lin([(1, run.estimate.by_phase.get(phase, Row())), (-1, fsdp)]), fsdp
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A screened role's small runs and what screening reads of them: a role without stages
+    from its runs at 3 and 4 layers (``a``, ``b``), a pipeline stage from its reference
+    pipeline (``first`` ... ``first_two``).
+
+    Args:
+        layers: the decoder layers' module path (``model.layers``).
+        embedding_share: the embedding's share of the parameters outside the layers (by
+            element count, unsharded).
+        dp: the runs' FSDP2 degree.
+        a: the run with 3 layers (``None`` for a pipeline stage).
+        b: the run with 4 layers.
+        first: a pipeline's first stage: two stages of one layer, :data:`PIPELINE_MICROBATCHES`
+            microbatches (``None`` for a role without stages).
+        last: that pipeline's last stage.
+        last_more: its last stage with one microbatch more.
+        first_two: its first stage with two layers per stage (what a layer adds to a stage
+            under the pipeline: its work, activations, and FSDP2's gathered parameters and
+            unreduced gradients, which a pipeline keeps between microbatches).
+    """
+
+    layers: str
+    embedding_share: float
+    dp: int
+    a: Small | None = None
+    b: Small | None = None
+    first: Small | None = None
+    last: Small | None = None
+    last_more: Small | None = None
+    first_two: Small | None = None
+
+    def base(self) -> Small:
+        """A run the screened role's hardware and report come from."""
+        run = self.a or self.first
+        if run is None:
+            raise ValueError("a reference needs its runs")
+        return run
+
+    def pipeline(self) -> tuple[Small, Small, Small, Small]:
+        """The reference pipeline's runs (first, last, last with one more microbatch, first
+        with two layers)."""
+        if not (self.first and self.last and self.last_more and self.first_two):
+            raise ValueError("a pipeline stage's reference needs its pipeline runs")
+        return self.first, self.last, self.last_more, self.first_two
+
+    def pair(self) -> tuple[Small, Small]:
+        """The runs without stages at :data:`REFERENCE_LAYERS`."""
+        if self.a is None or self.b is None:
+            raise ValueError("a role without stages needs its runs of 3 and 4 layers")
+        return self.a, self.b
+
+    def phases(self) -> set[str]:
+        """The phases the runs ran."""
+        runs = [r for r in (self.a, self.b, self.first, self.last, self.last_more,
+                            self.first_two) if r is not None]
+        return {p for r in runs for p in r.estimate.by_phase}
+
+    def rows(self, phase: str) -> tuple[Row, Row, Row, Row, Row]:
+        """A role without stages' phase rows from ``a`` and ``b``: per microbatch (layer,
+        embedding, rest), and FSDP2's (layer, outside the layers: :data:`PER_STEP`)."""
+        a, b = self.pair()
+        first = REFERENCE_LAYERS[0]
+        (na, sa), (nb, sb) = _split(a, phase), _split(b, phase)
+        step_layer = lin([(1, sb), (-1, sa)])
+        step_rest = lin([(1, sa), (-first, step_layer)])
+        layer = lin([(1, nb), (-1, na)])
+        embed = a.estimate.by_phase_module.get(phase, {}).get(EMBEDDING, Row())
+        rest = lin([(1, na), (-first, layer), (-1, embed)])
+        return layer, embed, rest, step_layer, step_rest
+
+    def stage_row(self, phase: str, k: int, m: int, first: bool, last: bool) -> Row:
+        """A pipeline stage's phase row (``k`` layers, ``m`` microbatches) from the reference
+        pipeline (:data:`PIPELINE_MICROBATCHES` ``= M``): a layer's work ``(F2 - F1) / M`` per
+        microbatch and its FSDP2 operators ``(F2 - F1)``'s at ``(m + 1) / (M + 1)`` (one
+        gather per microbatch and one more, as the collectives); the first stage's outside
+        its layers ``F1 - (F2 - F1)`` (work per microbatch, FSDP2's per step); the last
+        stage's from its run at ``M`` and ``M + 1`` microbatches, on their line at ``m``, with
+        ``k - 1`` more layers; a middle stage's layers only."""
+        f1, l1, l2, f2 = self.pipeline()
+        big_m = PIPELINE_MICROBATCHES
+        (nf1, sf1), (nf2, sf2) = _split(f1, phase), _split(f2, phase)
+        layer_n, layer_s = lin([(1, nf2), (-1, nf1)]), lin([(1, sf2), (-1, sf1)])
+        gathers = (m + 1) / (big_m + 1)
+        terms = [(m / big_m, layer_n), (gathers, layer_s)]  # a layer at m microbatches
+        if last:
+            whole_l1, whole_l2 = (r.estimate.by_phase.get(phase, Row()) for r in (l1, l2))
+            return lin([(1, whole_l1), (m - big_m, whole_l2), (big_m - m, whole_l1),
+                        *(((k - 1) * c, r) for c, r in terms)])
+        out = [(k * c, r) for c, r in terms]
+        if first:
+            out += [(m / big_m, nf1), (-m / big_m, layer_n), (1, sf1), (-1, layer_s)]
+        return lin(out)
+
+    def parameters(self) -> tuple[int, int, int]:
+        """Parameter shard bytes at :attr:`dp`: (per layer, embedding, rest)."""
+        if self.a is None:
+            f1, l1, _, f2 = self.pipeline()
+            layer = f2.parameter_bytes - f1.parameter_bytes
+            return layer, f1.parameter_bytes - layer, l1.parameter_bytes - layer
+        a, b = self.pair()
+        layer = b.parameter_bytes - a.parameter_bytes
+        base = a.parameter_bytes - REFERENCE_LAYERS[0] * layer
+        embed = round(base * self.embedding_share)
+        return layer, embed, base - embed
+
+    def activations(self) -> tuple[int, int, int]:
+        """Saved activations of one microbatch: (per layer, the embedding's output, what every
+        stage computes before its layers: the rotary tables, the mask); a pipeline's from its
+        first stage's first microbatch (two layers' less one layer's)."""
+        if self.a is None:
+            f1, _, _, f2 = self.pipeline()
+            layer = (_after_first_forward(f2.points, self.layers)
+                     - _after_first_forward(f1.points, self.layers))
+            return (layer, *_before_layers(f1.points, self.layers))
+        a, b = self.pair()
+        act_a = _before_head(a.points, self.layers).get("activations", 0)
+        act_b = _before_head(b.points, self.layers).get("activations", 0)
+        return (act_b - act_a, *_before_layers(a.points, self.layers))
