@@ -11,7 +11,11 @@ one process pays it, amortized. For each tool, in one process, one thread, ``tor
 - a block of ``--calls`` consecutive calls (a ``gc.collect()`` first, so every block starts with
   nothing pending), timed in this thread's CPU time: the mean per call (the mean, not a median,
   so the collections are in it), over the mean plain forward of the plain blocks; and the time
-  spent in collections per call (``gc.callbacks``), the full ones (generation 2) apart.
+  spent in collections per call (``gc.callbacks``), the full ones (generation 2) apart; then the
+  tracked objects the block added per call (``len(gc.get_objects())``, no collection between) and
+  the CPU time of the ``gc.collect()`` after it, per call: the full collection that a long run
+  pays sooner or later (``flopscope.count`` freezes the heap while it runs, so no collection during
+  a count ever scans the objects of earlier counts).
 
 Blocks run ``plain, tool, plain, tool, ...``, the tool order reversed in the second repeat.
 ``python -m benchmarks.repeated_counts --models mobilenet_v3_large --calls 300 --json FILE``.
@@ -66,17 +70,24 @@ def cycles(fn: Callable[[], Any]) -> int:
 
 
 def block(fn: Callable[[], Any], calls: int, seen: _Collections) -> dict[str, float]:
-    """Mean CPU time per call of ``calls`` consecutive calls, and the collections' share."""
+    """Mean CPU time per call of ``calls`` consecutive calls, and the collections' share; then
+    what the block left for the cyclic collector: tracked objects added per call, and the CPU
+    time of the full collection that frees them (per call)."""
     gc.collect()
+    objects = len(gc.get_objects())
     runs, seconds = list(seen.runs), list(seen.seconds)
     start = time.thread_time()
     for _ in range(calls):
         fn()
     total = time.thread_time() - start
-    return {"per_call": total / calls,
-            "gc_per_call": (sum(seen.seconds) - sum(seconds)) / calls,
-            "full_gc_per_call": (seen.seconds[2] - seconds[2]) / calls,
-            "full_collections": seen.runs[2] - runs[2]}
+    timings = {"per_call": total / calls,
+               "gc_per_call": (sum(seen.seconds) - sum(seconds)) / calls,
+               "full_gc_per_call": (seen.seconds[2] - seconds[2]) / calls,
+               "full_collections": seen.runs[2] - runs[2],
+               "objects_left_per_call": (len(gc.get_objects()) - objects) / calls}
+    start = time.thread_time()
+    gc.collect()
+    return {**timings, "collect_after_per_call": (time.thread_time() - start) / calls}
 
 
 def measure(name: str, size: int, calls: int, tool_names: list[str]) -> dict[str, Any]:
@@ -124,7 +135,11 @@ def measure(name: str, size: int, calls: int, tool_names: list[str]) -> dict[str
                                                      for b in blocks[t]],
                           "full_gc_per_call_over_plain": [round(b["full_gc_per_call"] / plain, 4)
                                                           for b in blocks[t]],
-                          "full_collections": [b["full_collections"] for b in blocks[t]]}
+                          "full_collections": [b["full_collections"] for b in blocks[t]],
+                          "objects_left_per_call": [round(b["objects_left_per_call"])
+                                                    for b in blocks[t]],
+                          "collect_after_per_call_over_plain": [
+                              round(b["collect_after_per_call"] / plain, 4) for b in blocks[t]]}
                       for t in fns}}
 
 
