@@ -13,7 +13,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a top-level package of the repository, not installed
 
-from benchmarks import agreement, document, models, overhead, run, scale, tools  # noqa: E402
+from benchmarks import (  # noqa: E402
+    agreement,
+    document,
+    models,
+    overhead,
+    repeated_counts,
+    run,
+    scale,
+    tools,
+)
 
 THIRD_PARTY = {"thop": "thop", "fvcore": "fvcore", "ptflops": "ptflops",
                "ptflops-aten": "ptflops", "calflops": "calflops"}
@@ -59,6 +68,21 @@ def test_overhead_rounds_on_the_tiny_cnn() -> None:
                               log=lambda _: None)
     assert set(result["tools"]) == {"flopscope", "FlopCounterMode", overhead.FLOOR}
     assert all(len(t["ratios"]) == 2 for t in result["tools"].values())
+
+
+def test_repeated_counts_on_a_small_model() -> None:
+    result = repeated_counts.measure("resnet18", 32, 2, ["flopscope", overhead.FLOOR])
+    assert set(result["tools"]) == {"flopscope", overhead.FLOOR}
+    assert result["tools"]["flopscope"]["cycles_per_call"] == 0  # 265 before the weak callbacks
+    assert all(len(t["ratio"]) == 2 for t in result["tools"].values())
+
+
+def test_repeated_counts_sees_a_cycle() -> None:
+    def cycle() -> None:
+        a: list[object] = []
+        a.append(a)
+
+    assert repeated_counts.cycles(cycle) == 1
 
 
 @pytest.mark.parametrize("tool", scale.SCALE_TOOLS)

@@ -211,21 +211,24 @@ def _float_tensors(out: Any) -> list[torch.Tensor]:
     """Every floating-point tensor in ``out``: in any pytree (tuples, lists, dicts, named
     tuples, registered nodes) and inside dataclasses, each tensor once."""
     found: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
-
-    def walk(tree: Any) -> None:
-        for leaf in tree_iter(tree):
-            if isinstance(leaf, torch.Tensor):
-                if leaf.is_floating_point():
-                    found.setdefault(id(leaf), leaf)
-            elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-                if id(leaf) in seen:
-                    continue
-                seen.add(id(leaf))
-                walk([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)])
-
-    walk(out)
+    _walk_floats(out, found, set())
     return list(found.values())
+
+
+def _walk_floats(tree: Any, found: dict[int, torch.Tensor], seen: set[int]) -> None:
+    """:func:`_float_tensors`'s walk (a module function, not a closure: a closure that calls
+    itself is a reference cycle, which kept the model's output, its autograd graph included,
+    alive until the next cyclic collection)."""
+    for leaf in tree_iter(tree):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.is_floating_point():
+                found.setdefault(id(leaf), leaf)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            if id(leaf) in seen:
+                continue
+            seen.add(id(leaf))
+            _walk_floats([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)], found,
+                         seen)
 
 
 def _reentrant_checkpoint(roots: list[torch.Tensor]) -> bool:
