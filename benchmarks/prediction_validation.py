@@ -80,19 +80,26 @@ def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
     return run
 
 
-def plain_runs(run: Any, repeat: int) -> tuple[list[float], list[float]]:
+def plain_runs(run: Any, repeat: int,
+               faults: list[int] | None = None) -> tuple[list[float], list[float]]:
     """(times by the calibration's clock, wall times) of ``repeat`` runs without the profiler,
     after two warm-up runs: at one thread the clock is the thread's CPU time (what the core
-    spent, not the time other processes held it), at more the wall clock."""
+    spent, not the time other processes held it), at more the wall clock. ``faults`` (when
+    given) receives each run's minor page faults, the process's (every thread's)."""
+    import resource
+
     now = clock("cpu")[1]
     for _ in range(2):
         run()
     times, walls = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start, wall = now(), time.perf_counter()
         run()
         times.append(now() - start)
         walls.append(time.perf_counter() - wall)
+        if faults is not None:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return times, walls
 
 
@@ -144,7 +151,8 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
     _, again = flopscope.profile(model, *args, train=train, hardware=alone, repeat=1, warmup=0)
     points_only = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
     run = _step(model, args, train)
-    times, walls = plain_runs(run, repeat)
+    page_faults: list[int] = []
+    times, walls = plain_runs(run, repeat, page_faults)
     for op, seconds in captured_by_op(run).items():
         fam = op_family.get(op)
         if fam is not None:
@@ -159,12 +167,13 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
            "predicted_points_only_s": points_only, "ratio_points_only": points_only / measured,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
+           "page_faults": statistics.median(page_faults),
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
           f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
           f"{points_only / measured:5.2f}x)  bound "
-          f"{bound * 1e3:9.2f} ms  load {load:.1f}", file=sys.stderr, flush=True)
+          f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
 

@@ -176,7 +176,8 @@ def test_chain_points_predict_each_chain_from_the_points_alone() -> None:
 # and none at one is the test above's, a whole 1-thread calibration test_predict.py's
 def test_calibrate_times_the_chains_at_two_threads() -> None:
     before = torch.get_num_threads()
-    hw = calibrate(get_hardware("epyc-9654"), device="cpu", threads=2, budget_s=0.0005)
+    hw = calibrate(get_hardware("epyc-9654"), device="cpu", threads=2, budget_s=0.0005,
+                   chains=True)
     assert torch.get_num_threads() == before  # put back
     cal = hw.calibration
     assert cal is not None and cal.threads == 2

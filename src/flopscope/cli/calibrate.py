@@ -44,6 +44,10 @@ def add_subcommands(subparsers: Any) -> None:
                    help="torch's intra-op threads during the calibration (default: as set)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="where the microbenchmarks run (default cuda when available, else cpu)")
+    p.add_argument("--chains", action="store_true",
+                   help="also time chains of layers over fresh outputs (at 2 or more threads) "
+                        "and predict every call of their families at their measured / "
+                        "predicted (off by default: docs/prediction.md, round 7)")
     comm = p.add_argument_group(
         "links (collectives)",
         "--comm times collectives on a real process group of --ranks local processes instead "
@@ -132,6 +136,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         write_output(json.dumps(calibrated.to_dict(), indent=1) + "\n", args.output)
         return EXIT_OK
     say(f"profile {hardware.name}; calibrating")
-    calibrated = calibrate(hardware, device=args.device, threads=args.threads, progress=say)
+    calibrated = calibrate(hardware, device=args.device, threads=args.threads, progress=say,
+                           chains=args.chains)
     write_output(json.dumps(calibrated.to_dict(), indent=1) + "\n", args.output)
     return EXIT_OK

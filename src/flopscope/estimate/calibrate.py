@@ -129,12 +129,14 @@ def calibration_points(device: str = "cpu", *, budget_s: float = 0.01, passes: i
 
 def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | None = None,
               budget_s: float = 0.01, passes: int = 5,
-              progress: Callable[[str], None] | None = None) -> Hardware:
+              progress: Callable[[str], None] | None = None, chains: bool = False) -> Hardware:
     """Calibrate ``hardware`` on the machine this runs on: the microbenchmarks' raw points, the
-    host time per call (:mod:`flopscope.estimate.calibration`) and, last, the chains of layers
-    over fresh outputs timed whole against what the points predict for them
+    host time per call (:mod:`flopscope.estimate.calibration`) and, with ``chains``, last, the
+    chains of layers over fresh outputs timed whole against what the points predict for them
     (:mod:`flopscope.estimate.chains`), stored in a copy of the profile, from which estimates
-    predict time (:mod:`flopscope.estimate.predict`).
+    predict time (:mod:`flopscope.estimate.predict`). The chains are off by default since
+    round 7: at 2 threads their factor moved the training steps' predictions 15-20% below
+    the measured time at load 1-6 (docs/prediction.md, round 7).
 
     Args:
         hardware: the profile the calibration is stored in (its peaks stay the bound's).
@@ -143,6 +145,9 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         budget_s: about a third of each point's time (:func:`calibration_points`).
         passes: the passes over the points (:func:`calibration_points`).
         progress: called with a line per group of points.
+        chains: time the chains (at more than one thread; :func:`chain_points`) and store
+            them: every call of their families is then predicted at their measured /
+            predicted.
 
     Returns:
         The calibrated profile.
@@ -199,7 +204,7 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
             fsdp_collective_s=fsdp_s)
         # last: the chains' prediction is the points'
-        chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
+        chained = () if not chains else chain_points(dataclasses.replace(hardware, calibration=calibration), device,
                                lambda fn, dev: time_per_call(fn, dev,
                                                              budget_s=2 * budget_s / passes),
                                passes=passes)

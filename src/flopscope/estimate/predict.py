@@ -275,11 +275,14 @@ class Predictor:
         host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
-        # a fresh allocation mapped anew: its page faults and unmapping (a CPU); the chains'
+        # its fresh allocations' new pages: their page faults and unmapping (a CPU; the heap's
+        # simulation where the log ran it, .heap, else an allocation of at least mmap_bytes); the chains'
         # measured / predicted for the family at its size (1 without): a CPU's time host and
         # device on one timeline (both take it), a GPU's are eager, tiny and host-bound
         # (benchmarks/gpu_calib.py: the host's, the device's time stays its graph-timed points')
-        fault = self.calibration.fault_s(rec.fresh_bytes or 0)
+        cal = self.calibration
+        fault = (rec.faulted * cal.fault_s_per_byte if rec.faulted is not None
+                 else cal.fault_s(rec.fresh_bytes or 0))
         k = self.calibration.chain_factor(fam, rec.bytes_written, reduction_length(rec))
         kd = 1.0 if self.calibration.device.startswith("cuda") else k
         return CallPrediction(fam, host * k, max(device * kd, bound_s) + fault, True)

@@ -65,6 +65,7 @@ from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.families import is_convolution
+from flopscope.estimate.heap import TRACKED_BYTES, faulted_bytes
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
 
@@ -164,8 +165,8 @@ def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
 
 
 class CallRecord:
-    __slots__ = ("before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "flops",
-                 "fresh_bytes", "fused_bytes", "macs", "modules", "op", "out_bytes", "path", "phase",
+    __slots__ = ("before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "faulted",
+                 "flops", "fresh_bytes", "fused_bytes", "macs", "modules", "op", "out_bytes", "path", "phase",
                  "reuse", "special")
 
     def __init__(self, path: str, phase: str, op: str, macs: int, flops: int, nbytes: int,
@@ -187,6 +188,9 @@ class CallRecord:
         # storage bytes of the outputs that are none of the inputs' (new allocations; 0 for an
         # in-place call; None: unknown)
         self.fresh_bytes: int | None = None
+        # bytes of new pages its fresh allocations take in a steady state of the run (glibc's
+        # heap simulated, .heap; set by CallLog.estimate for a calibrated CPU; None: unknown)
+        self.faulted: int | None = None
         # products at the convolution rate (a convolution that is not a 1x1 GEMM)
         self.convolution = is_convolution(op)
         # (special function, evaluations), see special_function
@@ -244,6 +248,12 @@ class CallLog:
         self._touched: dict[int, tuple[int, weakref.ref[Any]]] = {}
         self._op_clock: dict[str, int] = {}  # the clock after each operator's last call
         self._chain: list[str] = []  # the module chain of the last forward call
+        # large fresh allocations and their frees, for the heap's page faults (.heap):
+        # (call index, allocation id, bytes; 0 for its free before that call), and the weak
+        # references whose callbacks record the frees (they hold the lists, not the log: no
+        # reference cycle)
+        self._heap: list[tuple[int, int, int]] = []
+        self._heap_refs: list[weakref.ref[Any]] = []
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, CallRecord | None, dict[int, int]] = (
@@ -356,9 +366,38 @@ class CallLog:
         clock += sum(seen.values())
         for key, storage in storages.items():
             last = touched.get(key)
-            ref = last[1] if last is not None and last[1]() is storage else weakref.ref(storage)
+            if last is not None and last[1]() is storage:
+                ref = last[1]
+            else:
+                ref = weakref.ref(storage)
+                size = seen[key]
+                if key in out and key not in inputs and size >= TRACKED_BYTES:
+                    self._allocated(storage, size)
             touched[key] = (clock, ref)
         self._clock = clock
+
+    def _allocated(self, storage: Any, size: int) -> None:
+        """A storage first seen as a call's fresh output: its allocation, and its free when
+        PyTorch frees it (a weak reference's callback)."""
+        events, records, key = self._heap, self.records, len(self._heap_refs)
+        events.append((len(records), key, size))
+
+        def freed(_: object) -> None:  # holds the lists, not the log
+            events.append((len(records), key, 0))
+
+        self._heap_refs.append(weakref.ref(storage, freed))
+
+    def faulted_bytes(self, threshold: int) -> list[int]:
+        """Bytes of new pages each recorded call's fresh allocations take in a steady state of
+        the run (:func:`flopscope.estimate.heap.faulted_bytes`).
+
+        Args:
+            threshold: the allocator's mmap threshold to start at.
+
+        Returns:
+            Bytes per record.
+        """
+        return faulted_bytes(self._heap, len(self.records), threshold=threshold)
 
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
         """The roofline estimate of the recorded calls on ``hardware``.
@@ -374,5 +413,10 @@ class CallLog:
             The :class:`Estimate`.
         """
         matmul, convolution = resolve_tf32(tf32)
+        cal = hardware.calibration
+        if cal is not None and cal.mmap_bytes > 0 and not cal.device.startswith("cuda"):
+            for rec, faulted in zip(self.records, self.faulted_bytes(cal.mmap_bytes),
+                                    strict=True):
+                rec.faulted = faulted
         return Estimate.from_records(self.records, hardware, tf32=matmul,
                                      tf32_convolution=convolution)

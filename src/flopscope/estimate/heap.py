@@ -1,0 +1,173 @@
+"""Which fresh allocations take page faults: glibc's main heap, simulated over a run's large
+allocations and frees (docs/prediction.md, round 7).
+
+A call whose output storage comes from memory the process already holds costs its work; one
+whose pages the operating system maps anew costs a page fault per 4 KiB page besides
+(:attr:`Calibration.fault_s_per_byte <flopscope.estimate.calibration.Calibration
+.fault_s_per_byte>`). glibc's malloc maps an allocation anew when it is at least its mmap
+threshold and no free chunk of its heap fits it, and unmaps it when freed; it grows its heap for
+the others and gives the heap's top back to the system when a free leaves more than its *trim
+threshold* free there (twice the mmap threshold once that has risen; both rise when a mapped
+chunk of up to 32 MiB is freed). So an allocation well under the mmap threshold also faults when
+the run freed, just before, enough memory at the heap's top for it to be trimmed: measured here
+(2 threads, 2026-11-28), a training step of BERT-base takes 140,000-215,000 minor page faults,
+68,700 of them the three 94 MB allocations (the embedding's gradient, AdamW's ``sqrt`` and
+division of its second moment); the rest are AdamW's ``sqrt`` and division of the 9.4 MB
+moments of the feed-forward weights and the 9.4 MB weight gradients of the backward, each
+faulting anew after the previous parameter's temporaries were freed and trimmed.
+
+:func:`faulted_bytes` replays the allocations of at least :data:`TRACKED_BYTES` (smaller ones come
+from the free chunks a running process holds; in the runs measured they took under 0.1% of the
+faults) and their frees through :class:`Heap`, a best-fit heap with glibc's thresholds and
+trimming, three times over (the run repeated: what the first pass leaves alive is freed at the
+start of the next, as a training step's gradients are by ``zero_grad``), and returns the last
+pass's newly mapped bytes per call. The thresholds start at their largest (the mmap threshold at
+:data:`MMAP_MAX`): a process that has freed a mapped chunk of 32 MiB or more than its threshold
+has them there, and the heap's history before the run is unknown. Not simulated: the bins'
+exact order, the small allocations, other arenas (threads that allocate), and the process's
+history before the run (the same step faulted 140,000 to 215,000 times in different processes
+here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["MMAP_MAX", "PAGE", "TRACKED_BYTES", "Heap", "faulted_bytes"]
+
+PAGE = 4096
+"""Bytes per page."""
+
+MMAP_MAX = 32 << 20
+"""glibc's largest dynamic mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
+
+TRACKED_BYTES = 256 << 10
+"""Allocations smaller than this are not simulated (served from the free chunks the process
+holds)."""
+
+_TOP_PAD = 128 << 10  # glibc's M_TOP_PAD: what the heap grows beyond a request, and keeps
+_MIN_CHUNK = 32
+_CONSOLIDATE = 64 << 10  # a free of at least this much checks the top for trimming
+
+
+def _up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+@dataclass
+class Heap:
+    """glibc's main arena, as far as page faults go: chunks in address order (best fit among
+    the free ones), a top chunk grown with the program break, allocations of at least
+    ``threshold`` mapped on their own where no free chunk fits them.
+
+    Args:
+        threshold: the mmap threshold (the trim threshold is twice it).
+    """
+
+    threshold: int = MMAP_MAX
+    blocks: list[list[int]] = field(default_factory=list)  # [start, size, in use (0/1)]
+    top: int = 0  # where the top chunk starts
+    brk: int = 0  # the program break: the heap's end
+    resident: int = 0  # pages below this were touched since the heap last shrank past it
+    _where: dict[object, tuple[bool, int]] = field(default_factory=dict)
+
+    def malloc(self, key: object, nbytes: int) -> int:
+        """Allocate ``nbytes`` for ``key``; its bytes newly mapped (faulted when written).
+
+        Args:
+            key: the allocation's identity (for :meth:`free`).
+            nbytes: its size.
+
+        Returns:
+            Bytes of new pages.
+        """
+        need = max(_MIN_CHUNK, _up(nbytes + 8, 16))
+        best: list[int] | None = None
+        for b in self.blocks:
+            if not b[2] and b[1] >= need and (best is None or b[1] < best[1]):
+                best = b
+        if best is not None:
+            if best[1] - need >= _MIN_CHUNK:
+                i = self.blocks.index(best)
+                self.blocks.insert(i + 1, [best[0] + need, best[1] - need, 0])
+                best[1] = need
+            best[2] = 1
+            start = best[0]
+        else:
+            if self.brk - self.top < need:
+                if need >= self.threshold:  # mapped on its own
+                    size = _up(need + 8, PAGE)
+                    self._where[key] = (True, size)
+                    return size
+                self.brk = _up(self.top + need + _TOP_PAD, PAGE)
+            start = self.top
+            self.blocks.append([start, need, 1])
+            self.top += need
+        self._where[key] = (False, start)
+        new = max(0, start + need - max(start, self.resident))
+        self.resident = max(self.resident, start + need)
+        return _up(new, PAGE) if new else 0
+
+    def free(self, key: object) -> None:
+        """Free ``key``'s allocation (nothing for an unknown key): a mapped one is unmapped (and
+        raises the thresholds to its size, up to :data:`MMAP_MAX`); a heap chunk joins its free
+        neighbours and the top, which is trimmed when more than the trim threshold is free
+        there."""
+        where = self._where.pop(key, None)
+        if where is None:
+            return
+        mapped, at = where
+        if mapped:
+            if self.threshold < at <= MMAP_MAX:
+                self.threshold = at
+            return
+        i = next(j for j, b in enumerate(self.blocks) if b[0] == at)
+        b = self.blocks[i]
+        b[2] = 0
+        size = b[1]
+        if i + 1 < len(self.blocks) and not self.blocks[i + 1][2]:
+            b[1] += self.blocks.pop(i + 1)[1]
+        if i > 0 and not self.blocks[i - 1][2]:
+            self.blocks[i - 1][1] += self.blocks.pop(i)[1]
+            i -= 1
+        if i == len(self.blocks) - 1:  # joins the top
+            self.top = self.blocks.pop(i)[0]
+        if size >= _CONSOLIDATE and self.brk - self.top >= 2 * self.threshold:
+            extra = (self.brk - self.top - _TOP_PAD - _MIN_CHUNK) // PAGE * PAGE
+            if extra > 0:
+                self.brk -= extra
+                self.resident = min(self.resident, self.brk)
+
+
+def faulted_bytes(events: Sequence[tuple[int, int, int]], calls: int, *,
+                  threshold: int = MMAP_MAX, passes: int = 3) -> list[int]:
+    """Bytes of new pages each call's fresh allocations take in a steady state of the run.
+
+    Args:
+        events: in order, ``(call index, allocation id, bytes)``: an allocation by that call
+            (bytes > 0), or the allocation's free before that call (bytes 0; index ``calls``:
+            after the last call).
+        calls: how many calls.
+        threshold: the mmap threshold to start at.
+        passes: how many times the run is replayed (the last one's faults are returned).
+
+    Returns:
+        Bytes per call.
+    """
+    heap = Heap(threshold=threshold)
+    faulted = [0] * calls
+    for p in range(passes):
+        faulted = [0] * calls
+        alive: dict[int, None] = {}
+        for index, key, nbytes in events:
+            if nbytes > 0:
+                if index < calls:
+                    faulted[index] += heap.malloc((p, key), nbytes)
+                alive[key] = None
+            else:
+                heap.free((p, key))
+                alive.pop(key, None)
+        for key in alive:  # what the run left alive is freed at the next run's start
+            heap.free((p, key))
+    return faulted
