@@ -75,6 +75,7 @@ from flopscope.plan.reference import (
 )
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.plan.stage_memory import stage_memory
+from flopscope.plan.whole import CHECK_STAGES, whole_from
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -241,6 +242,10 @@ class Screen:
             simulated.
         carried: the references carried so, as ``(reference, FSDP2 degree of its pipeline)``
             (0: its runs without stages).
+        derive_whole: whether a reference pipeline at FSDP2 degree 1 is derived from the one
+            at the plan's sharded degree (:mod:`flopscope.plan.whole`) where it can be;
+            ``False``: simulated.
+        derived: the references whose pipeline at degree 1 was derived so.
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -250,6 +255,9 @@ class Screen:
         self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
         self.carry_micro_batch = True
         self.carried: list[tuple[RoleKey, int]] = []
+        self.derive_whole = True
+        self.derived: list[RoleKey] = []
+        self._bases: dict[RoleKey, tuple[tuple[Small, ...], tuple[Small, ...]] | tuple[()]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -264,7 +272,7 @@ class Screen:
     @property
     def references(self) -> int:
         """References simulated (runs without stages, and pipelines)."""
-        return len(self._refs) + len(self._pipes) - len(self.carried)
+        return len(self._refs) + len(self._pipes) - len(self.carried) - len(self.derived)
 
     def estimates(self, key: RoleKey) -> bool:
         """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
@@ -362,6 +370,14 @@ class Screen:
         pipe = self._pipes.get((rk, dp))
         if pipe is not None:
             return pipe
+        pipe = self._whole(rk) if dp == 1 else None
+        if pipe is None:
+            pipe = self._pipeline_own(rk, dp)
+        self._pipes[(rk, dp)] = pipe
+        return pipe
+
+    def _pipeline_own(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """:meth:`_pipeline`'s runs carried or simulated (not from another degree)."""
         pipe = self._carried(rk, dp, lambda k: self._pipeline(k, dp))
         if pipe is None:
             mb = PIPELINE_MICROBATCHES
@@ -374,8 +390,58 @@ class Screen:
                                                                microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
             pipe = (first, last, last_more, first_two)
-        self._pipes[(rk, dp)] = pipe
         return pipe
+
+    def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:
+        """``rk``'s pipeline at FSDP2 degree 1 from the one at the plan's sharded degree
+        (:mod:`flopscope.plan.whole`), moved by the difference of a base pair at another
+        micro-batch of the same tensor-parallel degree, checkpointing and precision (its
+        first pipeline at degree 1: simulated, with the sharded one, and checked here); noted
+        in :attr:`derived`. ``None`` (simulate it) where off, without mixed precision (degree
+        1 then has no FSDP2), where the sharded degree is 1, for the base itself, or where the
+        base pair failed its check."""
+        sharded = self._gpus // (2 * rk.tp)
+        if not self.derive_whole or rk.mixed_precision is None or sharded <= 1:
+            return None
+        family = dataclasses.replace(rk, micro_batch=0)
+        if family not in self._bases:
+            self._bases[family] = ()  # the base (and what it is carried from): simulated
+            whole = self._pipeline_own(rk, 1)
+            self._bases[family] = self._checked(rk, whole, self._pipeline(rk, sharded))
+            return whole
+        base = self._bases[family]
+        if not base:
+            return None
+        whole_base, sharded_base = base
+        pipe = tuple(whole_from(s, w, b) for s, w, b in
+                     zip(self._pipeline(rk, sharded), whole_base, sharded_base, strict=True))
+        self.derived.append(rk)
+        return pipe
+
+    def _checked(self, rk: RoleKey, whole: tuple[Small, ...], sharded: tuple[Small, ...]
+                 ) -> tuple[tuple[Small, ...], tuple[Small, ...]] | tuple[()]:
+        """The base pair if the stages of :data:`~flopscope.plan.whole.CHECK_STAGES`
+        screened from ``whole`` and from ``sharded`` moved to degree 1 are the same (peak,
+        what is live then, parameters, collectives, every phase's FLOPs and seconds to 1e-9),
+        else ``()``."""
+        try:
+            moved = tuple(whole_from(s, w, s) for s, w in zip(sharded, whole, strict=True))
+        except NotRepeating:
+            return ()
+        refs = [Reference(self._prefix, self._share, 1, *(None, None), *runs)
+                for runs in (whole, moved)]
+        for pp, stage, m in CHECK_STAGES:
+            pp = min(pp, self._layers)
+            key = dataclasses.replace(rk, pp=pp, stage=stage % pp, dp=1, microbatches=m)
+            a, b = (screened(key, r, self._layers) for r in refs)
+            if (a.memory != b.memory or a.parameter_bytes != b.parameter_bytes
+                    or a.report.communication != b.report.communication
+                    or a.estimate.by_phase.keys() != b.estimate.by_phase.keys()
+                    or any(x.flops != y.flops or abs(x.time_s - y.time_s) > 1e-9 * abs(y.time_s)
+                           for p, y in a.estimate.by_phase.items()
+                           for x in [b.estimate.by_phase[p]])):
+                return ()
+        return whole, sharded
 
     def _carried(self, rk: RoleKey, dp: int, runs_at: Callable[[RoleKey], tuple[Small, ...]]
                  ) -> tuple[Small, ...] | None:

@@ -1,0 +1,190 @@
+"""A reference pipeline at FSDP2 degree 1 from the one at the plan's sharded degree
+(:class:`flopscope.plan.screen.Screen`; docs/plan.md, "Screening").
+
+A layout whose tensor-parallel and pipeline degrees use every device has no data parallelism:
+its stages are screened from a reference pipeline at FSDP2 degree 1, while the plan's other
+pipeline layouts of the same tensor-parallel degree use one at ``gpus / (2 tp)``. With mixed
+precision FSDP2 is applied at degree 1 too (:func:`flopscope.distributed.layout.apply_layout`:
+over a group of one it casts without a collective), so the two pipelines run the same model
+code on the same gathered (compute-dtype) parameters: they differ in
+
+- the parameter shards (whole at degree 1): a constant of every call point;
+- FSDP2's own handling of the parameters and gradients (the casts, copies into and out of the
+  gathered buffers, the gradients' division, the all-gather and reduce-scatter): operators on
+  parameter-sized tensors, the same whatever the micro-batch;
+- the data-parallel collectives, which a stage at degree 1 leaves out
+  (:func:`flopscope.plan.screen.screened` drops them).
+
+So one pair of pipelines at a *base* micro-batch, degree 1 and the sharded degree, gives the
+difference, and the pipeline at degree 1 at another micro-batch is the sharded one there plus
+that difference (:func:`whole_from`): every operator's row per phase shifted by the base pair's
+difference, every call point's parameters set to the whole ones. :func:`check_base` refuses
+a base pair whose call points differ in anything but the parameters where the screen reads
+them (the screened stages of :data:`CHECK_STAGES` must come out the same from the base's own
+degree-1 pipeline and from the sharded one plus the difference): without mixed precision, where
+degree 1 has no FSDP2 at all, and wherever else the runs are not alike, the degree-1 pipeline
+is simulated.
+
+Shown exact (every figure a screened stage reads, every row of the 70B plans of docs/plan.md's
+"Speed") in ``tests/plan/test_whole.py`` and ``python -m benchmarks.plan_screen --time``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from difflib import SequenceMatcher
+
+from flopscope.distributed.repeat import NotRepeating
+from flopscope.distributed.repeat_peak import Point
+from flopscope.estimate import Estimate
+from flopscope.estimate.bound import Row
+from flopscope.plan.layers import Small
+from flopscope.plan.microbatches import peak_of
+from flopscope.plan.reference import lin
+
+__all__ = ["CHECK_STAGES", "Delta", "delta", "whole_from"]
+
+#: (stages, stage, microbatches) of the screened stages a base pair is checked on (stages at
+#: most the model's layers, ``-1`` the last stage): the first and last of two stages, a first,
+#: a middle and a last stage of a deep pipeline, at fewer and more microbatches than the
+#: reference pipeline's
+CHECK_STAGES = ((2, 0, 8), (2, -1, 8), (32, 0, 64), (32, 1, 32), (32, -1, 2))
+
+#: phase -> operator -> the degree-1 run's row less the sharded run's
+Delta = dict[str, dict[str, Row]]
+
+
+def _params(run: Small) -> int:
+    """The run's parameter bytes at its call points, refused unless the same at every one."""
+    seen = {live.get("parameters", 0) for _, _, _, live in run.points}
+    if len(seen) != 1:
+        raise NotRepeating("the parameters' bytes change within the run")
+    return seen.pop()
+
+
+def _calls(points: Sequence[Point]) -> list[tuple[str, str, str]]:
+    return [(m, p, o) for m, p, o, _ in points]
+
+
+def _move(live: Mapping[str, int], to: Mapping[str, int], since: Mapping[str, int]
+          ) -> dict[str, int]:
+    """``live`` moved by ``to - since``, per category (zeros left out)."""
+    out = {c: live.get(c, 0) + to.get(c, 0) - since.get(c, 0) for c in {*live, *to, *since}}
+    if any(v < 0 for v in out.values()):
+        raise NotRepeating("a category moved below zero")
+    return {c: v for c, v in out.items() if v}
+
+
+def _points(sharded: Sequence[Point], base_whole: Sequence[Point],
+            base_sharded: Sequence[Point]) -> list[Point]:
+    """``base_whole``'s call points at ``sharded``'s micro-batch: each call of ``base_whole``
+    that ``base_sharded`` makes too (aligned by module, phase and operator) is ``sharded``'s
+    same call moved by the base pair's difference there; a call of ``base_whole`` only (FSDP2's
+    handling at degree 1) is the point before it moved by what that call adds in
+    ``base_whole``; a call ``sharded`` makes and ``base_sharded`` does not (its micro-batch's
+    own: the loss's copy of the labels above 1) is moved as the point before it."""
+    to_base = SequenceMatcher(None, _calls(base_sharded), _calls(sharded), autojunk=False)
+    at: dict[int, int] = {}  # base_sharded index -> sharded index
+    extra: dict[int, list[int]] = {}  # sharded's own calls, after base_sharded's index
+    for tag, i1, i2, j1, j2 in to_base.get_opcodes():
+        if tag == "equal":
+            at.update(zip(range(i1, i2), range(j1, j2), strict=True))
+        elif tag == "insert":
+            extra.setdefault(i1 - 1, []).extend(range(j1, j2))
+        else:
+            raise NotRepeating("the sharded runs differ in more than added calls")
+    pairs = SequenceMatcher(None, _calls(base_sharded), _calls(base_whole), autojunk=False)
+    matched = {j: i for tag, i1, i2, j1, j2 in pairs.get_opcodes() if tag == "equal"
+               for i, j in zip(range(i1, i2), range(j1, j2), strict=True)}
+    out: list[Point] = []
+    last: tuple[Mapping[str, int], Mapping[str, int]] | None = None  # (derived, base_whole)
+    for j, (module, phase, op, live) in enumerate(base_whole):
+        i = matched.get(j)
+        if i is not None and i in at:
+            moved = _move(sharded[at[i]][3], live, base_sharded[i][3])
+        elif last is not None:
+            moved = _move(last[0], live, last[1])
+        else:
+            raise NotRepeating("the first call is not the sharded run's")
+        out.append((module, phase, op, moved))
+        last = (moved, live)
+        if i is None:
+            continue
+        for k in extra.pop(i, []):
+            m2, p2, o2, own = sharded[k]
+            moved = _move(own, live, base_sharded[i][3])
+            out.append((m2, p2, o2, moved))
+            last = (moved, live)
+    if extra:
+        raise NotRepeating("a call of the sharded run has no place in the derived one")
+    return out
+
+
+def delta(whole: Small, sharded: Small) -> Delta:
+    """Per phase and operator, ``whole``'s row less ``sharded``'s (the same run at degree 1
+    and at a sharded degree).
+
+    Args:
+        whole: the run at FSDP2 degree 1.
+        sharded: the same run at the sharded degree.
+
+    Returns:
+        The difference (only where it is not zero).
+    """
+    out: Delta = {}
+    for phase in {*whole.estimate.by_phase_op, *sharded.estimate.by_phase_op}:
+        a = whole.estimate.by_phase_op.get(phase, {})
+        b = sharded.estimate.by_phase_op.get(phase, {})
+        for op in {*a, *b}:
+            d = lin([(1, a.get(op, Row())), (-1, b.get(op, Row()))])
+            if d != Row():
+                out.setdefault(phase, {})[op] = d
+    return out
+
+
+def whole_from(sharded: Small, base_whole: Small, base_sharded: Small) -> Small:
+    """A run at FSDP2 degree 1 from the same run at the sharded degree and a base pair of
+    them (another micro-batch; see the module docstring).
+
+    Args:
+        sharded: the run at the sharded degree, at the micro-batch wanted.
+        base_whole: the run at degree 1 at the base micro-batch.
+        base_sharded: the run at the sharded degree at the base micro-batch.
+
+    Returns:
+        The run at degree 1: the sharded run's call points with the whole parameters, its
+        peak (the same call: the parameters are the same at every call point), its report
+        (the screen drops the data-parallel collectives of a stage at degree 1), its estimate
+        with every operator's row per phase moved by the base pair's difference; no call
+        records (the run is not carried further).
+
+    Raises:
+        NotRepeating: a run's parameter bytes change from call to call, or the sharded runs'
+            parameters differ.
+    """
+    if _params(sharded) != _params(base_sharded) or (
+            sharded.parameter_bytes != base_sharded.parameter_bytes):
+        raise NotRepeating("the sharded runs' parameters differ")
+    _params(base_whole)
+    points = _points(sharded.points, base_whole.points, base_sharded.points)
+    end = (sharded.memory.end_bytes + base_whole.memory.end_bytes
+           - base_sharded.memory.end_bytes)
+    memory = peak_of(points, end, base_whole.memory)
+    diff = delta(base_whole, base_sharded)
+    est = sharded.estimate
+    by_phase_op: dict[str, dict[str, Row]] = {}
+    by_phase: dict[str, Row] = {}
+    for phase in {*est.by_phase, *diff}:
+        ops = dict(est.by_phase_op.get(phase, {}))
+        moved = diff.get(phase, {})
+        for op, d in moved.items():
+            ops[op] = lin([(1, ops.get(op, Row())), (1, d)])
+        by_phase_op[phase] = ops
+        by_phase[phase] = lin([(1, est.by_phase.get(phase, Row())),
+                               *((1, d) for d in moved.values())])
+    estimate = Estimate(est.hardware, est.tf32, lin((1, r) for r in by_phase.values()),
+                        by_phase, tf32_convolution=est.tf32_convolution,
+                        by_phase_op=by_phase_op)
+    return dataclasses.replace(sharded, points=points, memory=memory, estimate=estimate,
+                               parameter_bytes=base_whole.parameter_bytes, calls=[])
