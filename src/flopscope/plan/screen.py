@@ -75,7 +75,7 @@ from flopscope.plan.reference import (
 )
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.plan.stage_memory import stage_memory
-from flopscope.plan.whole import CHECK_STAGES, whole_from
+from flopscope.plan.whole import whole_from
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -396,10 +396,10 @@ class Screen:
         """``rk``'s pipeline at FSDP2 degree 1 from the one at the plan's sharded degree
         (:mod:`flopscope.plan.whole`), moved by the difference of a base pair at another
         micro-batch of the same tensor-parallel degree, checkpointing and precision (its
-        first pipeline at degree 1: simulated, with the sharded one, and checked here); noted
-        in :attr:`derived`. ``None`` (simulate it) where off, without mixed precision (degree
-        1 then has no FSDP2), where the sharded degree is 1, for the base itself, or where the
-        base pair failed its check."""
+        first pipeline at degree 1: simulated, with the sharded one); noted in
+        :attr:`derived`. ``None`` (simulate it) where off, without mixed precision (degree 1
+        then has no FSDP2), where the sharded degree is 1, for the base itself, or where the
+        runs cannot be aligned."""
         sharded = self._gpus // (2 * rk.tp)
         if not self.derive_whole or rk.mixed_precision is None or sharded <= 1:
             return None
@@ -407,40 +407,30 @@ class Screen:
         if family not in self._bases:
             self._bases[family] = ()  # the base (and what it is carried from): simulated
             whole = self._pipeline_own(rk, 1)
-            self._bases[family] = self._checked(rk, whole, self._pipeline(rk, sharded))
+            self._bases[family] = self._checked(whole, self._pipeline(rk, sharded))
             return whole
         base = self._bases[family]
         if not base:
             return None
         whole_base, sharded_base = base
-        pipe = tuple(whole_from(s, w, b) for s, w, b in
-                     zip(self._pipeline(rk, sharded), whole_base, sharded_base, strict=True))
+        try:
+            pipe = tuple(whole_from(s, w, b) for s, w, b in
+                         zip(self._pipeline(rk, sharded), whole_base, sharded_base, strict=True))
+        except NotRepeating:
+            return None
         self.derived.append(rk)
         return pipe
 
-    def _checked(self, rk: RoleKey, whole: tuple[Small, ...], sharded: tuple[Small, ...]
+    def _checked(self, whole: tuple[Small, ...], sharded: tuple[Small, ...]
                  ) -> tuple[tuple[Small, ...], tuple[Small, ...]] | tuple[()]:
-        """The base pair if the stages of :data:`~flopscope.plan.whole.CHECK_STAGES`
-        screened from ``whole`` and from ``sharded`` moved to degree 1 are the same (peak,
-        what is live then, parameters, collectives, every phase's FLOPs and seconds to 1e-9),
-        else ``()``."""
+        """The base pair, or ``()`` where its runs cannot be aligned
+        (:func:`~flopscope.plan.whole.whole_from` refuses them: a run's parameters change from
+        call to call, a category would go below zero)."""
         try:
-            moved = tuple(whole_from(s, w, s) for s, w in zip(sharded, whole, strict=True))
+            for s, w in zip(sharded, whole, strict=True):
+                whole_from(s, w, s)
         except NotRepeating:
             return ()
-        refs = [Reference(self._prefix, self._share, 1, *(None, None), *runs)
-                for runs in (whole, moved)]
-        for pp, stage, m in CHECK_STAGES:
-            pp = min(pp, self._layers)
-            key = dataclasses.replace(rk, pp=pp, stage=stage % pp, dp=1, microbatches=m)
-            a, b = (screened(key, r, self._layers) for r in refs)
-            if (a.memory != b.memory or a.parameter_bytes != b.parameter_bytes
-                    or a.report.communication != b.report.communication
-                    or a.estimate.by_phase.keys() != b.estimate.by_phase.keys()
-                    or any(x.flops != y.flops or abs(x.time_s - y.time_s) > 1e-9 * abs(y.time_s)
-                           for p, y in a.estimate.by_phase.items()
-                           for x in [b.estimate.by_phase[p]])):
-                return ()
         return whole, sharded
 
     def _carried(self, rk: RoleKey, dp: int, runs_at: Callable[[RoleKey], tuple[Small, ...]]

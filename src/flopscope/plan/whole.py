@@ -15,18 +15,29 @@ code on the same gathered (compute-dtype) parameters: they differ in
 - the data-parallel collectives, which a stage at degree 1 leaves out
   (:func:`flopscope.plan.screen.screened` drops them).
 
-So one pair of pipelines at a *base* micro-batch, degree 1 and the sharded degree, gives the
-difference, and the pipeline at degree 1 at another micro-batch is the sharded one there plus
-that difference (:func:`whole_from`): every operator's row per phase shifted by the base pair's
-difference, every call point's parameters set to the whole ones. :func:`check_base` refuses
-a base pair whose call points differ in anything but the parameters where the screen reads
-them (the screened stages of :data:`CHECK_STAGES` must come out the same from the base's own
-degree-1 pipeline and from the sharded one plus the difference): without mixed precision, where
-degree 1 has no FSDP2 at all, and wherever else the runs are not alike, the degree-1 pipeline
-is simulated.
+So one pair of pipelines at a *base* micro-batch (the first of the family a plan asks for),
+degree 1 and the sharded degree, gives the difference, and the pipeline at degree 1 at another
+micro-batch is the sharded one there moved by it (:func:`whole_from`):
 
-Shown exact (every figure a screened stage reads, every row of the 70B plans of docs/plan.md's
-"Speed") in ``tests/plan/test_whole.py`` and ``python -m benchmarks.plan_screen --time``.
+- every operator's row per phase moved by the base pair's difference (:func:`delta`: FSDP2's
+  operators are on parameter-sized tensors, the rest are the same calls);
+- every call point: the base pair's calls aligned by (module, phase, operator)
+  (:class:`difflib.SequenceMatcher`; degree 1 makes per microbatch casts and copies where the
+  sharded pipeline gathers once a step, and keeps the gradients whole); a call both make is the
+  sharded run's same call moved by the base pair's difference there (the gathered buffers, the
+  whole gradients, the parameters), a call of degree 1 only is the call before it moved by
+  what it adds in the base run, a call the sharded run makes at its micro-batch and not at the
+  base's (above 1, the loss copies its labels) is moved as the call before it; the peak is the
+  largest of them (:func:`~flopscope.plan.microbatches.peak_of`).
+
+What this assumes, and cannot check at run time without simulating what it replaces: that the
+difference between the degrees is the same at every micro-batch. It refuses (the degree-1
+pipeline is then simulated) where a run's parameters change from call to call, where the
+sharded runs at the two micro-batches differ by more than added calls, or where a category would
+go below zero; without mixed precision (degree 1 has no FSDP2 at all) it is not used. Held out,
+it is exact: on the test model (``tests/plan/test_whole.py``: every call point, the peak, every
+phase's FLOPs and seconds) and on every reference pipeline at degree 1 of the 70B plan of
+docs/plan.md's "Speed" (``python -m benchmarks.plan_screen --whole-check``).
 """
 
 from __future__ import annotations
@@ -43,13 +54,7 @@ from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import peak_of
 from flopscope.plan.reference import lin
 
-__all__ = ["CHECK_STAGES", "Delta", "delta", "whole_from"]
-
-#: (stages, stage, microbatches) of the screened stages a base pair is checked on (stages at
-#: most the model's layers, ``-1`` the last stage): the first and last of two stages, a first,
-#: a middle and a last stage of a deep pipeline, at fewer and more microbatches than the
-#: reference pipeline's
-CHECK_STAGES = ((2, 0, 8), (2, -1, 8), (32, 0, 64), (32, 1, 32), (32, -1, 2))
+__all__ = ["Delta", "delta", "whole_from"]
 
 #: phase -> operator -> the degree-1 run's row less the sharded run's
 Delta = dict[str, dict[str, Row]]
@@ -69,11 +74,12 @@ def _calls(points: Sequence[Point]) -> list[tuple[str, str, str]]:
 
 def _move(live: Mapping[str, int], to: Mapping[str, int], since: Mapping[str, int]
           ) -> dict[str, int]:
-    """``live`` moved by ``to - since``, per category (zeros left out)."""
-    out = {c: live.get(c, 0) + to.get(c, 0) - since.get(c, 0) for c in {*live, *to, *since}}
+    """``live`` moved by ``to - since``, per category (in ``to``'s order)."""
+    out = {c: live.get(c, 0) + to.get(c, 0) - since.get(c, 0)
+           for c in [*to, *(c for c in live if c not in to)]}
     if any(v < 0 for v in out.values()):
         raise NotRepeating("a category moved below zero")
-    return {c: v for c, v in out.items() if v}
+    return out
 
 
 def _points(sharded: Sequence[Point], base_whole: Sequence[Point],
@@ -153,11 +159,10 @@ def whole_from(sharded: Small, base_whole: Small, base_sharded: Small) -> Small:
         base_sharded: the run at the sharded degree at the base micro-batch.
 
     Returns:
-        The run at degree 1: the sharded run's call points with the whole parameters, its
-        peak (the same call: the parameters are the same at every call point), its report
-        (the screen drops the data-parallel collectives of a stage at degree 1), its estimate
-        with every operator's row per phase moved by the base pair's difference; no call
-        records (the run is not carried further).
+        The run at degree 1: its call points and peak (see the module docstring), the
+        sharded run's report without its data-parallel collectives (a group of one has
+        none), its estimate with every operator's row per phase moved by the base pair's
+        difference, the base's parameter bytes; no call records (it is not carried further).
 
     Raises:
         NotRepeating: a run's parameter bytes change from call to call, or the sharded runs'
@@ -186,5 +191,8 @@ def whole_from(sharded: Small, base_whole: Small, base_sharded: Small) -> Small:
     estimate = Estimate(est.hardware, est.tf32, lin((1, r) for r in by_phase.values()),
                         by_phase, tf32_convolution=est.tf32_convolution,
                         by_phase_op=by_phase_op)
-    return dataclasses.replace(sharded, points=points, memory=memory, estimate=estimate,
-                               parameter_bytes=base_whole.parameter_bytes, calls=[])
+    report = dataclasses.replace(sharded.report, communication=tuple(
+        r for r in sharded.report.communication if r.group != "dp"))
+    return dataclasses.replace(sharded, report=report, points=points, memory=memory,
+                               estimate=estimate, parameter_bytes=base_whole.parameter_bytes,
+                               calls=[])
