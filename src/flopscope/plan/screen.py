@@ -75,7 +75,7 @@ from flopscope.plan.reference import (
 )
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.plan.stage_memory import stage_memory
-from flopscope.plan.whole import whole_from
+from flopscope.plan.whole import Base, base_pair, whole_from
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -257,7 +257,7 @@ class Screen:
         self.carried: list[tuple[RoleKey, int]] = []
         self.derive_whole = True
         self.derived: list[RoleKey] = []
-        self._bases: dict[RoleKey, tuple[tuple[Small, ...], tuple[Small, ...]] | tuple[()]] = {}
+        self._bases: dict[RoleKey, tuple[Base, ...]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -412,26 +412,22 @@ class Screen:
         base = self._bases[family]
         if not base:
             return None
-        whole_base, sharded_base = base
         try:
-            pipe = tuple(whole_from(s, w, b) for s, w, b in
-                         zip(self._pipeline(rk, sharded), whole_base, sharded_base, strict=True))
+            pipe = tuple(whole_from(s, b) for s, b in
+                         zip(self._pipeline(rk, sharded), base, strict=True))
         except NotRepeating:
             return None
         self.derived.append(rk)
         return pipe
 
     def _checked(self, whole: tuple[Small, ...], sharded: tuple[Small, ...]
-                 ) -> tuple[tuple[Small, ...], tuple[Small, ...]] | tuple[()]:
-        """The base pair, or ``()`` where its runs cannot be aligned
-        (:func:`~flopscope.plan.whole.whole_from` refuses them: a run's parameters change from
-        call to call, a category would go below zero)."""
+                 ) -> tuple[Base, ...]:
+        """The base pair of each run (:func:`~flopscope.plan.whole.base_pair`), or ``()``
+        where its runs cannot be aligned (a run's parameters change from call to call)."""
         try:
-            for s, w in zip(sharded, whole, strict=True):
-                whole_from(s, w, s)
+            return tuple(base_pair(w, s) for w, s in zip(whole, sharded, strict=True))
         except NotRepeating:
             return ()
-        return whole, sharded
 
     def _carried(self, rk: RoleKey, dp: int, runs_at: Callable[[RoleKey], tuple[Small, ...]]
                  ) -> tuple[Small, ...] | None:

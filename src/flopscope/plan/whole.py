@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from flopscope.distributed.repeat import NotRepeating
@@ -54,7 +55,7 @@ from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import peak_of
 from flopscope.plan.reference import lin
 
-__all__ = ["Delta", "delta", "whole_from"]
+__all__ = ["Base", "Delta", "base_pair", "delta", "whole_from"]
 
 #: phase -> operator -> the degree-1 run's row less the sharded run's
 Delta = dict[str, dict[str, Row]]
@@ -82,31 +83,71 @@ def _move(live: Mapping[str, int], to: Mapping[str, int], since: Mapping[str, in
     return out
 
 
-def _points(sharded: Sequence[Point], base_whole: Sequence[Point],
-            base_sharded: Sequence[Point]) -> list[Point]:
-    """``base_whole``'s call points at ``sharded``'s micro-batch: each call of ``base_whole``
-    that ``base_sharded`` makes too (aligned by module, phase and operator) is ``sharded``'s
-    same call moved by the base pair's difference there; a call of ``base_whole`` only (FSDP2's
-    handling at degree 1) is the point before it moved by what that call adds in
-    ``base_whole``; a call ``sharded`` makes and ``base_sharded`` does not (its micro-batch's
-    own: the loss's copy of the labels above 1) is moved as the point before it."""
-    to_base = SequenceMatcher(None, _calls(base_sharded), _calls(sharded), autojunk=False)
-    at: dict[int, int] = {}  # base_sharded index -> sharded index
-    extra: dict[int, list[int]] = {}  # sharded's own calls, after base_sharded's index
-    for tag, i1, i2, j1, j2 in to_base.get_opcodes():
-        if tag == "equal":
-            at.update(zip(range(i1, i2), range(j1, j2), strict=True))
-        elif tag == "insert":
-            extra.setdefault(i1 - 1, []).extend(range(j1, j2))
-        else:
-            raise NotRepeating("the sharded runs differ in more than added calls")
-    pairs = SequenceMatcher(None, _calls(base_sharded), _calls(base_whole), autojunk=False)
+@dataclass(frozen=True)
+class Base:
+    """A base pair (the same run at FSDP2 degree 1 and at the sharded degree, at one
+    micro-batch) and what :func:`whole_from` reads of it, worked out once.
+
+    Attributes:
+        whole: the run at degree 1.
+        sharded: the run at the sharded degree.
+        matched: ``whole``'s call index -> ``sharded``'s, for the calls both make (aligned by
+            module, phase and operator: :class:`difflib.SequenceMatcher`).
+        diff: :func:`delta` of the pair.
+    """
+
+    whole: Small
+    sharded: Small
+    matched: dict[int, int]
+    diff: Delta
+
+
+def base_pair(whole: Small, sharded: Small) -> Base:
+    """The base pair, aligned (:class:`Base`).
+
+    Args:
+        whole: the run at degree 1.
+        sharded: the same run at the sharded degree.
+
+    Returns:
+        The :class:`Base`.
+
+    Raises:
+        NotRepeating: a run's parameter bytes change from call to call.
+    """
+    _params(whole)
+    _params(sharded)
+    pairs = SequenceMatcher(None, _calls(sharded.points), _calls(whole.points), autojunk=False)
     matched = {j: i for tag, i1, i2, j1, j2 in pairs.get_opcodes() if tag == "equal"
                for i, j in zip(range(i1, i2), range(j1, j2), strict=True)}
+    return Base(whole, sharded, matched, delta(whole, sharded))
+
+
+def _points(sharded: Sequence[Point], base: Base) -> list[Point]:
+    """The base's degree-1 call points at ``sharded``'s micro-batch: each call of the base's
+    degree-1 run that its sharded run makes too is ``sharded``'s same call moved by the base
+    pair's difference there; a call of degree 1 only (FSDP2's handling there) is the point
+    before it moved by what that call adds in the base run; a call ``sharded`` makes and the
+    base's sharded run does not (its micro-batch's own: the loss's copy of the labels above 1)
+    is moved as the point before it."""
+    base_whole, base_sharded = base.whole.points, base.sharded.points
+    at: dict[int, int] = {}  # base_sharded index -> sharded index
+    extra: dict[int, list[int]] = {}  # sharded's own calls, after base_sharded's index
+    if _calls(base_sharded) == _calls(sharded):
+        at = {i: i for i in range(len(sharded))}
+    else:
+        to_base = SequenceMatcher(None, _calls(base_sharded), _calls(sharded), autojunk=False)
+        for tag, i1, i2, j1, j2 in to_base.get_opcodes():
+            if tag == "equal":
+                at.update(zip(range(i1, i2), range(j1, j2), strict=True))
+            elif tag == "insert":
+                extra.setdefault(i1 - 1, []).extend(range(j1, j2))
+            else:
+                raise NotRepeating("the sharded runs differ in more than added calls")
     out: list[Point] = []
     last: tuple[Mapping[str, int], Mapping[str, int]] | None = None  # (derived, base_whole)
     for j, (module, phase, op, live) in enumerate(base_whole):
-        i = matched.get(j)
+        i = base.matched.get(j)
         if i is not None and i in at:
             moved = _move(sharded[at[i]][3], live, base_sharded[i][3])
         elif last is not None:
@@ -149,14 +190,13 @@ def delta(whole: Small, sharded: Small) -> Delta:
     return out
 
 
-def whole_from(sharded: Small, base_whole: Small, base_sharded: Small) -> Small:
+def whole_from(sharded: Small, base: Base) -> Small:
     """A run at FSDP2 degree 1 from the same run at the sharded degree and a base pair of
     them (another micro-batch; see the module docstring).
 
     Args:
         sharded: the run at the sharded degree, at the micro-batch wanted.
-        base_whole: the run at degree 1 at the base micro-batch.
-        base_sharded: the run at the sharded degree at the base micro-batch.
+        base: the base pair (:func:`base_pair`).
 
     Returns:
         The run at degree 1: its call points and peak (see the module docstring), the
@@ -168,15 +208,15 @@ def whole_from(sharded: Small, base_whole: Small, base_sharded: Small) -> Small:
         NotRepeating: a run's parameter bytes change from call to call, or the sharded runs'
             parameters differ.
     """
+    base_whole, base_sharded = base.whole, base.sharded
     if _params(sharded) != _params(base_sharded) or (
             sharded.parameter_bytes != base_sharded.parameter_bytes):
         raise NotRepeating("the sharded runs' parameters differ")
-    _params(base_whole)
-    points = _points(sharded.points, base_whole.points, base_sharded.points)
+    points = _points(sharded.points, base)
     end = (sharded.memory.end_bytes + base_whole.memory.end_bytes
            - base_sharded.memory.end_bytes)
     memory = peak_of(points, end, base_whole.memory)
-    diff = delta(base_whole, base_sharded)
+    diff = base.diff
     est = sharded.estimate
     by_phase_op: dict[str, dict[str, Row]] = {}
     by_phase: dict[str, Row] = {}
