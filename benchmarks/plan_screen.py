@@ -10,6 +10,9 @@ screen is from the simulations and how long a screened plan takes.
   TABLE_ROLES`, 256 GPUs) screened, against their simulated peaks recorded in
   ``benchmarks/results/plan_70b_peaks.json`` (held out: the screen was built on the small
   config only).
+- ``--whole-check`` (after ``--time``): the reference pipelines at FSDP2 degree 1 the plans
+  derived (:mod:`flopscope.plan.whole`), derived again and simulated; ``--no-derive``: ``--time``
+  with them simulated.
 - ``--time``: the 70B-shaped plans of docs/plan.md's worked example (4096 tokens, global batch
   one sequence per GPU, float32 parameters, sequence parallelism) on 256 and 1,024 GPUs with
   ``screen=True``: every layout, timed.
@@ -212,11 +215,8 @@ def whole_check(derived: list[list[Any]], gpus: int) -> dict[str, Any]:
     rows: list[list[Any]] = [[tuple(f) if isinstance(f, list) else f for f in row]
                              for row in derived]
     keys = [RoleKey(*row) for row in rows]
-    for rk in sorted(keys, key=lambda k: k.micro_batch):  # each family's base first
-        base = dataclasses.replace(rk, micro_batch=min(
-            k.micro_batch for k in keys if dataclasses.replace(k, micro_batch=0)
-            == dataclasses.replace(rk, micro_batch=0)))
-        screens[0].pipeline(dataclasses.replace(base, micro_batch=1), 1)
+    for rk in keys:  # each family's base as in the plans: micro-batch 1, asked for first
+        screens[0].pipeline(dataclasses.replace(rk, micro_batch=1), 1)
     out: dict[str, Any] = {"gpus": gpus, "references": []}
     for rk in keys:
         start = time.process_time()

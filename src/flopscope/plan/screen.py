@@ -45,6 +45,11 @@ carried from the same runs at :data:`CARRY_FROM`'s micro-batches
 micro-batch, the roofline time summed again from the carried call records), exact where the
 runs make the same calls (checked; else simulated).
 
+A reference pipeline at FSDP2 degree 1 (a layout whose ``tp x pp`` is every device) is, with
+mixed precision, derived from the plan's sharded one at the same micro-batch and a base pair
+simulated at another (:mod:`flopscope.plan.whole`), exact where the difference between the
+degrees is the same at every micro-batch (held out on the test model and the 70B plans).
+
 What else a deep pipeline does (the schedule's order of frees, FSDP2's resharding between
 microbatches at every depth) is not in the references, so a screened stage is an **estimate**:
 the plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`)
