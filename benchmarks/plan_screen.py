@@ -10,6 +10,9 @@ screen is from the simulations and how long a screened plan takes.
   TABLE_ROLES`, 256 GPUs) screened, against their simulated peaks recorded in
   ``benchmarks/results/plan_70b_peaks.json`` (held out: the screen was built on the small
   config only).
+- ``--whole-check`` (after ``--time``): the reference pipelines at FSDP2 degree 1 the plans
+  derived (:mod:`flopscope.plan.whole`), derived again and simulated; ``--no-derive``: ``--time``
+  with them simulated.
 - ``--time``: the 70B-shaped plans of docs/plan.md's worked example (4096 tokens, global batch
   one sequence per GPU, float32 parameters, sequence parallelism) on 256 and 1,024 GPUs with
   ``screen=True``: every layout, timed.
@@ -110,9 +113,11 @@ def roles_70b() -> dict[str, Any]:
     return out
 
 
-def timed(gpus: int, carry: bool = True) -> dict[str, Any]:
+def timed(gpus: int, carry: bool = True, derive: bool = True) -> dict[str, Any]:
     """The 70B plan on ``gpus`` with the screen (``carry``: references above micro-batch 4
-    carried from 2 and 4, :mod:`flopscope.plan.micro_batch`; else simulated)."""
+    carried from 2 and 4, :mod:`flopscope.plan.micro_batch`; else simulated; ``derive``:
+    reference pipelines at FSDP2 degree 1 derived from the sharded ones,
+    :mod:`flopscope.plan.whole`; else simulated)."""
     import flopscope
     from flopscope.plan import planner
     from flopscope.plan.roles import clear_cache
@@ -125,6 +130,7 @@ def timed(gpus: int, carry: bool = True) -> dict[str, Any]:
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             self.carry_micro_batch = carry
+            self.derive_whole = derive
             made.append(self)
 
     planner.Screen = Kept  # type: ignore[attr-defined,assignment]
@@ -141,6 +147,8 @@ def timed(gpus: int, carry: bool = True) -> dict[str, Any]:
             "layouts": len(plan.ranked) + len(plan.dropped), "fit": len(plan.ranked),
             "screening": plan.screening.to_dict() if plan.screening else None,
             "carried": [[*dataclasses.astuple(rk), dp] for rk, dp in made[0].carried],
+            "derived": [list(dataclasses.astuple(rk)) for rk in getattr(made[0], "derived", [])],
+            "references": made[0].references,
             "rows": {c.choice.label: [c.memory_bytes, round(c.time.total, 9)]
                      for c in [*plan.ranked, *plan.dropped]},
             "best": None if best is None else {
@@ -185,6 +193,49 @@ def carry_check(carried: list[list[Any]], gpus: int) -> dict[str, Any]:
     return out
 
 
+def whole_check(derived: list[list[Any]], gpus: int) -> dict[str, Any]:
+    """The reference pipelines at FSDP2 degree 1 a ``--time`` plan on ``gpus`` derived
+    (:mod:`flopscope.plan.whole`), derived again (from the same base micro-batch, the
+    smallest of the family) and simulated: whether every call point, the peak, the
+    collectives and every phase's FLOPs (exactly) and seconds (to 1e-9) are the same (held
+    out: the mechanism was written on the test model)."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.precision import mixed_precision
+    from flopscope.plan.roles import RoleKey, Roles, clear_cache
+    from flopscope.plan.screen import Screen
+
+    clear_cache()
+    stored, _ = mixed_precision("bfloat16", "float32", None)  # as timed()'s plan
+    build = build_model("hf:llama", 4096, stored, LLAMA_70B)
+    roles = Roles(build, get_hardware("h100-sxm"),
+                  model_identity("hf:llama", 4096, stored, LLAMA_70B))
+    screens = Screen(roles, build, gpus), Screen(roles, build, gpus)
+    screens[1].derive_whole = False
+    rows: list[list[Any]] = [[tuple(f) if isinstance(f, list) else f for f in row]
+                             for row in derived]
+    keys = [RoleKey(*row) for row in rows]
+    for rk in keys:  # each family's base as in the plans: micro-batch 1, asked for first
+        screens[0].pipeline(dataclasses.replace(rk, micro_batch=1), 1)
+    out: dict[str, Any] = {"gpus": gpus, "references": []}
+    for rk in keys:
+        start = time.process_time()
+        got, want = (s.pipeline(rk, 1) for s in screens)
+        same = all(a.points == b.points and a.memory.peak_bytes == b.memory.peak_bytes
+                   and a.report.communication == b.report.communication
+                   and a.parameter_bytes == b.parameter_bytes
+                   and all(x.flops == y.flops and abs(x.time_s - y.time_s) <= 1e-9 * y.time_s
+                           for p, y in b.estimate.by_phase.items()
+                           for x in [a.estimate.by_phase[p]])
+                   for a, b in zip(got, want, strict=True))
+        out["references"].append({"key": list(dataclasses.astuple(rk)), "same": same,
+                                   "derived": rk in screens[0].derived,
+                                   "cpu_seconds": round(time.process_time() - start, 1)})
+        print(json.dumps(out["references"][-1]), flush=True)
+    out["all_same"] = all(r["same"] and r["derived"] for r in out["references"])
+    return out
+
+
 def main() -> None:
     """Run the parts asked for and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -197,6 +248,11 @@ def main() -> None:
     parser.add_argument("--carry-check", action="store_true",
                         help="the references the --time plans carried, simulated (after --time "
                              "or from the JSON's)")
+    parser.add_argument("--no-derive", action="store_true",
+                        help="--time with the reference pipelines at FSDP2 degree 1 simulated, "
+                             "not derived (written as time_no_derive)")
+    parser.add_argument("--whole-check", action="store_true",
+                        help="the degree-1 pipelines the --time plans derived, simulated")
     parser.add_argument("--gpus", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--json", default="benchmarks/results/plan_screen.json")
     args = parser.parse_args()
@@ -214,6 +270,10 @@ def main() -> None:
         out["time_no_carry"] = [timed(g, carry=False) for g in args.gpus]
         for t in out["time_no_carry"]:
             print(t["gpus"], t["seconds"], t["cpu_seconds"], t["best"])
+    elif args.time and args.no_derive:
+        out["time_no_derive"] = [timed(g, derive=False) for g in args.gpus]
+        for t in out["time_no_derive"]:
+            print(t["gpus"], t["seconds"], t["cpu_seconds"], t["best"])
     elif args.time:
         out["time"] = [timed(g) for g in args.gpus]
         for t in out["time"]:
@@ -221,6 +281,9 @@ def main() -> None:
     if args.carry_check:
         out["carry_check"] = [carry_check(t["carried"], t["gpus"]) for t in out["time"]
                               if t.get("carried")]
+    if args.whole_check:
+        out["whole_check"] = [whole_check(t["derived"], t["gpus"]) for t in out["time"]
+                              if t.get("derived")]
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 

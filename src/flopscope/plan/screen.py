@@ -45,6 +45,11 @@ carried from the same runs at :data:`CARRY_FROM`'s micro-batches
 micro-batch, the roofline time summed again from the carried call records), exact where the
 runs make the same calls (checked; else simulated).
 
+A reference pipeline at FSDP2 degree 1 (a layout whose ``tp x pp`` is every device) is, with
+mixed precision, derived from the plan's sharded one at the same micro-batch and a base pair
+simulated at another (:mod:`flopscope.plan.whole`), exact where the difference between the
+degrees is the same at every micro-batch (held out on the test model and the 70B plans).
+
 What else a deep pipeline does (the schedule's order of frees, FSDP2's resharding between
 microbatches at every depth) is not in the references, so a screened stage is an **estimate**:
 the plan simulates the layouts that could win (:func:`flopscope.plan.confirm.confirm_best`)
@@ -75,6 +80,7 @@ from flopscope.plan.reference import (
 )
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.plan.stage_memory import stage_memory
+from flopscope.plan.whole import Base, base_pair, whole_from
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
 
@@ -241,6 +247,10 @@ class Screen:
             simulated.
         carried: the references carried so, as ``(reference, FSDP2 degree of its pipeline)``
             (0: its runs without stages).
+        derive_whole: whether a reference pipeline at FSDP2 degree 1 is derived from the one
+            at the plan's sharded degree (:mod:`flopscope.plan.whole`) where it can be;
+            ``False``: simulated.
+        derived: the references whose pipeline at degree 1 was derived so.
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -250,6 +260,9 @@ class Screen:
         self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
         self.carry_micro_batch = True
         self.carried: list[tuple[RoleKey, int]] = []
+        self.derive_whole = True
+        self.derived: list[RoleKey] = []
+        self._bases: dict[RoleKey, tuple[Base, ...]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -264,7 +277,7 @@ class Screen:
     @property
     def references(self) -> int:
         """References simulated (runs without stages, and pipelines)."""
-        return len(self._refs) + len(self._pipes) - len(self.carried)
+        return len(self._refs) + len(self._pipes) - len(self.carried) - len(self.derived)
 
     def estimates(self, key: RoleKey) -> bool:
         """Whether :meth:`run` gives ``key`` an estimate (else its simulation: a role without
@@ -362,6 +375,14 @@ class Screen:
         pipe = self._pipes.get((rk, dp))
         if pipe is not None:
             return pipe
+        pipe = self._whole(rk) if dp == 1 else None
+        if pipe is None:
+            pipe = self._pipeline_own(rk, dp)
+        self._pipes[(rk, dp)] = pipe
+        return pipe
+
+    def _pipeline_own(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+        """:meth:`_pipeline`'s runs carried or simulated (not from another degree)."""
         pipe = self._carried(rk, dp, lambda k: self._pipeline(k, dp))
         if pipe is None:
             mb = PIPELINE_MICROBATCHES
@@ -374,8 +395,44 @@ class Screen:
                                                                microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
             pipe = (first, last, last_more, first_two)
-        self._pipes[(rk, dp)] = pipe
         return pipe
+
+    def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:
+        """``rk``'s pipeline at FSDP2 degree 1 from the one at the plan's sharded degree
+        (:mod:`flopscope.plan.whole`), moved by the difference of a base pair at another
+        micro-batch of the same tensor-parallel degree, checkpointing and precision (its
+        first pipeline at degree 1: simulated, with the sharded one); noted in
+        :attr:`derived`. ``None`` (simulate it) where off, without mixed precision (degree 1
+        then has no FSDP2), where the sharded degree is 1, for the base itself, or where the
+        runs cannot be aligned."""
+        sharded = self._gpus // (2 * rk.tp)
+        if not self.derive_whole or rk.mixed_precision is None or sharded <= 1:
+            return None
+        family = dataclasses.replace(rk, micro_batch=0)
+        if family not in self._bases:
+            self._bases[family] = ()  # the base (and what it is carried from): simulated
+            whole = self._pipeline_own(rk, 1)
+            self._bases[family] = self._checked(whole, self._pipeline(rk, sharded))
+            return whole
+        base = self._bases[family]
+        if not base:
+            return None
+        try:
+            pipe = tuple(whole_from(s, b) for s, b in
+                         zip(self._pipeline(rk, sharded), base, strict=True))
+        except NotRepeating:
+            return None
+        self.derived.append(rk)
+        return pipe
+
+    def _checked(self, whole: tuple[Small, ...], sharded: tuple[Small, ...]
+                 ) -> tuple[Base, ...]:
+        """The base pair of each run (:func:`~flopscope.plan.whole.base_pair`), or ``()``
+        where its runs cannot be aligned (a run's parameters change from call to call)."""
+        try:
+            return tuple(base_pair(w, s) for w, s in zip(whole, sharded, strict=True))
+        except NotRepeating:
+            return ()
 
     def _carried(self, rk: RoleKey, dp: int, runs_at: Callable[[RoleKey], tuple[Small, ...]]
                  ) -> tuple[Small, ...] | None:
