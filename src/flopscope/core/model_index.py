@@ -77,6 +77,7 @@ class ModelTensors:
 
     Attributes:
         modules: the modules (``named_modules()`` order).
+        attrs: their instance dicts.
         plain: every module's children, parameter and buffer tables are plain dicts (no
             TorchScript module).
         children: each module's child table.
@@ -87,13 +88,14 @@ class ModelTensors:
         hooked: the eager modules with forward hooks or forward pre-hooks.
     """
 
-    __slots__ = ("_meta", "buffer_names", "buffer_tables", "buffers", "children", "eager",
+    __slots__ = ("_meta", "attrs", "buffer_names", "buffer_tables", "buffers", "children", "eager",
                  "hooked", "modules", "param_names", "param_tables", "params", "plain")
 
     def __init__(self, modules: list[nn.Module]) -> None:
         self.modules = modules
+        self.attrs: list[dict[str, Any]] = list(map(vars, modules))
         try:
-            rows = list(map(_tables_of, map(vars, modules)))
+            rows = list(map(_tables_of, self.attrs))
         except (KeyError, TypeError):  # (not set in the instance dict: read as attributes)
             rows = list(map(_table_attrs, modules))
         children, params, buffers, pre, post = (list(c) for c in zip(*rows, strict=True)) \
@@ -142,7 +144,7 @@ def _stamp(tensors: ModelTensors, packed: frozenset[int]) -> list[Any] | None:
     modules, children = tensors.modules, tensors.children
     params, buffers = tensors.params, tensors.buffers
     out: list[Any] = [
-        list(map(type, modules)), list(map(len, map(vars, modules))),
+        list(map(type, modules)), list(map(len, tensors.attrs)),
         list(map(len, children)), list(chain.from_iterable(children)),
         list(map(id, chain.from_iterable(map(_values, children)))),
         list(map(len, tensors.param_tables)), tensors.param_names,
