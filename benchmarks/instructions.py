@@ -95,15 +95,16 @@ def _worker(model_name: str, size: int, repeat: int, lib: str, parts: bool) -> N
     if parts:  # flopscope's count in pieces: the per-count work apart from the forward
         from flopscope.execution.snapshot import ModelSnapshot
 
-        modules = list(model.modules())
         finished = flopscope.Counter(model, warn=False)
         with finished:
             model(x)
 
         def snapshot() -> None:  # as count() does for a real run: buffers by copy on write
-            kept = ModelSnapshot(modules)
-            kept.keep_values(buffers=False)
             counter = flopscope.Counter(model, warn=False)
+            # (the model's tables as the Counter read them, where this flopscope has them)
+            kept = ModelSnapshot(counter.modules,
+                                 *filter(None, [getattr(counter, "model_tensors", None)]))
+            kept.keep_values(buffers=False)
             counter.protect([*kept.params, *kept.own_buffers])
             kept.restore()
             counter.restore()

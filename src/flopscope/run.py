@@ -202,9 +202,10 @@ def count(
         model = initialized_copy(model, counter.uninitialized, args, kwargs)
         counter = new_counter(model)
     modules = counter.modules
-    meta = on_meta(modules)
+    tensors = counter.model_tensors  # (the model's tables, read once for all of the below)
+    meta = on_meta(modules if tensors is None else tensors)
     ways = ladder(modules, shape_only=shape_only, meta=meta, fake_inputs=fake_mode is not None)
-    snapshot = ModelSnapshot(modules)
+    snapshot = ModelSnapshot(modules, tensors)
     if meta:
         snapshot.keep_values(meta=True)
     try:

@@ -27,6 +27,7 @@ from flopscope.core.costing import Costing
 from flopscope.core.integrity import WriteGuard
 from flopscope.core.ledger import Ledger
 from flopscope.core.mode import CountingMode
+from flopscope.core.model_index import ModelTensors
 from flopscope.core.notices import warn_about
 from flopscope.core.observers import CallObserver, checked_observers
 from flopscope.core.params import ParamStats, param_table
@@ -149,6 +150,13 @@ class Counter:
     def modules(self) -> list[nn.Module]:
         """The model's modules (``named_modules()`` order); empty without a model."""
         return self._tracker.modules
+
+    @property
+    def model_tensors(self) -> ModelTensors | None:
+        """The model's module tables and the tensors in them, read when this Counter was made
+        (:class:`~flopscope.core.model_index.ModelTensors`; ``None`` without a model): what
+        :func:`flopscope.count` saves and checks the model from, without walking it again."""
+        return self._tracker.tensors
 
     @property
     def running(self) -> str | None:

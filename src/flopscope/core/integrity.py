@@ -11,7 +11,7 @@ so views and ``.data`` aliases are covered) and puts every saved value back on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from operator import methodcaller
 from typing import Any
 
@@ -53,14 +53,20 @@ class WriteGuard:
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         # (made at every count: plain tensors and parameters, the usual case, need no unwrapping)
         plain = tensors if _PLAIN.issuperset(map(type, tensors)) else plain_tensors(tensors)
+        self.saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         # storage -> the protected tensors on it (all saved at the first write to any of them)
-        self.protected: dict[int, list[torch.Tensor]] = {}
-        seen: set[int] = set()
-        protected = self.protected
         kept = list(plain)
         storages = list(map(_untyped_storage, kept))  # (the storages' reads in C, all at once)
-        for t, nbytes, ptr, key in zip(kept, map(_nbytes, storages), map(_data_ptr, storages),
-                                       map(id, kept), strict=True):
+        ptrs = list(map(_data_ptr, storages))
+        if len(set(ptrs)) == len(ptrs) and all(map(_nbytes, storages)):
+            # one tensor per storage, none empty (the usual case): the table made in C
+            self.protected: Mapping[int, Sequence[torch.Tensor]] = dict(
+                zip(ptrs, zip(kept), strict=True))
+            return
+        protected: dict[int, list[torch.Tensor]] = {}
+        seen: set[int] = set()
+        for t, nbytes, ptr, key in zip(kept, map(_nbytes, storages), ptrs, map(id, kept),
+                                       strict=True):
             if nbytes and key not in seen:  # (a tied tensor is listed twice)
                 seen.add(key)
                 owners = protected.get(ptr)
@@ -68,7 +74,7 @@ class WriteGuard:
                     protected[ptr] = [t]
                 else:
                     owners.append(t)
-        self.saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.protected = protected
 
     def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before ``func`` runs: save any protected tensor it is about to write to (the

@@ -11,14 +11,15 @@ from __future__ import annotations
 import weakref
 from contextlib import suppress
 from functools import partial
-from operator import attrgetter, is_not
+from itertools import chain, compress
+from operator import add, attrgetter, is_not, itemgetter
 from typing import Any
 
 from torch import nn
 
 from flopscope.core.params import packed_objects, param_table, uninitialized
 
-__all__ = ["ModelTables", "model_tables"]
+__all__ = ["ModelTables", "ModelTensors", "model_tables"]
 
 
 class ModelTables:
@@ -45,85 +46,147 @@ class ModelTables:
                 self.types.setdefault(name, type(sub).__name__)
         # modules holding quantized packed-parameter objects (their ids are part of the stamp)
         self.packed = frozenset(id(m) for m in modules if packed_objects(m))
-        self.stamp = _stamp(modules, self.packed)
-        # lazy modules not initialised yet (their tensors have no shape, so no stamp): their
-        # parameters count 0 now and are counted again when the report is made
-        self.uninitialized = uninitialized(model) if self.stamp is None else []
-        self.refs = [weakref.ref(m) for m in modules] if self.stamp is not None else []
+        # set by model_tables: the stamp (None: never reused); lazy modules not initialised yet
+        # (their tensors have no shape, so no stamp: their parameters count 0 now and are counted
+        # again when the report is made); weak references to the modules (when stamped)
+        self.stamp: list[Any] | None = None
+        self.uninitialized: list[str] = []
+        self.refs: list[Any] = []
 
 
 _shape_and_grad = attrgetter("shape", "requires_grad")
 _shape = attrgetter("shape")
+_is_meta = attrgetter("is_meta")
 _not_none = partial(is_not, None)
+_values = dict.values
+# a module's tables and flags, read from its __dict__ (an itemgetter on a dict: nn.Module's
+# __getattr__ makes an attribute read of a module several times dearer)
+_TABLE_KEYS = ("_modules", "_parameters", "_buffers", "_forward_pre_hooks", "_forward_hooks")
+_tables_of = itemgetter(*_TABLE_KEYS)
+_table_attrs = attrgetter(*_TABLE_KEYS)
 # id(model) -> (weak reference to it, its tables)
 _TABLES: dict[int, tuple[Any, ModelTables]] = {}
 
 
-def _stamp_tensors(extend: Any, table: dict[str, Any], describe: Any) -> bool:
-    """Add a parameter or buffer table's part of a stamp: names, identities and ``describe`` of
-    each tensor; ``False`` when a tensor has no shape yet (a lazy module's uninitialised one)."""
-    extend(table)
-    held = table.values()
-    extend(map(id, held))  # (an entry set to None is told by its id: None's)
-    try:
-        extend(map(describe, filter(_not_none, held)))  # (all in C: no Python call per tensor)
-    except RuntimeError:
-        return False
-    return True
+class ModelTensors:
+    """A model's module tables and the tensors in them as they are now, read all at once: each
+    step is one pass in C over every module or every tensor (``map`` over a list), not Python per
+    module. Made at every count (:func:`model_tables`); the model's stamp, the snapshot
+    (:class:`~flopscope.execution.snapshot.ModelSnapshot`) and :func:`~flopscope.execution.how.on_meta`
+    all read these lists instead of walking the modules again.
+
+    Attributes:
+        modules: the modules (``named_modules()`` order).
+        attrs: their instance dicts.
+        plain: every module's children, parameter and buffer tables are plain dicts (no
+            TorchScript module).
+        children: each module's child table.
+        param_tables, buffer_tables: each module's parameter and buffer table.
+        param_names, params: every module's parameter names and entries (``None`` kept), flat,
+            in module order; likewise ``buffer_names`` and ``buffers``.
+        eager: the modules whose parameter table is a plain dict (not TorchScript modules).
+        hooked: the eager modules with forward hooks or forward pre-hooks.
+    """
+
+    __slots__ = ("_meta", "attrs", "buffer_names", "buffer_tables", "buffers", "children", "eager",
+                 "hooked", "modules", "param_names", "param_tables", "params", "plain")
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+        self.attrs: list[dict[str, Any]] = list(map(vars, modules))
+        try:
+            rows = list(map(_tables_of, self.attrs))
+        except (KeyError, TypeError):  # (not set in the instance dict: read as attributes)
+            rows = list(map(_table_attrs, modules))
+        children, params, buffers, pre, post = (list(c) for c in zip(*rows, strict=True)) \
+            if rows else ([], [], [], [], [])
+        self.children: list[Any] = children
+        self.param_tables: list[Any] = params
+        self.buffer_tables: list[Any] = buffers
+        self.plain = {dict}.issuperset(map(type, chain(children, params, buffers)))
+        if self.plain:
+            self.eager = modules
+            self.param_names: list[str] = list(chain.from_iterable(params))
+            self.params: list[Any] = list(chain.from_iterable(map(_values, params)))
+            self.buffer_names: list[str] = list(chain.from_iterable(buffers))
+            self.buffers: list[Any] = list(chain.from_iterable(map(_values, buffers)))
+        else:  # TorchScript modules: their tables are not dicts
+            keep = [type(t) is dict for t in params]
+            self.eager = list(compress(modules, keep))
+            pre, post = list(compress(pre, keep)), list(compress(post, keep))
+            self.param_names = [k for t in params for k, _ in t.items()]
+            self.params = [v for t in params for v in t.values()]
+            self.buffer_names = [k for t in buffers for k, _ in t.items()]
+            self.buffers = [v for t in buffers for v in t.values()]
+        self.hooked: list[nn.Module] = list(compress(self.eager, map(add, map(len, pre),
+                                                                     map(len, post))))
+        self._meta: bool | None = None
+
+    def on_meta(self) -> bool:
+        """Whether a parameter or buffer of the modules is on ``meta`` (see
+        :func:`~flopscope.execution.how.on_meta`)."""
+        if self._meta is None:
+            self._meta = any(map(_is_meta, filter(_not_none, chain(self.params, self.buffers))))
+        return self._meta
 
 
-def _stamp(modules: list[nn.Module], packed: frozenset[int]) -> list[Any] | None:
-    """Everything a model's :class:`ModelTables` are made from, as a flat list of plain values: each
+def _stamp(tensors: ModelTensors, packed: frozenset[int]) -> list[Any] | None:
+    """Everything a model's :class:`ModelTables` are made from, as a list of plain values: each
     module's class and number of attributes, its children, parameters and buffers (names and
     identities), every parameter's and buffer's shape, whether each parameter requires grad, and
     the packed-parameter objects of the modules that hold them. Equal stamps, equal tables: a
     structural change anywhere in the tree changes some module's children. ``None`` for a model
-    with TorchScript modules (their tables are not plain dicts; never reused)."""
-    out: list[Any] = []
-    push = out.append
-    extend = out.extend
-    for m in modules:
-        children = m._modules
-        params = m._parameters
-        buffers = m._buffers
-        if type(params) is not dict or type(buffers) is not dict or type(children) is not dict:
-            return None
-        push(type(m))
-        push(len(m.__dict__))
-        push(len(children))
-        extend(children)
-        extend(map(id, children.values()))
-        push(len(params))
-        if params and not _stamp_tensors(extend, params, _shape_and_grad):
-            return None
-        push(len(buffers))
-        if buffers and not _stamp_tensors(extend, buffers, _shape):
-            return None
-        if packed and id(m) in packed:
-            extend(map(id, packed_objects(m)))
+    with TorchScript modules (their tables are not plain dicts; never reused) or with a lazy
+    module's uninitialised tensor (no shape yet). Each part is one pass in C over all modules or
+    all tensors; the lengths per module make the flat lists say which module holds what."""
+    if not tensors.plain:
+        return None
+    modules, children = tensors.modules, tensors.children
+    params, buffers = tensors.params, tensors.buffers
+    out: list[Any] = [
+        list(map(type, modules)), list(map(len, tensors.attrs)),
+        list(map(len, children)), list(chain.from_iterable(children)),
+        list(map(id, chain.from_iterable(map(_values, children)))),
+        list(map(len, tensors.param_tables)), tensors.param_names,
+        list(map(id, params)),  # (an entry set to None is told by its id: None's)
+        list(map(len, tensors.buffer_tables)), tensors.buffer_names, list(map(id, buffers))]
+    try:
+        out.append(list(map(_shape_and_grad, filter(_not_none, params))))
+        out.append(list(map(_shape, filter(_not_none, buffers))))
+    except RuntimeError:
+        return None
+    if packed:
+        out.append([id(o) for m in modules if id(m) in packed for o in packed_objects(m)])
     return out
 
 
-def model_tables(model: nn.Module) -> tuple[ModelTables, list[nn.Module]]:
-    """``model``'s tables and modules (``named_modules()`` order): the tables made for it before
-    when its stamp is the same (a model counted again: a dictionary lookup and one walk over its
-    modules, instead of ``named_modules()`` and the parameter table), otherwise made now and
-    kept for the next time."""
+def model_tables(model: nn.Module) -> tuple[ModelTables, ModelTensors]:
+    """``model``'s tables, and its modules (``named_modules()`` order) with their tensors as
+    they are now: the tables made for it before when its stamp is the same (a model counted
+    again: a dictionary lookup and one pass over its modules' tables, instead of
+    ``named_modules()`` and the parameter table), otherwise made now and kept for the next
+    time."""
     entry = _TABLES.get(id(model))
     if entry is not None and entry[0]() is model:
         tables = entry[1]
         modules = [r() for r in tables.refs]
-        if all(m is not None for m in modules) and _stamp(
-                modules, tables.packed) == tables.stamp:  # type: ignore[arg-type]
-            return tables, modules  # type: ignore[return-value]
+        if all(m is not None for m in modules):
+            tensors = ModelTensors(modules)
+            if _stamp(tensors, tables.packed) == tables.stamp:
+                return tables, tensors
     named = list(model.named_modules())
     tables = ModelTables(model, named)
+    tensors = ModelTensors([m for _, m in named])
+    tables.stamp = _stamp(tensors, tables.packed)
     if tables.stamp is not None:
+        tables.refs = [weakref.ref(m) for m in tensors.modules]
         if len(_TABLES) > 1_000:
             _TABLES.clear()
         with suppress(TypeError):  # not weakly referenceable: not kept
             _TABLES[id(model)] = (weakref.ref(model, partial(_forget, id(model))), tables)
-    return tables, [m for _, m in named]
+    else:
+        tables.uninitialized = uninitialized(model)
+    return tables, tensors
 
 
 def _forget(key: int, ref: Any) -> None:

@@ -38,7 +38,7 @@ from torch.optim.optimizer import (
 from torch.utils._pytree import tree_iter
 
 from flopscope.core.ledger import Sums
-from flopscope.core.model_index import model_tables
+from flopscope.core.model_index import ModelTensors, model_tables
 from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.params import ParamStats, param_table
 from flopscope.cost import Phase
@@ -172,6 +172,8 @@ class ModuleTracker:
         self.uninitialized: list[str] = []
         self.param_paths: dict[int, str] = {}
         self.modules: list[nn.Module] = []  # the model's modules, in named_modules() order
+        # their tables and tensors, read when this tracker was made (None without a model)
+        self.tensors: ModelTensors | None = None
         self.shared: set[nn.Module] = set()  # modules registered under more than one path
         self.main = ThreadState()  # the thread that entered the Counter
         self.owner: int | None = None  # its id
@@ -186,7 +188,8 @@ class ModuleTracker:
         self._handles: list[Any] = []
         self._listener: Any = None  # (enter, leave) while installed (module_calls.listen)
         if model is not None:
-            tables, self.modules = model_tables(model)
+            tables, self.tensors = model_tables(model)
+            self.modules = self.tensors.modules
             self.paths = dict(zip(self.modules, tables.module_paths, strict=True))
             self.types = dict(tables.types)
             self.calls = dict.fromkeys(tables.types, 0)

@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 from torch.utils._pytree import tree_iter
 
+from flopscope.core.model_index import ModelTensors
 from flopscope.execution.meta import needs_fake_cpu
 
 __all__ = ["How", "given_fake_mode", "ladder", "on_meta"]
@@ -39,17 +40,20 @@ class How(str, enum.Enum):
     FAKE = "fake"
 
 
-def on_meta(modules: Iterable[nn.Module]) -> bool:
+def on_meta(modules: Iterable[nn.Module] | ModelTensors) -> bool:
     """Whether a parameter or buffer of these modules is on ``meta``: such a model cannot run on
     real tensors and is counted shape-only, with the tensors it holds on the CPU (made by code
     that ignores the default device: ``torch.Tensor(n)``, ``device="cpu"``) converted with it.
 
     Args:
-        modules: the model's modules (``model.modules()``).
+        modules: the model's modules (``model.modules()``), or their tables as a Counter read
+            them (:attr:`~flopscope.Counter.model_tensors`: one pass in C over the tensors).
 
     Returns:
         As above.
     """
+    if isinstance(modules, ModelTensors):
+        return modules.on_meta()
     for m in modules:  # (tensors tested in C: this runs at every count)
         for table in (m._parameters, m._buffers):
             if table and any(map(_is_meta, filter(_not_none, table.values()))):

@@ -18,12 +18,16 @@ What a forward can change, and how each is put back:
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter, is_, methodcaller
+from functools import partial
+from itertools import chain, repeat
+from operator import attrgetter, is_, is_not
 from typing import Any
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from flopscope.core.model_index import ModelTensors
 
 __all__ = ["ModelSnapshot"]
 
@@ -51,25 +55,49 @@ class ModelSnapshot:
     The training flags and the slots are saved when the snapshot is made; the values (buffers,
     parameter aliases) by :meth:`keep_values`, before the first attempt that can write to the
     model's own tensors (a shape-only count of a real model first runs on meta copies of them,
-    which need no copy of any value).
+    which need no copy of any value). Every step reads the model's tables as lists, one pass in
+    C over all modules or all tensors (:class:`~flopscope.core.model_index.ModelTensors`).
 
     Args:
         modules: the model's modules.
+        tensors: their tables as a Counter read them just before
+            (:attr:`~flopscope.Counter.model_tensors`); read here when not given.
     """
 
-    def __init__(self, modules: list[nn.Module]) -> None:
+    def __init__(self, modules: list[nn.Module], tensors: ModelTensors | None = None) -> None:
         self.modules = modules
         self.modes = list(map(_training, modules))
-        eager = [m for m in modules if type(m._parameters) is dict]  # not TorchScript modules
-        self.slots: list[tuple[dict[str, Any], str, Any]] = [
-            (m._parameters, name, t) for m in eager for name, t in m._parameters.items()]
-        self.slots += [(m._buffers, name, t) for m in eager for name, t in m._buffers.items()]
-        self.slots += [(vars(m), name, t) for m in eager if m._forward_pre_hooks or m._forward_hooks
-                       for name, t in vars(m).items() if isinstance(t, torch.Tensor)]
+        if tensors is None or tensors.modules is not modules:
+            tensors = ModelTensors(modules)
+        self.tensors = tensors
+        # the slots (table, name, object): every parameter and buffer entry of the eager (not
+        # TorchScript) modules, and the tensor attributes of the ones with forward hooks, as
+        # three lists (restore compares them in C)
+        if tensors.plain:
+            tables = [*tensors.param_tables, *tensors.buffer_tables]
+            self.slot_tables: list[dict[str, Any]] = list(chain.from_iterable(
+                map(repeat, tables, map(len, tables))))
+            self.slot_names: list[str] = [*tensors.param_names, *tensors.buffer_names]
+            self.slot_objects: list[Any] = [*tensors.params, *tensors.buffers]
+        else:
+            slots = [(t, name, v) for m in tensors.eager for t in (m._parameters, m._buffers)
+                     for name, v in t.items()]
+            self.slot_tables = [t for t, _, _ in slots]
+            self.slot_names = [n for _, n, _ in slots]
+            self.slot_objects = [v for _, _, v in slots]
+        for m in tensors.hooked:
+            attrs = vars(m)
+            for name, t in attrs.items():
+                if isinstance(t, torch.Tensor):
+                    self.slot_tables.append(attrs)
+                    self.slot_names.append(name)
+                    self.slot_objects.append(t)
         self.buffers: list[tuple[dict[str, Any], str, torch.Tensor, torch.Tensor]] = []
         # aliases (no copy) of every parameter, and of every buffer not copied, to undo
-        # `t.data = other`, which swaps a tensor's storage without any operator
-        self.aliases: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # `t.data = other`, which swaps a tensor's storage without any operator: the tensors
+        # and their aliases, as two lists
+        self.held: list[torch.Tensor] = []
+        self.aliases: list[torch.Tensor] = []
         self.params: list[torch.Tensor] = []  # the model's own (not meta) parameters
         self.own_buffers: list[torch.Tensor] = []  # its buffers, when aliased, not copied
         self.kept = False
@@ -91,33 +119,35 @@ class ModelSnapshot:
         """
         if not self.kept:
             self.kept = True
-            if meta:
-                self.aliases = [(p, p.data) for m in self.modules
-                                for p in m._parameters.values() if p is not None]
-            else:
+            held = list(filter(_not_none, self.tensors.params))
+            if not meta:
                 # (a plain tensor on meta says so in is_meta; a subclass's device may say meta
                 # where is_meta does not: a fake tensor of a meta model)
-                self.params = [p for m in self.modules for p in m._parameters.values()
-                               if p is not None and not p.is_meta
-                               and (type(p) in _PLAIN or p.device.type != "meta")]
-                self.aliases = [(p, p.data) for p in self.params]
+                if not _PLAIN.issuperset(map(type, held)) or self.tensors.on_meta():
+                    held = [p for p in held if not p.is_meta
+                            and (type(p) in _PLAIN or p.device.type != "meta")]
+                self.params = held
+            self.held = list(held)
+            self.aliases = list(map(_data, held))
         if buffers and not self.copied:
             self.copied = True
             self._copy_buffers(lambda b: True)
         elif not buffers and not self.guarded:
             self.guarded = True
-            held = [b for m in self.modules for b in m._buffers.values() if b is not None]
-            self.own_buffers = [b for b in held if b.layout is _STRIDED]
-            self.aliases += [(b, b.data) for b in self.own_buffers]
-            if len(self.own_buffers) < len(held):  # (sparse: no storage; none in most models)
+            held = list(filter(_not_none, self.tensors.buffers))
+            strided = {_STRIDED}.issuperset(map(_layout, held))
+            self.own_buffers = held if strided else [b for b in held if b.layout is _STRIDED]
+            self.held += self.own_buffers
+            self.aliases += map(_data, self.own_buffers)
+            if not strided:  # (sparse: no storage; none in most models)
                 self._copy_buffers(lambda b: b.layout is not _STRIDED)
 
     def _copy_buffers(self, which: Callable[[torch.Tensor], bool]) -> None:
         with torch.no_grad():
-            for m in self.modules:
-                for name, b in m._buffers.items():
+            for table in self.tensors.buffer_tables:
+                for name, b in table.items():
                     if b is not None and which(b):  # (no grad here: the clone is detached)
-                        self.buffers.append((m._buffers, name, b, b.clone()))
+                        self.buffers.append((table, name, b, b.clone()))
 
     def restore(self) -> None:
         """Put everything back (call it in ``finally``; before the write guard's restore, which
@@ -125,18 +155,17 @@ class ModelSnapshot:
         if list(map(_training, self.modules)) != self.modes:
             for m, mode in zip(self.modules, self.modes, strict=True):
                 m.training = mode
-        slots = self.slots
-        if not all(map(is_, map(dict.get, [t for t, _, _ in slots], [n for _, n, _ in slots]),
-                       [o for _, _, o in slots])):  # (compared in C: this runs at every count)
-            for table, name, obj in slots:
+        tables, names, objects = self.slot_tables, self.slot_names, self.slot_objects
+        if not all(map(is_, map(dict.get, tables, names), objects)):  # (in C: at every count)
+            for table, name, obj in zip(tables, names, objects, strict=True):
                 if table.get(name) is not obj:
                     table[name] = obj
         with torch.no_grad():
-            aliases = self.aliases
-            if aliases and not _all_in_place(aliases):
-                for held, original in aliases:
-                    if not _same_place(held, original):
-                        held.data = original
+            held, aliases = self.held, self.aliases
+            if held and not _all_in_place(held, aliases):
+                for tensor, original in zip(held, aliases, strict=True):
+                    if not _same_place(tensor, original):
+                        tensor.data = original
             into: list[torch.Tensor] = []
             values: list[torch.Tensor] = []
             for table, name, tensor, value in self.buffers:
@@ -151,23 +180,23 @@ class ModelSnapshot:
 
 
 _training = attrgetter("training")
-_data_ptr = methodcaller("data_ptr")
-_stride = methodcaller("stride")
-_shape = attrgetter("shape")
-
-
-def _all_in_place(aliases: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-    """Whether every aliased tensor still views its alias's memory, for plain tensors not on
-    ``meta`` (compared in C, all at once); ``False`` means: look at each (:func:`_same_place`)."""
-    held = [h for h, _ in aliases]
-    kept = [k for _, k in aliases]
-    if (not _PLAIN.issuperset(map(type, held)) or any(map(_is_meta, held))
-            or not {_STRIDED}.issuperset(map(_layout, held))):
-        return False
-    return bool(list(map(_data_ptr, held)) == list(map(_data_ptr, kept))
-                and list(map(_shape, held)) == list(map(_shape, kept))
-                and list(map(_stride, held)) == list(map(_stride, kept)))
-
-
-_is_meta = attrgetter("is_meta")
+_data = attrgetter("data")
 _layout = attrgetter("layout")
+_not_none = partial(is_not, None)
+_is_set_to = torch.Tensor.is_set_to
+
+
+def _all_in_place(held: list[torch.Tensor], aliases: list[torch.Tensor]) -> bool:
+    """Whether every tensor still views exactly its alias's memory (the same storage, offset,
+    sizes and strides: ``Tensor.is_set_to``, one pass in C), for plain strided tensors not on
+    ``meta``; ``False`` means: look at each (:func:`_same_place`)."""
+    if not _PLAIN.issuperset(map(type, held)):
+        return False
+    try:  # (an operator call: no dispatch mode of the caller's may see it)
+        with _NoDispatch():
+            return all(map(_is_set_to, held, aliases))
+    except RuntimeError:  # (no kernel for meta or sparse tensors)
+        return False
+
+
+_NoDispatch = torch._C._DisableTorchDispatch
