@@ -156,22 +156,31 @@ def timed(gpus: int, carry: bool = True, derive: bool = True) -> dict[str, Any]:
                 "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2)}}
 
 
+def _two_screens(gpus: int) -> tuple[Any, Any]:
+    """Two screens of the ``--time`` plan's 70B model on ``gpus`` (mixed precision, float32
+    parameters, as timed()'s plan) over one fresh role cache: the caller turns the mechanism
+    under check off in the second."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.precision import mixed_precision
+    from flopscope.plan.roles import Roles, clear_cache
+    from flopscope.plan.screen import Screen
+
+    clear_cache()
+    stored, _ = mixed_precision("bfloat16", "float32", None)
+    build = build_model("hf:llama", 4096, stored, LLAMA_70B)
+    roles = Roles(build, get_hardware("h100-sxm"),
+                  model_identity("hf:llama", 4096, stored, LLAMA_70B))
+    return Screen(roles, build, gpus), Screen(roles, build, gpus)
+
+
 def carry_check(carried: list[list[Any]], gpus: int) -> dict[str, Any]:
     """The references a ``--time`` plan on ``gpus`` carried to a larger micro-batch
     (:mod:`flopscope.plan.micro_batch`), carried again and simulated: whether every figure the
     screen reads is the same (held out: the mechanism was tested on the test model only)."""
-    from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model, model_identity
-    from flopscope.plan.precision import mixed_precision
-    from flopscope.plan.roles import RoleKey, Roles, clear_cache
-    from flopscope.plan.screen import Screen
+    from flopscope.plan.roles import RoleKey
 
-    clear_cache()
-    stored, _ = mixed_precision("bfloat16", "float32", None)  # as timed()'s plan
-    build = build_model("hf:llama", 4096, stored, LLAMA_70B)
-    roles = Roles(build, get_hardware("h100-sxm"),
-                  model_identity("hf:llama", 4096, stored, LLAMA_70B))
-    screens = Screen(roles, build, gpus), Screen(roles, build, gpus)
+    screens = _two_screens(gpus)
     screens[1].carry_micro_batch = False
     out: dict[str, Any] = {"gpus": gpus, "references": []}
     for row in carried:
@@ -199,18 +208,9 @@ def whole_check(derived: list[list[Any]], gpus: int) -> dict[str, Any]:
     smallest of the family) and simulated: whether every call point, the peak, the
     collectives and every phase's FLOPs (exactly) and seconds (to 1e-9) are the same (held
     out: the mechanism was written on the test model)."""
-    from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model, model_identity
-    from flopscope.plan.precision import mixed_precision
-    from flopscope.plan.roles import RoleKey, Roles, clear_cache
-    from flopscope.plan.screen import Screen
+    from flopscope.plan.roles import RoleKey
 
-    clear_cache()
-    stored, _ = mixed_precision("bfloat16", "float32", None)  # as timed()'s plan
-    build = build_model("hf:llama", 4096, stored, LLAMA_70B)
-    roles = Roles(build, get_hardware("h100-sxm"),
-                  model_identity("hf:llama", 4096, stored, LLAMA_70B))
-    screens = Screen(roles, build, gpus), Screen(roles, build, gpus)
+    screens = _two_screens(gpus)
     screens[1].derive_whole = False
     rows: list[list[Any]] = [[tuple(f) if isinstance(f, list) else f for f in row]
                              for row in derived]
