@@ -203,11 +203,11 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
             fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
             fsdp_collective_s=fsdp_s)
-        # last: the chains' prediction is the points'
-        chained = () if not chains else chain_points(dataclasses.replace(hardware, calibration=calibration), device,
+        # last, when asked: the chains' prediction is the points'
+        chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
                                lambda fn, dev: time_per_call(fn, dev,
                                                              budget_s=2 * budget_s / passes),
-                               passes=passes)
+                               passes=passes) if chains else ()
     finally:
         torch.set_num_threads(before)
     return dataclasses.replace(hardware, calibration=dataclasses.replace(calibration,
