@@ -5,7 +5,9 @@ The dispatcher never sees that arithmetic: flopscope sees only the ``torch::empt
 allocation, flags the calling module as possibly opaque (and warns), and counts it exactly once the
 user gives a module rule, or wraps the function with :func:`flopscope.rules.costed`.
 
-Building takes about a minute on two cores; it happens once per test session.
+Building takes about a minute on two cores; it happens once per test session, in the slow tier
+(``FLOPSCOPE_SLOW=1``): the default tier checks the same opaque-module mechanism on an operator
+defined in Python (tests/test_custom_ops.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch import nn
 
 import flopscope
 from flopscope import count
+
+pytestmark = pytest.mark.slow
 
 
 def matmul_rule(m: nn.Module, inputs: tuple[Any, ...], out: Any) -> int:

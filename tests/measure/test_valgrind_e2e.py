@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # about 30 s under valgrind; the default tier keeps the JIT run below
 def test_matmul_float64_measures_2mnk() -> None:
     m, n, k = 128, 128, 128
     a = torch.randn(m, k, dtype=torch.float64)
@@ -67,7 +68,7 @@ def factory():
 """
 
 
-@pytest.mark.slow  # about 35 s under valgrind; the default tier keeps the float64 and JIT runs
+@pytest.mark.slow  # about 35 s under valgrind; the default tier keeps the JIT run
 def test_cli_measure_file_factory_float64_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

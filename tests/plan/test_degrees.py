@@ -84,7 +84,8 @@ def third_degree() -> Callable[[dict[str, Any]], ThirdDegree]:
 
 @pytest.mark.parametrize("options", [
     dict(checkpoint=False),
-    dict(checkpoint=True, micro_batch=2),
+    # about 11 s: the slow tier's (checkpointing and micro-batches are derived per degree alike)
+    pytest.param(dict(checkpoint=True, micro_batch=2), marks=pytest.mark.slow),
 ])
 def test_a_role_at_a_third_degree_equals_the_role_simulated_at_it(
         options: Any, third_degree: Callable[[dict[str, Any]], ThirdDegree]) -> None:
