@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -34,8 +35,11 @@ def test_h100_sxm_datasheet_figures() -> None:
 
 
 def test_aliases_and_case() -> None:
-    assert get_hardware("H100") is PROFILES["h100-sxm"]
-    assert get_hardware("A100") is PROFILES["a100-80gb"]
+    # one object per name: the datasheet profile with its reference calibration (a GPU)
+    assert get_hardware("H100") is get_hardware("h100-sxm")
+    assert dataclasses.replace(get_hardware("H100"), calibration=None) == PROFILES["h100-sxm"]
+    assert dataclasses.replace(get_hardware("A100"), calibration=None) == PROFILES["a100-80gb"]
+    assert get_hardware("EPYC-9654") is PROFILES["epyc-9654"]  # a CPU: none
 
 
 def test_unknown_name_suggests() -> None:

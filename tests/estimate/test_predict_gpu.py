@@ -85,7 +85,7 @@ def test_expected_mfu_from_the_prediction_beside_the_measured(cli: Cli) -> None:
     r = cli("count", "tiny_models:tiny", "--hardware", str(H200), "--shape-only",
             "--step-time", "0.001")
     assert "expected from the prediction" in r.out and "not measured" in r.out
-    # an uncalibrated profile: the measured MFU only
-    r = cli("count", "tiny_models:tiny", "--hardware", "h200", "--shape-only",
+    # an uncalibrated profile (a shipped CPU; a GPU has a reference): the measured MFU only
+    r = cli("count", "tiny_models:tiny", "--hardware", "xeon-8480", "--shape-only",
             "--step-time", "0.001", "--format", "json")
     assert "expected" not in json.loads(r.out)["utilization"]

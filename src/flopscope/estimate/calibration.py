@@ -244,6 +244,10 @@ class Calibration:
             beyond the operators they run; 0: not measured.
         chains: chains of layers over fresh outputs timed whole (:meth:`chain_factor`);
             empty: not measured.
+        reference: empty where the points were measured on the profile's own machine; else
+            what they were measured on and how they were carried to this profile
+            (:mod:`flopscope.estimate.reference`): the prediction is then marked
+            uncalibrated, and the planner keeps to the bound.
     """
 
     date: str
@@ -263,6 +267,7 @@ class Calibration:
     dtensor_call_s: float = 0.0
     fsdp_collective_s: float = 0.0
     chains: tuple[ChainPoint, ...] = ()
+    reference: str = ""
 
     def chain_factor(self, family: str, written: int, reduction: float = 0.0) -> float:
         """How much longer (or shorter) a call of ``family`` writing ``written`` bytes takes in
@@ -336,6 +341,8 @@ class Calibration:
                 out[name] = getattr(self, name)
         if self.chains:
             out["chains"] = [c.to_dict() for c in self.chains]
+        if self.reference:
+            out["reference"] = self.reference
         return out
 
     @classmethod
@@ -431,7 +438,8 @@ class Calibration:
                    str(data.get("clock", "wall")), evicted, evictions, mmap_bytes, fault,
                    module, **framework,
                    chains=tuple(ChainPoint.from_dict(c, f"{where}: chain {i}")
-                                for i, c in enumerate(chains)))
+                                for i, c in enumerate(chains)),
+                   reference=str(data.get("reference", "")))
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

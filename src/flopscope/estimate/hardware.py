@@ -29,6 +29,8 @@ collectives at; the shipped NVIDIA data-centre profiles carry them (sources belo
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import json
 import sys
@@ -43,6 +45,7 @@ from flopscope.estimate.profile import (
     Hardware,
     dtype_key,
 )
+from flopscope.estimate.reference import MEASURED, reference
 from flopscope.estimate.this_machine import (
     best_seconds,
     last_level_cache_bytes,
@@ -203,7 +206,19 @@ _SHIPPED = [
 ]
 
 PROFILES: dict[str, Hardware] = {hw.name: hw for hw in _SHIPPED}
-"""The shipped profiles by name."""
+"""The shipped profiles by name, as their datasheets give them (no calibration)."""
+ACCELERATORS = ("h100-sxm", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l4", "l40s", "mi300x")
+"""The shipped GPU profiles: :func:`get_hardware` gives each a reference calibration
+(:mod:`flopscope.estimate.reference`); the shipped CPUs predict only once calibrated."""
+
+
+@functools.cache
+def _shipped(name: str) -> Hardware:
+    """A shipped profile as :func:`get_hardware` gives it: a GPU with its reference calibration."""
+    hw = PROFILES[name]
+    if name not in ACCELERATORS:
+        return hw
+    return dataclasses.replace(hw, calibration=reference(hw, {n: PROFILES[n] for n in MEASURED}))
 # aliases people type
 _ALIASES = {"h100": "h100-sxm", "h200-sxm": "h200", "a100": "a100-80gb", "a100-40": "a100-40gb",
             "a100-80": "a100-80gb"}
@@ -274,7 +289,7 @@ def get_hardware(spec: str | Hardware) -> Hardware:
     key = spec.strip().lower()
     key = _ALIASES.get(key, key)
     if key in PROFILES:
-        return PROFILES[key]
+        return _shipped(key)
     if key in THIS_MACHINE:
         return measure_this_machine()
     path, _, name = spec.partition(":") if not Path(spec).exists() else (spec, "", "")

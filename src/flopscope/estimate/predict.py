@@ -81,10 +81,13 @@ class _Curve:
                 if x <= c1[0]:
                     return y0 + (y1 - y0) * (x - c0[0]) / (c1[0] - c0[0])
             return pts[-1][1]
-        near = sorted(pts, key=lambda p: math.dist(p[0], at))[:_NEAREST]
+        # a call without a coordinate its points have (a module rule's cost knows no reduction
+        # length) is placed by the coordinates it has
+        n = len(at)
+        near = sorted(pts, key=lambda p: math.dist(p[0][:n], at))[:_NEAREST]
         weights = []
         for c, y in near:
-            d = math.dist(c, at)
+            d = math.dist(c[:n], at)
             if d == 0:
                 return y
             weights.append((1 / d**2, y))
@@ -370,7 +373,8 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     host_bound = total.host_s > device
     import torch
     out: dict[str, Any] = {
-        "status": "calibrated", "calibrated": cal.date, "device": cal.device,
+        "status": "reference" if cal.reference else "calibrated", "calibrated": cal.date,
+        "device": cal.device,
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
         "model": "per call: host time of its operator + max(work at the attained rate, the "
                  "roofline bound); "
@@ -386,6 +390,8 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
                           "bound_s": r.time_s}
                       for k, r in estimate.by_family.items()},
     }
+    if cal.reference:
+        out["reference"] = cal.reference
     if estimate.overlapped is not None:
         out["step_s"], out["device_idle_s"] = estimate.overlapped
     if host_bound:

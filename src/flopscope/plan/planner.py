@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -309,6 +309,10 @@ def plan(
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
     hw = get_hardware(hardware)
+    if hw.calibration is not None and hw.calibration.reference:
+        # a shipped GPU's reference calibration (not measured on the user's machine): a plan
+        # keeps to the bound, which its layouts' order and margins were validated with
+        hw = replace(hw, calibration=None)
     links = Links.of(hw, gpus_per_node, gpus)
     budget = memory_budget if memory_budget is not None else hw.memory_bytes
     if budget is None:
