@@ -260,7 +260,7 @@ def test_profile_shows_predicted_beside_measured() -> None:
     data = report.to_dict()["measured"]
     # per operator, the calls' predictions summed; over the operators, the run's
     assert sum(v["predicted_s"] or 0.0 for v in data["by_op"].values()) == pytest.approx(predicted)
-    assert "predicted (calibrated 2026-11-26, 1 thread(s))" in str(report)
+    assert "predicted (calibrated 2026-11-26, cpu (test), 1 thread)" in str(report)
 
 
 def test_phases_show_their_prediction() -> None:
@@ -292,7 +292,8 @@ def test_cli_generate_predicts_prefill_and_decode(
     assert guess["decode_step_s"] == pytest.approx((steps[1] + steps[2]) / 2)
     r = cli(*argv)
     assert r.code == 0, r.err
-    assert "prediction (calibrated 2026-11-26): prefill" in r.out and "predicted" in r.out
+    assert "prediction (calibrated 2026-11-26, cpu (test), 1 thread): prefill" in r.out
+    assert "predicted" in r.out
 
 
 def test_a_gpu_calibration_overlaps_host_and_device() -> None:

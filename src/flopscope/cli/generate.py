@@ -226,7 +226,7 @@ def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
     cal = estimates[0].hardware.calibration
     if cal is not None:  # the calibrated prediction of the same steps (docs/prediction.md)
         steps = list(zip(result.steps, estimates, strict=True))
-        predicted = {"calibrated": cal.date, "prefill_s": sum(
+        predicted = {"calibrated": cal.date, "source": cal.source(), "prefill_s": sum(
             e.total.predicted_s for s, e in steps if s.kind == "prefill")}
         guesses = [(s.tokens, e.total.predicted_s) for s, e in steps if s.kind == "decode"]
         if guesses:
@@ -263,7 +263,7 @@ def estimate_lines(result: Any, estimates: list[Any]) -> list[str]:
             lines[0] += f", at most {rate:,.0f} tokens/s"
     guess = summary.get("prediction")
     if guess is not None:
-        line = (f"prediction (calibrated {guess['calibrated'][:10]}): prefill "
+        line = (f"prediction ({guess['source']}): prefill "
                 f"{human_seconds(guess['prefill_s'])}")
         if "decode_step_s" in guess:
             line += f"; decode {human_seconds(guess['decode_step_s'])} per step"

@@ -269,6 +269,15 @@ class Calibration:
     chains: tuple[ChainPoint, ...] = ()
     reference: str = ""
 
+    def source(self) -> str:
+        """Where a prediction from it comes from, for a report's line: ``calibrated DATE,
+        DEVICE`` (a CPU's thread count after it), or ``uncalibrated: REFERENCE``."""
+        if self.reference:
+            return f"uncalibrated: {self.reference}"
+        threads = ("" if self.device.startswith("cuda") else
+                   f", {self.threads} thread{'s' if self.threads != 1 else ''}")
+        return f"calibrated {self.date[:10]}, {self.device}{threads}"
+
     def chain_factor(self, family: str, written: int, reduction: float = 0.0) -> float:
         """How much longer (or shorter) a call of ``family`` writing ``written`` bytes takes in
         a chain of layers over fresh outputs than its points predict: over the :attr:`chains`

@@ -150,12 +150,7 @@ def prediction_lines(estimate: Estimate) -> list[str]:
                 "calibrate --output FILE` writes one): the bound only"]
     total = estimate.total
     device = total.predicted_s - total.host_s
-    # a CUDA calibration's device is the GPU: the host's intra-op threads are not its setting
-    threads = ("" if cal.device.startswith("cuda") else
-               f", {cal.threads} thread{'s' if cal.threads != 1 else ''}")
-    source = (f"uncalibrated: {cal.reference}" if cal.reference else
-              f"calibrated {cal.date[:10]}, {cal.device}{threads}")
-    lines = [f"  prediction ({source}): "
+    lines = [f"  prediction ({cal.source()}): "
              f"{human_seconds(total.predicted_s)} = "
              f"host {human_seconds(total.host_s)} + device {human_seconds(device)} "
              "(per call: host time of its operator + work at the attained rate; "

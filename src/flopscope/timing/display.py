@@ -212,7 +212,7 @@ class MeasuredSection:
         cal = t.hardware.calibration if t.hardware is not None else None
         if cal is not None:
             predicted = sum(c.bound.predicted_s for c in t.calls if c.bound is not None)
-            lines.append(f"  predicted (calibrated {cal.date[:10]}, {cal.threads} thread(s)): "
+            lines.append(f"  predicted ({cal.source()}): "
                          f"{human_seconds(predicted)} per run, {predicted / t.wall_s:.2f}x the "
                          "measured wall time (the calls' predictions; docs/prediction.md)")
         if t.spread > NOISY:
