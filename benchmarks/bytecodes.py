@@ -46,6 +46,7 @@ def measure(model_name: str, size: int) -> tuple[collections.Counter[tuple[str, 
             codes[key] += 1
         return tracer
 
+    previous = sys.gettrace()  # (a coverage run's tracer: put back afterwards)
     with torch.no_grad():
         for i in range(3):
             counter = flopscope.Counter(model, warn=False)
@@ -56,7 +57,7 @@ def measure(model_name: str, size: int) -> tuple[collections.Counter[tuple[str, 
                 with counter:
                     model(x)
             finally:
-                sys.settrace(None)
+                sys.settrace(previous)
     ops = sum(r.calls for r in counter.make_report().records)
     return codes, calls, ops
 
