@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks/ is a top-level package of the repos
 
 from benchmarks import (  # noqa: E402
     agreement,
+    bytecodes,
     document,
     models,
     overhead,
@@ -70,6 +71,16 @@ def test_overhead_rounds_on_the_tiny_cnn() -> None:
                               log=lambda _: None)
     assert set(result["tools"]) == {"flopscope", "FlopCounterMode", overhead.FLOOR}
     assert all(len(t["ratios"]) == 2 for t in result["tools"].values())
+
+
+def test_bytecodes_per_function_of_a_counted_forward() -> None:
+    codes, calls, ops = bytecodes.measure("resnet18", 32)
+    # the dispatch mode's handler runs once per operator call the report counts, and the module
+    # tracker's enter once per module call: resnet18's 68 modules (the root included) once
+    # each, and each of its 8 blocks calls its ReLU a second time
+    assert calls[("flopscope/core/mode.py", "__torch_dispatch__")] == ops > 0
+    assert calls[("flopscope/core/tracker.py", "enter")] == 68 + 8
+    assert codes[("flopscope/core/cost_memo.py", "cost_key")] > 0
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ class CountingMode(TorchDispatchMode):
                 return self._dtensor(func, args, kwargs)
             return NotImplemented
         entry = self.entries.get(id(func))
-        if entry is not None and entry.facts.ignored:  # a prim:: metadata query (autograd asks
+        if entry is not None and entry.ignored:  # a prim:: metadata query (autograd asks
             if func is _DEVICE and len(args) == 1:  # every output's device): nothing to record
                 return _static_device(args[0]) or func(*args, **kwargs)
             return func(*args, **kwargs)
@@ -132,7 +132,7 @@ class CountingMode(TorchDispatchMode):
             return func(*args, **kwargs)  # global-shape metadata propagation: no rank's work
         if entry is None:
             entry = self.entry(func)
-        if self.guard is not None and entry.facts.guarded:  # count(): keep the model's tensors
+        if self.guard is not None and entry.guarded:  # count(): keep the model's tensors
             self.guard(func, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
             out = recorder.decomposed(self, func, entry, args, kwargs)
@@ -149,7 +149,7 @@ class CountingMode(TorchDispatchMode):
                 out = args[0] if made is SELF else replay(made, args)
                 self.record(func, entry, args, kwargs, out, None, memo)
                 return out
-            kernel = entry.facts.kernel
+            kernel = entry.kernel
             if kernel is not None and func._pyobj_dispatcher is None:
                 out = kernel(*args, **kwargs)
             else:
@@ -161,7 +161,7 @@ class CountingMode(TorchDispatchMode):
                 remember(memo, made)
             self.record(func, entry, args, kwargs, out, None, memo)
             return out
-        kernel = entry.facts.kernel  # the C++ callable, without OpOverload.__call__'s frame
+        kernel = entry.kernel  # the C++ callable, without OpOverload.__call__'s frame
         if kernel is not None and func._pyobj_dispatcher is None:
             out = kernel(*args, **kwargs)
         else:

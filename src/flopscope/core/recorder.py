@@ -53,6 +53,7 @@ class Recorder:
                  observers: tuple[CallObserver, ...], strict: bool) -> None:
         self.tracker = tracker
         self.costing = costing
+        self.remembered = costing.remembered  # (bound once: read on every remembered call)
         self.observers = observers
         # observers that also see each outermost operator on DTensors (``on_dtensor_call``)
         self.dtensor_observers = tuple(o for o in observers if hasattr(o, "on_dtensor_call"))
@@ -186,7 +187,7 @@ class Recorder:
             cost, counted = decomposed
             if counted:
                 key = decomposed_key(f)  # the decomposed operator's own record
-        elif memo is not None and (hit := self.costing.remembered(entry, memo, phase)) is not None:
+        elif memo is not None and (hit := self.remembered(entry, memo, phase)) is not None:
             cost = hit
             counted = True
             if self.pieces is not None:  # part of a decomposition: added up by decomposed()

@@ -107,7 +107,12 @@ def _drop_finished_steps(stack: list[Frame]) -> None:
 
 class ThreadState:
     """What one counted thread is running: its stack of frames, the outermost running ruled module,
-    and the timeline of autograd sequence numbers of its forwards."""
+    and the timeline of autograd sequence numbers of its forwards: from ``seqs[i]`` on, nodes are
+    created under ``seq_paths[i]``. Each module start and return marks it (inline in
+    :meth:`ModuleTracker.enter`, :meth:`~ModuleTracker.leave` and ``_close``); when no node was
+    created since the last mark (``no_grad``, or a module that creates none) the last mark is
+    replaced, not added to: a lookup takes the last mark at or before a node's number, so the
+    answer is the same and the timeline does not grow with every module call."""
 
     __slots__ = ("seq_paths", "seqs", "shadowing", "stack")
 
@@ -116,20 +121,6 @@ class ThreadState:
         self.shadowing: Frame | None = None
         self.seqs: list[int] = []
         self.seq_paths: list[str] = []
-
-    def mark(self, path: str) -> None:
-        """From the autograd sequence number now on, nodes are created under ``path``. When no
-        node was created since the last mark (a forward under ``no_grad``, or a module that
-        creates none), the last mark is replaced rather than a new one added: a lookup takes the
-        last mark at or before a node's number, so the answer is the same, and the timeline
-        does not grow with every module call of a count without autograd."""
-        seq = _sequence_nr()
-        seqs = self.seqs
-        if seqs and seqs[-1] == seq:
-            self.seq_paths[-1] = path
-        else:
-            seqs.append(seq)
-            self.seq_paths.append(path)
 
 
 class ModuleTracker:
@@ -358,7 +349,13 @@ class ModuleTracker:
             if kind & _SCRIPTED and module._modules:
                 self.scripted[path] = None
         stack.append(frame)
-        st.mark(path)
+        seq = _sequence_nr()  # the timeline's mark (see ThreadState)
+        seqs = st.seqs
+        if seqs and seqs[-1] == seq:
+            st.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            st.seq_paths.append(path)
         if self.on_enter and st is self.main:
             for enter in self.on_enter:
                 enter(path, phase)
@@ -378,11 +375,34 @@ class ModuleTracker:
             while stack[-1].module is not module:  # frames left by an exception: unwind them
                 self._close(st, stack.pop(), None, True)
         frame = stack.pop()
-        if exc is not None and (self.failure is None or self.failure[0] is not exc):
-            self.failure = (exc, frame.path)  # the innermost module it was raised in
-        self._close(st, frame, output, failed)
+        if failed or frame.rule is not None or self.on_exit or type(output) in _LAZY:
+            if exc is not None and (self.failure is None or self.failure[0] is not exc):
+                self.failure = (exc, frame.path)  # the innermost module it was raised in
+            self._close(st, frame, output, failed)
+            return
+        # a usual call (returned, no rule, no observer, eager output): _close inline, one call less
+        arithmetic, allocations = frame.arithmetic, frame.allocations
+        flagged = (not arithmetic and allocations > 0 and st.shadowing is None
+                   and any(isinstance(t, torch.Tensor) for t in tree_iter(output)))
+        if flagged:  # allocations only, and a tensor out: an opaque module (see _close)
+            self.opaque[frame.path] = None
+        path = ""
+        if stack:
+            parent = stack[-1]
+            parent.arithmetic += arithmetic
+            if not flagged:
+                parent.allocations += allocations
+            path = parent.path
+        seq = _sequence_nr()  # the timeline's mark (see ThreadState)
+        seqs = st.seqs
+        if seqs and seqs[-1] == seq:
+            st.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            st.seq_paths.append(path)
 
     def _close(self, st: ThreadState, frame: Frame, output: Any, failed: bool) -> None:
+        """Close a popped frame (a usual call's is closed inline in :meth:`leave`)."""
         stack = st.stack
         if self.on_exit and st is self.main:
             for leave in self.on_exit:
@@ -411,7 +431,14 @@ class ModuleTracker:
                 parent.arithmetic += 1  # the rule accounts for the module's work
             elif not flagged:  # flag the innermost module, not every ancestor of it
                 parent.allocations += frame.allocations
-        st.mark(parent.path if parent is not None else "")
+        path = parent.path if parent is not None else ""
+        seq = _sequence_nr()  # the timeline's mark (see ThreadState)
+        seqs = st.seqs
+        if seqs and seqs[-1] == seq:
+            st.seq_paths[-1] = path
+        else:
+            seqs.append(seq)
+            st.seq_paths.append(path)
 
     # -- optimizer hooks ----------------------------------------------------------------------
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
