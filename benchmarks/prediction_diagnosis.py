@@ -57,12 +57,12 @@ class Capture(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = self.now()
         out = func(*args, **kwargs)
         self.times.append(self.now() - start)
         self.ops.append(str(func))
-        self.faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
         if self.keep:
             def hold(t: Any) -> Any:
                 return t.detach().clone() if isinstance(t, torch.Tensor) else t

@@ -271,3 +271,21 @@ def test_a_small_rotated_point_is_a_rate() -> None:
     # 1024 FLOPs at 1024 / 0.5e-6 FLOP/s (the same shape: distance 0) after 1 us of host time
     assert est.total.predicted_s == pytest.approx(1e-6 + 0.5e-6, rel=1e-9)
     assert est.total.uncalibrated_s == 0
+
+
+def test_attentions_safe_softmax_is_timed_and_predicted_as_its_own_operator() -> None:
+    from flopscope.estimate.timers import counted_call
+
+    # the math path of scaled_dot_product_attention (training on a CPU) normalises by
+    # _safe_softmax, four kernels counted as one element-wise call: the calibration times it
+    ops = {counted_call(w.fn).op for w in workloads("cpu") if w.what.startswith("_safe_softmax")}
+    assert ops == {"_safe_softmax"}
+    # with its own point, 8,192 B in 8e-6 s of device time (1.024e9 B/s) after the family's
+    # 1e-6 s host time, a call of 4 rows of 256 (4,096 B read, 4,096 B written) takes that rate,
+    # not add's 1e10 B/s
+    safe = Point("elementwise", "fp32", "_safe_softmax 2^10", 5 * 1_024, 8_192, 1e-6 + 8e-6,
+                 op="_safe_softmax")
+    x = torch.randn(4, 256)
+    _, est = flopscope.estimate.roofline(Fn(lambda t: torch.ops.aten._safe_softmax(t, -1)), x,
+                                         hardware=synthetic((*POINTS, safe)))
+    assert est.total.predicted_s == pytest.approx(1e-6 + 8_192 / 1.024e9, rel=1e-12)

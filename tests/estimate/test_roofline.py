@@ -215,6 +215,25 @@ def test_a_call_timed_in_a_loop_finds_its_inputs_in_the_cache() -> None:
     assert second.time_s == 16_384 / 1e10
 
 
+def test_an_input_passed_twice_is_read_from_memory_once() -> None:
+    # AdamW's exp_avg_sq.addcmul_(grad, grad): the second argument reads the same bytes in the
+    # same pass, a hit at distance 0 whether or not the first read missed
+    x, g = torch.randn(1024), torch.randn(1024)  # 4,096 B each, never touched before
+    rec = _log(lambda: x.addcmul_(g, g)).records[0]
+    assert rec.reuse == ((4_096, 0),)
+    # counted: x, g, g read (12,288 B), x written (4,096 B); from memory: x and g once (8,192 B)
+    total = flopscope.estimate.Estimate.from_records([rec], CACHED).total
+    assert (total.bytes, total.dram_bytes) == (16_384, 8_192)
+
+
+def test_two_views_of_one_storage_are_different_bytes() -> None:
+    # q and k, halves of one fused projection: the second half is not the first read again
+    q, k = torch.randn(2, 1024)  # views made outside the count: the storage never touched
+    rec = _log(lambda: torch.mul(q, k)).records[0]
+    assert rec.reuse == ()  # both halves from memory: 8,192 B read, nothing hit
+    assert rec.cached(2**20) == (0, 4_096)  # only the fresh output is written to the cache
+
+
 def test_nvidia_profiles_have_no_cache_level() -> None:
     # NVIDIA publishes L2 capacities, not L2 bandwidth: the capacity is kept, the level unused
     assert H100.cache_bytes == 50 * 2**20 and H100.cache_bandwidth is None

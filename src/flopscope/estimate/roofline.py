@@ -337,10 +337,17 @@ class CallLog:
         seen: dict[int, int] = {}
         storages: dict[int, Any] = {}
         reuse = []
+        views: set[tuple[Any, ...]] = set()
         for t in call.inputs:
             key = _storage_key(t)
-            if key is None or key in seen:
+            if key is None:
                 continue
+            view = (key, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            if key in seen:  # the same bytes again (addcmul_(g, g)): read with the first
+                if view in views:
+                    reuse.append((min(seen[key], t.numel() * t.element_size()), 0))
+                continue
+            views.add(view)
             storage = storages[key] = t.untyped_storage()
             size = storage.nbytes()
             seen[key] = size

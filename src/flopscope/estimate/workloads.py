@@ -27,7 +27,8 @@ product) is also timed in batches of many calls for the operator's host time
 - **normalization**: layer norm over rows of 256 (forward, backward), batch norm over 64
   channels (eval, training, backward);
 - **special**: ``exp``, ``tanh``, ``sigmoid``, ``erf``, GELU, SiLU, softmax and log-softmax over
-  rows of 256 (and softmax's backward);
+  rows of 256 (and softmax's backward; ``_safe_softmax``, attention's, an element-wise call by its
+  counts);
 - **pooling** over 16-128 channels of 16-112 pixels square: max 3x3 stride 2 and stride 1, max
   2x2, average 2x2 and 3x3 stride 1, max pooling's backward;
 - **indexing**: ``embedding`` and its backward (tables of 2^2-2^16 rows of 256);
@@ -133,6 +134,10 @@ def _stream_ops(n: int, device: str) -> dict[str, Fn]:
         "sigmoid": _bind(torch.sigmoid, x), "erf": _bind(torch.erf, x),
         "gelu": _bind(F.gelu, x), "silu": _bind(F.silu, x),
         "softmax": _bind(torch.softmax, rows, -1),
+        # scaled_dot_product_attention's math path (training, CPU) normalises by
+        # _safe_softmax: softmax, then rows wholly -inf set to 0, four kernels (3.5-5x
+        # softmax's time here), counted as one element-wise call
+        "_safe_softmax": _bind(aten._safe_softmax, rows, -1),
         "log_softmax": _bind(torch.log_softmax, rows, -1),
         "softmax backward": _bind(aten._softmax_backward_data, grows, soft, -1, torch.float32),
     }
