@@ -86,7 +86,7 @@ def run_symbolic(args: argparse.Namespace) -> int:
             that cannot run with symbolic sizes.
     """
     import flopscope
-    from flopscope.report.symbolic import pretty
+    from flopscope.render.formulas import pretty
     from flopscope.symbolic.count import count_symbolic, plot_symbolic
 
     check_page_output(args.format, args.output)

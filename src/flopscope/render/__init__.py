@@ -21,12 +21,12 @@ from flopscope.render.options import By, Format, RenderOptions
 from flopscope.render.text import render_text
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["By", "Format", "RenderOptions", "render"]
 
 
-def render(report: Report, options: RenderOptions | None = None, **changes: Any) -> str:
+def render(report: ReportData, options: RenderOptions | None = None, **changes: Any) -> str:
     """``report`` as text in one of the :class:`Format` s, without colour codes.
 
     Args:

@@ -10,7 +10,7 @@ from flopscope.cost import Phase
 from flopscope.render.units import human, scaled
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["ModuleRow", "ReportWarning", "headline", "inputs_note", "module_rows", "num", "pct",
            "phase_line", "report_warnings", "subject", "unit_header"]
@@ -51,7 +51,7 @@ def num(value: int, prefix: str | None) -> str:
     return scaled(value, prefix)
 
 
-def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:
+def module_rows(report: ReportData, depth: int = 2) -> list[ModuleRow]:
     """The modules shown in a tree of ``depth`` levels below the root, in model order.
 
     Modules that never ran and hold no parameters are left out.
@@ -76,7 +76,7 @@ def module_rows(report: Report, depth: int = 2) -> list[ModuleRow]:
     return rows
 
 
-def report_warnings(report: Report) -> list[ReportWarning]:
+def report_warnings(report: ReportData) -> list[ReportWarning]:
     """What the reader of a report must know: uncounted operators, opaque modules, rule mismatches.
 
     Args:
@@ -114,13 +114,13 @@ def report_warnings(report: Report) -> list[ReportWarning]:
     return out
 
 
-def subject(report: Report) -> str:
+def subject(report: ReportData) -> str:
     source = report.meta.get("source")
     name = report.model or "counted code"
     return f"{name} ({source})" if source and source != name else name
 
 
-def inputs_note(report: Report) -> str:
+def inputs_note(report: ReportData) -> str:
     notes = []
     inputs = report.meta.get("inputs")
     if inputs:
@@ -133,7 +133,7 @@ def inputs_note(report: Report) -> str:
     return ", ".join(notes)
 
 
-def headline(report: Report, prefix: str | None) -> str:
+def headline(report: ReportData, prefix: str | None) -> str:
     total = report.total()
     p = prefix
     return (
@@ -144,7 +144,7 @@ def headline(report: Report, prefix: str | None) -> str:
     )
 
 
-def phase_line(report: Report, prefix: str | None) -> str:
+def phase_line(report: ReportData, prefix: str | None) -> str:
     if len(report.phases) < 2:
         return ""
     parts = [

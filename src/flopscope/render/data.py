@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from flopscope.render.options import By
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["render_csv", "render_json"]
 
 
-def render_json(report: Report) -> str:
+def render_json(report: ReportData) -> str:
     """The report as JSON (``Report.to_json``); ``Report.from_json`` reads it back equal.
 
     Args:
@@ -26,7 +26,7 @@ def render_json(report: Report) -> str:
     return report.to_json(indent=2) + "\n"
 
 
-def render_csv(report: Report, *, by: By | str = By.MODULE) -> str:
+def render_csv(report: ReportData, *, by: By | str = By.MODULE) -> str:
     """The report as CSV of plain integers: every module (with a ``depth`` column) or every
     operator; see :meth:`Report.table_rows` for the columns.
 

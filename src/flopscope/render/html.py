@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 from flopscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
-    from flopscope.report.symbolic import SymbolicReport
+    from flopscope.report.data import ReportData
 
-__all__ = ["CURVE_FIELDS", "KINDS", "embedded_data", "notebook_frame", "page",
+__all__ = ["KINDS", "embedded_data", "notebook_frame", "page",
            "render_diff_html", "render_generation_html", "render_html", "render_plan_html",
-           "render_symbolic_html", "render_table_html", "symbolic_curves", "symbolic_derived"]
+           "render_symbolic_html", "render_table_html"]
 
 # what a page shows: one report, two reports compared, a plain table, a symbolic report, a
 # generation's steps, a plan of layouts
@@ -109,14 +108,14 @@ def page(kind: str, data: Any, *, title: str) -> str:
     )
 
 
-def title_of(report: Report) -> str:
+def title_of(report: ReportData) -> str:
     """The page title of a report: the model and where it came from."""
     source = report.meta.get("source")
     name = report.model or "counted code"
     return f"flopscope: {name}" + (f" ({source})" if source and source != name else "")
 
 
-def render_html(report: Report) -> str:
+def render_html(report: ReportData) -> str:
     """``report`` as a self-contained HTML page (``--format html``, :meth:`Report.to_html`).
 
     Args:
@@ -145,7 +144,7 @@ def notebook_frame(text: str, *, height: int = 900) -> str:
             "</iframe>")
 
 
-def render_diff_html(a: Report, b: Report, names: Sequence[str] = ("A", "B")) -> str:
+def render_diff_html(a: ReportData, b: ReportData, names: Sequence[str] = ("A", "B")) -> str:
     """Two reports side by side (``flopscope diff A.json B.json --format html``): both headlines,
     every module's inclusive FLOPs, MACs and parameters in each, the changed ones highlighted,
     both icicles.
@@ -188,7 +187,7 @@ def render_plan_html(data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> s
 
     Args:
         data: ``Plan.to_dict()``, with ``"explain"``: ``{"part_names": {part: words}, "why":
-            [line, ...]}`` (:func:`flopscope.plan.display.plan_page_data`); or a serving plan's
+            [line, ...]}`` (:meth:`flopscope.plan.planner.Plan.page_data`); or a serving plan's
             dict; or a sweep's points.
 
     Returns:
@@ -219,144 +218,20 @@ def render_table_html(title: str, columns: Sequence[str], rows: Sequence[Mapping
     return page("table", data, title=title)
 
 
-# what a symbolic page plots: three fields, against each symbol, for the total and the modules
-# right under the root (at most this many, the costliest first)
-CURVE_FIELDS = ("flops", "macs", "bytes")
-_CURVE_MODULES = 8
-
-
-def _curve_range(report: SymbolicReport, name: str, fixed: Mapping[str, int],
-                 points: int) -> list[int]:
-    """The sizes of ``name`` to plot: from the smallest the domain allows (seq_len >= 2, ...)
-    to 32 times the traced one, ``points`` of them, those outside the domain left out."""
-    hi = 32 * report.hints.get(name, 1)
-    lo = next((x for x in range(1, hi) if not report.violated(**{**fixed, name: x})), hi)
-    xs = sorted({round(lo + (hi - lo) * i / (points - 1)) for i in range(points)})
-    return [x for x in xs if not report.violated(**{**fixed, name: x})]
-
-
-def _points(report: SymbolicReport, expr: Any, name: str, fixed: Mapping[str, int],
-            xs: Sequence[int]) -> list[list[int]] | None:
-    """``[[x, expr at x], ...]`` (exact integers), or ``None`` when the formula holds a
-    data-dependent size."""
-    import sympy  # type: ignore[import-untyped]
-
-    out = []
-    for x in xs:
-        at = {**fixed, name: x}
-        value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in at.items()})
-        if not value.is_number:
-            return None
-        out.append([x, int(value)])
-    return out
-
-
-def symbolic_curves(report: SymbolicReport, *, points: int = 33,
-                    fields: Sequence[str] = CURVE_FIELDS) -> list[dict[str, Any]]:
-    """Each field of the total and of the modules right under the root against each symbol,
-    the other symbols at the sizes traced: ``points`` sizes from the smallest the formulas'
-    domain allows to 32 times the traced size (the range of ``plot_symbolic``; sizes outside the
-    domain left out). For ``seq_len``, the total's terms of degree two and above (attention) and
-    the rest apart (``"split"``) and where the first overtakes the second (``"crossover"``,
-    :meth:`SymbolicReport.crossover` at the same sizes of the others). A formula holding a
-    data-dependent size has no curve.
-
-    Args:
-        report: the symbolic report.
-        points: sizes per symbol.
-        fields: of ``macs``, ``flops``, ``bytes`` (read + written), ``bytes_read``,
-            ``bytes_written``.
-
-    Returns:
-        ``[{"symbol", "field", "module", "fixed": {name: size}, "points": [[x, value], ...]}]``
-        (``module`` ``""``: the total), with ``"split": {"high": points, "rest": points}`` and
-        ``"crossover"`` (a size or ``None``) on the total's ``seq_len`` curves.
-    """
-    by_module = report.by_module()
-    # the modules right under the root with any cost, the costliest at the traced sizes first
-    children = sorted((p for p in by_module if p and "." not in p
-                       and (by_module[p].flops != 0 or by_module[p].bytes != 0)),
-                      key=lambda p: -_at_hints(report, by_module[p].flops))
-    out = []
-    for name in report.symbols:
-        fixed = {k: v for k, v in report.hints.items() if k != name and k in report.symbols}
-        xs = _curve_range(report, name, fixed, points)
-        if not xs:
-            continue
-        for field in fields:
-            for module in ["", *children[:_CURVE_MODULES]]:
-                cost = report.total() if module == "" else by_module[module]
-                got = _points(report, getattr(cost, field), name, fixed, xs)
-                if not got:
-                    continue
-                curve: dict[str, Any] = {"symbol": name, "field": field, "module": module,
-                                         "fixed": fixed, "points": got}
-                if module == "" and name == "seq_len":
-                    high, rest = report.split(name, field)
-                    if high != 0:
-                        split = (_points(report, high, name, fixed, xs),
-                                 _points(report, rest, name, fixed, xs))
-                        if split[0] is not None and split[1] is not None:
-                            curve["split"] = {"high": split[0], "rest": split[1]}
-                            curve["crossover"] = report.crossover(name, field, None, **fixed)
-                out.append(curve)
-    return out
-
-
-def _at_hints(report: SymbolicReport, expr: Any) -> int:
-    """A formula at the traced sizes (0 when it holds a data-dependent size)."""
-    import sympy
-
-    value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in report.hints.items()
-                           if k in report.symbols})
-    return int(value) if value.is_number else 0
-
-
-def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
-    """What the command line prints under a symbolic table, as data: with a ``seq_len`` symbol,
-    the FLOPs of one more token (``per_token``: d(FLOPs)/d(seq_len) per sample, its formula
-    and its value at the traced sizes) and the ``seq_len`` where the terms of degree
-    two and above overtake the rest (``crossover``, the other symbols at 1, as the command line
-    says it).
-
-    Args:
-        report: the symbolic report.
-
-    Returns:
-        ``{}`` without ``seq_len``; else ``{"per_token": {...}, "crossover": {...}}``.
-    """
-    if "seq_len" not in report.symbols:
-        return {}
-    import sympy
-
-    per_token = report.flops_per_token("seq_len")
-    at = per_token.xreplace({report.symbols[k]: sympy.Integer(v)
-                             for k, v in report.hints.items() if k in report.symbols})
-    ones = {k: 1 for k in report.symbols if k != "seq_len"}
-    return {"per_token": {"symbol": "seq_len", "formula": str(per_token),
-                          # a whole number, or a fraction (a term divided by the batch)
-                          "at_hints": (int(at) if at.is_integer else float(at)) if at.is_number
-                          else None, "hints": dict(report.hints)},
-            "crossover": {"symbol": "seq_len", "field": "flops", "fixed": ones,
-                          "at": report.crossover("seq_len")}}
-
-
-def render_symbolic_html(report: SymbolicReport) -> str:
+def render_symbolic_html(data: Mapping[str, Any]) -> str:
     """A symbolic report as a page (``SymbolicReport.to_html``, ``count --symbolic ...
     --format html``): the formulas of the total, per module and per operator; FLOPs, MACs and
     bytes of the total and of the top modules against each symbol over the formulas' domain;
     with ``seq_len``, the FLOPs per token and where attention's terms overtake the rest.
 
     Args:
-        report: the symbolic report.
+        data: what ``SymbolicReport.page_data()`` returns: its ``to_dict()`` with ``"curves"``
+            and ``"derived"``.
 
     Returns:
-        The page; its data is ``report.to_dict()`` with ``"curves"`` (:func:`symbolic_curves`)
-        and ``"derived"`` (:func:`symbolic_derived`).
+        The page.
     """
-    data = {**report.to_dict(), "curves": symbolic_curves(report),
-            "derived": symbolic_derived(report)}
-    return page("symbolic", data, title=f"flopscope symbolic: {report.report.model}")
+    return page("symbolic", data, title=f"flopscope symbolic: {data['model']}")
 
 
 _SCRIPT = re.compile(r'<script id="(?P<id>[\w-]+)" type="application/json">(?P<body>.*?)</script>',

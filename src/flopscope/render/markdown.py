@@ -21,7 +21,7 @@ from flopscope.render.units import human
 from flopscope.report.sections import Column
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["render_markdown"]
 
@@ -37,7 +37,7 @@ def _md_table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequen
 
 
 def render_markdown(
-    report: Report,
+    report: ReportData,
     *,
     depth: int = 2,
     by: By | str = By.MODULE,

@@ -9,7 +9,7 @@ from flopscope.errors import UsageError
 from flopscope.render.units import PREFIXES, human, shared_prefix
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["plot_report", "require_matplotlib"]
 
@@ -42,7 +42,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _bars(report: Report, by: str, depth: int, top: int) -> tuple[list[tuple[str, int, int]], str]:
+def _bars(report: ReportData, by: str, depth: int, top: int) -> tuple[list[tuple[str, int, int]], str]:
     """(label, flops, macs) of the largest items, and a description of what they are."""
     if by == "op":
         items = [(op, s.cost.flops, s.cost.macs) for op, s in report.by_op().items()]
@@ -73,7 +73,7 @@ def _bars(report: Report, by: str, depth: int, top: int) -> tuple[list[tuple[str
 
 
 def plot_report(
-    report: Report,
+    report: ReportData,
     path: str | Path,
     *,
     by: str = "module",

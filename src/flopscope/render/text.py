@@ -29,28 +29,28 @@ from flopscope.render.units import human
 from flopscope.report.sections import Column
 
 if TYPE_CHECKING:
-    from flopscope.report.report import Report
+    from flopscope.report.data import ReportData
 
 __all__ = ["render_text", "rich_report", "rich_table", "section_columns", "section_lines",
            "table_width"]
 
 
-def section_columns(report: Report) -> list[Column]:
+def section_columns(report: ReportData) -> list[Column]:
     """The extra table columns of every section of ``report``, in order."""
     return [c for s in report.sections for c in s.columns()]
 
 
-def section_lines(report: Report) -> list[str]:
+def section_lines(report: ReportData) -> list[str]:
     """The lines under the tables of every section of ``report``, in order."""
     return [line for s in report.sections for line in s.lines()]
 
 
-def table_width(report: Report, width: int | None = None) -> int:
+def table_width(report: ReportData, width: int | None = None) -> int:
     """A table's console width: as given, else 120 and 14 more per extra column."""
     return width if width is not None else 120 + 14 * len(section_columns(report))
 
 
-def rich_table(report: Report, depth: int = 2, *, unit: str | None = None,
+def rich_table(report: ReportData, depth: int = 2, *, unit: str | None = None,
                columns: Sequence[Column] = ()) -> Table:
     """The module tree to ``depth`` levels below the root: params, MACs, FLOPs, bytes moved,
     share, calls, any extra ``columns``, and a total row.
@@ -91,7 +91,7 @@ def rich_table(report: Report, depth: int = 2, *, unit: str | None = None,
     return table
 
 
-def ops_table(report: Report, top: int | None, unit: str | None,
+def ops_table(report: ReportData, top: int | None, unit: str | None,
                columns: Sequence[Column] = ()) -> Table:
     total = report.total()
     ops = list(report.by_op().items())
@@ -116,7 +116,7 @@ def ops_table(report: Report, top: int | None, unit: str | None,
     return table
 
 
-def warning_panel(report: Report) -> Panel | None:
+def warning_panel(report: ReportData) -> Panel | None:
     warnings = report_warnings(report)
     if not warnings:
         return None
@@ -133,7 +133,7 @@ def warning_panel(report: Report) -> Panel | None:
 
 
 def rich_report(
-    report: Report,
+    report: ReportData,
     *,
     depth: int = 2,
     by: By | str = By.MODULE,
@@ -190,7 +190,7 @@ def rich_report(
 
 
 def render_text(
-    report: Report,
+    report: ReportData,
     depth: int = 2,
     width: int | None = None,
     *,

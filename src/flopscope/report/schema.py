@@ -1,7 +1,7 @@
 """A report's dict/JSON form, schema ``flopscope.report.report/1``: how each kind of record is written,
-and how a whole report's fields are read back. :meth:`flopscope.report.report.Report.to_dict` puts the
-pieces together (its totals and summaries are the report's own queries);
-:meth:`~flopscope.report.report.Report.from_dict` builds a report from :func:`report_fields`.
+and how a whole report's fields are read back. :meth:`flopscope.report.data.ReportData.to_dict`
+puts the pieces together (its totals and summaries are the report's own queries);
+:meth:`~flopscope.report.data.ReportData.from_dict` builds a report from :func:`report_fields`.
 
 Keys are written in one fixed order and only where the report has something to say (a record's
 ``decomposed`` key only when true, the distributed keys only under ``torch.distributed``), so the
@@ -11,7 +11,7 @@ same count always gives the same text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
@@ -20,11 +20,7 @@ from flopscope.report.records import CommRecord, CommStats, OpRecord, RuleRecord
 from flopscope.report.sections import DataSection
 from flopscope.report.source import SourceInfo
 
-if TYPE_CHECKING:
-    from flopscope.report.report import Report
-
 __all__ = [
-    "report_dict",
     "SCHEMA", "communication_dict", "logical_dict", "modules_list", "op_record_dict", "report_fields",
     "rule_record_dict",
 ]
@@ -101,7 +97,7 @@ _FIELDS = frozenset({"schema", "model", "shape_only", "meta", "totals", "modules
 
 
 def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a :class:`~flopscope.report.report.Report`, by name, read from its dict form.
+    """The fields of a :class:`~flopscope.report.data.ReportData`, by name, read from its dict form.
 
     Args:
         data: what ``Report.to_dict()`` wrote (or the parsed JSON of ``Report.to_json()``).
@@ -148,45 +144,3 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         }
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"malformed flopscope report ({type(e).__name__}: {e})") from None
-
-
-def report_dict(report: Report) -> dict[str, Any]:
-    """A report's dict form (``Report.to_dict``): its fields, the sharded views where they
-    exist, and every section's data under its key.
-
-    Args:
-        report: the report.
-
-    Returns:
-        A JSON-ready dict with a ``schema`` version.
-    """
-    out: dict[str, Any] = {
-        "schema": SCHEMA,
-        "model": report.model,
-        "shape_only": report.shape_only,
-        "meta": report.meta.to_dict(),
-        "totals": {
-            "params": report.params,
-            **report.total().to_dict(),
-            **{f"{p.value}": report.total(p).to_dict() for p in report.phases},
-        },
-        "modules": modules_list(report.modules, report.module_params),
-        "records": [op_record_dict(r) for r in report.records],
-        "rules": [rule_record_dict(r) for r in report.rules],
-        "opaque": list(report.opaque),
-        "uncounted": report.uncounted,
-    }
-    # The keys of a report made under torch.distributed (absent otherwise).
-    if report.rank is not None:
-        out["rank"] = report.rank
-        out["world_size"] = report.world_size
-    if report.communication:
-        out["communication"] = communication_dict(
-            report.communication, report.communication_by_kind(), report.communication_total())
-    if report.logical:
-        out["logical"] = logical_dict(
-            report.logical, report.replicated, report.logical_total(), report.replicated_total())
-    for section in report.sections:
-        if section.key is not None:
-            out[section.key] = section.to_dict()
-    return out

@@ -1,91 +1,26 @@
-"""The result of a symbolic count: :class:`SymCost` (a cost whose fields are sympy formulas),
-:class:`SymRecord` (one module, operator and phase) and :class:`SymbolicReport` (totals, tables,
-the domain, evaluation at a point), and :func:`pretty`, formulas for people. Made by
+"""The result of a symbolic count: :class:`SymbolicReport` (totals, tables, the domain, evaluation
+at a point, what its HTML page plots) of :mod:`~flopscope.report.symbolic_records`; formulas for
+people are
+:func:`flopscope.render.formulas.pretty`. Made by
 :func:`flopscope.symbolic.count.count_symbolic`, which is where the symbols come from.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 
-from flopscope.cost import Cost, Phase
+from flopscope.cost import Phase
 from flopscope.errors import DomainError, UsageError
+from flopscope.render.formulas import pretty
 from flopscope.report.records import OpRecord, RuleRecord, is_within
 from flopscope.report.report import Report
+from flopscope.report.symbolic_records import FIELDS, SymCost, SymRecord, sum_sym_costs
 
-__all__ = ["FIELDS", "SymCost", "SymRecord", "SymbolicReport", "pretty"]
-
-FIELDS = ("macs", "flops", "bytes_read", "bytes_written")
-_ZERO = sympy.Integer(0)
-
-
-@dataclass(frozen=True)
-class SymCost:
-    """A :class:`~flopscope.cost.Cost` whose four fields are sympy expressions in the named
-    symbols (exact integers; sizes that go through floor division keep ``floor``)."""
-
-    macs: sympy.Expr = _ZERO
-    flops: sympy.Expr = _ZERO
-    bytes_read: sympy.Expr = _ZERO
-    bytes_written: sympy.Expr = _ZERO
-
-    def __add__(self, other: SymCost) -> SymCost:
-        return SymCost(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        """Bytes moved: read plus written."""
-        return self.bytes_read + self.bytes_written
-
-    def at(self, values: Mapping[sympy.Symbol, int]) -> Cost:
-        """The concrete cost at the given symbol values (every symbol must have one).
-
-        Raises:
-            UsageError: a symbol has no value, so the result is not a number.
-        """
-        out = []
-        for f in FIELDS:
-            v = getattr(self, f).xreplace({k: sympy.Integer(x) for k, x in values.items()})
-            if not v.is_Integer:
-                raise UsageError(f"cannot evaluate {f} = {v}: give a value for {sorted(map(str, v.free_symbols))}")
-            out.append(int(v))
-        return Cost(*out)
-
-    def to_dict(self) -> dict[str, str]:
-        """The four formulas as strings that ``sympy.sympify`` parses back."""
-        return {f: sympy.sstr(getattr(self, f)) for f in FIELDS}
-
-
-def _sum(costs: Iterable[SymCost]) -> SymCost:
-    """The sum of symbolic costs: equal formulas counted first (the layers of a stack share
-    theirs), so that sympy adds a few distinct terms, not one per record (80 layers: 0.16 s ->
-    0.02 s for a 70B-shaped total)."""
-    items = list(costs)
-    out = []
-    for f in FIELDS:
-        terms = collections.Counter(getattr(c, f) for c in items)
-        out.append(sympy.Add(*(e if n == 1 else n * e for e, n in terms.items())))
-    return SymCost(*out)
-
-
-@dataclass(frozen=True)
-class SymRecord:
-    """One (module, operator, phase) of a symbolic report, as :class:`~flopscope.report.report.OpRecord`."""
-
-    module: str
-    op: str
-    phase: Phase
-    calls: int
-    cost: SymCost
-    counted: bool = True
-    decomposed: bool = False
-
+__all__ = ["CURVE_FIELDS", "SymbolicReport", "symbolic_curves", "symbolic_derived"]
 
 class SymbolicReport:
     """What a model costs, as formulas of named sizes. Made by :func:`count_symbolic`.
@@ -117,7 +52,7 @@ class SymbolicReport:
     def total(self, phase: Phase | str | None = None, *, module: str | None = None) -> SymCost:
         """The symbolic cost of one phase (all phases with ``None``), of a module's subtree."""
         ph = Phase(phase) if phase is not None else None
-        return _sum(r.cost for r in self.records
+        return sum_sym_costs(r.cost for r in self.records
                     if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)))
 
     @property
@@ -147,7 +82,7 @@ class SymbolicReport:
                     found = acc.get(".".join(parts[:i]))
                     if found is not None:
                         found.append(r.cost)
-        return {p: _sum(cs) for p, cs in acc.items()}
+        return {p: sum_sym_costs(cs) for p, cs in acc.items()}
 
     def by_op(self, phase: Phase | str | None = None, *, module: str | None = None) -> dict[str, SymCost]:
         """Symbolic cost per operator (name order), of a module's subtree."""
@@ -156,7 +91,7 @@ class SymbolicReport:
         for r in self.records:
             if (ph is None or r.phase is ph) and (module is None or is_within(r.module, module)):
                 acc.setdefault(r.op, []).append(r.cost)
-        return {op: _sum(cs) for op, cs in sorted(acc.items())}
+        return {op: sum_sym_costs(cs) for op, cs in sorted(acc.items())}
 
     # -- domain and evaluation ---------------------------------------------------------------
     @property
@@ -338,17 +273,23 @@ class SymbolicReport:
         out += ["", self.domain_text()]
         return "\n".join(out)
 
+    def page_data(self) -> dict[str, Any]:
+        """What the HTML page draws: :meth:`to_dict` with ``"curves"`` (:func:`symbolic_curves`)
+        and ``"derived"`` (:func:`symbolic_derived`)."""
+        return {**self.to_dict(), "curves": symbolic_curves(self),
+                "derived": symbolic_derived(self)}
+
     def to_html(self) -> str:
         """One self-contained HTML page: the formulas per module and operator, and the total
         FLOPs against each symbol (see :func:`flopscope.render.html.render_symbolic_html`)."""
         from flopscope.render.html import render_symbolic_html
 
-        return render_symbolic_html(self)
+        return render_symbolic_html(self.page_data())
 
     def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
         from flopscope.render.html import notebook_frame, render_symbolic_html
 
-        return notebook_frame(render_symbolic_html(self))
+        return notebook_frame(render_symbolic_html(self.page_data()))
 
     def __str__(self) -> str:
         return self.table()
@@ -357,58 +298,120 @@ class SymbolicReport:
         return f"SymbolicReport({self.report.model}, macs={sympy.sstr(self.macs)})"
 
 
-# -- formatting -------------------------------------------------------------------------------
-_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+# -- what a symbolic page plots (SymbolicReport.page_data) ----------------------------------
+# right under the root (at most this many, the costliest first)
+CURVE_FIELDS = ("flops", "macs", "bytes")
+_CURVE_MODULES = 8
 
 
-def _monomial(powers: Mapping[sympy.Basic, sympy.Expr]) -> str:
-    parts = []
-    for base, exp in sorted(powers.items(), key=lambda kv: str(kv[0])):
-        text = sympy.sstr(base)
-        if exp != 1:
-            text += str(exp).translate(_SUPERSCRIPT) if exp.is_Integer and exp > 0 else f"**{exp}"
-        parts.append(text)
-    return "·".join(parts)
+def _curve_range(report: SymbolicReport, name: str, fixed: Mapping[str, int],
+                 points: int) -> list[int]:
+    """The sizes of ``name`` to plot: from the smallest the domain allows (seq_len >= 2, ...)
+    to 32 times the traced one, ``points`` of them, those outside the domain left out."""
+    hi = 32 * report.hints.get(name, 1)
+    lo = next((x for x in range(1, hi) if not report.violated(**{**fixed, name: x})), hi)
+    xs = sorted({round(lo + (hi - lo) * i / (points - 1)) for i in range(points)})
+    return [x for x in xs if not report.violated(**{**fixed, name: x})]
 
 
-def _number(n: sympy.Expr, digits: int) -> str:
-    if n.is_Integer and abs(int(n)) < 10 ** (digits + 1):
-        return str(int(n))
-    return f"{float(n):.{digits - 1}e}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
+def _points(report: SymbolicReport, expr: Any, name: str, fixed: Mapping[str, int],
+            xs: Sequence[int]) -> list[list[int]] | None:
+    """``[[x, expr at x], ...]`` (exact integers), or ``None`` when the formula holds a
+    data-dependent size."""
+    out = []
+    for x in xs:
+        at = {**fixed, name: x}
+        value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in at.items()})
+        if not value.is_number:
+            return None
+        out.append([x, int(value)])
+    return out
 
 
-def pretty(expr: sympy.Expr | int, digits: int = 3) -> str:
-    """A formula for people: terms by decreasing degree, coefficients to ``digits`` significant
-    digits, products with ``·`` and powers as superscripts: ``2.10e6·T² + 6.74e9·T``.
+def symbolic_curves(report: SymbolicReport, *, points: int = 33,
+                    fields: Sequence[str] = CURVE_FIELDS) -> list[dict[str, Any]]:
+    """Each field of the total and of the modules right under the root against each symbol,
+    the other symbols at the sizes traced: ``points`` sizes from the smallest the formulas'
+    domain allows to 32 times the traced size (the range of ``plot_symbolic``; sizes outside the
+    domain left out). For ``seq_len``, the total's terms of degree two and above (attention) and
+    the rest apart (``"split"``) and where the first overtakes the second (``"crossover"``,
+    :meth:`SymbolicReport.crossover` at the same sizes of the others). A formula holding a
+    data-dependent size has no curve.
 
     Args:
-        expr: the formula (exact; see ``sympy.sstr`` for the exact text).
-        digits: significant digits of large coefficients (integers below ``10**(digits+1)`` are
-            shown exactly).
+        report: the symbolic report.
+        points: sizes per symbol.
+        fields: of ``macs``, ``flops``, ``bytes`` (read + written), ``bytes_read``,
+            ``bytes_written``.
 
     Returns:
-        The text.
+        ``[{"symbol", "field", "module", "fixed": {name: size}, "points": [[x, value], ...]}]``
+        (``module`` ``""``: the total), with ``"split": {"high": points, "rest": points}`` and
+        ``"crossover"`` (a size or ``None``) on the total's ``seq_len`` curves.
     """
-    expr = sympy.expand(sympy.sympify(expr))
-    if expr == 0:
-        return "0"
-    terms = []
-    for term in sympy.Add.make_args(expr):
-        coeff, rest = term.as_coeff_Mul()
-        powers = rest.as_powers_dict() if rest != 1 else {}
-        degree = sum(int(e) for e in powers.values() if e.is_Integer)
-        if rest == 1:
-            text = _number(coeff, digits)
-        elif any(not b.is_Symbol for b in powers):  # floor(), FloorDiv ... : exact text
-            text = (("" if coeff == 1 else _number(coeff, digits) + "·") + sympy.sstr(rest))
-        else:
-            text = ("" if coeff == 1 else _number(coeff, digits) + "·") + _monomial(powers)
-        terms.append((degree, text))
-    terms.sort(key=lambda dt: -dt[0])
-    out = terms[0][1]
-    for _, text in terms[1:]:
-        out += " - " + text[1:] if text.startswith("-") else " + " + text
+    by_module = report.by_module()
+    # the modules right under the root with any cost, the costliest at the traced sizes first
+    children = sorted((p for p in by_module if p and "." not in p
+                       and (by_module[p].flops != 0 or by_module[p].bytes != 0)),
+                      key=lambda p: -_at_hints(report, by_module[p].flops))
+    out = []
+    for name in report.symbols:
+        fixed = {k: v for k, v in report.hints.items() if k != name and k in report.symbols}
+        xs = _curve_range(report, name, fixed, points)
+        if not xs:
+            continue
+        for field in fields:
+            for module in ["", *children[:_CURVE_MODULES]]:
+                cost = report.total() if module == "" else by_module[module]
+                got = _points(report, getattr(cost, field), name, fixed, xs)
+                if not got:
+                    continue
+                curve: dict[str, Any] = {"symbol": name, "field": field, "module": module,
+                                         "fixed": fixed, "points": got}
+                if module == "" and name == "seq_len":
+                    high, rest = report.split(name, field)
+                    if high != 0:
+                        split = (_points(report, high, name, fixed, xs),
+                                 _points(report, rest, name, fixed, xs))
+                        if split[0] is not None and split[1] is not None:
+                            curve["split"] = {"high": split[0], "rest": split[1]}
+                            curve["crossover"] = report.crossover(name, field, None, **fixed)
+                out.append(curve)
     return out
+
+
+def _at_hints(report: SymbolicReport, expr: Any) -> int:
+    """A formula at the traced sizes (0 when it holds a data-dependent size)."""
+    value = expr.xreplace({report.symbols[k]: sympy.Integer(v) for k, v in report.hints.items()
+                           if k in report.symbols})
+    return int(value) if value.is_number else 0
+
+
+def symbolic_derived(report: SymbolicReport) -> dict[str, Any]:
+    """What the command line prints under a symbolic table, as data: with a ``seq_len`` symbol,
+    the FLOPs of one more token (``per_token``: d(FLOPs)/d(seq_len) per sample, its formula
+    and its value at the traced sizes) and the ``seq_len`` where the terms of degree
+    two and above overtake the rest (``crossover``, the other symbols at 1, as the command line
+    says it).
+
+    Args:
+        report: the symbolic report.
+
+    Returns:
+        ``{}`` without ``seq_len``; else ``{"per_token": {...}, "crossover": {...}}``.
+    """
+    if "seq_len" not in report.symbols:
+        return {}
+    per_token = report.flops_per_token("seq_len")
+    at = per_token.xreplace({report.symbols[k]: sympy.Integer(v)
+                             for k, v in report.hints.items() if k in report.symbols})
+    ones = {k: 1 for k in report.symbols if k != "seq_len"}
+    return {"per_token": {"symbol": "seq_len", "formula": str(per_token),
+                          # a whole number, or a fraction (a term divided by the batch)
+                          "at_hints": (int(at) if at.is_integer else float(at)) if at.is_number
+                          else None, "hints": dict(report.hints)},
+            "crossover": {"symbol": "seq_len", "field": "flops", "fixed": ones,
+                          "at": report.crossover("seq_len")}}
 
 
 def _relation(g: sympy.Basic) -> str:

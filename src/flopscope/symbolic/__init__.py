@@ -4,7 +4,9 @@ is :class:`~flopscope.report.symbolic.SymbolicReport`. This ``__init__`` is the 
 """
 
 from flopscope.errors import DomainError
-from flopscope.report.symbolic import SymbolicReport, SymCost, pretty
+from flopscope.render.formulas import pretty
+from flopscope.report.symbolic import SymbolicReport
+from flopscope.report.symbolic_records import SymCost
 from flopscope.symbolic.count import count_symbolic, plot_symbolic
 
 __all__ = ["DomainError", "SymCost", "SymbolicReport", "count_symbolic", "plot_symbolic", "pretty"]

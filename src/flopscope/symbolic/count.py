@@ -35,7 +35,8 @@ from flopscope.core.memo import same_size, symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import ForwardError, UsageError
 from flopscope.report.report import Report
-from flopscope.report.symbolic import FIELDS, SymbolicReport, SymCost, SymRecord
+from flopscope.report.symbolic import SymbolicReport
+from flopscope.report.symbolic_records import FIELDS, SymCost, SymRecord
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
 from flopscope.run import Inputs, count
