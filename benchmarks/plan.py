@@ -106,7 +106,7 @@ def peaks() -> dict[str, Any]:
 
     import torch
 
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
 
     torch.set_num_threads(1)
     build = build_model("hf:llama", 4096, "bfloat16", LLAMA_70B)
@@ -155,8 +155,8 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
 
     from flopscope.distributed.pipeline import split_layers
     from flopscope.distributed.repeat import SMALL
+    from flopscope.plan.build import build_model
     from flopscope.plan.layers import UNIT_SMALL
-    from flopscope.plan.planner import build_model
     from flopscope.plan.roles import roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
 

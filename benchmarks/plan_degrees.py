@@ -62,8 +62,8 @@ def _simulate(w: int) -> Any:
     from flopscope.distributed import Layout, simulate
     from flopscope.distributed.repeat import Frame
     from flopscope.estimate import CallLog, MemoryTracker, get_hardware
+    from flopscope.plan.build import build_model
     from flopscope.plan.layers import Small
-    from flopscope.plan.planner import build_model
     from flopscope.plan.roles import local_tensor
 
     tracker, log, kept = MemoryTracker(), CallLog(), []
@@ -149,7 +149,7 @@ def timed() -> dict[str, Any]:
     import torch
 
     from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles, clear_cache
 
     torch.set_num_threads(1)

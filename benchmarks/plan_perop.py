@@ -76,7 +76,7 @@ PASS_ON = ("torch/_ops.py", "torch/utils/_stats.py", "torch/_dynamo/", "torch/_c
 def _role(name: str, layers: int) -> Any:
     """The role ``name`` with ``layers`` decoder layers per stage, simulated (every layer)."""
     from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles, clear_cache
 
     tp, pp, stage, dp, microbatches, checkpoint = ROLES[name]

@@ -45,8 +45,8 @@ def _spread(errors: list[float]) -> dict[str, float]:
 def validate() -> dict[str, Any]:
     """Every layout of the small config on 8 GPUs, screened and simulated."""
     from flopscope.estimate import get_hardware
+    from flopscope.plan.build import build_model, model_identity
     from flopscope.plan.candidate import evaluate
-    from flopscope.plan.planner import build_model, model_identity
     from flopscope.plan.roles import Roles, clear_cache, roles_of
     from flopscope.plan.screen import Screen
     from flopscope.plan.space import ModelShape, enumerate_layouts
@@ -89,7 +89,7 @@ def validate() -> dict[str, Any]:
 def roles_70b() -> dict[str, Any]:
     """The 70B roles of docs/plan.md's table, screened, against their recorded simulations."""
     from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.build import build_model, model_identity
     from flopscope.plan.roles import Roles, clear_cache
     from flopscope.plan.screen import Screen
 
@@ -161,7 +161,7 @@ def _two_screens(gpus: int) -> tuple[Any, Any]:
     parameters, as timed()'s plan) over one fresh role cache: the caller turns the mechanism
     under check off in the second."""
     from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model, model_identity
+    from flopscope.plan.build import build_model, model_identity
     from flopscope.plan.precision import mixed_precision
     from flopscope.plan.roles import Roles, clear_cache
     from flopscope.plan.screen import Screen

@@ -14,7 +14,7 @@ import pytest
 from flopscope.distributed import Layout, simulate
 from flopscope.estimate import CallLog, get_hardware
 from flopscope.estimate.comm_time import Links, rank_step
-from flopscope.plan.planner import build_model
+from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
 from flopscope.plan.timing import step_time
 

@@ -23,8 +23,8 @@ from flopscope.core.memo import static_replay
 from flopscope.distributed import Layout, simulate
 from flopscope.estimate import CallLog, MemoryTracker, get_hardware
 from flopscope.execution.meta import ShapeOnlyFakeMode
+from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles
-from flopscope.plan.planner import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache, local_tensor
 from flopscope.plan.serving import simulate_serving
 from flopscope.plan.space import Choice

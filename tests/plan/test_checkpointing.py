@@ -14,8 +14,8 @@ from flopscope.cli import main
 from flopscope.cost import Phase
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
+from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import enable, saved_class
-from flopscope.plan.planner import build_model
 from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
 
 # hidden 256, 8 heads, 4 KV heads, MLP 512, 4 layers, vocabulary 512 (tests/plan/test_plan.py)

@@ -17,8 +17,8 @@ import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.plan import degrees as degrees_module
 from flopscope.plan import planner
+from flopscope.plan.build import build_model
 from flopscope.plan.degrees import pads
-from flopscope.plan.planner import build_model
 from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
 
 # 13 layers (more than the small runs' 3 + 4 + 5), hidden 64 (4 heads of 16, 2 KV heads), MLP

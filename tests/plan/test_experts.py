@@ -12,8 +12,8 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
 from flopscope.plan import Plan
+from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles, expert_layouts
-from flopscope.plan.planner import build_model
 from flopscope.plan.space import Choice, ModelShape
 
 # hidden 256, 8 heads of 32, 4 KV heads, 2 layers, vocab 512; 4 experts of MLP size 512, top 2

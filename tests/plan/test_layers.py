@@ -13,7 +13,7 @@ from tests.plan.same_role import assert_same_role
 import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.plan import planner
-from flopscope.plan.planner import build_model
+from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
 
 # 24 layers, hidden 64 (4 heads of 16, 2 KV heads), MLP 128, a vocabulary of 16,384 and 96

@@ -17,8 +17,9 @@ from flopscope.distributed import Layout, simulate
 from flopscope.distributed.simulate import count_rank
 from flopscope.errors import UsageError
 from flopscope.estimate import MemoryTracker, get_hardware
+from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_text
-from flopscope.plan.planner import Plan, build_model
+from flopscope.plan.planner import Plan
 from flopscope.plan.roles import RoleKey, Roles, local_tensor, roles_of
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report

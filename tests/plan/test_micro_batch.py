@@ -10,9 +10,9 @@ import pytest
 
 from flopscope.distributed.repeat import NotRepeating
 from flopscope.estimate import get_hardware
+from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.layers import Small
 from flopscope.plan.micro_batch import at_micro_batch
-from flopscope.plan.planner import build_model, model_identity
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
 from flopscope.plan.screen import CARRY_FROM, Screen
 

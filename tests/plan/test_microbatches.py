@@ -17,7 +17,7 @@ import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.plan import layers, planner
 from flopscope.plan import roles as roles_module
-from flopscope.plan.planner import build_model
+from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
 
 # 20 layers of hidden 64 (4 heads of 16, 2 KV heads, MLP 128), a vocabulary of 1,000, 32

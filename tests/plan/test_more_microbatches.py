@@ -12,7 +12,7 @@ from tests.plan.same_role import assert_same_role
 
 import flopscope
 from flopscope.estimate import get_hardware
-from flopscope.plan.planner import build_model
+from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache, roles_of
 from flopscope.plan.space import Choice
 

@@ -240,7 +240,7 @@ def test_middle_stages_of_equal_layers_share_a_role() -> None:
 
 def test_a_shared_middle_stage_does_the_same_work() -> None:
     from flopscope.estimate import get_hardware
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles
 
     # 4 layers on 4 stages, 4 microbatches: stages 1 and 2 share stage 1's role; simulated

@@ -12,7 +12,8 @@ import flopscope
 from flopscope.cli import main
 from flopscope.distributed import Layout, simulate
 from flopscope.errors import UsageError
-from flopscope.plan.planner import Plan, build_model
+from flopscope.plan.build import build_model
+from flopscope.plan.planner import Plan
 from flopscope.plan.roles import clear_cache
 
 # the model of tests/plan/test_plan.py: hidden 256, 8 heads, 4 KV heads, MLP 512, 4 layers,

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from flopscope.distributed.repeat import NotRepeating, layer_list
 from flopscope.estimate import get_hardware
-from flopscope.plan.planner import build_model, model_identity
+from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import Roles, clear_cache, roles_of
 from flopscope.plan.screen import Screen

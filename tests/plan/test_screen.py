@@ -13,9 +13,10 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
+from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate
 from flopscope.plan.confirm import MEMORY_MARGIN, TIME_MARGIN, confirm_best
-from flopscope.plan.planner import Plan, build_model, model_identity
+from flopscope.plan.planner import Plan
 from flopscope.plan.reference import PIPELINE_MICROBATCHES, Reference
 from flopscope.plan.roles import Roles, clear_cache, roles_of
 from flopscope.plan.screen import Screen, reference_key, screened

@@ -13,7 +13,8 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
-from flopscope.plan.planner import Plan, build_model, model_identity
+from flopscope.plan.build import build_model, model_identity
+from flopscope.plan.planner import Plan
 from flopscope.plan.roles import RoleKey, Roles, roles_of
 from flopscope.plan.space import Choice
 

@@ -15,11 +15,11 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.plan import ServePlan
-from flopscope.plan.display import plan_html, seconds, serve_page_data
+from flopscope.plan.display import plan_html, serve_page_data
 from flopscope.plan.serve import ServeCandidate, serve_layouts
 from flopscope.plan.space import ModelShape
 from flopscope.render.html import embedded_data
-from flopscope.render.units import human_bytes
+from flopscope.render.units import human_bytes, seconds
 
 # the model of tests/plan/test_plan.py: hidden 256, 8 heads of 32, 4 KV heads, MLP 512, 4 layers,
 # vocab 512: 2,623,744 parameters

@@ -45,7 +45,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     assert "compute from roofline lower bounds" in bound.notes[0]
     # the planner's forward is the role's predicted forward (one rank, one microbatch: no
     # scaling): the same number the rank's estimate gives
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles
 
     fsdp = p["TP1 PP1 DP2 mb1x1"]
@@ -65,7 +65,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
 
 def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> None:
     from flopscope.estimate.calibration import DTENSOR_DISPATCH
-    from flopscope.plan.planner import build_model
+    from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles
     from flopscope.plan.timing import describe
 

@@ -11,7 +11,7 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import get_hardware
 from flopscope.plan import Plan
-from flopscope.plan.planner import build_model
+from flopscope.plan.build import build_model
 from flopscope.plan.space import Choice
 from flopscope.plan.vision import VisionRoles, blocks, data_parallel_layouts
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from flopscope.estimate import get_hardware
+from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.layers import Small
-from flopscope.plan.planner import build_model, model_identity
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
 from flopscope.plan.screen import Screen
 

@@ -20,7 +20,8 @@ import sys
 import types
 from typing import Any
 
-from flopscope.plan.planner import Candidate, Plan, plan
+from flopscope.plan.candidate import Candidate
+from flopscope.plan.planner import Plan, plan
 from flopscope.plan.serve import ServeCandidate, ServeLayout, ServePlan
 from flopscope.plan.space import Choice, enumerate_layouts, parse_bytes
 from flopscope.plan.sweeps import SweepRow, sweep

@@ -11,9 +11,10 @@ from typing import Any
 from flopscope.plan.options import applied
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
-from flopscope.plan.timing import Links, StepTime, step_time
+from flopscope.plan.timing import Links, StepTime, compare, step_time
+from flopscope.render.units import seconds
 
-__all__ = ["Candidate", "evaluate", "pareto"]
+__all__ = ["Candidate", "evaluate", "pareto", "part_name", "why_it_wins"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,41 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
         " (screened estimate)" if screened else "")
     return Candidate(choice, used, at, where, t, per_gpu, mfu, fits, reason,
                      applied(runs[0].key), screened)
+
+
+def part_name(name: str, ddp: bool) -> str:
+    """A part's name for a DDP layout (its data-parallel communication is all-reduces)."""
+    return name.replace("FSDP gathers/reduce-scatters", "DDP all-reduces") if ddp else name
+
+
+def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
+    """Why the best layout wins: against the next fastest, and against the fastest of each
+    other (tp, pp) family, where the others spend more time (or need the memory).
+
+    Args:
+        ranked: a plan's layouts that fit, fastest first (at least one).
+        unit: what a step processes (``"tokens"`` or ``"samples"``).
+
+    Returns:
+        A blank line, the title, then a line per rival (none when there is no rival).
+    """
+    best = ranked[0]
+    rivals: list[Candidate] = []
+    seen = {(best.choice.tp, best.choice.pp, best.choice.data_parallel, best.choice.ep)}
+    for c in ranked[1:]:
+        family = (c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
+        if c is ranked[1] or family not in seen:
+            rivals.append(c)
+            seen.add(family)
+    if not rivals:
+        return []
+    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP"
+               + (" x EP" if any(c.choice.ep > 1 for c in ranked) else "")
+               + (")" if unit == "tokens" else ", DDP or FSDP)") + ":"]
+    for c in rivals[:4]:
+        diffs = compare(best.time, c.time)[:2]
+        said = "; ".join(f"{part_name(name, c.choice.data_parallel == 'ddp')} "
+                         f"{'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
+        out.append(f"  {c.choice.label}: {seconds(c.time.total)} "
+                   f"(+{c.time.total / best.time.total - 1:.0%}): {said}")
+    return out

@@ -7,25 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from flopscope.plan.candidate import Candidate, part_name, why_it_wins
 from flopscope.plan.serve import ServeCandidate, ServePlan
-from flopscope.plan.timing import PART_NAMES, compare, describe
-from flopscope.render.units import human_bytes
+from flopscope.plan.timing import describe
+from flopscope.render.units import human_bytes, seconds
 
-if TYPE_CHECKING:  # the planner imports this module to show a plan (Plan.to_html)
-    from flopscope.plan.planner import Candidate, Plan
+if TYPE_CHECKING:
+    from flopscope.plan.planner import Plan
     from flopscope.plan.sweeps import SweepRow
 
-__all__ = ["page_data", "plan_html", "plan_page_data", "plan_text", "seconds", "serve_page_data",
+__all__ = ["page_data", "plan_html", "plan_text", "serve_page_data",
            "serve_text", "sweep_header", "sweep_line"]
-
-
-def seconds(value: float) -> str:
-    """A duration with a readable unit: ``1.23 s``, ``45.6 ms``, ``789 us``."""
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} us"
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -56,36 +48,6 @@ def _label(c: Candidate) -> str:
 def _applied(c: Candidate) -> str:
     """The table's ``TP with`` cell: the plan-wide parallelisms the layout has."""
     return " + ".join({"sequence": "SP", "loss": "loss"}[a] for a in c.applied) or "-"
-
-
-def _ddp(name: str, ddp: bool) -> str:
-    """A part's name for a DDP layout (its data-parallel communication is all-reduces)."""
-    return name.replace("FSDP gathers/reduce-scatters", "DDP all-reduces") if ddp else name
-
-
-def _why(plan: Plan) -> list[str]:
-    """Why the best layout wins: against the next fastest, and against the fastest of each
-    other (tp, pp) family, where the others spend more time (or need the memory)."""
-    best = plan.ranked[0]
-    rivals: list[Candidate] = []
-    seen = {(best.choice.tp, best.choice.pp, best.choice.data_parallel, best.choice.ep)}
-    for c in plan.ranked[1:]:
-        family = (c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
-        if c is plan.ranked[1] or family not in seen:
-            rivals.append(c)
-            seen.add(family)
-    if not rivals:
-        return []
-    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP"
-               + (" x EP" if any(c.choice.ep > 1 for c in plan.ranked) else "")
-               + (")" if plan.unit == "tokens" else ", DDP or FSDP)") + ":"]
-    for c in rivals[:4]:
-        diffs = compare(best.time, c.time)[:2]
-        said = "; ".join(f"{_ddp(name, c.choice.data_parallel == 'ddp')} "
-                         f"{'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
-        out.append(f"  {c.choice.label}: {seconds(c.time.total)} "
-                   f"(+{c.time.total / best.time.total - 1:.0%}): {said}")
-    return out
 
 
 def plan_text(plan: Plan, top: int = 10) -> str:
@@ -126,12 +88,12 @@ def plan_text(plan: Plan, top: int = 10) -> str:
                       f"{best.mfu:.1%} MFU, {human_bytes(best.memory_bytes)} at {best.peak_where}"
                       "; where its time goes:"]
         ddp = best.choice.data_parallel == "ddp"
-        lines += [f"  {_ddp(name, ddp):<40} {seconds(value):>10}  {share:6.1%}"
+        lines += [f"  {part_name(name, ddp):<40} {seconds(value):>10}  {share:6.1%}"
                   for name, value, share in describe(best.time)]
         if best.time.fsdp_hidden:
             lines.append(f"  ({'DDP' if ddp else 'FSDP'} communication hidden behind compute: "
                          f"{seconds(best.time.fsdp_hidden)})")
-        lines += _why(plan)
+        lines += why_it_wins(plan.ranked, plan.unit)
     else:
         lines.append("No layout fits the memory budget.")
     if plan.dropped:
@@ -142,21 +104,6 @@ def plan_text(plan: Plan, top: int = 10) -> str:
             lines.append(f"  ... {len(plan.dropped) - top} more")
     lines += ["", *(f"Note: {n}" for n in plan.notes)]
     return "\n".join(lines) + "\n"
-
-
-def plan_page_data(plan: Plan) -> dict[str, Any]:
-    """What the plan's HTML page draws: :meth:`Plan.to_dict` and ``"explain"``, the words the
-    table uses: the parts of a step's time by name (``part_names``) and why the best layout wins
-    (``why``, the lines of :func:`plan_text`'s "Why it wins").
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        JSON-ready data.
-    """
-    why = [line.strip() for line in _why(plan)[2:]] if plan.ranked else []
-    return {**plan.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
 
 
 def serve_page_data(plan: ServePlan) -> dict[str, Any]:
@@ -178,7 +125,7 @@ def serve_page_data(plan: ServePlan) -> dict[str, Any]:
 
 
 def page_data(plan: Plan | ServePlan) -> dict[str, Any]:
-    """A plan's page data, training (:func:`plan_page_data`) or serving
+    """A plan's page data, training (:meth:`Plan.page_data`) or serving
     (:func:`serve_page_data`): its dict with the table's words.
 
     Args:
@@ -187,7 +134,7 @@ def page_data(plan: Plan | ServePlan) -> dict[str, Any]:
     Returns:
         JSON-ready data.
     """
-    return serve_page_data(plan) if isinstance(plan, ServePlan) else plan_page_data(plan)
+    return serve_page_data(plan) if isinstance(plan, ServePlan) else plan.page_data()
 
 
 def plan_html(plan: Plan | ServePlan) -> str:

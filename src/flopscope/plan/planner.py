@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from flopscope.distributed.repeat import layer_list, truncate
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
-from flopscope.plan.candidate import Candidate, evaluate, pareto
-from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE, enable
+from flopscope.plan.build import build_model, model_identity
+from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
+from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
 from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
@@ -33,11 +33,11 @@ from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.reuse import KeptRoles
-from flopscope.plan.roles import Build, RoleRun, Roles, roles_of
+from flopscope.plan.roles import RoleRun, Roles, roles_of
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
-from flopscope.plan.timing import Links
+from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
     VisionRoles,
     check_vision_options,
@@ -45,7 +45,7 @@ from flopscope.plan.vision import (
     is_decoder,
 )
 
-__all__ = ["Candidate", "Plan", "build_model", "model_identity", "plan"]
+__all__ = ["Plan", "plan"]
 
 
 @dataclass(frozen=True)
@@ -114,13 +114,22 @@ class Plan:
         """The fastest layout that fits."""
         return self.ranked[0] if self.ranked else None
 
+    def page_data(self) -> dict[str, Any]:
+        """What the plan's HTML page draws: :meth:`to_dict` and ``"explain"``, the words the
+        table uses: the parts of a step's time by name (``part_names``) and why the best layout
+        wins (``why``, the lines of the text's "Why it wins",
+        :func:`~flopscope.plan.candidate.why_it_wins`)."""
+        why = [line.strip() for line in why_it_wins(self.ranked, self.unit)[2:]] if self.ranked else []
+        return {**self.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
+
     def to_html(self) -> str:
         """The plan as one self-contained HTML page: the ranked layouts, the Pareto front of
         step time against peak memory per device, where the best layout's time goes, the
-        dropped layouts and why (:func:`flopscope.plan.display.plan_html`)."""
-        from flopscope.plan.display import plan_html
+        dropped layouts and why (:meth:`page_data`, drawn by
+        :func:`flopscope.render.html.render_plan_html`)."""
+        from flopscope.render.html import render_plan_html
 
-        return plan_html(self)
+        return render_plan_html(self.page_data())
 
     def _repr_html_(self) -> str:  # Jupyter: the page in a frame of its own
         from flopscope.render.html import notebook_frame
@@ -148,63 +157,6 @@ class Plan:
             "notes": list(self.notes), "unit": self.unit,
             "screening": self.screening.to_dict() if self.screening is not None else None,
         }
-
-
-def build_model(source: str, seq_len: int | None, dtype: str,
-                config: Mapping[str, Any] | None) -> Build:
-    """How a plan builds ``source``'s model for a role (:data:`~flopscope.plan.roles.Build`):
-    on ``meta``, in train mode, its decoder blocks checkpointed as asked
-    (:func:`flopscope.plan.checkpointing.enable`).
-
-    Args:
-        source: the SOURCE string.
-        seq_len: tokens per sequence (``None``: the source's).
-        dtype: the model's dtype.
-        config: config overrides.
-
-    Returns:
-        ``build(batch, checkpoint, layers=None) -> (model, args, kwargs)``: with ``layers``, the
-        model's first decoder layers only (an ``hf:`` model built with as many: a 70B-shaped
-        Llama's 80 layers on ``meta`` take longer to make than a small run's count takes).
-    """
-    from flopscope import sources
-
-    own: list[int] = []  # the model's decoder layers, once it was built whole
-
-    def build(batch: int, checkpoint: str, layers: int | None = None
-              ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
-        fewer = layers is not None and source.startswith("hf:") and own and layers <= own[0]
-        loaded = sources.load_model(
-            source, batch=batch, seq_len=seq_len, shape_only=True, dtype=dtype,
-            config={**(config or {}), "num_hidden_layers": layers} if fewer else config)
-        model = loaded.model
-        if not fewer:
-            found = layer_list(model)
-            own[:] = [len(found[1])] if found is not None else []
-        if layers is not None:
-            truncate(model, layers)
-        model.train()
-        enable(model, checkpoint, source)
-        return model, tuple(loaded.inputs.args), dict(loaded.inputs.kwargs)
-
-    return build
-
-
-def model_identity(source: str, seq_len: int | None, dtype: str,
-                   config: Mapping[str, Any] | None) -> tuple[Any, ...]:
-    """What a plan's model is, as the role caches key it (the roles of two plans with the
-    same identity are shared).
-
-    Args:
-        source: the SOURCE string.
-        seq_len: the sequence length asked for.
-        dtype: the model's dtype.
-        config: config overrides.
-
-    Returns:
-        A hashable identity.
-    """
-    return (source, seq_len, dtype, tuple(sorted((config or {}).items())))
 
 
 UNDERSTATED_NOTE = (

@@ -22,10 +22,11 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
+from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
-from flopscope.plan.planner import Plan, build_model, plan
+from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey, roles_of
 from flopscope.plan.serve import ServePlan, serve_layouts

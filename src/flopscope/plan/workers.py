@@ -67,7 +67,7 @@ class RoleTask:
     @property
     def identity(self) -> tuple[Any, ...]:
         """The model's identity in the role caches (what :func:`flopscope.plan.plan` uses)."""
-        from flopscope.plan.planner import model_identity
+        from flopscope.plan.build import model_identity
 
         base = model_identity(self.source, self.seq_len, self.dtype, dict(self.config))
         return ("serve", *base) if self.kind == "serve" else base
@@ -95,8 +95,8 @@ def run_task(task: RoleTask) -> Any:
     Returns:
         Its :class:`~flopscope.plan.roles.RoleRun` or :class:`~flopscope.plan.serving.ServeRun`.
     """
+    from flopscope.plan.build import build_model
     from flopscope.plan.experts import ExpertRoles
-    from flopscope.plan.planner import build_model
     from flopscope.plan.roles import Roles
     from flopscope.plan.serving import ServeRoles
     from flopscope.plan.space import Choice

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 __all__ = [
+    "seconds",
     "BINARY_PREFIXES",
     "PREFIXES",
     "auto_prefix",
@@ -171,3 +172,12 @@ def human_bytes(nbytes: int, digits: int = 2) -> str:
         The size.
     """
     return human(nbytes, "B", digits=digits)
+
+
+def seconds(value: float) -> str:
+    """A duration with a readable unit: ``1.23 s``, ``45.6 ms``, ``789 us``."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} us"
