@@ -40,7 +40,8 @@ from torch import nn
 import flopscope
 from benchmarks.errors import quantile
 from flopscope.estimate import calibrate, measure_this_machine
-from flopscope.estimate.families import family_of, is_convolution
+from flopscope.estimate.call_record import is_convolution
+from flopscope.estimate.families import family_of
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.estimate.timers import clock
 

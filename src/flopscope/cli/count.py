@@ -400,8 +400,8 @@ def run_count(args: argparse.Namespace) -> int:
                                          seconds=args.step_time, peak=peak)
         data, lines = utilization.to_dict(), [f"utilization: {utilization.line()}"]
         if estimate is not None and estimate.calibrated:  # "what MFU should I expect"
+            from flopscope.estimate.bound import predicted_step_s
             from flopscope.estimate.display import human_seconds
-            from flopscope.estimate.predict import predicted_step_s
 
             expected = report_utilization(report, util_observers[0], loaded.inputs,
                                           seconds=predicted_step_s(estimate), peak=peak)

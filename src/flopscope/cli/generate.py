@@ -174,7 +174,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def predicted_times(result: Any, estimates: list[Any]) -> tuple[float | None, float | None]:
     """The predicted time of a generation's prefill and of its mean decode step, each step's
-    as :func:`flopscope.estimate.predict.predicted_step_s` gives it (on a GPU calibration the
+    as :func:`flopscope.estimate.bound.predicted_step_s` gives it (on a GPU calibration the
     host and device overlapping).
 
     Args:
@@ -184,7 +184,7 @@ def predicted_times(result: Any, estimates: list[Any]) -> tuple[float | None, fl
     Returns:
         (prefill seconds, mean decode step seconds); ``None`` for a kind without steps.
     """
-    from flopscope.estimate.predict import predicted_step_s
+    from flopscope.estimate.bound import predicted_step_s
 
     steps = list(zip(result.steps, estimates, strict=True))
     prefill = [predicted_step_s(e) for s, e in steps if s.kind == "prefill"]

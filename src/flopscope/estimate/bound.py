@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flopscope.estimate.families import family, is_convolution
-from flopscope.estimate.predict import overlapped, prediction_summary, predictor
+from flopscope.estimate.call_record import is_convolution
+from flopscope.estimate.families import family
+from flopscope.estimate.predict import overlapped, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
 
 if TYPE_CHECKING:
-    from flopscope.estimate.roofline import CallRecord
+    from flopscope.estimate.call_record import CallRecord
 
-__all__ = ["IGNORES", "Estimate", "Row", "ancestors", "call_row"]
+__all__ = ["HOST_BOUND_ADVICE", "IGNORES", "Estimate", "Row", "ancestors", "call_row",
+           "predicted_step_s", "prediction_summary", "resolve_tf32"]
 
 IGNORES = (
     "kernel launch and framework overhead",
@@ -350,3 +352,71 @@ class Estimate:
                                "by_module": rows(self.by_phase_module.get(p, {}))}
                            for p in self.by_phase_op}} if self.by_phase_op else {}),
         }
+
+
+HOST_BOUND_ADVICE = ("host-bound: the time per operator call outside the kernels dominates; "
+                     "fewer, larger calls help (on a GPU: CUDA graphs or torch.compile's "
+                     "mode='reduce-overhead'; anywhere: torch.compile fuses calls, a larger "
+                     "batch amortises them)")
+
+
+def predicted_step_s(estimate: Estimate) -> float:
+    """The predicted time of an estimate's whole run: on a GPU calibration the step with host
+    and device overlapping, else the sum of its calls' predictions (one timeline).
+
+    Args:
+        estimate: a calibrated estimate.
+
+    Returns:
+        Seconds.
+    """
+    if estimate.overlapped is not None:
+        return estimate.overlapped[0]
+    return estimate.total.predicted_s
+
+
+def prediction_summary(estimate: Estimate) -> dict[str, Any]:
+    """The prediction of an estimate as JSON: whether the hardware is calibrated, when and
+    where, the predicted total, its host and device parts, whether the run is host-bound
+    (host time above device time) and by how much, and the error bars per family.
+
+    Args:
+        estimate: the estimate.
+
+    Returns:
+        ``{"status": "uncalibrated", ...}`` without calibration data.
+    """
+    cal = estimate.hardware.calibration
+    if cal is None:
+        return {"status": "uncalibrated",
+                "note": "the hardware profile has no calibration data: the bound only "
+                        "(flopscope calibrate writes a calibrated profile)"}
+    total = estimate.total
+    device = total.predicted_s - total.host_s
+    host_bound = total.host_s > device
+    import torch
+    out: dict[str, Any] = {
+        "status": "reference" if cal.reference else "calibrated", "calibrated": cal.date,
+        "device": cal.device,
+        "threads": cal.threads, "threads_now": torch.get_num_threads(),
+        "model": "per call: host time of its operator + max(work at the attained rate, the "
+                 "roofline bound); "
+                 + ("host and device on one timeline (CPU)" if estimate.overlapped is None else
+                    "the step: host and device overlapping, each kernel started once launched "
+                    "and once the previous one is done (step_s)"),
+        "predicted_s": total.predicted_s, "host_s": total.host_s, "device_s": device,
+        "uncalibrated_s": total.uncalibrated_s,
+        "host_bound": host_bound,
+        "host_over_device": total.host_s / device if device > 0 else None,
+        "error_bars": dict(cal.error_bars),
+        "by_family": {k: {"calls": r.calls, "predicted_s": r.predicted_s, "host_s": r.host_s,
+                          "bound_s": r.time_s}
+                      for k, r in estimate.by_family.items()},
+    }
+    if cal.reference:
+        out["reference"] = cal.reference
+    if estimate.overlapped is not None:
+        out["step_s"], out["device_idle_s"] = estimate.overlapped
+    if host_bound:
+        out["suggestion"] = HOST_BOUND_ADVICE
+    return out

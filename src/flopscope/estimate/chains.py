@@ -130,8 +130,8 @@ def chain_point(hardware: Hardware, what: str, module: nn.Module, x: torch.Tenso
     Raises:
         ValueError: ``hardware`` has no calibration.
     """
+    from flopscope.estimate.bound import predicted_step_s
     from flopscope.estimate.families import family, reduction_length
-    from flopscope.estimate.predict import predicted_step_s
     from flopscope.estimate.roofline import CallLog
     from flopscope.run import count
 

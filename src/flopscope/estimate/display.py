@@ -142,7 +142,7 @@ def prediction_lines(estimate: Estimate) -> list[str]:
     Returns:
         Lines of text.
     """
-    from flopscope.estimate.predict import HOST_BOUND_ADVICE
+    from flopscope.estimate.bound import HOST_BOUND_ADVICE
 
     cal = estimate.hardware.calibration
     if cal is None:

@@ -10,12 +10,13 @@ import math
 from typing import TYPE_CHECKING
 
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
+from flopscope.estimate.call_record import is_convolution
 
 if TYPE_CHECKING:
-    from flopscope.estimate.roofline import CallRecord
+    from flopscope.estimate.call_record import CallRecord
 
 __all__ = ["COMPUTE_FAMILIES", "ROTATED_FAMILIES", "SHAPED_FAMILIES", "WORK_IN_FLOPS", "coords",
-           "family", "family_of", "is_convolution", "reduction_length", "work"]
+           "family", "family_of", "reduction_length", "work"]
 
 COMPUTE_FAMILIES = ("matmul", "conv", "attention")
 """Families whose work is FLOPs (the others' is bytes)."""
@@ -59,14 +60,6 @@ def family_of(op: str, macs: int, flops: int, nbytes: int, special: bool,
     if base.removesuffix("_") in _REDUCTIONS or base.removesuffix("_backward") in _REDUCTIONS:
         return "reduction"
     return "elementwise"
-
-
-def is_convolution(op: str) -> bool:
-    """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
-    .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
-    convolution's, whose products run at the profile's convolution rate when it has one."""
-    name = op.split(".")[1] if op.count(".") >= 1 else op
-    return "conv" in name and "convert" not in name
 
 
 def family(rec: CallRecord) -> str:

@@ -35,7 +35,7 @@ from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating, expand_repo
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import Estimate, MemoryProfile
 from flopscope.estimate.bound import Row
-from flopscope.estimate.roofline import CallRecord
+from flopscope.estimate.call_record import CallRecord
 from flopscope.report.report import Report
 
 __all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",

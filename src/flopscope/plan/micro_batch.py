@@ -37,7 +37,7 @@ from flopscope.distributed.repeat import NotRepeating
 from flopscope.distributed.repeat_peak import Point
 from flopscope.estimate import Estimate
 from flopscope.estimate.bound import Row
-from flopscope.estimate.roofline import CallRecord
+from flopscope.estimate.call_record import CallRecord
 from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import peak_of
 from flopscope.report.records import CommRecord
