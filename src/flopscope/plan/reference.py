@@ -5,11 +5,13 @@ A role without stages is screened from two runs of it without stages, at 3 and a
 layers (:data:`REFERENCE_LAYERS`). A pipeline stage is screened from two-stage pipelines of its
 tensor-parallel degree, micro-batch, checkpointing and precision, one layer per stage (the
 first and the last stage at :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
-more too, the first stage with two layers per stage too): what a layer adds to a stage per
-step is the first stage of two layers less that of one, what the stage outside its layers
-does is the rest, and what a microbatch adds is the last stage at one microbatch more less the
-last stage (:meth:`Reference.stage_rows`, :meth:`Reference.parameters`,
-:meth:`Reference.activations`; the pipelines' collectives in :mod:`flopscope.plan.screen`).
+more too, the first stage with two layers per stage too), and the middle stage of a three-stage
+pipeline of one layer per stage at :data:`PIPELINE_MICROBATCHES` (what a middle stage holds, for
+its peak memory): what a layer adds to a stage per step is the first stage of two layers less
+that of one, what the stage outside its layers does is the rest, and what a microbatch adds is
+the last stage at one microbatch more less the last stage (:meth:`Reference.stage_rows`,
+:meth:`Reference.parameters`, :meth:`Reference.activations`, :meth:`Reference.received`; the
+pipelines' collectives in :mod:`flopscope.plan.screen`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ class Reference:
         first_two: its first stage with two layers per stage (what a layer adds to a stage
             under the pipeline: its work, activations, and FSDP2's gathered parameters and
             unreduced gradients, which a pipeline keeps between microbatches).
+        middle: the middle stage of a three-stage pipeline of one layer per stage at
+            :data:`PIPELINE_MICROBATCHES` microbatches (two in flight, as ``first``): what a
+            middle stage holds (no embedding, its received hidden states and gradients).
     """
 
     layers: str
@@ -134,6 +139,7 @@ class Reference:
     last: Small | None = None
     last_more: Small | None = None
     first_two: Small | None = None
+    middle: Small | None = None
 
     def base(self) -> Small:
         """A run the screened role's hardware and report come from."""
@@ -148,6 +154,30 @@ class Reference:
         if not (self.first and self.last and self.last_more and self.first_two):
             raise ValueError("a pipeline stage's reference needs its pipeline runs")
         return self.first, self.last, self.last_more, self.first_two
+
+    def middle_run(self) -> Small:
+        """The reference pipeline's middle stage (:attr:`middle`)."""
+        if self.middle is None:
+            raise ValueError("a middle stage's reference needs its middle-stage run")
+        return self.middle
+
+    def received(self) -> tuple[int, int, int]:
+        """What the middle stage (:attr:`middle`) holds outside its layers: (per microbatch in
+        flight: the hidden state it received, kept for its backward, the rotary tables and
+        position ids it computed; per microbatch of the step: the buffers torch's pipeline
+        stage allocates at the step's start for every microbatch's received hidden state and
+        received gradient, and the microbatch's inputs). The first is the activations after
+        its first microbatch's forward less those buffers and one layer's
+        (:meth:`activations`); the buffers are the bytes received per microbatch, forward and
+        backward."""
+        mid = self.middle_run()
+        recv = [r for r in mid.report.communication if r.kind == "recv"]
+        received = sum(sum(r.payload_bytes for r in recv if r.phase == phase)
+                       // max(1, sum(r.calls for r in recv if r.phase == phase))
+                       for phase in (Phase.FORWARD, Phase.BACKWARD))
+        kept = (_after_first_forward(mid.points, self.layers)
+                - PIPELINE_MICROBATCHES * received - self.activations()[0])
+        return kept, received, mid.memory.at_peak.get("inputs", 0) // PIPELINE_MICROBATCHES
 
     def pair(self) -> tuple[Small, Small]:
         """The runs without stages at :data:`REFERENCE_LAYERS`."""

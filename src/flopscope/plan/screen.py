@@ -317,9 +317,9 @@ class Screen:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            first, last, last_more, first_two = self._pipeline(rk, dp)
+            first, last, last_more, first_two, middle = self._pipeline(rk, dp)
             ref = Reference(self._prefix, self._share, dp, first=first, last=last,
-                            last_more=last_more, first_two=first_two)
+                            last_more=last_more, first_two=first_two, middle=middle)
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -352,14 +352,15 @@ class Screen:
         return runs
 
     def pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
-        """A reference's two-stage pipeline runs (:meth:`_pipeline`), the fake world left.
+        """A reference's pipeline runs (:meth:`_pipeline`), the fake world left.
 
         Args:
             rk: the reference (:func:`reference_key`).
             dp: the pipeline's FSDP2 degree.
 
         Returns:
-            (first stage, last stage, last with one microbatch more, first with two layers).
+            (first stage, last stage, last with one microbatch more, first with two layers,
+            the middle stage of three).
         """
         try:
             return self._pipeline(rk, dp)
@@ -367,8 +368,9 @@ class Screen:
             self._close()
 
     def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
-        """A reference's two-stage pipeline runs at FSDP2 degree ``dp`` (first stage, last
-        stage, last with one microbatch more, first with two layers): simulated, or above
+        """A reference's pipeline runs at FSDP2 degree ``dp`` (first stage, last stage, last
+        with one microbatch more, first with two layers, of two stages; the middle stage of
+        three): simulated, or above
         :data:`CARRY_FROM`'s micro-batches carried along the line through them
         (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
         screening reads of them) unless they are not the same calls."""
@@ -394,7 +396,10 @@ class Screen:
             last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
                                                                microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
-            pipe = (first, last, last_more, first_two)
+            # a middle stage: of three stages, two microbatches in flight as the first's
+            middle = self._small(dataclasses.replace(two_stages, pp=3, stage=1, microbatches=mb),
+                                 1, calls)
+            pipe = (first, last, last_more, first_two, middle)
         return pipe
 
     def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:

@@ -1,7 +1,8 @@
 """A screened pipeline stage's peak memory from its reference (:class:`flopscope.plan.reference.
-Reference`): the first (and a middle) stage from the reference pipeline's first stage, the
-last from its last stage carried to the step's microbatches, a stage without stages from the
-runs of 3 and 4 layers carried to its layers (see :mod:`flopscope.plan.screen`).
+Reference`): the first stage from the reference pipeline's first stage, a middle stage from the
+reference's middle stage (of three), the last from its last stage carried to the step's
+microbatches, a stage without stages from the runs of 3 and 4 layers carried to its layers
+(see :mod:`flopscope.plan.screen`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,30 @@ def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers
     return peak_of(grown, 0, more.memory)
 
 
+def _middle_stage(ref: Reference, per_layer: Mapping[str, int], k: int, in_flight: int,
+                  m: int, act_layer: int) -> tuple[MemoryProfile, dict[str, int]]:
+    """A middle stage of ``k`` layers with ``in_flight`` microbatches in flight of ``m``, from
+    the reference pipeline's middle stage (one layer, two in flight, ``M`` microbatches) at its
+    peak: per further layer, what a layer adds there (``F2 - F1``'s but its activations) and
+    its saved activations for every microbatch in flight; per further microbatch in flight, its ``k`` layers' saved activations and what the stage keeps outside
+    them (the received hidden state, the rotary tables); per further microbatch of the step,
+    the buffers torch's stage allocates for each microbatch's received hidden state and
+    gradient, and the microbatch's inputs (:meth:`~flopscope.plan.reference.Reference.
+    received`)."""
+    kept, received, inputs = ref.received()
+    at = dict(ref.middle_run().memory.at_peak)
+    # the peak is at the start of a microbatch's backward (its stage's last layer): every
+    # microbatch in flight holds all its layers' activations then. F2 - F1's own may be taken
+    # elsewhere (on a large vocabulary at the embedding's backward, one microbatch's layers
+    # freed), so a further layer adds its activations per microbatch in flight
+    _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
+    _add(at, {"activations": act_layer}, k * in_flight - 2)  # the reference: 1 x 2
+    _add(at, {"activations": kept}, in_flight - 2)
+    # a middle stage needs 3 stages, so m >= 3 = M
+    _add(at, {"activations": received, "inputs": inputs}, m - PIPELINE_MICROBATCHES)
+    return ref.middle_run().memory, at
+
+
 def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
                  ) -> tuple[MemoryProfile, int]:
     """A stage's peak memory and parameter shard bytes.
@@ -112,17 +137,18 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
             peak = _last_stage(l1, l2, k, m, act_layer, ref.layers)
             at = dict(peak.at_peak)
             _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
-        else:
+        elif first:
             # two microbatches in flight: each in flight holds k layers' activations and what
-            # the stage computes before its layers (the embedding's output on the first;
-            # every stage's rotary tables)
+            # the stage computes before its layers (the embedding's output, the rotary tables)
             peak = f1.memory
             at = dict(peak.at_peak)
             _add(at, per_layer, k - 1)
-            in_flight = min(key.pp - key.stage, m)
-            at["activations"] = max(0, at.get("activations", 0) - (not first) * 2 * act_embed
-                                    + (in_flight - 2) * (k * act_layer + first * act_embed
-                                                         + act_pre))
+            in_flight = min(key.pp, m)
+            at["activations"] = max(0, at.get("activations", 0)
+                                    + (in_flight - 2) * (k * act_layer + act_embed + act_pre))
+        else:
+            peak, at = _middle_stage(ref, per_layer, k, min(key.pp - key.stage, m), m,
+                                     act_layer)
     at["parameters"] = params
     memory = MemoryProfile(sum(at.values()), peak.peak_module, peak.peak_phase, peak.peak_op,
                            {c: v for c, v in at.items() if v > 0}, train=True,
