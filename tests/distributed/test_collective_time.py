@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from flopscope.distributed import Layout, simulate
-from flopscope.estimate import CallLog, get_hardware
+from flopscope.estimate import PROFILES, CallLog, get_hardware
 from flopscope.estimate.comm_time import Links, rank_step
 from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
@@ -31,7 +31,8 @@ def _rank(layout: Layout, hardware: str = "h100-sxm") -> tuple[Any, Any]:
     build = functools.partial(build_model("hf:llama", SEQ, "bfloat16", CONFIG), 1, "none")
     log = CallLog()
     report = simulate(build, layout, backward=True, logical=False, observers=[log], warn=False)
-    return report, log.estimate(get_hardware(hardware))
+    # a shipped name: its datasheet profile (the bound), as the plan takes it; else a file
+    return report, log.estimate(PROFILES.get(hardware) or get_hardware(hardware))
 
 
 def _op_bytes(report: Any, op: str) -> int:
@@ -69,7 +70,7 @@ def test_fsdp2_gathers_and_reduce_scatters_are_link_time_only() -> None:
     assert estimate.by_op["fsdp.all_gather_copy_in.default"].time_s > 0
     # the step: the collectives' link time beside a compute without them; the overlapped
     # time exceeds the compute, so all of it but the compute is exposed
-    step = rank_step(estimate, report.communication, Links.of(get_hardware("h100-sxm"), 8),
+    step = rank_step(estimate, report.communication, Links.of(PROFILES["h100-sxm"], 8),
                      dp=2)
     assert step.compute == estimate.total.time_s
     assert step.exposed == pytest.approx(step.comm.total - step.compute, rel=1e-12)
@@ -106,14 +107,14 @@ def test_the_plan_charges_fsdp2_collectives_on_their_link_only() -> None:
     from flopscope.plan.space import Choice
 
     clear_cache()
-    roles = Roles(build_model("hf:llama", SEQ, "bfloat16", CONFIG), get_hardware("h100-sxm"),
+    roles = Roles(build_model("hf:llama", SEQ, "bfloat16", CONFIG), PROFILES["h100-sxm"],
                   ("test_collective_time",), repeat_layers=False, repeat_microbatches=False)
     run = roles.get(RoleKey(1, 1, 0, 2, 1, 1, "none", loss="cross_entropy"))
     clear_cache()
     for op in (GATHER, SCATTER):
         assert run.estimate.by_op[op].bytes == 0 and run.estimate.by_op[op].time_s == 0.0
     choice = Choice(1, 1, 2, 1, 1, "none")
-    t = step_time([run], choice, Links.of(get_hardware("h100-sxm"), 8))
+    t = step_time([run], choice, Links.of(PROFILES["h100-sxm"], 8))
     busy = t.forward + t.backward + t.recompute
     assert busy == pytest.approx(run.estimate.total.time_s, rel=1e-12)
     assert t.fsdp_hidden <= busy + t.tp_comm

@@ -21,7 +21,7 @@ from tests.plan.same_role import assert_same_role
 
 from flopscope.core.memo import static_replay
 from flopscope.distributed import Layout, simulate
-from flopscope.estimate import CallLog, MemoryTracker, get_hardware
+from flopscope.estimate import PROFILES, CallLog, MemoryTracker
 from flopscope.execution.meta import ShapeOnlyFakeMode
 from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles
@@ -69,7 +69,7 @@ def _fake_mode_calls() -> Iterator[collections.Counter[str]]:
 
 def _role(key: RoleKey) -> Any:
     clear_cache()
-    roles = Roles(build_model("hf:llama", SEQ, "bfloat16", CONFIG), get_hardware("h100-sxm"),
+    roles = Roles(build_model("hf:llama", SEQ, "bfloat16", CONFIG), PROFILES["h100-sxm"],
                   ("test_static_replay", key), repeat_layers=False, repeat_microbatches=False)
     return roles.get(key)
 
@@ -125,7 +125,7 @@ def test_every_call_point_is_the_same_with_calls_answered_from_memory(
                           warn=False)
         out = [dataclasses.astuple(p) for p in tracker.call_points()]
         tracker.close()  # (stops following storage resizes: torch's resize_ put back)
-        return out, (report, log.estimate(get_hardware("h100-sxm")).by_phase)
+        return out, (report, log.estimate(PROFILES["h100-sxm"]).by_phase)
 
     fast = points()
     with _every_call_in_fake_mode(monkeypatch):
@@ -144,7 +144,7 @@ def test_a_serving_role_is_the_same_with_calls_answered_from_memory(
 
     def serve() -> Any:
         run = simulate_serving(lambda: build(1, "none")[0].eval(), 2, 3, 16, 6,
-                               get_hardware("h100-sxm"))
+                               PROFILES["h100-sxm"])
         return dataclasses.replace(run, seconds=0.0)
 
     with _fake_mode_calls() as fast_calls:
@@ -175,7 +175,7 @@ def test_a_sharded_role_is_the_same_with_calls_answered_from_memory(
     def run() -> Any:
         ExpertRoles.cache.clear()
         roles = ExpertRoles(build_model("hf:mixtral", 32, "bfloat16", mixtral),
-                            get_hardware("h100-sxm"), "test_static_replay")
+                            PROFILES["h100-sxm"], "test_static_replay")
         (got,) = roles.runs(choice)
         return got
 

@@ -13,7 +13,7 @@ import pytest
 from tests.distributed.test_cli import LLAMA
 
 from flopscope.cli import main
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES, get_hardware
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.link_calibration import LinkCalibration, LinkPoint
 from flopscope.estimate.profile import Hardware
@@ -44,7 +44,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 def test_fsdp_rank_step_is_compute_plus_exposed_communication(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    hw = dataclasses.replace(get_hardware("h100"), name="h100-links", **LINK)
+    hw = dataclasses.replace(PROFILES["h100-sxm"], name="h100-links", **LINK)
     data = _json(capsys, "--world-size", "2", "--fsdp", "2", "--hardware", _profile(tmp_path, hw))
     step = data["step_time"]
     assert step["kind"] == "bound" and step["compute"] == "bound"
@@ -66,7 +66,7 @@ def test_fsdp_rank_step_is_compute_plus_exposed_communication(
 
 def test_tp_all_reduces_are_exposed(tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    hw = dataclasses.replace(get_hardware("h100"), name="h100-links", **LINK)
+    hw = dataclasses.replace(PROFILES["h100-sxm"], name="h100-links", **LINK)
     data = _json(capsys, "--world-size", "2", "--tp", "2", "--hardware", _profile(tmp_path, hw))
     step = data["step_time"]
     reduce = data["communication"]["kinds"]["all_reduce"]["bus_bytes"] / 1e9
@@ -107,7 +107,7 @@ def test_calibrated_profile_gives_a_prediction_with_its_error_bar(
 
 def test_pipeline_stage_step_is_over_its_busy_fraction(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    hw = dataclasses.replace(get_hardware("h100"), name="h100-links", **LINK)
+    hw = dataclasses.replace(PROFILES["h100-sxm"], name="h100-links", **LINK)
     data = _json(capsys, "--batch", "2", "--world-size", "2", "--pp", "2", "--rank", "1",
                  "--hardware", _profile(tmp_path, hw))
     step = data["step_time"]

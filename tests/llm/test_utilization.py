@@ -101,7 +101,7 @@ def test_generate_step_time_mfu_and_mbu(capsys: pytest.CaptureFixture[str]) -> N
     weights = (100 * 64 * 2 + 64 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64)) * 4
     assert weights == 86_848 * 4
     assert dec["bytes"] == 2 * weights + 512 * (17 + 18 + 2)
-    bandwidth = flopscope.estimate.get_hardware("h100-sxm").memory_bandwidth
+    bandwidth = flopscope.estimate.PROFILES["h100-sxm"].memory_bandwidth
     assert dec["bandwidth"] == bandwidth
     assert dec["mbu"] == pytest.approx(dec["bytes"] / 0.02 / bandwidth, rel=1e-12)
 

@@ -13,7 +13,7 @@ import torch
 from flopscope.cli import main
 from flopscope.cost import Phase
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import enable, saved_class
 from flopscope.plan.roles import RoleKey, RoleRun, Roles, clear_cache
@@ -60,7 +60,7 @@ def _flops(run: RoleRun, phase: Phase, keep: Any = lambda op: True) -> int:
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[int, str], RoleRun]:
     clear_cache()
-    roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), get_hardware("h100-sxm"),
+    roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), PROFILES["h100-sxm"],
                   ("test_checkpointing",))
     # TP 2 (its all-reduces are DTensor's functional collectives) and FSDP2 over 2 ranks
     return {(tp, how): roles.get(RoleKey(tp, 1, 0, 3 - tp, 1, 1, how, loss="cross_entropy"))

@@ -14,7 +14,7 @@ import pytest
 from tests.plan.same_role import assert_same_role
 
 import flopscope
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import degrees as degrees_module
 from flopscope.plan import planner
 from flopscope.plan.build import build_model
@@ -33,7 +33,7 @@ MIXED = ("bfloat16", "float32")
 
 
 def _roles(**options: Any) -> Roles:
-    return Roles(build_model("hf:llama", SEQ, "float32", CONFIG), get_hardware("h100-sxm"),
+    return Roles(build_model("hf:llama", SEQ, "float32", CONFIG), PROFILES["h100-sxm"],
                  ("test_degrees", tuple(options.items())), **options)
 
 
@@ -130,9 +130,9 @@ def test_a_pipeline_stage_at_a_third_degree() -> None:
     # them and reduces the gradients after the last, at the stage's root
     config = dict(CONFIG, num_hidden_layers=26)
     clear_cache()
-    fast = Roles(build_model("hf:llama", SEQ, "float32", config), get_hardware("h100-sxm"),
+    fast = Roles(build_model("hf:llama", SEQ, "float32", config), PROFILES["h100-sxm"],
                  "test_degrees_pp")
-    slow = Roles(build_model("hf:llama", SEQ, "float32", config), get_hardware("h100-sxm"),
+    slow = Roles(build_model("hf:llama", SEQ, "float32", config), PROFILES["h100-sxm"],
                  "test_degrees_pp_slow", repeat_degrees=False)
     for dp in (2, 4):
         fast.get(_key(dp, pp=2, stage=1))
@@ -158,7 +158,7 @@ def test_a_stage_from_small_pipelines_at_a_third_degree() -> None:
     # come from FSDP 2 and 4 (sharded dims 0: 1,000, 64, 32, 128, no padding at 2, 4 or 8)
     config = dict(CONFIG, vocab_size=1000, num_hidden_layers=20)
     clear_cache()
-    fast, slow = (Roles(build_model("hf:llama", 32, "float32", config), get_hardware("h100-sxm"),
+    fast, slow = (Roles(build_model("hf:llama", 32, "float32", config), PROFILES["h100-sxm"],
                         ("test_degrees_deep", degrees), repeat_degrees=degrees)
                   for degrees in (True, False))
 

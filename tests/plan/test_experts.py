@@ -10,7 +10,7 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import Plan
 from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles, expert_layouts
@@ -65,7 +65,7 @@ def test_each_rank_holds_its_share_of_the_experts() -> None:
     parameters, one of four on each rank: 393,216 x 2 layers; the rest (embedding and head
     512 x 256 each, final norm 256, per layer q, o 256 x 256, k, v 128 x 256, two norms 256,
     router 4 x 256: 198,144) 658,688 / 4; bfloat16."""
-    roles = ExpertRoles(build_model("hf:mixtral", 64, "bfloat16", CONFIG), get_hardware("h100"),
+    roles = ExpertRoles(build_model("hf:mixtral", 64, "bfloat16", CONFIG), PROFILES["h100-sxm"],
                         "test")
     (run,) = roles.runs(Choice(1, 1, 4, 1, 1, "none", "fsdp", 4))
     assert run.parameter_bytes == 2 * (393_216 * 2 + 658_688 // 4)

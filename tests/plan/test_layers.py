@@ -11,7 +11,7 @@ import pytest
 from tests.plan.same_role import assert_same_role
 
 import flopscope
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import planner
 from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
@@ -28,7 +28,7 @@ SEQ = 96
 
 
 def _roles(repeat: bool, config: dict[str, Any] = MOVING) -> Roles:
-    return Roles(build_model("hf:llama", SEQ, "float32", config), get_hardware("h100-sxm"),
+    return Roles(build_model("hf:llama", SEQ, "float32", config), PROFILES["h100-sxm"],
                  ("test_layers", repeat), repeat_layers=repeat)
 
 

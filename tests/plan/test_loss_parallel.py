@@ -16,7 +16,7 @@ from flopscope.cli import main
 from flopscope.distributed import Layout, simulate
 from flopscope.distributed.simulate import count_rank
 from flopscope.errors import UsageError
-from flopscope.estimate import MemoryTracker, get_hardware
+from flopscope.estimate import PROFILES, MemoryTracker
 from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_text
 from flopscope.plan.planner import Plan
@@ -127,7 +127,7 @@ def test_plan_applies_it_by_default_where_there_is_tensor_parallelism() -> None:
 
 def test_a_pipelines_last_stage_runs_the_cross_entropy() -> None:
     build = build_model("hf:llama", 64, "bfloat16", CONFIG)
-    roles = Roles(build, get_hardware("h100"), ("loss test", 64))
+    roles = Roles(build, PROFILES["h100-sxm"], ("loss test", 64))
     last = roles.get(RoleKey(1, 2, 1, 1, 1, 2, False, loss="cross_entropy"))
     ops = {(r.op, r.calls) for r in last.report.records if r.module == ""}
     # one cross-entropy per microbatch (2)

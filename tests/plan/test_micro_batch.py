@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from flopscope.distributed.repeat import NotRepeating
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.layers import Small
 from flopscope.plan.micro_batch import at_micro_batch
@@ -26,7 +26,7 @@ GPUS = 4
 def screens() -> tuple[Screen, Screen]:
     clear_cache()
     build = build_model("hf:llama", 256, "bfloat16", CONFIG)
-    roles = Roles(build, get_hardware("h100"), model_identity("hf:llama", 256, "bfloat16",
+    roles = Roles(build, PROFILES["h100-sxm"], model_identity("hf:llama", 256, "bfloat16",
                                                              CONFIG))
     carried, simulated = Screen(roles, build, GPUS), Screen(roles, build, GPUS)
     simulated.carry_micro_batch = False

@@ -14,7 +14,7 @@ import pytest
 from tests.plan.same_role import assert_same_role, memory
 
 import flopscope
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import layers, planner
 from flopscope.plan import roles as roles_module
 from flopscope.plan.build import build_model
@@ -29,7 +29,7 @@ SEQ = 32
 
 
 def _roles(fast: bool, config: dict[str, Any] = DEEP) -> Roles:
-    return Roles(build_model("hf:llama", SEQ, "float32", config), get_hardware("h100-sxm"),
+    return Roles(build_model("hf:llama", SEQ, "float32", config), PROFILES["h100-sxm"],
                  ("test_microbatches", fast), repeat_microbatches=fast)
 
 

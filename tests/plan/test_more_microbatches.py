@@ -11,7 +11,7 @@ import pytest
 from tests.plan.same_role import assert_same_role
 
 import flopscope
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model
 from flopscope.plan.roles import RoleKey, Roles, clear_cache, roles_of
 from flopscope.plan.space import Choice
@@ -23,7 +23,7 @@ SMALL: dict[str, Any] = dict(vocab_size=4096, hidden_size=256, intermediate_size
 
 
 def _roles(config: dict[str, Any] = SMALL) -> Roles:
-    return Roles(build_model("hf:llama", 256, "bfloat16", config), get_hardware("h100-sxm"),
+    return Roles(build_model("hf:llama", 256, "bfloat16", config), PROFILES["h100-sxm"],
                  ("test_more_microbatches",))
 
 
@@ -92,7 +92,7 @@ def test_a_stage_from_small_layer_counts_at_the_steps_microbatches(stage: int) -
                 intermediate_size=128)
     clear_cache()
     fast = _roles(deep)
-    slow = Roles(build_model("hf:llama", 256, "bfloat16", deep), get_hardware("h100-sxm"),
+    slow = Roles(build_model("hf:llama", 256, "bfloat16", deep), PROFILES["h100-sxm"],
                  ("test_more_microbatches", "slow"), repeat_layers=False)
     key = RoleKey(tp=1, pp=2, stage=stage, dp=2, micro_batch=1, microbatches=4,
                   checkpoint="block", peak_microbatches=7)
@@ -110,7 +110,7 @@ def test_a_deep_pipelines_stage_keeps_the_simulated_peak_and_the_plan_says_so() 
     from tests.plan.test_microbatches import DEEP, SEQ
 
     clear_cache()
-    roles = Roles(build_model("hf:llama", SEQ, "float32", DEEP), get_hardware("h100-sxm"),
+    roles = Roles(build_model("hf:llama", SEQ, "float32", DEEP), PROFILES["h100-sxm"],
                   ("test_more_microbatches", "deep"))
     run = roles.get(RoleKey(tp=1, pp=20, stage=0, dp=1, micro_batch=1, microbatches=20,
                             checkpoint="none", peak_microbatches=40))

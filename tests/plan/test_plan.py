@@ -10,7 +10,7 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import Hardware, get_hardware
+from flopscope.estimate import PROFILES, Hardware
 from flopscope.plan import Choice, enumerate_layouts, parse_bytes
 from flopscope.plan.planner import Plan
 from flopscope.plan.roles import clear_cache
@@ -124,7 +124,7 @@ def test_ranked_by_time_and_the_pareto_front(two_gpus: Plan) -> None:
 
 
 def test_step_time_parts_add_up_and_mfu(two_gpus: Plan) -> None:
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     for c in two_gpus.ranked:
         t = c.time
         assert t.total == pytest.approx(sum(t.parts().values()))
@@ -198,12 +198,12 @@ def test_parse_bytes() -> None:
 
 
 def test_shipped_gpus_have_link_figures() -> None:
-    h100 = get_hardware("h100-sxm")
+    h100 = PROFILES["h100-sxm"]
     # NVLink 4: 900 GB/s total per GPU, 450 each way; InfiniBand NDR 400 Gb/s = 50 GB/s
     assert h100.intra_node_bandwidth == 450e9 and h100.inter_node_bandwidth == 50e9
     assert h100.intra_node_latency > 0 and h100.inter_node_latency > 0
-    assert get_hardware("a100-80gb").inter_node_bandwidth == 25e9  # HDR 200 Gb/s
-    assert get_hardware("l4").intra_node_bandwidth is None
+    assert PROFILES["a100-80gb"].inter_node_bandwidth == 25e9  # HDR 200 Gb/s
+    assert PROFILES["l4"].intra_node_bandwidth is None
     back = Hardware.from_dict(h100.to_dict())
     assert back.intra_node_bandwidth == pytest.approx(450e9)
     assert back.inter_node_latency == pytest.approx(h100.inter_node_latency)
@@ -239,14 +239,13 @@ def test_middle_stages_of_equal_layers_share_a_role() -> None:
 
 
 def test_a_shared_middle_stage_does_the_same_work() -> None:
-    from flopscope.estimate import get_hardware
     from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles
 
     # 4 layers on 4 stages, 4 microbatches: stages 1 and 2 share stage 1's role; simulated
     # apart, stage 2 computes and sends exactly what stage 1 does, and keeps fewer microbatches
     # in flight (1F1B: 4 - 2 = 2 against 3), so its peak is no higher
-    roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), get_hardware("h100"), "t")
+    roles = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), PROFILES["h100-sxm"], "t")
     one, two = (roles.get(RoleKey(1, 4, s, 1, 1, 4, False)) for s in (1, 2))
     assert one.report.flops == two.report.flops and one.report.macs == two.report.macs
     assert sorted((c.kind, c.phase, c.calls, c.bus_bytes) for c in one.report.communication) == \

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from flopscope.distributed.repeat import NotRepeating, layer_list
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import Roles, clear_cache, roles_of
@@ -40,7 +40,7 @@ def test_a_model_built_with_its_first_layers_only() -> None:
 def test_a_confirmation_reuses_the_screens_small_runs() -> None:
     clear_cache()
     build = build_model("hf:llama", 64, "bfloat16", CONFIG)
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     identity = model_identity("hf:llama", 64, "bfloat16", CONFIG)
     kept = KeptRoles(build, hw, identity)
     screen = Screen(kept, build, 4)

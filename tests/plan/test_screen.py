@@ -12,7 +12,7 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate
 from flopscope.plan.confirm import MEMORY_MARGIN, TIME_MARGIN, confirm_best
@@ -33,7 +33,7 @@ ARGS = dict(gpus=4, hardware="h100", config=CONFIG, seq_len=256, global_batch=8)
 def both() -> tuple[Roles, Screen, list[Choice], Links]:
     clear_cache()
     build = build_model("hf:llama", 256, "bfloat16", CONFIG)
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     roles = Roles(build, hw, model_identity("hf:llama", 256, "bfloat16", CONFIG))
     shape = ModelShape.from_config(build(1, "none")[0].config)
     return roles, Screen(roles, build, 4), enumerate_layouts(4, shape, 8), Links.of(hw, 8, 4)
@@ -74,7 +74,7 @@ def test_a_deep_role_without_stages_is_its_two_small_runs_carried_to_its_layers(
     clear_cache()
     config = dict(CONFIG, num_hidden_layers=16)
     build = build_model("hf:llama", 256, "bfloat16", config)
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     roles = Roles(build, hw, model_identity("hf:llama", 256, "bfloat16", config))
     screen = Screen(roles, build, 4)
     shape = ModelShape.from_config(build(1, "none")[0].config)

@@ -12,7 +12,7 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.planner import Plan
 from flopscope.plan.roles import RoleKey, Roles, roles_of
@@ -27,7 +27,7 @@ ARGS: dict[str, Any] = dict(gpus=2, hardware="h100", config=CONFIG, seq_len=256,
 
 def _forward_payload(sequence_parallel: bool) -> tuple[set[tuple[str, int]], int]:
     build = build_model("hf:llama", 256, "bfloat16", CONFIG)
-    roles = Roles(build, get_hardware("h100"), ("sp test", sequence_parallel))
+    roles = Roles(build, PROFILES["h100-sxm"], ("sp test", sequence_parallel))
     run = roles.get(RoleKey(2, 1, 0, 1, 1, 1, True, None, sequence_parallel))
     comm = run.report.communication
     layer = sum(c.payload_bytes for c in comm
@@ -85,7 +85,7 @@ def test_tp_equal_to_fsdp_degree() -> None:
     assert isinstance(plan, Plan)
     (c,) = plan.ranked
     assert (c.choice.tp, c.choice.dp) == (2, 2) and c.applied == ("sequence", "loss")
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     (key,) = roles_of(c.choice, 4, sequence_parallel=True, loss_parallel=True)
     assert key.sequence_parallel and key.loss_parallel
     run = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), hw,

@@ -12,7 +12,7 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import Plan
 from flopscope.plan.roles import clear_cache
 from flopscope.plan.sweeps import SweepRow, role_tasks, sweep
@@ -44,7 +44,7 @@ def here() -> dict[int, Plan]:
 def test_role_tasks_are_the_roles_a_plan_asks_for(here: dict[int, Plan]) -> None:
     # 2 GPUs, batch 2, no checkpointing: TP1 PP1 DP2 mb1 (1 role), TP1 PP2 mb1x2 (2 stages),
     # TP2 mb1x2 and mb2x1 (1 each): 5, as the plan counted
-    tasks = role_tasks("hf:llama", gpus=2, hardware=get_hardware("h100"), seq_len=64,
+    tasks = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], seq_len=64,
                        config=CONFIG, global_batch=2, checkpointing=("none",))
     assert len(tasks) == len(set(tasks)) == here[2].roles == 5
     assert {t.kind for t in tasks} == {"train"}
@@ -89,7 +89,7 @@ def test_ray_tasks_give_the_same_plans(here: dict[int, Plan]) -> None:
 
 def test_ray_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
-    task = RoleTask("train", "hf:llama", 64, "bfloat16", (), get_hardware("h100"))
+    task = RoleTask("train", "hf:llama", 64, "bfloat16", (), PROFILES["h100-sxm"])
     with pytest.raises(UsageError, match=r"--ray needs Ray: pip install 'flopscope\[ray\]'"):
         list(results([task], ray="local"))
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import flopscope
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.comm_time import Links, comm_time
 from flopscope.plan.roles import clear_cache
@@ -24,7 +24,7 @@ def _calibrated() -> Any:
               Point("elementwise", "fp32", "add", 100_000, 1_000_000, 1e-6 + 1e-3))
     cal = Calibration("2026-11-27T00:00:00+00:00", "cpu (test)", 1, {}, {"matmul": 1e-6,
                       "elementwise": 1e-6}, points)
-    return dataclasses.replace(get_hardware("h100"), name="h100-calibrated", calibration=cal)
+    return dataclasses.replace(PROFILES["h100-sxm"], name="h100-calibrated", calibration=cal)
 
 
 def test_step_time_takes_the_prediction_when_calibrated() -> None:

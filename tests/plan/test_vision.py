@@ -9,7 +9,7 @@ from torch import nn
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan import Plan
 from flopscope.plan.build import build_model
 from flopscope.plan.space import Choice
@@ -48,7 +48,7 @@ def test_blocks_are_the_residual_blocks() -> None:
 def test_plan_ranks_ddp_and_fsdp(resnet: Plan) -> None:
     assert resnet.unit == "samples" and resnet.seq_len == 1
     assert len(resnet.ranked) + len(resnet.dropped) == 4 and resnet.roles == 4
-    hw = get_hardware("h100")
+    hw = PROFILES["h100-sxm"]
     for c in resnet.ranked:
         # samples per second per GPU and MFU over the 4 devices' dense bf16 peak
         assert c.tokens_per_s_per_gpu == pytest.approx(8 / c.time.total / 4)
@@ -66,7 +66,7 @@ def test_plan_ranks_ddp_and_fsdp(resnet: Plan) -> None:
 
 def test_ddp_all_reduces_every_gradient_once() -> None:
     roles = VisionRoles(build_model("torchvision:resnet18", None, "bfloat16", None),
-                        get_hardware("h100"), "test")
+                        PROFILES["h100-sxm"], "test")
     (run,) = roles.runs(Choice(1, 1, 4, 2, 1, "none", "ddp"))
     reduces = [c for c in run.report.communication if c.kind == "all_reduce"]
     assert reduces and all(c.phase.value == "backward" and c.group_size == 4 for c in reduces)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flopscope.estimate import get_hardware
+from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.layers import Small
 from flopscope.plan.roles import RoleKey, Roles, clear_cache
@@ -26,7 +26,7 @@ MIXED = ("bfloat16", "float32")  # a plan's mixed precision: float32 parameters
 def screens() -> tuple[Screen, Screen]:
     clear_cache()
     build = build_model("hf:llama", 256, "float32", CONFIG)
-    roles = Roles(build, get_hardware("h100"), model_identity("hf:llama", 256, "float32",
+    roles = Roles(build, PROFILES["h100-sxm"], model_identity("hf:llama", 256, "float32",
                                                              CONFIG))
     derived, simulated = Screen(roles, build, GPUS), Screen(roles, build, GPUS)
     simulated.derive_whole = False
@@ -92,7 +92,7 @@ def test_whole_parameters_and_a_derived_stage() -> None:
     32,768 + 3 x 131,072 + 512 = 590,336 float32 parameters, 2,361,344 bytes."""
     clear_cache()
     build = build_model("hf:llama", 256, "float32", CONFIG)
-    roles = Roles(build, get_hardware("h100"), model_identity("hf:llama", 256, "float32",
+    roles = Roles(build, PROFILES["h100-sxm"], model_identity("hf:llama", 256, "float32",
                                                              CONFIG))
     screen = Screen(roles, build, GPUS)
     rk = RoleKey(1, 1, 0, GPUS, 1, 1, "none", mixed_precision=MIXED, loss="cross_entropy")
@@ -113,7 +113,7 @@ def test_not_without_mixed_precision() -> None:
     """Without mixed precision a pipeline at degree 1 has no FSDP2 at all: simulated."""
     clear_cache()
     build = build_model("hf:llama", 256, "bfloat16", CONFIG)
-    roles = Roles(build, get_hardware("h100"), model_identity("hf:llama", 256, "bfloat16",
+    roles = Roles(build, PROFILES["h100-sxm"], model_identity("hf:llama", 256, "bfloat16",
                                                              CONFIG))
     screen = Screen(roles, build, GPUS)
     rk = RoleKey(2, 1, 0, GPUS // 2, 1, 1, "none", loss="cross_entropy")
