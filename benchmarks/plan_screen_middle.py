@@ -1,4 +1,3 @@
-# ruff: noqa
 """--validate's pipeline layouts (8-GPU worked example), per stage role and per layout: the
 screened peak before this branch (main's stage_memory on the same references) and after,
 against the simulated one."""
