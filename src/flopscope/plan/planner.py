@@ -166,6 +166,16 @@ UNDERSTATED_NOTE = (
     "to the step's end; docs/plan.md, 'More microbatches than stages')")
 
 
+def plan_hardware(hardware: str | Hardware) -> Hardware:
+    """The profile a plan (and a sweep's workers) computes with: :func:`get_hardware`'s, less a
+    shipped GPU's reference calibration (not measured on the user's machine): a plan keeps to
+    the bound, which its layouts' order, margins and derivations were validated with."""
+    hw = get_hardware(hardware)
+    if hw.calibration is not None and hw.calibration.reference:
+        return replace(hw, calibration=None)
+    return hw
+
+
 def plan(
     source: str,
     *,
@@ -260,11 +270,7 @@ def plan(
                         ("memory_budget", memory_budget), ("tp", tp), ("pp", pp), ("ep", ep)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
-    hw = get_hardware(hardware)
-    if hw.calibration is not None and hw.calibration.reference:
-        # a shipped GPU's reference calibration (not measured on the user's machine): a plan
-        # keeps to the bound, which its layouts' order and margins were validated with
-        hw = replace(hw, calibration=None)
+    hw = plan_hardware(hardware)
     links = Links.of(hw, gpus_per_node, gpus)
     budget = memory_budget if memory_budget is not None else hw.memory_bytes
     if budget is None:
