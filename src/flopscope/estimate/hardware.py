@@ -219,6 +219,8 @@ def _shipped(name: str) -> Hardware:
     if name not in ACCELERATORS:
         return hw
     return dataclasses.replace(hw, calibration=reference(hw, {n: PROFILES[n] for n in MEASURED}))
+
+
 # aliases people type
 _ALIASES = {"h100": "h100-sxm", "h200-sxm": "h200", "a100": "a100-80gb", "a100-40": "a100-40gb",
             "a100-80": "a100-80gb"}
