@@ -16,7 +16,9 @@ in one process (a random order each round), the median over the rounds:
 - targets: ``relu`` of a 1 x 440 x 7 x 7 tensor of its own, ``mean`` over its pixels, a
   ``view``; ``relu`` of the convolution's or the product's output (21,560 elements each); after
   the adds, ``relu`` of the first or the last 21,560 elements of the added buffer (at 2 threads
-  the main thread wrote the first half, the OpenMP worker the last).
+  the main thread wrote the first half, the OpenMP worker the last); ``clamp_min`` (a ReLU)
+  into a fresh output and into a kept buffer (``out=``), ``relu_`` of the producer's output;
+  after the convolution or the product with its output freed before the target.
 
 Each configuration runs in its own process: 2 threads, 2 threads with ``OMP_WAIT_POLICY=PASSIVE``
 (the worker sleeps at once after a region instead of spinning), 1 thread.
