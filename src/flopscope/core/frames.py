@@ -5,17 +5,36 @@ forward made it. :class:`~flopscope.core.tracker.ModuleTracker` pushes and pops 
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from flopscope.core.ledger import Sums
 from flopscope.cost import Phase
+from flopscope.rules.costed import Costed
 from flopscope.rules.user import ModuleRule
 
-__all__ = ["Frame", "ThreadState", "drop_finished_steps"]
+__all__ = ["COSTED", "KINDS", "LAZY", "SCRIPTED", "Frame", "ThreadState", "drop_finished_steps",
+           "kind_of"]
 
 _FORWARD = Phase.FORWARD
 _OPTIMIZER = Phase.OPTIMIZER
+#: what a forward may return instead of its result: the work happens later, when it is consumed
+LAZY = frozenset({types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter,
+                  zip})
+#: module class -> what it is (:func:`kind_of`): 0 for a plain module
+KINDS: dict[type, int] = {}
+SCRIPTED = 1  #: a TorchScript module (its submodules are not seen)
+COSTED = 2  #: a :class:`~flopscope.rules.costed.Costed` function (it may carry its own rule)
+
+
+def kind_of(cls: type) -> int:
+    """What a module class is (``SCRIPTED | COSTED`` bits), kept in :data:`KINDS`."""
+    kind = KINDS[cls] = ((SCRIPTED if issubclass(cls, torch.jit.ScriptModule) else 0)
+                         | (COSTED if issubclass(cls, Costed) else 0))
+    return kind
 
 
 @dataclass(slots=True)
