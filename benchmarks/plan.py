@@ -157,7 +157,7 @@ def big(seq_len: int = 4096) -> dict[str, Any]:
     from flopscope.distributed.repeat import SMALL
     from flopscope.plan.build import build_model
     from flopscope.plan.layers import UNIT_SMALL
-    from flopscope.plan.roles import roles_of
+    from flopscope.plan.layout_roles import roles_of
     from flopscope.plan.space import ModelShape, enumerate_layouts
 
     torch.set_num_threads(1)

@@ -192,7 +192,8 @@ def sweeps() -> list[dict[str, Any]]:
     from flopscope.distributed.pipeline import split_layers
     from flopscope.distributed.repeat import SMALL
     from flopscope.plan.layers import UNIT_SMALL
-    from flopscope.plan.roles import RoleKey, roles_of
+    from flopscope.plan.layout_roles import roles_of
+    from flopscope.plan.roles import RoleKey
     from flopscope.plan.space import ModelShape, enumerate_layouts
 
     layers = LLAMA_70B["num_hidden_layers"]

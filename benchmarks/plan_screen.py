@@ -47,7 +47,8 @@ def validate() -> dict[str, Any]:
     from flopscope.estimate import get_hardware
     from flopscope.plan.build import build_model, model_identity
     from flopscope.plan.candidate import evaluate
-    from flopscope.plan.roles import Roles, clear_cache, roles_of
+    from flopscope.plan.layout_roles import roles_of
+    from flopscope.plan.roles import Roles, clear_cache
     from flopscope.plan.screen import Screen
     from flopscope.plan.space import ModelShape, enumerate_layouts
     from flopscope.plan.timing import Links

@@ -20,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 from torch import nn
 
 from flopscope.core.counter import Counter
-from flopscope.core.memo import replays_outputs
+from flopscope.core.fake_memo import replays_outputs
 from flopscope.core.observers import CallObserver, reset_observers
 from flopscope.core.unseen import sets_modes_aside
 from flopscope.errors import ForwardError, UsageError

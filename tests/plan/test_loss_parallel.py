@@ -19,8 +19,9 @@ from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES, MemoryTracker
 from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_text
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan
-from flopscope.plan.roles import RoleKey, Roles, local_tensor, roles_of
+from flopscope.plan.roles import RoleKey, Roles, local_tensor
 from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 

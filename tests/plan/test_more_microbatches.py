@@ -13,7 +13,8 @@ from tests.plan.same_role import assert_same_role
 import flopscope
 from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model
-from flopscope.plan.roles import RoleKey, Roles, clear_cache, roles_of
+from flopscope.plan.layout_roles import roles_of
+from flopscope.plan.roles import RoleKey, Roles, clear_cache
 from flopscope.plan.space import Choice
 
 # 4 layers of hidden 256 (4 heads, 2 KV heads, MLP 512), a vocabulary of 4,096, 256 tokens

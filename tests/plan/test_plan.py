@@ -226,7 +226,7 @@ def test_cli_refuses_batch(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_middle_stages_of_equal_layers_share_a_role() -> None:
-    from flopscope.plan.roles import roles_of
+    from flopscope.plan.layout_roles import roles_of
 
     # 8 layers on 8 stages: one each; the first (embedding) and last (head) stages are their own
     # roles, the six middle stages run the same shapes: stage 1 stands for them

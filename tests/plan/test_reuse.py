@@ -12,8 +12,9 @@ import torch.distributed as dist
 from flopscope.distributed.repeat import NotRepeating, layer_list
 from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.reuse import KeptRoles
-from flopscope.plan.roles import Roles, clear_cache, roles_of
+from flopscope.plan.roles import Roles, clear_cache
 from flopscope.plan.screen import Screen
 from flopscope.plan.space import Choice
 

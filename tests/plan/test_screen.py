@@ -17,9 +17,10 @@ from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate
 from flopscope.plan.confirm import MEMORY_MARGIN, TIME_MARGIN, confirm_best
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan
 from flopscope.plan.reference import PIPELINE_MICROBATCHES, Reference
-from flopscope.plan.roles import Roles, clear_cache, roles_of
+from flopscope.plan.roles import Roles, clear_cache
 from flopscope.plan.screen import Screen, reference_key, screened
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
 from flopscope.plan.timing import Links, StepTime

@@ -14,8 +14,9 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan
-from flopscope.plan.roles import RoleKey, Roles, roles_of
+from flopscope.plan.roles import RoleKey, Roles
 from flopscope.plan.space import Choice
 
 # hidden 256, 8 heads, 4 KV heads, MLP 512, 4 layers, vocab 512 (tests/plan/test_plan.py)

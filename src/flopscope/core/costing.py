@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from flopscope.core.cost_memo import REAL_KEY, REAL_LIMIT, is_real_key
 from flopscope.core.facts import OpFacts, facts
-from flopscope.core.memo import is_shared
+from flopscope.core.fake_memo import is_shared
 from flopscope.core.numbers import in_real_numbers
 from flopscope.cost import VALUE_READS, Cost, OpCall, Phase, nested_parts
 from flopscope.errors import FlopscopeError, RuleError
@@ -87,7 +87,7 @@ class Costing:
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
         self.entries: dict[int, OpEntry] = {}  # id(operator overload) -> entry
-        # this Counter's own memo, for keys that are not shared (see memo.is_shared)
+        # this Counter's own memo, for keys that are not shared (see fake_memo.is_shared)
         self._memo: dict[int, dict[tuple[Any, ...], tuple[Rule, Cost]]] = {
             id(p): {} for p in Phase}
 

@@ -23,38 +23,38 @@ non-tensor argument is not one of a few immutable scalar types.
 
 Symbolic counts (:mod:`flopscope.symbolic`) are the one exception: while :func:`symbolic_replay`
 holds a fake mode whose shape environment carries the named sizes, calls on that mode's fake
-tensors (no constant values) are keyed the same way, sizes and strides as their sympy
-expressions, ``SymInt`` arguments (a ``view``'s sizes) likewise. Their outputs are made again as
-fake tensors over one meta *template* per output (``FakeTensor(mode, template)``: a few
-microseconds, where torch's fake dispatch re-derives every symbolic size, stride and contiguity
-flag through ``SymInt`` arithmetic, about a millisecond per call), and their costs are looked up.
-The guards a replayed call would add are those its first call added (the same operator on the
-same symbolic metadata). Tensors made from one template share its autograd version counter, so
-this is done only for a count without backward (no saved tensor's version is ever checked);
-outputs whose sizes hold a data-dependent (unbacked) symbol are never replayed (each call makes
-its own), nor are outputs with a storage offset. A shape-only simulation's fake mode (static
-sizes: :func:`static_replay`) is keyed the same way; its outputs are made fresh
+tensors (no constant values) are keyed the same way and their outputs made again from templates
+(:mod:`flopscope.core.fake_memo`, which keeps the running modes). A shape-only simulation's fake
+mode (static sizes: :func:`static_replay`) is keyed the same way; its outputs are made fresh
 (:mod:`flopscope.core.fake_outputs`), so with backward too.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
 
 from flopscope.core import fake_outputs as fresh
 from flopscope.core.facts import MemoKind, facts
+from flopscope.core.fake_memo import (
+    FAKE_KEYS,
+    FAKE_MODES,
+    KEY,
+    add_fake,
+    end_key,
+    fake_spec,
+    holds_fake,
+    replay_fake,
+    start_key,
+    unkeyed,
+)
 
-__all__ = ["FAKE_MODES", "OUTPUTS", "SELF", "is_pure", "is_shared", "key_part", "outputs_of", "remember",
-           "replay", "replays_fake", "same_size", "signature", "spec", "static_replay",
-           "symbolic_replay", "template"]
+__all__ = ["OUTPUTS", "SELF", "is_pure", "key_part", "outputs_of", "remember", "replay", "signature",
+           "spec", "static_replay", "symbolic_replay"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -65,26 +65,9 @@ _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.devi
 _META = torch.device("meta")
 _empty_strided = torch.empty_strided
 _default_dtype = torch.get_default_dtype
-# a tensor's place in a key: a marker no scalar argument can equal
-_T = object()
 # signature -> output spec, shared by every Counter (it depends only on torch's meta kernels)
 OUTPUTS: dict[tuple[Any, ...], Any] = {}
 _LIMIT = 200_000  # entries before the output cache starts over
-_FakeTensor = FakeTensor
-_SymInt = torch.SymInt
-_modes_below = torch._C._len_torch_dispatch_stack
-# symbolic counts running now: id(fake mode) -> (the mode, its shape environment, whether outputs
-# are replayed, data-dependent symbol -> the operator that made it); and the keys of their calls
-# in OUTPUTS (dropped when the last one ends)
-FAKE_MODES: dict[int, tuple[Any, Any, bool, dict[str, str]]] = {}
-_FAKE_KEYS: list[tuple[Any, ...]] = []
-_F = object()  # the last element of a key made of fake tensors / SymInts (see replays_fake)
-_S = object()  # a SymInt's place in a key
-_FAKE_ONE = object()  # first element of a spec of one fake output
-_FAKE_MANY = object()  # first element of a spec of a tuple or list of fake outputs
-_FAKE_SPECS = (_FAKE_ONE, _FAKE_MANY, *fresh.SPECS)
-_saw_fake = threading.local()  # per thread: whether the key being made holds a fake tensor
-_UNKEYED: set[int] = set()  # ids of prim:: operators, not keyed during a symbolic count
 
 
 def _add(key: list[Any], a: Any) -> bool:
@@ -96,7 +79,7 @@ def _add(key: list[Any], a: Any) -> bool:
         dtype = a.dtype
         if dtype in _COMPLEX:
             return False
-        key.append(_T)
+        key.append(KEY)
         key.append(a.shape)
         key.append(a.stride())
         key.append(a.storage_offset())
@@ -117,13 +100,7 @@ def _add(key: list[Any], a: Any) -> bool:
                 return False
         return True
     if FAKE_MODES:
-        if ta is _FakeTensor:
-            return _add_fake(key, a)
-        if ta is _SymInt:
-            _saw_fake.yes = True
-            key.append(_S)
-            key.append(a.node.expr)
-            return True
+        return add_fake(key, a)  # a registered fake mode's tensor, a SymInt
     return False
 
 
@@ -154,39 +131,6 @@ def key_part(key: list[Any], a: Any) -> bool:
     return True
 
 
-def _expr(n: Any) -> Any:
-    return n.node.expr if type(n) is _SymInt else n
-
-
-def same_size(a: Any, b: Any) -> bool:
-    """Whether two sizes are equal without adding a guard: the same int, or the same expression
-    (comparing ``SymInt``s with ``==`` would record a guard in the shape environment)."""
-    return bool(_expr(a) == _expr(b))
-
-
-def _add_fake(key: list[Any], a: Any) -> bool:
-    """A fake tensor of a symbolic count's mode, with no constant value: its metadata, sizes as
-    expressions."""
-    mode = a.fake_mode
-    entry = FAKE_MODES.get(id(mode))
-    if entry is None or a.layout is not _STRIDED or a.is_nested or a.dtype in _COMPLEX:
-        return False
-    if a.constant is not None and a.constant.numel():  # values a kernel may read (an empty
-        return False  # one, such as a fresh key/value cache, has none)
-    _saw_fake.yes = True
-    key.append(_T)
-    key.append(id(mode))
-    if entry[1] is None:  # a static mode: plain integers
-        key += (a.shape, a.stride(), a.storage_offset())
-    else:
-        key += (tuple(_expr(n) for n in a.shape), tuple(_expr(n) for n in a.stride()),
-                _expr(a.storage_offset()))
-    key.append(a.dtype)
-    key.append(a.fake_device)
-    key.append(a.requires_grad)
-    return True
-
-
 def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """The memo key of a call, or ``None`` when the call must not be memoised (see the module
     docstring).
@@ -200,10 +144,8 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         A hashable key, or ``None``.
     """
     key: list[Any] = [func_id]
-    if FAKE_MODES:
-        if func_id in _UNKEYED:  # prim:: metadata queries (prim.device): nothing to remember
-            return None
-        _saw_fake.yes = False
+    if FAKE_MODES and not start_key(func_id):
+        return None
     for a in args:
         if not _add(key, a):
             return None  # on a real count: the first tensor argument, before anything else
@@ -215,20 +157,12 @@ def signature(func_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     # the default dtype decides the result type of an integer tensor times a float, and of
     # factory functions given no dtype
     key.append(_default_dtype())
-    if FAKE_MODES and getattr(_saw_fake, "yes", False):
-        key.append(_F)
+    if FAKE_MODES:
+        end_key(key)
     try:
         return tuple(key)
     except RuntimeError:  # pragma: no cover - a size that cannot be read
         return None
-
-
-def is_shared(key: tuple[Any, ...]) -> bool:
-    """Whether what a call with this memo key costs may be remembered for every count of the
-    process (plain meta tensors: it depends on their metadata alone), not only for the count
-    that made it (fake tensors of a symbolic count, whose rules may add guards to that count's
-    shape environment)."""
-    return key[-1] is not _F
 
 
 SELF = ("self",)
@@ -255,14 +189,10 @@ def outputs_of(func: Any, args: tuple[Any, ...], out: Any) -> Any:
         As above.
     """
     kind = facts(func).memo_kind
-    if FAKE_MODES and getattr(func, "namespace", None) == "prim":
-        _UNKEYED.add(id(func))
-        return None
-    if FAKE_MODES and (type(out) is _FakeTensor or type(out) in (tuple, list)
-                       or isinstance(out, (torch.SymInt, torch.SymFloat, torch.SymBool))):
-        _note_origins(func, out)
-        fake = _fake_spec(out) if not isinstance(out, (torch.SymInt, torch.SymFloat,
-                                                       torch.SymBool)) else None
+    if FAKE_MODES:
+        if unkeyed(func):
+            return None
+        fake = fake_spec(func, out)
         if fake is not None:
             if not FAKE_MODES[id(fake[1])][2]:
                 return False  # costs only (a count with backward)
@@ -338,13 +268,8 @@ def replay(s: Any, args: tuple[Any, ...] = ()) -> Any:
     """
     if type(s[0]) is tuple:
         return _empty_strided(s[0], s[1], dtype=s[2], device=_META)
-    if s[0] is _FAKE_ONE:
-        return _FakeTensor(s[1], s[2], s[3])
-    if s[0] is _FAKE_MANY:
-        fakes = [_FakeTensor(s[1], t, d) for t, d in s[3]]
-        return tuple(fakes) if s[2] is tuple else fakes
-    if s[0] in fresh.SPECS:
-        return fresh.replay(s, args)
+    if s[0] is not tuple and s[0] is not list:  # a fake mode's outputs
+        return replay_fake(s, args)
     made = [_empty_strided(p[0], p[1], dtype=p[2], device=_META) for p in s[1]]
     return tuple(made) if s[0] is tuple else made
 
@@ -354,101 +279,9 @@ def remember(key: tuple[Any, ...], s: Any) -> None:
     if len(OUTPUTS) >= _LIMIT:
         OUTPUTS.clear()
     OUTPUTS[key] = s
-    # a symbolic count's entries go when it ends: keys made of its fake tensors, and any key whose
-    # outputs are its fake tensors (a factory given only scalars has the key a real count's call
-    # would have, and must not hand that count a fake tensor)
-    if key[-1] is _F or (type(s) is tuple and s and s[0] in _FAKE_SPECS):
-        _FAKE_KEYS.append(key)
-
-
-def template(t: Any, env: Any) -> Any:
-    """A meta tensor with ``t``'s metadata (made once per memo key), or ``None`` when ``t`` must
-    not be made again from one: not a fake tensor of a symbolic count, a constant, a storage
-    offset, a size that holds a data-dependent symbol."""
-    if type(t) is not _FakeTensor or id(t.fake_mode) not in FAKE_MODES or t.constant is not None \
-            or t.layout is not _STRIDED or t.is_nested or t.dtype in _COMPLEX \
-            or t.is_conj() or t.is_neg():
-        return None
-    offset = t.storage_offset()
-    shape, stride = t.shape, t.stride()
-    known = env.backed_var_to_val  # the backed symbols (input sizes), not data-dependent ones
-    for n in (*shape, *stride, offset):
-        if type(n) is _SymInt and not all(x in known for x in n.node.expr.free_symbols):
-            return None  # an unbacked (data-dependent) size: every call makes its own
-    with _disable_current_modes(), env.suppress_guards():
-        if type(offset) is int and offset == 0:
-            return _empty_strided(shape, stride, dtype=t.dtype, device=_META)
-        # a view at an offset (a slice): a storage that holds it, viewed at that offset
-        extent = offset + 1
-        for n, st in zip(shape, stride, strict=True):
-            extent = extent + (n - 1) * st
-        storage = torch.empty(extent, dtype=t.dtype, device=_META)
-        return storage.as_strided(shape, stride, offset)
-
-
-def _note_origins(func: Any, out: Any) -> None:
-    """Remember which operator made each data-dependent symbol among ``out``'s sizes or values."""
-    exprs = []
-    env = None
-    for t in (out if type(out) in (tuple, list) else (out,)):
-        if type(t) is _FakeTensor:
-            exprs += [n.node.expr for n in (*t.shape, *t.stride()) if type(n) is _SymInt]
-            env = t.fake_mode.shape_env
-        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            exprs.append(t.node.expr)
-            env = t.node.shape_env
-    if not exprs:
-        return
-    entry = next((e for e in FAKE_MODES.values() if e[1] is env), None)
-    if entry is None:
-        return
-    known = env.backed_var_to_val  # type: ignore[union-attr]
-    for e in exprs:
-        for symbol in e.free_symbols:
-            if symbol not in known:
-                entry[3].setdefault(str(symbol), str(func))
-
-
-def _fake_spec(out: Any) -> Any:
-    """What :func:`replay` needs to make a symbolic count's fake outputs again (templates), or
-    a static mode's (fresh meta tensors), or ``None``."""
-    first: Any = out if type(out) is _FakeTensor else out[0] if type(out) in (tuple, list) \
-        and out else None
-    if type(first) is _FakeTensor:
-        entry = FAKE_MODES.get(id(first.fake_mode))
-        if entry is not None and entry[1] is None:  # a static mode (see static_replay)
-            return fresh.spec(entry[0], out)
-    if type(out) is _FakeTensor:
-        entry = FAKE_MODES.get(id(out.fake_mode))
-        tpl = template(out, entry[1]) if entry is not None else None
-        return None if tpl is None else (_FAKE_ONE, out.fake_mode, tpl, out.fake_device)
-    if not out or type(out[0]) is not _FakeTensor:
-        return None
-    entry = FAKE_MODES.get(id(out[0].fake_mode))
-    if entry is None:
-        return None
-    parts = []
-    for t in out:
-        tpl = template(t, entry[1])
-        if tpl is None or t.fake_mode is not entry[0]:
-            return None
-        parts.append((tpl, t.fake_device))
-    return (_FAKE_MANY, entry[0], type(out), tuple(parts))
-
-
-def replays_fake(key: tuple[Any, ...]) -> bool:
-    """Whether a call keyed by ``key`` may be answered from memory although a dispatch mode sits
-    below the Counter's: it is a symbolic count's call and that mode is the count's fake mode
-    (the only one below; another mode, e.g. a ``FlopCounterMode`` around the count, must see
-    every call)."""
-    return key[-1] is _F and _modes_below() == 1
-
-
-def replays_outputs(mode: Any) -> bool:
-    """Whether ``mode`` is the fake mode of a running symbolic count that replays outputs (one
-    without backward: see :func:`symbolic_replay`)."""
-    entry = FAKE_MODES.get(id(mode))
-    return entry is not None and entry[0] is mode and bool(entry[2])
+    # a symbolic count's entries go when it ends (see fake_memo.holds_fake)
+    if FAKE_MODES and holds_fake(key, s):
+        FAKE_KEYS.append(key)
 
 
 @contextmanager
@@ -495,6 +328,6 @@ def symbolic_replay(mode: Any, *, replay: bool = True,
     finally:
         del FAKE_MODES[id(mode)]
         if not FAKE_MODES:
-            for k in _FAKE_KEYS:
+            for k in FAKE_KEYS:
                 OUTPUTS.pop(k, None)
-            _FAKE_KEYS.clear()
+            FAKE_KEYS.clear()

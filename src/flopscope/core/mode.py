@@ -18,17 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from flopscope.core.cost_memo import cost_key
 from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
+from flopscope.core.fake_memo import FAKE_MODES, replays_fake
 from flopscope.core.integrity import WriteGuard
-from flopscope.core.memo import (
-    FAKE_MODES,
-    OUTPUTS,
-    SELF,
-    outputs_of,
-    remember,
-    replay,
-    replays_fake,
-    signature,
-)
+from flopscope.core.memo import OUTPUTS, SELF, outputs_of, remember, replay, signature
 from flopscope.core.recorder import Recorder
 from flopscope.core.unseen import unseen_calls
 
@@ -143,7 +135,7 @@ class CountingMode(TorchDispatchMode):
         if memo is not None:
             # outputs made from memory only when no other dispatch mode is below this one (it
             # would not see the call: FlopCounterMode around a Counter), save a symbolic count's
-            # own fake mode (flopscope.core.memo.replays_fake)
+            # own fake mode (flopscope.core.fake_memo.replays_fake)
             made = OUTPUTS.get(memo) if not _modes_below() or replays_fake(memo) else None
             if made is not None:
                 out = args[0] if made is SELF else replay(made, args)

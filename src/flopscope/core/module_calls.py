@@ -17,7 +17,11 @@ module compiled with ``Module.compile()`` (its compiled call replaces ``_call_im
 A listener is a pair ``(enter(module, args), leave(module, output, exc))``: ``enter`` runs before
 the module's own forward pre-hooks, ``leave`` after its own forward hooks (so what those hooks
 compute, such as a tensor-parallel layer's output redistribution, is the module's), with ``exc``
-the exception when the call raised (``output`` is then ``None``).
+the exception when the call raised (``output`` is then ``None``). A listener may also give
+``calls(original)``, which returns one function ``call(module, args, kwargs)`` that does the
+three (``enter``, ``original(module, *args, **kwargs)``, ``leave``) itself, or ``None``: while it
+is the only listener, every module call goes to that function (one Python frame fewer, and
+what the listener does twice per call done once: :mod:`flopscope.core.usual_calls`).
 """
 
 from __future__ import annotations
@@ -28,26 +32,36 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["Enter", "Leave", "listen", "stop_listening"]
+__all__ = ["Calls", "Enter", "Leave", "listen", "stop_listening"]
 
 Enter = Callable[[nn.Module, tuple[Any, ...]], None]
 Leave = Callable[[nn.Module, Any, "BaseException | None"], None]
+Call = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+Calls = Callable[[Callable[..., Any]], "Call | None"]
 
 _LOCK = threading.Lock()
 # the listeners now (a tuple, replaced whole: a call in flight keeps the one it started with)
 _LISTENERS: list[tuple[tuple[Enter, Leave], ...]] = [()]
+_CALLS: dict[int, Calls] = {}  # id(listener) -> its calls(original), for those that give one
 _ORIGINAL: list[Any] = [nn.Module._call_impl]  # what nn.Module._call_impl was before ours
 # (enter, leave, original) while there is exactly one listener, else None (read first by _call)
 _ONE: list[tuple[Enter, Leave, Any] | None] = [None]
+# the one listener's call(module, args, kwargs), when it gave one (read before _ONE)
+_CALL: list[Call | None] = [None]
 
 
 def _update_one() -> None:
-    """Set :data:`_ONE` from the listeners now (called with the lock held)."""
+    """Set :data:`_ONE` and :data:`_CALL` from the listeners now (called with the lock held)."""
     listeners = _LISTENERS[0]
     _ONE[0] = (*listeners[0], _ORIGINAL[0]) if len(listeners) == 1 else None
+    calls = _CALLS.get(id(listeners[0])) if len(listeners) == 1 else None
+    _CALL[0] = calls(_ORIGINAL[0]) if calls is not None else None
 
 
 def _call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    call = _CALL[0]
+    if call is not None:  # the usual case: one Counter (flopscope.core.usual_calls)
+        return call(self, args, kwargs)
     one = _ONE[0]
     if one is not None:  # the common case: one Counter
         enter, leave, original = one
@@ -74,12 +88,14 @@ def _call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-def listen(enter: Enter, leave: Leave) -> tuple[Enter, Leave]:
+def listen(enter: Enter, leave: Leave, calls: Calls | None = None) -> tuple[Enter, Leave]:
     """Start telling ``enter``/``leave`` about every module call (of every thread).
 
     Args:
         enter: called with the module and its positional arguments before it runs.
         leave: called with the module, its output and the exception it raised (or ``None``).
+        calls: given the original ``_call_impl``, one function that makes the whole call
+            while this is the only listener, or ``None`` (see the module docstring).
 
     Returns:
         The listener, for :func:`stop_listening`.
@@ -90,6 +106,8 @@ def listen(enter: Enter, leave: Leave) -> tuple[Enter, Leave]:
             _ORIGINAL[0] = nn.Module._call_impl
             nn.Module._call_impl = _call  # type: ignore[method-assign]
         _LISTENERS[0] = (*_LISTENERS[0], pair)
+        if calls is not None:
+            _CALLS[id(pair)] = calls
         _update_one()
     return pair
 
@@ -100,6 +118,7 @@ def stop_listening(pair: tuple[Enter, Leave]) -> None:
     call straight through)."""
     with _LOCK:
         _LISTENERS[0] = tuple(p for p in _LISTENERS[0] if p is not pair)
+        _CALLS.pop(id(pair), None)
         _update_one()
         if not _LISTENERS[0] and nn.Module._call_impl is _call:
             nn.Module._call_impl = _ORIGINAL[0]  # type: ignore[method-assign]

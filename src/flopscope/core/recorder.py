@@ -20,9 +20,10 @@ from torch.utils._pytree import tree_map_only
 from flopscope.core.comm import CommLog
 from flopscope.core.costing import Costing, OpEntry, may_be_nonzero
 from flopscope.core.dtensor import DTensorLedger
+from flopscope.core.frames import Frame
 from flopscope.core.ledger import Ledger, decomposed_key
 from flopscope.core.observers import CallObserver
-from flopscope.core.tracker import Frame, ModuleTracker
+from flopscope.core.tracker import ModuleTracker
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import FlopscopeError, RuleError, StrictModeError
 from flopscope.rules.collectives import is_collective

@@ -11,7 +11,7 @@ same structure called on arguments of the same metadata, so the third and later 
 what the first two did, up to their path in the model. Their forward is not run; what the first
 call added to the Counter (each record, relative to the module's path; module call counts; the
 module frame's arithmetic tally) is added again under the new path, and the output is made again as
-fake tensors from templates of the first call's output (:func:`flopscope.core.memo.template`).
+fake tensors from templates of the first call's output (:func:`flopscope.core.fake_memo.template`).
 
 When it applies (everything else runs as usual):
 
@@ -53,8 +53,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from flopscope.core.fake_memo import FAKE_MODES, same_size, template
 from flopscope.core.ledger import Decomposed, Key, Ledger
-from flopscope.core.memo import FAKE_MODES, same_size, template
 from flopscope.core.memo import key_part as _key_part
 from flopscope.core.tracker import ModuleTracker
 from flopscope.core.unseen import unseen

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import sys
 import threading
-import types
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -37,90 +36,35 @@ from torch.optim.optimizer import (
 )
 from torch.utils._pytree import tree_iter
 
+from flopscope.core.frames import (
+    COSTED,
+    KINDS,
+    LAZY,
+    SCRIPTED,
+    Frame,
+    ThreadState,
+    drop_finished_steps,
+    kind_of,
+)
 from flopscope.core.ledger import Sums
 from flopscope.core.model_index import ModelTensors, model_tables
 from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.params import ParamStats, param_table
+from flopscope.core.usual_calls import usual_calls
 from flopscope.cost import Phase
 from flopscope.rules.costed import Costed
-from flopscope.rules.user import ModuleRule, ModuleRules
+from flopscope.rules.user import ModuleRules
 
-__all__ = ["Frame", "ModuleTracker", "ThreadState"]
+__all__ = ["ModuleTracker"]
 
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _current_autograd_node = torch._C._current_autograd_node
 _get_ident = threading.get_ident
-_ScriptModule = torch.jit.ScriptModule
 _ACCUMULATE_GRAD_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes
 _FORWARD = Phase.FORWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _OPTIMIZER = Phase.OPTIMIZER
-# what a forward may return instead of its result: the work happens later, when it is consumed
-_LAZY = frozenset({types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, map, filter,
-                   zip})
-# module class -> what it is: a TorchScript module (_SCRIPTED), a Costed function (_COSTED)
-_KINDS: dict[type, int] = {}
-_SCRIPTED = 1
-_COSTED = 2
 _grad_enabled = torch.is_grad_enabled
-
-
-@dataclass(slots=True)
-class Frame:
-    """One running module call (or one running ``optimizer.step()``).
-
-    Attributes:
-        module: the module (the optimizer, for an optimizer step).
-        path: its path in the model (the root ``""`` for an optimizer step).
-        phase: forward, recompute (checkpointing) or optimizer.
-        rule: the module rule costing this call as a whole, if any.
-        args: the positional arguments (given to the module rule).
-        arithmetic: operator calls with arithmetic seen inside (itself and below).
-        allocations: allocation-only operator calls seen inside (to flag opaque modules).
-        shadow: a ruled module's operator-level cost, kept for comparison.
-    """
-
-    module: Any
-    path: str
-    phase: Phase = _FORWARD
-    rule: ModuleRule | None = None
-    args: tuple[Any, ...] = ()
-    arithmetic: int = 0
-    allocations: int = 0
-    shadow: Sums | None = None
-
-
-def _drop_finished_steps(stack: list[Frame]) -> None:
-    """Pop optimizer frames (and what is above them) whose ``step()`` is no longer running: a
-    step that raised never calls the post hook. Only called when a module starts inside an
-    optimizer frame, which is rare, so walking the Python stack is affordable."""
-    running = set()
-    f: Any = sys._getframe(1)
-    while f is not None:
-        running.add(id(f))
-        f = f.f_back
-    for i, frame in enumerate(stack):
-        if frame.phase is _OPTIMIZER and frame.args and id(frame.args[0]) not in running:
-            del stack[i:]
-            return
-
-
-class ThreadState:
-    """What one counted thread is running: its stack of frames, the outermost running ruled module,
-    and the timeline of autograd sequence numbers of its forwards: from ``seqs[i]`` on, nodes are
-    created under ``seq_paths[i]``. Each module start and return marks it (inline in
-    :meth:`ModuleTracker.enter`, :meth:`~ModuleTracker.leave` and ``_close``); when no node was
-    created since the last mark (``no_grad``, or a module that creates none) the last mark is
-    replaced, not added to: a lookup takes the last mark at or before a node's number, so the
-    answer is the same and the timeline does not grow with every module call."""
-
-    __slots__ = ("seq_paths", "seqs", "shadowing", "stack")
-
-    def __init__(self) -> None:
-        self.stack: list[Frame] = []
-        self.shadowing: Frame | None = None
-        self.seqs: list[int] = []
-        self.seq_paths: list[str] = []
 
 
 class ModuleTracker:
@@ -319,7 +263,7 @@ class ModuleTracker:
         if stack:
             phase = stack[-1].phase
             if phase is _OPTIMIZER:
-                _drop_finished_steps(stack)
+                drop_finished_steps(stack)
                 phase = stack[-1].phase if stack else _FORWARD
         elif _current_autograd_node() is not None:  # a forward rerun inside backward: checkpointing
             phase = _RECOMPUTE
@@ -333,20 +277,18 @@ class ModuleTracker:
         if not _grad_enabled() and module._parameters:  # trainable? see no_grad_calls
             no_grad = self.no_grad_modules
             no_grad[module] = no_grad.get(module, 0) + 1
-        kind = _KINDS.get(type(module))
+        kind = KINDS.get(type(module))
         if kind is None:
-            kind = _KINDS[type(module)] = ((_SCRIPTED if issubclass(type(module), _ScriptModule)
-                                            else 0)
-                                           | (_COSTED if issubclass(type(module), Costed) else 0))
+            kind = kind_of(type(module))
         if kind or self._any_module_rule:  # (most module calls: a plain module, no module rule)
-            if st.shadowing is None and (self._any_module_rule or kind & _COSTED):
+            if st.shadowing is None and (self._any_module_rule or kind & COSTED):
                 fn = self.module_rules.find(module, path)
                 if fn is not None:
                     frame.rule = fn
                     frame.args = args
                     frame.shadow = Sums()
                     st.shadowing = frame
-            if kind & _SCRIPTED and module._modules:
+            if kind & SCRIPTED and module._modules:
                 self.scripted[path] = None
         stack.append(frame)
         seq = _sequence_nr()  # the timeline's mark (see ThreadState)
@@ -375,7 +317,7 @@ class ModuleTracker:
             while stack[-1].module is not module:  # frames left by an exception: unwind them
                 self._close(st, stack.pop(), None, True)
         frame = stack.pop()
-        if failed or frame.rule is not None or self.on_exit or type(output) in _LAZY:
+        if failed or frame.rule is not None or self.on_exit or type(output) in LAZY:
             if exc is not None and (self.failure is None or self.failure[0] is not exc):
                 self.failure = (exc, frame.path)  # the innermost module it was raised in
             self._close(st, frame, output, failed)
@@ -423,7 +365,7 @@ class ModuleTracker:
         ):
             self.opaque[frame.path] = None
             flagged = True
-        if type(output) in _LAZY and not failed:
+        if type(output) in LAZY and not failed:
             self.lazy.setdefault(frame.path, type(output).__name__)
         if parent is not None:
             parent.arithmetic += frame.arithmetic
@@ -469,7 +411,7 @@ class ModuleTracker:
             register_optimizer_step_pre_hook(self._optimizer_pre_hook),
             register_optimizer_step_post_hook(self._optimizer_post_hook),
         ]
-        self._listener = listen(self.enter, self.leave)
+        self._listener = listen(self.enter, self.leave, partial(usual_calls, self))
 
     def failed_in(self, exc: BaseException | None) -> str | None:
         """The innermost module in which ``exc`` (or an exception it was raised from) was raised,

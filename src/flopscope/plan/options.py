@@ -39,7 +39,7 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
 
 def applied(key: RoleKey) -> tuple[str, ...]:
     """Which plan-wide parallelisms a layout's role ran with: each applies to tensor-parallel
-    layouts without pipeline stages (:func:`flopscope.plan.roles.roles_of`).
+    layouts without pipeline stages (:func:`flopscope.plan.layout_roles.roles_of`).
 
     Args:
         key: the layout's (first) role.

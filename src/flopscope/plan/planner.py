@@ -29,11 +29,12 @@ from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
 from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import decoder_note
 from flopscope.plan.precision import mixed_precision, precision_words
 from flopscope.plan.reuse import KeptRoles
-from flopscope.plan.roles import RoleRun, Roles, roles_of
+from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts

@@ -52,11 +52,9 @@ from flopscope.plan.layers import (
     frame_of,
 )
 from flopscope.plan.microbatches import at_step
-from flopscope.plan.space import Choice
 from flopscope.report.report import Report
 
-__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "layout_of", "local_tensor", "remember",
-           "roles_of"]
+__all__ = ["Build", "RoleKey", "RoleRun", "Roles", "clear_cache", "layout_of", "local_tensor", "remember"]
 
 #: ``build(batch, checkpoint, layers=None)`` -> ``(model, args, kwargs)``: the model (on
 #: ``meta``) in train mode, checkpointed as ``checkpoint`` says (:data:`flopscope.plan.
@@ -89,7 +87,7 @@ class RoleKey:
         loss_parallel: the head's logits vocabulary shards over the tensor-parallel ranks, the
             cross-entropy computed on them (:attr:`flopscope.distributed.Layout.loss_parallel`).
         loss: what backward runs from (:func:`flopscope.distributed.simulate`): ``"sum"`` of
-            the logits, or ``"cross_entropy"``, a plan's (:func:`roles_of`).
+            the logits, or ``"cross_entropy"``, a plan's (:func:`~flopscope.plan.layout_roles.roles_of`).
         peak_microbatches: the step's microbatches when more than ``microbatches`` (0: the
             same): the stage's peak memory is taken at that count
             (:mod:`flopscope.plan.microbatches`), its work at ``microbatches`` and scaled.
@@ -111,58 +109,6 @@ class RoleKey:
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint, bool):  # one key per role, whichever way it was named
             object.__setattr__(self, "checkpoint", "block" if self.checkpoint else "none")
-
-
-def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
-             sequence_parallel: bool = False, loss_parallel: bool = False,
-             loss: str = "cross_entropy") -> list[RoleKey]:
-    """The role of each rank of a layout's pipeline group, in stage order (one stage without
-    pipelining: every rank runs the same shapes).
-
-    A stage is simulated over the step's microbatches up to ``pp + 2`` (1F1B keeps at most
-    ``pp`` in flight, but from ``pp + 1`` on forwards run while the gradients exist, and each
-    microbatch leaves its input, and on the last stage its output, live to the step's end);
-    with more, its peak is taken at the step's count (:attr:`RoleKey.peak_microbatches`) and
-    :func:`~flopscope.plan.timing.step_time` scales its work. A pipeline of more than 18
-    stages is simulated over ``pp`` (its stages put together from small pipelines of as
-    many). Middle stages (neither the first, with the embedding, nor the last, with the head) that hold as many layers run the same shapes per microbatch; the
-    earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
-    theirs: they share its role. A pipeline has at most four roles: the first stage, the
-    last, and the earliest middle stage of each layer count (``split_layers`` gives the first
-    ``layers % pp`` stages one layer more).
-
-    Args:
-        choice: the layout.
-        layers: the model's decoder layers.
-        mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
-        sequence_parallel: sequence parallelism where it applies: tensor parallelism without
-            pipeline stages (:attr:`RoleKey.sequence_parallel`).
-        loss_parallel: loss parallelism where it applies: tensor parallelism without pipeline
-            stages (:attr:`RoleKey.loss_parallel`).
-        loss: the roles' loss (:attr:`RoleKey.loss`; a plan's: the cross-entropy).
-
-    Returns:
-        One role per stage (middle stages may share one).
-    """
-    from flopscope.distributed.pipeline import split_layers
-
-    simulated = peak = 1
-    if choice.pp > 1:
-        deep = choice.pp > sum(UNIT_SMALL)
-        simulated = choice.pp if deep else min(choice.microbatches, choice.pp + 2)
-        peak = choice.microbatches
-    sp = sequence_parallel and choice.tp > 1 and choice.pp == 1
-    sizes = [len(r) for r in split_layers(layers, choice.pp)]
-    out = []
-    for s in range(choice.pp):
-        stage = s
-        if 0 < s < choice.pp - 1:
-            stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
-        out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
-                           simulated, choice.checkpoint, mixed_precision, sp,
-                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss,
-                           peak if peak > simulated else 0))
-    return out
 
 
 @dataclass(frozen=True)

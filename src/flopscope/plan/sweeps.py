@@ -26,9 +26,10 @@ from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan, plan, plan_hardware
 from flopscope.plan.precision import mixed_precision
-from flopscope.plan.roles import RoleKey, roles_of
+from flopscope.plan.roles import RoleKey
 from flopscope.plan.serve import ServePlan, serve_layouts
 from flopscope.plan.space import ModelShape, enumerate_layouts
 from flopscope.plan.vision import data_parallel_layouts, is_decoder

@@ -31,7 +31,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
-from flopscope.core.memo import same_size, symbolic_replay
+from flopscope.core.fake_memo import same_size
+from flopscope.core.memo import symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import ForwardError, UsageError
 from flopscope.report.report import Report
