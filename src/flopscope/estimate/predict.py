@@ -44,6 +44,7 @@ host times of one family's operators differ by more than the device time there (
 multiply's host time is twice an add's)."""
 
 _NEAREST = 4
+_MEMO = 1 << 18  # calls' predictions kept per calibration (then forgotten, to start again)
 _HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 
 
@@ -170,6 +171,8 @@ class Predictor:
             if p.function:
                 raw.setdefault((p.family, p.dtype, p.function), []).append(point)
         self._curves = {k: _Curve.of(v) for k, v in raw.items()}
+        self._cuda = cuda
+        self._memo: dict[tuple[object, ...], CallPrediction] = {}
 
     def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
         for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
@@ -256,6 +259,20 @@ class Predictor:
         Returns:
             The prediction.
         """
+        # a call's prediction is a function of these (a plan's roles repeat each call many
+        # times: the layers, the microbatches, the ranks' alike shards)
+        memo = (rec.op, rec.macs, rec.flops, rec.bytes, rec.dtype, rec.special, rec.fresh_bytes,
+                rec.bytes_written, rec.modules, rec.before if self._evicted else 0, rec.faulted,
+                bound_s, *((rec.reuse, rec.out_bytes, cache_bytes)
+                           if cache_bytes and not self._cuda else ()))
+        found = self._memo.get(memo)
+        if found is None:
+            if len(self._memo) >= _MEMO:
+                self._memo.clear()
+            found = self._memo[memo] = self._call(rec, bound_s, cache_bytes)
+        return found
+
+    def _call(self, rec: CallRecord, bound_s: float, cache_bytes: int) -> CallPrediction:
         from flopscope.estimate.profile import dtype_key
 
         fam = family(rec)
