@@ -4,10 +4,11 @@ For each published run flopscope can express (a Llama-shaped decoder as an ``hf:
 the layout fixed with ``tp``/``pp`` and the FSDP size; the global batch and sequence length as
 published; activation checkpointing as close as the planner has it; mixed precision as
 published), ``flopscope.plan`` plans that layout on the published device count with the shipped
-``h100-sxm`` profile as it is (nothing calibrated on these numbers) and the row puts side by
-side: the planned peak memory per GPU against the device's capacity and the published memory;
-the predicted tokens/s per GPU and MFU against the published ones; and the gap, explained (what
-the run does that flopscope does not model).
+``h100-sxm`` profile as it is (its reference calibration's prediction; nothing calibrated on
+these numbers) and the row puts side by side: the planned peak memory per GPU against the
+device's capacity and the published memory; the predicted tokens/s per GPU and MFU, and the
+roofline bound's (``*_bound``), against the published ones; and the gap, explained (what the
+run does that flopscope does not model).
 
 Each published figure is cited (repository, file, commit; or the page). Where a run publishes
 tokens/s and no MFU, its MFU is derived with flopscope's own FLOPs per token (the plan's
