@@ -151,6 +151,17 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
              if hw.calibration is not None else hw)
     _, again = flopscope.profile(model, *args, train=train, hardware=alone, repeat=1, warmup=0)
     points_only = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
+    # and without the host time after a convolution or a product (round 9): main's model
+    before9 = (dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
+                                                                        host_after_s={}))
+               if hw.calibration is not None else hw)
+    _, again = flopscope.profile(model, *args, train=train, hardware=before9, repeat=1,
+                                 warmup=0)
+    no_after = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
+    for c in again.calls:
+        if c.bound is not None and c.op in op_family:
+            f = fams[op_family[c.op]]
+            f["without_after_s"] = f.get("without_after_s", 0.0) + c.bound.predicted_s
     run = _step(model, args, train)
     page_faults: list[int] = []
     times, walls = plain_runs(run, repeat, page_faults)
@@ -160,12 +171,15 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
             fams[fam]["measured_s"] += seconds
     for f in fams.values():
         f["ratio"] = f["predicted_s"] / f["measured_s"] if f["measured_s"] else float("nan")
+        f["ratio_without_after"] = (f.get("without_after_s", 0.0) / f["measured_s"]
+                                    if f["measured_s"] else float("nan"))
     measured = statistics.median(times)
     row = {"model": name, "kind": kind, "measured_s": measured, "measured_min_s": min(times),
            "measured_wall_s": statistics.median(walls), "profile_wall_s": timing.wall_s,
            "predicted_s": predicted, "host_s": host, "bound_s": bound,
            "ratio": predicted / measured, "ratio_to_min": predicted / min(times),
            "predicted_points_only_s": points_only, "ratio_points_only": points_only / measured,
+           "predicted_without_after_s": no_after, "ratio_without_after": no_after / measured,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
            "page_faults": statistics.median(page_faults),
@@ -173,7 +187,7 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
           f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
-          f"{points_only / measured:5.2f}x)  bound "
+          f"{points_only / measured:5.2f}x; without after {no_after / measured:5.2f}x)  bound "
           f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
@@ -213,6 +227,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if all("ratio_points_only" in r for r in models):
         out["all models, the points alone (no chains)"] = stats(
             [r["ratio_points_only"] for r in models])
+    if all("ratio_without_after" in r for r in models):
+        out["all models, without the host time after a convolution or product"] = stats(
+            [r["ratio_without_after"] for r in models])
     for kind in sorted({r["kind"] for r in rows}):
         out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
     families: dict[str, list[float]] = {}
@@ -223,6 +240,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if f["measured_s"] > 0 and f["predicted_s"] > 0:
                 families.setdefault(fam, []).append(f["ratio"])
     out["families"] = {fam: stats(v) for fam, v in sorted(families.items())}
+    without: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kind"] == "host check":
+            continue
+        for fam, f in r["families"].items():
+            if f["measured_s"] > 0 and f.get("without_after_s", 0.0) > 0:
+                without.setdefault(fam, []).append(f["ratio_without_after"])
+    if without:
+        out["families_without_after"] = {fam: stats(v) for fam, v in sorted(without.items())}
     return out
 
 
@@ -247,7 +273,7 @@ def tables(data: dict[str, Any]) -> str:
               "|---|---:|---:|---:|---:|"]
     summary = data["summary"]
     for key, s in summary.items():
-        if key == "families":
+        if key.startswith("families"):
             continue
         lines.append(f"| {key} | {s['n']} | {100 * s['median_abs_error']:.0f}% | "
                      f"{100 * s['p90_abs_error']:.0f}% | {s['median_ratio']:.2f} |")

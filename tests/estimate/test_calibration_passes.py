@@ -124,8 +124,12 @@ def test_calibrate_runs_the_host_probes_before_every_pass(monkeypatch: pytest.Mo
     monkeypatch.setattr(module, "op_host_times", lambda device, calls: {"view": calls * 1e-6})
     monkeypatch.setattr(module, "evicted_host_times",
                         lambda device, samples: {"view": (float(samples),)})
+    after = iter([1e-6, 9e-6, 2e-6])  # the extra after a convolution, one per run: median 2 us
+    monkeypatch.setattr(module, "after_host_times",
+                        lambda device, samples: {"conv": next(after)})
     cal = module.calibrate(FAST, device="cpu", threads=1, passes=3).calibration
     assert cal is not None
+    assert cal.host_after_s == {"conv": 2e-6}
     assert cal.host_s == {"view": 2e-6}
     assert cal.host_op_s == {"view": 133e-6}  # 400 // 3 calls a batch in each run
     assert cal.host_evicted_s == {"view": (3.0,)}  # max(9 // 3, 3) samples a run

@@ -289,3 +289,65 @@ def test_attentions_safe_softmax_is_timed_and_predicted_as_its_own_operator() ->
     _, est = flopscope.estimate.roofline(Fn(lambda t: torch.ops.aten._safe_softmax(t, -1)), x,
                                          hardware=synthetic((*POINTS, safe)))
     assert est.total.predicted_s == pytest.approx(1e-6 + 8_192 / 1.024e9, rel=1e-12)
+
+
+def test_a_call_after_a_convolution_or_a_product_takes_the_calibrations_extra_host_time() -> None:
+    import torch.nn.functional as F
+
+    # the tiny call after a convolution takes 4 us more than after an add of its bytes, after
+    # a product 3 us; after an element-wise call -1 us (measured lower: never taken below 0)
+    cal = Calibration("2026-11-28T00:00:00+00:00", "cpu (test)", 2, {}, HOST, POINTS,
+                      host_op_s={"relu": 2e-6, "add": 1e-6},
+                      host_after_s={"conv": 4e-6, "matmul": 3e-6, "elementwise": -1e-6})
+    hw = dataclasses.replace(FAST, calibration=cal)
+
+    class M(nn.Module):
+        def forward(self, img: torch.Tensor, w: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+            F.relu(F.conv2d(img, w))  # conv first (after nothing), relu after it
+            torch.mm(a, a)
+            F.conv2d(img, w)  # after a product, but a rotated family: its points hold it
+            s = a + a  # after a convolution
+            t = s + s  # after an element-wise call
+            return t + torch.mm(a, a)  # after a product
+
+    img, w, a = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3), torch.randn(8, 8)
+    _, est = flopscope.estimate.roofline(M(), img, w, a, hardware=hw)
+    by_op = {op.split(".")[1]: row.host_s for op, row in est.by_op.items()}
+    assert by_op["relu"] == pytest.approx(2e-6 + 4e-6, rel=1e-12)
+    # three adds: 1 + 4 us (after the convolution), 1 + max(-1, 0) us (after the add),
+    # 1 + 3 us (after the product) = 10 us
+    assert by_op["add"] == pytest.approx(10e-6, rel=1e-12)
+    # the convolutions and products: no tiny call of their own, the element-wise family's
+    # 1 us each, no extra (rotation-timed families)
+    assert by_op["convolution"] == pytest.approx(2e-6, rel=1e-12)
+    assert by_op["mm"] == pytest.approx(2e-6, rel=1e-12)
+    # without the measurement (files before round 9) the host time is the operator's alone
+    plain = dataclasses.replace(FAST, calibration=dataclasses.replace(cal, host_after_s={}))
+    _, est = flopscope.estimate.roofline(M(), img, w, a, hardware=plain)
+    assert est.by_op["aten.add.Tensor"].host_s == pytest.approx(3e-6, rel=1e-12)
+
+
+def test_the_call_before_is_recorded_and_stored_with_the_calibration() -> None:
+    from flopscope.core.counter import Counter
+    from flopscope.estimate.roofline import CallLog
+
+    log = CallLog()
+    x = torch.randn(8, 8)
+    with Counter(warn=False, observers=[log]):
+        torch.relu(torch.mm(x, x)).sum()
+    assert [r.after for r in log.records] == ["", "matmul", "elementwise"]
+    cal = Calibration("2026-11-28T00:00:00+00:00", "cpu (test)", 2, {}, HOST, POINTS,
+                      host_after_s={"conv": 4e-6, "matmul": 3e-6})
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.host_after_s == {"conv": 4e-6, "matmul": 3e-6}
+    with pytest.raises(UsageError, match="host_after_s: unknown family"):
+        Calibration.from_dict({**cal.to_dict(), "host_after_s": {"lstm": 1e-6}})
+
+
+def test_after_host_times_are_measured_per_family_of_the_call_before() -> None:
+    from flopscope.estimate.host_probes import after_host_times
+
+    table = after_host_times("cpu", samples=1)
+    assert set(table) == {"conv", "matmul"}
+    assert all(math.isfinite(v) and abs(v) < 1e-2 for v in table.values())
+    assert after_host_times("cuda") == {}

@@ -29,6 +29,7 @@ from flopscope.estimate.chains import chain_points
 from flopscope.estimate.framework import framework_costs
 from flopscope.estimate.host_probes import (
     EVICTIONS,
+    after_host_times,
     evicted_host_times,
     fault_cost,
     host_times,
@@ -182,16 +183,18 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
         # the host probes: a share of them before each pass of the points, the median of the
         # runs (a moment of contention moves one run, not the probe)
         probes: list[tuple[dict[str, float], dict[str, float],
-                           dict[str, tuple[float, ...]]]] = []
+                           dict[str, tuple[float, ...]], dict[str, float]]] = []
         calls, samples = max(400 // passes, 40), max(9 // passes, 3)
         points = calibration_points(
             device, budget_s=budget_s, passes=passes, progress=progress,
             before_pass=lambda _: probes.append((
                 host_times(device, calls=calls), op_host_times(device, calls=calls),
-                evicted_host_times(device, samples=samples))))
+                evicted_host_times(device, samples=samples),
+                after_host_times(device, samples=samples))))
         host = median_table([p[0] for p in probes])
         host_op = median_table([p[1] for p in probes])
         evicted = median_rows([p[2] for p in probes])
+        after = median_table([p[3] for p in probes])
         name = device if device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
         calibration = Calibration(
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -202,7 +205,7 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             host_s=host, points=tuple(points), host_op_s=host_op, clock=clock(device)[0],
             host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
             fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
-            fsdp_collective_s=fsdp_s)
+            fsdp_collective_s=fsdp_s, host_after_s=after)
         # last, when asked: the chains' prediction is the points'
         chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
                                lambda fn, dev: time_per_call(fn, dev,

@@ -244,6 +244,9 @@ class Calibration:
             beyond the operators they run; 0: not measured.
         chains: chains of layers over fresh outputs timed whole (:meth:`chain_factor`);
             empty: not measured.
+        host_after_s: family of the call before (``"conv"``, ``"matmul"``) -> how much longer
+            a tiny call takes after it than after an in-place add of its bytes
+            (:func:`~flopscope.estimate.host_probes.after_host_times`); empty: not measured.
         reference: empty where the points were measured on the profile's own machine; else
             what they were measured on and how they were carried to this profile
             (:mod:`flopscope.estimate.reference`): the prediction is then marked
@@ -268,6 +271,7 @@ class Calibration:
     fsdp_collective_s: float = 0.0
     chains: tuple[ChainPoint, ...] = ()
     reference: str = ""
+    host_after_s: Mapping[str, float] = field(default_factory=dict)
 
     def source(self) -> str:
         """Where a prediction from it comes from, for a report's line: ``calibrated DATE,
@@ -350,6 +354,8 @@ class Calibration:
                 out[name] = getattr(self, name)
         if self.chains:
             out["chains"] = [c.to_dict() for c in self.chains]
+        if self.host_after_s:
+            out["host_after_s"] = dict(self.host_after_s)
         if self.reference:
             out["reference"] = self.reference
         return out
@@ -448,7 +454,8 @@ class Calibration:
                    module, **framework,
                    chains=tuple(ChainPoint.from_dict(c, f"{where}: chain {i}")
                                 for i, c in enumerate(chains)),
-                   reference=str(data.get("reference", "")))
+                   reference=str(data.get("reference", "")),
+                   host_after_s=families(data.get("host_after_s", {}), "host_after_s"))
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

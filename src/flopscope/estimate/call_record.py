@@ -20,7 +20,7 @@ def is_convolution(op: str) -> bool:
 
 
 class CallRecord:
-    __slots__ = ("before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "faulted",
+    __slots__ = ("after", "before", "bytes", "bytes_read", "bytes_written", "convolution", "dtype", "faulted",
                  "flops", "fresh_bytes", "fused_bytes", "macs", "modules", "op", "out_bytes", "path", "phase",
                  "reuse", "special")
 
@@ -55,6 +55,11 @@ class CallRecord:
         # caches: the prediction's host time grows with it); the run's bytes so far for an
         # operator's first call
         self.before = 0
+        # the family of the call just before (flopscope.estimate.families.family; "" for the
+        # first): a convolution's or a product's kernel library evicts more of the host's
+        # state than its bytes say (the prediction's host time adds the calibration's
+        # host_after_s for it)
+        self.after = ""
         # nn.Module calls Python entered since the previous forward call (the modules of its
         # path below the chain that call was in; 0 outside the forward: autograd's backward and
         # the optimizer run outside the modules' calls)

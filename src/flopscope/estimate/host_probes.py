@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from flopscope.estimate.timers import clock, counted_call, per_call
 from flopscope.estimate.workloads import Fn, host_calls
 
-__all__ = ["EVICTIONS", "MMAP_BYTES", "evicted_host_times", "fault_cost", "host_times",
+__all__ = ["EVICTIONS", "MMAP_BYTES", "after_host_times", "evicted_host_times", "fault_cost", "host_times",
            "median_rows", "median_table", "module_call_time", "op_host_times"]
 
 
@@ -155,6 +155,62 @@ def evicted_host_times(device: str, *, samples: int = 9) -> dict[str, tuple[floa
                 row.append(statistics.median(times))
             out[op] = tuple(row)
     return out
+
+
+def after_host_times(device: str, *, samples: int = 3) -> dict[str, float]:
+    """How much longer a tiny call takes right after a convolution or a matrix product than
+    right after an in-place add that moved the same bytes (the call before
+    :func:`evicted_host_times`'s): per family of the call before (``"conv"``, ``"matmul"``),
+    the median over the loop-timed operators' tiny calls (:func:`op_host_times`'s) of the
+    difference of their medians over ``samples`` calls after each, by :func:`clock`.
+
+    The producers are generic (a 3 x 3 convolution of 128 channels over 14 x 14 pixels, an
+    ``mm`` of 512 x 512 by 512 x 64; no model's layer). A kernel library's call (oneDNN's
+    convolution, MKL's product: their code, descriptors and packing buffers) evicts more of what
+    the interpreter and the dispatcher keep in the caches than a streaming add of its bytes:
+    here a ReLU of 1 x 440 x 7 x 7 took 7.3 us after a 690 KB add and 18.4 after a 1 x 1
+    convolution at 2 threads, 6.3 and 8.7 at 1 (``benchmarks/call_before.py``, docs/prediction.md
+    round 9). Empty on CUDA.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        samples: timed calls per operator after each producer.
+
+    Returns:
+        Family of the call before -> seconds (may be negative: not clamped here).
+    """
+    from flopscope.estimate.families import ROTATED_FAMILIES
+
+    if device.startswith("cuda"):
+        return {}
+    now = clock(device)[1]
+    img, w = torch.randn(1, 128, 14, 14), torch.randn(128, 128, 3, 3)
+    a, b = torch.randn(512, 512), torch.randn(512, 64)
+    producers: dict[str, Fn] = {"conv": lambda: F.conv2d(img, w, padding=1),
+                                "matmul": lambda: torch.mm(a, b)}
+    # the reference: an in-place add over half each producer's bytes (read and written)
+    adds = {k: torch.zeros(max(counted_call(fn).bytes // 8, 1)) for k, fn in producers.items()}
+    diffs: dict[str, list[float]] = {k: [] for k in producers}
+    with torch.no_grad():
+        seen: set[str] = set()
+        for fn in host_calls(device).values():
+            c = counted_call(fn)
+            if not c.op or c.op in seen or c.family in ROTATED_FAMILIES:
+                continue
+            seen.add(c.op)
+            for fam, produce in producers.items():
+                after, reference = [], []
+                for _ in range(samples):
+                    produce()
+                    start = now()
+                    fn()
+                    after.append(now() - start)
+                    adds[fam].add_(0.0)
+                    start = now()
+                    fn()
+                    reference.append(now() - start)
+                diffs[fam].append(statistics.median(after) - statistics.median(reference))
+    return {k: statistics.median(v) for k, v in diffs.items() if v}
 
 
 MMAP_BYTES = 32 << 20

@@ -182,7 +182,7 @@ class Predictor:
                 return curve
         return None
 
-    def host_s(self, fam: str, op: str = "", before: int = 0) -> float:
+    def host_s(self, fam: str, op: str = "", before: int = 0, after: str = "") -> float:
         """Host time of an eager call of operator ``op`` (its base name) where it was measured,
         else of family ``fam`` (the element-wise one where the family was not measured; 0
         without either); plus, where the calibration measured it, its growth after a call that
@@ -193,6 +193,9 @@ class Predictor:
             fam: the family.
             op: the ATen operator's base name.
             before: bytes the call before moved.
+            after: the family of the call just before: a loop-timed family's call after a
+                convolution or a product takes the calibration's ``host_after_s`` for it
+                more (where positive; its kernel library evicts more than its bytes).
 
         Returns:
             Seconds.
@@ -203,6 +206,8 @@ class Predictor:
         curve = self._evicted.get(op) or self._evicted.get("")
         if curve is not None and before > 0 and fam not in ROTATED_FAMILIES:
             seconds += curve.log_rate((math.log2(before),))  # seconds, not a log: linear
+        if after and fam not in ROTATED_FAMILIES:  # a rotated point holds it already
+            seconds += max(self.calibration.host_after_s.get(after, 0.0), 0.0)
         return seconds
 
     def device_s(self, fam: str, dtype: str, flops: int, nbytes: int,
@@ -290,7 +295,8 @@ class Predictor:
                                reduction=reduction_length(rec), cold=cold,
                                cache_bytes=cache_bytes)
         # Python's time of the nn.Module calls this call entered
-        host = self.host_s(fam, op, rec.before) + rec.modules * self.calibration.module_call_s
+        host = (self.host_s(fam, op, rec.before, rec.after)
+                + rec.modules * self.calibration.module_call_s)
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
         # its fresh allocations' new pages: their page faults and unmapping (a CPU; the heap's

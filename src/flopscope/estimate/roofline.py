@@ -65,6 +65,7 @@ from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.call_record import CallRecord
+from flopscope.estimate.families import family
 from flopscope.estimate.heap import TRACKED_BYTES, faulted_bytes
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
@@ -214,9 +215,11 @@ class CallLog:
             cost: what it cost.
         """
         nbytes = cost.bytes_read + cost.bytes_written
+        last = self._prev[3]
         if call is None:
             rec = CallRecord(path, phase.value, op, cost.macs, cost.flops, nbytes, self.default_dtype)
             rec.modules = self._entered(path, phase)
+            rec.after = family(last) if last is not None else ""
             self.records.append(rec)
             self._prev = (path, phase, False, rec, {})
             return
@@ -231,6 +234,7 @@ class CallLog:
             rec.convolution = False
         rec.special = special_function(op, call)
         rec.bytes_read, rec.bytes_written = local
+        rec.after = family(last) if last is not None else ""
         self._follow(rec, call)
         self._op_clock[op] = self._clock
         self.records.append(rec)

@@ -101,7 +101,7 @@ def _calls(one: list[CallRecord], two: list[CallRecord], at: tuple[int, int],
         rec = CallRecord(b.path, b.phase, b.op, 0, 0, 0, b.dtype)
         for f in _LINE:
             setattr(rec, f, _at(getattr(a, f), getattr(b, f), at, micro_batch))
-        rec.convolution, rec.modules = b.convolution, b.modules
+        rec.convolution, rec.modules, rec.after = b.convolution, b.modules, b.after
         rec.reuse = tuple((_at(n, m, at, micro_batch), _at(d, e, at, micro_batch))
                           for (n, d), (m, e) in zip(a.reuse, b.reuse, strict=True))
         if a.out_bytes is not None and b.out_bytes is not None:
