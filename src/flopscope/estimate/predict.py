@@ -21,9 +21,9 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
+from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import (
     COMPUTE_FAMILIES,
     ROTATED_FAMILIES,
@@ -32,9 +32,6 @@ from flopscope.estimate.families import (
     reduction_length,
     work,
 )
-
-if TYPE_CHECKING:
-    from flopscope.estimate.call_record import CallRecord
 
 __all__ = ["HOST_DOMINATED", "CallPrediction", "Predictor", "overlapped", "predictor"]
 
@@ -45,6 +42,7 @@ multiply's host time is twice an add's)."""
 
 _NEAREST = 4
 _MEMO = 1 << 18  # calls' predictions kept per calibration (then forgotten, to start again)
+_SLOTS = CallRecord.__slots__  # every field a prediction may read (a new one is keyed too)
 _HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 
 
@@ -264,12 +262,13 @@ class Predictor:
         Returns:
             The prediction.
         """
-        # a call's prediction is a function of these (a plan's roles repeat each call many
-        # times: the layers, the microbatches, the ranks' alike shards)
-        memo = (rec.op, rec.macs, rec.flops, rec.bytes, rec.dtype, rec.special, rec.fresh_bytes,
-                rec.bytes_written, rec.modules, rec.before if self._evicted else 0, rec.faulted,
-                bound_s, *((rec.reuse, rec.out_bytes, cache_bytes)
-                           if cache_bytes and not self._cuda else ()))
+        # a call's prediction is a function of its record but its place (a plan's roles repeat
+        # each call many times: the layers, the microbatches, the ranks' alike shards); the
+        # bytes moved before it and the cache model's figures only where they are read
+        skip = {"path", "phase", *(() if self._evicted else ("before",)),
+                *(() if cache_bytes and not self._cuda else ("reuse", "out_bytes"))}
+        memo = (bound_s, cache_bytes,
+                *(getattr(rec, name) for name in _SLOTS if name not in skip))
         found = self._memo.get(memo)
         if found is None:
             if len(self._memo) >= _MEMO:
