@@ -1,6 +1,6 @@
 """Reference calibrations of the shipped GPU profiles (flopscope.estimate.reference, issue 29):
 the lent H100's and H200's own points, moved to the other GPUs' datasheet peaks, marked
-uncalibrated; the planner keeps to the bound with them."""
+uncalibrated; the planner predicts from them, the bound beside."""
 
 from __future__ import annotations
 
