@@ -154,7 +154,9 @@ def timed(gpus: int, carry: bool = True, derive: bool = True) -> dict[str, Any]:
                      for c in [*plan.ranked, *plan.dropped]},
             "best": None if best is None else {
                 "layout": best.choice.label, "step_s": round(best.time.total, 4),
-                "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2)}}
+                "mfu": round(best.mfu, 4), "memory_gib": round(best.memory_bytes / 2**30, 2),
+                "time_kind": best.time.compute, "step_bound_s": round(best.bound_step.total, 4),
+                "mfu_bound": round(best.mfu_bound, 4)}}
 
 
 def _two_screens(gpus: int) -> tuple[Any, Any]:

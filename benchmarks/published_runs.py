@@ -4,10 +4,11 @@ For each published run flopscope can express (a Llama-shaped decoder as an ``hf:
 the layout fixed with ``tp``/``pp`` and the FSDP size; the global batch and sequence length as
 published; activation checkpointing as close as the planner has it; mixed precision as
 published), ``flopscope.plan`` plans that layout on the published device count with the shipped
-``h100-sxm`` profile as it is (nothing calibrated on these numbers) and the row puts side by
-side: the planned peak memory per GPU against the device's capacity and the published memory;
-the predicted tokens/s per GPU and MFU against the published ones; and the gap, explained (what
-the run does that flopscope does not model).
+``h100-sxm`` profile as it is (its reference calibration's prediction; nothing calibrated on
+these numbers) and the row puts side by side: the planned peak memory per GPU against the
+device's capacity and the published memory; the predicted tokens/s per GPU and MFU, and the
+roofline bound's (``*_bound``), against the published ones; and the gap, explained (what the
+run does that flopscope does not model).
 
 Each published figure is cited (repository, file, commit; or the page). Where a run publishes
 tokens/s and no MFU, its MFU is derived with flopscope's own FLOPs per token (the plan's
@@ -283,7 +284,11 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
             "fits_budget": c.fits, "fits_80gb": c.memory_bytes <= capacity,
             "peak_where": c.peak_where, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
             "mfu": c.mfu, "tflops_per_gpu": plan.model_flops / c.time.total / plan.gpus / 1e12,
-            "step_s": c.time.total, "time_s": c.time.to_dict(), "reason": c.reason})
+            "step_s": c.time.total, "time_s": c.time.to_dict(), "reason": c.reason,
+            "time_kind": c.time.compute, "step_bound_s": c.bound_step.total,
+            "mfu_bound": c.mfu_bound,
+            "tokens_per_s_per_gpu_bound": c.tokens_per_s_per_gpu * c.time.total
+            / c.bound_step.total, "bound_time_s": c.bound_step.to_dict()})
     fitting = [r for r in rows if r["fits_budget"]]
     shown = fitting[0] if fitting else (rows[0] if rows else None)
     published = dict(run["published"])
@@ -296,9 +301,15 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
         for key in ("tokens_per_s_per_gpu", "mfu", "tflops_per_gpu"):
             if key in published:
                 ratios[f"{key}_predicted_over_published"] = shown[key] / published[key]
+        if "tokens_per_s_per_gpu" in published:
+            ratios["tokens_per_s_per_gpu_bound_over_published"] = (
+                shown["tokens_per_s_per_gpu_bound"] / published["tokens_per_s_per_gpu"])
+        mfu = published.get("mfu_at_flopscope_flops", published.get("mfu"))
         if "mfu_at_flopscope_flops" in published:
             ratios["mfu_predicted_over_published"] = (
                 shown["mfu"] / published["mfu_at_flopscope_flops"])
+        if mfu:
+            ratios["mfu_bound_over_published"] = shown["mfu_bound"] / mfu
     return {
         "id": run["id"], "what": run["what"], "source": run["source"],
         "device": run["device"], "gpus": run["gpus"], "tp": run["tp"], "pp": run["pp"],
@@ -309,7 +320,9 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
         "memory_budget_gib": None if budget is None else budget / 2**30,
         "capacity_gib": capacity / 2**30, "flops_per_token": flops_per_token,
         "planned": rows, "compared": shown, "published": published, "ratios": ratios,
-        "gap": run["gap"], "time_model": "roofline lower bound (h100-sxm as shipped)",
+        "gap": run["gap"], "time_model": (
+            f"prediction ({plan.hardware.calibration.source()}), the roofline bound beside"
+            if plan.hardware.calibration is not None else "roofline lower bound"),
         "roles": plan.roles, "simulations": plan.simulations,
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -357,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = row["compared"] or {}
         print(f"{run['id']}: {shown.get('layout')} {shown.get('memory_gib', 0):.1f} GiB, "
               f"{shown.get('tokens_per_s_per_gpu', 0):,.0f} tok/s/GPU, MFU "
-              f"{shown.get('mfu', 0):.1%}; published {row['published']}; {row['seconds']} s",
+              f"{shown.get('mfu', 0):.1%} (bound {shown.get('mfu_bound', 0):.1%}); published "
+              f"{row['published']}; {row['seconds']} s",
               flush=True)
         if path is None:
             continue

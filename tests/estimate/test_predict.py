@@ -328,3 +328,48 @@ def test_overlap_of_a_device_bound_stream() -> None:
     assert overlapped([(1.0, 3.0)] * 3) == (1.0 + 9.0, 1.0)
     # host 2, device 1: the device waits for each launch (idle 2 + 1 + 1)
     assert overlapped([(2.0, 1.0)] * 3) == (7.0, 4.0)
+
+
+def test_a_prediction_is_memoised_per_distinct_call_and_equals_a_fresh_one() -> None:
+    """Predictor.call keeps one prediction per distinct record (a plan's roles repeat each call
+    per layer, microbatch and rank): a memoised answer equals a fresh predictor's, and a record
+    that differs in any field the prediction reads is predicted apart."""
+    from flopscope.estimate import CallLog
+    from flopscope.estimate.predict import Predictor
+
+    cal = get_hardware("h100-sxm").calibration
+    assert cal is not None
+    # every call after a product takes 1 us more host time (the field main's round 9 added)
+    cal = dataclasses.replace(cal, host_after_s={"matmul": 1e-6})
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+    log = CallLog()
+    flopscope.count(model, torch.randn(8, 64), observers=[log])
+    shared = Predictor(cal)
+    for rec in log.records * 2:  # the second pass answered from the memo
+        assert shared.call(rec, 1e-6) == Predictor(cal).call(rec, 1e-6)
+    gelu = next(r for r in log.records if "gelu" in r.op)
+    assert gelu.after == "matmul"
+    moved = copy_record(gelu)
+    moved.after, moved.modules = "", gelu.modules + 1  # two fields a prediction reads
+    a, b = shared.call(gelu, 1e-6), shared.call(moved, 1e-6)
+    assert b == Predictor(cal).call(moved, 1e-6)
+    # 1 us less after no product, one module call's Python time more, both times the chains'
+    # factor for the family at its size (a GPU's host time is scaled by it)
+    from flopscope.estimate.families import family
+
+    k = cal.chain_factor(family(gelu), gelu.bytes_written)
+    assert b.host_s - a.host_s == pytest.approx(k * (cal.module_call_s - 1e-6), rel=1e-9)
+    alone = copy_record(gelu)
+    alone.after = ""  # the one field apart: not the memo's answer for gelu
+    assert a.host_s - shared.call(alone, 1e-6).host_s == pytest.approx(k * 1e-6, rel=1e-9)
+
+
+def copy_record(rec: object) -> object:
+    """A copy of a call record (its slots)."""
+    from flopscope.estimate.call_record import CallRecord
+
+    assert isinstance(rec, CallRecord)
+    out = CallRecord(rec.path, rec.phase, rec.op, 0, 0, 0, rec.dtype)
+    for name in CallRecord.__slots__:
+        setattr(out, name, getattr(rec, name))
+    return out

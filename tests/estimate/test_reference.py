@@ -1,6 +1,6 @@
 """Reference calibrations of the shipped GPU profiles (flopscope.estimate.reference, issue 29):
 the lent H100's and H200's own points, moved to the other GPUs' datasheet peaks, marked
-uncalibrated; the planner keeps to the bound with them."""
+uncalibrated; the planner predicts from them, the bound beside."""
 
 from __future__ import annotations
 
@@ -91,10 +91,15 @@ def test_a_count_on_a_shipped_gpu_predicts_marked_uncalibrated() -> None:
     json.dumps(data)
 
 
-def test_a_plan_on_a_shipped_gpu_keeps_to_the_bound() -> None:
+def test_a_plan_on_a_shipped_gpu_predicts_from_its_reference_with_the_bound_beside() -> None:
     config = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100-sxm", config=config, seq_len=32,
                           global_batch=2, tp=1, pp=1, checkpointing=("none",))
-    assert any("roofline lower bounds" in n for n in plan.notes)
+    cal = get_hardware("h100-sxm").calibration
+    assert cal is not None and cal.reference
+    assert any("predictions from a reference calibration (" + cal.source() in n
+               for n in plan.notes)
+    (best,) = plan.ranked
+    assert best.time.compute == "prediction" and best.bound_step.compute == "bound"
     assert dataclasses.replace(get_hardware("h100-sxm"), calibration=None) == PROFILES["h100-sxm"]

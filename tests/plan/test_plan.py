@@ -91,7 +91,10 @@ def test_checkpointing_lowers_activations_and_adds_recompute(two_gpus: Plan) -> 
         plain, ckpt = layouts[label], layouts[label + " ckpt"]
         assert ckpt.at_peak["activations"] < plain.at_peak["activations"]
         assert plain.time.recompute == 0 < ckpt.time.recompute
-        assert ckpt.time.forward == pytest.approx(plain.time.forward)
+        # the same forward work: its bound the same (its prediction, host-bound on this model,
+        # differs by host time: the checkpointed forward saves nothing for backward, 12 fewer
+        # aten.detach calls at TP 1 x FSDP 2)
+        assert ckpt.bound_step.forward == pytest.approx(plain.bound_step.forward)
 
 
 def test_a_layout_that_cannot_fit_is_dropped_with_its_reason(two_gpus: Plan) -> None:
@@ -154,7 +157,7 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str], two_gpus: Plan
 def test_compare_names_where_the_other_spends_more(two_gpus: Plan) -> None:
     from flopscope.plan.timing import compare
 
-    best, tp = two_gpus.ranked[0], _by_label(two_gpus)["TP2 PP1 DP1 mb2x1"]
+    best, tp = _by_label(two_gpus)["TP1 PP1 DP2 mb1x1"], _by_label(two_gpus)["TP2 PP1 DP1 mb2x1"]
     diffs = dict(compare(best.time, tp.time))
     assert diffs["tensor-parallel all-reduces"] == pytest.approx(tp.time.tp_comm
                                                                  - best.time.tp_comm)

@@ -90,9 +90,13 @@ def test_one_rank_still_casts(mixed: Plan) -> None:
     plain, wide = (flopscope.plan("hf:llama", **{**ARGS, "gpus": 1, "global_batch": 1},
                                   dtype=d) for d in ("bfloat16", "float32"))
     assert isinstance(plain, Plan) and isinstance(wide, Plan)
-    # the forward runs in bfloat16 plus FSDP2's casts of the float32 parameters: slower than
-    # bfloat16 throughout, faster than float32 throughout (without the cast it would be that)
-    assert plain.ranked[0].time.forward < c.time.forward < wide.ranked[0].time.forward
+    # the forward runs in bfloat16 plus FSDP2's casts of the float32 parameters: at the bound
+    # slower than bfloat16 throughout, faster than float32 throughout (without the cast it
+    # would be that); predicted (h100's reference calibration) the casts' calls take host
+    # time too, which on this small model is most of the step
+    bounds = [p.bound_step.forward for p in (plain.ranked[0], c, wide.ranked[0])]
+    assert bounds == sorted(bounds) and len(set(bounds)) == 3
+    assert plain.ranked[0].time.forward < c.time.forward
 
 
 def test_cli_mixed_precision(capsys: pytest.CaptureFixture[str], mixed: Plan) -> None:

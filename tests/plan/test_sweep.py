@@ -119,8 +119,11 @@ def test_cli_sweep_table_and_json(capsys: pytest.CaptureFixture[str], cached: No
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["model", "GPUs", "seq", "fit", "best", "layout", "step", "MFU",
-                              "tok/s/GPU", "peak/GPU"]
+                              "MFU", "(bound)", "tok/s/GPU", "peak/GPU"]
     best = here[2].ranked[0]
+    # the shipped profile's reference calibration: the step predicted, the bound's MFU beside
+    assert best.time.compute == "prediction" and best.bound_time is not None
+    assert out[3].split()[10:12] == [f"{best.mfu:.1%}", f"{best.mfu_bound:.1%}"]  # after the step (value, unit)
     layouts = len(here[2].ranked) + len(here[2].dropped)  # 4: the 5 roles' layouts
     assert out[3].split()[:8] == ["hf:llama", "2", "64", f"{len(here[2].ranked)}/{layouts}",
                                   *best.choice.label.split()]

@@ -31,7 +31,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
     clear_cache()
     args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=2,
                                 dtype="float32", checkpointing=("none",))
-    bound = flopscope.plan("hf:llama", hardware="h100", **args)
+    bound = flopscope.plan("hf:llama", hardware=PROFILES["h100-sxm"], **args)
     hw = _calibrated()
     predicted = flopscope.plan("hf:llama", hardware=hw, **args)
     b = {c.choice.label: c for c in bound.ranked}
@@ -101,3 +101,54 @@ def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> Non
     assert (b.forward + b.backward) - (a.forward + a.backward) == pytest.approx(
         dispatch.calls * 1e-4, rel=1e-9)
     assert b.fsdp_hooks == 0.0  # no FSDP2 in a TP 2 x DP 1 layout
+
+
+def test_a_shipped_gpu_plans_with_its_reference_prediction_and_the_bound_beside() -> None:
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.build import build_model
+    from flopscope.plan.display import plan_text
+    from flopscope.plan.roles import RoleKey, Roles
+
+    clear_cache()
+    args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=2,
+                                checkpointing=("none",))
+    hw = get_hardware("h100-sxm")
+    cal = hw.calibration
+    assert cal is not None and cal.reference and cal.device.startswith("cuda")
+    predicted = flopscope.plan("hf:llama", hardware="h100-sxm", **args)
+    bound = flopscope.plan("hf:llama", hardware=PROFILES["h100-sxm"], **args)
+    p = {c.choice.label: c for c in (*predicted.ranked, *predicted.dropped)}
+    b = {c.choice.label: c for c in (*bound.ranked, *bound.dropped)}
+    assert set(p) == set(b)
+    for label, c in p.items():
+        assert c.time.compute == "prediction" and c.bound_time is not None
+        # the bound beside is the datasheet profile's plan, to the bit (the same counts, the
+        # same roofline; the role cache keeps the two apart by calibration)
+        assert c.bound_time == b[label].time and b[label].bound_time is None
+        assert c.mfu_bound == pytest.approx(b[label].mfu, rel=1e-12)
+        assert c.mfu < c.mfu_bound  # the prediction is slower than the bound
+    # a GPU's phase: the longer of its calls' host and device times (the host issues ahead)
+    fsdp = p["TP1 PP1 DP2 mb1x1"]
+    roles = Roles(build_model("hf:llama", 64, "bfloat16", CONFIG), hw,
+                  ("hf:llama", 64, "bfloat16", tuple(sorted(CONFIG.items()))))
+    row = roles.get(RoleKey(1, 1, 0, 2, 1, 1, False, loss="cross_entropy")).estimate.by_phase[
+        "forward"]
+    assert roles.simulations == 0  # the plan's role, cached under the calibrated profile
+    assert fsdp.time.forward == max(row.host_s, row.predicted_s - row.host_s)
+    # labelled: the note, the JSON, the table
+    assert "compute from predictions from a reference calibration (" + cal.source() in \
+        predicted.notes[0]
+    assert "+-68%" in predicted.notes[0] and "MFU (bound)" in predicted.notes[0]
+    data = predicted.to_dict()
+    assert data["time_model"] == "prediction" and bound.to_dict()["time_model"] == \
+        "roofline lower bound"
+    assert data["prediction"]["source"] == cal.source() and data["prediction"]["reference"]
+    assert data["prediction"]["error_bars"]["total"] == cal.error_bars["total"]
+    assert bound.to_dict()["prediction"] is None
+    row0 = data["ranked"][0]
+    assert row0["time_kind"] == "prediction" and row0["mfu"] == predicted.ranked[0].mfu
+    assert row0["bound_time_s"] == predicted.ranked[0].bound_step.to_dict()
+    text = plan_text(predicted)
+    assert "MFU (bound)" in text and "step (bound)" in text
+    assert "step, MFU: predicted from a reference calibration (" + cal.source() in text
+    assert "MFU (bound)" not in plan_text(bound)

@@ -246,6 +246,11 @@ def test_the_plan_page(browser: Chromium, plan_both: tuple[Path, Any]) -> None:
     assert browser.evaluate("document.querySelector('.total[data-key=\"best\"]').dataset.value"
                             ) == best["layout"]
     assert float(_value(browser, '.total[data-key="step"]')) == best["time_s"]["total"]
+    # h100's reference calibration: the step predicted, where from said, the bound's MFU beside
+    assert data["prediction"]["reference"] and best["time_kind"] == "prediction"
+    assert data["prediction"]["source"] in browser.evaluate(
+        "document.getElementById('plan-prediction').textContent")
+    assert float(_value(browser, '.total[data-key="mfu-bound"]')) == best["mfu_bound"]
     # the chart: every layout at (peak memory, step time); the front filled; the dropped grey
     layouts = "[...document.querySelectorAll('#pareto {}')].map(c => c.dataset.layout)"
     assert sorted(browser.evaluate(layouts.format(".layout-point"))) == sorted(

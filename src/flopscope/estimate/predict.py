@@ -21,9 +21,9 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
+from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import (
     COMPUTE_FAMILIES,
     ROTATED_FAMILIES,
@@ -33,9 +33,6 @@ from flopscope.estimate.families import (
     work,
 )
 
-if TYPE_CHECKING:
-    from flopscope.estimate.call_record import CallRecord
-
 __all__ = ["HOST_DOMINATED", "CallPrediction", "Predictor", "overlapped", "predictor"]
 
 HOST_DOMINATED = 0.5
@@ -44,6 +41,8 @@ host times of one family's operators differ by more than the device time there (
 multiply's host time is twice an add's)."""
 
 _NEAREST = 4
+_MEMO = 1 << 18  # calls' predictions kept per calibration (then forgotten, to start again)
+_SLOTS = CallRecord.__slots__  # every field a prediction may read (a new one is keyed too)
 _HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 
 
@@ -170,6 +169,8 @@ class Predictor:
             if p.function:
                 raw.setdefault((p.family, p.dtype, p.function), []).append(point)
         self._curves = {k: _Curve.of(v) for k, v in raw.items()}
+        self._cuda = cuda
+        self._memo: dict[tuple[object, ...], CallPrediction] = {}
 
     def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
         for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
@@ -261,6 +262,21 @@ class Predictor:
         Returns:
             The prediction.
         """
+        # a call's prediction is a function of its record but its place (a plan's roles repeat
+        # each call many times: the layers, the microbatches, the ranks' alike shards); the
+        # bytes moved before it and the cache model's figures only where they are read
+        skip = {"path", "phase", *(() if self._evicted else ("before",)),
+                *(() if cache_bytes and not self._cuda else ("reuse", "out_bytes"))}
+        memo = (bound_s, cache_bytes,
+                *(getattr(rec, name) for name in _SLOTS if name not in skip))
+        found = self._memo.get(memo)
+        if found is None:
+            if len(self._memo) >= _MEMO:
+                self._memo.clear()
+            found = self._memo[memo] = self._call(rec, bound_s, cache_bytes)
+        return found
+
+    def _call(self, rec: CallRecord, bound_s: float, cache_bytes: int) -> CallPrediction:
         from flopscope.estimate.profile import dtype_key
 
         fam = family(rec)

@@ -19,7 +19,7 @@ measured, which the note on every moved profile says). The host times are the le
 machine's own ``flopscope calibrate``.
 
 The prediction made from a reference is *uncalibrated* (:attr:`Calibration.reference` says what
-it came from) and the planner keeps to the bound for it.
+it came from); the planner ranks layouts by it and shows the bound beside it.
 """
 
 from __future__ import annotations

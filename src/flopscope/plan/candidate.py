@@ -34,6 +34,8 @@ class Candidate:
         applied: the plan-wide parallelisms this layout has (``"sequence"``, ``"loss"``).
         screened: its figures are a screen's estimate (:mod:`flopscope.plan.screen`), not
             simulated.
+        bound_time: where :attr:`time` is a prediction (``time.compute``), the same step with
+            the compute at the roofline bound (``None`` where ``time`` is that already).
     """
 
     choice: Choice
@@ -47,6 +49,19 @@ class Candidate:
     reason: str | None = None
     applied: tuple[str, ...] = ()
     screened: bool = False
+    bound_time: StepTime | None = None
+
+    @property
+    def bound_step(self) -> StepTime:
+        """The step with the compute at the roofline bound (:attr:`bound_time`, else
+        :attr:`time`)."""
+        return self.bound_time if self.bound_time is not None else self.time
+
+    @property
+    def mfu_bound(self) -> float:
+        """MFU at :attr:`bound_step`: the most the layout can reach (its compute at peak)."""
+        t = self.bound_step.total
+        return self.mfu * self.time.total / t if t else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes, seconds)."""
@@ -55,7 +70,8 @@ class Candidate:
                 "peak_where": self.peak_where, "time_s": self.time.to_dict(),
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
                 "fits": self.fits, "reason": self.reason, "applied": list(self.applied),
-                "screened": self.screened}
+                "screened": self.screened, "time_kind": self.time.compute,
+                "bound_time_s": self.bound_step.to_dict(), "mfu_bound": self.mfu_bound}
 
 
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
@@ -114,6 +130,7 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
         The :class:`Candidate`.
     """
     t = step_time(runs, choice, links)
+    bound = step_time(runs, choice, links, bound=True) if t.compute == "prediction" else None
     used, at, where = _memory(runs, choice)
     gpus = choice.gpus
     per_gpu = tokens / t.total / gpus if t.total else 0.0
@@ -122,7 +139,7 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
     reason = None if fits else _reason(used, at, where, budget) + (
         " (screened estimate)" if screened else "")
     return Candidate(choice, used, at, where, t, per_gpu, mfu, fits, reason,
-                     applied(runs[0].key), screened)
+                     applied(runs[0].key), screened, bound)
 
 
 def part_name(name: str, ddp: bool) -> str:

@@ -40,17 +40,25 @@ from typing import Any, TypeVar
 from torch import nn
 
 from flopscope.distributed.repeat import NotRepeating
-from flopscope.estimate import Estimate, MemoryProfile
+from flopscope.estimate import Estimate, Hardware, MemoryProfile
+from flopscope.estimate.call_record import CallRecord
 from flopscope.plan.layers import Small, unit_module
 
-__all__ = ["Degrees", "Dims", "clear_degrees", "derive", "dims_of", "pads", "same_run",
-           "shared_degrees", "sharing_degrees"]
+__all__ = ["Degrees", "Dims", "clear_degrees", "derive", "dims_of", "hardware_key", "pads",
+           "same_run", "shared_degrees", "sharing_degrees"]
 
 #: what tells a role's small runs apart (layers per stage, stages of a small pipeline)
 C = TypeVar("C", bound=Hashable)
 
 #: each parameter's (dimension 0, ranks sharding it but FSDP2's), or ``None`` where unknown
 Dims = tuple[tuple[int, int], ...] | None
+
+
+def hardware_key(hw: Hardware) -> str:
+    """What the plan's caches of simulated runs key a profile by: its name, and where its
+    calibration is from (a shipped profile's datasheet copy, ``PROFILES[NAME]``, and the same
+    profile with its reference calibration predict differently under one name)."""
+    return hw.name if hw.calibration is None else f"{hw.name} ({hw.calibration.source()})"
 
 
 def dims_of(model: nn.Module, degree: int) -> Dims:
@@ -169,12 +177,37 @@ def derive(runs: Sequence[tuple[int, Small]], to: int, world_size: int, rank: in
                _mix([p[3] for p in col], weights, degrees, to))
               for col in _columns([r0.points, r1.points])]
     e0, e1 = r0.estimate, r1.estimate
-    estimate = Estimate(e1.hardware, e1.tf32, _mix([e0.total, e1.total], weights, degrees, to),
-                        _mix([e0.by_phase, e1.by_phase], weights, degrees, to),
-                        tf32_convolution=e1.tf32_convolution)
+    calls: list[CallRecord] = []
+    if e1.calibrated:  # a prediction is not c + a / W; its calls' records are: predict them
+        if not r0.calls or not r1.calls:
+            raise NotRepeating("a calibrated profile's runs need their call records")
+        calls = [_record(col, weights, degrees, to) for col in _columns([r0.calls, r1.calls])]
+        estimate = Estimate.from_records(calls, e1.hardware, tf32=e1.tf32,
+                                         tf32_convolution=e1.tf32_convolution)
+    else:
+        estimate = Estimate(e1.hardware, e1.tf32,
+                            _mix([e0.total, e1.total], weights, degrees, to),
+                            _mix([e0.by_phase, e1.by_phase], weights, degrees, to),
+                            tf32_convolution=e1.tf32_convolution)
     end = _mix([r0.memory.end_bytes, r1.memory.end_bytes], weights, degrees, to)
     return Small(r1.frame, report, points, _memory(r1, points, end), estimate,
-                 _mix([r0.parameter_bytes, r1.parameter_bytes], weights, degrees, to))
+                 _mix([r0.parameter_bytes, r1.parameter_bytes], weights, degrees, to), calls)
+
+
+#: what a call record holds (:class:`~flopscope.estimate.call_record.CallRecord`'s slots)
+_RECORD = CallRecord.__slots__
+
+
+def _record(col: Sequence[CallRecord], weights: Sequence[Fraction], degrees: Sequence[int],
+            to: int) -> CallRecord:
+    """One call's record at degree ``to`` from the same call's at two others: its work,
+    bytes, the cache model's reuse distances and sizes, ``c + a / W`` as every figure of the
+    run (:func:`_mix`; the call itself, its module, phase, operator and dtype, the same)."""
+    first = col[0]
+    out = CallRecord(first.path, first.phase, first.op, 0, 0, 0, first.dtype)
+    for name in _RECORD:
+        setattr(out, name, _mix([getattr(r, name) for r in col], weights, degrees, to))
+    return out
 
 
 def _columns(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:

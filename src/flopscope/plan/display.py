@@ -32,10 +32,12 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _row(rank: str, c: Candidate, extras: bool) -> list[str]:
+def _row(rank: str, c: Candidate, extras: bool, bound: bool) -> list[str]:
     t = c.time
+    beside = [seconds(c.bound_step.total), f"{c.mfu_bound:.1%}"] if bound else []
     return [rank, _label(c), human_bytes(c.memory_bytes), seconds(t.total),
-            f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", seconds(t.forward + t.backward),
+            f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", *beside,
+            seconds(t.forward + t.backward),
             seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p + t.ep_comm),
             seconds(t.bubble), *([_applied(c)] if extras else [])]
 
@@ -48,6 +50,21 @@ def _label(c: Candidate) -> str:
 def _applied(c: Candidate) -> str:
     """The table's ``TP with`` cell: the plan-wide parallelisms the layout has."""
     return " + ".join({"sequence": "SP", "loss": "loss"}[a] for a in c.applied) or "-"
+
+
+def _predicted(plan: Plan) -> list[str]:
+    """The line under the table where its times are predictions: from what, the error bar,
+    and the bound beside."""
+    cal = plan.hardware.calibration
+    if cal is None:
+        return []
+    total = cal.error_bars.get("total")
+    return ["step, MFU: predicted " + ("from a reference calibration " if cal.reference else "")
+            + f"({cal.source()}), "
+            + (f"+-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| over its "
+               "validation's models)" if total is not None else "no error bar (not validated)")
+            + "; step (bound), MFU (bound): the compute at the roofline bound, the most a "
+              "layout can reach"]
 
 
 def plan_text(plan: Plan, top: int = 10) -> str:
@@ -73,20 +90,28 @@ def plan_text(plan: Plan, top: int = 10) -> str:
     per = "tok/s/GPU" if plan.unit == "tokens" else "samples/s/GPU"
     # the column of sequence (SP) and loss parallelism, where a listed layout has either
     extras = any(c.applied for c in plan.ranked[:top])
-    header = ["#", "layout", "peak/GPU", "step", per, "MFU", "compute", "recompute",
+    # where the times are predictions: the bound's step and MFU beside them
+    bound = any(c.bound_time is not None for c in (*plan.ranked, *plan.dropped))
+    header = ["#", "layout", "peak/GPU", "step", per, "MFU",
+              *(["step (bound)", "MFU (bound)"] if bound else []), "compute", "recompute",
               "comm exposed", "bubble", *(["TP with"] if extras else [])]
     if plan.ranked:
-        rows = [header] + [_row(str(i + 1), c, extras) for i, c in enumerate(plan.ranked[:top])]
+        rows = [header] + [_row(str(i + 1), c, extras, bound)
+                           for i, c in enumerate(plan.ranked[:top])]
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")
+        lines += _predicted(plan) if bound else []
         lines += ["", "Pareto front (no other layout is both faster and smaller):"]
         lines += [f"  {c.choice.label}: {seconds(c.time.total)}, {human_bytes(c.memory_bytes)}"
                   for c in plan.pareto]
         best = plan.ranked[0]
+        at_bound = (f" (bound {seconds(best.bound_step.total)}, {best.mfu_bound:.1%})"
+                    if bound else "")
         lines += ["", f"Best: {best.choice.label}, {seconds(best.time.total)} per step, "
-                      f"{best.mfu:.1%} MFU, {human_bytes(best.memory_bytes)} at {best.peak_where}"
-                      "; where its time goes:"]
+                      f"{best.mfu:.1%} MFU{at_bound}, {human_bytes(best.memory_bytes)} at "
+                      f"{best.peak_where}; where its time goes"
+                      + (" (predicted)" if bound else "") + ":"]
         ddp = best.choice.data_parallel == "ddp"
         lines += [f"  {part_name(name, ddp):<40} {seconds(value):>10}  {share:6.1%}"
                   for name, value, share in describe(best.time)]
@@ -253,7 +278,8 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
 #: a sweep's columns (name, width; the model and the layouts left-aligned): rows are written as
 #: plans complete, so the widths are fixed
 _SWEEP = {"train": (("model", 24), ("GPUs", 6), ("seq", 7), ("fit", 9), ("best layout", 24),
-                    ("step", 9), ("MFU", 6), ("tok/s/GPU", 11), ("peak/GPU", 11)),
+                    ("step", 9), ("MFU", 6), ("MFU (bound)", 11), ("tok/s/GPU", 11),
+                    ("peak/GPU", 11)),
           "serve": (("model", 24), ("GPUs", 6), ("prompt", 7), ("fit", 9),
                     ("best throughput", 26), ("tok/s/GPU", 11), ("per token", 10),
                     ("best latency", 24), ("per token", 10))}
@@ -302,7 +328,8 @@ def sweep_line(row: SweepRow) -> str:
     start[2] = str(result.seq_len) if result.unit == "tokens" else "-"
     best = result.best
     if best is None:
-        return _cells(_SWEEP["train"], [*start, fit, "nothing fits", "", "", "", ""])
+        return _cells(_SWEEP["train"], [*start, fit, "nothing fits", "", "", "", "", ""])
     return _cells(_SWEEP["train"], [*start, fit, best.choice.label, seconds(best.time.total),
-                                    f"{best.mfu:.1%}", f"{best.tokens_per_s_per_gpu:,.0f}",
+                                    f"{best.mfu:.1%}", f"{best.mfu_bound:.1%}",
+                                    f"{best.tokens_per_s_per_gpu:,.0f}",
                                     human_bytes(best.memory_bytes)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -150,7 +150,8 @@ class Plan:
             "loss_parallel": self.loss_parallel,
             "loss": "cross_entropy" if self.unit == "tokens" else "sum",
             "memory_budget": self.memory_budget,
-            "model_flops_per_step": self.model_flops, "time_model": "roofline lower bound",
+            "model_flops_per_step": self.model_flops, "time_model": time_model(self.hardware),
+            "prediction": prediction_source(self.hardware),
             "ranked": [c.to_dict() for c in self.ranked],
             "pareto": [c.choice.label for c in self.pareto],
             "dropped": [c.to_dict() for c in self.dropped],
@@ -168,13 +169,45 @@ UNDERSTATED_NOTE = (
 
 
 def plan_hardware(hardware: str | Hardware) -> Hardware:
-    """The profile a plan (and a sweep's workers) computes with: :func:`get_hardware`'s, less a
-    shipped GPU's reference calibration (not measured on the user's machine): a plan keeps to
-    the bound, which its layouts' order, margins and derivations were validated with."""
-    hw = get_hardware(hardware)
-    if hw.calibration is not None and hw.calibration.reference:
-        return replace(hw, calibration=None)
-    return hw
+    """The profile a plan (and a sweep's workers) computes with: :func:`get_hardware`'s, a
+    shipped GPU's with its reference calibration (the plan's times are then predictions from
+    it, the bound beside: :attr:`Candidate.bound_time`)."""
+    return get_hardware(hardware)
+
+
+def time_model(hw: Hardware) -> str:
+    """What a plan's step times are on ``hw``: ``"prediction"`` (with a calibration block)
+    or ``"roofline lower bound"``."""
+    return "prediction" if hw.calibration is not None else "roofline lower bound"
+
+
+def prediction_source(hw: Hardware) -> dict[str, Any] | None:
+    """Where a plan's predicted times come from (``None`` without a calibration): the one
+    label (:meth:`~flopscope.estimate.Calibration.source`), whether it is a reference (not
+    calibrated on this GPU), its error bars (90th percentile of ``|predicted / measured - 1|``
+    per family and over whole models, ``"total"``)."""
+    cal = hw.calibration
+    if cal is None:
+        return None
+    return {"source": cal.source(), "reference": bool(cal.reference),
+            "error_bars": dict(cal.error_bars),
+            "bound": "beside each layout: bound_time_s (compute at the roofline bound) and "
+                     "mfu_bound (the most the layout can reach)"}
+
+
+def compute_note(hw: Hardware) -> str:
+    """The notes' words for what a step's compute is on ``hw``."""
+    cal = hw.calibration
+    if cal is None:
+        return "roofline lower bounds (every call at peak rate or bandwidth)"
+    total = cal.error_bars.get("total")
+    bar = (f", error bar +-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| "
+           "over its validation's models)" if total is not None else ", no error bar (not "
+           "validated)")
+    kind = ("predictions from a reference calibration" if cal.reference
+            else "calibrated predictions")
+    return (f"{kind} ({cal.source()}){bar}; beside them the roofline bound's step and MFU "
+            "(bound): the most a layout can reach")
 
 
 def plan(
@@ -376,9 +409,7 @@ def plan(
     fitting = [c for c in every_one if c.fits]
     dropped = [c for c in every_one if not c.fits]
     fitting.sort(key=lambda c: (c.time.total, c.memory_bytes))
-    compute = ("calibrated predictions (the profile's calibration block)" if hw.calibration
-               else "roofline lower bounds (every call at peak rate or bandwidth)")
-    notes = (f"step times: compute from {compute}, plus communication at the links' alpha-beta "
+    notes = (f"step times: compute from {compute_note(hw)}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
              decoder_note(stored, mixed, sequence_parallel, loss_parallel) if decoder else

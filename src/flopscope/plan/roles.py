@@ -40,7 +40,7 @@ from flopscope.distributed.repeat import (
 from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
-from flopscope.plan.degrees import Degrees, Dims, clear_degrees, dims_of
+from flopscope.plan.degrees import Degrees, Dims, clear_degrees, dims_of, hardware_key
 from flopscope.plan.layers import (
     UNIT_SMALL,
     UNITS,
@@ -119,7 +119,7 @@ class RoleRun:
         key: the role.
         report: the rank's count (its records and collectives).
         memory: the rank's tensors over the simulated step (no optimizer state).
-        estimate: the roofline estimate of its calls (a lower bound on time).
+        estimate: its calls' roofline bound (and prediction where the profile has a calibration).
         parameter_bytes: the rank's own parameter shards.
         seconds: how long the simulation took here (0 for a screened estimate).
         microbatches: the microbatches the figures are for (0: ``key.microbatches``); below
@@ -166,7 +166,7 @@ def remember(identity: Hashable, hardware: Hardware, run: RoleRun) -> None:
         hardware: the profile its estimate is for.
         run: the simulated role.
     """
-    _CACHE[(identity, hardware.name, run.key)] = run
+    _CACHE[(identity, hardware_key(hardware), run.key)] = run
 
 
 class Roles:
@@ -207,7 +207,8 @@ class Roles:
         self._alike: bool | None = None if repeat_layers else False
         self._layers: tuple[str, int] = ("", 0)
         self._microbatches = repeat_microbatches
-        self._degrees = Degrees(identity, hardware.name) if repeat_degrees else None
+        self._degrees = Degrees(identity, hardware_key(hardware)) if repeat_degrees else None
+        self._records = repeat_degrees and hardware.calibration is not None  # degrees.derive
         self.from_small = 0
         self.from_microbatches = 0
         self.simulations = 0
@@ -238,7 +239,7 @@ class Roles:
             Its :class:`RoleRun`.
         """
         self._used.add(key)
-        full = (self._identity, self._hardware.name, key)
+        full = (self._identity, hardware_key(self._hardware), key)
         found = _CACHE.get(full)
         if found is None:
             found = _CACHE[full] = (self._more_microbatches(key) if key.peak_microbatches
@@ -403,8 +404,7 @@ class Roles:
                               microbatches=key.microbatches if key.pp > 1 else None,
                               loss=key.loss,
                               prepare=prepare, observers=[tracker, log, actions], warn=False)
-        model = kept[0]
-        params = [p for p in model.parameters()]
+        params = list(kept[0].parameters())
         memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
                                                         if p.grad is not None]})
         points: list[Point] = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
@@ -426,7 +426,7 @@ class Roles:
                                          rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes,
-                     log.records if calls else [])
+                     log.records if calls or self._records else [])
 
 
 def layout_of(key: RoleKey) -> Layout:

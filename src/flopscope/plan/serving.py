@@ -44,6 +44,7 @@ from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
 from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
+from flopscope.plan.degrees import hardware_key
 from flopscope.plan.roles import local_tensor
 from flopscope.report.records import CommRecord
 
@@ -302,7 +303,7 @@ class ServeRoles:
             Its :class:`ServeRun`.
         """
         self._used.add((tp, batch))
-        key = (self._identity, self._hardware.name, tp, batch, self._prompt, self._new_tokens)
+        key = (self._identity, hardware_key(self._hardware), tp, batch, self._prompt, self._new_tokens)
         found = _CACHE.get(key)
         if found is None:
             found = _CACHE[key] = simulate_serving(self._build, tp, batch, self._prompt,
@@ -325,4 +326,4 @@ def remember(identity: Hashable, hardware: Hardware, run: ServeRun) -> None:
         hardware: the profile its estimates are for.
         run: the simulated role.
     """
-    _CACHE[(identity, hardware.name, run.tp, run.batch, run.prompt, run.new_tokens)] = run
+    _CACHE[(identity, hardware_key(hardware), run.tp, run.batch, run.prompt, run.new_tokens)] = run

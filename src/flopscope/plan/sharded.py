@@ -26,6 +26,7 @@ from torch import nn
 from flopscope.distributed.shape_only import fake_tree, shape_only_rank
 from flopscope.distributed.simulate import count_rank, fake_world
 from flopscope.estimate import CallLog, Hardware, MemoryTracker
+from flopscope.plan.degrees import hardware_key
 from flopscope.plan.roles import Build, RoleKey, RoleRun, local_tensor
 from flopscope.plan.space import Choice
 
@@ -142,7 +143,7 @@ class OneRole(Generic[V]):
         """
         variant, key, world = self.role(choice)
         self._used.add((variant, key))
-        full = (self._identity, self._hardware.name, variant, key)
+        full = (self._identity, hardware_key(self._hardware), variant, key)
         found = self.cache.get(full)
         if found is None:
             found = self.cache[full] = simulate_sharded(
@@ -161,7 +162,7 @@ class OneRole(Generic[V]):
             variant: the role's variant.
             run: the simulated role.
         """
-        cls.cache[(identity, hardware.name, variant, run.key)] = run
+        cls.cache[(identity, hardware_key(hardware), variant, run.key)] = run
 
 
 def _tensors(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[torch.Tensor]:

@@ -3,10 +3,13 @@
 
 Parts (seconds per step, on the layout's slowest stage):
 
-- **compute**: the rank's counted calls, forward and backward: the calibrated **prediction**
-  when the hardware profile has a calibration block (``flopscope calibrate``), else the
-  roofline **lower bound** (every call at the hardware's peak FLOP rate or memory bandwidth,
-  whichever binds); :attr:`StepTime.compute` says which;
+- **compute**: the rank's counted calls, forward and backward: the **prediction** when the
+  hardware profile has a calibration block (``flopscope calibrate``'s, or a shipped GPU's
+  reference calibration), else the roofline **lower bound** (every call at the hardware's peak
+  FLOP rate or memory bandwidth, whichever binds); :attr:`StepTime.compute` says which. On a
+  GPU calibration a phase takes the longer of its calls' host and device times (the host
+  issues kernels while the device runs earlier ones), on a CPU their sum (one timeline);
+  ``step_time(..., bound=True)`` takes the bound whatever the profile (shown beside);
 - **recompute**: the forward work activation checkpointing runs again in backward (its phase);
 - **communication**: every collective timed and sorted by the overlap rules of
   :mod:`flopscope.estimate.comm_time` (the one model; the planner and a simulated rank's
@@ -136,16 +139,22 @@ class _Stage:
         return self.comm.overlapped_first + self.comm.overlapped_rest
 
 
-def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
+def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool) -> _Stage:
     estimate = run.estimate
     phases = estimate.by_phase
-    predicted = estimate.calibrated
+    predicted = estimate.calibrated and not bound
+    cal = estimate.hardware.calibration
+    gpu = cal is not None and cal.device.startswith("cuda")
 
     def phase(name: str) -> float:
         row = phases.get(name)
         if row is None:
             return 0.0
-        return row.predicted_s if predicted else row.time_s
+        if not predicted:
+            return row.time_s
+        # a GPU's host issues kernels while the device runs earlier ones: the phase takes
+        # the longer of the two (a CPU's are one timeline: their sum)
+        return max(row.host_s, row.predicted_s - row.host_s) if gpu else row.predicted_s
 
     # sequence parallelism's all-gathers and reduce-scatters (over the tensor-parallel group)
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
@@ -153,9 +162,8 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
     records = run.report.communication
     comm = comm_time(records, links, tp=choice.tp, dp=choice.dp, gpus=choice.gpus, scale=scale,
                      ddp=choice.data_parallel == "ddp")
-    cal = estimate.hardware.calibration
     hooks = 0.0
-    if predicted and cal is not None and not cal.device.startswith("cuda"):
+    if predicted and cal is not None and not gpu:
         hooks = cal.fsdp_collective_s * scale * sum(
             r.calls for r in records if r.kind in OVERLAPPED_KINDS and r.group != "tp")
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
@@ -163,7 +171,8 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float) -> _Stage:
                   recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm, hooks=hooks)
 
 
-def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime:
+def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
+              bound: bool = False) -> StepTime:
     """The step time of ``choice`` from its roles (one run, or one per pipeline stage).
 
     A role's run covers ``runs[i].microbatches`` (else ``key.microbatches``) microbatches; its
@@ -177,12 +186,14 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
         runs: the roles, in stage order.
         choice: the layout.
         links: the collectives' links.
+        bound: the compute at the roofline bound even where the profile has a calibration
+            (the step's bound-based time, shown beside the prediction).
 
     Returns:
         The :class:`StepTime`.
     """
-    stages = [_stage(r, choice, links, choice.microbatches / (r.microbatches or r.key.microbatches))
-              for r in runs]
+    stages = [_stage(r, choice, links, choice.microbatches / (r.microbatches or r.key.microbatches),
+                     bound) for r in runs]
     if len(stages) == 1:
         span = stages[0].busy
         slow = stages[0]
@@ -199,7 +210,7 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links) -> StepTime
     hidden = max(s.fsdp for s in stages) - exposed
     p2p = max(s.comm.p2p for s in stages)
     total = span + exposed + p2p
-    kind = "prediction" if all(r.estimate.calibrated for r in runs) else "bound"
+    kind = "prediction" if not bound and all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
                     max(0.0, hidden), p2p, span - slow.busy, total, ep_comm=slow.ep_comm,
                     compute=kind, fsdp_hooks=slow.hooks)

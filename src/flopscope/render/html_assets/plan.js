@@ -5,7 +5,7 @@
   var PART_COLOURS = { forward: "#3b7dd8", backward: "#5aa469", recompute: "#b36bc2", tp_comm: "#e8743b",
     fsdp_comm: "#d4a017", p2p: "#c0392b", bubble: "#a8b0bd" };
   var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "param_dtype", "reduce_dtype", "precision", "memory_budget",
-    "model_flops_per_step", "time_model", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
+    "model_flops_per_step", "time_model", "prediction", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
     "mode", "unit", "max_new_tokens", "best_throughput", "best_latency"];
   function planParts(data, layouts) {  // the parts a step's time is made of, named as the table names them
     var names = (data.explain && data.explain.part_names) || {}, keys = Object.keys(names);
@@ -23,18 +23,22 @@
     var ranked = data.ranked || [], dropped = data.dropped || [], all = ranked.concat(dropped);
     var unit = data.unit || "tokens";
     var parts = planParts(data, all), pareto = data.pareto || [], best = ranked[0] || null;
-    var bound = data.time_model || "a model of the step";
+    var bound = data.time_model || "a model of the step", pred = data.prediction || null;
     append(root, [el("h1", { id: "subject", text: "flopscope plan: " + data.source }),
       el("p", { cls: "sub", text: "training on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), global batch " +
         (unit === "tokens" ? data.global_batch + " x " + data.seq_len + " tokens" : data.global_batch + " " + unit) + ", " + (data.precision || data.dtype) +
         ", budget " + bytes(data.memory_budget) + " per device" })]);
+    if (pred) append(root, el("p", { cls: "hint", id: "plan-prediction", text: "Step times predicted (" + pred.source + ")" +
+      (pred.error_bars && pred.error_bars.total !== undefined ? ", +-" + (100 * pred.error_bars.total).toFixed(0) + "% (90th percentile over its validation's models)" : ", no error bar") +
+      "; beside them the roofline bound's step and MFU (bound): the most a layout can reach." }));
     var cards = [card("layouts", String(all.length), "layouts", all.length, ranked.length + " fit, " + dropped.length + " dropped")];
     if (best) cards.push(card("best layout", best.layout, "best", best.layout, "fastest that fits"),
       card("step time (" + bound + ")", secs(best.time_s.total), "step", best.time_s.total, "of " + best.layout),
       card("MFU", (100 * best.mfu).toFixed(1) + "%", "mfu", best.mfu, human(data.model_flops_per_step, "FLOP") + " of model work per step"),
+      pred && best.mfu_bound !== undefined ? card("MFU (bound)", (100 * best.mfu_bound).toFixed(1) + "%", "mfu-bound", best.mfu_bound, "at the roofline bound's step, " + secs(best.bound_time_s.total)) : null,
       card(unit + "/s per GPU", human(best.tokens_per_s_per_gpu), "tokens", best.tokens_per_s_per_gpu, ""),
       card("peak memory per GPU", bytes(best.memory_bytes), "memory", best.memory_bytes, "budget " + bytes(data.memory_budget)));
-    append(root, el("div", { cls: "cards" }, cards));
+    append(root, el("div", { cls: "cards" }, cards.filter(Boolean)));
     if (!best) append(root, el("p", { cls: "warn", id: "plan-none", text: "No layout fits the memory budget: see the dropped layouts below." }));
     var detail = el("section", { id: "breakdown" });
     function select(c) { drawBreakdown(detail, data, c, best, parts); chart.mark(c); }
@@ -49,6 +53,7 @@
       var r = { rank: i + 1, layout: c.layout + (c.screened ? " ~" : ""), tp: c.tp, pp: c.pp, dp: c.dp, ep: c.ep, data_parallel: c.data_parallel,
         micro_batch: c.micro_batch, microbatches: c.microbatches,
         checkpoint: c.checkpoint, memory: c.memory_bytes, step: c.time_s.total, tokens: c.tokens_per_s_per_gpu, mfu: c.mfu,
+        step_bound: c.bound_time_s ? c.bound_time_s.total : null, mfu_bound: c.mfu_bound,
         pareto: pareto.indexOf(c.layout) >= 0 ? "yes" : "", _cls: i === 0 ? "best" : "" };
       parts.forEach(function (p) { r["part_" + p.key] = partOf(c, p.key); });
       r._c = c;
@@ -61,7 +66,8 @@
         ranked.some(function (c) { return c.data_parallel !== undefined; }) ? [{ key: "data_parallel", label: "data parallel", num: false }] : [], [
       { key: "checkpoint", label: "checkpointing", num: false }, { key: "memory", label: "peak/GPU", num: true, fmt: bytes },
       { key: "step", label: "step", num: true, fmt: secs, title: bound }, { key: "tokens", label: unit + "/s/GPU", num: true, fmt: function (v) { return human(v); } },
-      { key: "mfu", label: "MFU", num: true, fmt: share }]).concat(parts.map(function (p) {
+      { key: "mfu", label: "MFU", num: true, fmt: share }], pred ? [{ key: "step_bound", label: "step (bound)", num: true, fmt: secs, title: "compute at the roofline bound" },
+      { key: "mfu_bound", label: "MFU (bound)", num: true, fmt: share, title: "the most the layout can reach" }] : []).concat(parts.map(function (p) {
         return { key: "part_" + p.key, label: p.label, num: true, fmt: secs };
       }), [{ key: "pareto", label: "Pareto", num: false }]);
     table(rt, "ranked", cols, rows, { onRow: function (r) { select(r._c); } });
