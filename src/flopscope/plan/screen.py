@@ -7,12 +7,14 @@ pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-l
 through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
 as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
 together from references shared by every depth and stage of a tensor-parallel degree,
-micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 16
+micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 23
 layer passes): two-stage pipelines of one layer per stage (first and last stage,
 :data:`PIPELINE_MICROBATCHES` ``= M`` microbatches, the last stage with one more too, the first
-stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``). (Until this round a
-stage's time and collectives came from a second pair of runs, the model cut to 3 and 4 layers
-without stages: 7 more layer passes, and a figure further from the pipeline's.)
+stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``), and the middle stage of a
+three-stage pipeline of one layer per stage at ``M`` and ``M + 1`` microbatches (``M1``,
+``M2``: a middle stage's peak). (Until an earlier round a stage's time and collectives came
+from a second pair of runs, the model cut to 3 and 4 layers without stages: a figure further
+from the pipeline's.)
 
 - **time** per phase (:meth:`~flopscope.plan.reference.Reference.stage_row`): a layer's
   ``F2 - F1``, its work per microbatch (``m / M``) and FSDP2's own operators
@@ -25,11 +27,13 @@ without stages: 7 more layer passes, and a figure further from the pipeline's.)
   a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
   hidden states sent and received, one each way per microbatch and stage boundary (the size
   the reference pipeline sent);
-- **peak memory**: the first (and a middle) stage from the reference pipeline's first stage
-  (two microbatches in flight), plus what a layer adds there (its two-layer run less its
-  one-layer run) per further layer, plus each further microbatch 1F1B keeps in flight
-  (``min(pp - stage, microbatches)``: ``k`` layers' saved activations, what a stage computes
-  before its layers, the embedding's output on the first); the last stage from the reference
+- **peak memory**: the first stage from the reference pipeline's first stage (two
+  microbatches in flight), plus what a layer adds there (its two-layer run less its one-layer
+  run) per further layer, plus each further microbatch 1F1B keeps in flight
+  (``min(pp, microbatches)``: ``k`` layers' saved activations and what the stage computes
+  before its layers, the embedding's output); a middle stage from ``M1`` at its peak, its
+  further layers and microbatches in flight, and per further microbatch of the step ``M2 -
+  M1`` at the peak (:mod:`flopscope.plan.stage_memory`); the last stage from the reference
   pipeline's last stage at one and one more microbatch, each call point carried to the step's
   microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
@@ -317,9 +321,10 @@ class Screen:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            first, last, last_more, first_two, middle = self._pipeline(rk, dp)
+            first, last, last_more, first_two, middle, middle_more = self._pipeline(rk, dp)
             ref = Reference(self._prefix, self._share, dp, first=first, last=last,
-                            last_more=last_more, first_two=first_two, middle=middle)
+                            last_more=last_more, first_two=first_two, middle=middle,
+                            middle_more=middle_more)
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -360,7 +365,7 @@ class Screen:
 
         Returns:
             (first stage, last stage, last with one microbatch more, first with two layers,
-            the middle stage of three).
+            the middle stage of three, the middle stage with one microbatch more).
         """
         try:
             return self._pipeline(rk, dp)
@@ -370,7 +375,7 @@ class Screen:
     def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
         """A reference's pipeline runs at FSDP2 degree ``dp`` (first stage, last stage, last
         with one microbatch more, first with two layers, of two stages; the middle stage of
-        three): simulated, or above
+        three, and with one microbatch more): simulated, or above
         :data:`CARRY_FROM`'s micro-batches carried along the line through them
         (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
         screening reads of them) unless they are not the same calls."""
@@ -396,10 +401,13 @@ class Screen:
             last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
                                                                microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
-            # a middle stage: of three stages, two microbatches in flight as the first's
-            middle = self._small(dataclasses.replace(two_stages, pp=3, stage=1, microbatches=mb),
-                                 1, calls)
-            pipe = (first, last, last_more, first_two, middle)
+            # a middle stage: of three stages, two microbatches in flight as the first's; at one
+            # microbatch more for what each microbatch of the step adds (torch's receive
+            # buffers, allocated differently from one version to the next)
+            middle, middle_more = (self._small(dataclasses.replace(two_stages, pp=3, stage=1,
+                                                                   microbatches=m), 1, calls)
+                                   for m in (mb, mb + 1))
+            pipe = (first, last, last_more, first_two, middle, middle_more)
         return pipe
 
     def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:
