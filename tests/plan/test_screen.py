@@ -139,8 +139,10 @@ def test_a_middle_stage_is_what_it_holds(both: Any) -> None:
     # first stage's peak (with the embedding's gradient) and left out the received hidden
     # states: -8.1%, -5.1%, -10.1% and -2.4% (the gradients' 262,144 bytes of embedding in, the
     # 2 x 131,072 bytes received per microbatch of the step out)
-    # What each microbatch of the step adds is measured (the middle reference at M + 1
-    # microbatches less at M), not assumed: torch <= 2.14's PipelineStage allocates every
+    # What each microbatch of the step adds is measured (the middle stage of three at M + 1
+    # microbatches less at M, at micro-batch 1 without checkpointing at the sharded FSDP2
+    # degree 2, times the micro-batch: Screen.per_step; here it serves micro-batch 2, block
+    # checkpointing and FSDP2 degree 1 too), not assumed: torch <= 2.14's PipelineStage allocates every
     # microbatch's receive buffers at the step's start (2 x 131,072 bytes of activations and
     # 2,048 of token ids per microbatch), 2.15's just before each receive (the token ids only);
     # when the slope was 2.14's on every torch, 2.15 gave +2.4%, -2.8% and +4.4% here
@@ -180,9 +182,10 @@ def test_a_stage_shaped_as_its_reference_run_is_that_run(both: Any) -> None:
     key = roles_of(choice, 8, None, False, True)[0]
     rk, m = reference_key(key, 4), PIPELINE_MICROBATCHES
     runs = screen.pipeline(rk, key.dp)
-    ref = Reference(roles.decoder_layers()[0], 0.0, key.dp, None, None, *runs)
+    ref = Reference(roles.decoder_layers()[0], 0.0, key.dp, None, None, *runs,
+                    per_step=screen.per_step(rk))
     two = dataclasses.replace(rk, pp=2, dp=key.dp, microbatches=m)
-    first, last, last_more, first_two, middle, middle_more = runs
+    first, last, last_more, first_two, middle = runs
     for stage, microbatches, layers, run in ((0, m, 2, first), (0, m, 4, first_two),
                                              (1, m, 2, last), (1, m + 1, 2, last_more)):
         got = screened(dataclasses.replace(two, stage=stage, microbatches=microbatches), ref,
@@ -195,21 +198,20 @@ def test_a_stage_shaped_as_its_reference_run_is_that_run(both: Any) -> None:
             assert g.time_s == pytest.approx(row.time_s, rel=1e-9), (stage, layers, phase)
         assert _totals(got.report.communication) == _totals(run.report.communication)
         assert got.parameter_bytes == run.parameter_bytes
-    # a middle stage of the middle references' shapes (stage 1 of 3, 1 layer, M and M + 1
-    # microbatches: k - 1 = 0 more layers, 1 x 2 - 2 = 0 more layers' activations in flight,
-    # 2 - 2 = 0 more microbatches in flight, 0 or 1 x (M2 - M1) more for the step) is that run's
-    # peak, to the byte
-    for microbatches, run in ((m, middle), (m + 1, middle_more)):
-        got = screened(dataclasses.replace(two, pp=3, stage=1, microbatches=microbatches), ref,
-                       3)
-        assert got.memory.peak_bytes == run.memory.peak_bytes, microbatches
-        assert got.memory.at_peak == {**run.memory.at_peak, "parameters": run.parameter_bytes}
-    # the slope is measured, so it is torch's whichever torch runs: each microbatch of the
-    # step adds its token ids (256 x 8 bytes), and the receive buffers only where torch
-    # allocates them at the step's start (2 x 256 x 256 bfloat16 up to 2.14)
-    kept, per_step = ref.received()
+    # a middle stage of the middle reference's shape (stage 1 of 3, 1 layer, M microbatches:
+    # k - 1 = 0 more layers, 1 x 2 - 2 = 0 more layers' activations in flight, 2 - 2 = 0 more
+    # microbatches in flight, M - M = 0 more microbatches) is its peak, to the byte
+    got = screened(dataclasses.replace(two, pp=3, stage=1), ref, 3)
+    assert got.memory.peak_bytes == middle.memory.peak_bytes
+    assert got.memory.at_peak == {**middle.memory.at_peak, "parameters": middle.parameter_bytes}
+    # what a microbatch of the step adds is measured (the middle stage at M + 1 microbatches
+    # less at M, this reference's own middle run), so it is torch's whichever
+    # torch runs: its token ids (256 x 8 bytes), and the receive buffers only where torch
+    # allocates them at the step's start (2 x 256 x 256 bfloat16 up to 2.14, none on 2.15)
+    _, per_step = ref.received()
     assert per_step["inputs"] == 256 * 8
     assert per_step["activations"] in (0, 2 * 256 * 256 * 2)
+    assert list(screen.slopes) == [dataclasses.replace(rk, micro_batch=1)]
     # no run without stages was made for the pipeline: its reference is the pipeline's 5 runs
     assert screen.references == 1
 

@@ -97,7 +97,7 @@ def test_whole_parameters_and_a_derived_stage() -> None:
     screen = Screen(roles, build, GPUS)
     rk = RoleKey(1, 1, 0, GPUS, 1, 1, "none", mixed_precision=MIXED, loss="cross_entropy")
     screen.pipeline(rk, 1)
-    first, _, _, first_two, *_ = screen.pipeline(dataclasses.replace(rk, micro_batch=2), 1)
+    first, _, _, first_two, _ = screen.pipeline(dataclasses.replace(rk, micro_batch=2), 1)
     assert screen.derived == [dataclasses.replace(rk, micro_batch=2)]
     assert first_two.parameter_bytes - first.parameter_bytes == 2_361_344
     # the sharded pipeline's (degree 8 / 2 = 4): a quarter

@@ -6,8 +6,9 @@ layers (:data:`REFERENCE_LAYERS`). A pipeline stage is screened from two-stage p
 tensor-parallel degree, micro-batch, checkpointing and precision, one layer per stage (the
 first and the last stage at :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
 more too, the first stage with two layers per stage too), and the middle stage of a three-stage
-pipeline of one layer per stage at :data:`PIPELINE_MICROBATCHES` and one more (what a middle stage
-holds, for its peak memory, and what each microbatch of the step adds to it): what a layer adds to a stage per step is the first stage of two layers less
+pipeline of one layer per stage at :data:`PIPELINE_MICROBATCHES` (what a middle stage holds, for
+its peak memory; what each microbatch of the step adds to it is measured once per
+tensor-parallel degree and precision: :class:`flopscope.plan.screen.Screen`): what a layer adds to a stage per step is the first stage of two layers less
 that of one, what the stage outside its layers does is the rest, and what a microbatch adds is
 the last stage at one microbatch more less the last stage (:meth:`Reference.stage_rows`,
 :meth:`Reference.parameters`, :meth:`Reference.activations`, :meth:`Reference.received`; the
@@ -128,8 +129,8 @@ class Reference:
         middle: the middle stage of a three-stage pipeline of one layer per stage at
             :data:`PIPELINE_MICROBATCHES` microbatches (two in flight, as ``first``): what a
             middle stage holds (no embedding, its received hidden states and gradients).
-        middle_more: that middle stage at one microbatch more (what each microbatch of the
-            step adds at its peak: :meth:`received`).
+        per_step: what each microbatch of the step adds to a middle stage at its peak, by
+            category (:meth:`received`; measured by :class:`flopscope.plan.screen.Screen`).
     """
 
     layers: str
@@ -142,7 +143,7 @@ class Reference:
     last_more: Small | None = None
     first_two: Small | None = None
     middle: Small | None = None
-    middle_more: Small | None = None
+    per_step: Mapping[str, int] | None = None
 
     def base(self) -> Small:
         """A run the screened role's hardware and report come from."""
@@ -164,28 +165,25 @@ class Reference:
             raise ValueError("a middle stage's reference needs its middle-stage run")
         return self.middle
 
-    def received(self) -> tuple[int, dict[str, int]]:
+    def received(self) -> tuple[int, Mapping[str, int]]:
         """What the middle stage (:attr:`middle`) holds outside its layers: (per microbatch in
         flight: the hidden state it received, kept for its backward, the rotary tables and
-        position ids it computed; per microbatch of the step, by category: what one
-        microbatch more adds at the peak, :attr:`middle_more`'s peak less :attr:`middle`'s,
-        both with two microbatches in flight). The second is measured, not assumed, because
-        torch's ``PipelineStage`` allocates its receive buffers differently from version to
-        version: up to 2.14 every microbatch's receive buffers (its hidden state and its
-        gradient) at the step's start, so each microbatch of the step adds two hidden states
-        and its token ids; from 2.15 each just before its receive, taken by the microbatch's
-        computation, so only the token ids. The first is the activations after the first
-        microbatch's forward less one layer's (:meth:`activations`) and the
-        :data:`PIPELINE_MICROBATCHES` microbatches' share of the second's activations."""
+        position ids it computed; per microbatch of the step, by category: :attr:`per_step`).
+        The second is measured, not assumed, because torch's ``PipelineStage`` allocates its
+        receive buffers differently from version to version: up to 2.14 every microbatch's
+        receive buffers (its hidden state and its gradient) at the step's start, so each
+        microbatch of the step adds two hidden states and its token ids; from 2.15 each just
+        before its receive, taken by the microbatch's computation, so only the token ids. The
+        first is the activations after the first microbatch's forward less one layer's
+        (:meth:`activations`) and the :data:`PIPELINE_MICROBATCHES` microbatches' share of the
+        second's activations."""
         mid = self.middle_run()
-        if self.middle_more is None:
-            raise ValueError("a middle stage's reference needs its run at one microbatch more")
-        at, more = mid.memory.at_peak, self.middle_more.memory.at_peak
-        per_step = {c: more.get(c, 0) - at.get(c, 0) for c in {*at, *more}}
+        if self.per_step is None:
+            raise ValueError("a middle stage's reference needs what a microbatch adds")
         kept = (_after_first_forward(mid.points, self.layers)
-                - PIPELINE_MICROBATCHES * per_step.get("activations", 0)
+                - PIPELINE_MICROBATCHES * self.per_step.get("activations", 0)
                 - self.activations()[0])
-        return kept, per_step
+        return kept, self.per_step
 
     def pair(self) -> tuple[Small, Small]:
         """The runs without stages at :data:`REFERENCE_LAYERS`."""

@@ -7,12 +7,15 @@ pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-l
 through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
 as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
 together from references shared by every depth and stage of a tensor-parallel degree,
-micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 23
+micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 19
 layer passes): two-stage pipelines of one layer per stage (first and last stage,
 :data:`PIPELINE_MICROBATCHES` ``= M`` microbatches, the last stage with one more too, the first
 stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``), and the middle stage of a
-three-stage pipeline of one layer per stage at ``M`` and ``M + 1`` microbatches (``M1``,
-``M2``: a middle stage's peak). (Until an earlier round a stage's time and collectives came
+three-stage pipeline of one layer per stage at ``M`` microbatches (``M1``: a middle stage's
+peak); what each microbatch of the step adds to a middle stage, once per tensor-parallel
+degree and precision, from the same middle stage at micro-batch 1 at ``M`` and ``M + 1``
+microbatches (:meth:`Screen.per_step`). (Until an earlier round a stage's time and
+collectives came
 from a second pair of runs, the model cut to 3 and 4 layers without stages: a figure further
 from the pipeline's.)
 
@@ -32,8 +35,9 @@ from the pipeline's.)
   run) per further layer, plus each further microbatch 1F1B keeps in flight
   (``min(pp, microbatches)``: ``k`` layers' saved activations and what the stage computes
   before its layers, the embedding's output); a middle stage from ``M1`` at its peak, its
-  further layers and microbatches in flight, and per further microbatch of the step ``M2 -
-  M1`` at the peak (:mod:`flopscope.plan.stage_memory`); the last stage from the reference
+  further layers and microbatches in flight, and per further microbatch of the step what one
+  adds at the peak (measured: :meth:`Screen.per_step`; :mod:`flopscope.plan.stage_memory`);
+  the last stage from the reference
   pipeline's last stage at one and one more microbatch, each call point carried to the step's
   microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
@@ -255,6 +259,9 @@ class Screen:
             at the plan's sharded degree (:mod:`flopscope.plan.whole`) where it can be;
             ``False``: simulated.
         derived: the references whose pipeline at degree 1 was derived so.
+        slopes: what a microbatch of the step adds to a middle stage at its peak, per family
+            at micro-batch 1 (:meth:`per_step`; one run each, not counted in
+            :attr:`references`).
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -267,6 +274,7 @@ class Screen:
         self.derive_whole = True
         self.derived: list[RoleKey] = []
         self._bases: dict[RoleKey, tuple[Base, ...]] = {}
+        self.slopes: dict[RoleKey, dict[str, int]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -321,10 +329,11 @@ class Screen:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            first, last, last_more, first_two, middle, middle_more = self._pipeline(rk, dp)
+            first, last, last_more, first_two, middle = self._pipeline(rk, dp)
             ref = Reference(self._prefix, self._share, dp, first=first, last=last,
                             last_more=last_more, first_two=first_two, middle=middle,
-                            middle_more=middle_more)
+                            per_step=(self.per_step(rk) if 0 < key.stage < key.pp - 1
+                                      else None))
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -365,7 +374,7 @@ class Screen:
 
         Returns:
             (first stage, last stage, last with one microbatch more, first with two layers,
-            the middle stage of three, the middle stage with one microbatch more).
+            the middle stage of three).
         """
         try:
             return self._pipeline(rk, dp)
@@ -375,7 +384,7 @@ class Screen:
     def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
         """A reference's pipeline runs at FSDP2 degree ``dp`` (first stage, last stage, last
         with one microbatch more, first with two layers, of two stages; the middle stage of
-        three, and with one microbatch more): simulated, or above
+        three): simulated, or above
         :data:`CARRY_FROM`'s micro-batches carried along the line through them
         (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
         screening reads of them) unless they are not the same calls."""
@@ -401,14 +410,45 @@ class Screen:
             last, last_more = (self._small(dataclasses.replace(two_stages, stage=1,
                                                                microbatches=m), 1, calls)
                                for m in (mb, mb + 1))
-            # a middle stage: of three stages, two microbatches in flight as the first's; at one
-            # microbatch more for what each microbatch of the step adds (torch's receive
-            # buffers, allocated differently from one version to the next)
-            middle, middle_more = (self._small(dataclasses.replace(two_stages, pp=3, stage=1,
-                                                                   microbatches=m), 1, calls)
-                                   for m in (mb, mb + 1))
-            pipe = (first, last, last_more, first_two, middle, middle_more)
+            # a middle stage: of three stages, two microbatches in flight as the first's
+            middle = self._small(dataclasses.replace(two_stages, pp=3, stage=1, microbatches=mb),
+                                 1, calls)
+            pipe = (first, last, last_more, first_two, middle)
         return pipe
+
+    def per_step(self, rk: RoleKey) -> dict[str, int]:
+        """What each microbatch of the step adds to a middle stage at its peak, by category,
+        for reference ``rk``: measured once per tensor-parallel degree, precision and loss
+        (:attr:`slopes`), as the middle stage of three stages of one layer at micro-batch 1,
+        without checkpointing, at the plan's sharded FSDP2 degree, at
+        :data:`PIPELINE_MICROBATCHES` ``+ 1`` microbatches less at ``M`` (the second is the
+        reference's own middle run where the plan has it), times ``rk``'s micro-batch. What
+        a microbatch of the step leaves live to the step's end is its input chunk and, where
+        torch allocates them at the step's start (up to 2.14), its receive buffers: tensors
+        of the microbatch's own samples, so proportional to the micro-batch and the same with
+        any checkpointing or FSDP2 degree (checked exact on the test model's middle stages at
+        micro-batch 1 and 2, checkpointing none and per block, FSDP2 degree 1, on torch 2.14
+        and 2.15: ``tests/plan/test_screen.py``); one run of 4 layer passes per family instead
+        of one per reference.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+
+        Returns:
+            Bytes per category.
+        """
+        family = dataclasses.replace(rk, micro_batch=1, checkpoint="none")
+        unit = self.slopes.get(family)
+        if unit is None:
+            dp, mb = max(1, self._gpus // (2 * rk.tp)), PIPELINE_MICROBATCHES
+            middle = dataclasses.replace(family, pp=3, stage=1, dp=dp)
+            have = self._pipes.get((family, dp))
+            at = (have[4] if have is not None
+                  else self._small(dataclasses.replace(middle, microbatches=mb), 1))
+            more = self._small(dataclasses.replace(middle, microbatches=mb + 1), 1)
+            a, b = at.memory.at_peak, more.memory.at_peak
+            unit = self.slopes[family] = {c: b.get(c, 0) - a.get(c, 0) for c in {*a, *b}}
+        return {c: v * rk.micro_batch for c, v in unit.items()}
 
     def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:
         """``rk``'s pipeline at FSDP2 degree 1 from the one at the plan's sharded degree

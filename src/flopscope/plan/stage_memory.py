@@ -1,6 +1,6 @@
 """A screened pipeline stage's peak memory from its reference (:class:`flopscope.plan.reference.
 Reference`): the first stage from the reference pipeline's first stage, a middle stage from the
-reference's middle stage (of three, at two microbatch counts), the last from its last stage carried to the step's
+reference's middle stage (of three), the last from its last stage carried to the step's
 microbatches, a stage without stages from the runs of 3 and 4 layers carried to its layers
 (see :mod:`flopscope.plan.screen`).
 """
@@ -83,9 +83,9 @@ def _middle_stage(ref: Reference, per_layer: Mapping[str, int], k: int, in_fligh
     its saved activations for every microbatch in flight; per further microbatch in flight,
     its ``k`` layers' saved activations and what the stage keeps outside them (the received
     hidden state, the rotary tables); per further microbatch of the step, what one more adds
-    at the reference's peak (its run at ``M + 1`` less its run at ``M``: torch's receive
-    buffers where it allocates them at the step's start, the microbatch's inputs;
-    :meth:`~flopscope.plan.reference.Reference.received`)."""
+    at a middle stage's peak (measured: torch's receive buffers where it allocates them at the
+    step's start, the microbatch's inputs; :meth:`~flopscope.plan.reference.Reference.
+    received`)."""
     kept, per_step = ref.received()
     at = dict(ref.middle_run().memory.at_peak)
     # the peak is at the start of a microbatch's backward (its stage's last layer): every
