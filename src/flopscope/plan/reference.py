@@ -129,8 +129,9 @@ class Reference:
         middle: the middle stage of a three-stage pipeline of one layer per stage at
             :data:`PIPELINE_MICROBATCHES` microbatches (two in flight, as ``first``): what a
             middle stage holds (no embedding, its received hidden states and gradients).
-        per_step: what each microbatch of the step adds to a middle stage at its peak, by
-            category (:meth:`received`; measured by :class:`flopscope.plan.screen.Screen`).
+        per_step: what each microbatch of the step adds to the stage screened (a middle
+            stage, or the first) at its peak, by category (:meth:`received`; measured by
+            :class:`flopscope.plan.screen.Screen`).
     """
 
     layers: str

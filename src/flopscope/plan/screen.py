@@ -259,9 +259,9 @@ class Screen:
             at the plan's sharded degree (:mod:`flopscope.plan.whole`) where it can be;
             ``False``: simulated.
         derived: the references whose pipeline at degree 1 was derived so.
-        slopes: what a microbatch of the step adds to a middle stage at its peak, per family
-            at micro-batch 1 (:meth:`per_step`; one run each, not counted in
-            :attr:`references`).
+        slopes: what a microbatch of the step adds to a middle stage (``False``) or the first
+            (``True``) at its peak, per family at micro-batch 1 (:meth:`per_step`; one run
+            each, not counted in :attr:`references`).
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -274,7 +274,7 @@ class Screen:
         self.derive_whole = True
         self.derived: list[RoleKey] = []
         self._bases: dict[RoleKey, tuple[Base, ...]] = {}
-        self.slopes: dict[RoleKey, dict[str, int]] = {}
+        self.slopes: dict[tuple[RoleKey, bool], dict[str, int]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -332,8 +332,8 @@ class Screen:
             first, last, last_more, first_two, middle = self._pipeline(rk, dp)
             ref = Reference(self._prefix, self._share, dp, first=first, last=last,
                             last_more=last_more, first_two=first_two, middle=middle,
-                            per_step=(self.per_step(rk) if 0 < key.stage < key.pp - 1
-                                      else None))
+                            per_step=(self.per_step(rk, key.stage == 0)
+                                      if key.stage < key.pp - 1 else None))
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -416,38 +416,41 @@ class Screen:
             pipe = (first, last, last_more, first_two, middle)
         return pipe
 
-    def per_step(self, rk: RoleKey) -> dict[str, int]:
-        """What each microbatch of the step adds to a middle stage at its peak, by category,
-        for reference ``rk``: measured once per tensor-parallel degree, precision and loss
-        (:attr:`slopes`), as the middle stage of three stages of one layer at micro-batch 1,
-        without checkpointing, at the plan's sharded FSDP2 degree, at
-        :data:`PIPELINE_MICROBATCHES` ``+ 1`` microbatches less at ``M`` (the second is the
-        reference's own middle run where the plan has it), times ``rk``'s micro-batch. What
+    def per_step(self, rk: RoleKey, first: bool = False) -> dict[str, int]:
+        """What each microbatch of the step adds to a middle (or the first) stage at its peak,
+        by category, for reference ``rk``: measured once per tensor-parallel degree, precision
+        and loss (:attr:`slopes`), as the middle stage of three stages of one layer (the first
+        of two) at micro-batch 1, without checkpointing, at the plan's sharded FSDP2 degree, at
+        :data:`PIPELINE_MICROBATCHES` ``+ 1`` microbatches less at ``M`` (the run at ``M`` is
+        the reference pipeline's own where the plan has it), times ``rk``'s micro-batch. What
         a microbatch of the step leaves live to the step's end is its input chunk and, where
         torch allocates them at the step's start (up to 2.14), its receive buffers: tensors
         of the microbatch's own samples, so proportional to the micro-batch and the same with
         any checkpointing or FSDP2 degree (checked exact on the test model's middle stages at
         micro-batch 1 and 2, checkpointing none and per block, FSDP2 degree 1, on torch 2.14
-        and 2.15: ``tests/plan/test_screen.py``); one run of 4 layer passes per family instead
-        of one per reference.
+        and 2.15: ``tests/plan/test_screen.py``); one run of 4 layer passes per family and
+        stage instead of one per reference.
 
         Args:
             rk: the reference (:func:`reference_key`).
+            first: the first stage's (else a middle stage's).
 
         Returns:
             Bytes per category.
         """
         family = dataclasses.replace(rk, micro_batch=1, checkpoint="none")
-        unit = self.slopes.get(family)
+        unit = self.slopes.get((family, first))
         if unit is None:
             dp, mb = max(1, self._gpus // (2 * rk.tp)), PIPELINE_MICROBATCHES
-            middle = dataclasses.replace(family, pp=3, stage=1, dp=dp)
+            stage = dataclasses.replace(family, pp=2 if first else 3, stage=0 if first else 1,
+                                        dp=dp)
             have = self._pipes.get((family, dp))
-            at = (have[4] if have is not None
-                  else self._small(dataclasses.replace(middle, microbatches=mb), 1))
-            more = self._small(dataclasses.replace(middle, microbatches=mb + 1), 1)
+            at = (have[0 if first else 4] if have is not None
+                  else self._small(dataclasses.replace(stage, microbatches=mb), 1))
+            more = self._small(dataclasses.replace(stage, microbatches=mb + 1), 1)
             a, b = at.memory.at_peak, more.memory.at_peak
-            unit = self.slopes[family] = {c: b.get(c, 0) - a.get(c, 0) for c in {*a, *b}}
+            unit = {c: b.get(c, 0) - a.get(c, 0) for c in {*a, *b}}
+            self.slopes[(family, first)] = unit
         return {c: v * rk.micro_batch for c, v in unit.items()}
 
     def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:

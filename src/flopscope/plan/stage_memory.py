@@ -147,6 +147,9 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
             in_flight = min(key.pp, m)
             at["activations"] = max(0, at.get("activations", 0)
                                     + (in_flight - 2) * (k * act_layer + act_embed + act_pre))
+            # per microbatch of the step more (or fewer) than F1's: what one adds at the peak,
+            # measured (torch <= 2.14's buffer for the gradient it receives, its token ids)
+            _add(at, ref.per_step or {}, m - PIPELINE_MICROBATCHES)
         else:
             peak, at = _middle_stage(ref, per_layer, k, min(key.pp - key.stage, m), m,
                                      act_layer)
