@@ -7,7 +7,8 @@ tensor-parallel degree, micro-batch, checkpointing and precision, one layer per 
 first and the last stage at :data:`PIPELINE_MICROBATCHES` microbatches, the last stage with one
 more too, the first stage with two layers per stage too), and the middle stage of a three-stage
 pipeline of one layer per stage at :data:`PIPELINE_MICROBATCHES` (what a middle stage holds, for
-its peak memory): what a layer adds to a stage per step is the first stage of two layers less
+its peak memory; what each microbatch of the step adds to it is measured once per
+tensor-parallel degree and precision: :class:`flopscope.plan.screen.Screen`): what a layer adds to a stage per step is the first stage of two layers less
 that of one, what the stage outside its layers does is the rest, and what a microbatch adds is
 the last stage at one microbatch more less the last stage (:meth:`Reference.stage_rows`,
 :meth:`Reference.parameters`, :meth:`Reference.activations`, :meth:`Reference.received`; the
@@ -128,6 +129,9 @@ class Reference:
         middle: the middle stage of a three-stage pipeline of one layer per stage at
             :data:`PIPELINE_MICROBATCHES` microbatches (two in flight, as ``first``): what a
             middle stage holds (no embedding, its received hidden states and gradients).
+        per_step: what each microbatch of the step adds to the stage screened (a middle
+            stage, or the first) at its peak, by category (:meth:`received`; measured by
+            :class:`flopscope.plan.screen.Screen`).
     """
 
     layers: str
@@ -140,6 +144,7 @@ class Reference:
     last_more: Small | None = None
     first_two: Small | None = None
     middle: Small | None = None
+    per_step: Mapping[str, int] | None = None
 
     def base(self) -> Small:
         """A run the screened role's hardware and report come from."""
@@ -161,23 +166,25 @@ class Reference:
             raise ValueError("a middle stage's reference needs its middle-stage run")
         return self.middle
 
-    def received(self) -> tuple[int, int, int]:
+    def received(self) -> tuple[int, Mapping[str, int]]:
         """What the middle stage (:attr:`middle`) holds outside its layers: (per microbatch in
         flight: the hidden state it received, kept for its backward, the rotary tables and
-        position ids it computed; per microbatch of the step: the buffers torch's pipeline
-        stage allocates at the step's start for every microbatch's received hidden state and
-        received gradient, and the microbatch's inputs). The first is the activations after
-        its first microbatch's forward less those buffers and one layer's
-        (:meth:`activations`); the buffers are the bytes received per microbatch, forward and
-        backward."""
+        position ids it computed; per microbatch of the step, by category: :attr:`per_step`).
+        The second is measured, not assumed, because torch's ``PipelineStage`` allocates its
+        receive buffers differently from version to version: up to 2.14 every microbatch's
+        receive buffers (its hidden state and its gradient) at the step's start, so each
+        microbatch of the step adds two hidden states and its token ids; from 2.15 each just
+        before its receive, taken by the microbatch's computation, so only the token ids. The
+        first is the activations after the first microbatch's forward less one layer's
+        (:meth:`activations`) and the :data:`PIPELINE_MICROBATCHES` microbatches' share of the
+        second's activations."""
         mid = self.middle_run()
-        recv = [r for r in mid.report.communication if r.kind == "recv"]
-        received = sum(sum(r.payload_bytes for r in recv if r.phase == phase)
-                       // max(1, sum(r.calls for r in recv if r.phase == phase))
-                       for phase in (Phase.FORWARD, Phase.BACKWARD))
+        if self.per_step is None:
+            raise ValueError("a middle stage's reference needs what a microbatch adds")
         kept = (_after_first_forward(mid.points, self.layers)
-                - PIPELINE_MICROBATCHES * received - self.activations()[0])
-        return kept, received, mid.memory.at_peak.get("inputs", 0) // PIPELINE_MICROBATCHES
+                - PIPELINE_MICROBATCHES * self.per_step.get("activations", 0)
+                - self.activations()[0])
+        return kept, self.per_step
 
     def pair(self) -> tuple[Small, Small]:
         """The runs without stages at :data:`REFERENCE_LAYERS`."""

@@ -7,12 +7,17 @@ pipeline depth and stage, micro-batch and checkpointing), each tens of decoder-l
 through DTensor, FSDP2 and the fake tensor mode. A screened plan simulates roles without stages
 as usual (they are few, and cheap from small layer counts), and puts every pipeline stage
 together from references shared by every depth and stage of a tensor-parallel degree,
-micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 16
+micro-batch, checkpointing and precision (:class:`~flopscope.plan.reference.Reference`, 19
 layer passes): two-stage pipelines of one layer per stage (first and last stage,
 :data:`PIPELINE_MICROBATCHES` ``= M`` microbatches, the last stage with one more too, the first
-stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``). (Until this round a
-stage's time and collectives came from a second pair of runs, the model cut to 3 and 4 layers
-without stages: 7 more layer passes, and a figure further from the pipeline's.)
+stage with two layers per stage too: ``F1``, ``L1``, ``L2``, ``F2``), and the middle stage of a
+three-stage pipeline of one layer per stage at ``M`` microbatches (``M1``: a middle stage's
+peak); what each microbatch of the step adds to a middle stage, once per tensor-parallel
+degree and precision, from the same middle stage at micro-batch 1 at ``M`` and ``M + 1``
+microbatches (:meth:`Screen.per_step`). (Until an earlier round a stage's time and
+collectives came
+from a second pair of runs, the model cut to 3 and 4 layers without stages: a figure further
+from the pipeline's.)
 
 - **time** per phase (:meth:`~flopscope.plan.reference.Reference.stage_row`): a layer's
   ``F2 - F1``, its work per microbatch (``m / M``) and FSDP2's own operators
@@ -20,16 +25,19 @@ without stages: 7 more layer passes, and a figure further from the pipeline's.)
   its layers ``F1 - (F2 - F1)`` (the embedding's work per microbatch, FSDP2's per step); the
   last stage's ``L1`` and ``L2`` on their line at ``m`` microbatches, with ``k - 1`` more
   layers; a middle stage's ``k`` layers;
-- **collectives** the same way (:func:`_stage_records`): the tensor-parallel ones per
+- **collectives** the same way (:func:`~flopscope.plan.stage_records.stage_records`): the tensor-parallel ones per
   microbatch, FSDP2's all-gathers one per microbatch and one more and its reduce-scatters once
   a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
   hidden states sent and received, one each way per microbatch and stage boundary (the size
   the reference pipeline sent);
-- **peak memory**: the first (and a middle) stage from the reference pipeline's first stage
-  (two microbatches in flight), plus what a layer adds there (its two-layer run less its
-  one-layer run) per further layer, plus each further microbatch 1F1B keeps in flight
-  (``min(pp - stage, microbatches)``: ``k`` layers' saved activations, what a stage computes
-  before its layers, the embedding's output on the first); the last stage from the reference
+- **peak memory**: the first stage from the reference pipeline's first stage (two
+  microbatches in flight), plus what a layer adds there (its two-layer run less its one-layer
+  run) per further layer, plus each further microbatch 1F1B keeps in flight
+  (``min(pp, microbatches)``: ``k`` layers' saved activations and what the stage computes
+  before its layers, the embedding's output); a middle stage from ``M1`` at its peak, its
+  further layers and microbatches in flight, and per further microbatch of the step what one
+  adds at the peak (measured: :meth:`Screen.per_step`; :mod:`flopscope.plan.stage_memory`);
+  the last stage from the reference
   pipeline's last stage at one and one more microbatch, each call point carried to the step's
   microbatches (:func:`~flopscope.plan.microbatches.extend_points`: every microbatch's output
   stays live to the step's end), with the microbatch in flight's further layers; the stage's
@@ -59,11 +67,9 @@ and reports the screen's error on them; docs/plan.md ("Screening") has the error
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import ExitStack
-from fractions import Fraction
 
-from flopscope.cost import Phase
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import SMALL, NotRepeating
 from flopscope.distributed.world import fake_world, shared_world
@@ -80,9 +86,8 @@ from flopscope.plan.reference import (
 )
 from flopscope.plan.roles import Build, RoleKey, RoleRun, Roles, layout_of
 from flopscope.plan.stage_memory import stage_memory
+from flopscope.plan.stage_records import role_records, stage_records
 from flopscope.plan.whole import Base, base_pair, whole_from
-from flopscope.report.records import CommRecord
-from flopscope.rules.collectives import BUS_FACTORS
 
 __all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
            "Screen", "reference_key", "screened"]
@@ -108,23 +113,6 @@ def reference_key(key: RoleKey, gpus: int) -> RoleKey:
     return dataclasses.replace(key, pp=1, stage=0, dp=gpus // key.tp, microbatches=1,
                                sequence_parallel=False, loss_parallel=False,
                                peak_microbatches=0)
-
-
-def _part(module: str, layers: str) -> str:
-    if module.startswith(layers + "."):
-        return "layer"
-    return "embed" if module == EMBEDDING or module.startswith(EMBEDDING + ".") else "rest"
-
-
-def _records(records: Iterable[CommRecord], layers: str
-             ) -> dict[tuple[str, str, str, str], tuple[int, int]]:
-    """Collectives summed by (phase, kind, group, part)."""
-    out: dict[tuple[str, str, str, str], tuple[int, int]] = {}
-    for r in records:
-        key = (r.phase.value, r.kind, r.group, _part(r.module, layers))
-        calls, payload = out.get(key, (0, 0))
-        out[key] = (calls + r.calls, payload + r.payload_bytes)
-    return out
 
 
 def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
@@ -153,80 +141,12 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
                              (1, step_rest)])
     estimate = Estimate(est.hardware, est.tf32, lin((1, r) for r in phases.values()), phases,
                         tf32_convolution=est.tf32_convolution)
-    records = (_stage_records(key, ref, k, first, last, m) if key.pp > 1
-               else _role_records(key, ref, k))
+    records = (stage_records(key, ref, k, first, last, m) if key.pp > 1
+               else role_records(key, ref, k))
     memory, params = stage_memory(key, ref, k, first, last, m)
     report = dataclasses.replace(ref.base().report, records=(), logical=(), replicated=(),
                                  communication=tuple(records))
     return RoleRun(key, report, memory, estimate, params, 0.0, m)
-
-
-def _record(key: RoleKey, phase: str, kind: str, group: str, calls: Fraction, payload: Fraction
-            ) -> list[CommRecord]:
-    size = key.dp if group == "dp" else key.tp
-    n_calls, pay = round(calls), round(payload)
-    if n_calls <= 0 or (group == "dp" and key.dp == 1):
-        return []
-    return [CommRecord("", Phase(phase), kind, size, n_calls, pay,
-                       int(pay * BUS_FACTORS[kind](size)), group)]
-
-
-def _role_records(key: RoleKey, ref: Reference, k: int) -> list[CommRecord]:
-    """A role without stages' collectives from its runs of 3 and 4 layers (one microbatch)."""
-    run_a, run_b = ref.pair()
-    a = _records(run_a.report.communication, ref.layers)
-    b = _records(run_b.report.communication, ref.layers)
-    out: list[CommRecord] = []
-    for (phase, kind, group, part) in sorted({*a, *b}):
-        ca, pa = a.get((phase, kind, group, part), (0, 0))
-        cb, pb = b.get((phase, kind, group, part), (0, 0))
-        if part == "layer":  # affine in the layer count (the first and last layers differ)
-            first_n = REFERENCE_LAYERS[0]
-            ca, pa = ca + (k - first_n) * (cb - ca), pa + (k - first_n) * (pb - pa)
-        out += _record(key, phase, kind, group, Fraction(ca), Fraction(pa))
-    return out
-
-
-def _stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, m: int
-                   ) -> list[CommRecord]:
-    """A pipeline stage's collectives from the reference pipeline's (``M`` =
-    :data:`PIPELINE_MICROBATCHES`): a layer's ``D = F2 - F1``; the tensor-parallel ones per
-    microbatch (``m / M``), FSDP2's all-gathers one per microbatch and one more
-    (``(m + 1) / (M + 1)``) and its reduce-scatters once a step; the first stage's outside its
-    layers ``F1 - D``, the last stage's from its runs at ``M`` and ``M + 1`` microbatches on
-    their line at ``m``, with ``k - 1`` more layers; the hidden states sent and received one
-    each way per microbatch and stage boundary."""
-    f1, l1, l2, f2 = (_records(r.report.communication, "") for r in ref.pipeline())
-    big_m = PIPELINE_MICROBATCHES
-    out: list[CommRecord] = []
-    for (phase, kind, group, part) in sorted({*f1, *f2, *l1, *l2}):
-        if group == "pp":
-            continue
-        c1, p1 = f1.get((phase, kind, group, part), (0, 0))
-        c2, p2 = f2.get((phase, kind, group, part), (0, 0))
-        per = (Fraction(m, big_m) if group != "dp"
-               else Fraction(m + 1, big_m + 1) if kind == "all_gather" else Fraction(1))
-        if last:
-            e1, q1 = l1.get((phase, kind, group, part), (0, 0))
-            e2, q2 = l2.get((phase, kind, group, part), (0, 0))
-            calls = e1 + (m - big_m) * (e2 - e1) + (k - 1) * per * (c2 - c1)
-            payload = q1 + (m - big_m) * (q2 - q1) + (k - 1) * per * (p2 - p1)
-        else:
-            calls, payload = k * per * (c2 - c1), k * per * (p2 - p1)
-            if first:  # outside the layers: per microbatch (tensor parallel) or per step
-                outside = per if group != "dp" else Fraction(1)
-                calls += outside * (c1 - (c2 - c1))
-                payload += outside * (p1 - (p2 - p1))
-        out += _record(key, phase, kind, group, Fraction(calls), Fraction(payload))
-    # the reference pipeline's first stage sends one microbatch's hidden states per send
-    sends = [r for r in ref.pipeline()[0].report.communication if r.kind == "send"]
-    hidden = m * sum(r.payload_bytes for r in sends) // max(1, sum(r.calls for r in sends))
-    for phase, kind, needed in ((Phase.FORWARD, "send", not last), (Phase.BACKWARD, "recv", not last),
-                                (Phase.FORWARD, "recv", not first),
-                                (Phase.BACKWARD, "send", not first)):
-        if needed:
-            out.append(CommRecord("", phase, kind, key.pp, m, hidden, hidden, "pp"))
-    return out
 
 
 class Screen:
@@ -251,6 +171,9 @@ class Screen:
             at the plan's sharded degree (:mod:`flopscope.plan.whole`) where it can be;
             ``False``: simulated.
         derived: the references whose pipeline at degree 1 was derived so.
+        slopes: what a microbatch of the step adds to a middle stage (``False``) or the first
+            (``True``) at its peak, per family at micro-batch 1 (:meth:`per_step`; one run
+            each, not counted in :attr:`references`).
     """
 
     def __init__(self, roles: Roles, build: Build, gpus: int) -> None:
@@ -263,6 +186,7 @@ class Screen:
         self.derive_whole = True
         self.derived: list[RoleKey] = []
         self._bases: dict[RoleKey, tuple[Base, ...]] = {}
+        self.slopes: dict[tuple[RoleKey, bool], dict[str, int]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
         prefix, self._layers = roles.decoder_layers()
@@ -319,7 +243,9 @@ class Screen:
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
             first, last, last_more, first_two, middle = self._pipeline(rk, dp)
             ref = Reference(self._prefix, self._share, dp, first=first, last=last,
-                            last_more=last_more, first_two=first_two, middle=middle)
+                            last_more=last_more, first_two=first_two, middle=middle,
+                            per_step=(self.per_step(rk, key.stage == 0)
+                                      if key.stage < key.pp - 1 else None))
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -401,6 +327,43 @@ class Screen:
                                  1, calls)
             pipe = (first, last, last_more, first_two, middle)
         return pipe
+
+    def per_step(self, rk: RoleKey, first: bool = False) -> dict[str, int]:
+        """What each microbatch of the step adds to a middle (or the first) stage at its peak,
+        by category, for reference ``rk``: measured once per tensor-parallel degree, precision
+        and loss (:attr:`slopes`), as the middle stage of three stages of one layer (the first
+        of two) at micro-batch 1, without checkpointing, at the plan's sharded FSDP2 degree, at
+        :data:`PIPELINE_MICROBATCHES` ``+ 1`` microbatches less at ``M`` (the run at ``M`` is
+        the reference pipeline's own where the plan has it), times ``rk``'s micro-batch. What
+        a microbatch of the step leaves live to the step's end is its input chunk and, where
+        torch allocates them at the step's start (up to 2.14), its receive buffers: tensors
+        of the microbatch's own samples, so proportional to the micro-batch and the same with
+        any checkpointing or FSDP2 degree (checked exact on the test model's middle stages at
+        micro-batch 1 and 2, checkpointing none and per block, FSDP2 degree 1, on torch 2.14
+        and 2.15: ``tests/plan/test_screen.py``); one run of 4 layer passes per family and
+        stage instead of one per reference.
+
+        Args:
+            rk: the reference (:func:`reference_key`).
+            first: the first stage's (else a middle stage's).
+
+        Returns:
+            Bytes per category.
+        """
+        family = dataclasses.replace(rk, micro_batch=1, checkpoint="none")
+        unit = self.slopes.get((family, first))
+        if unit is None:
+            dp, mb = max(1, self._gpus // (2 * rk.tp)), PIPELINE_MICROBATCHES
+            stage = dataclasses.replace(family, pp=2 if first else 3, stage=0 if first else 1,
+                                        dp=dp)
+            have = self._pipes.get((family, dp))
+            at = (have[0 if first else 4] if have is not None
+                  else self._small(dataclasses.replace(stage, microbatches=mb), 1))
+            more = self._small(dataclasses.replace(stage, microbatches=mb + 1), 1)
+            a, b = at.memory.at_peak, more.memory.at_peak
+            unit = {c: b.get(c, 0) - a.get(c, 0) for c in {*a, *b}}
+            self.slopes[(family, first)] = unit
+        return {c: v * rk.micro_batch for c, v in unit.items()}
 
     def _whole(self, rk: RoleKey) -> tuple[Small, ...] | None:
         """``rk``'s pipeline at FSDP2 degree 1 from the one at the plan's sharded degree

@@ -80,12 +80,13 @@ def _middle_stage(ref: Reference, per_layer: Mapping[str, int], k: int, in_fligh
     """A middle stage of ``k`` layers with ``in_flight`` microbatches in flight of ``m``, from
     the reference pipeline's middle stage (one layer, two in flight, ``M`` microbatches) at its
     peak: per further layer, what a layer adds there (``F2 - F1``'s but its activations) and
-    its saved activations for every microbatch in flight; per further microbatch in flight, its ``k`` layers' saved activations and what the stage keeps outside
-    them (the received hidden state, the rotary tables); per further microbatch of the step,
-    the buffers torch's stage allocates for each microbatch's received hidden state and
-    gradient, and the microbatch's inputs (:meth:`~flopscope.plan.reference.Reference.
+    its saved activations for every microbatch in flight; per further microbatch in flight,
+    its ``k`` layers' saved activations and what the stage keeps outside them (the received
+    hidden state, the rotary tables); per further microbatch of the step, what one more adds
+    at a middle stage's peak (measured: torch's receive buffers where it allocates them at the
+    step's start, the microbatch's inputs; :meth:`~flopscope.plan.reference.Reference.
     received`)."""
-    kept, received, inputs = ref.received()
+    kept, per_step = ref.received()
     at = dict(ref.middle_run().memory.at_peak)
     # the peak is at the start of a microbatch's backward (its stage's last layer): every
     # microbatch in flight holds all its layers' activations then. F2 - F1's own may be taken
@@ -95,7 +96,7 @@ def _middle_stage(ref: Reference, per_layer: Mapping[str, int], k: int, in_fligh
     _add(at, {"activations": act_layer}, k * in_flight - 2)  # the reference: 1 x 2
     _add(at, {"activations": kept}, in_flight - 2)
     # a middle stage needs 3 stages, so m >= 3 = M
-    _add(at, {"activations": received, "inputs": inputs}, m - PIPELINE_MICROBATCHES)
+    _add(at, per_step, m - PIPELINE_MICROBATCHES)
     return ref.middle_run().memory, at
 
 
@@ -146,6 +147,9 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
             in_flight = min(key.pp, m)
             at["activations"] = max(0, at.get("activations", 0)
                                     + (in_flight - 2) * (k * act_layer + act_embed + act_pre))
+            # per microbatch of the step more (or fewer) than F1's: what one adds at the peak,
+            # measured (torch <= 2.14's buffer for the gradient it receives, its token ids)
+            _add(at, ref.per_step or {}, m - PIPELINE_MICROBATCHES)
         else:
             peak, at = _middle_stage(ref, per_layer, k, min(key.pp - key.stage, m), m,
                                      act_layer)
