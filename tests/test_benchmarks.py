@@ -76,10 +76,14 @@ def test_overhead_rounds_on_the_tiny_cnn() -> None:
 def test_bytecodes_per_function_of_a_counted_forward() -> None:
     codes, calls, ops = bytecodes.measure("resnet18", 32)
     # the dispatch mode's handler runs once per operator call the report counts, and the module
-    # tracker's enter once per module call: resnet18's 68 modules (the root included) once
-    # each, and each of its 8 blocks calls its ReLU a second time
+    # call hook once per module call: resnet18's 68 modules (the root included) once each, and
+    # each of its 8 blocks calls its ReLU a second time; every one is a usual call (one
+    # Counter, one thread, no module rule), seen by core/usual_calls.py's one frame, none by
+    # the tracker's enter
     assert calls[("flopscope/core/mode.py", "__torch_dispatch__")] == ops > 0
-    assert calls[("flopscope/core/tracker.py", "enter")] == 68 + 8
+    assert calls[("flopscope/core/module_calls.py", "_call")] == 68 + 8
+    assert calls[("flopscope/core/usual_calls.py", "call")] == 68 + 8
+    assert calls.get(("flopscope/core/tracker.py", "enter"), 0) == 0
     assert codes[("flopscope/core/cost_memo.py", "cost_key")] > 0
 
 
