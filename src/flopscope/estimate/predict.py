@@ -171,6 +171,11 @@ class Predictor:
         self._curves = {k: _Curve.of(v) for k, v in raw.items()}
         self._cuda = cuda
         self._memo: dict[tuple[object, ...], CallPrediction] = {}
+        # the record's fields a call's prediction is keyed by (see call), with and without the
+        # cache model (a CPU with a known cache size reads the reuse distances and sizes)
+        placed = {"path", "phase", *(() if self._evicted else ("before",))}
+        self._keyed = {cached: tuple(n for n in _SLOTS if n not in placed and (
+            cached or n not in ("reuse", "out_bytes"))) for cached in (False, True)}
 
     def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
         for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
@@ -265,10 +270,8 @@ class Predictor:
         # a call's prediction is a function of its record but its place (a plan's roles repeat
         # each call many times: the layers, the microbatches, the ranks' alike shards); the
         # bytes moved before it and the cache model's figures only where they are read
-        skip = {"path", "phase", *(() if self._evicted else ("before",)),
-                *(() if cache_bytes and not self._cuda else ("reuse", "out_bytes"))}
-        memo = (bound_s, cache_bytes,
-                *(getattr(rec, name) for name in _SLOTS if name not in skip))
+        names = self._keyed[bool(cache_bytes) and not self._cuda]
+        memo = (bound_s, cache_bytes, *(getattr(rec, name) for name in names))
         found = self._memo.get(memo)
         if found is None:
             if len(self._memo) >= _MEMO:
