@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
+from flopscope.plan.planner import error_bar_words
 from flopscope.plan.serve import ServeCandidate, ServePlan
 from flopscope.plan.timing import describe
 from flopscope.render.units import human_bytes, seconds
@@ -58,11 +59,8 @@ def _predicted(plan: Plan) -> list[str]:
     cal = plan.hardware.calibration
     if cal is None:
         return []
-    total = cal.error_bars.get("total")
     return ["step, MFU: predicted " + ("from a reference calibration " if cal.reference else "")
-            + f"({cal.source()}), "
-            + (f"+-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| over its "
-               "validation's models)" if total is not None else "no error bar (not validated)")
+            + f"({cal.source()}), " + error_bar_words(cal)
             + "; step (bound), MFU (bound): the compute at the roofline bound, the most a "
               "layout can reach"]
 

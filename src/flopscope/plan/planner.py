@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from flopscope.errors import UsageError
-from flopscope.estimate import Hardware, get_hardware
+from flopscope.estimate import Calibration, Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
@@ -168,13 +168,6 @@ UNDERSTATED_NOTE = (
     "to the step's end; docs/plan.md, 'More microbatches than stages')")
 
 
-def plan_hardware(hardware: str | Hardware) -> Hardware:
-    """The profile a plan (and a sweep's workers) computes with: :func:`get_hardware`'s, a
-    shipped GPU's with its reference calibration (the plan's times are then predictions from
-    it, the bound beside: :attr:`Candidate.bound_time`)."""
-    return get_hardware(hardware)
-
-
 def time_model(hw: Hardware) -> str:
     """What a plan's step times are on ``hw``: ``"prediction"`` (with a calibration block)
     or ``"roofline lower bound"``."""
@@ -195,15 +188,22 @@ def prediction_source(hw: Hardware) -> dict[str, Any] | None:
                      "mfu_bound (the most the layout can reach)"}
 
 
+def error_bar_words(cal: Calibration, prefix: str = "") -> str:
+    """A calibration's whole-model error bar in words (``prefix`` before the figure), or that
+    it has none."""
+    total = cal.error_bars.get("total")
+    if total is None:
+        return "no error bar (not validated)"
+    return (f"{prefix}+-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| over "
+            "its validation's models)")
+
+
 def compute_note(hw: Hardware) -> str:
     """The notes' words for what a step's compute is on ``hw``."""
     cal = hw.calibration
     if cal is None:
         return "roofline lower bounds (every call at peak rate or bandwidth)"
-    total = cal.error_bars.get("total")
-    bar = (f", error bar +-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| "
-           "over its validation's models)" if total is not None else ", no error bar (not "
-           "validated)")
+    bar = ", " + error_bar_words(cal, "error bar ")
     kind = ("predictions from a reference calibration" if cal.reference
             else "calibrated predictions")
     return (f"{kind} ({cal.source()}){bar}; beside them the roofline bound's step and MFU "
@@ -304,7 +304,7 @@ def plan(
                         ("memory_budget", memory_budget), ("tp", tp), ("pp", pp), ("ep", ep)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
-    hw = plan_hardware(hardware)
+    hw = get_hardware(hardware)  # a shipped GPU's with its reference calibration: predictions
     links = Links.of(hw, gpus_per_node, gpus)
     budget = memory_budget if memory_budget is not None else hw.memory_bytes
     if budget is None:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flopscope.errors import UsageError
-from flopscope.estimate import Hardware
+from flopscope.estimate import Hardware, get_hardware
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
 from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
 from flopscope.plan.layout_roles import roles_of
-from flopscope.plan.planner import Plan, plan, plan_hardware
+from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey
 from flopscope.plan.serve import ServePlan, serve_layouts
@@ -174,7 +174,7 @@ def sweep(
     """
     if not sources or not gpus:
         raise UsageError("sweep(): give at least one source and one device count")
-    hw = plan_hardware(hardware)
+    hw = get_hardware(hardware)
     points = [(s, g, n) for s in sources for g in gpus for n in seq_lens]
 
     def row(point: tuple[str, int, int | None]) -> SweepRow:
