@@ -118,6 +118,8 @@ def test_cli_sweep_table_and_json(capsys: pytest.CaptureFixture[str], cached: No
             *[a for k, v in CONFIG.items() for a in ("--config", f"{k}={v}")]]
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
+    # the first line says what the times are: the shipped profile's reference prediction
+    assert out.pop(0).startswith("step, MFU: predictions from a reference calibration (")
     assert out[0].split() == ["model", "GPUs", "seq", "fit", "best", "layout", "step", "MFU",
                               "MFU", "(bound)", "tok/s/GPU", "peak/GPU"]
     best = here[2].ranked[0]

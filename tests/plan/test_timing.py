@@ -152,3 +152,24 @@ def test_a_shipped_gpu_plans_with_its_reference_prediction_and_the_bound_beside(
     assert "MFU (bound)" in text and "step (bound)" in text
     assert "step, MFU: predicted from a reference calibration (" + cal.source() in text
     assert "MFU (bound)" not in plan_text(bound)
+
+
+def test_a_sweep_table_says_what_its_times_are() -> None:
+    """A sweep's table (several plans streamed) names its times in its first line, as one
+    plan's table does under it: a shipped GPU's step is a prediction from its reference with
+    its error bar, the datasheet profile's the bound; a serving sweep's the bound."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.display import sweep_header
+
+    hw = get_hardware("h100-sxm")
+    cal = hw.calibration
+    assert cal is not None and cal.reference
+    first, header, rule = sweep_header("train", hw)
+    assert first.startswith("step, MFU: predictions from a reference calibration ("
+                            + cal.source())
+    assert "error bar +-68%" in first and "MFU (bound)" in header
+    assert sweep_header("train", PROFILES["h100-sxm"])[0] == \
+        "step, MFU: roofline lower bounds (every call at peak rate or bandwidth)"
+    assert sweep_header("serve", hw)[0] == \
+        "tok/s/GPU, per token: roofline lower bounds (every call at peak rate or bandwidth)"
+    assert sweep_header("train") == [header, rule]  # without a profile: the columns alone

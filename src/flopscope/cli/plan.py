@@ -266,7 +266,7 @@ def _sweep(args: argparse.Namespace, sources: list[str], seq_lens: list[int | No
     with progress.shown():
         progress.say(f"planning {points} point(s): listing their rank roles")
         if points > 1 and args.format == "table":
-            for line in sweep_header(args.mode):
+            for line in sweep_header(args.mode, hardware):
                 emit(line)
         for row in sweep(sources, gpus=args.gpus, seq_lens=seq_lens, hardware=hardware,
                          jobs=jobs, ray=args.ray, on_task=on_task, **options):

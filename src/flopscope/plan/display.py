@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
-from flopscope.plan.planner import error_bar_words
+from flopscope.plan.planner import BOUND_NOTE, compute_note, error_bar_words
 from flopscope.plan.serve import ServeCandidate, ServePlan
 from flopscope.plan.timing import describe
 from flopscope.render.units import human_bytes, seconds
 
 if TYPE_CHECKING:
+    from flopscope.estimate import Hardware
     from flopscope.plan.planner import Plan
     from flopscope.plan.sweeps import SweepRow
 
@@ -288,17 +289,23 @@ def _cells(widths: tuple[tuple[str, int], ...], cells: list[str]) -> str:
                      for c, (name, w) in zip(cells, widths, strict=True)).rstrip()
 
 
-def sweep_header(mode: str) -> list[str]:
+def sweep_header(mode: str, hardware: Hardware | None = None) -> list[str]:
     """A sweep table's header lines.
 
     Args:
         mode: ``train`` or ``serve``.
+        hardware: the profile the plans compute with: a first line then says what the times
+            are (a training step's: a prediction with its error bar, or the bound; a serving
+            plan's: the bound).
 
     Returns:
-        The header and its rule.
+        What the times are (with ``hardware``), the header and its rule.
     """
     widths = _SWEEP[mode]
-    return [_cells(widths, [n for n, _ in widths]), "  ".join("-" * w for _, w in widths)]
+    what = [] if hardware is None else [
+        "step, MFU: " + compute_note(hardware) if mode == "train"
+        else "tok/s/GPU, per token: " + BOUND_NOTE]
+    return [*what, _cells(widths, [n for n, _ in widths]), "  ".join("-" * w for _, w in widths)]
 
 
 def sweep_line(row: SweepRow) -> str:

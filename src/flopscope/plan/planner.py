@@ -188,6 +188,10 @@ def prediction_source(hw: Hardware) -> dict[str, Any] | None:
                      "mfu_bound (the most the layout can reach)"}
 
 
+BOUND_NOTE = "roofline lower bounds (every call at peak rate or bandwidth)"
+"""The notes' words for a time at the roofline bound."""
+
+
 def error_bar_words(cal: Calibration, prefix: str = "") -> str:
     """A calibration's whole-model error bar in words (``prefix`` before the figure), or that
     it has none."""
@@ -202,7 +206,7 @@ def compute_note(hw: Hardware) -> str:
     """The notes' words for what a step's compute is on ``hw``."""
     cal = hw.calibration
     if cal is None:
-        return "roofline lower bounds (every call at peak rate or bandwidth)"
+        return BOUND_NOTE
     bar = ", " + error_bar_words(cal, "error bar ")
     kind = ("predictions from a reference calibration" if cal.reference
             else "calibrated predictions")
