@@ -255,3 +255,19 @@ def test_the_residues_of_the_validation_page_are_accounted_for(name: str, explai
                                             dtype="float64"), backend="valgrind")
     # what is left is per-call setup outside the loops (scales, index tables, the timer's reads)
     assert 0 <= result.comparison.measured_flops - explained <= 1_300, result.comparison
+
+
+def test_thread_context_strips_the_activations_and_only_them() -> None:
+    from benchmarks.thread_context import is_activation_op, strip_activations
+    from torch import nn
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(inplace=True),
+                          nn.Sequential(nn.Linear(4, 4), nn.Hardswish(), nn.ReLU6()), nn.GELU())
+    stripped = strip_activations(model)
+    kinds = [type(m).__name__ for m in stripped.modules()]
+    # 3 activations became identities; the GELU (not one of them) and the layers stay
+    assert kinds.count("Identity") == 3 and "GELU" in kinds and "Conv2d" in kinds
+    assert kinds.count("ReLU") == kinds.count("Hardswish") == kinds.count("ReLU6") == 0
+    assert type(model[1]).__name__ == "ReLU"  # the original is untouched
+    assert is_activation_op("aten.relu_.default") and is_activation_op("aten.hardswish_.default")
+    assert not is_activation_op("aten.gelu.default")
