@@ -16,7 +16,11 @@ Two experiments, each at 1 and at 2 intra-op threads in a process of its own:
   2 threads a ReLU under ATen's grain size (32,768 elements) runs on the main thread and reads
   and writes what the OpenMP worker wrote of the batch norm's output.
 
-    python -m benchmarks.thread_context [--realtime] [--output FILE]
+With ``--regimes N``: N fresh processes at 2 threads and N at 1 thread, alternated, each timing
+the forwards of :data:`MODELS`' first three (the median of 20 plain runs after 3): how far apart
+the same forward runs in different processes at each thread count.
+
+    python -m benchmarks.thread_context [--realtime] [--regimes N] [--output FILE]
 
 ``--realtime`` runs the children at SCHED_FIFO priority (root only). Absolute times on this
 shared machine move by 20-30% between processes; the figures are differences within one.
@@ -147,6 +151,45 @@ def producer(threads: int, rounds: int = 300) -> list[dict[str, float | str | in
             for c, p in SHAPES]
 
 
+def forwards(threads: int, runs: int = 20) -> dict[str, float]:
+    """The median seconds of a forward of each of :data:`MODELS`' first three, in this process."""
+    import statistics
+    import time
+
+    import torch
+
+    from benchmarks.models import torchvision_benches
+    from benchmarks.prediction_validation import _step
+
+    torch.set_num_threads(threads)
+    out = {}
+    for bench in torchvision_benches(list(MODELS[:3])):
+        torch.manual_seed(0)
+        run = _step(bench.build(torch.device("cpu")), bench.inputs(torch.device("cpu")), False)
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        out[bench.name] = statistics.median(times)
+    return out
+
+
+def spread(processes: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per model: the smallest, median and largest of its per-process times, and largest /
+    smallest."""
+    import statistics
+
+    out = {}
+    for name in processes[0]:
+        values = [p[name] for p in processes]
+        out[name] = {"min_s": min(values), "median_s": statistics.median(values),
+                     "max_s": max(values), "max_over_min": max(values) / min(values)}
+    return out
+
+
 def _child(threads: int, realtime: bool) -> dict[str, object]:
     if realtime:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
@@ -162,10 +205,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realtime", action="store_true", help="SCHED_FIFO children (root)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results"
                                                 / "thread_context.json"))
+    parser.add_argument("--regimes", type=int, metavar="N",
+                        help="N fresh processes per thread count timing forwards (only that)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--forwards", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.child:
-        print(json.dumps(_child(opts.child, opts.realtime)))
+        if opts.realtime:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        if opts.forwards:
+            print(json.dumps(forwards(opts.child)))
+        else:
+            print(json.dumps(_child(opts.child, False)))
+        return 0
+    if opts.regimes:
+        per: dict[int, list[dict[str, float]]] = {2: [], 1: []}
+        for _ in range(opts.regimes):
+            for threads in per:
+                cmd = [sys.executable, "-m", "benchmarks.thread_context", "--child", str(threads),
+                       "--forwards"] + (["--realtime"] if opts.realtime else [])
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                per[threads].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        result = {f"{t} thread(s)": {"processes": ps, "spread": spread(ps)} for t, ps in per.items()}
+        Path(opts.output).write_text(json.dumps(result, indent=1) + "\n")
+        for key, value in result.items():
+            for name, row in value["spread"].items():
+                print(key, name, {k: round(v, 4) for k, v in row.items()})
         return 0
     runs = []
     for threads in (2, 1):

@@ -271,3 +271,12 @@ def test_thread_context_strips_the_activations_and_only_them() -> None:
     assert type(model[1]).__name__ == "ReLU"  # the original is untouched
     assert is_activation_op("aten.relu_.default") and is_activation_op("aten.hardswish_.default")
     assert not is_activation_op("aten.gelu.default")
+
+
+def test_thread_context_spread_over_processes() -> None:
+    from benchmarks.thread_context import spread
+
+    # three processes: 10, 13 and 11 ms -> min 10, median 11, max 13, max / min = 13 / 10 = 1.3
+    out = spread([{"m": 0.010}, {"m": 0.013}, {"m": 0.011}])
+    assert out["m"]["min_s"] == 0.010 and out["m"]["median_s"] == 0.011
+    assert out["m"]["max_s"] == 0.013 and out["m"]["max_over_min"] == pytest.approx(1.3, rel=1e-12)
