@@ -81,6 +81,23 @@ def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
     return run
 
 
+def parallel_probe(batches: int = 7, calls: int = 500) -> float:
+    """Seconds per call of an ``add`` of 2^16 fp32 elements into a kept output, in a loop (the
+    median of ``batches`` batches): at 2 threads a parallel region with little work, so mostly
+    the threads' fork and join. It marks the process's regime (round 10: about 6 us in a fast
+    process, 7.6-8 us in a slow one, whose forwards run 1.3-1.4x longer)."""
+    x, y, out = torch.randn(1 << 16), torch.randn(1 << 16), torch.empty(1 << 16)
+    for _ in range(100):
+        torch.add(x, y, out=out)
+    times = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.add(x, y, out=out)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
 def plain_runs(run: Any, repeat: int,
                faults: list[int] | None = None) -> tuple[list[float], list[float]]:
     """(times by the calibration's clock, wall times) of ``repeat`` runs without the profiler,
@@ -163,6 +180,7 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
             f = fams[op_family[c.op]]
             f["without_after_s"] = f.get("without_after_s", 0.0) + c.bound.predicted_s
     run = _step(model, args, train)
+    probe = parallel_probe()
     page_faults: list[int] = []
     times, walls = plain_runs(run, repeat, page_faults)
     for op, seconds in captured_by_op(run).items():
@@ -182,13 +200,13 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
            "predicted_without_after_s": no_after, "ratio_without_after": no_after / measured,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
-           "page_faults": statistics.median(page_faults),
+           "page_faults": statistics.median(page_faults), "parallel_add_s": probe,
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
           f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
           f"{points_only / measured:5.2f}x; without after {no_after / measured:5.2f}x)  bound "
-          f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  load {load:.1f}", file=sys.stderr, flush=True)
+          f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  add 2^16 {probe * 1e6:.1f} us  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
 
@@ -351,10 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(opts.threads)
     from benchmarks.models import torchvision_benches, transformer_benches
 
+    probes: list[float] = []
+
     def calibrated() -> tuple[Hardware, float, float]:
         start, cpu = time.perf_counter(), time.process_time()
         hw = calibrate(measure_this_machine(), threads=opts.threads)
-        return hw, time.perf_counter() - start, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        probes.append(parallel_probe())  # the calibration's regime (round 10)
+        return hw, wall, cpu
 
     hw, calibration_s, calibration_cpu_s = calibrated()
     first = hw
@@ -398,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
            "clock": clock("cpu")[0], "calibration_s": calibration_s,
            "calibration_cpu_s": calibration_cpu_s, "calibrated": first.calibration.date,
-           "recalibrations_s": recalibrations,
+           "recalibrations_s": recalibrations, "calibration_parallel_add_s": probes,
            "cpu_count": os.cpu_count(), "repeat": opts.repeat,
            "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
                    "running: load average per model); measured = the median of plain runs by "
