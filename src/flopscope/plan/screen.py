@@ -209,6 +209,9 @@ class Screen:
         self.derive_whole = True
         self.derived: list[RoleKey] = []
         self._bases: dict[RoleKey, tuple[Base, ...]] = {}
+        # a reference as screening reads it, per stage kind (its reads kept with it: each
+        # role of the kind reads the same runs the same way)
+        self._made: dict[tuple[RoleKey, int, str], Reference] = {}
         self.slopes: dict[tuple[RoleKey, bool], dict[str, int]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
@@ -258,18 +261,26 @@ class Screen:
     def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
         if key.pp == 1:
-            a, b = self._reference(rk)
-            ref = Reference(self._prefix, self._share, rk.dp, a=a, b=b)
+            at = (rk, 0, "")
+            ref = self._made.get(at)
+            if ref is None:
+                a, b = self._reference(rk)
+                ref = self._made[at] = Reference(self._prefix, self._share, rk.dp, a=a, b=b)
         else:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            pipe = self._pipeline(rk, dp)
-            ref = Reference(self._prefix, self._share, dp, first=pipe.first, last=pipe.last,
-                            last_more=pipe.last_more, first_two=pipe.first_two,
-                            middle=pipe.middle,
-                            per_step=(self.per_step(rk, key.stage == 0)
-                                      if key.stage < key.pp - 1 else None))
+            stage = ("last" if key.stage == key.pp - 1 else "first" if key.stage == 0
+                     else "middle")
+            at = (rk, dp, stage)
+            ref = self._made.get(at)
+            if ref is None:
+                pipe = self._pipeline(rk, dp)
+                ref = self._made[at] = Reference(
+                    self._prefix, self._share, dp, first=pipe.first, last=pipe.last,
+                    last_more=pipe.last_more, first_two=pipe.first_two, middle=pipe.middle,
+                    per_step=(self.per_step(rk, stage == "first") if stage != "last"
+                              else None))
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
