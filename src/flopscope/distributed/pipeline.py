@@ -22,6 +22,7 @@ out), so the idle fraction is that of the counted work. With equal stages and ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -207,30 +208,42 @@ def bubble(
         RuntimeError: the order deadlocks (an action waits for one that never comes first).
     """
     p = len(order)
-    done: dict[tuple[str, int, int], Fraction] = {}
-    clock = [Fraction(0)] * p
-    busy = [Fraction(0)] * p
+    # replayed in integers: every duration over their common denominator (a float's is a power
+    # of two), so each start and end is exact as with fractions, at integer speed (a 64-stage
+    # pipeline of 256 microbatches is 32,768 actions)
+    durations = [Fraction(d) for d in (*forward, *backward)]
+    scale = math.lcm(*(d.denominator for d in durations)) if durations else 1
+    ticks = [d.numerator * (scale // d.denominator) for d in durations]
+    fwd, bwd = ticks[:len(forward)], ticks[len(forward):]
+    # when each stage finished each microbatch's forward and backward (absent: not yet)
+    f_done: list[dict[int, int]] = [{} for _ in range(p)]
+    b_done: list[dict[int, int]] = [{} for _ in range(p)]
+    clock = [0] * p
+    busy = [0] * p
     pos = [0] * p
     while any(pos[s] < len(order[s]) for s in range(p)):
         progressed = False
         for s in range(p):
-            while pos[s] < len(order[s]):
-                kind, i = order[s][pos[s]]
+            actions, at, now = order[s], pos[s], clock[s]
+            while at < len(actions):
+                kind, i = actions[at]
                 if kind == "F":
-                    dep = ("F", s - 1, i) if s > 0 else None
+                    ready = f_done[s - 1].get(i) if s > 0 else 0
                 else:
-                    dep = ("B", s + 1, i) if s < p - 1 else ("F", s, i)
-                if dep is not None and dep not in done:
+                    ready = b_done[s + 1].get(i) if s < p - 1 else f_done[s].get(i)
+                if ready is None:
                     break
-                start = max(clock[s], done[dep] if dep is not None else Fraction(0))
-                length = Fraction(forward[s] if kind == "F" else backward[s])
-                done[(kind, s, i)] = clock[s] = start + length
+                length = fwd[s] if kind == "F" else bwd[s]
+                now = (ready if ready > now else now) + length
+                (f_done if kind == "F" else b_done)[s][i] = now
                 busy[s] += length
-                pos[s] += 1
+                at += 1
                 progressed = True
+            pos[s], clock[s] = at, now
         if not progressed:
             raise RuntimeError("the pipeline's actions deadlock when replayed")
     span = max(clock)
     if span == 0:
         return Fraction(0), tuple(Fraction(0) for _ in range(p))
-    return 1 - sum(busy) / (p * span), tuple(1 - b / span for b in busy)
+    return (1 - Fraction(sum(busy), p * span),
+            tuple(1 - Fraction(b, span) for b in busy))

@@ -6,19 +6,17 @@ prediction: what it ignores is :data:`IGNORES`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import Any
 
 import torch
 
-from flopscope.estimate.call_record import is_convolution
+from flopscope.estimate.call_record import CallRecord, is_convolution
 from flopscope.estimate.families import family
 from flopscope.estimate.predict import overlapped, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
-
-if TYPE_CHECKING:
-    from flopscope.estimate.call_record import CallRecord
 
 __all__ = ["HOST_BOUND_ADVICE", "IGNORES", "Estimate", "Row", "ancestors", "call_row",
            "predicted_step_s", "prediction_summary", "resolve_tf32"]
@@ -212,6 +210,35 @@ def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool =
     return row
 
 
+#: what a call's row is a function of: every field of its record but where it ran (its module
+#: path and phase; :func:`call_row` and the prediction read neither)
+_ROW_KEY = attrgetter(*(n for n in CallRecord.__slots__ if n not in ("path", "phase")))
+_ROW_MEMO = 1 << 18  # rows kept per (hardware, TF32 flags), then forgotten to start again
+_ROWS: dict[tuple[int, bool, bool], tuple[Hardware, dict[tuple[Any, ...], Row]]] = {}
+
+
+def _rows(hw: Hardware, tf32: bool, tf32_convolution: bool) -> Callable[[CallRecord], Row]:
+    """:func:`call_row` on ``hw`` memoised per distinct record but its place (a plan's small
+    runs repeat each call per layer, microbatch and run): the same row object for the same
+    fields, read only (:meth:`Estimate.from_records` adds it into its sums, never to it)."""
+    at = (id(hw), tf32, tf32_convolution)
+    entry = _ROWS.get(at)
+    if entry is None or entry[0] is not hw:
+        entry = _ROWS[at] = (hw, {})
+    memo = entry[1]
+
+    def row_of(rec: CallRecord) -> Row:
+        key = _ROW_KEY(rec)
+        row = memo.get(key)
+        if row is None:
+            if len(memo) >= _ROW_MEMO:
+                memo.clear()
+            row = memo[key] = call_row(rec, hw, tf32, tf32_convolution)
+        return row
+
+    return row_of
+
+
 def _sorted(rows: Mapping[str, Row]) -> dict[str, Row]:
     return dict(sorted(rows.items(), key=lambda kv: (-kv[1].time_s, kv[0])))
 
@@ -293,8 +320,9 @@ class Estimate:
         cal = hardware.calibration
         timeline: list[tuple[float, float]] | None = (
             [] if cal is not None and cal.device.startswith("cuda") else None)
+        row_of = _rows(hardware, tf32, tf32_convolution)
         for rec in records:
-            row = call_row(rec, hardware, tf32, tf32_convolution)
+            row = row_of(rec)
             rows.append(row)
             if timeline is not None:
                 timeline.append((row.host_s, row.predicted_s - row.host_s))

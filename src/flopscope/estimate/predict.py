@@ -21,6 +21,7 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
 from flopscope.estimate.call_record import CallRecord
@@ -174,8 +175,8 @@ class Predictor:
         # the record's fields a call's prediction is keyed by (see call), with and without the
         # cache model (a CPU with a known cache size reads the reuse distances and sizes)
         placed = {"path", "phase", *(() if self._evicted else ("before",))}
-        self._keyed = {cached: tuple(n for n in _SLOTS if n not in placed and (
-            cached or n not in ("reuse", "out_bytes"))) for cached in (False, True)}
+        self._keyed = {cached: attrgetter(*(n for n in _SLOTS if n not in placed and (
+            cached or n not in ("reuse", "out_bytes")))) for cached in (False, True)}
 
     def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
         for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
@@ -270,8 +271,7 @@ class Predictor:
         # a call's prediction is a function of its record but its place (a plan's roles repeat
         # each call many times: the layers, the microbatches, the ranks' alike shards); the
         # bytes moved before it and the cache model's figures only where they are read
-        names = self._keyed[bool(cache_bytes) and not self._cuda]
-        memo = (bound_s, cache_bytes, *(getattr(rec, name) for name in names))
+        memo = (bound_s, cache_bytes, self._keyed[bool(cache_bytes) and not self._cuda](rec))
         found = self._memo.get(memo)
         if found is None:
             if len(self._memo) >= _MEMO:

@@ -18,14 +18,16 @@ pipelines' collectives in :mod:`flopscope.plan.screen`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from flopscope.cost import Phase
+from flopscope.distributed.repeat import NotRepeating
 from flopscope.distributed.repeat_peak import Point
 from flopscope.estimate.bound import Row
 from flopscope.plan.layers import Small
+from flopscope.plan.microbatches import extend_points
 
 __all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
            "lin"]
@@ -132,6 +134,11 @@ class Reference:
         per_step: what each microbatch of the step adds to the stage screened (a middle
             stage, or the first) at its peak, by category (:meth:`received`; measured by
             :class:`flopscope.plan.screen.Screen`).
+
+    What it reads of its runs is read once (:meth:`activations`, :meth:`received`,
+    :meth:`last_points`: kept with it; the runs are not changed after they are made), so a
+    reference shared by a plan's roles (:class:`flopscope.plan.screen.Screen` keeps them) scans
+    its runs' call points once, not once per role.
     """
 
     layers: str
@@ -145,6 +152,14 @@ class Reference:
     first_two: Small | None = None
     middle: Small | None = None
     per_step: Mapping[str, int] | None = None
+    _read: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
+                                       compare=False)
+
+    def _once(self, key: Hashable, read: Callable[[], Any]) -> Any:
+        """``read()``, the first time ``key`` is asked for (then kept)."""
+        if key not in self._read:
+            self._read[key] = read()
+        return self._read[key]
 
     def base(self) -> Small:
         """A run the screened role's hardware and report come from."""
@@ -179,12 +194,13 @@ class Reference:
         (:meth:`activations`) and the :data:`PIPELINE_MICROBATCHES` microbatches' share of the
         second's activations."""
         mid = self.middle_run()
-        if self.per_step is None:
+        per_step = self.per_step
+        if per_step is None:
             raise ValueError("a middle stage's reference needs what a microbatch adds")
-        kept = (_after_first_forward(mid.points, self.layers)
-                - PIPELINE_MICROBATCHES * self.per_step.get("activations", 0)
-                - self.activations()[0])
-        return kept, self.per_step
+        kept: int = self._once("received", lambda: (
+            _after_first_forward(mid.points, self.layers)
+            - PIPELINE_MICROBATCHES * per_step.get("activations", 0) - self.activations()[0]))
+        return kept, per_step
 
     def pair(self) -> tuple[Small, Small]:
         """The runs without stages at :data:`REFERENCE_LAYERS`."""
@@ -250,6 +266,10 @@ class Reference:
         """Saved activations of one microbatch: (per layer, the embedding's output, what every
         stage computes before its layers: the rotary tables, the mask); a pipeline's from its
         first stage's first microbatch (two layers' less one layer's)."""
+        found: tuple[int, int, int] = self._once("activations", self._activations)
+        return found
+
+    def _activations(self) -> tuple[int, int, int]:
         if self.a is None:
             f1, _, _, f2 = self.pipeline()
             layer = (_after_first_forward(f2.points, self.layers)
@@ -259,3 +279,22 @@ class Reference:
         act_a = _before_head(a.points, self.layers).get("activations", 0)
         act_b = _before_head(b.points, self.layers).get("activations", 0)
         return (act_b - act_a, *_before_layers(a.points, self.layers))
+
+    def last_points(self, m: int) -> list[Point]:
+        """The last stage's call points at ``m`` microbatches: :attr:`last`'s where ``m`` is
+        its count, else :attr:`last_more`'s each carried along its line
+        (:func:`~flopscope.plan.microbatches.extend_points`; where the two are not the same
+        calls but for one more microbatch, the nearer run's as they are)."""
+        _, last, more, _ = self.pipeline()
+        mb = PIPELINE_MICROBATCHES + 1
+        if m == mb - 1:
+            return last.points
+
+        def read() -> list[Point]:
+            try:
+                return extend_points(last.points, more.points, mb, m)
+            except NotRepeating:
+                return more.points if m > mb else last.points
+
+        found: list[Point] = self._once(("last", m), read)
+        return found

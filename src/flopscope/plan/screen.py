@@ -69,6 +69,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import NamedTuple
 
 from flopscope.distributed.pipeline import split_layers
 from flopscope.distributed.repeat import SMALL, NotRepeating
@@ -89,12 +90,34 @@ from flopscope.plan.stage_memory import stage_memory
 from flopscope.plan.stage_records import role_records, stage_records
 from flopscope.plan.whole import Base, base_pair, whole_from
 
-__all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
-           "Screen", "reference_key", "screened"]
+__all__ = ["CARRY_FROM", "EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Pipeline",
+           "Reference", "Screen", "reference_key", "screened"]
 
 #: the micro-batches a reference pipeline at a larger one is carried from (at 1 a causal LM's
 #: loss makes one call fewer: its shifted labels are contiguous, not copied)
 CARRY_FROM = (2, 4)
+
+
+class Pipeline(NamedTuple):
+    """A reference pipeline's runs (:meth:`Screen.pipeline`), by name.
+
+    Attributes:
+        first: the first stage of two stages of one layer, at :data:`PIPELINE_MICROBATCHES`
+            microbatches (``F1``).
+        last: that pipeline's last stage (``L1``).
+        last_more: its last stage with one microbatch more (``L2``).
+        first_two: its first stage with two layers per stage (``F2``).
+        middle: the middle stage of three stages of one layer, at
+            :data:`PIPELINE_MICROBATCHES` microbatches (``M1``).
+    """
+
+    first: Small
+    last: Small
+    last_more: Small
+    first_two: Small
+    middle: Small
+
+
 def reference_key(key: RoleKey, gpus: int) -> RoleKey:
     """The reference a role is screened from: a role without stages is its own (one
     microbatch); a pipeline stage's has its tensor-parallel degree, micro-batch, checkpointing,
@@ -180,12 +203,15 @@ class Screen:
         self._roles = roles
         self._gpus = gpus
         self._refs: dict[RoleKey, tuple[Small, ...]] = {}
-        self._pipes: dict[tuple[RoleKey, int], tuple[Small, ...]] = {}
+        self._pipes: dict[tuple[RoleKey, int], Pipeline] = {}
         self.carry_micro_batch = True
         self.carried: list[tuple[RoleKey, int]] = []
         self.derive_whole = True
         self.derived: list[RoleKey] = []
         self._bases: dict[RoleKey, tuple[Base, ...]] = {}
+        # a reference as screening reads it, per stage kind (its reads kept with it: each
+        # role of the kind reads the same runs the same way)
+        self._made: dict[tuple[RoleKey, int, str], Reference] = {}
         self.slopes: dict[tuple[RoleKey, bool], dict[str, int]] = {}
         self._world: tuple[int, int] | None = None
         self._stack = ExitStack()
@@ -235,17 +261,26 @@ class Screen:
     def _screened(self, key: RoleKey) -> RoleRun:
         rk = reference_key(key, self._gpus)
         if key.pp == 1:
-            a, b = self._reference(rk)
-            ref = Reference(self._prefix, self._share, rk.dp, a=a, b=b)
+            at = (rk, 0, "")
+            ref = self._made.get(at)
+            if ref is None:
+                a, b = self._reference(rk)
+                ref = self._made[at] = Reference(self._prefix, self._share, rk.dp, a=a, b=b)
         else:
             # FSDP2 shards only at a degree above 1 (without it gradients stay whole): the
             # reference pipeline's degree is 1 for such a role, else the most it can have
             dp = 1 if key.dp == 1 else self._gpus // (2 * key.tp)
-            first, last, last_more, first_two, middle = self._pipeline(rk, dp)
-            ref = Reference(self._prefix, self._share, dp, first=first, last=last,
-                            last_more=last_more, first_two=first_two, middle=middle,
-                            per_step=(self.per_step(rk, key.stage == 0)
-                                      if key.stage < key.pp - 1 else None))
+            stage = ("last" if key.stage == key.pp - 1 else "first" if key.stage == 0
+                     else "middle")
+            at = (rk, dp, stage)
+            ref = self._made.get(at)
+            if ref is None:
+                pipe = self._pipeline(rk, dp)
+                ref = self._made[at] = Reference(
+                    self._prefix, self._share, dp, first=pipe.first, last=pipe.last,
+                    last_more=pipe.last_more, first_two=pipe.first_two, middle=pipe.middle,
+                    per_step=(self.per_step(rk, stage == "first") if stage != "last"
+                              else None))
         return screened(key, ref, self._layers)
 
     def reference(self, rk: RoleKey) -> tuple[Small, ...]:
@@ -277,7 +312,7 @@ class Screen:
         self._refs[rk] = runs
         return runs
 
-    def pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+    def pipeline(self, rk: RoleKey, dp: int) -> Pipeline:
         """A reference's pipeline runs (:meth:`_pipeline`), the fake world left.
 
         Args:
@@ -285,29 +320,29 @@ class Screen:
             dp: the pipeline's FSDP2 degree.
 
         Returns:
-            (first stage, last stage, last with one microbatch more, first with two layers,
-            the middle stage of three).
+            The :class:`Pipeline` (first stage, last stage, last with one microbatch more,
+            first with two layers, the middle stage of three).
         """
         try:
             return self._pipeline(rk, dp)
         finally:
             self._close()
 
-    def _pipeline(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
+    def _pipeline(self, rk: RoleKey, dp: int) -> Pipeline:
         """A reference's pipeline runs at FSDP2 degree ``dp`` (first stage, last stage, last
         with one microbatch more, first with two layers, of two stages; the middle stage of
         three): simulated, or above
         :data:`CARRY_FROM`'s micro-batches carried along the line through them
         (:func:`~flopscope.plan.micro_batch.at_micro_batch`: memory and sends only, what
         screening reads of them) unless they are not the same calls."""
-        pipe = self._pipes.get((rk, dp))
-        if pipe is not None:
-            return pipe
+        found = self._pipes.get((rk, dp))
+        if found is not None:
+            return found
         pipe = self._whole(rk) if dp == 1 else None
         if pipe is None:
             pipe = self._pipeline_own(rk, dp)
-        self._pipes[(rk, dp)] = pipe
-        return pipe
+        found = self._pipes[(rk, dp)] = Pipeline(*pipe)
+        return found
 
     def _pipeline_own(self, rk: RoleKey, dp: int) -> tuple[Small, ...]:
         """:meth:`_pipeline`'s runs carried or simulated (not from another degree)."""
@@ -357,7 +392,7 @@ class Screen:
             stage = dataclasses.replace(family, pp=2 if first else 3, stage=0 if first else 1,
                                         dp=dp)
             have = self._pipes.get((family, dp))
-            at = (have[0 if first else 4] if have is not None
+            at = ((have.first if first else have.middle) if have is not None
                   else self._small(dataclasses.replace(stage, microbatches=mb), 1))
             more = self._small(dataclasses.replace(stage, microbatches=mb + 1), 1)
             a, b = at.memory.at_peak, more.memory.at_peak

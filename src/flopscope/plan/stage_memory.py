@@ -13,8 +13,7 @@ from flopscope.cost import Phase
 from flopscope.distributed.repeat import WIDTH, Frame, NotRepeating
 from flopscope.distributed.repeat_peak import Point, extrapolate_peak
 from flopscope.estimate import MemoryProfile
-from flopscope.plan.layers import Small
-from flopscope.plan.microbatches import extend_points, peak_of
+from flopscope.plan.microbatches import peak_of
 from flopscope.plan.reference import PIPELINE_MICROBATCHES, REFERENCE_LAYERS, Reference
 from flopscope.plan.roles import RoleKey
 
@@ -45,21 +44,14 @@ def _add(at: dict[str, int], d: Mapping[str, int], times: int) -> None:
         at[c] = at.get(c, 0) + times * v
 
 
-def _last_stage(last: Small, more: Small, k: int, m: int, act_layer: int, layers: str
-                ) -> MemoryProfile:
+def _last_stage(ref: Reference, k: int, m: int, act_layer: int) -> MemoryProfile:
     """A pipeline's last stage of ``k`` layers at ``m`` microbatches, from one layer at
     ``mb`` and ``mb + 1``: each call point carried to ``m`` along its line
-    (:func:`~flopscope.plan.microbatches.extend_points`), then the ``k - 1`` more layers'
+    (:meth:`~flopscope.plan.reference.Reference.last_points`), then the ``k - 1`` more layers'
     activations of the microbatch in flight added from its layer's forward to the end of its
     layer's backward (the calls after hold only the microbatches' kept inputs, outputs and
     their gradients)."""
-    mb = PIPELINE_MICROBATCHES + 1
-    points = last.points
-    if m != mb - 1:
-        try:
-            points = extend_points(last.points, more.points, mb, m)
-        except NotRepeating:
-            points = more.points if m > mb else last.points
+    points, layers, more = ref.last_points(m), ref.layers, ref.pipeline()[2]
     grown: list[Point] = []
     alive = in_backward = False  # the microbatch in flight holds its layers' activations
     for module, phase, op, live in points:
@@ -135,7 +127,7 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
         # per layer under the pipeline: the first stage of two layers less that of one
         per_layer = _sub(f2.memory.at_peak, f1.memory.at_peak)
         if last:
-            peak = _last_stage(l1, l2, k, m, act_layer, ref.layers)
+            peak = _last_stage(ref, k, m, act_layer)
             at = dict(peak.at_peak)
             _add(at, {c: v for c, v in per_layer.items() if c != "activations"}, k - 1)
         elif first:
