@@ -10,7 +10,6 @@ model's state saved before and put back after, also when the forward raises
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from flopscope.core.observers import CallObserver, reset_observers
 from flopscope.core.unseen import sets_modes_aside
 from flopscope.errors import ForwardError, UsageError
 from flopscope.execution.forward import initialized_copy, run_forward
+from flopscope.execution.heap import frozen_heap
 from flopscope.execution.how import How, given_fake_mode, ladder, on_meta
 from flopscope.execution.snapshot import ModelSnapshot
 from flopscope.report.report import Report
@@ -83,21 +83,12 @@ _R = TypeVar("_R")
 
 
 def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Run ``fn`` with the objects that exist when it starts frozen (``gc.freeze``): the garbage
-    collector's full collections, which a count's many small objects trigger (symbolic sizes
-    above all: a 70B-shaped symbolic count spent about 1 s of 1.4 s in them), then scan only what
-    the count made, not the whole process (torch, the model, sympy's caches). Left alone when the
-    process has frozen objects of its own or the collector is off."""
+    """Run ``fn`` inside :func:`~flopscope.execution.heap.frozen_heap`."""
 
     @functools.wraps(fn)
     def frozen(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if gc.get_freeze_count() or not gc.isenabled():
+        with frozen_heap():
             return fn(*args, **kwargs)
-        gc.freeze()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            gc.unfreeze()
 
     return frozen
 

@@ -18,11 +18,9 @@ three simulations of it in pipelines of 5, 6 and 7 stages, the same way.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +40,7 @@ from flopscope.distributed.repeat import (
 from flopscope.distributed.repeat_peak import Point
 from flopscope.distributed.world import fake_world, shared_world
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.execution.heap import frozen_heap
 from flopscope.plan.degrees import Degrees, Dims, clear_degrees, dims_of, hardware_key
 from flopscope.plan.layers import (
     UNIT_SMALL,
@@ -384,7 +383,7 @@ class Roles:
         Returns:
             The :class:`~flopscope.plan.layers.Small` run.
         """
-        with _frozen_heap():
+        with frozen_heap():  # collections scan what the run makes, not what the plan keeps
             return self._small(key, per_stage, like, dims, calls)
 
     def _small(self, key: RoleKey, per_stage: int | None, like: RoleKey | None,
@@ -434,23 +433,6 @@ class Roles:
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes,
                      log.records if calls or self._records else [])
-
-
-@contextmanager
-def _frozen_heap() -> Iterator[None]:
-    """The objects that exist when a small run starts frozen (``gc.freeze``, as
-    :func:`flopscope.count` does): the collector's full collections during the run then scan
-    what the run made, not every run a plan keeps (their call points and records: about 10 s of
-    the 70B 256-GPU screened plan's full collections). Left alone when the process has frozen
-    objects of its own or the collector is off."""
-    if gc.get_freeze_count() or not gc.isenabled():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def layout_of(key: RoleKey) -> Layout:
