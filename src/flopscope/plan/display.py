@@ -309,14 +309,22 @@ def sweep_header(mode: str, hardware: Hardware | None = None) -> list[str]:
 
 
 def sweep_line(row: SweepRow) -> str:
-    """One plan of a sweep as a table line (the plan's best layouts, or why it failed).
+    """One plan of a sweep as a table line (the plan's best layouts, or why it failed), and
+    under it, where a worker gave no result for some of its roles, which and why (the plan
+    simulated them itself).
 
     Args:
         row: the sweep's row.
 
     Returns:
-        The line.
+        The line (and those under it).
     """
+    line = _sweep_line(row)
+    return "\n".join([line, *(f"    worker failed, simulated here: {why}"
+                              for why in row.worker_errors)])
+
+
+def _sweep_line(row: SweepRow) -> str:
     start = [row.source, str(row.gpus), str(row.seq_len or "-")]
     result = row.plan
     if result is None:
