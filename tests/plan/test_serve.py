@@ -14,10 +14,15 @@ import pytest
 import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
-from flopscope.plan import ServePlan
+from flopscope.estimate import PROFILES, CallLog, Hardware, get_hardware
+from flopscope.estimate.bound import call_row, resolve_tf32
+from flopscope.plan import ServePlan, serving
+from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_html, serve_page_data
 from flopscope.plan.serve import ServeCandidate, serve_layouts
+from flopscope.plan.serve_notes import VALIDATED_ON
 from flopscope.plan.space import ModelShape
+from flopscope.plan.timing import forward_seconds
 from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes, seconds
 
@@ -138,7 +143,10 @@ def test_throughput_and_latency(served: ServePlan) -> None:
             assert t.total == pytest.approx(t.compute + t.tp_comm + t.p2p)
         assert (c.decode.tp_comm > 0) == (c.layout.tp > 1)
         assert (c.decode.p2p > 0) == (c.layout.pp > 1)
-        assert c.prefill.compute > c.decode.compute  # 64 positions against 1
+        # at the bound: 64 positions against 1 (predicted, this small model's steps are both
+        # the host's launches, about as many: no order between them)
+        assert c.prefill_bound is not None and c.decode_bound is not None
+        assert c.prefill_bound.compute > c.decode_bound.compute
     speeds = [c.tokens_per_s for c in served.ranked]
     assert speeds == sorted(speeds, reverse=True)
     assert served.best_throughput is served.ranked[0]
@@ -184,6 +192,24 @@ def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
     assert set(first) >= {"tp", "pp", "replicas", "batch", "largest_batch", "weights_bytes",
                           "kv_cache_bytes", "time_to_first_token_s", "latency_per_token_s",
                           "tokens_per_s", "tokens_per_s_per_gpu"}
+    # the shipped H100's reference calibration: predicted, the bound beside, the error bar's
+    # source and what it was measured on
+    assert data["time_model"] == "prediction" and first["time_kind"] == "prediction"
+    assert data["prediction"]["validated_on"] == VALIDATED_ON
+    assert data["prediction"]["error_bars"]["total"] == get_hardware("h100").calibration\
+        .error_bars["total"]
+    assert best.decode_bound is not None
+    assert first["latency_per_token_bound_s"] == best.decode_bound.total
+    assert first["tokens_per_s_bound"] == best.tokens_per_s_bound
+    table = out.splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("#  layout"))
+    assert table[head].endswith("tok/s/GPU  per token (bound)  tok/s/GPU (bound)")
+    # the best row ends with its bound: the latency per token and tokens/s per GPU
+    assert table[head + 2].split()[-3:] == [*seconds(best.decode_bound.total).split(),
+                                            f"{best.tokens_per_s_per_gpu_bound:,.0f}"]
+    note = next(line for line in table if line.startswith("1st token, per token, tok/s: "))
+    assert f"+-{100 * data['prediction']['error_bars']['total']:.0f}% (90th percentile" in note
+    assert VALIDATED_ON in note
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -251,3 +277,65 @@ def test_a_sweep_page_explains_each_plan(capsys: pytest.CaptureFixture[str],
     assert isinstance(two, ServePlan)
     assert points[1]["plan"]["explain"] == serve_page_data(two)["explain"]
     assert points[1]["plan"]["explain"]["why"]
+
+
+def _per_call(log: CallLog, hw: Hardware) -> float:
+    """A forward's predicted compute from its calls one by one, on a GPU's calibration: the
+    longer of the host's sum and the device's (each call's prediction less its host part),
+    summed in the calls' order as the estimate sums them."""
+    rows = [call_row(r, hw, *resolve_tf32(None)) for r in log.records]
+    host = sum(r.host_s for r in rows)
+    return max(host, sum(r.predicted_s for r in rows) - host)
+
+
+def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
+        served: ServePlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's decode step on the shipped H100 (its reference calibration) is the mean of
+    the first and last decode steps' per-call predictions; its prefill the prefill's."""
+    hw = get_hardware("h100")
+    assert hw.calibration is not None and hw.calibration.device.startswith("cuda")
+    logs: list[CallLog] = []
+
+    class Kept(CallLog):  # every forward's log, in order
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            logs.append(self)
+
+    monkeypatch.setattr(serving, "CallLog", Kept)
+    build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
+    run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, NEW, hw)
+    prefill, first, _, last = logs  # the prefill, the first decode, the catch-up, the last
+    assert forward_seconds(run.first.estimate) == _per_call(first, hw)
+    c = _row(served, "TP2 PP1 DP1", 4)
+    # decode: (first + last) / 2, to the bit; the all-reduces beside it as before
+    assert c.decode.kind == c.prefill.kind == "prediction"
+    assert c.decode.compute == (_per_call(first, hw) + _per_call(last, hw)) / 2
+    assert c.prefill.compute == _per_call(prefill, hw)
+    assert c.decode.total == c.decode.compute + c.decode.tp_comm  # one stage: no sends
+    # the bound beside it: the roofline times of the same calls
+    assert c.decode_bound is not None and c.prefill_bound is not None
+    assert c.decode_bound.kind == "bound"
+    assert c.decode_bound.compute == (run.first.estimate.total.time_s
+                                      + run.last.estimate.total.time_s) / 2
+    assert c.decode_bound.tp_comm == c.decode.tp_comm
+    request = c.prefill_bound.total + (NEW - 1) * c.decode_bound.total
+    assert c.tokens_per_s_bound == pytest.approx(c.layout.replicas * 4 * NEW / request)
+    assert c.tokens_per_s_per_gpu_bound == pytest.approx(c.tokens_per_s_bound / 2)
+
+
+def test_the_bound_is_the_datasheet_profiles_plan_to_the_bit(served: ServePlan) -> None:
+    """The datasheet H100 (no calibration) plans with the bound alone: its times are the
+    calibrated plan's bound beside, to the bit (main's serving plan, before the prediction)."""
+    bound = flopscope.plan("hf:llama", **{**SERVE, "hardware": PROFILES["h100-sxm"]})
+    assert isinstance(bound, ServePlan)
+    assert bound.to_dict()["time_model"] == "roofline lower bound"
+    assert bound.to_dict()["prediction"] is None
+    mine = {c.label: c for c in (*served.ranked, *served.dropped)}
+    assert {c.label for c in (*bound.ranked, *bound.dropped)} == set(mine)
+    for c in (*bound.ranked, *bound.dropped):
+        assert c.decode.kind == "bound" and c.decode_bound is None
+        assert c.to_dict()["latency_per_token_bound_s"] is None
+        predicted = mine[c.label]
+        assert (c.prefill, c.decode) == (predicted.prefill_bound, predicted.decode_bound)
+        assert c.tokens_per_s == predicted.tokens_per_s_bound
+        assert c.memory_bytes == predicted.memory_bytes

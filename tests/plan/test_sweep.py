@@ -14,9 +14,10 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES
 from flopscope.plan import Plan
-from flopscope.plan.roles import clear_cache
+from flopscope.plan.display import sweep_line
+from flopscope.plan.roles import RoleKey, clear_cache
 from flopscope.plan.sweeps import SweepRow, role_tasks, sweep
-from flopscope.plan.workers import RoleTask, results
+from flopscope.plan.workers import RoleTask, TaskFailure, results
 
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
                               num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
@@ -63,6 +64,8 @@ def test_worker_processes_give_the_same_plans(here: dict[int, Plan]) -> None:
     assert sorted(r.gpus for r in rows) == [1, 2]
     for row in rows:
         assert row.error is None and isinstance(row.plan, Plan)
+        # a role a worker gave no result for says why (it was once None, cause unknown)
+        assert row.worker_errors == ()
         assert row.plan.simulations == 0  # every role came from a worker
         assert _summary(row.plan) == _summary(here[row.gpus])
 
@@ -92,6 +95,32 @@ def test_ray_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     task = RoleTask("train", "hf:llama", 64, "bfloat16", (), PROFILES["h100-sxm"])
     with pytest.raises(UsageError, match=r"--ray needs Ray: pip install 'flopscope\[ray\]'"):
         list(results([task], ray="local"))
+
+
+def test_a_failing_task_says_why_here_and_from_a_worker_process() -> None:
+    # a source that does not load: run_task raises in the worker; the failure comes back
+    # (pickled from the spawned worker) with the role, the exception's type and message
+    bad = [RoleTask("train", f"hf:no-such-model-{i}", 64, "bfloat16", (),
+                    PROFILES["h100-sxm"], RoleKey(1, 1, 0, 1, 1, 1, "none")) for i in (1, 2)]
+    for jobs in (1, 2):
+        got = dict(results(bad, jobs=jobs))
+        assert set(got) == set(bad)
+        for task, failure in got.items():
+            assert isinstance(failure, TaskFailure)
+            assert failure.task == task.label and failure.error == "SourceError"
+            assert f"'{task.source.removeprefix('hf:')}'" in failure.message and failure.where
+            assert str(failure).startswith(f"{task.label}: SourceError: ")
+
+
+def test_a_row_names_its_failed_roles_in_the_table() -> None:
+    failure = TaskFailure("hf:llama TP1 PP1 stage 0 DP2 mb1", "MemoryError", "out of\nmemory",
+                          "x.py:3 in f")
+    row = SweepRow("hf:llama", 2, 64, None, "boom", (str(failure),))
+    assert row.to_dict()["worker_errors"] == [
+        "hf:llama TP1 PP1 stage 0 DP2 mb1: MemoryError: out of memory (at x.py:3 in f)"]
+    assert sweep_line(row).splitlines()[1] == (
+        "    worker failed, simulated here: hf:llama TP1 PP1 stage 0 DP2 mb1: MemoryError: "
+        "out of memory (at x.py:3 in f)")
 
 
 def test_a_failing_point_is_a_row_with_its_error() -> None:

@@ -157,9 +157,10 @@ def test_a_shipped_gpu_plans_with_its_reference_prediction_and_the_bound_beside(
 def test_a_sweep_table_says_what_its_times_are() -> None:
     """A sweep's table (several plans streamed) names its times in its first line, as one
     plan's table does under it: a shipped GPU's step is a prediction from its reference with
-    its error bar, the datasheet profile's the bound; a serving sweep's the bound."""
+    its error bar, the datasheet profile's the bound; a serving sweep's likewise."""
     from flopscope.estimate import get_hardware
     from flopscope.plan.display import sweep_header
+    from flopscope.plan.serve_notes import VALIDATED_ON
 
     hw = get_hardware("h100-sxm")
     cal = hw.calibration
@@ -170,6 +171,11 @@ def test_a_sweep_table_says_what_its_times_are() -> None:
     assert "error bar +-68%" in first and "MFU (bound)" in header
     assert sweep_header("train", PROFILES["h100-sxm"])[0] == \
         "step, MFU: roofline lower bounds (every call at peak rate or bandwidth)"
-    assert sweep_header("serve", hw)[0] == \
+    # a serving sweep's: the prediction too, and what its error bar was measured on
+    serve = sweep_header("serve", hw)[0]
+    assert serve.startswith("tok/s/GPU, per token: predictions from a reference calibration ("
+                            + cal.source())
+    assert "error bar +-68%" in serve and VALIDATED_ON in serve
+    assert sweep_header("serve", PROFILES["h100-sxm"])[0] == \
         "tok/s/GPU, per token: roofline lower bounds (every call at peak rate or bandwidth)"
     assert sweep_header("train") == [header, rule]  # without a profile: the columns alone

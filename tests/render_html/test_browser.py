@@ -436,6 +436,7 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     import flopscope
     from flopscope.plan import ServePlan
     from flopscope.plan.display import plan_html
+    from flopscope.plan.serve_notes import VALIDATED_ON
 
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
                           max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,
@@ -454,6 +455,20 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
                             ".textContent") == explain["why_title"]
     assert browser.evaluate("document.getElementById('breakdown').dataset.layout") == (
         plan.best_throughput.label)
+    # the shipped H100's reference calibration: the times predicted, what the error bar was
+    # measured on, the bound's latency and tokens/s beside in the table
+    hint = browser.evaluate("document.getElementById('plan-prediction').textContent")
+    assert hint.startswith("Times predicted (") and VALIDATED_ON in hint
+    heads = browser.evaluate("[...document.querySelectorAll('#ranked thead th')]"
+                             ".map(h => h.textContent)")
+    assert "per token (bound)" in heads[-2] and "tok/s/GPU (bound)" in heads[-1]
+    bound = plan.best_throughput.decode_bound
+    data = embedded_data(page.read_text(encoding="utf-8"))
+    assert bound is not None and data["ranked"][0]["latency_per_token_bound_s"] == bound.total
+    cell = browser.evaluate("document.querySelector('#ranked tbody tr').cells["
+                            + str(len(heads) - 2) + "].textContent")
+    assert cell.endswith("s") and cell != "-"  # the bound, drawn (the widget's own units)
+    assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
     # another row's breakdown has no "why it wins"
     browser.click("#ranked tbody tr:nth-child(2)")
     assert browser.evaluate("document.getElementById('plan-why')") is None

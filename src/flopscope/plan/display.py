@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
-from flopscope.plan.planner import BOUND_NOTE, compute_note, error_bar_words
+from flopscope.plan.planner import compute_note, error_bar_words
 from flopscope.plan.serve import ServeCandidate, ServePlan
+from flopscope.plan.serve_notes import VALIDATED_ON, serve_time_note
 from flopscope.plan.timing import describe
 from flopscope.render.units import human_bytes, seconds
 
@@ -177,22 +178,40 @@ def plan_html(plan: Plan | ServePlan) -> str:
     return render_plan_html(page_data(plan))
 
 
-def _serve_row(rank: str, c: ServeCandidate) -> list[str]:
+def _serve_row(rank: str, c: ServeCandidate, bound: bool) -> list[str]:
+    beside = ([seconds(c.decode_bound.total) if c.decode_bound else "-",
+               f"{c.tokens_per_s_per_gpu_bound or 0:,.0f}"] if bound else [])
     return [rank, c.layout.label, f"{c.batch}{' (max)' if c.largest else ''}",
             human_bytes(c.memory_bytes), human_bytes(c.weights_bytes),
             human_bytes(c.kv_cache_bytes), seconds(c.prefill.total), seconds(c.decode.total),
-            f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}"]
+            f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}", *beside]
+
+
+def _serve_predicted(plan: ServePlan) -> list[str]:
+    """The line under a serving table whose times are predictions: from what, the error bar,
+    what it was measured on, and the bound beside."""
+    cal = plan.hardware.calibration
+    if cal is None:
+        return []
+    return ["1st token, per token, tok/s: predicted "
+            + ("from a reference calibration " if cal.reference else "")
+            + f"({cal.source()}), " + error_bar_words(cal) + f", {VALIDATED_ON}; "
+            "per token (bound), tok/s/GPU (bound): the compute at the roofline bound, the most "
+            "a layout can reach"]
 
 
 def _serve_best(title: str, c: ServeCandidate) -> list[str]:
     d = c.decode
-    parts = [("compute", d.compute), ("tensor-parallel all-reduces", d.tp_comm),
-             ("pipeline sends", d.p2p)]
+    parts = [("compute" + (" (predicted)" if d.kind == "prediction" else ""), d.compute),
+             ("tensor-parallel all-reduces", d.tp_comm), ("pipeline sends", d.p2p)]
     said = ", ".join(f"{name} {seconds(v)}" for name, v in parts if v > 0)
+    at_bound = (f" (bound {seconds(c.decode_bound.total)}, "
+                f"{c.tokens_per_s_per_gpu_bound or 0:,.0f} tokens/s per GPU)"
+                if c.decode_bound is not None else "")
     return [f"{title}: {c.label}: {c.tokens_per_s:,.0f} tokens/s "
-            f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token, first "
-            f"token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per GPU at "
-            f"{c.peak_where}",
+            f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token{at_bound}, "
+            f"first token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per "
+            f"GPU at {c.peak_where}",
             f"  a decode step: {said}"]
 
 
@@ -249,13 +268,18 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
         f"simulated now, the rest cached) in {plan.seconds:.1f} s",
         "",
     ]
+    # where the times are predictions: the bound's latency and tokens/s beside them
+    bound = any(c.decode_bound is not None for c in (*plan.ranked, *plan.dropped))
     header = ["#", "layout", "batch", "peak/GPU", "weights", "KV cache", "1st token",
-              "per token", "tok/s", "tok/s/GPU"]
+              "per token", "tok/s", "tok/s/GPU",
+              *(["per token (bound)", "tok/s/GPU (bound)"] if bound else [])]
     if plan.ranked:
-        rows = [header] + [_serve_row(str(i + 1), c) for i, c in enumerate(plan.ranked[:top])]
+        rows = [header] + [_serve_row(str(i + 1), c, bound)
+                           for i, c in enumerate(plan.ranked[:top])]
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")
+        lines += _serve_predicted(plan)
         lines.append("")
         if plan.best_throughput is not None:
             lines += _serve_best("Best for throughput", plan.best_throughput)
@@ -295,8 +319,8 @@ def sweep_header(mode: str, hardware: Hardware | None = None) -> list[str]:
     Args:
         mode: ``train`` or ``serve``.
         hardware: the profile the plans compute with: a first line then says what the times
-            are (a training step's: a prediction with its error bar, or the bound; a serving
-            plan's: the bound).
+            are (a prediction with its error bar, or the bound; a serving plan's prediction
+            also says what its error bar was measured on).
 
     Returns:
         What the times are (with ``hardware``), the header and its rule.
@@ -304,19 +328,27 @@ def sweep_header(mode: str, hardware: Hardware | None = None) -> list[str]:
     widths = _SWEEP[mode]
     what = [] if hardware is None else [
         "step, MFU: " + compute_note(hardware) if mode == "train"
-        else "tok/s/GPU, per token: " + BOUND_NOTE]
+        else "tok/s/GPU, per token: " + serve_time_note(hardware)]
     return [*what, _cells(widths, [n for n, _ in widths]), "  ".join("-" * w for _, w in widths)]
 
 
 def sweep_line(row: SweepRow) -> str:
-    """One plan of a sweep as a table line (the plan's best layouts, or why it failed).
+    """One plan of a sweep as a table line (the plan's best layouts, or why it failed), and
+    under it, where a worker gave no result for some of its roles, which and why (the plan
+    simulated them itself).
 
     Args:
         row: the sweep's row.
 
     Returns:
-        The line.
+        The line (and those under it).
     """
+    line = _sweep_line(row)
+    return "\n".join([line, *(f"    worker failed, simulated here: {why}"
+                              for why in row.worker_errors)])
+
+
+def _sweep_line(row: SweepRow) -> str:
     start = [row.source, str(row.gpus), str(row.seq_len or "-")]
     result = row.plan
     if result is None:

@@ -17,7 +17,12 @@ simulated once per tensor-parallel degree and batch):
   batch that does is bisected between 1 and there;
 - **time**: :func:`flopscope.plan.timing.serve_step_time` of the prefill and of the first and
   last decode steps (a decode step's time is linear in its context, so their mean is the mean
-  decode step): a roofline lower bound;
+  decode step); their compute is the **prediction** where the profile has a calibration (a
+  shipped GPU's reference one, ``flopscope calibrate``'s), each call predicted as a training
+  step's calls are (the step's call records through the profile's predictor; on a GPU the
+  longer of the host's and the device's sums: :func:`flopscope.plan.timing.forward_seconds`),
+  with the roofline **bound**'s times and tokens/s beside; else the bound alone. The layouts
+  rank by the tokens/s of the prediction;
 - **tokens/s** = replicas x batch x new tokens / (prefill + (new tokens - 1) x mean decode step),
   a batch of requests from its prompt to its last token (static batching); per device, over N;
   **latency per token** = the mean decode step; **time to first token** = the prefill.
@@ -33,9 +38,10 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
+from flopscope.plan.serve_notes import serve_prediction_source, serve_time_note
 from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
 from flopscope.plan.space import ModelShape, divisors
-from flopscope.plan.timing import Links, ServeTime, serve_step_time
+from flopscope.plan.timing import Links, ServeTime, forward_seconds, serve_step_time
 
 __all__ = ["MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan", "serve_layouts",
            "serve_plan"]
@@ -96,12 +102,18 @@ class ServeCandidate:
         weights_bytes: that stage's weights.
         kv_cache_bytes: that stage's KV cache at the end of the generation.
         peak_where: ``module (prefill|decode)``, and the stage.
-        prefill: the prefill's time (time to first token).
-        decode: the mean decode step's time (latency per token).
+        prefill: the prefill's time (time to first token): the prediction, or the bound
+            (``prefill.kind``).
+        decode: the mean decode step's time (latency per token), likewise.
         tokens_per_s: generated tokens per second, every replica.
         tokens_per_s_per_gpu: the same per device.
         fits: within the budget.
         reason: why it was dropped (``None`` when it fits).
+        prefill_bound: where the times are predictions, the prefill at the roofline bound
+            (``None`` otherwise: :attr:`prefill` is the bound).
+        decode_bound: likewise the mean decode step.
+        tokens_per_s_bound: likewise the tokens/s (every replica): the most the layout can
+            reach.
     """
 
     layout: ServeLayout
@@ -117,11 +129,22 @@ class ServeCandidate:
     tokens_per_s_per_gpu: float
     fits: bool
     reason: str | None = None
+    prefill_bound: ServeTime | None = None
+    decode_bound: ServeTime | None = None
+    tokens_per_s_bound: float | None = None
 
     @property
     def label(self) -> str:
         """``TP2 PP1 DP4 batch 32``."""
         return f"{self.layout.label} batch {self.batch}"
+
+    @property
+    def tokens_per_s_per_gpu_bound(self) -> float | None:
+        """The bound's tokens/s per device (``None`` where the times are the bound)."""
+        if self.tokens_per_s_bound is None:
+            return None
+        return self.tokens_per_s_bound * self.tokens_per_s_per_gpu / self.tokens_per_s \
+            if self.tokens_per_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes, seconds)."""
@@ -134,7 +157,8 @@ class ServeCandidate:
                 "time_to_first_token_s": self.prefill.total,
                 "latency_per_token_s": self.decode.total, "tokens_per_s": self.tokens_per_s,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "fits": self.fits,
-                "reason": self.reason}
+                "reason": self.reason, "time_kind": self.decode.kind,
+                **_bound_dict(self)}
 
 
 @dataclass(frozen=True)
@@ -189,7 +213,8 @@ class ServePlan:
             "mode": "serve", "source": self.source, "gpus": self.gpus,
             "hardware": self.hardware.name, "gpus_per_node": self.gpus_per_node,
             "seq_len": self.prompt, "max_new_tokens": self.new_tokens, "dtype": self.dtype,
-            "memory_budget": self.memory_budget, "time_model": "roofline lower bound",
+            "memory_budget": self.memory_budget, "time_model": _time_model(self.hardware),
+            "prediction": serve_prediction_source(self.hardware),
             "ranked": [c.to_dict() for c in self.ranked],
             "dropped": [c.to_dict() for c in self.dropped],
             "best_throughput": self.best_throughput.label if self.best_throughput else None,
@@ -257,22 +282,52 @@ def _reason(memory: _Memory, budget: int, batch: int) -> str:
             f"{memory.where}; largest: {category.replace('_', ' ')} {human_bytes(size)}")
 
 
-def _candidate(run: ServeRun, layout: ServeLayout, links: Links, budget: int, gpus: int,
-               largest: bool) -> ServeCandidate:
-    memory = max(_memory(run, layout.pp), key=lambda m: m.total)
+def _times(run: ServeRun, layout: ServeLayout, links: Links, bound: bool
+           ) -> tuple[ServeTime, ServeTime, float]:
+    """The prefill, the mean decode step and the tokens/s of every replica: predicted, or at
+    the roofline bound with ``bound`` (or a profile without a calibration)."""
 
     def timed(step: ServeStep) -> ServeTime:
-        return serve_step_time(step.estimate.total.time_s, step.communication,
-                               step.boundary_bytes, layout.tp, layout.pp, links)
+        kind = "prediction" if step.estimate.calibrated and not bound else "bound"
+        return serve_step_time(forward_seconds(step.estimate, bound=bound), step.communication,
+                               step.boundary_bytes, layout.tp, layout.pp, links, kind)
 
     prefill = timed(run.prefill)
     decode = ServeTime.mean(timed(run.first), timed(run.last))
     request = prefill.total + (run.new_tokens - 1) * decode.total
-    total = layout.replicas * run.batch * run.new_tokens / request if request else 0.0
+    return prefill, decode, (layout.replicas * run.batch * run.new_tokens / request
+                             if request else 0.0)
+
+
+def _candidate(run: ServeRun, layout: ServeLayout, links: Links, budget: int, gpus: int,
+               largest: bool) -> ServeCandidate:
+    memory = max(_memory(run, layout.pp), key=lambda m: m.total)
+    prefill, decode, total = _times(run, layout, links, False)
+    beside: tuple[ServeTime | None, ServeTime | None, float | None] = (None, None, None)
+    if decode.kind == "prediction":  # the bound beside: the most the layout can reach
+        beside = _times(run, layout, links, True)
     fits = memory.total <= budget
     return ServeCandidate(layout, run.batch, largest, memory.total, memory.weights, memory.kv,
                           memory.where, prefill, decode, total, total / gpus, fits,
-                          None if fits else _reason(memory, budget, run.batch))
+                          None if fits else _reason(memory, budget, run.batch), *beside)
+
+
+def _bound_dict(c: ServeCandidate) -> dict[str, Any]:
+    """A row's bound beside its predicted times (JSON; ``None`` where the times are the
+    bound)."""
+    pb, db = c.prefill_bound, c.decode_bound
+    return {"prefill_bound_s": pb.to_dict() if pb else None,
+            "decode_step_bound_s": db.to_dict() if db else None,
+            "time_to_first_token_bound_s": pb.total if pb else None,
+            "latency_per_token_bound_s": db.total if db else None,
+            "tokens_per_s_bound": c.tokens_per_s_bound,
+            "tokens_per_s_per_gpu_bound": c.tokens_per_s_per_gpu_bound}
+
+
+def _time_model(hw: Hardware) -> str:
+    from flopscope.plan.planner import time_model
+
+    return time_model(hw)
 
 
 def serve_plan(
@@ -356,9 +411,9 @@ def serve_plan(
         fitting.append(best)
     fitting.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes))
     latency = min(fitting, key=lambda c: (c.decode.total, -c.tokens_per_s), default=None)
-    notes = ("times are roofline lower bounds (every call at peak rate or bandwidth) plus "
-             "link-bandwidth communication; tokens/s for a batch of requests from prompt to "
-             "last token (static batching), latency per token the mean decode step",
+    notes = (f"compute: {serve_time_note(hardware)}; communication at the links' bandwidth; "
+             "tokens/s for a batch of requests from prompt to last token (static batching), "
+             "latency per token the mean decode step",
              "with pipeline stages a batch passes the stages in turn (no microbatches in "
              "flight): stages add memory, not speed; each stage is charged the rank's "
              "activations at its peak")

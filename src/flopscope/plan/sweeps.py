@@ -33,7 +33,7 @@ from flopscope.plan.roles import RoleKey
 from flopscope.plan.serve import ServePlan, serve_layouts
 from flopscope.plan.space import ModelShape, enumerate_layouts
 from flopscope.plan.vision import data_parallel_layouts, is_decoder
-from flopscope.plan.workers import RoleTask, remember_result, results
+from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 
 __all__ = ["SweepRow", "role_tasks", "sweep"]
 
@@ -48,6 +48,9 @@ class SweepRow:
         seq_len: the sequence length asked for (``None``: the source's).
         plan: the plan (``None`` when it failed).
         error: why it failed (one line), else ``None``.
+        worker_errors: the roles of this plan a worker (a process, a Ray task) gave no result
+            for, each with why (:class:`~flopscope.plan.workers.TaskFailure`, one line): the
+            plan simulated them itself.
     """
 
     source: str
@@ -55,11 +58,12 @@ class SweepRow:
     seq_len: int | None
     plan: Plan | ServePlan | None
     error: str | None = None
+    worker_errors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the point of the sweep and its plan's dict."""
         return {"source": self.source, "gpus": self.gpus, "seq_len": self.seq_len,
-                "error": self.error,
+                "error": self.error, "worker_errors": list(self.worker_errors),
                 "plan": self.plan.to_dict() if self.plan is not None else None}
 
 
@@ -177,20 +181,23 @@ def sweep(
     hw = get_hardware(hardware)
     points = [(s, g, n) for s in sources for g in gpus for n in seq_lens]
 
+    failed: dict[RoleTask, TaskFailure] = {}  # the tasks a worker gave no result for
+
     def row(point: tuple[str, int, int | None]) -> SweepRow:
         source, count, seq = point
+        why = tuple(sorted(str(failed[t]) for t in needed.get(point, ()) if t in failed))
         try:
             made = plan(source, gpus=count, seq_len=seq, hardware=hw, **options)
         except UsageError as e:
-            return SweepRow(source, count, seq, None, str(e))
-        return SweepRow(source, count, seq, made)
+            return SweepRow(source, count, seq, None, str(e), why)
+        return SweepRow(source, count, seq, made, None, why)
 
+    needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
     if jobs <= 1 and ray is None:
         with shared_degrees():  # a role at a third device count from the first two
             for point in points:
                 yield row(point)
         return
-    needed: dict[tuple[str, int, int | None], set[RoleTask]] = {}
     keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
                                      "batches", "max_new_tokens", "tp", "pp", "ep",
                                      "param_dtype", "reduce_dtype", "sequence_parallel",
@@ -213,7 +220,9 @@ def sweep(
 
     yield from ready()
     for n, (task, result) in enumerate(results(tasks, jobs=jobs, ray=ray), 1):
-        if result is not None:
+        if isinstance(result, TaskFailure):
+            failed[task] = result
+        else:
             remember_result(task, result)
         done.add(task)
         if on_task is not None:

@@ -35,13 +35,14 @@ from fractions import Fraction
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
+from flopscope.estimate.bound import Estimate
 from flopscope.estimate.comm_time import OVERLAPPED_KINDS, CommTime, Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
-__all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe", "one_f_one_b",
-           "serve_step_time", "step_time"]
+__all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe",
+           "forward_seconds", "one_f_one_b", "serve_step_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -219,44 +220,73 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
 @dataclass(frozen=True)
 class ServeTime:
     """One forward of a decode loop (a prefill or a decode step) on a serving layout, seconds,
-    as :func:`step_time` sees a training step: a lower bound.
+    as :func:`step_time` sees a training step.
 
     Attributes:
-        compute: the roofline time of the tensor-parallel rank's calls, every stage's layers in
-            turn (a batch passes the stages one after the other).
+        compute: the tensor-parallel rank's calls, every stage's layers in turn (a batch passes
+            the stages one after the other): their prediction or their roofline bound
+            (:attr:`kind`, :func:`forward_seconds`).
         tp_comm: the tensor-parallel all-reduces (exposed: each sits between two products).
         p2p: the hidden states handed from stage to stage (``pp - 1`` sends, exposed).
         total: the step.
+        kind: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
+            :attr:`compute` is.
     """
 
     compute: float
     tp_comm: float
     p2p: float
     total: float
+    kind: str = "bound"
 
     def to_dict(self) -> dict[str, float]:
-        """A JSON-ready dict (seconds)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """A JSON-ready dict (seconds; the parts and the total, not :attr:`kind`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kind"}
 
     @staticmethod
     def mean(a: ServeTime, b: ServeTime) -> ServeTime:
         """The part-by-part mean of two steps (a decode step's time is linear in its context,
         so the first and last steps' mean is the mean over the loop)."""
-        return ServeTime(*((getattr(a, f.name) + getattr(b, f.name)) / 2 for f in fields(a)))
+        return ServeTime((a.compute + b.compute) / 2, (a.tp_comm + b.tp_comm) / 2,
+                         (a.p2p + b.p2p) / 2, (a.total + b.total) / 2,
+                         a.kind if a.kind == b.kind else "bound")
+
+
+def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
+    """The compute of one forward's calls (a serving step's), as :func:`step_time` takes a
+    training phase's: the prediction where the profile has a calibration (on a GPU the longer of
+    the calls' host and device times: the host issues kernels while the device runs earlier
+    ones; on a CPU their sum, one timeline), else (or with ``bound``) the roofline bound.
+
+    Args:
+        estimate: the forward's estimate (one phase).
+        bound: the roofline bound whatever the profile.
+
+    Returns:
+        Seconds.
+    """
+    row = estimate.total
+    cal = estimate.hardware.calibration
+    if bound or cal is None:
+        return row.time_s
+    return (max(row.host_s, row.predicted_s - row.host_s) if cal.device.startswith("cuda")
+            else row.predicted_s)
 
 
 def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
-                    tp: int, pp: int, links: Links) -> ServeTime:
+                    tp: int, pp: int, links: Links, kind: str = "bound") -> ServeTime:
     """The time of one forward of a decode loop on ``tp`` x ``pp`` devices: the sibling of
     :func:`step_time` for serving, the same parts and link model.
 
     Args:
-        compute: the roofline time of the step's calls on one tensor-parallel rank (all layers).
+        compute: the step's calls on one tensor-parallel rank (all layers), seconds
+            (:func:`forward_seconds`).
         communication: the step's collectives on that rank (tensor-parallel all-reduces).
         boundary_bytes: what one stage hands the next (a decoder layer's output).
         tp: tensor-parallel degree.
         pp: pipeline stages.
         links: the collectives' links.
+        kind: what ``compute`` is: ``"prediction"`` or ``"bound"``.
 
     Returns:
         The :class:`ServeTime`.
@@ -265,7 +295,7 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
     sends = pp - 1
     p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
                                     boundary_bytes * sends)], tp * pp) if sends else 0.0
-    return ServeTime(compute, tp_comm, p2p, compute + tp_comm + p2p)
+    return ServeTime(compute, tp_comm, p2p, compute + tp_comm + p2p, kind)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them

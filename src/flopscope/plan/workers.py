@@ -15,8 +15,10 @@ simulated it there, and :func:`results` runs many and yields each as it finishes
   (``ray="local"``: ``ray.init(num_cpus=jobs)``, shut down at the end). Ray is an optional
   extra (``pip install flopscope[ray]``); a cluster's workers need flopscope installed.
 
-A task that fails (or whose worker dies) yields ``None``: the plan then simulates that role
-itself and reports the error where it happens.
+A task that fails (or whose worker dies) yields a :class:`TaskFailure` instead of its result:
+which role, the exception's type and message and where it was raised; the plan then simulates
+that role itself (and reports the error where it happens), and a sweep's row says which of its
+roles did not come from a worker and why (:attr:`flopscope.plan.sweeps.SweepRow.worker_errors`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from flopscope.estimate import Hardware
 from flopscope.plan.checkpointing import LABEL_SUFFIX
 from flopscope.plan.roles import RoleKey, RoleRun
 
-__all__ = ["RoleTask", "remember_result", "results", "run_task"]
+__all__ = ["RoleTask", "TaskFailure", "remember_result", "results", "run_task"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,47 @@ class RoleTask:
                 f"mb{k.micro_batch}{LABEL_SUFFIX[k.checkpoint]}"
                 + (" DDP" if self.data_parallel == "ddp" else "")
                 + (f" EP{self.ep}" if self.ep > 1 else ""))
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """Why a task gave no result (picklable: it comes back from a worker as a result would).
+
+    Attributes:
+        task: the role (:attr:`RoleTask.label`).
+        error: the exception's type (``BrokenProcessPool`` for a worker that died).
+        message: its message.
+        where: where it was raised (``file:line in function``, the innermost frame), or ``""``.
+    """
+
+    task: str
+    error: str
+    message: str
+    where: str = ""
+
+    @classmethod
+    def of(cls, task: RoleTask, exc: BaseException) -> TaskFailure:
+        """The failure of ``task`` by ``exc``.
+
+        Args:
+            task: the task.
+            exc: what it raised.
+
+        Returns:
+            The :class:`TaskFailure`.
+        """
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = (f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+                 if frames else "")
+        return cls(task.label, type(exc).__name__, str(exc), where)
+
+    def __str__(self) -> str:
+        """``role: Type: message (at where)``, one line."""
+        at = f" (at {self.where})" if self.where else ""
+        message = " ".join(self.message.split())
+        return f"{self.task}: {self.error}: {message}{at}"
 
 
 def run_task(task: RoleTask) -> Any:
@@ -143,7 +186,7 @@ def remember_result(task: RoleTask, result: Any) -> None:
 
 def results(tasks: Sequence[RoleTask], *, jobs: int = 1, ray: str | None = None
             ) -> Iterator[tuple[RoleTask, Any]]:
-    """Run ``tasks``, yielding ``(task, result or None)`` as each finishes.
+    """Run ``tasks``, yielding ``(task, result or TaskFailure)`` as each finishes.
 
     Args:
         tasks: the roles.
@@ -153,8 +196,8 @@ def results(tasks: Sequence[RoleTask], *, jobs: int = 1, ray: str | None = None
             running one.
 
     Yields:
-        Each task with its result (``None`` when it failed: the plan simulates it again and
-        reports why).
+        Each task with its result, or a :class:`TaskFailure` saying why there is none (the plan
+        simulates it again).
 
     Raises:
         UsageError: ``ray`` given without Ray installed, or a cluster that cannot be reached.
@@ -171,8 +214,8 @@ def results(tasks: Sequence[RoleTask], *, jobs: int = 1, ray: str | None = None
 def _safely(task: RoleTask) -> Any:
     try:
         return run_task(task)
-    except Exception:  # noqa: BLE001  (the plan simulates it again and says why)
-        return None
+    except Exception as e:  # noqa: BLE001  (the plan simulates it again; the row says why)
+        return TaskFailure.of(task, e)
 
 
 def _in_processes(tasks: Sequence[RoleTask], jobs: int) -> Iterator[tuple[RoleTask, Any]]:
@@ -192,18 +235,19 @@ def _in_processes(tasks: Sequence[RoleTask], jobs: int) -> Iterator[tuple[RoleTa
                 task = todo.pop()
                 try:
                     running[pool.submit(_safely, task)] = task
-                except BrokenProcessPool:  # the pool died: the plans simulate the rest
+                except BrokenProcessPool as e:  # the pool died: the plans simulate the rest
                     for left in [task, *reversed(todo)]:
-                        yield left, None
+                        yield left, TaskFailure.of(left, e)
                     todo.clear()
                     break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 task = running.pop(future)
                 try:
-                    yield task, future.result()
-                except Exception:  # noqa: BLE001  (a dead worker: the plan simulates it)
-                    yield task, None
+                    result = future.result()
+                except Exception as e:  # noqa: BLE001  (a dead worker: the plan simulates it)
+                    result = TaskFailure.of(task, e)
+                yield task, result
     finally:
         processes = dict(getattr(pool, "_processes", None) or {})
         pool.shutdown(wait=False, cancel_futures=True)
@@ -243,9 +287,10 @@ def _on_ray(tasks: Sequence[RoleTask], jobs: int, address: str) -> Iterator[tupl
             for ref in done:
                 task = pending.pop(ref)
                 try:
-                    yield task, ray_module.get(ref)
-                except Exception:  # noqa: BLE001  (a lost worker: the plan simulates it)
-                    yield task, None
+                    result = ray_module.get(ref)
+                except Exception as e:  # noqa: BLE001  (a lost worker: the plan simulates it)
+                    result = TaskFailure.of(task, e)
+                yield task, result
     finally:
         if started:
             ray_module.shutdown()

@@ -189,15 +189,19 @@
   var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel all-reduces", colour: "#e8743b" },
     { key: "p2p", label: "pipeline sends", colour: "#c0392b" }];
   function drawServePlan(root, data, about) {
-    var ranked = data.ranked || [], dropped = data.dropped || [], bound = data.time_model || "a model of the step";
+    var ranked = data.ranked || [], dropped = data.dropped || [], bound = data.time_model || "a model of the step", pred = data.prediction || null;
     function label(c) { return c.layout + " batch " + c.batch; }
     var tput = ranked.filter(function (c) { return label(c) === data.best_throughput; })[0] || ranked[0] || null;
     var lat = ranked.filter(function (c) { return label(c) === data.best_latency; })[0] || null;
     append(root, [el("h1", { id: "subject", text: "flopscope plan: serving " + data.source }),
       el("p", { cls: "sub", text: "serving on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), prompts of " + data.seq_len +
         " tokens, " + data.max_new_tokens + " new tokens each, " + data.dtype + ", budget " + bytes(data.memory_budget) + " per device" })]);
+    if (pred) append(root, el("p", { cls: "hint", id: "plan-prediction", text: "Times predicted (" + pred.source + ")" +
+      (pred.error_bars && pred.error_bars.total !== undefined ? ", error bar \u00b1" + Math.round(100 * pred.error_bars.total) + "% (90th percentile of |predicted / measured - 1| over its validation's models)" : ", no error bar (not validated)") +
+      (pred.validated_on ? ", " + pred.validated_on : "") + "; beside them the roofline bound's latency and tokens/s (bound): the most a layout can reach." }));
     var cards = [card("layouts x batches", String(ranked.length + dropped.length), "layouts", ranked.length + dropped.length, ranked.length + " fit, " + dropped.length + " dropped")];
-    if (tput) cards.push(card("most tokens/s", label(tput), "best", label(tput), human(tput.tokens_per_s_per_gpu) + " tokens/s per GPU (" + bound + ")"),
+    if (tput) cards.push(card("most tokens/s", label(tput), "best", label(tput), human(tput.tokens_per_s_per_gpu) + " tokens/s per GPU (" + bound + ")" +
+        (tput.tokens_per_s_per_gpu_bound != null ? "; bound " + human(tput.tokens_per_s_per_gpu_bound) : "")),
       card("its latency per token", secs(tput.latency_per_token_s), "latency", tput.latency_per_token_s, "time to first token " + secs(tput.time_to_first_token_s)));
     if (lat) cards.push(card("lowest latency per token", label(lat), "best-latency", label(lat), secs(lat.latency_per_token_s) + ", " + human(lat.tokens_per_s_per_gpu) + " tokens/s per GPU"));
     append(root, el("div", { cls: "cards" }, cards));
@@ -250,11 +254,14 @@
       { key: "memory", label: "peak/GPU", num: true, fmt: bytes }, { key: "weights", label: "weights", num: true, fmt: bytes },
       { key: "kv", label: "KV cache", num: true, fmt: bytes }, { key: "ttft", label: "first token", num: true, fmt: secs },
       { key: "latency", label: "per token", num: true, fmt: secs, title: bound }, { key: "tps", label: "tok/s", num: true, fmt: function (v) { return human(v); } },
-      { key: "tpsg", label: "tok/s/GPU", num: true, fmt: function (v) { return human(v); } }],
+      { key: "tpsg", label: "tok/s/GPU", num: true, fmt: function (v) { return human(v); } }].concat(pred ? [
+      { key: "latency_bound", label: "per token (bound)", num: true, fmt: secs, title: "compute at the roofline bound" },
+      { key: "tpsg_bound", label: "tok/s/GPU (bound)", num: true, fmt: function (v) { return human(v); }, title: "the most the layout can reach" }] : []),
       ranked.map(function (c, i) {
         return { rank: i + 1, layout: label(c), tp: c.tp, pp: c.pp, replicas: c.replicas, batch: c.batch, largest: c.largest_batch ? "yes" : "",
           memory: c.memory_bytes, weights: c.weights_bytes, kv: c.kv_cache_bytes, ttft: c.time_to_first_token_s, latency: c.latency_per_token_s,
-          tps: c.tokens_per_s, tpsg: c.tokens_per_s_per_gpu, _c: c, _cls: c === tput ? "best" : "" };
+          tps: c.tokens_per_s, tpsg: c.tokens_per_s_per_gpu, latency_bound: c.latency_per_token_bound_s, tpsg_bound: c.tokens_per_s_per_gpu_bound,
+          _c: c, _cls: c === tput ? "best" : "" };
       }), { onRow: function (r) { select(r._c); } });
     if (dropped.length) {
       append(root, [el("h2", { text: "Dropped, and why" }), dt]);
