@@ -20,8 +20,8 @@ from flopscope.plan import ServePlan, serving
 from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_html, serve_page_data
 from flopscope.plan.serve import ServeCandidate, serve_layouts
-from flopscope.plan.serve_notes import VALIDATED_ON
 from flopscope.plan.space import ModelShape
+from flopscope.plan.time_words import VALIDATED_ON
 from flopscope.plan.timing import forward_seconds
 from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes, seconds

@@ -160,7 +160,7 @@ def test_a_sweep_table_says_what_its_times_are() -> None:
     its error bar, the datasheet profile's the bound; a serving sweep's likewise."""
     from flopscope.estimate import get_hardware
     from flopscope.plan.display import sweep_header
-    from flopscope.plan.serve_notes import VALIDATED_ON
+    from flopscope.plan.time_words import VALIDATED_ON
 
     hw = get_hardware("h100-sxm")
     cal = hw.calibration

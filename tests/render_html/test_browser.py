@@ -436,7 +436,7 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     import flopscope
     from flopscope.plan import ServePlan
     from flopscope.plan.display import plan_html
-    from flopscope.plan.serve_notes import VALIDATED_ON
+    from flopscope.plan.time_words import VALIDATED_ON
 
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
                           max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,

@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
-from flopscope.plan.planner import compute_note, error_bar_words
 from flopscope.plan.serve import ServeCandidate, ServePlan
-from flopscope.plan.serve_notes import VALIDATED_ON, serve_time_note
+from flopscope.plan.time_words import compute_note, table_line
 from flopscope.plan.timing import describe
 from flopscope.render.units import human_bytes, seconds
 
@@ -55,18 +54,6 @@ def _applied(c: Candidate) -> str:
     return " + ".join({"sequence": "SP", "loss": "loss"}[a] for a in c.applied) or "-"
 
 
-def _predicted(plan: Plan) -> list[str]:
-    """The line under the table where its times are predictions: from what, the error bar,
-    and the bound beside."""
-    cal = plan.hardware.calibration
-    if cal is None:
-        return []
-    return ["step, MFU: predicted " + ("from a reference calibration " if cal.reference else "")
-            + f"({cal.source()}), " + error_bar_words(cal)
-            + "; step (bound), MFU (bound): the compute at the roofline bound, the most a "
-              "layout can reach"]
-
-
 def plan_text(plan: Plan, top: int = 10) -> str:
     """The plan as text.
 
@@ -101,7 +88,7 @@ def plan_text(plan: Plan, top: int = 10) -> str:
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")
-        lines += _predicted(plan) if bound else []
+        lines += table_line(plan.hardware) if bound else []
         lines += ["", "Pareto front (no other layout is both faster and smaller):"]
         lines += [f"  {c.choice.label}: {seconds(c.time.total)}, {human_bytes(c.memory_bytes)}"
                   for c in plan.pareto]
@@ -187,19 +174,6 @@ def _serve_row(rank: str, c: ServeCandidate, bound: bool) -> list[str]:
             f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}", *beside]
 
 
-def _serve_predicted(plan: ServePlan) -> list[str]:
-    """The line under a serving table whose times are predictions: from what, the error bar,
-    what it was measured on, and the bound beside."""
-    cal = plan.hardware.calibration
-    if cal is None:
-        return []
-    return ["1st token, per token, tok/s: predicted "
-            + ("from a reference calibration " if cal.reference else "")
-            + f"({cal.source()}), " + error_bar_words(cal) + f", {VALIDATED_ON}; "
-            "per token (bound), tok/s/GPU (bound): the compute at the roofline bound, the most "
-            "a layout can reach"]
-
-
 def _serve_best(title: str, c: ServeCandidate) -> list[str]:
     d = c.decode
     parts = [("compute" + (" (predicted)" if d.kind == "prediction" else ""), d.compute),
@@ -279,7 +253,7 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")
-        lines += _serve_predicted(plan)
+        lines += table_line(plan.hardware, serve=True)
         lines.append("")
         if plan.best_throughput is not None:
             lines += _serve_best("Best for throughput", plan.best_throughput)
@@ -328,7 +302,7 @@ def sweep_header(mode: str, hardware: Hardware | None = None) -> list[str]:
     widths = _SWEEP[mode]
     what = [] if hardware is None else [
         "step, MFU: " + compute_note(hardware) if mode == "train"
-        else "tok/s/GPU, per token: " + serve_time_note(hardware)]
+        else "tok/s/GPU, per token: " + compute_note(hardware, serve=True)]
     return [*what, _cells(widths, [n for n, _ in widths]), "  ".join("-" * w for _, w in widths)]
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from flopscope.errors import UsageError
-from flopscope.estimate import Calibration, Hardware, get_hardware
+from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
@@ -38,6 +38,7 @@ from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
+from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
     VisionRoles,
@@ -166,52 +167,6 @@ UNDERSTATED_NOTE = (
     "({} here: pipelines of more than 18 stages, at as many microbatches as stages): below the "
     "step's (each microbatch beyond leaves its input, and on the last stage its output, live "
     "to the step's end; docs/plan.md, 'More microbatches than stages')")
-
-
-def time_model(hw: Hardware) -> str:
-    """What a plan's step times are on ``hw``: ``"prediction"`` (with a calibration block)
-    or ``"roofline lower bound"``."""
-    return "prediction" if hw.calibration is not None else "roofline lower bound"
-
-
-def prediction_source(hw: Hardware) -> dict[str, Any] | None:
-    """Where a plan's predicted times come from (``None`` without a calibration): the one
-    label (:meth:`~flopscope.estimate.Calibration.source`), whether it is a reference (not
-    calibrated on this GPU), its error bars (90th percentile of ``|predicted / measured - 1|``
-    per family and over whole models, ``"total"``)."""
-    cal = hw.calibration
-    if cal is None:
-        return None
-    return {"source": cal.source(), "reference": bool(cal.reference),
-            "error_bars": dict(cal.error_bars),
-            "bound": "beside each layout: bound_time_s (compute at the roofline bound) and "
-                     "mfu_bound (the most the layout can reach)"}
-
-
-BOUND_NOTE = "roofline lower bounds (every call at peak rate or bandwidth)"
-"""The notes' words for a time at the roofline bound."""
-
-
-def error_bar_words(cal: Calibration, prefix: str = "") -> str:
-    """A calibration's whole-model error bar in words (``prefix`` before the figure), or that
-    it has none."""
-    total = cal.error_bars.get("total")
-    if total is None:
-        return "no error bar (not validated)"
-    return (f"{prefix}+-{100 * total:.0f}% (90th percentile of |predicted / measured - 1| over "
-            "its validation's models)")
-
-
-def compute_note(hw: Hardware) -> str:
-    """The notes' words for what a step's compute is on ``hw``."""
-    cal = hw.calibration
-    if cal is None:
-        return BOUND_NOTE
-    bar = ", " + error_bar_words(cal, "error bar ")
-    kind = ("predictions from a reference calibration" if cal.reference
-            else "calibrated predictions")
-    return (f"{kind} ({cal.source()}){bar}; beside them the roofline bound's step and MFU "
-            "(bound): the most a layout can reach")
 
 
 def plan(

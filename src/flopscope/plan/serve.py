@@ -38,9 +38,9 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
-from flopscope.plan.serve_notes import serve_prediction_source, serve_time_note
 from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
 from flopscope.plan.space import ModelShape, divisors
+from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import Links, ServeTime, forward_seconds, serve_step_time
 
 __all__ = ["MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan", "serve_layouts",
@@ -213,8 +213,8 @@ class ServePlan:
             "mode": "serve", "source": self.source, "gpus": self.gpus,
             "hardware": self.hardware.name, "gpus_per_node": self.gpus_per_node,
             "seq_len": self.prompt, "max_new_tokens": self.new_tokens, "dtype": self.dtype,
-            "memory_budget": self.memory_budget, "time_model": _time_model(self.hardware),
-            "prediction": serve_prediction_source(self.hardware),
+            "memory_budget": self.memory_budget, "time_model": time_model(self.hardware),
+            "prediction": prediction_source(self.hardware, serve=True),
             "ranked": [c.to_dict() for c in self.ranked],
             "dropped": [c.to_dict() for c in self.dropped],
             "best_throughput": self.best_throughput.label if self.best_throughput else None,
@@ -324,12 +324,6 @@ def _bound_dict(c: ServeCandidate) -> dict[str, Any]:
             "tokens_per_s_per_gpu_bound": c.tokens_per_s_per_gpu_bound}
 
 
-def _time_model(hw: Hardware) -> str:
-    from flopscope.plan.planner import time_model
-
-    return time_model(hw)
-
-
 def serve_plan(
     source: str,
     build: ServeBuild,
@@ -411,7 +405,7 @@ def serve_plan(
         fitting.append(best)
     fitting.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes))
     latency = min(fitting, key=lambda c: (c.decode.total, -c.tokens_per_s), default=None)
-    notes = (f"compute: {serve_time_note(hardware)}; communication at the links' bandwidth; "
+    notes = (f"compute: {compute_note(hardware, serve=True)}; communication at the links' bandwidth; "
              "tokens/s for a batch of requests from prompt to last token (static batching), "
              "latency per token the mean decode step",
              "with pipeline stages a batch passes the stages in turn (no microbatches in "
