@@ -35,14 +35,14 @@ from fractions import Fraction
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
-from flopscope.estimate.bound import Estimate
+from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.comm_time import OVERLAPPED_KINDS, CommTime, Links, comm_time
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
 __all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe",
-           "forward_seconds", "one_f_one_b", "serve_step_time", "step_time"]
+           "forward_seconds", "one_f_one_b", "row_seconds", "serve_step_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -143,19 +143,11 @@ class _Stage:
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool) -> _Stage:
     estimate = run.estimate
     phases = estimate.by_phase
-    predicted = estimate.calibrated and not bound
-    cal = estimate.hardware.calibration
-    gpu = cal is not None and cal.device.startswith("cuda")
+    cal = None if bound else estimate.hardware.calibration
 
     def phase(name: str) -> float:
         row = phases.get(name)
-        if row is None:
-            return 0.0
-        if not predicted:
-            return row.time_s
-        # a GPU's host issues kernels while the device runs earlier ones: the phase takes
-        # the longer of the two (a CPU's are one timeline: their sum)
-        return max(row.host_s, row.predicted_s - row.host_s) if gpu else row.predicted_s
+        return 0.0 if row is None else row_seconds(row, estimate, bound=bound)
 
     # sequence parallelism's all-gathers and reduce-scatters (over the tensor-parallel group)
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
@@ -164,7 +156,7 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     comm = comm_time(records, links, tp=choice.tp, dp=choice.dp, gpus=choice.gpus, scale=scale,
                      ddp=choice.data_parallel == "ddp")
     hooks = 0.0
-    if predicted and cal is not None and not gpu:
+    if cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
             r.calls for r in records if r.kind in OVERLAPPED_KINDS and r.group != "tp")
     return _Stage(forward=phase(Phase.FORWARD.value) * scale,
@@ -265,12 +257,30 @@ def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
     Returns:
         Seconds.
     """
-    row = estimate.total
+    return row_seconds(estimate.total, estimate, bound=bound)
+
+
+def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
+    """The time of a row of ``estimate``'s calls (a phase, a forward): the prediction where the
+    profile has a calibration, else (or with ``bound``) the roofline bound. On a GPU the longer
+    of the calls' host and device times (the host issues kernels while the device runs earlier
+    ones); on a CPU their sum (one timeline). The one rule of a training phase and a serving
+    step.
+
+    Args:
+        row: the summed calls.
+        estimate: the estimate they are of (its profile's calibration).
+        bound: the roofline bound whatever the profile.
+
+    Returns:
+        Seconds.
+    """
     cal = estimate.hardware.calibration
     if bound or cal is None:
         return row.time_s
-    return (max(row.host_s, row.predicted_s - row.host_s) if cal.device.startswith("cuda")
-            else row.predicted_s)
+    if cal.device.startswith("cuda"):
+        return max(row.host_s, row.predicted_s - row.host_s)
+    return row.predicted_s
 
 
 def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
