@@ -12,7 +12,7 @@ import torchvision
 from torch import nn
 
 import flopscope
-from flopscope.core import mode as mode_module
+from flopscope.core import recorder as recorder_module
 from flopscope.core.cost_memo import cost_key
 from flopscope.report import Report
 
@@ -24,7 +24,7 @@ def _table(report: Report) -> dict[tuple[str, str, str], tuple[int, int, int, in
 
 def _without_memo(monkeypatch: pytest.MonkeyPatch, fn: Any) -> Any:
     with monkeypatch.context() as m:
-        m.setattr(mode_module, "cost_key", lambda *args: None)  # every call costed by its rule
+        m.setattr(recorder_module, "call_key", lambda *args: None)  # every call costed by its rule
         return fn()
 
 
@@ -57,8 +57,10 @@ def test_remembered_costs_equal_costing_every_call(
                                                                warn=False))
     first = flopscope.count(model, x, backward=backward, warn=False)
     again = flopscope.count(model, x, backward=backward, warn=False)  # every call remembered now
+    third = flopscope.count(model, x, backward=backward, warn=False)  # its cost in the template
     assert _table(first) == _table(plain)
     assert _table(again) == _table(plain)
+    assert _table(third) == _table(plain)
     assert first.to_dict() == plain.to_dict()
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["REAL_KEY", "REAL_LIMIT", "cost_key", "is_real_key"]
+__all__ = ["KEY_LATER", "REAL_KEY", "REAL_LIMIT", "cost_key", "is_real_key"]
 
 _Tensor = torch.Tensor
 _Parameter = nn.Parameter
@@ -39,6 +39,9 @@ _INTS = frozenset({int})
 _R = object()  # a real tensor's place in a key (never equal to a scalar argument)
 REAL_KEY = _KEY = object()  # the second element of every key made here (is_real_key)
 REAL_LIMIT = 20_000  # keys remembered per phase before the table starts over (a few MB)
+#: what the dispatch mode passes as a call's memo key when the call is to be keyed by the recorder,
+#: which knows its module (:func:`flopscope.core.call_guards.call_key`)
+KEY_LATER: tuple[Any, ...] = (object(),)
 
 
 def _add(key: list[Any], a: Any) -> bool:

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from flopscope.core.cost_memo import cost_key
+from flopscope.core.cost_memo import KEY_LATER
 from flopscope.core.dtensor import in_sharding_propagation, is_dtensor_call
 from flopscope.core.fake_memo import FAKE_MODES, replays_fake
 from flopscope.core.integrity import WriteGuard
@@ -158,9 +158,10 @@ class CountingMode(TorchDispatchMode):
             out = kernel(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        # a default rule's cost is remembered by the call's metadata (flopscope.core.cost_memo)
+        # a default rule's cost is remembered by the call's metadata (flopscope.core.cost_memo),
+        # keyed by the recorder once it knows the module (flopscope.core.call_guards)
         self.record(func, entry, args, kwargs, out, None,
-                    cost_key(id(func), args, kwargs, out) if entry.memoizable else None)
+                    KEY_LATER if entry.memoizable else None)
         return out
 
     def _dtensor(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from flopscope.core.call_guards import call_key
 from flopscope.core.comm import CommLog
+from flopscope.core.cost_memo import KEY_LATER
 from flopscope.core.costing import Costing, OpEntry, may_be_nonzero
 from flopscope.core.dtensor import DTensorLedger
 from flopscope.core.frames import Frame
@@ -153,8 +155,9 @@ class Recorder:
         ``decomposed`` is given by :meth:`decomposed`: the summed cost of a decomposition's
         pieces (``True``: counted) or an uncounted piece (``False``). ``memo`` is the call's key
         when its cost depends on argument metadata alone (meta tensors, see
-        :mod:`flopscope.core.memo`): a default rule's cost is then computed once per key and
-        phase."""
+        :mod:`flopscope.core.memo`; real tensors: :data:`~flopscope.core.cost_memo.KEY_LATER`,
+        keyed here once the module is known, :mod:`flopscope.core.call_guards`): a default rule's
+        cost is then computed once per key and phase."""
         if self.in_rule:
             return
         f = entry.facts
@@ -183,12 +186,27 @@ class Recorder:
             frame = None
             path = self.tracker.backward_path(node, st)
             shadowing = None
+        hit = None
+        if memo is KEY_LATER:  # a call on real tensors: keyed now that its module is known
+            cell = call_key(func, frame.module if frame is not None else None, args, kwargs, out)
+            if cell is None:
+                memo = None
+            elif cell[1] is entry.rule and cell[2] is phase:  # remembered with its template
+                memo = cell[0]
+                hit = cell[3]
+            else:
+                memo = cell[0]
+                hit = self.remembered(entry, memo, phase)
+                if hit is not None:
+                    cell[1:] = entry.rule, phase, hit
+        elif memo is not None:
+            hit = self.remembered(entry, memo, phase)
         key: Any = f
         if decomposed is not None:
             cost, counted = decomposed
             if counted:
                 key = decomposed_key(f)  # the decomposed operator's own record
-        elif memo is not None and (hit := self.remembered(entry, memo, phase)) is not None:
+        elif hit is not None:
             cost = hit
             counted = True
             if self.pieces is not None:  # part of a decomposition: added up by decomposed()
