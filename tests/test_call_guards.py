@@ -155,3 +155,19 @@ def test_counts_with_templates_equal_counts_without(monkeypatch: pytest.MonkeyPa
     reports = [flopscope.count(model, x, warn=False).to_dict() for _ in range(3)]
     assert all(r == plain for r in reports)
     assert found and len(found) < 3 * len(plain["records"])  # templates were made, then used
+
+
+def test_a_guard_that_cannot_be_built_keys_the_call_directly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a torch whose guard takes other arguments raises when it is built: the call is keyed by
+    # cost_key every time (a fresh cell, never a template's), never an error from the count
+    def refuses(*tensors: Any, **kwargs: Any) -> Any:
+        raise TypeError("TensorGuards() got an unexpected keyword argument")
+
+    monkeypatch.setattr(call_guards, "TensorGuards", refuses)
+    where, x = object(), torch.randn(3, 4)
+    cells = [_key(aten.relu.default, where, (x,), aten.relu.default(x)) for _ in range(2)]
+    assert cells[0] is not None and cells[1] is not None and cells[0] is not cells[1]
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    report = flopscope.count(model, torch.randn(2, 4))
+    assert report.macs == 2 * 4 * 3  # (batch 2 x in 4 x out 3)

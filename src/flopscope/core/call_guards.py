@@ -187,7 +187,10 @@ def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     first = mask.index(False) if False in mask else len(mask)
     where: Any = first if not any(mask[first:]) else tuple(mask)
     pick = itemgetter(*positions) if positions else None
-    check = TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    try:  # (a torch whose guard takes other arguments, or refuses these tensors: keyed directly)
+        check = TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    except (TypeError, RuntimeError, ValueError):
+        return None
     # (what pick gives: one value, or a tuple of them; lists copied, as the caller may change its)
     picked = None if not positions else others[0] if len(positions) == 1 else tuple(others)
     return (len(args), where, tuple(typed), pick, picked,
