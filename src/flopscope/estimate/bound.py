@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import torch
 
-from flopscope.estimate.call_record import CallRecord, is_convolution
+from flopscope.estimate.call_record import CallRecord, fields_but, is_convolution
 from flopscope.estimate.families import family
 from flopscope.estimate.predict import overlapped, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
@@ -212,7 +211,7 @@ def call_row(rec: CallRecord, hw: Hardware, tf32: bool, tf32_convolution: bool =
 
 #: what a call's row is a function of: every field of its record but where it ran (its module
 #: path and phase; :func:`call_row` and the prediction read neither)
-_ROW_KEY = attrgetter(*(n for n in CallRecord.__slots__ if n not in ("path", "phase")))
+_ROW_KEY = fields_but("path", "phase")
 _ROW_MEMO = 1 << 18  # rows kept per (hardware, TF32 flags), then forgotten to start again
 _ROWS: dict[tuple[int, bool, bool], tuple[Hardware, dict[tuple[Any, ...], Row]]] = {}
 

@@ -6,9 +6,13 @@ field is set by.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
+
 import torch
 
-__all__ = ["CallRecord", "is_convolution"]
+__all__ = ["CallRecord", "fields_but", "is_convolution"]
 
 
 def is_convolution(op: str) -> bool:
@@ -78,3 +82,9 @@ class CallRecord:
     def cached_bytes(self, capacity: int) -> int:
         """Bytes of this call served by a last-level cache of ``capacity`` bytes."""
         return sum(self.cached(capacity))
+
+
+def fields_but(*names: str) -> Callable[[CallRecord], tuple[Any, ...]]:
+    """A getter of every field of a :class:`CallRecord` but ``names``, as one tuple: the memo key
+    of what is a function of a call's record but those fields (its place: ``path``, ``phase``)."""
+    return attrgetter(*(n for n in CallRecord.__slots__ if n not in names))

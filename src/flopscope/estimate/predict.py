@@ -21,10 +21,9 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from operator import attrgetter
 
 from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
-from flopscope.estimate.call_record import CallRecord
+from flopscope.estimate.call_record import CallRecord, fields_but
 from flopscope.estimate.families import (
     COMPUTE_FAMILIES,
     ROTATED_FAMILIES,
@@ -43,7 +42,6 @@ multiply's host time is twice an add's)."""
 
 _NEAREST = 4
 _MEMO = 1 << 18  # calls' predictions kept per calibration (then forgotten, to start again)
-_SLOTS = CallRecord.__slots__  # every field a prediction may read (a new one is keyed too)
 _HOT_BYTES_LOG2 = 12.0  # a call after one that moved up to 4 KiB: its host time in a loop
 
 
@@ -174,9 +172,9 @@ class Predictor:
         self._memo: dict[tuple[object, ...], CallPrediction] = {}
         # the record's fields a call's prediction is keyed by (see call), with and without the
         # cache model (a CPU with a known cache size reads the reuse distances and sizes)
-        placed = {"path", "phase", *(() if self._evicted else ("before",))}
-        self._keyed = {cached: attrgetter(*(n for n in _SLOTS if n not in placed and (
-            cached or n not in ("reuse", "out_bytes")))) for cached in (False, True)}
+        placed = ("path", "phase", *(() if self._evicted else ("before",)))
+        self._keyed = {True: fields_but(*placed),
+                       False: fields_but(*placed, "reuse", "out_bytes")}
 
     def _curve(self, fam: str, dtype: str, *selectors: str) -> _Curve | None:
         for key in ([(fam, dtype, s) for s in selectors if s] + [(fam, dtype, "")]
