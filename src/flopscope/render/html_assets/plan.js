@@ -187,7 +187,9 @@
 
   // -- a serving plan: (layout, batch) pairs by throughput, with their latency ----------------------
   var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel all-reduces", colour: "#e8743b" },
-    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }];
+    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }, { key: "host_wait", label: "waiting for the host", colour: "#8e8e8e" }];
+  // a step's keys that are not parts of it (the host's time beside the device's, not added)
+  var SERVE_BESIDE = ["total", "host"];
   function drawServePlan(root, data, about) {
     var ranked = data.ranked || [], dropped = data.dropped || [], bound = data.time_model || "a model of the step", pred = data.prediction || null;
     function label(c) { return c.layout + " batch " + c.batch; }
@@ -280,7 +282,7 @@
       " tokens/s per GPU, " + secs(c.latency_per_token_s) + " per token, first token after " + secs(c.time_to_first_token_s) }));
     [["prefill (time to first token)", c.prefill_s, "prefill"], ["a decode step (latency per token)", c.decode_step_s, "decode"]].forEach(function (step) {
       var t = step[1] || {}, total = t.total || 0, bar = el("div", { cls: "bar", id: "breakdown-" + step[2] }), legend = el("div", { cls: "legend" });
-      SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return k !== "total" && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
+      SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return SERVE_BESIDE.indexOf(k) < 0 && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
         .map(function (k, i) { return { key: k, label: k.replace(/_/g, " "), colour: DEPTH_COLOURS[i % DEPTH_COLOURS.length] }; })).forEach(function (p) {
         var v = t[p.key];
         if (!(v > 0)) return;
