@@ -74,9 +74,14 @@ def validate() -> dict[str, Any]:
                      "memory": [est.memory_bytes, sim.memory_bytes],
                      "time_s": [est.time.total, sim.time.total],
                      "memory_error": est.memory_bytes / sim.memory_bytes - 1,
-                     "time_error": est.time.total / sim.time.total - 1})
+                     "time_error": est.time.total / sim.time.total - 1,
+                     "time_source": est.time.compute})
+        if est.bound_time is not None and sim.bound_time is not None:
+            rows[-1]["bound_s"] = [est.bound_time.total, sim.bound_time.total]
+            rows[-1]["bound_error"] = est.bound_time.total / sim.bound_time.total - 1
         print(rows[-1]["layout"], f"{rows[-1]['memory_error']:+.3f}",
-              f"{rows[-1]['time_error']:+.3f}", flush=True)
+              f"{rows[-1]['time_error']:+.3f}", f"{rows[-1].get('bound_error', 0.0):+.3f}",
+              flush=True)
     out: dict[str, Any] = {"config": SMALL, "gpus": 8, "global_batch": 32, "seq_len": 2048,
                            "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()},
                            "references": screen.references, "layouts": rows}
@@ -84,6 +89,8 @@ def validate() -> dict[str, Any]:
         chosen = [r for r in rows if pick(r)]
         out[name] = {"memory": _spread([r["memory_error"] for r in chosen]),
                      "time": _spread([r["time_error"] for r in chosen])}
+        if all("bound_error" in r for r in chosen):
+            out[name]["bound"] = _spread([r["bound_error"] for r in chosen])
     return out
 
 

@@ -13,18 +13,20 @@ import pytest
 
 import flopscope
 from flopscope.cli import main
+from flopscope.cost import Phase
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES, CallLog, Hardware, get_hardware
 from flopscope.estimate.bound import call_row, resolve_tf32
 from flopscope.plan import ServePlan, serving
 from flopscope.plan.build import build_model
-from flopscope.plan.display import plan_html, serve_page_data
+from flopscope.plan.display import plan_html, serve_page_data, serve_text
 from flopscope.plan.serve import ServeCandidate, serve_layouts
 from flopscope.plan.space import ModelShape
 from flopscope.plan.time_words import VALIDATED_ON
-from flopscope.plan.timing import forward_seconds
+from flopscope.plan.timing import Links, forward_seconds, serve_step_time
 from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes, seconds
+from flopscope.report.records import CommRecord
 
 # the model of tests/plan/test_plan.py: hidden 256, 8 heads of 32, 4 KV heads, MLP 512, 4 layers,
 # vocab 512: 2,623,744 parameters
@@ -140,7 +142,8 @@ def test_throughput_and_latency(served: ServePlan) -> None:
         assert c.tokens_per_s == pytest.approx(c.layout.replicas * c.batch * NEW / request)
         assert c.tokens_per_s_per_gpu == pytest.approx(c.tokens_per_s / 2)
         for t in (c.prefill, c.decode):
-            assert t.total == pytest.approx(t.compute + t.tp_comm + t.p2p)
+            assert t.total == pytest.approx(t.compute + t.tp_comm + t.p2p + t.host_wait)
+            assert t.total == pytest.approx(max(t.host, t.device_only))
         assert (c.decode.tp_comm > 0) == (c.layout.tp > 1)
         assert (c.decode.p2p > 0) == (c.layout.pp > 1)
         # at the bound: 64 positions against 1 (predicted, this small model's steps are both
@@ -279,13 +282,13 @@ def test_a_sweep_page_explains_each_plan(capsys: pytest.CaptureFixture[str],
     assert points[1]["plan"]["explain"]["why"]
 
 
-def _per_call(log: CallLog, hw: Hardware) -> float:
-    """A forward's predicted compute from its calls one by one, on a GPU's calibration: the
-    longer of the host's sum and the device's (each call's prediction less its host part),
+def _per_call(log: CallLog, hw: Hardware) -> tuple[float, float]:
+    """A forward's predicted (device, host) seconds from its calls one by one, on a GPU's
+    calibration: the device's sum (each call's prediction less its host part) and the host's,
     summed in the calls' order as the estimate sums them."""
     rows = [call_row(r, hw, *resolve_tf32(None)) for r in log.records]
     host = sum(r.host_s for r in rows)
-    return max(host, sum(r.predicted_s for r in rows) - host)
+    return sum(r.predicted_s for r in rows) - host, host
 
 
 def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
@@ -305,13 +308,19 @@ def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
     build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
     run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, NEW, hw)
     prefill, first, _, last = logs  # the prefill, the first decode, the catch-up, the last
-    assert forward_seconds(run.first.estimate) == _per_call(first, hw)
+    (d1, h1), (d2, h2) = _per_call(first, hw), _per_call(last, hw)
+    assert forward_seconds(run.first.estimate) == max(h1, d1)
     c = _row(served, "TP2 PP1 DP1", 4)
-    # decode: (first + last) / 2, to the bit; the all-reduces beside it as before
+    # decode: (first + last) / 2, to the bit: the device's compute and the host's apart
     assert c.decode.kind == c.prefill.kind == "prediction"
-    assert c.decode.compute == (_per_call(first, hw) + _per_call(last, hw)) / 2
-    assert c.prefill.compute == _per_call(prefill, hw)
-    assert c.decode.total == c.decode.compute + c.decode.tp_comm  # one stage: no sends
+    assert (c.decode.compute, c.decode.host) == ((d1 + d2) / 2, (h1 + h2) / 2)
+    assert (c.prefill.compute, c.prefill.host) == _per_call(prefill, hw)
+    # each step the longer of the host's time and the device's work with its all-reduces
+    # (one stage: no sends), the all-reduces on the device's stream while the host issues on
+    t = c.decode.tp_comm
+    assert t > 0
+    assert c.decode.total == (max(h1, d1 + t) + max(h2, d2 + t)) / 2
+    assert c.decode.host_wait == pytest.approx(c.decode.total - (c.decode.compute + t))
     # the bound beside it: the roofline times of the same calls
     assert c.decode_bound is not None and c.prefill_bound is not None
     assert c.decode_bound.kind == "bound"
@@ -330,6 +339,9 @@ def test_the_bound_is_the_datasheet_profiles_plan_to_the_bit(served: ServePlan) 
     assert isinstance(bound, ServePlan)
     assert bound.to_dict()["time_model"] == "roofline lower bound"
     assert bound.to_dict()["prediction"] is None
+    # the bound has no host time: nothing is host-bound, no choice without the host
+    assert bound.best_latency_without_host is None
+    assert bound.to_dict()["best_latency_without_host"] is None
     mine = {c.label: c for c in (*served.ranked, *served.dropped)}
     assert {c.label for c in (*bound.ranked, *bound.dropped)} == set(mine)
     for c in (*bound.ranked, *bound.dropped):
@@ -339,3 +351,57 @@ def test_the_bound_is_the_datasheet_profiles_plan_to_the_bit(served: ServePlan) 
         assert (c.prefill, c.decode) == (predicted.prefill_bound, predicted.decode_bound)
         assert c.tokens_per_s == predicted.tokens_per_s_bound
         assert c.memory_bytes == predicted.memory_bytes
+
+
+def test_a_host_bound_step_runs_its_collectives_while_the_device_waits() -> None:
+    """On a GPU's prediction a serving step is the longer of the host's time and the device's
+    work with its all-reduces and sends (the host issues them without waiting: kernels on the
+    device's stream); the all-reduces are not added on top of a host-bound step."""
+    links = Links.of(get_hardware("h100"), 8, 8)
+    # 10 ms of host, 2 ms of device work, no collectives: host-bound by 8 ms
+    t = serve_step_time(0.002, (), 0, 1, 1, links, "prediction", host=0.010, calls=1000)
+    assert (t.total, t.host_wait, t.device_only, t.calls) == (0.010, 0.010 - 0.002, 0.002, 1000)
+    # 1 ms of host: the device's 2 ms, nothing waited
+    t = serve_step_time(0.002, (), 0, 1, 1, links, "prediction", host=0.001)
+    assert (t.total, t.host_wait) == (0.002, 0.0)
+    # one all-reduce of 8 KiB on 8 ranks: its seconds on the device's side, hidden under a
+    # host of 10 ms, exposed under a host of 0 (the bound's)
+    ar = (CommRecord("m", Phase.FORWARD, "all_reduce", 8, 1, 8192, 14336, "tp"),)
+    comm = links.seconds(list(ar), 8)
+    assert comm > 0
+    t = serve_step_time(0.002, ar, 0, 8, 1, links, "prediction", host=0.010)
+    assert (t.tp_comm, t.total, t.host_wait) == (comm, 0.010, 0.010 - (0.002 + comm))
+    t = serve_step_time(0.002, ar, 0, 8, 1, links)
+    assert (t.total, t.host_wait, t.host) == (0.002 + comm, 0.0, 0.0)
+
+
+def test_the_best_for_latency_says_it_is_host_bound(served: ServePlan) -> None:
+    """The test model's decode step on the shipped H100 is host-bound (a few hundred tiny
+    calls): the best row for latency says so, with its host's and device's figures, what takes
+    the host's time away, and the best for latency at the device's time alone."""
+    best = served.best_latency
+    assert best is not None
+    d = best.decode
+    assert best.host_bound and d.host > d.device_only > 0
+    # both decode steps host-bound: each step is its host's time, so their mean is the
+    # host's mean to the bit
+    assert d.total == d.host
+    assert d.calls == best.to_dict()["decode_calls"] > 0
+    alone = served.best_latency_without_host
+    assert alone is min(served.ranked, key=lambda c: (c.decode.device_only, -c.tokens_per_s))
+    text = serve_text(served)
+    assert (f"  host-bound: the host issues its {d.calls:,.0f} operator calls in "
+            f"{seconds(d.host)} ({seconds(d.host / d.calls)} each), the device's work takes "
+            f"{seconds(d.device_only)}: CUDA graphs or torch.compile (mode='reduce-overhead') "
+            "take the host's time per call away") in text
+    assert alone is not None
+    assert (f"  at the device's time alone: {seconds(d.device_only)} per token here; the "
+            + ("best for latency stays this layout" if alone is best else
+               f"best for latency would be {alone.label}, "
+               f"{seconds(alone.decode.device_only)} per token")) in text
+    data = served.to_dict()
+    assert data["best_latency_without_host"] == alone.label
+    (row,) = [r for r in data["ranked"] if f"{r['layout']} batch {r['batch']}" == best.label]
+    assert row["host_bound"] is True
+    assert row["latency_per_token_without_host_s"] == d.device_only
+    assert row["decode_step_s"]["host_wait"] == d.host_wait > 0

@@ -283,6 +283,46 @@ def test_the_plan_page(browser: Chromium, plan_both: tuple[Path, Any]) -> None:
     assert browser.errors() == []
 
 
+_UNITS = {"ns": 1e-9, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _seconds_of(text: str) -> float:
+    """A time cell's text (the page's three significant digits and unit) as seconds."""
+    number, unit = text.split(" ")
+    return float(number) * _UNITS[unit]
+
+
+def test_the_plan_page_shows_the_bound_beside_the_prediction(
+        browser: Chromium, plan_both: tuple[Path, Any]) -> None:
+    """The ranked table's two bound columns (h100's reference calibration: the step and MFU
+    predicted, the roofline bound's beside them): after MFU, each row's own values."""
+    page, data = plan_both
+    _opened(browser, page)
+    heads = browser.evaluate("[...document.querySelectorAll('#ranked thead th')]"
+                             ".map(h => h.textContent)")
+    at = heads.index("MFU")
+    assert heads[at - 2:at + 3] == ["step", "tokens/s/GPU", "MFU", "step (bound)",
+                                    "MFU (bound)"]
+    cells = ("[...document.querySelectorAll('#ranked tbody tr')].map(r => [...r.cells]"
+             ".map(c => c.textContent))")
+    rows = browser.evaluate(cells)
+    assert [r[1] for r in rows] == [c["layout"] for c in data["ranked"]]
+    assert any(c["bound_time_s"]["total"] < c["time_s"]["total"] for c in data["ranked"])
+    for row, c in zip(rows, data["ranked"], strict=True):
+        # the page's units: three significant digits (at most 0.5% off the value) and MFU to
+        # a tenth of a percent
+        assert _seconds_of(row[at - 2]) == pytest.approx(c["time_s"]["total"], rel=5e-3)
+        assert _seconds_of(row[at + 1]) == pytest.approx(c["bound_time_s"]["total"], rel=5e-3)
+        assert row[at + 2] == f"{100 * c['mfu_bound']:.1f}%"
+        assert row[at] == f"{100 * c['mfu']:.1f}%"
+    # sorted by the bound's step: the layouts in the order of their bound_time_s
+    browser.click('#ranked th[data-key="step_bound"]')
+    order = [r[1] for r in browser.evaluate(cells)]
+    assert [c["layout"] for c in sorted(data["ranked"], key=lambda c: c["bound_time_s"]["total"],
+                                        reverse=True)] == order
+    assert browser.errors() == []
+
+
 def test_a_plan_page_shows_keys_it_does_not_know(browser: Chromium, plan_both: tuple[Path, Any],
                                                  tmp_path: Path) -> None:
     page, _ = plan_both
@@ -469,6 +509,19 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
                             + str(len(heads) - 2) + "].textContent")
     assert cell.endswith("s") and cell != "-"  # the bound, drawn (the widget's own units)
     assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
+    # the test model's decode step is host-bound on the H100: the best for latency at the
+    # device's time alone is named, and a decode step's parts (waiting for the host among
+    # them) add up to the step
+    alone = plan.best_latency_without_host
+    assert alone is not None
+    assert browser.evaluate("document.querySelector('.total[data-key=\"best-latency-device\"]')"
+                            ".dataset.value") == alone.label
+    parts = browser.evaluate("[...document.querySelectorAll('#breakdown-decode span')]"
+                             ".map(s => [s.dataset.part, Number(s.dataset.value)])")
+    decode = plan.best_throughput.decode
+    assert dict(parts) == {k: v for k, v in decode.to_dict().items()
+                           if k not in ("total", "host") and v > 0}
+    assert sum(v for _, v in parts) == pytest.approx(decode.total)
     # another row's breakdown has no "why it wins"
     browser.click("#ranked tbody tr:nth-child(2)")
     assert browser.evaluate("document.getElementById('plan-why')") is None

@@ -174,19 +174,38 @@ def _serve_row(rank: str, c: ServeCandidate, bound: bool) -> list[str]:
             f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}", *beside]
 
 
-def _serve_best(title: str, c: ServeCandidate) -> list[str]:
+def _serve_best(title: str, c: ServeCandidate,
+                alone: ServeCandidate | None = None) -> list[str]:
+    """A best row in words: its figures, where its decode step goes and, where that step is
+    host-bound, by how much and (``alone``: the best at the device's time alone) what the
+    choice would be without the host's time per call."""
     d = c.decode
-    parts = [("compute" + (" (predicted)" if d.kind == "prediction" else ""), d.compute),
-             ("tensor-parallel all-reduces", d.tp_comm), ("pipeline sends", d.p2p)]
+    parts = [("compute" + (" (predicted)" if d.kind == "prediction" else "")
+              + (" on the device" if d.host else ""), d.compute),
+             ("tensor-parallel all-reduces", d.tp_comm), ("pipeline sends", d.p2p),
+             ("waiting for the host", d.host_wait)]
     said = ", ".join(f"{name} {seconds(v)}" for name, v in parts if v > 0)
     at_bound = (f" (bound {seconds(c.decode_bound.total)}, "
                 f"{c.tokens_per_s_per_gpu_bound or 0:,.0f} tokens/s per GPU)"
                 if c.decode_bound is not None else "")
-    return [f"{title}: {c.label}: {c.tokens_per_s:,.0f} tokens/s "
-            f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token{at_bound}, "
-            f"first token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per "
-            f"GPU at {c.peak_where}",
-            f"  a decode step: {said}"]
+    lines = [f"{title}: {c.label}: {c.tokens_per_s:,.0f} tokens/s "
+             f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token{at_bound}, "
+             f"first token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per "
+             f"GPU at {c.peak_where}",
+             f"  a decode step: {said}"]
+    if c.host_bound:
+        each = d.host / d.calls if d.calls else 0.0
+        lines.append(f"  host-bound: the host issues its {d.calls:,.0f} operator calls in "
+                     f"{seconds(d.host)} ({seconds(each)} each), the device's work takes "
+                     f"{seconds(d.device_only)}: CUDA graphs or torch.compile "
+                     "(mode='reduce-overhead') take the host's time per call away")
+        if alone is not None:
+            lines.append(
+                f"  at the device's time alone: {seconds(d.device_only)} per token here; the "
+                + ("best for latency stays this layout" if alone is c else
+                   f"best for latency would be {alone.label}, "
+                   f"{seconds(alone.decode.device_only)} per token"))
+    return lines
 
 
 def _request(c: ServeCandidate, new_tokens: int) -> float:
@@ -258,7 +277,8 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
         if plan.best_throughput is not None:
             lines += _serve_best("Best for throughput", plan.best_throughput)
         if plan.best_latency is not None:
-            lines += _serve_best("Best for latency", plan.best_latency)
+            lines += _serve_best("Best for latency", plan.best_latency,
+                                 plan.best_latency_without_host)
         lines += _serve_why(plan)
     else:
         lines.append("No layout fits the memory budget with one sequence.")

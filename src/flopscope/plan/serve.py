@@ -20,9 +20,14 @@ simulated once per tensor-parallel degree and batch):
   decode step); their compute is the **prediction** where the profile has a calibration (a
   shipped GPU's reference one, ``flopscope calibrate``'s), each call predicted as a training
   step's calls are (the step's call records through the profile's predictor; on a GPU the
-  longer of the host's and the device's sums: :func:`flopscope.plan.timing.forward_seconds`),
+  longer of the host's sum and the device's, its all-reduces and sends included:
+  :func:`flopscope.plan.timing.forward_parts`, :func:`~flopscope.plan.timing.serve_step_time`),
   with the roofline **bound**'s times and tokens/s beside; else the bound alone. The layouts
-  rank by the tokens/s of the prediction;
+  rank by the tokens/s of the prediction. An eager decode step is host-bound on a GPU
+  (thousands of small calls): the row says so (``host_bound``), with the step at the device's
+  time alone beside (``latency_per_token_without_host_s``: what CUDA graphs or torch.compile
+  approach), and the plan names the best layout for latency at that time
+  (:attr:`ServePlan.best_latency_without_host`);
 - **tokens/s** = replicas x batch x new tokens / (prefill + (new tokens - 1) x mean decode step),
   a batch of requests from its prompt to its last token (static batching); per device, over N;
   **latency per token** = the mean decode step; **time to first token** = the prefill.
@@ -41,7 +46,7 @@ from flopscope.estimate import Hardware
 from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
 from flopscope.plan.space import ModelShape, divisors
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
-from flopscope.plan.timing import Links, ServeTime, forward_seconds, serve_step_time
+from flopscope.plan.timing import Links, ServeTime, forward_parts, serve_step_time
 
 __all__ = ["MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan", "serve_layouts",
            "serve_plan"]
@@ -158,7 +163,15 @@ class ServeCandidate:
                 "latency_per_token_s": self.decode.total, "tokens_per_s": self.tokens_per_s,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "fits": self.fits,
                 "reason": self.reason, "time_kind": self.decode.kind,
+                "decode_calls": self.decode.calls, "host_bound": self.host_bound,
+                "latency_per_token_without_host_s": self.decode.device_only,
                 **_bound_dict(self)}
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the mean decode step waits for the host (a GPU's prediction whose host
+        issues the calls slower than the device runs them)."""
+        return self.decode.host_wait > 0
 
 
 @dataclass(frozen=True)
@@ -207,6 +220,16 @@ class ServePlan:
         """The layout with the most tokens/s."""
         return self.best_throughput
 
+    @property
+    def best_latency_without_host(self) -> ServeCandidate | None:
+        """Where the best layout for latency is host-bound, the best at the device's time
+        alone (the shortest :attr:`~flopscope.plan.timing.ServeTime.device_only` decode step,
+        then the most tokens/s): the choice once CUDA graphs or torch.compile take the host's
+        time per call away; ``None`` otherwise."""
+        if self.best_latency is None or not self.best_latency.host_bound:
+            return None
+        return min(self.ranked, key=lambda c: (c.decode.device_only, -c.tokens_per_s))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``mode``: ``serve``)."""
         return {
@@ -219,6 +242,8 @@ class ServePlan:
             "dropped": [c.to_dict() for c in self.dropped],
             "best_throughput": self.best_throughput.label if self.best_throughput else None,
             "best_latency": self.best_latency.label if self.best_latency else None,
+            "best_latency_without_host": (self.best_latency_without_host.label
+                                          if self.best_latency_without_host else None),
             "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds,
             "notes": list(self.notes)}
 
@@ -289,8 +314,10 @@ def _times(run: ServeRun, layout: ServeLayout, links: Links, bound: bool
 
     def timed(step: ServeStep) -> ServeTime:
         kind = "prediction" if step.estimate.calibrated and not bound else "bound"
-        return serve_step_time(forward_seconds(step.estimate, bound=bound), step.communication,
-                               step.boundary_bytes, layout.tp, layout.pp, links, kind)
+        compute, host = forward_parts(step.estimate, bound=bound)
+        return serve_step_time(compute, step.communication, step.boundary_bytes, layout.tp,
+                               layout.pp, links, kind, host=host,
+                               calls=step.estimate.total.calls)
 
     prefill = timed(run.prefill)
     decode = ServeTime.mean(timed(run.first), timed(run.last))

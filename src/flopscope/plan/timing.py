@@ -42,7 +42,7 @@ from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
 __all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe",
-           "forward_seconds", "one_f_one_b", "row_seconds", "serve_step_time", "step_time"]
+           "forward_parts", "forward_seconds", "one_f_one_b", "row_seconds", "serve_step_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -217,12 +217,21 @@ class ServeTime:
     Attributes:
         compute: the tensor-parallel rank's calls, every stage's layers in turn (a batch passes
             the stages one after the other): their prediction or their roofline bound
-            (:attr:`kind`, :func:`forward_seconds`).
-        tp_comm: the tensor-parallel all-reduces (exposed: each sits between two products).
-        p2p: the hidden states handed from stage to stage (``pp - 1`` sends, exposed).
-        total: the step.
+            (:attr:`kind`, :func:`forward_parts`); on a GPU's prediction the device's time
+            only (the host's is :attr:`host`).
+        tp_comm: the tensor-parallel all-reduces (each sits between two products on the
+            device).
+        p2p: the hidden states handed from stage to stage (``pp - 1`` sends).
+        total: the step: ``compute + tp_comm + p2p + host_wait``.
         kind: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
             :attr:`compute` is.
+        host: on a GPU's prediction, the host's time issuing the calls (0 elsewhere: a CPU's
+            is in :attr:`compute`, the bound has none).
+        host_wait: the time the device waits for the host beyond its own work, ``host -
+            (compute + tp_comm + p2p)`` where positive: the step is **host-bound** (eager
+            PyTorch issuing its calls one by one; the collectives and sends run on the device
+            in the time it waits).
+        calls: the operator calls of the step on the rank (their host time is :attr:`host`).
     """
 
     compute: float
@@ -230,10 +239,21 @@ class ServeTime:
     p2p: float
     total: float
     kind: str = "bound"
+    host: float = 0.0
+    host_wait: float = 0.0
+    calls: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
-        """A JSON-ready dict (seconds; the parts and the total, not :attr:`kind`)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kind"}
+        """A JSON-ready dict (seconds; the parts and the total, not :attr:`kind` or
+        :attr:`calls`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("kind", "calls")}
+
+    @property
+    def device_only(self) -> float:
+        """The step without the host's wait: the device's work, all-reduces and sends (what
+        CUDA graphs or a compiled step approach where the step is host-bound)."""
+        return self.compute + self.tp_comm + self.p2p
 
     @staticmethod
     def mean(a: ServeTime, b: ServeTime) -> ServeTime:
@@ -241,7 +261,8 @@ class ServeTime:
         so the first and last steps' mean is the mean over the loop)."""
         return ServeTime((a.compute + b.compute) / 2, (a.tp_comm + b.tp_comm) / 2,
                          (a.p2p + b.p2p) / 2, (a.total + b.total) / 2,
-                         a.kind if a.kind == b.kind else "bound")
+                         a.kind if a.kind == b.kind else "bound", (a.host + b.host) / 2,
+                         (a.host_wait + b.host_wait) / 2, (a.calls + b.calls) / 2)
 
 
 def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
@@ -283,20 +304,51 @@ def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
     return row.predicted_s
 
 
+def forward_parts(estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
+    """A serving forward's calls as (device time, host time): on a GPU's prediction the sums of
+    the calls' device and host times apart (a step takes the longer of the host and the
+    device's work with its collectives: :func:`serve_step_time`); on a CPU's prediction their
+    sum and 0 (one timeline); at the roofline bound (or without a calibration) the bound and
+    0.
+
+    Args:
+        estimate: the forward's estimate (one phase).
+        bound: the roofline bound whatever the profile.
+
+    Returns:
+        (seconds of compute, seconds of host time beside it).
+    """
+    cal = estimate.hardware.calibration
+    row = estimate.total
+    if bound or cal is None:
+        return row.time_s, 0.0
+    if cal.device.startswith("cuda"):
+        return row.predicted_s - row.host_s, row.host_s
+    return row.predicted_s, 0.0
+
+
 def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
-                    tp: int, pp: int, links: Links, kind: str = "bound") -> ServeTime:
+                    tp: int, pp: int, links: Links, kind: str = "bound", *, host: float = 0.0,
+                    calls: int = 0) -> ServeTime:
     """The time of one forward of a decode loop on ``tp`` x ``pp`` devices: the sibling of
-    :func:`step_time` for serving, the same parts and link model.
+    :func:`step_time` for serving, the same parts and link model. On a GPU's prediction the
+    host issues every call, collective and send without waiting for the device (a
+    tensor-parallel all-reduce and a send are kernels on the device's stream, ordered between
+    the products around them), so the step is the longer of the host's time and the device's
+    work with its collectives and sends: a host-bound step's collectives run while the device
+    waits for the host (:attr:`ServeTime.host_wait`).
 
     Args:
         compute: the step's calls on one tensor-parallel rank (all layers), seconds
-            (:func:`forward_seconds`).
+            (:func:`forward_parts`: on a GPU's prediction the device's time).
         communication: the step's collectives on that rank (tensor-parallel all-reduces).
         boundary_bytes: what one stage hands the next (a decoder layer's output).
         tp: tensor-parallel degree.
         pp: pipeline stages.
         links: the collectives' links.
         kind: what ``compute`` is: ``"prediction"`` or ``"bound"``.
+        host: on a GPU's prediction, the calls' host time (0: none apart from ``compute``).
+        calls: the step's operator calls on the rank.
 
     Returns:
         The :class:`ServeTime`.
@@ -305,7 +357,9 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
     sends = pp - 1
     p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
                                     boundary_bytes * sends)], tp * pp) if sends else 0.0
-    return ServeTime(compute, tp_comm, p2p, compute + tp_comm + p2p, kind)
+    device = compute + tp_comm + p2p
+    total = max(host, device)
+    return ServeTime(compute, tp_comm, p2p, total, kind, host, total - device, calls)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them

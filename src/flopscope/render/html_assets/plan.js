@@ -6,7 +6,7 @@
     fsdp_comm: "#d4a017", p2p: "#c0392b", bubble: "#a8b0bd" };
   var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "param_dtype", "reduce_dtype", "precision", "memory_budget",
     "model_flops_per_step", "time_model", "prediction", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
-    "mode", "unit", "max_new_tokens", "best_throughput", "best_latency"];
+    "mode", "unit", "max_new_tokens", "best_throughput", "best_latency", "best_latency_without_host"];
   function planParts(data, layouts) {  // the parts a step's time is made of, named as the table names them
     var names = (data.explain && data.explain.part_names) || {}, keys = Object.keys(names);
     layouts.forEach(function (c) {
@@ -187,7 +187,9 @@
 
   // -- a serving plan: (layout, batch) pairs by throughput, with their latency ----------------------
   var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel all-reduces", colour: "#e8743b" },
-    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }];
+    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }, { key: "host_wait", label: "waiting for the host", colour: "#8e8e8e" }];
+  // a step's keys that are not parts of it (the host's time beside the device's, not added)
+  var SERVE_BESIDE = ["total", "host"];
   function drawServePlan(root, data, about) {
     var ranked = data.ranked || [], dropped = data.dropped || [], bound = data.time_model || "a model of the step", pred = data.prediction || null;
     function label(c) { return c.layout + " batch " + c.batch; }
@@ -203,7 +205,11 @@
     if (tput) cards.push(card("most tokens/s", label(tput), "best", label(tput), human(tput.tokens_per_s_per_gpu) + " tokens/s per GPU (" + bound + ")" +
         (tput.tokens_per_s_per_gpu_bound != null ? "; bound " + human(tput.tokens_per_s_per_gpu_bound) : "")),
       card("its latency per token", secs(tput.latency_per_token_s), "latency", tput.latency_per_token_s, "time to first token " + secs(tput.time_to_first_token_s)));
-    if (lat) cards.push(card("lowest latency per token", label(lat), "best-latency", label(lat), secs(lat.latency_per_token_s) + ", " + human(lat.tokens_per_s_per_gpu) + " tokens/s per GPU"));
+    if (lat) cards.push(card("lowest latency per token", label(lat), "best-latency", label(lat), secs(lat.latency_per_token_s) + ", " + human(lat.tokens_per_s_per_gpu) + " tokens/s per GPU" +
+        (lat.host_bound ? "; host-bound: " + secs(lat.latency_per_token_without_host_s) + " at the device's time alone (CUDA graphs, torch.compile)" : "")));
+    var alone = ranked.filter(function (c) { return label(c) === data.best_latency_without_host; })[0] || null;
+    if (alone) cards.push(card("lowest latency without the host", label(alone), "best-latency-device", label(alone), secs(alone.latency_per_token_without_host_s) +
+        " per token at the device's time alone (the host's time per call taken away)"));
     append(root, el("div", { cls: "cards" }, cards));
     if (!ranked.length) append(root, el("p", { cls: "warn", id: "plan-none", text: "No layout fits the memory budget at any batch: see the dropped ones below." }));
     var detail = el("section", { id: "breakdown" });
@@ -280,7 +286,7 @@
       " tokens/s per GPU, " + secs(c.latency_per_token_s) + " per token, first token after " + secs(c.time_to_first_token_s) }));
     [["prefill (time to first token)", c.prefill_s, "prefill"], ["a decode step (latency per token)", c.decode_step_s, "decode"]].forEach(function (step) {
       var t = step[1] || {}, total = t.total || 0, bar = el("div", { cls: "bar", id: "breakdown-" + step[2] }), legend = el("div", { cls: "legend" });
-      SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return k !== "total" && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
+      SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return SERVE_BESIDE.indexOf(k) < 0 && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
         .map(function (k, i) { return { key: k, label: k.replace(/_/g, " "), colour: DEPTH_COLOURS[i % DEPTH_COLOURS.length] }; })).forEach(function (p) {
         var v = t[p.key];
         if (!(v > 0)) return;
