@@ -119,6 +119,7 @@ class ServeCandidate:
         decode_bound: likewise the mean decode step.
         tokens_per_s_bound: likewise the tokens/s (every replica): the most the layout can
             reach.
+        tokens_per_s_per_gpu_bound: the same per device.
     """
 
     layout: ServeLayout
@@ -137,19 +138,12 @@ class ServeCandidate:
     prefill_bound: ServeTime | None = None
     decode_bound: ServeTime | None = None
     tokens_per_s_bound: float | None = None
+    tokens_per_s_per_gpu_bound: float | None = None
 
     @property
     def label(self) -> str:
         """``TP2 PP1 DP4 batch 32``."""
         return f"{self.layout.label} batch {self.batch}"
-
-    @property
-    def tokens_per_s_per_gpu_bound(self) -> float | None:
-        """The bound's tokens/s per device (``None`` where the times are the bound)."""
-        if self.tokens_per_s_bound is None:
-            return None
-        return self.tokens_per_s_bound * self.tokens_per_s_per_gpu / self.tokens_per_s \
-            if self.tokens_per_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes, seconds)."""
@@ -336,7 +330,8 @@ def _candidate(run: ServeRun, layout: ServeLayout, links: Links, budget: int, gp
     fits = memory.total <= budget
     return ServeCandidate(layout, run.batch, largest, memory.total, memory.weights, memory.kv,
                           memory.where, prefill, decode, total, total / gpus, fits,
-                          None if fits else _reason(memory, budget, run.batch), *beside)
+                          None if fits else _reason(memory, budget, run.batch), *beside,
+                          None if beside[2] is None else beside[2] / gpus)
 
 
 def _bound_dict(c: ServeCandidate) -> dict[str, Any]:
