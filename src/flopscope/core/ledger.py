@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from operator import itemgetter
 from typing import Any, Union
 
 from flopscope.core.facts import OpFacts
 from flopscope.cost import Cost, Phase
-from flopscope.report.records import OpRecord, RuleRecord, op_records
+from flopscope.report.records import OpRecord, RuleRecord, op_record
 
 __all__ = ["Acc", "Decomposed", "Key", "Ledger", "RuleSums", "Sums", "decomposed_key", "sums_of"]
 
@@ -83,8 +82,6 @@ Key = tuple[str, OpKey, Phase]
 # a key's entry: its one call's Cost while it has one (most keys of a forward: no Sums made on the
 # hot path), its Sums from the second call on (read with sums_of(); merged() and records() take both)
 Acc = dict[Key, Union[Sums, Cost]]
-_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
-_op_of = _second  # a key's operator
 
 
 def _summed(first: Cost, cost: Cost | None) -> Sums:
@@ -222,33 +219,28 @@ class Ledger:
 
     @staticmethod
     def records(acc: Acc, counted: Callable[[OpFacts], bool]) -> tuple[OpRecord, ...]:
-        """Report records of a table, in its order; ``counted`` says whether an operator had
-        a rule. Made as columns, each one pass in C over the table (see
-        :func:`~flopscope.report.records.op_records`)."""
-        keys = list(acc)
-        entries = list(acc.values())
-        ops = list(map(_op_of, keys))
+        """Report records of a table; ``counted`` says whether an operator had a rule."""
+        records: list[OpRecord] = []
+        append = records.append
         # an operator key's (name, counted, decomposed), worked out once per operator
         known: dict[OpKey, tuple[str, bool, bool]] = {}
-        for op in dict.fromkeys(ops):
-            if type(op) is str:  # a module rule's entry
-                known[op] = (op, True, False)
-            elif type(op) is Decomposed:
-                known[op] = (op.facts.name, True, True)
-            else:
-                assert isinstance(op, OpFacts)
-                known[op] = (op.name, counted(op), False)
-        found = list(map(known.__getitem__, ops))
-        if Sums in set(map(type, entries)):  # (an entry is its one call's cost, or Sums)
-            pairs = [(e.calls, e.cost()) if type(e) is Sums else (1, e) for e in entries]
-            calls: list[int] = list(map(_first, pairs))
-            costs: list[Cost] = list(map(_second, pairs))
-        else:
-            calls = [1] * len(entries)
-            costs = entries  # type: ignore[assignment]
-        return op_records(list(map(_first, keys)), list(map(_first, found)),
-                          list(map(_third, keys)), calls, costs, list(map(_second, found)),
-                          list(map(_third, found)))
+        for (path, op, phase), sums in acc.items():
+            found = known.get(op)
+            if found is None:
+                if type(op) is str:  # a module rule's entry
+                    found = (op, True, False)
+                elif type(op) is Decomposed:
+                    found = (op.facts.name, True, True)
+                else:
+                    assert isinstance(op, OpFacts)
+                    found = (op.name, counted(op), False)
+                known[op] = found
+            name, is_counted, decomposed = found
+            calls, cost = ((sums.calls, sums.cost()) if type(sums) is Sums
+                           else (1, sums))  # one call: its cost
+            append(op_record(path, name, phase, calls, cost, is_counted,  # type: ignore[arg-type]
+                             decomposed))
+        return tuple(records)
 
     def rule_records(self) -> tuple[RuleRecord, ...]:
         """What each ruled module's rule said, and what its operators measured."""
