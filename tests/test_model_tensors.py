@@ -129,6 +129,16 @@ def test_the_write_guard_table_one_tensor_per_storage_and_shared() -> None:
         a.untyped_storage().data_ptr(): [a, view]}
 
 
+def test_the_write_guard_keys_a_view_at_an_offset_by_its_storage() -> None:
+    # the table read from the tensors' data pointers holds only where each starts its storage:
+    # c starts 2 floats (8 bytes) into its storage, so its key is the storage's address, not c's
+    a, c = nn.Parameter(torch.zeros(3)), torch.zeros(5)[2:]
+    assert c.data_ptr() == c.untyped_storage().data_ptr() + 8
+    guard = WriteGuard([a, c])
+    assert {k: list(v) for k, v in guard.protected.items()} == {
+        a.untyped_storage().data_ptr(): [a], c.untyped_storage().data_ptr(): [c]}
+
+
 def test_restore_puts_back_a_storage_swapped_during_the_count() -> None:
     model = _Net()
     modules = list(model.modules())

@@ -77,48 +77,56 @@ def call_key(func: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, An
     directly) with its :func:`~flopscope.core.cost_memo.cost_key`, from a template of an earlier
     call there when one matches (see the module docstring); ``None`` when the call has no key."""
     func_id = id(func)
-    if module is None or TensorGuards is None:
-        key = cost_key(func_id, args, kwargs, out)
-        return None if key is None else [key, None, None, None]
-    place = (func_id, id(module))
-    found = _TEMPLATES.get(place)
-    if found is not None:
+    place: tuple[int, int] | None = None  # (None: the call is keyed directly)
+    found = None
+    if module is not None and TensorGuards is not None:
+        place = (func_id, id(module))
+        found = _TEMPLATES.get(place)
         if found is _NEVER:
-            key = cost_key(func_id, args, kwargs, out)
-            return None if key is None else [key, None, None, None]
-        n_args = len(args)
-        for n, tensors, typed, pick, others, kw, nout, check, cell in found:
-            if n_args != n:
-                continue
-            if typed:  # where the schema lets the type vary: types before any value
-                same = True
-                for i, t in typed:
-                    if type(args[i]) is not t:
-                        same = False
-                        break
-                if not same:
+            place = None
+        elif found is not None:
+            n_args = len(args)
+            for n, tensors, typed, pick, others, kw, nout, check, kept in found:
+                if n_args != n:
                     continue
-            if pick is not None and pick(args) != others:
-                continue
-            if kwargs:
-                if kw is None or tuple(kwargs.items()) != kw:
+                if typed:  # where the schema lets the type vary: types before any value
+                    same = True
+                    for i, t in typed:
+                        if type(args[i]) is not t:
+                            same = False
+                            break
+                    if not same:
+                        continue
+                if pick is not None and pick(args) != others:
                     continue
-            elif kw is not None:
-                continue
-            ts = args[:tensors] if type(tensors) is int else tuple(compress(args, tensors))
-            if nout is None:  # one tensor returned
-                if not check(*ts, out):
+                if kwargs:
+                    if kw is None or tuple(kwargs.items()) != kw:
+                        continue
+                elif kw is not None:
                     continue
-            elif type(nout) is int:  # a tuple of tensors
-                if type(out) is not tuple or len(out) != nout or not check(*ts, *out):
+                ts = args[:tensors] if type(tensors) is int else tuple(compress(args, tensors))
+                if nout is None:  # one tensor returned
+                    if not check(*ts, out):
+                        continue
+                elif type(nout) is int:  # a tuple of tensors
+                    if type(out) is not tuple or len(out) != nout or not check(*ts, *out):
+                        continue
+                elif out is not args[nout[0]] or not check(*ts):  # its argument (in place)
                     continue
-            elif out is not args[nout[0]] or not check(*ts):  # its argument (in place)
-                continue
-            return cell  # type: ignore[no-any-return]
+                return kept  # type: ignore[no-any-return]
     key = cost_key(func_id, args, kwargs, out)
     if key is None:
         return None
-    template = _template(func, args, kwargs, out, key)
+    cell: Cell = [key, None, None, None]  # (the one place a cell is made)
+    if place is not None:  # no template matched: this call's becomes one
+        _keep(place, found, _template(func, args, kwargs, out, cell))
+    return cell
+
+
+def _keep(place: tuple[int, int], found: list[tuple[Any, ...]] | None,
+          template: tuple[Any, ...] | None) -> None:
+    """Keep a new template (``None``: the call's shape is not one a template covers) at
+    ``place``, whose templates were ``found`` (``None``: none yet)."""
     if found is None:
         if len(_TEMPLATES) >= _LIMIT:
             _TEMPLATES.clear()
@@ -127,18 +135,17 @@ def call_key(func: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, An
         _TEMPLATES[place] = _NEVER
     else:
         found.insert(0, template)
-    return template[-1] if template is not None else [key, None, None, None]
 
 
 def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-              key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+              cell: Cell) -> tuple[Any, ...] | None:
     """A keyed call's template, or ``None`` when its shape is not one a template covers (tensors,
     scalars and flat lists of integers as arguments, scalar keywords, a tensor, a tuple of
     tensors or an argument returned, no tensor twice): the number of arguments; where the
     tensors are (``k``: the first ``k``; else a mask); ``(position, type)`` of the other
     arguments whose schema type is not fixed; an ``itemgetter`` of the other arguments and what
     it gave; the keywords' items; what was returned (``None``: one tensor; ``n``: a tuple of
-    ``n``; ``(i,)``: argument ``i``); the guard's ``check``; the :data:`Cell`."""
+    ``n``; ``(i,)``: argument ``i``); the guard's ``check``; the call's :data:`Cell`."""
     schema = getattr(func, "_schema", None)
     if schema is None:
         return None
@@ -194,7 +201,7 @@ def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     # (what pick gives: one value, or a tuple of them; lists copied, as the caller may change its)
     picked = None if not positions else others[0] if len(positions) == 1 else tuple(others)
     return (len(args), where, tuple(typed), pick, picked,
-            tuple(kwargs.items()) if kwargs else None, nout, check, [key, None, None, None])
+            tuple(kwargs.items()) if kwargs else None, nout, check, cell)
 
 
 def _varies(schema_type: Any) -> bool:

@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -351,8 +352,10 @@ class Counter:
         paths = set(tracker.types)
         for acc in (ledger.sums, dt.sharded, dt.replicated, dt.logical):
             paths.update(map(_path_of_key, acc))  # (in C: one key per operator row)
-        calls = tracker.calls
-        modules = {p: (t, calls.get(p, 0)) for p, t in tracker.types.items()}
+        types = tracker.types
+        # path -> (type, calls), in C (one pass each; a path never called: 0)
+        modules = dict(zip(types, zip(types.values(), map(tracker.calls.get, types, repeat(0)),
+                                      strict=True), strict=True))
         for p in sorted(paths - set(modules)):
             modules[p] = ("", 0)
         counted = recorder.costing.counted

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
-from flopscope.core.facts import facts
+from flopscope.core.facts import OpFacts
 
 __all__ = ["WriteGuard", "plain_tensors"]
 
@@ -29,6 +29,8 @@ _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _untyped_storage = methodcaller("untyped_storage")
 _nbytes = methodcaller("nbytes")
 _data_ptr = methodcaller("data_ptr")
+_storage_offset = torch.Tensor.storage_offset
+_tensor_data_ptr = torch.Tensor.data_ptr
 
 
 def plain_tensors(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -41,6 +43,23 @@ def plain_tensors(tensors: list[torch.Tensor]) -> Iterator[torch.Tensor]:
                                       if isinstance(getattr(t, n), torch.Tensor)])
         else:
             yield t
+
+
+def _storage_addresses(tensors: list[torch.Tensor]) -> list[int] | None:
+    """The addresses of plain tensors' storages (what :meth:`WriteGuard.before` reads of a
+    written argument, ``untyped_storage().data_ptr()``) when each tensor starts its storage and
+    the storages are distinct and not empty (the usual case: a model's parameters and buffers),
+    read in C from the tensors themselves: a tensor at offset 0 has its storage's data pointer,
+    and a nonzero one is memory allocated (an empty storage has none). A storage object made per
+    tensor and its address and size read cost about four times as much. ``None`` otherwise (a
+    view at an offset, a tied, empty or ``meta`` tensor, one with no storage): read per storage."""
+    try:
+        if any(map(_storage_offset, tensors)):
+            return None
+        ptrs = list(map(_tensor_data_ptr, tensors))
+    except (RuntimeError, NotImplementedError):  # (sparse, mkldnn: no storage to read)
+        return None
+    return ptrs if all(ptrs) and len(set(ptrs)) == len(ptrs) else None
 
 
 class WriteGuard:
@@ -56,11 +75,17 @@ class WriteGuard:
         self.saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         # storage -> the protected tensors on it (all saved at the first write to any of them)
         kept = list(plain)
+        if plain is tensors:  # (see _storage_addresses)
+            ptrs = _storage_addresses(kept)
+            if ptrs is not None:
+                self.protected: Mapping[int, Sequence[torch.Tensor]] = dict(
+                    zip(ptrs, zip(kept), strict=True))
+                return
         storages = list(map(_untyped_storage, kept))  # (the storages' reads in C, all at once)
         ptrs = list(map(_data_ptr, storages))
         if len(set(ptrs)) == len(ptrs) and all(map(_nbytes, storages)):
-            # one tensor per storage, none empty (the usual case): the table made in C
-            self.protected: Mapping[int, Sequence[torch.Tensor]] = dict(
+            # one tensor per storage, none empty: the table made in C
+            self.protected = dict(
                 zip(ptrs, zip(kept), strict=True))
             return
         protected: dict[int, list[torch.Tensor]] = {}
@@ -76,11 +101,10 @@ class WriteGuard:
                     owners.append(t)
         self.protected = protected
 
-    def before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Before ``func`` runs: save any protected tensor it is about to write to (the
-        arguments its schema marks written, and batch norm's running statistics in training:
-        :attr:`~flopscope.core.facts.OpFacts.stats_written`)."""
-        f = facts(func)
+    def before(self, f: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before the operator of facts ``f`` runs: save any protected tensor it is about to
+        write to (the arguments its schema marks written, and batch norm's running statistics in
+        training: :attr:`~flopscope.core.facts.OpFacts.stats_written`)."""
         written = f.written
         if f.stats_written is not None:
             flag, stats = f.stats_written

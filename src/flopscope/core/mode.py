@@ -125,7 +125,7 @@ class CountingMode(TorchDispatchMode):
         if entry is None:
             entry = self.entry(func)
         if self.guard is not None and entry.guarded:  # count(): keep the model's tensors
-            self.guard(func, args, kwargs)
+            self.guard(entry.facts, args, kwargs)
         if entry.decomposition is not None:  # no rule, but a decomposition: count its pieces
             out = recorder.decomposed(self, func, entry, args, kwargs)
             if out is not NotImplemented:

@@ -58,6 +58,7 @@ _shape_and_grad = attrgetter("shape", "requires_grad")
 _shape = attrgetter("shape")
 _is_meta = attrgetter("is_meta")
 _not_none = partial(is_not, None)
+_deref = weakref.ref.__call__  # a weak reference's object (None once it is gone)
 _values = dict.values
 # a module's tables and flags, read from its __dict__ (an itemgetter on a dict: nn.Module's
 # __getattr__ makes an attribute read of a module several times dearer)
@@ -169,8 +170,8 @@ def model_tables(model: nn.Module) -> tuple[ModelTables, ModelTensors]:
     entry = _TABLES.get(id(model))
     if entry is not None and entry[0]() is model:
         tables = entry[1]
-        modules = [r() for r in tables.refs]
-        if all(m is not None for m in modules):
+        modules: list[Any] = list(map(_deref, tables.refs))  # (in C: one pass each)
+        if all(map(_not_none, modules)):
             tensors = ModelTensors(modules)
             if _stamp(tensors, tables.packed) == tables.stamp:
                 return tables, tensors

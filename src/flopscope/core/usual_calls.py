@@ -88,17 +88,22 @@ def usual_calls(tracker: Any, original: Callable[..., Any]) -> Callable[..., Any
             return out
         stack.pop()  # leave, inline (a usual call: see leave)
         arithmetic, allocations = frame.arithmetic, frame.allocations
-        flagged = (not arithmetic and allocations > 0 and main.shadowing is None
-                   and any(isinstance(t, torch.Tensor) for t in tree_iter(out)))
-        if flagged:
-            opaque[path] = None
-        path = ""
-        if stack:
+        if arithmetic or not allocations:  # (the usual call: arithmetic ran, so not opaque)
+            flagged = False
+        else:
+            flagged = main.shadowing is None and any(isinstance(t, torch.Tensor)
+                                                     for t in tree_iter(out))
+            if flagged:
+                opaque[path] = None
+        if stack:  # (what a child adds to its parent: nothing to add when 0)
             parent = stack[-1]
-            parent.arithmetic += arithmetic
-            if not flagged:
+            if arithmetic:
+                parent.arithmetic += arithmetic
+            if allocations and not flagged:
                 parent.allocations += allocations
             path = parent.path
+        else:
+            path = ""
         seq = _sequence_nr()
         if seqs and seqs[-1] == seq:
             seq_paths[-1] = path
