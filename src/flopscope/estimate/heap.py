@@ -185,9 +185,9 @@ def faulted_bytes(events: Sequence[tuple[int, int, int]], calls: int, *,
                     faulted[index] += heap.malloc((p, key), nbytes)
                 alive[key] = None
             elif nbytes == FROM_BEFORE:
-                old = next(held, None) if index < calls else None
-                if old is not None:
-                    heap.free(old)
+                freed = next(held, None) if index < calls else None
+                if freed is not None:
+                    heap.free(freed)
             elif index < calls or not dropped:
                 heap.free((p, key))
                 alive.pop(key, None)
