@@ -228,14 +228,17 @@ def host_checks(hw: Hardware, repeat: int) -> list[dict[str, Any]]:
     return out
 
 
+def ratio_stats(values: list[float]) -> dict[str, float]:
+    """Of predicted / measured ratios: their count, the median and 90th percentile (nearest
+    rank) of |ratio - 1|, and the median ratio."""
+    errors = [abs(v - 1) for v in values]
+    return {"n": len(values), "median_abs_error": statistics.median(errors),
+            "p90_abs_error": quantile(errors, 0.9), "median_ratio": statistics.median(values)}
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median and 90th percentile of |predicted / measured - 1|, per kind and per family."""
-    def stats(values: list[float]) -> dict[str, float]:
-        errors = [abs(v - 1) for v in values]
-        return {"n": len(values), "median_abs_error": statistics.median(errors),
-                "p90_abs_error": quantile(errors, 0.9),
-                "median_ratio": statistics.median(values)}
-
+    stats = ratio_stats
     models = [r for r in rows if r["kind"] != "host check"]
     out: dict[str, Any] = {"all models": stats([r["ratio"] for r in models]),
                            "all models, against the fastest run": stats(

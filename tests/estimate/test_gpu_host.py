@@ -202,17 +202,21 @@ def test_a_cpu_calibrations_chain_factor_still_scales_host_and_device() -> None:
 # total predicted seconds and host seconds of three counted models (random weights; shapes
 # decide), with the two CPU profiles of benchmarks/prediction_validation, computed by the code
 # at e4cc780 (before the GPU host's chains: the chain factor's host-only use on a GPU
-# calibration, chains.chain_point) and required unchanged
+# calibration, chains.chain_point) and required unchanged; since round 11 (serve11) a view no
+# longer touches its input's storage in the cache model (a linear's weight.t()), so the bytes
+# moved before a call (its host time's growth) no longer count the viewed storages:
+# mobilenet_v3_small's totals moved by -0.024% (host -0.067%), resnet18's by -5e-8, the encoder
+# layer's not at all
 BEFORE = {
-    ("prediction_profile.json", "resnet18"): (0.012961377306986483, 0.0008212400890284401),
-    ("prediction_profile.json", "mobilenet_v3_small"): (0.0041399546702714845,
-                                                        0.0014644862308396626),
+    ("prediction_profile.json", "resnet18"): (0.012961376677347196, 0.0008212394593891533),
+    ("prediction_profile.json", "mobilenet_v3_small"): (0.004138974674667545,
+                                                        0.001463506235235723),
     ("prediction_profile.json", "encoder_layer"): (6.550126813937539e-05,
                                                    4.1952550000012855e-06),
-    ("prediction_profile_2threads_chains.json", "resnet18"): (0.007662392102546773,
-                                                              0.0005603235647137371),
+    ("prediction_profile_2threads_chains.json", "resnet18"): (0.007662391947742758,
+                                                              0.0005603234099097224),
     ("prediction_profile_2threads_chains.json", "mobilenet_v3_small"): (
-        0.002758541284240891, 0.0011572032426071127),
+        0.0027578484628982872, 0.0011565104212645095),
     ("prediction_profile_2threads_chains.json", "encoder_layer"): (3.096200193170974e-05,
                                                                    2.0811866042418594e-06),
 }

@@ -22,7 +22,7 @@ from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_html, serve_page_data, serve_text
 from flopscope.plan.serve import ServeCandidate, serve_layouts
 from flopscope.plan.space import ModelShape
-from flopscope.plan.time_words import VALIDATED_ON
+from flopscope.plan.time_words import validated_on
 from flopscope.plan.timing import Links, forward_seconds, serve_step_time
 from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes, seconds
@@ -198,7 +198,7 @@ def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
     # the shipped H100's reference calibration: predicted, the bound beside, the error bar's
     # source and what it was measured on
     assert data["time_model"] == "prediction" and first["time_kind"] == "prediction"
-    assert data["prediction"]["validated_on"] == VALIDATED_ON
+    assert data["prediction"]["validated_on"] == validated_on(get_hardware("h100").calibration)
     assert data["prediction"]["error_bars"]["total"] == get_hardware("h100").calibration\
         .error_bars["total"]
     assert best.decode_bound is not None
@@ -212,7 +212,7 @@ def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
                                             f"{best.tokens_per_s_per_gpu_bound:,.0f}"]
     note = next(line for line in table if line.startswith("1st token, per token, tok/s: "))
     assert f"+-{100 * data['prediction']['error_bars']['total']:.0f}% (90th percentile" in note
-    assert VALIDATED_ON in note
+    assert validated_on(get_hardware("h100").calibration) in note
 
 
 @pytest.mark.parametrize(("argv", "message"), [

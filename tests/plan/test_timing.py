@@ -160,7 +160,7 @@ def test_a_sweep_table_says_what_its_times_are() -> None:
     its error bar, the datasheet profile's the bound; a serving sweep's likewise."""
     from flopscope.estimate import get_hardware
     from flopscope.plan.display import sweep_header
-    from flopscope.plan.time_words import VALIDATED_ON
+    from flopscope.plan.time_words import validated_on
 
     hw = get_hardware("h100-sxm")
     cal = hw.calibration
@@ -175,7 +175,7 @@ def test_a_sweep_table_says_what_its_times_are() -> None:
     serve = sweep_header("serve", hw)[0]
     assert serve.startswith("tok/s/GPU, per token: predictions from a reference calibration ("
                             + cal.source())
-    assert "error bar +-68%" in serve and VALIDATED_ON in serve
+    assert "error bar +-68%" in serve and validated_on(cal) in serve
     assert sweep_header("serve", PROFILES["h100-sxm"])[0] == \
         "tok/s/GPU, per token: roofline lower bounds (every call at peak rate or bandwidth)"
     assert sweep_header("train") == [header, rule]  # without a profile: the columns alone

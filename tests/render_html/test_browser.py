@@ -474,9 +474,10 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     """A serving plan's own page (``plan_html``, ``--serve --format html``) shows the
     table's "Why it wins" under the best layout's breakdown, with the words it is read by."""
     import flopscope
+    from flopscope.estimate import get_hardware
     from flopscope.plan import ServePlan
     from flopscope.plan.display import plan_html
-    from flopscope.plan.time_words import VALIDATED_ON
+    from flopscope.plan.time_words import validated_on
 
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
                           max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,
@@ -498,7 +499,7 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     # the shipped H100's reference calibration: the times predicted, what the error bar was
     # measured on, the bound's latency and tokens/s beside in the table
     hint = browser.evaluate("document.getElementById('plan-prediction').textContent")
-    assert hint.startswith("Times predicted (") and VALIDATED_ON in hint
+    assert hint.startswith("Times predicted (") and validated_on(get_hardware("h100").calibration) in hint
     heads = browser.evaluate("[...document.querySelectorAll('#ranked thead th')]"
                              ".map(h => h.textContent)")
     assert "per token (bound)" in heads[-2] and "tok/s/GPU (bound)" in heads[-1]

@@ -204,7 +204,9 @@ def _step_estimate(est: Any) -> dict[str, Any]:
 
 def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
     """The roofline of a generation: the hardware, the prefill's lower bound, the decode steps'
-    mean lower bound and the tokens per second it allows.
+    mean lower bound and the tokens per second it allows; with a calibrated profile the same
+    predicted, and what the prediction was validated on (``validated_on``: the decode
+    validation's figures for the calibration's device kind).
 
     Args:
         result: the :class:`~flopscope.llm.GenerationReport`.
@@ -234,6 +236,9 @@ def estimate_summary(result: Any, estimates: list[Any]) -> dict[str, Any]:
             predicted["decode_step_s"] = seconds / len(guesses)
             predicted["decode_tokens_per_s"] = (sum(n for n, _ in guesses) / seconds
                                                 if seconds else None)
+        from flopscope.estimate.decode_validation import serving_validated_on
+
+        predicted["validated_on"] = serving_validated_on(cal.device)
         out["prediction"] = predicted
     return out
 
@@ -269,5 +274,5 @@ def estimate_lines(result: Any, estimates: list[Any]) -> list[str]:
             line += f"; decode {human_seconds(guess['decode_step_s'])} per step"
             if guess["decode_tokens_per_s"]:
                 line += f", {guess['decode_tokens_per_s']:,.0f} tokens/s"
-        lines.append(line)
+        lines += [line, f"  its error bar: {guess['validated_on']}"]
     return lines

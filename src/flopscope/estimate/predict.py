@@ -142,6 +142,9 @@ class Predictor:
             self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
                 ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
+        # the products' points: (dtype, bytes, their coordinates but work, log rate)
+        self._products: list[tuple[str, int, tuple[float, ...], float]] = []
+        self._streamed: dict[tuple[str, int], _Curve | None] = {}
         cuda, graphed = calibration.device.startswith("cuda"), calibration.clock == GRAPH_CLOCK
         self._shaped = all(p.reduction > 0 for p in calibration.points
                            if p.family in COMPUTE_FAMILIES)  # else files before it: 2-D
@@ -159,6 +162,8 @@ class Predictor:
                 continue
             point = (coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
                      math.log10(amount / device))
+            if p.family == "matmul" and not cuda:  # for the products' streaming floor
+                self._products.append((p.dtype, p.bytes, point[0][1:], point[1]))
             if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
                 raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
@@ -221,7 +226,8 @@ class Predictor:
         inputs were last touched too long ago for the last-level cache to hold them (a weight,
         an optimizer's state: ``cold``, the share of its bytes the roofline's cache model
         reads from memory) runs that share at the rate its curve reaches streaming from
-        memory (its largest points, beyond ``cache_bytes``).
+        memory (its largest points, beyond ``cache_bytes``); a product takes at least that
+        share at the rate of the products streamed from memory (:meth:`_product_floor`).
 
         Args:
             fam: the family.
@@ -248,10 +254,34 @@ class Predictor:
             return 0.0
         at = coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
         seconds = amount / 10 ** curve.log_rate(at)
+        if fam == "matmul":
+            return self._product_floor(seconds, dtype, amount, at, cold, cache_bytes)
         far = curve.streaming(at, cache_bytes) if cold > 0 and cache_bytes > 0 else None
         if far is None:
             return seconds
         return (1 - cold) * seconds + cold * amount / 10 ** curve.log_rate(far)
+
+    def _product_floor(self, seconds: float, dtype: str, flops: float, at: tuple[float, ...],
+                       cold: float, cache_bytes: int) -> float:
+        """A product whose operands the cache no longer holds (``cold``: the share of its
+        bytes read from memory; a decode step's weights, read once per step, the whole model
+        between) takes at least that share of its FLOPs at the rate of the calibration's
+        products past ``cache_bytes`` (weights streamed from memory, in ``nn.Linear``'s
+        layout), interpolated in (log intensity, log reduction length): its rotated
+        neighbours of a few MiB stay partly in the cache (round 11: a decode step's 2.9 MiB
+        weights at K = 512 read at 10 GB/s, the 1-4 MiB rotated points at 15)."""
+        if cold <= 0 or cache_bytes <= 0:
+            return seconds
+        key = (dtype, cache_bytes)
+        if key not in self._streamed:
+            far = [(c, y) for d, b, c, y in self._products if d == dtype and b > cache_bytes]
+            if not far and dtype != "fp32":
+                far = [(c, y) for d, b, c, y in self._products if d == "fp32" and b > cache_bytes]
+            self._streamed[key] = _Curve.of(far) if far else None
+        streamed = self._streamed[key]
+        if streamed is None:
+            return seconds
+        return max(seconds, cold * flops / 10 ** streamed.log_rate(at[1:]))
 
     def call(self, rec: CallRecord, bound_s: float, cache_bytes: int = 0) -> CallPrediction:
         """One call's prediction.
@@ -288,7 +318,7 @@ class Predictor:
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op
         inplace = "inplace" if rec.fresh_bytes == 0 and rec.bytes_written > 0 else ""
         cold = 0.0
-        if (cache_bytes and rec.bytes and fam not in ROTATED_FAMILIES
+        if (cache_bytes and rec.bytes and (fam not in ROTATED_FAMILIES or fam == "matmul")
                 and not self.calibration.device.startswith("cuda")):
             cold = max(rec.bytes - sum(rec.cached(cache_bytes)), 0) / rec.bytes
         device = self.device_s(fam, key, rec.flops, rec.bytes, "op:" + op, function, inplace,

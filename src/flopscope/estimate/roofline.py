@@ -66,7 +66,7 @@ from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import family
-from flopscope.estimate.heap import TRACKED_BYTES, faulted_bytes
+from flopscope.estimate.heap import FROM_BEFORE, TRACKED_BYTES, faulted_bytes
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
 
@@ -163,6 +163,11 @@ def _is_gemm_convolution(op: str, call: OpCall | None) -> bool:
         return False
     return (w.dim() >= 3 and x.dim() == w.dim() and all(int(n) == 1 for n in w.shape[2:])
             and int(x.shape[1]) == int(w.shape[1]))
+
+
+_WRITTEN_JUST_BEFORE = frozenset({"aten.lift_fresh.default"})
+"""Views whose storage was just written outside any operator (``torch.tensor``'s data): they
+touch it in the cache model, as other views do not."""
 
 
 class CallLog:
@@ -318,9 +323,16 @@ class CallLog:
         rec.reuse = tuple(reuse)
         rec.out_bytes = sum(out.values()) if known else None
         rec.fresh_bytes = sum(n for k, n in out.items() if k not in inputs) if known else None
-        clock += sum(seen.values())
+        # a call that moves no byte (a view: a linear layer's weight.t() before its product)
+        # touches none of its inputs' storages: their last touch stays the last call that
+        # read or wrote them (round 11: a decode step's weights read from memory, not cached);
+        # but lift_fresh's storage was just written (torch.tensor's data, outside any operator)
+        moved = rec.bytes > 0 or rec.op in _WRITTEN_JUST_BEFORE
+        clock += sum(seen.values()) if moved else 0
         for key, storage in storages.items():
             last = touched.get(key)
+            if not moved and key in inputs:
+                continue
             if last is not None and last[1]() is storage:
                 ref = last[1]
             else:
@@ -328,6 +340,8 @@ class CallLog:
                 size = seen[key]
                 if key in out and key not in inputs and size >= TRACKED_BYTES:
                     self._allocated(storage, size)
+                elif key in inputs and size >= TRACKED_BYTES:
+                    self._from_before(storage)
             touched[key] = (clock, ref)
         self._clock = clock
 
@@ -339,6 +353,17 @@ class CallLog:
 
         def freed(_: object) -> None:  # holds the lists, not the log
             events.append((len(records), key, 0))
+
+        self._heap_refs.append(weakref.ref(storage, freed))
+
+    def _from_before(self, storage: Any) -> None:
+        """A storage first seen as an input (made before the run: a weight, a decode step's
+        KV cache): its free, if PyTorch frees it during the run, recorded as one of a storage
+        from before (:data:`flopscope.estimate.heap.FROM_BEFORE`)."""
+        events, records = self._heap, self.records
+
+        def freed(_: object) -> None:
+            events.append((len(records), -1, FROM_BEFORE))
 
         self._heap_refs.append(weakref.ref(storage, freed))
 

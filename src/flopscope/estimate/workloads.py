@@ -10,9 +10,10 @@ backward, and an optimizer's in-place updates. Every sweep's smallest size (64 e
 product) is also timed in batches of many calls for the operator's host time
 (:func:`flopscope.estimate.host_probes.host_times`).
 
-- **matmul**: ``mm`` squares 16-1024; tall-skinny (M = 1-64 against 256-1024); small K (8-128);
-  many rows and few columns; weights of 48-64 MiB (M = 1-128); ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16
-  squares;
+- **matmul**: ``mm`` squares 16-1024; tall-skinny (M = 1-64 against 256-1024, the weight
+  transposed as ``nn.Linear`` holds it); small K (8-128); many rows and few columns; weights of
+  48-64 MiB (M = 1-128; at M = 1-16 transposed as ``nn.Linear``'s, reduction lengths
+  256-4096); ``addmm`` (a linear layer's bias) and ``bmm`` (12 batches); bf16 squares;
 - **conv** (batch 1): dense 3x3 and 1x1 over 16-512 channels and 7-112 pixels, 1x1 of few
   channels over many pixels, strided 3x3 and 7x7; grouped 3x3 (group widths 8, 16, 32) and
   depthwise 3x3/5x5/7x7 over 32 channels of 112 pixels to 1024 of 7, some at stride 2; 1x1
@@ -170,13 +171,22 @@ def _pool_ops(channels: int, side: int, device: str) -> dict[str, Fn]:
 
 
 _MATMUL = ([(s, s, s) for s in (16, 32, 64, 128, 256, 512, 1024)]
-           + [(m, n, n) for m in (1, 8, 64) for n in (256, 1024)]  # tall-skinny
            + [(n, n, k) for n in (256, 1024) for k in (8, 32, 128)]  # small K
            + [(4096, 64, 64), (2048, 256, 32), (128, 3072, 768), (768, 768, 128),
               (128, 768, 3072), (196, 2304, 768)]
            # weights past the last-level cache, streamed from memory once per call
-           + [(1, 4096, 4096), (16, 4096, 4096), (128, 16384, 768)])
-"""(M, N, K) of the fp32 products."""
+           + [(128, 16384, 768)])
+"""(M, N, K) of the fp32 products ``A[M, K] @ B[K, N]``, B contiguous."""
+
+_LINEAR = ([(m, n, n) for m in (1, 8, 64) for n in (256, 1024)]  # tall-skinny
+           # weights past the last-level cache (48-64 MiB), streamed from memory once per
+           # call, at reduction lengths 256-4096: a decode step's products (round 11)
+           + [(1, 4096, 4096), (16, 4096, 4096)]
+           + [(m, (12 << 20) // k, k) for m in (1, 8) for k in (256, 512, 1024)])
+"""(M, N, K) of the fp32 products of few rows as ``nn.Linear`` makes them: ``x[M, K] @
+W[N, K].t()``, the weight transposed (at M = 1 against a weight past the cache, 2.0-2.5x the
+time of the same product with the weight contiguous in ``[K, N]`` at K = 256-512 here, 1.0x at
+K = 4096: a dot product of K elements per output; round 11)."""
 
 # (in, out, side, kernel, stride, groups), batch 1
 _CONV = ([(c, c, s, 3, 1, 1) for c, s in ((16, 64), (64, 32), (64, 56), (128, 16), (256, 8),
@@ -210,6 +220,10 @@ def _matmul(device: str) -> list[Workload]:
     for m, n, k in _MATMUL:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         out.append(Workload("matrix products", f"mm {m}x{n}x{k}", "fp32", _bind(torch.mm, a, b)))
+    for m, n, k in _LINEAR:
+        a, w = torch.randn(m, k, device=device), torch.randn(n, k, device=device)
+        out.append(Workload("matrix products", f"mm {m}x{n}x{k} (weight as nn.Linear's)",
+                            "fp32", _bind(torch.mm, a, w.t())))
     for m, n, k in ((128, 768, 768), (1024, 256, 256), (1, 1000, 1280)):
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         bias = torch.randn(n, device=device)

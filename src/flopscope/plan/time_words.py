@@ -1,24 +1,30 @@
 """What a plan's times are, in words and JSON, written once for training and serving plans: the
 roofline bound, or the prediction of the profile's calibration with its source, its error bar
-(and, for serving, what that error bar was measured on), and the bound beside it."""
+(and, for serving, what that error bar was measured on: :func:`validated_on`, with the decode
+validation's figures for the calibration's device kind), and the bound beside it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from flopscope.estimate import Calibration, Hardware
+from flopscope.estimate.decode_validation import serving_validated_on
 
-__all__ = ["BOUND_NOTE", "VALIDATED_ON", "compute_note", "error_bar_words",
-           "prediction_source", "table_line", "time_model"]
+__all__ = ["BOUND_NOTE", "compute_note", "error_bar_words", "prediction_source", "table_line",
+           "time_model", "validated_on"]
 
 BOUND_NOTE = "roofline lower bounds (every call at peak rate or bandwidth)"
 """The notes' words for a time at the roofline bound."""
 
-#: what a serving prediction's error bar was measured on (the calibration's validation)
-VALIDATED_ON = (
-    "validated on forwards and training steps (torchvision classifiers, BERT-base, GPT-2, a "
-    "Llama-style decoder), not on a decode step with a KV cache (its matrix products of a few "
-    "rows are among the calibration's microbenchmarks: M = 1-128)")
+
+def validated_on(cal: Calibration) -> str:
+    """What a serving prediction's error bar was measured on: forwards and training steps,
+    and prefill and decode steps measured on a device of the calibration's kind (the figures
+    and date of ``benchmarks/decode_validation.py``'s shipped run), or that a decode step on
+    that kind (a GPU) is not validated (:func:`flopscope.estimate.decode_validation
+    .serving_validated_on`)."""
+    return serving_validated_on(cal.device)
+
 
 _BOUND_KEYS = {
     False: "beside each layout: bound_time_s (compute at the roofline bound) and mfu_bound (the "
@@ -52,13 +58,13 @@ def prediction_source(hw: Hardware, serve: bool = False) -> dict[str, Any] | Non
     label (:meth:`~flopscope.estimate.Calibration.source`), whether it is a reference (not
     calibrated on this GPU), its error bars (90th percentile of ``|predicted / measured - 1|``
     per family and over whole models, ``"total"``), the bound's JSON keys and, for a serving
-    plan, what the error bar was measured on (:data:`VALIDATED_ON`)."""
+    plan, what the error bar was measured on (:func:`validated_on`)."""
     cal = hw.calibration
     if cal is None:
         return None
     found = {"source": cal.source(), "reference": bool(cal.reference),
              "error_bars": dict(cal.error_bars), "bound": _BOUND_KEYS[serve]}
-    return {**found, "validated_on": VALIDATED_ON} if serve else found
+    return {**found, "validated_on": validated_on(cal)} if serve else found
 
 
 def compute_note(hw: Hardware, serve: bool = False) -> str:
@@ -69,7 +75,7 @@ def compute_note(hw: Hardware, serve: bool = False) -> str:
         return BOUND_NOTE
     kind = ("predictions from a reference calibration" if cal.reference
             else "calibrated predictions")
-    beside = (f", {VALIDATED_ON}; beside them the roofline bound's (bound)" if serve
+    beside = (f", {validated_on(cal)}; beside them the roofline bound's (bound)" if serve
               else "; beside them the roofline bound's step and MFU (bound)")
     return (f"{kind} ({cal.source()}), {error_bar_words(cal, 'error bar ')}{beside}: the most "
             "a layout can reach")
@@ -84,7 +90,7 @@ def table_line(hw: Hardware, serve: bool = False) -> list[str]:
         return []
     times, columns = _TABLE_COLUMNS[serve]
     reference = "from a reference calibration " if cal.reference else ""
-    validated = f", {VALIDATED_ON}" if serve else ""
+    validated = f", {validated_on(cal)}" if serve else ""
     return [f"{times}: predicted {reference}({cal.source()}), {error_bar_words(cal)}"
             f"{validated}; {columns}: the compute at the roofline bound, the most a layout can "
             "reach"]
