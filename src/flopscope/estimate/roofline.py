@@ -66,7 +66,7 @@ from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import family
-from flopscope.estimate.heap import TRACKED_BYTES, faulted_bytes
+from flopscope.estimate.heap import TRACKED_BYTES, HeapState, faulted_bytes
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
 
@@ -199,6 +199,9 @@ class CallLog:
         # reference cycle)
         self._heap: list[tuple[int, int, int]] = []
         self._heap_refs: list[weakref.ref[Any]] = []
+        # the heap the predicted runs start in (.heap.this_process, set by whoever runs them in
+        # this process: flopscope.profile); None: an empty one, a fresh process
+        self.heap_start: HeapState | None = None
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, CallRecord | None, dict[int, int]] = (
@@ -344,7 +347,7 @@ class CallLog:
 
     def faulted_bytes(self, threshold: int) -> list[int]:
         """Bytes of new pages each recorded call's fresh allocations take in a steady state of
-        the run (:func:`flopscope.estimate.heap.faulted_bytes`).
+        the run (:func:`flopscope.estimate.heap.faulted_bytes`), from :attr:`heap_start`.
 
         Args:
             threshold: the allocator's mmap threshold to start at.
@@ -352,7 +355,8 @@ class CallLog:
         Returns:
             Bytes per record.
         """
-        return faulted_bytes(self._heap, len(self.records), threshold=threshold)
+        return faulted_bytes(self._heap, len(self.records), threshold=threshold,
+                             start=self.heap_start)
 
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
         """The roofline estimate of the recorded calls on ``hardware``.
