@@ -45,6 +45,9 @@ from flopscope.estimate import heap as flopscope_heap
 from flopscope.estimate.call_record import is_convolution
 from flopscope.estimate.families import family_of
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+from flopscope.estimate.regime import check as regime_check
+from flopscope.estimate.regime import parallel_add_s as parallel_probe
+from flopscope.estimate.roofline import CallLog
 from flopscope.estimate.timers import clock
 
 RESULTS = Path(__file__).parent / "results"
@@ -81,23 +84,6 @@ def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
             with torch.no_grad():
                 model(*args)
     return run
-
-
-def parallel_probe(batches: int = 7, calls: int = 500) -> float:
-    """Seconds per call of an ``add`` of 2^16 fp32 elements into a kept output, in a loop (the
-    median of ``batches`` batches): at 2 threads a parallel region with little work, so mostly
-    the threads' fork and join. It marks the process's regime (round 10: about 6 us in a fast
-    process, 7.6-8 us in a slow one, whose forwards run 1.3-1.4x longer)."""
-    x, y, out = torch.randn(1 << 16), torch.randn(1 << 16), torch.empty(1 << 16)
-    for _ in range(100):
-        torch.add(x, y, out=out)
-    times = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.add(x, y, out=out)
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
 
 
 def plain_runs(run: Any, repeat: int,
@@ -176,8 +162,17 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
     with mock.patch.object(flopscope_heap, "this_process", return_value=None):
         _, again = flopscope.profile(model, *args, train=train, hardware=hw, repeat=1, warmup=0)
     fresh = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
+    # and as rounds 7-10 validated it: flopscope.profile did not replay the heap (only an
+    # allocation of at least mmap_bytes faulted); the training steps only (forwards: no fault)
+    old_rule = None
+    if train:
+        with mock.patch.object(CallLog, "simulate_faults", return_value=None):
+            _, again = flopscope.profile(model, *args, train=train, hardware=hw, repeat=1,
+                                         warmup=0)
+        old_rule = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
     run = _step(model, args, train)
-    probe = parallel_probe()
+    probe = parallel_probe()  # this process's regime now, against the calibration's (round 11)
+    calibrated_probe = hw.calibration.parallel_add_s if hw.calibration is not None else 0.0
     page_faults: list[int] = []
     times, walls = plain_runs(run, repeat, page_faults)
     for op, seconds in captured_by_op(run).items():
@@ -193,14 +188,20 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
            "ratio": predicted / measured, "ratio_to_min": predicted / min(times),
            "predicted_points_only_s": points_only, "ratio_points_only": points_only / measured,
            "predicted_fresh_heap_s": fresh, "ratio_fresh_heap": fresh / measured,
+           "predicted_old_rule_s": old_rule,
+           "ratio_old_rule": old_rule / measured if old_rule is not None else None,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
            "page_faults": statistics.median(page_faults), "parallel_add_s": probe,
+           "calibration_parallel_add_s": calibrated_probe,
+           "regime": (("differs" if regime_check(calibrated_probe, probe)["differs"]
+                       else "as calibrated") if calibrated_probe else "not measured"),
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
           f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
-          f"{points_only / measured:5.2f}x; fresh heap {fresh / measured:5.2f}x)  bound "
+          f"{points_only / measured:5.2f}x; fresh heap {fresh / measured:5.2f}x; old rule "
+          f"{(old_rule or 0) / measured:5.2f}x)  bound "
           f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  add 2^16 {probe * 1e6:.1f} us  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
@@ -243,6 +244,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if all("ratio_fresh_heap" in r for r in models):
         out["all models, page faults of a fresh process's heap (the rule before round 11)"] = (
             stats([r["ratio_fresh_heap"] for r in models]))
+    for regime in ("as calibrated", "differs"):  # the process's regime against the calibration's
+        chosen = [r["ratio"] for r in models if r.get("regime") == regime]
+        if chosen:
+            out[f"all models, regime {regime}"] = stats(chosen)
     for kind in sorted({r["kind"] for r in rows}):
         out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
     families: dict[str, list[float]] = {}
@@ -361,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         start, cpu = time.perf_counter(), time.process_time()
         hw = calibrate(measure_this_machine(), threads=opts.threads)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        probes.append(parallel_probe())  # the calibration's regime (round 10)
+        assert hw.calibration is not None
+        probes.append(hw.calibration.parallel_add_s)  # the calibration's regime (rounds 10-11)
         return hw, wall, cpu
 
     hw, calibration_s, calibration_cpu_s = calibrated()
@@ -400,8 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     bars = {fam: s["p90_abs_error"] for fam, s in result["families"].items() if s["n"] >= 3}
     bars["total"] = result["all models"]["p90_abs_error"]
     assert first.calibration is not None
-    hw = dataclasses.replace(first, calibration=dataclasses.replace(first.calibration,
-                                                                    error_bars=bars))
+    models = [r for r in rows if r["kind"] != "host check"]
+    loads = [x for r in models for x in (r["load_before"], r["load_after"])]
+    validation = {  # what measured the error bars, and their split by regime (round 11)
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": opts.threads,
+        "load": [round(min(loads), 1), round(max(loads), 1)], "models": len(models),
+        "p90_by_regime": {regime: result[f"all models, regime {regime}"]["p90_abs_error"]
+                          for regime in ("as calibrated", "differs")
+                          if result.get(f"all models, regime {regime}", {}).get("n", 0) >= 3}}
+    hw = dataclasses.replace(first, calibration=dataclasses.replace(
+        first.calibration, error_bars=bars, validation=validation))
     Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
            "clock": clock("cpu")[0], "calibration_s": calibration_s,
@@ -411,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
            "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
                    "running: load average per model); measured = the median of plain runs by "
                    f"the calibration's clock ({clock('cpu')[0]}), wall time beside it",
-           "summary": result, "error_bars": bars, "rows": rows}
+           "summary": result, "error_bars": bars, "validation": validation, "rows": rows}
     Path(opts.output).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(result, indent=1), file=sys.stderr)
     return 0

@@ -358,6 +358,20 @@ class CallLog:
         return faulted_bytes(self._heap, len(self.records), threshold=threshold,
                              start=self.heap_start)
 
+    def simulate_faults(self, hardware: Hardware) -> None:
+        """Set each record's :attr:`~CallRecord.faulted` from the heap's replay
+        (:meth:`faulted_bytes`) where ``hardware`` is a CPU calibrated with an allocator that
+        maps fresh allocations (``mmap_bytes``); otherwise leave them.
+
+        Args:
+            hardware: the machine.
+        """
+        cal = hardware.calibration
+        if cal is not None and cal.mmap_bytes > 0 and not cal.device.startswith("cuda"):
+            for rec, faulted in zip(self.records, self.faulted_bytes(cal.mmap_bytes),
+                                    strict=True):
+                rec.faulted = faulted
+
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
         """The roofline estimate of the recorded calls on ``hardware``.
 
@@ -372,10 +386,6 @@ class CallLog:
             The :class:`Estimate`.
         """
         matmul, convolution = resolve_tf32(tf32)
-        cal = hardware.calibration
-        if cal is not None and cal.mmap_bytes > 0 and not cal.device.startswith("cuda"):
-            for rec, faulted in zip(self.records, self.faulted_bytes(cal.mmap_bytes),
-                                    strict=True):
-                rec.faulted = faulted
+        self.simulate_faults(hardware)
         return Estimate.from_records(self.records, hardware, tf32=matmul,
                                      tf32_convolution=convolution)

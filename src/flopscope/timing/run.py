@@ -418,6 +418,8 @@ def join_calls(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
         UsageError: no measured run was recorded.
     """
     names = [schema for _, _, _, schema, _ in calls]
+    if hardware is not None:  # the heap's page faults (estimate.heap), as log.estimate does
+        log.simulate_faults(hardware)
     runs = region_events(events)
     per_call: list[list[float | None]] = [[] for _ in calls]
     starts: list[list[float | None]] = [[] for _ in calls]
