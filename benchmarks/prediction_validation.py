@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -40,9 +41,13 @@ from torch import nn
 import flopscope
 from benchmarks.errors import quantile
 from flopscope.estimate import calibrate, measure_this_machine
+from flopscope.estimate import heap as flopscope_heap
 from flopscope.estimate.call_record import is_convolution
 from flopscope.estimate.families import family_of
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
+from flopscope.estimate.regime import check as regime_check
+from flopscope.estimate.regime import parallel_add_s as parallel_probe
+from flopscope.estimate.roofline import CallLog
 from flopscope.estimate.timers import clock
 
 RESULTS = Path(__file__).parent / "results"
@@ -79,23 +84,6 @@ def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
             with torch.no_grad():
                 model(*args)
     return run
-
-
-def parallel_probe(batches: int = 7, calls: int = 500) -> float:
-    """Seconds per call of an ``add`` of 2^16 fp32 elements into a kept output, in a loop (the
-    median of ``batches`` batches): at 2 threads a parallel region with little work, so mostly
-    the threads' fork and join. It marks the process's regime (round 10: about 6 us in a fast
-    process, 7.6-8 us in a slow one, whose forwards run 1.3-1.4x longer)."""
-    x, y, out = torch.randn(1 << 16), torch.randn(1 << 16), torch.empty(1 << 16)
-    for _ in range(100):
-        torch.add(x, y, out=out)
-    times = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.add(x, y, out=out)
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
 
 
 def plain_runs(run: Any, repeat: int,
@@ -168,19 +156,23 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
              if hw.calibration is not None else hw)
     _, again = flopscope.profile(model, *args, train=train, hardware=alone, repeat=1, warmup=0)
     points_only = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
-    # and without the host time after a convolution or a product (round 9): main's model
-    before9 = (dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
-                                                                        host_after_s={}))
-               if hw.calibration is not None else hw)
-    _, again = flopscope.profile(model, *args, train=train, hardware=before9, repeat=1,
-                                 warmup=0)
-    no_after = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
-    for c in again.calls:
-        if c.bound is not None and c.op in op_family:
-            f = fams[op_family[c.op]]
-            f["without_after_s"] = f.get("without_after_s", 0.0) + c.bound.predicted_s
+    # and with the page faults of a fresh process's heap (round 11: before, the heap's replay
+    # started empty; now flopscope.profile starts it from this process's heap): the same
+    # calibration, the rule before
+    with mock.patch.object(flopscope_heap, "this_process", return_value=None):
+        _, again = flopscope.profile(model, *args, train=train, hardware=hw, repeat=1, warmup=0)
+    fresh = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
+    # and as rounds 7-10 validated it: flopscope.profile did not replay the heap (only an
+    # allocation of at least mmap_bytes faulted); the training steps only (forwards: no fault)
+    old_rule = None
+    if train:
+        with mock.patch.object(CallLog, "simulate_faults", return_value=None):
+            _, again = flopscope.profile(model, *args, train=train, hardware=hw, repeat=1,
+                                         warmup=0)
+        old_rule = sum(c.bound.predicted_s for c in again.calls if c.bound is not None)
     run = _step(model, args, train)
-    probe = parallel_probe()
+    probe = parallel_probe()  # this process's regime now, against the calibration's (round 11)
+    calibrated_probe = hw.calibration.parallel_add_s if hw.calibration is not None else 0.0
     page_faults: list[int] = []
     times, walls = plain_runs(run, repeat, page_faults)
     for op, seconds in captured_by_op(run).items():
@@ -189,23 +181,27 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
             fams[fam]["measured_s"] += seconds
     for f in fams.values():
         f["ratio"] = f["predicted_s"] / f["measured_s"] if f["measured_s"] else float("nan")
-        f["ratio_without_after"] = (f.get("without_after_s", 0.0) / f["measured_s"]
-                                    if f["measured_s"] else float("nan"))
     measured = statistics.median(times)
     row = {"model": name, "kind": kind, "measured_s": measured, "measured_min_s": min(times),
            "measured_wall_s": statistics.median(walls), "profile_wall_s": timing.wall_s,
            "predicted_s": predicted, "host_s": host, "bound_s": bound,
            "ratio": predicted / measured, "ratio_to_min": predicted / min(times),
            "predicted_points_only_s": points_only, "ratio_points_only": points_only / measured,
-           "predicted_without_after_s": no_after, "ratio_without_after": no_after / measured,
+           "predicted_fresh_heap_s": fresh, "ratio_fresh_heap": fresh / measured,
+           "predicted_old_rule_s": old_rule,
+           "ratio_old_rule": old_rule / measured if old_rule is not None else None,
            "ratio_to_wall": predicted / statistics.median(walls),
            "bound_holds": min(times) >= bound, "calls": len(timing.calls),
            "page_faults": statistics.median(page_faults), "parallel_add_s": probe,
+           "calibration_parallel_add_s": calibrated_probe,
+           "regime": (("differs" if regime_check(calibrated_probe, probe)["differs"]
+                       else "as calibrated") if calibrated_probe else "not measured"),
            "load_before": load, "load_after": os.getloadavg()[0],
            "seconds_taken": time.perf_counter() - start, "families": fams}
     print(f"{name:22s} measured {measured * 1e3:9.2f} ms (wall {statistics.median(walls) * 1e3:9.2f}) "
           f"predicted {predicted * 1e3:9.2f} ms ({predicted / measured:5.2f}x; points alone "
-          f"{points_only / measured:5.2f}x; without after {no_after / measured:5.2f}x)  bound "
+          f"{points_only / measured:5.2f}x; fresh heap {fresh / measured:5.2f}x; old rule "
+          f"{(old_rule or 0) / measured:5.2f}x)  bound "
           f"{bound * 1e3:9.2f} ms  faults {statistics.median(page_faults):.0f}  add 2^16 {probe * 1e6:.1f} us  load {load:.1f}", file=sys.stderr, flush=True)
     return row
 
@@ -248,9 +244,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if all("ratio_points_only" in r for r in models):
         out["all models, the points alone (no chains)"] = stats(
             [r["ratio_points_only"] for r in models])
-    if all("ratio_without_after" in r for r in models):
-        out["all models, without the host time after a convolution or product"] = stats(
-            [r["ratio_without_after"] for r in models])
+    if all("ratio_fresh_heap" in r for r in models):
+        out["all models, page faults of a fresh process's heap (the rule before round 11)"] = (
+            stats([r["ratio_fresh_heap"] for r in models]))
+    for regime in ("as calibrated", "differs"):  # the process's regime against the calibration's
+        chosen = [r["ratio"] for r in models if r.get("regime") == regime]
+        if chosen:
+            out[f"all models, regime {regime}"] = stats(chosen)
     for kind in sorted({r["kind"] for r in rows}):
         out[kind] = stats([r["ratio"] for r in rows if r["kind"] == kind])
     families: dict[str, list[float]] = {}
@@ -261,15 +261,6 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if f["measured_s"] > 0 and f["predicted_s"] > 0:
                 families.setdefault(fam, []).append(f["ratio"])
     out["families"] = {fam: stats(v) for fam, v in sorted(families.items())}
-    without: dict[str, list[float]] = {}
-    for r in rows:
-        if r["kind"] == "host check":
-            continue
-        for fam, f in r["families"].items():
-            if f["measured_s"] > 0 and f.get("without_after_s", 0.0) > 0:
-                without.setdefault(fam, []).append(f["ratio_without_after"])
-    if without:
-        out["families_without_after"] = {fam: stats(v) for fam, v in sorted(without.items())}
     return out
 
 
@@ -378,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         start, cpu = time.perf_counter(), time.process_time()
         hw = calibrate(measure_this_machine(), threads=opts.threads)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        probes.append(parallel_probe())  # the calibration's regime (round 10)
+        assert hw.calibration is not None
+        probes.append(hw.calibration.parallel_add_s)  # the calibration's regime (rounds 10-11)
         return hw, wall, cpu
 
     hw, calibration_s, calibration_cpu_s = calibrated()
@@ -417,8 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     bars = {fam: s["p90_abs_error"] for fam, s in result["families"].items() if s["n"] >= 3}
     bars["total"] = result["all models"]["p90_abs_error"]
     assert first.calibration is not None
-    hw = dataclasses.replace(first, calibration=dataclasses.replace(first.calibration,
-                                                                    error_bars=bars))
+    models = [r for r in rows if r["kind"] != "host check"]
+    loads = [x for r in models for x in (r["load_before"], r["load_after"])]
+    validation = {  # what measured the error bars, and their split by regime (round 11)
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": opts.threads,
+        "load": [round(min(loads), 1), round(max(loads), 1)], "models": len(models),
+        "p90_by_regime": {regime: result[f"all models, regime {regime}"]["p90_abs_error"]
+                          for regime in ("as calibrated", "differs")
+                          if result.get(f"all models, regime {regime}", {}).get("n", 0) >= 3}}
+    hw = dataclasses.replace(first, calibration=dataclasses.replace(
+        first.calibration, error_bars=bars, validation=validation))
     Path(opts.profile).write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     out = {"threads": torch.get_num_threads(), "torch": torch.__version__,
            "clock": clock("cpu")[0], "calibration_s": calibration_s,
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
            "note": f"{opts.threads} torch thread(s) on a shared 2-core machine (other jobs "
                    "running: load average per model); measured = the median of plain runs by "
                    f"the calibration's clock ({clock('cpu')[0]}), wall time beside it",
-           "summary": result, "error_bars": bars, "rows": rows}
+           "summary": result, "error_bars": bars, "validation": validation, "rows": rows}
     Path(opts.output).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(result, indent=1), file=sys.stderr)
     return 0

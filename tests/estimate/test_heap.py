@@ -12,7 +12,16 @@ from tests.estimate.synthetic import FAST, Fn
 import flopscope
 from flopscope.estimate import Hardware
 from flopscope.estimate.calibration import Point
-from flopscope.estimate.heap import MMAP_MAX, PAGE, Heap, faulted_bytes
+from flopscope.estimate.heap import (
+    MMAP_MAX,
+    PAGE,
+    TRACKED_BYTES,
+    Heap,
+    HeapState,
+    faulted_bytes,
+    this_process,
+    walk,
+)
 from flopscope.estimate.roofline import CallLog
 
 MIB = 1 << 20
@@ -104,3 +113,80 @@ def test_the_prediction_charges_the_simulated_new_pages() -> None:
                                                                                 rel=1e-9)
     mul = faulting.by_op["aten.mul.Tensor"].predicted_s - free.by_op["aten.mul.Tensor"].predicted_s
     assert mul == pytest.approx(new * 1e-9, rel=1e-9)
+
+
+def test_a_heap_holding_a_free_chunk_below_memory_in_use_keeps_the_run_s_pages() -> None:
+    # the trimmed run above (threshold 16 MiB) in a process whose heap holds one free chunk of
+    # CHUNK bytes below a chunk in use: the first allocation takes it (its pages resident: no
+    # fault); the other two grow the heap; freed, they leave 2 x CHUNK + the padding at the top,
+    # 24 MiB + ~128 KiB, under the trim threshold (2 x 16 MiB): nothing goes back, and the
+    # next run finds every page mapped
+    start = HeapState(free=(CHUNK,))
+    assert faulted_bytes(_three_alive_then_freed(), 3, threshold=16 * MIB,
+                         start=start) == [0, 0, 0]
+    # against a fresh process's (empty) heap: every run faults (the first test above)
+    assert faulted_bytes(_three_alive_then_freed(), 3, threshold=16 * MIB) == [
+        12_451_840, 12_587_008, 12_587_008]
+    # a free chunk too small for them serves none: the top holds all three, 36 MiB, trimmed
+    small = HeapState(free=(TRACKED_BYTES,))
+    assert faulted_bytes(_three_alive_then_freed(), 3, threshold=16 * MIB,
+                         start=small) == [12_451_840, 12_587_008, 12_587_008]
+
+
+def test_a_heap_s_top_is_its_free_end() -> None:
+    heap = Heap.holding(HeapState(free=(MIB, 2 * MIB), top=3 * MIB))
+    # MIB free, 32 in use, 2 MiB free, 32 in use: the top starts at 3 MiB + 64
+    assert heap.top == 3 * MIB + 64 and heap.brk == heap.resident == 6 * MIB + 64
+    assert heap.malloc("a", 2 * MIB - 8) == 0  # its chunk: exactly the 2 MiB free one
+    assert heap.malloc("b", 3 * MIB - 8) == 0  # 3 MiB from the top's 3 MiB: mapped already
+    assert HeapState(free=(MIB, 2 * MIB), top=3 * MIB).to_dict() == {
+        "free_chunks": 2, "free_chunk_bytes": 3 * MIB, "top_bytes": 3 * MIB}
+
+
+def _heap_bytes(chunks: list[tuple[int, bool]]) -> bytearray:
+    """A glibc heap's bytes: each chunk's size word (at its offset + 8) holds its size and, in
+    its lowest bit, whether the chunk before it is in use."""
+    out = bytearray(sum(size for size, _ in chunks))
+    at, before_used = 0, True  # the first chunk's bit is always set
+    for size, used in chunks:
+        out[at + 8:at + 16] = (size | int(before_used)).to_bytes(8, "little")
+        at, before_used = at + size, used
+    return out
+
+
+def test_a_heap_is_walked_chunk_by_chunk() -> None:
+    chunks = [(0x290, True), (512 << 10, False), (64, True), (128 << 10, False), (32, True),
+              (MIB, False)]  # the last: the top
+    buf = _heap_bytes(chunks)
+
+    def read(offset: int) -> int:
+        return int.from_bytes(buf[offset:offset + 8], "little")
+
+    # the free 512 KiB chunk (the 128 KiB one is under TRACKED_BYTES, 256 KiB), the 1 MiB top
+    assert walk(read, len(buf)) == HeapState(free=(512 << 10,), top=MIB)
+    assert walk(read, len(buf) + 16) is None  # the chunks end before the heap does
+    buf[0x290 + 8] |= 2  # a chunk marked mapped: not a heap of chunks
+    assert walk(read, len(buf)) is None
+
+
+def test_this_process_s_heap_is_read_where_the_c_library_is_glibc() -> None:
+    import platform
+
+    state = this_process()
+    if platform.libc_ver()[0] != "glibc":
+        assert state is None
+        return
+    assert state is not None and state.top > 0
+    assert all(n >= TRACKED_BYTES and n % 16 == 0 for n in state.free)
+
+
+def test_the_log_s_replay_starts_from_its_heap() -> None:
+    log = CallLog()
+    with torch.no_grad():
+        flopscope.count(Fn(_three), torch.randn(TWELVE // 4), observers=[log])
+    muls = [i for i, r in enumerate(log.records) if r.op == "aten.mul.Tensor"]
+    log.heap_start = HeapState(free=(CHUNK,))  # the heap test above: no fault
+    assert log.faulted_bytes(16 * MIB) == [0] * len(log.records)
+    log.heap_start = None  # a fresh process: every run faults
+    assert [log.faulted_bytes(16 * MIB)[i] for i in muls] == [12_451_840, 12_587_008,
+                                                              12_587_008]

@@ -16,6 +16,7 @@ from flopscope.estimate.call_record import CallRecord, fields_but, is_convolutio
 from flopscope.estimate.families import family
 from flopscope.estimate.predict import overlapped, predictor
 from flopscope.estimate.profile import Hardware, dtype_key
+from flopscope.estimate.regime import of_calibration
 
 __all__ = ["HOST_BOUND_ADVICE", "IGNORES", "Estimate", "Row", "ancestors", "call_row",
            "predicted_step_s", "prediction_summary", "resolve_tf32"]
@@ -442,6 +443,11 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     }
     if cal.reference:
         out["reference"] = cal.reference
+    if cal.validation:
+        out["validation"] = dict(cal.validation)
+    regime = of_calibration(cal)  # the process's regime against the calibration's
+    if regime is not None:
+        out["regime"] = regime
     if estimate.overlapped is not None:
         out["step_s"], out["device_idle_s"] = estimate.overlapped
     if host_bound:

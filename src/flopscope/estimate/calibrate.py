@@ -39,6 +39,7 @@ from flopscope.estimate.host_probes import (
     op_host_times,
 )
 from flopscope.estimate.profile import Hardware
+from flopscope.estimate.regime import parallel_add_s
 from flopscope.estimate.timers import (
     Sample,
     batch_samples,
@@ -205,7 +206,8 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             host_s=host, points=tuple(points), host_op_s=host_op, clock=clock(device)[0],
             host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
             fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
-            fsdp_collective_s=fsdp_s, host_after_s=after)
+            fsdp_collective_s=fsdp_s, host_after_s=after,
+            parallel_add_s=parallel_add_s() if device == "cpu" else 0.0)  # the regime's probe
         # last, when asked: the chains' prediction is the points'
         chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,
                                lambda fn, dev: time_per_call(fn, dev,

@@ -251,6 +251,10 @@ class Calibration:
             what they were measured on and how they were carried to this profile
             (:mod:`flopscope.estimate.reference`): the prediction is then marked
             uncalibrated, and the planner keeps to the bound.
+        parallel_add_s: the regime's probe when calibrated (:mod:`flopscope.estimate.regime`:
+            seconds per add of 2^16 elements at the calibration's threads); 0: not measured.
+        validation: what the validation that wrote :attr:`error_bars` ran (its date, threads,
+            load, models) and, split by the regime, its 90th percentiles; empty: not recorded.
     """
 
     date: str
@@ -272,6 +276,8 @@ class Calibration:
     chains: tuple[ChainPoint, ...] = ()
     reference: str = ""
     host_after_s: Mapping[str, float] = field(default_factory=dict)
+    parallel_add_s: float = 0.0
+    validation: Mapping[str, Any] = field(default_factory=dict)
 
     def source(self) -> str:
         """Where a prediction from it comes from, for a report's line: ``calibrated DATE,
@@ -358,6 +364,10 @@ class Calibration:
             out["host_after_s"] = dict(self.host_after_s)
         if self.reference:
             out["reference"] = self.reference
+        if self.parallel_add_s:
+            out["parallel_add_s"] = self.parallel_add_s
+        if self.validation:
+            out["validation"] = dict(self.validation)
         return out
 
     @classmethod
@@ -435,7 +445,7 @@ class Calibration:
             raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
                              "be negative")
         framework = {}
-        for name in ("dtensor_call_s", "fsdp_collective_s"):
+        for name in ("dtensor_call_s", "fsdp_collective_s", "parallel_add_s"):
             try:
                 framework[name] = float(data.get(name, 0.0))
             except (TypeError, ValueError):
@@ -443,9 +453,9 @@ class Calibration:
                                  f"{data.get(name)!r}") from None
             if framework[name] < 0:
                 raise UsageError(f"{where}: {name} must not be negative")
-        chains = data.get("chains", [])
-        if not isinstance(chains, list):
-            raise UsageError(f"{where}: chains must be a list")
+        chains, validation = data.get("chains", []), data.get("validation", {})
+        if not isinstance(chains, list) or not isinstance(validation, Mapping):
+            raise UsageError(f"{where}: chains must be a list, validation a table")
         return cls(str(data["date"]), str(data["device"]), threads,
                    {str(k): str(v) for k, v in versions.items()},
                    families(data.get("host_s", {}), "host_s"), tuple(points),
@@ -455,7 +465,8 @@ class Calibration:
                    chains=tuple(ChainPoint.from_dict(c, f"{where}: chain {i}")
                                 for i, c in enumerate(chains)),
                    reference=str(data.get("reference", "")),
-                   host_after_s=families(data.get("host_after_s", {}), "host_after_s"))
+                   host_after_s=families(data.get("host_after_s", {}), "host_after_s"),
+                   validation=dict(validation))
 
 
 def _evicted(block: Any, where: str) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:

@@ -15,6 +15,7 @@ from typing import Any
 from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.memory import MemoryProfile
 from flopscope.estimate.profile import Hardware
+from flopscope.estimate.regime import of_calibration, validation_words
 from flopscope.render.units import human, human_bytes
 from flopscope.report.sections import Column
 
@@ -166,6 +167,9 @@ def prediction_lines(estimate: Estimate) -> list[str]:
     if torch.get_num_threads() != cal.threads and not cal.device.startswith("cuda"):
         lines.append(f"  note: calibrated with {cal.threads} thread(s), torch now uses "
                      f"{torch.get_num_threads()}: recalibrate with --threads for this setting")
+    regime = of_calibration(cal)
+    if regime is not None and regime["differs"]:
+        lines.append(f"  warning: {regime['warning']}")
     if total.uncalibrated_s:
         lines.append(f"  {human_seconds(total.uncalibrated_s)} of it at the bound: families "
                      "without calibration points")
@@ -173,7 +177,7 @@ def prediction_lines(estimate: Estimate) -> list[str]:
         bars = ", ".join(f"{fam} +-{100 * err:.0f}%" for fam, err in cal.error_bars.items()
                          if fam in estimate.by_family or fam == "total")
         lines.append("  error bars (from the validation: 90th percentile of |predicted / measured "
-                     f"- 1| over its models): {bars or '-'}")
+                     f"- 1| over its models{validation_words(cal.validation)}): {bars or '-'}")
     else:
         lines.append("  error bars: none in the profile (not validated)")
     if total.host_s > device:

@@ -27,14 +27,26 @@ has them there, and the heap's history before the run is unknown. Not simulated:
 exact order, the small allocations, other arenas (threads that allocate), and the process's
 history before the run (the same step faulted 140,000 to 215,000 times in different processes
 here).
+
+**The heap a run starts in** (round 11). The replay starts from an empty heap by default: a
+training script's own process, whose steady-state steps fault (measured here at 1 thread,
+2026-11-28: BERT-base's steps 2-6 in a fresh process took 133,000-260,000 minor faults each).
+A process whose heap already holds large free chunks below memory still in use (a process that
+ran other models, or a calibration, first) takes its allocations from them without a fault:
+the same steps took 85,000-89,000 faults each after a calibration in the same process, and 0 in
+the validation's process after 30 other models (round 9). :func:`this_process` reads that
+state (glibc's main heap walked chunk by chunk: its free chunks' sizes and its top), and
+:func:`faulted_bytes` starts the replay from it when given one (:class:`HeapState`); a
+prediction of runs in this process (``flopscope.profile``) does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["FROM_BEFORE", "MMAP_MAX", "PAGE", "TRACKED_BYTES", "Heap", "faulted_bytes"]
+__all__ = ["FROM_BEFORE", "MMAP_MAX", "PAGE", "TRACKED_BYTES", "Heap", "HeapState", "faulted_bytes",
+           "this_process", "walk"]
 
 FROM_BEFORE = -1
 """The bytes of an event that frees a storage made before the run (an input the run's calls
@@ -59,6 +71,88 @@ def _up(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
 
+@dataclass(frozen=True)
+class HeapState:
+    """The main heap's free memory when a run starts: what it can serve without a fault.
+
+    Attributes:
+        free: the sizes of its free chunks of at least :data:`TRACKED_BYTES`, in address order
+            (each between chunks in use: they do not join).
+        top: the free bytes of its top chunk (at the program break).
+    """
+
+    free: tuple[int, ...] = ()
+    top: int = 0
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes the heap holds free (its large chunks and its top)."""
+        return sum(self.free) + self.top
+
+    def to_dict(self) -> dict[str, int]:
+        """The JSON form: the free chunks' count and bytes, the top's bytes."""
+        return {"free_chunks": len(self.free), "free_chunk_bytes": sum(self.free),
+                "top_bytes": self.top}
+
+
+def walk(read: Callable[[int], int], size: int) -> HeapState | None:
+    """The state of a glibc heap of ``size`` bytes, walked chunk by chunk from its start.
+
+    Each chunk begins with the previous chunk's size (when that one is free) and its own size,
+    whose lowest bit says whether the chunk before it is in use (the next two: mapped, not the
+    main arena); chunks follow each other to the top chunk, which ends at the heap's end. A
+    chunk the allocator keeps in a per-thread cache or a fast bin reads as in use (they are
+    small).
+
+    Args:
+        read: the 8-byte word at an offset from the heap's start.
+        size: the heap's bytes (its start to the program break).
+
+    Returns:
+        The state, or ``None`` where the walk does not end at the heap's end on chunks of
+        sensible sizes (not a glibc heap, or one changing under the walk).
+    """
+    # nothing kept per chunk: a list of every chunk would grow through the heap being walked
+    at, last, free = 0, 0, []
+    while at < size:
+        word = read(at + 8)
+        chunk = word & ~7
+        if chunk < _MIN_CHUNK or chunk % 16 or at + chunk > size or word & 6:
+            return None
+        if not word & 1 and last >= TRACKED_BYTES:  # the chunk before is free
+            free.append(last)
+        last = chunk
+        at += chunk
+    if at != size or not last:
+        return None
+    return HeapState(tuple(free), last)
+
+
+def this_process() -> HeapState | None:
+    """This process's main heap now (``[heap]`` in ``/proc/self/maps``, walked by
+    :func:`walk`), or ``None`` where there is none to walk (not Linux, not glibc, a heap that
+    is not one run of chunks)."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            line = next((x for x in maps if x.rstrip().endswith("[heap]")), None)
+    except OSError:
+        return None
+    if line is None:
+        return None
+    lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+    word = ctypes.c_uint64.from_address
+    for _ in range(3):  # the heap changed under the walk (another thread allocated): again
+        state = walk(lambda offset: word(lo + offset).value, hi - lo)
+        if state is not None:
+            return state
+    return None
+
+
 @dataclass
 class Heap:
     """glibc's main arena, as far as page faults go: chunks in address order (best fit among
@@ -75,6 +169,27 @@ class Heap:
     brk: int = 0  # the program break: the heap's end
     resident: int = 0  # pages below this were touched since the heap last shrank past it
     _where: dict[object, tuple[bool, int]] = field(default_factory=dict)
+
+    @classmethod
+    def holding(cls, state: HeapState, threshold: int = MMAP_MAX) -> Heap:
+        """A heap that holds ``state``'s free memory, its pages resident: each free chunk
+        followed by a chunk in use (what kept it from joining the top), then the top.
+
+        Args:
+            state: the free chunks and top.
+            threshold: the mmap threshold.
+
+        Returns:
+            The heap.
+        """
+        heap = cls(threshold=threshold)
+        at = 0
+        for size in state.free:
+            heap.blocks += [[at, size, 0], [at + size, _MIN_CHUNK, 1]]
+            at += size + _MIN_CHUNK
+        heap.top = at
+        heap.brk = heap.resident = at + state.top
+        return heap
 
     def malloc(self, key: object, nbytes: int) -> int:
         """Allocate ``nbytes`` for ``key``; its bytes newly mapped (faulted when written).
@@ -145,7 +260,8 @@ class Heap:
 
 
 def faulted_bytes(events: Sequence[tuple[int, int, int]], calls: int, *,
-                  threshold: int = MMAP_MAX, passes: int = 3) -> list[int]:
+                  threshold: int = MMAP_MAX, passes: int = 3,
+                  start: HeapState | None = None) -> list[int]:
     """Bytes of new pages each call's fresh allocations take in a steady state of the run.
 
     A run that frees storages made before it (:data:`FROM_BEFORE` events: a decode step
@@ -164,11 +280,13 @@ def faulted_bytes(events: Sequence[tuple[int, int, int]], calls: int, *,
         calls: how many calls.
         threshold: the mmap threshold to start at.
         passes: how many times the run is replayed (the last one's faults are returned).
+        start: the heap the first pass starts in (:func:`this_process`); ``None``: an empty
+            one (a fresh process).
 
     Returns:
         Bytes per call.
     """
-    heap = Heap(threshold=threshold)
+    heap = Heap.holding(start, threshold) if start is not None else Heap(threshold=threshold)
     faulted = [0] * calls
     # frees of storages from before the run by its calls (not the caller's, after them)
     dropped = sum(1 for i, _, n in events if n == FROM_BEFORE and i < calls)

@@ -66,7 +66,7 @@ from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
 from flopscope.estimate.calibration import DTENSOR_DISPATCH
 from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import family
-from flopscope.estimate.heap import FROM_BEFORE, TRACKED_BYTES, faulted_bytes
+from flopscope.estimate.heap import FROM_BEFORE, TRACKED_BYTES, HeapState, faulted_bytes
 from flopscope.estimate.profile import SPECIAL_FUNCTIONS, Hardware
 from flopscope.rules.collectives import copy_bytes, is_collective
 
@@ -204,6 +204,9 @@ class CallLog:
         # reference cycle)
         self._heap: list[tuple[int, int, int]] = []
         self._heap_refs: list[weakref.ref[Any]] = []
+        # the heap the predicted runs start in (.heap.this_process, set by whoever runs them in
+        # this process: flopscope.profile); None: an empty one, a fresh process
+        self.heap_start: HeapState | None = None
         # the previous call, for the fused view: (path, phase, element-wise, record,
         # {storage key: bytes written})
         self._prev: tuple[str, Phase, bool, CallRecord | None, dict[int, int]] = (
@@ -369,7 +372,7 @@ class CallLog:
 
     def faulted_bytes(self, threshold: int) -> list[int]:
         """Bytes of new pages each recorded call's fresh allocations take in a steady state of
-        the run (:func:`flopscope.estimate.heap.faulted_bytes`).
+        the run (:func:`flopscope.estimate.heap.faulted_bytes`), from :attr:`heap_start`.
 
         Args:
             threshold: the allocator's mmap threshold to start at.
@@ -377,7 +380,22 @@ class CallLog:
         Returns:
             Bytes per record.
         """
-        return faulted_bytes(self._heap, len(self.records), threshold=threshold)
+        return faulted_bytes(self._heap, len(self.records), threshold=threshold,
+                             start=self.heap_start)
+
+    def simulate_faults(self, hardware: Hardware) -> None:
+        """Set each record's :attr:`~CallRecord.faulted` from the heap's replay
+        (:meth:`faulted_bytes`) where ``hardware`` is a CPU calibrated with an allocator that
+        maps fresh allocations (``mmap_bytes``); otherwise leave them.
+
+        Args:
+            hardware: the machine.
+        """
+        cal = hardware.calibration
+        if cal is not None and cal.mmap_bytes > 0 and not cal.device.startswith("cuda"):
+            for rec, faulted in zip(self.records, self.faulted_bytes(cal.mmap_bytes),
+                                    strict=True):
+                rec.faulted = faulted
 
     def estimate(self, hardware: Hardware, *, tf32: bool | None = None) -> Estimate:
         """The roofline estimate of the recorded calls on ``hardware``.
@@ -393,10 +411,6 @@ class CallLog:
             The :class:`Estimate`.
         """
         matmul, convolution = resolve_tf32(tf32)
-        cal = hardware.calibration
-        if cal is not None and cal.mmap_bytes > 0 and not cal.device.startswith("cuda"):
-            for rec, faulted in zip(self.records, self.faulted_bytes(cal.mmap_bytes),
-                                    strict=True):
-                rec.faulted = faulted
+        self.simulate_faults(hardware)
         return Estimate.from_records(self.records, hardware, tf32=matmul,
                                      tf32_convolution=convolution)

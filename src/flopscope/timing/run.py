@@ -28,6 +28,7 @@ from flopscope.core.module_calls import listen, stop_listening
 from flopscope.core.unseen import unseen
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.errors import UsageError
+from flopscope.estimate import heap
 from flopscope.estimate.bound import Row, call_row, resolve_tf32
 from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
@@ -341,6 +342,8 @@ def measure(
     snapshot = ModelSnapshot(list(model.modules()))
     snapshot.keep_values()
     try:
+        if not cuda:  # the runs' page faults are this process's heap's (estimate.heap)
+            log.heap_start = heap.this_process()
         with torch.no_grad() if not backward else torch.enable_grad():
             for _ in range(warmup):
                 _one_run(model, args, kwargs, backward)
@@ -376,6 +379,8 @@ def _train(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
             if step.optimizer is not None:
                 step.optimizer.step()
 
+        if not cuda:  # the runs' page faults are this process's heap's (estimate.heap)
+            log.heap_start = heap.this_process()
         for _ in range(warmup):
             run()
         return events_of(_region_runs(step.model, run, repeat, cuda))
@@ -413,6 +418,8 @@ def join_calls(calls: Sequence[tuple[str, Phase, str, str, Cost]], log: CallLog,
         UsageError: no measured run was recorded.
     """
     names = [schema for _, _, _, schema, _ in calls]
+    if hardware is not None:  # the heap's page faults (estimate.heap), as log.estimate does
+        log.simulate_faults(hardware)
     runs = region_events(events)
     per_call: list[list[float | None]] = [[] for _ in calls]
     starts: list[list[float | None]] = [[] for _ in calls]
