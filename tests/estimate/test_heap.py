@@ -180,6 +180,24 @@ def test_this_process_s_heap_is_read_where_the_c_library_is_glibc() -> None:
     assert all(n >= TRACKED_BYTES and n % 16 == 0 for n in state.free)
 
 
+def test_the_heap_read_through_proc_mem_is_the_heap_read_by_address() -> None:
+    """this_process reads the heap's words through /proc/self/mem (a trimmed heap is a read
+    error, not a crash) into one small buffer (nothing allocated from the heap it walks): the
+    same state as a walk of the same words read directly by address, right after it."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return
+    with open("/proc/self/maps") as maps:
+        line = next((x for x in maps if x.rstrip().endswith("[heap]")), None)
+    assert line is not None
+    lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+    word = ctypes.c_uint64.from_address
+    state = this_process()
+    assert state == walk(lambda offset: word(lo + offset).value, hi - lo)
+
+
 def test_the_log_s_replay_starts_from_its_heap() -> None:
     log = CallLog()
     with torch.no_grad():

@@ -131,26 +131,52 @@ def walk(read: Callable[[int], int], size: int) -> HeapState | None:
 def this_process() -> HeapState | None:
     """This process's main heap now (``[heap]`` in ``/proc/self/maps``, walked by
     :func:`walk`), or ``None`` where there is none to walk (not Linux, not glibc, a heap that
-    is not one run of chunks)."""
-    import ctypes
+    is not one run of chunks).
+
+    The words are read through ``/proc/self/mem``, not by address: a heap that shrinks under the
+    walk (another thread's free trimming it) gives a read error there, where a read by address
+    of the unmapped page would end the process."""
+    import os
     import platform
+    import struct
 
     if platform.libc_ver()[0] != "glibc":
         return None
     try:
         with open("/proc/self/maps") as maps:
             line = next((x for x in maps if x.rstrip().endswith("[heap]")), None)
+        if line is None:
+            return None
+        lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
     except OSError:
         return None
-    if line is None:
+    try:
+        # one small buffer, read into: the walk allocates nothing from the heap it reads (a
+        # buffer of 64 KiB per read was carved from a free chunk, which the walk then missed)
+        buf = bytearray(4096)
+        unpack = struct.Struct("<Q").unpack_from
+        block = [-1, 0]  # the offset read last, and how many bytes came
+
+        def word(offset: int) -> int:
+            at = offset - block[0]
+            if not 0 <= at <= block[1] - 8:  # chunks follow each other: read ahead
+                block[0], block[1] = offset, os.preadv(fd, [buf], lo + offset)
+                at = 0
+                if block[1] < 8:
+                    raise OSError("short read")
+            return int(unpack(buf, at)[0])
+
+        for _ in range(3):  # the heap changed under the walk (another thread allocated): again
+            try:
+                state = walk(word, hi - lo)
+            except OSError:
+                return None
+            if state is not None:
+                return state
         return None
-    lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
-    word = ctypes.c_uint64.from_address
-    for _ in range(3):  # the heap changed under the walk (another thread allocated): again
-        state = walk(lambda offset: word(lo + offset).value, hi - lo)
-        if state is not None:
-            return state
-    return None
+    finally:
+        os.close(fd)
 
 
 @dataclass
