@@ -15,7 +15,7 @@ import flopscope
 from flopscope.errors import UsageError
 from flopscope.estimate import regime
 from flopscope.estimate.bound import prediction_summary
-from flopscope.estimate.calibration import Calibration, Point
+from flopscope.estimate.calibration import Point
 from flopscope.estimate.display import prediction_lines
 
 POINTS = (Point("elementwise", "fp32", "mul", 100, 1_000, 2e-6, op="mul"),
