@@ -82,6 +82,20 @@ def test_the_prediction_warns_when_this_process_runs_in_another_regime(
         monkeypatch: pytest.MonkeyPatch) -> None:
     validation = {"date": "2026-11-28T18:30:00Z", "threads": 2, "load": [1.5, 3.0],
                   "models": 33, "p90_by_regime": {"as calibrated": 0.2, "differs": 0.4}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a regime is a parallel region's: checked at 2 threads or more
+    try:
+        _warns_at_two_threads(monkeypatch, validation)
+        # at 1 thread the probe is a serial add: no check, whatever it measures
+        torch.set_num_threads(1)
+        one = _calibrated(parallel_add_s=6e-6).calibration
+        assert one is not None and one.threads == 1
+        assert regime.of_calibration(one) is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warns_at_two_threads(monkeypatch: pytest.MonkeyPatch, validation: dict[str, object]) -> None:
     hw = _calibrated(parallel_add_s=6e-6, validation=validation, error_bars={"total": 0.3})
     with torch.no_grad():
         _, est = flopscope.estimate.roofline(Fn(lambda x: x * 2.0), torch.randn(64), hardware=hw)

@@ -105,10 +105,12 @@ def check(calibrated_s: float, now_s: float,
 
 def of_calibration(cal: Calibration) -> dict[str, Any] | None:
     """:func:`check` of this process against a CPU calibration that measured its regime, at
-    its thread count (``None``: a GPU's, a reference's, one without the probe, or torch now at
-    another thread count, which the prediction notes apart)."""
+    its thread count (``None``: a GPU's, a reference's, one without the probe, one at 1 thread,
+    or torch now at another thread count, which the prediction notes apart). At 1 thread the
+    probe is a serial add, not a parallel region: its spread (9-13 us in round 11's runs) is
+    the load, not a regime, so it warns of nothing."""
     if (not cal.parallel_add_s or cal.reference or cal.device.startswith("cuda")
-            or torch.get_num_threads() != cal.threads):
+            or cal.threads < 2 or torch.get_num_threads() != cal.threads):
         return None
     split = cal.validation.get("p90_by_regime", {})
     return check(cal.parallel_add_s, now(), dict(split) if isinstance(split, dict) else None)
