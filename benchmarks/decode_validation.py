@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.prediction_validation import parallel_probe, ratio_stats
+from benchmarks.prediction_validation import ratio_stats
+from flopscope.estimate.regime import parallel_add_s
 from flopscope.estimate.timers import clock
 
 RESULTS = Path(__file__).parent / "results"
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(opts.threads)
     names = opts.models.split(",") if opts.models else list(DECODERS)
     prompts = [int(x) for x in opts.prompts.split(",")]
-    probe = parallel_probe()
+    probe = parallel_add_s()
     rows = []
     for name in names:
         config = DECODERS[name]()

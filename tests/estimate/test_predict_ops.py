@@ -112,6 +112,27 @@ def test_every_workload_is_one_operator_the_prediction_recognises() -> None:
             assert calls == 1 or (fam == "matmul" and calls <= 2), (w.what, calls)
 
 
+def test_the_attention_points_hold_a_decode_steps_one_query_token() -> None:
+    """Round 12: a decode step's attention (one query token per sequence against its KV cache)
+    reads the keys and values at about 0.5 FLOP per byte; the square points are at 16 and
+    more, and their rate predicted it at 1/7-1/12 of its measured time (benchmarks
+    .decode_diagnosis). The calibration has points of that shape, rotated in their own group."""
+    from flopscope.estimate.timers import counted_call
+
+    with torch.no_grad():
+        short = {w.what: counted_call(w.fn) for w in workloads("cpu")
+                 if w.group == "attention, one query token"}
+    assert len(short) == 6
+    assert all(c.family == "attention" and c.flops / c.bytes < 0.52 for c in short.values())
+    c = short["sdpa 4x1x128x64"]
+    # 4 heads, 1 query, 128 keys of 64: q.k^T and p.v 2 x 2 x 4 x 128 x 64 = 131,072 FLOPs,
+    # the softmax 6 per score, 4 x 128 x 6 = 3,072
+    assert c.flops == 131_072 + 3_072
+    # q and the output 4 x 64 x 4 B each, keys and values 2 x 4 x 128 x 64 x 4 B, the
+    # log-sum-exp 4 x 4 B
+    assert c.bytes == 1_024 + 262_144 + 1_024 + 16
+
+
 def test_operator_host_times_cover_the_workloads_operators() -> None:
     torch.set_num_threads(1)
     host = op_host_times("cpu", calls=5)

@@ -34,7 +34,8 @@ product) is also timed in batches of many calls for the operator's host time
   2x2, average 2x2 and 3x3 stride 1, max pooling's backward;
 - **indexing**: ``embedding`` and its backward (tables of 2^2-2^16 rows of 256);
 - **attention**: ``scaled_dot_product_attention``, 4 heads, sequence 64-1024, head size 32/64,
-  causal or not.
+  causal or not; and (round 12) one query token against 128-2048 keys (a decode step's), 4 and
+  32 sequences x heads, head size 64, rotated in a group of their own.
 """
 
 from __future__ import annotations
@@ -280,7 +281,24 @@ def _attention(device: str) -> list[Workload]:
                 out.append(Workload("attention", f"sdpa 4x{seq}x{head}{' causal' if causal else ''}",
                                     "fp32", _bind(F.scaled_dot_product_attention, q, q, q,
                                                   is_causal=causal)))
+    # a decode step's attention (round 12): one query token per sequence against a cache of
+    # 128-2048 keys, 4 and 32 sequences x heads, head size 64: a read of the keys
+    # and values at about 0.5 FLOP per byte, where the square calls above do S / 4 and more;
+    # their own group, whose keys and values (about 50 MiB in all) evict each other in the
+    # rotation as a model's weights evict its cache between two steps
+    for heads, keys, head in _SHORT_QUERY:
+        q = torch.randn(1, heads, 1, head, device=device)
+        k, v = (torch.randn(1, heads, keys, head, device=device) for _ in range(2))
+        out.append(Workload("attention, one query token", f"sdpa {heads}x1x{keys}x{head}",
+                            "fp32", _bind(F.scaled_dot_product_attention, q, k, v)))
     return out
+
+
+_SHORT_QUERY = [(heads, keys, 64) for heads in (4, 32) for keys in (128, 512, 2048)]
+"""(sequences x heads, keys, head size) of the one-query-token attention points: head size 64
+only, as the square points' 32 and 64: a head of 128 read its keys at half the rate here
+(6.5-7.0 GB/s against 13-15, round 12), which the interpolation's coordinates (work,
+intensity, reduction length) cannot tell from a head of 64."""
 
 
 def workloads(device: str) -> list[Workload]:
