@@ -87,9 +87,10 @@ def measured_by_op(config: Any, batch: int, prompt: int,
     return statistics.median(times), captured_by_op(run)
 
 
-def diagnose(name: str, batch: int, prompt: int, step: int, hw: Any) -> dict[str, Any]:
-    """One workload's decode step: predicted and measured per operator and family."""
-    config = DECODERS[name]()
+def diagnose(name: str, config: Any, batch: int, prompt: int, step: int,
+             hw: Any) -> dict[str, Any]:
+    """One workload's decode step (``config``'s decoder): predicted and measured per operator
+    and family."""
     pred_s, ops = predicted_by_op(config, batch, prompt, step, hw)
     plain_s, seen = measured_by_op(config, batch, prompt, step)
     for op, row in ops.items():
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for spec in opts.workloads.split(","):
         name, batch, prompt = spec.split(":")
-        r = diagnose(name, int(batch), int(prompt), opts.step, hw)
+        r = diagnose(name, DECODERS[name](), int(batch), int(prompt), opts.step, hw)
         print(text(r), flush=True)
         rows.append(r)
     if opts.output:

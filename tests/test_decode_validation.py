@@ -113,6 +113,25 @@ def test_a_tiny_decoder_s_generation_predicted_and_measured() -> None:
         "measured_s"]
 
 
+def test_a_decode_step_s_diagnosis_splits_the_same_prediction_per_operator() -> None:
+    """benchmarks/decode_diagnosis on a tiny Llama: the operators' predictions add up to the
+    step's, the operators the count saw were timed in the step, and the step's measured time
+    is its calls' plus the time outside them."""
+    from benchmarks.decode_diagnosis import diagnose
+
+    hw = get_hardware(str(PROFILE))
+    torch.set_num_threads(1)
+    r = diagnose("tiny", _tiny(), 2, 5, 2, hw)
+    assert r["predicted_s"] == pytest.approx(sum(o["predicted_s"] for o in r["ops"].values()),
+                                             rel=1e-9)
+    assert r["predicted_s"] == pytest.approx(
+        sum(f["predicted_s"] for f in r["families"].values()), rel=1e-9)
+    timed = {op for op, o in r["ops"].items() if o["calls"] and o["family"] != "view"}
+    assert timed and all(r["ops"][op]["measured_s"] > 0 for op in timed)
+    assert r["in_calls_s"] + r["outside_calls_s"] == pytest.approx(r["measured_s"])
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in r["ops"]
+
+
 def test_the_timed_loop_decodes_with_its_cache() -> None:
     """Each timed call after the first feeds one token per sequence: the cache carries the
     prompt (a loop that lost its cache would time prefills of one token, none slower)."""
