@@ -286,6 +286,27 @@ def tables(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repredicted(data: dict[str, Any], hardware: Any, *,
+                without: str | None = None) -> dict[str, Any]:
+    """A results JSON's measured steps against another profile's predictions (no timing): the
+    same measurements, so two profiles' (or a profile's with and without some points)
+    predictions compare without the runs' noise. ``without``: leave out the calibration points
+    whose ``what`` holds it."""
+    import dataclasses
+
+    cal = hardware.calibration
+    if without and cal is not None:
+        points = tuple(p for p in cal.points if without not in p.what)
+        hardware = dataclasses.replace(hardware, calibration=dataclasses.replace(
+            cal, points=points))
+    rows = []
+    for r in data["rows"]:
+        w = Workload(r["model"], r["batch"], r["prompt"], r["new_tokens"])
+        rows.append({"model": r["model"], "batch": r["batch"], "prompt": r["prompt"],
+                     **compare(predict(DECODERS[r["model"]](), w, hardware), r["passes_s"])})
+    return {"summary": summarize(rows), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Predict and measure every workload; write the results JSON (and, with ``--ship``, the
     figures flopscope's words quote)."""
@@ -303,7 +324,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ship", action="store_true",
                         help="write --output's summary to " + str(SHIPPED.relative_to(
                             SHIPPED.parents[4])) + " (the figures the words quote) and stop")
+    parser.add_argument("--repredict", metavar="PROFILE",
+                        help="predict --output's measured steps from PROFILE (no timing) and "
+                             "print the summary")
+    parser.add_argument("--without", help="with --repredict: leave out the profile's points "
+                        "whose description holds this")
     opts = parser.parse_args(argv)
+    if opts.repredict:
+        from flopscope.estimate import get_hardware
+
+        torch.set_num_threads(opts.threads)
+        again = repredicted(json.loads(Path(opts.output).read_text()),
+                            get_hardware(opts.repredict), without=opts.without)
+        print(json.dumps({"profile": opts.repredict, "without": opts.without,
+                          "measured": opts.output, **again}, indent=1))
+        return 0
     if opts.tables:
         print(tables(json.loads(Path(opts.output).read_text())), end="")
         return 0

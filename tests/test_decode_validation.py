@@ -132,6 +132,26 @@ def test_a_decode_step_s_diagnosis_splits_the_same_prediction_per_operator() -> 
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in r["ops"]
 
 
+def test_repredicted_compares_the_same_measurements_with_another_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--repredict: a results file's measured steps against a profile's predictions, no timing;
+    the run's own profile gives the run's figures, and without its product points the
+    prediction of every step changes."""
+    hw = get_hardware(str(PROFILE))
+    monkeypatch.setitem(dv.DECODERS, "tiny", _tiny)
+    torch.set_num_threads(1)
+    w = dv.Workload("tiny", 2, 5, 3)
+    dv.predict(_tiny(), w, hw)  # the first count of a process (above)
+    row = dv.one("tiny", _tiny(), w, hw, repeat=1, threads=1)
+    data = {"rows": [row]}
+    again = dv.repredicted(data, hw)["rows"][0]
+    assert again["measured_steps_s"] == row["measured_steps_s"]
+    assert again["decode"]["ratio"] == pytest.approx(row["decode"]["ratio"], rel=1e-9)
+    less = dv.repredicted(data, hw, without="mm ")["rows"][0]
+    assert all(a != b for a, b in zip(less["predicted_steps_s"], again["predicted_steps_s"],
+                                      strict=True))
+
+
 def test_the_timed_loop_decodes_with_its_cache() -> None:
     """Each timed call after the first feeds one token per sequence: the cache carries the
     prompt (a loop that lost its cache would time prefills of one token, none slower)."""
