@@ -56,7 +56,11 @@ def test_plan_has_expert_parallel_layouts(mixtral: Plan) -> None:
     for c in every:
         t = c.time
         assert t.total == pytest.approx(sum(t.parts().values()))
-        assert (t.ep_comm > 0) == (c.choice.ep > 1)  # the dispatch and combine all-to-alls
+        # the dispatch and combine all-to-alls: every second exposed at the bound (no host);
+        # in the prediction only beyond the time the device waits for the host (this tiny
+        # model's steps on the H100 are host-bound: some or all of them hide there)
+        assert (c.bound_step.ep_comm > 0) == (c.choice.ep > 1)
+        assert 0.0 <= t.ep_comm <= c.bound_step.ep_comm
 
 
 def test_each_rank_holds_its_share_of_the_experts() -> None:

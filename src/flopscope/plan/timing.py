@@ -19,6 +19,14 @@ Parts (seconds per step, on the layout's slowest stage):
   ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed;
   pipeline point-to-point exposed; expert parallelism's all-to-alls (the tokens' dispatch to
   their experts' ranks and the results' return) exposed;
+- **the host's wait** (a GPU's prediction): the host issues every kernel, collective and send
+  without waiting for the device, so communication on the device's streams is exposed only
+  beyond the time the device waits for the host (:func:`host_overlap`, the one rule, a
+  serving step's too): a phase's blocking collectives (tensor-parallel all-reduces, expert
+  all-to-alls) beyond its own wait, the step's first FSDP2 all-gather and the pipeline's sends
+  beyond the wait the phases left; the other FSDP2 collectives beyond the stage's whole time
+  (its waits in it). Where every phase is device-bound nothing hides: the step is the sum
+  above to the bit; where the host is the slower timeline the step is shorter by what hid;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`);
 - **FSDP2's hooks**: with a CPU calibration that measured it, FSDP2's host time per all-gather
@@ -42,7 +50,8 @@ from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
 __all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe",
-           "forward_parts", "forward_seconds", "one_f_one_b", "row_seconds", "serve_step_time", "step_time"]
+           "forward_parts", "forward_seconds", "host_overlap", "one_f_one_b", "row_parts",
+           "row_seconds", "serve_step_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,8 @@ class StepTime:
         forward: the rank's forward compute.
         backward: its backward compute.
         recompute: forward work run again by activation checkpointing.
-        tp_comm: tensor-parallel all-reduces (exposed).
+        tp_comm: tensor-parallel all-reduces (exposed: on a GPU's prediction beyond the time
+            the device waits for the host in their phase).
         fsdp_comm: FSDP2 all-gathers and reduce-scatters left exposed.
         fsdp_hidden: FSDP2 communication hidden behind compute (not in the total).
         p2p: pipeline sends and receives (exposed).
@@ -117,27 +127,60 @@ def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
 
 @dataclass
 class _Stage:
-    forward: float
+    """A stage's step (the step's microbatches), its phases on a GPU's prediction split into
+    the host's and the device's times."""
+
+    forward: float  # the phases: the longer of host and device (one timeline on a CPU)
     backward: float
     recompute: float
     comm: CommTime
     hooks: float = 0.0
+    wait_forward: float = 0.0  # the device's wait for the host in forward
+    wait_backward: float = 0.0  # and in backward with recomputation
+
+    def __post_init__(self) -> None:
+        # the blocking collectives on the device's stream, exposed beyond the phase's wait for
+        # the host (host_overlap), and the wait they leave
+        self.exposed_forward = host_overlap(self.wait_forward, 0.0,
+                                            self.comm.blocking_forward)[1]
+        self.exposed_backward = host_overlap(self.wait_backward, 0.0,
+                                             self.comm.blocking_backward)[1]
+        self.wait_left = (max(0.0, self.wait_forward - self.comm.blocking_forward)
+                          + max(0.0, self.wait_backward - self.comm.blocking_backward))
+
+    @property
+    def blocking(self) -> float:
+        return self.exposed_forward + self.exposed_backward
 
     @property
     def ep_comm(self) -> float:
-        return self.comm.by_kind.get("all_to_all", 0.0)
+        ep = self.comm.by_kind.get("all_to_all", 0.0)
+        return ep if self.comm.blocking == 0 else ep * (self.blocking / self.comm.blocking)
 
     @property
     def tp_comm(self) -> float:
-        return self.comm.blocking - self.ep_comm
+        return self.blocking - self.ep_comm
 
     @property
     def busy(self) -> float:
-        return self.forward + self.backward + self.recompute + self.comm.blocking + self.hooks
+        return self.forward + self.backward + self.recompute + self.blocking + self.hooks
 
     @property
     def fsdp(self) -> float:
         return self.comm.overlapped_first + self.comm.overlapped_rest
+
+    def tail(self) -> tuple[float, float]:
+        """(FSDP2's exposed time, the sends' exposed time) after the phases: the step's first
+        all-gather and the pipeline's sends are device work outside the phases, exposed beyond
+        the wait for the host the blocking collectives left (the first all-gather first, in
+        the step's order); the other all-gathers and reduce-scatters run on their own stream
+        beside the stage's whole time (``busy``, its waits included), exposed beyond it and
+        the part of the first gather that hid."""
+        first = self.comm.overlapped_first
+        first_exposed = host_overlap(self.wait_left, 0.0, first)[1]
+        p2p = host_overlap(max(0.0, self.wait_left - first), 0.0, self.comm.p2p)[1]
+        rest = max(0.0, self.comm.overlapped_rest - self.busy - (first - first_exposed))
+        return first_exposed + rest, p2p
 
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool) -> _Stage:
@@ -145,9 +188,13 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     phases = estimate.by_phase
     cal = None if bound else estimate.hardware.calibration
 
-    def phase(name: str) -> float:
+    def phase(name: str) -> tuple[float, float]:  # (the phase's time, the device's wait)
         row = phases.get(name)
-        return 0.0 if row is None else row_seconds(row, estimate, bound=bound)
+        if row is None:
+            return 0.0, 0.0
+        device, host = row_parts(row, estimate, bound=bound)
+        device, host = device * scale, host * scale
+        return host_overlap(host, device)[0], max(0.0, host - device)
 
     # sequence parallelism's all-gathers and reduce-scatters (over the tensor-parallel group)
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
@@ -159,9 +206,10 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     if cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
             r.calls for r in records if r.kind in OVERLAPPED_KINDS and r.group != "tp")
-    return _Stage(forward=phase(Phase.FORWARD.value) * scale,
-                  backward=phase(Phase.BACKWARD.value) * scale,
-                  recompute=phase(Phase.RECOMPUTE.value) * scale, comm=comm, hooks=hooks)
+    (fwd, wait_f), (bwd, wait_b), (rec, wait_r) = (
+        phase(p.value) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE))
+    return _Stage(forward=fwd, backward=bwd, recompute=rec, comm=comm, hooks=hooks,
+                  wait_forward=wait_f, wait_backward=wait_b + wait_r)
 
 
 def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
@@ -174,6 +222,12 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
     the 1F1B schedule of ``choice.microbatches`` is replayed with each stage's forward (compute
     and tensor-parallel communication) and backward (with recompute) times per microbatch; the
     step is its makespan plus the exposed FSDP2 and point-to-point time of the slowest stage.
+
+    On a GPU's prediction each phase is the longer of its calls' host and device times, and
+    the device's communication (the blocking collectives of the phase, then the step's first
+    all-gather and the pipeline's sends) is exposed only beyond the time the device waits for
+    the host (:func:`host_overlap`, the rule of a serving step too): the host issues them
+    without waiting, so a host-bound step runs them in its wait.
 
     Args:
         runs: the roles, in stage order.
@@ -192,16 +246,17 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
         slow = stages[0]
     else:
         m = choice.microbatches
-        fwd = [Fraction((s.forward + s.comm.blocking_forward) / m) for s in stages]
-        bwd = [Fraction((s.backward + s.recompute + s.comm.blocking_backward) / m)
+        fwd = [Fraction((s.forward + s.exposed_forward) / m) for s in stages]
+        bwd = [Fraction((s.backward + s.recompute + s.exposed_backward) / m)
                for s in stages]
         _, idle = bubble(one_f_one_b(len(stages), m), fwd, bwd)
         slow = max(stages, key=lambda s: s.busy)
         i = stages.index(slow)
         span = slow.busy / float(1 - idle[i]) if idle[i] < 1 else slow.busy
-    exposed = max(s.comm.overlapped_exposed(s.busy) for s in stages)
+    tails = [s.tail() for s in stages]
+    exposed = max(t[0] for t in tails)
     hidden = max(s.fsdp for s in stages) - exposed
-    p2p = max(s.comm.p2p for s in stages)
+    p2p = max(t[1] for t in tails)
     total = span + exposed + p2p
     kind = "prediction" if not bound and all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
@@ -281,12 +336,55 @@ def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
     return row_seconds(estimate.total, estimate, bound=bound)
 
 
+def host_overlap(host: float, device: float, comm: float = 0.0) -> tuple[float, float]:
+    """THE rule of a GPU's step or phase (a training phase's and the step's own communication
+    in :func:`step_time`, a serving step in :func:`serve_step_time`, a row of calls in
+    :func:`row_seconds`): the host issues every kernel, collective and send without waiting
+    for the device (a collective or a send is a kernel on a device stream, ordered between the
+    work around it), so the time is the longer of the host's time and the device's work with
+    its communication, ``max(host, device + comm)``, and the communication is exposed only
+    beyond the time the device waits for the host, ``max(0, comm - max(0, host - device))``.
+    On a CPU's prediction and at the roofline bound the host is 0 (one timeline): the time is
+    ``device + comm``, every second of it exposed.
+
+    Args:
+        host: the host's time issuing the calls (seconds).
+        device: the device's work (seconds).
+        comm: device work the host does not wait for beside it (collectives, sends).
+
+    Returns:
+        (the time, the part of ``comm`` exposed).
+    """
+    return max(host, device + comm), max(0.0, comm - max(0.0, host - device))
+
+
+def row_parts(row: Row, estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
+    """A row of ``estimate``'s calls (a phase, a forward) as (device time, host time): on a
+    GPU's prediction the sums of the calls' device and host times apart; on a CPU's prediction
+    their sum and 0 (one timeline); at the roofline bound (``bound``, or without a
+    calibration) the bound and 0.
+
+    Args:
+        row: the summed calls.
+        estimate: the estimate they are of (its profile's calibration).
+        bound: the roofline bound whatever the profile.
+
+    Returns:
+        (seconds of device work, seconds of host time beside it).
+    """
+    cal = estimate.hardware.calibration
+    if bound or cal is None:
+        return row.time_s, 0.0
+    if cal.device.startswith("cuda"):
+        return row.predicted_s - row.host_s, row.host_s
+    return row.predicted_s, 0.0
+
+
 def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
     """The time of a row of ``estimate``'s calls (a phase, a forward): the prediction where the
     profile has a calibration, else (or with ``bound``) the roofline bound. On a GPU the longer
-    of the calls' host and device times (the host issues kernels while the device runs earlier
-    ones); on a CPU their sum (one timeline). The one rule of a training phase and a serving
-    step.
+    of the calls' host and device times (:func:`host_overlap`: the host issues kernels while
+    the device runs earlier ones); on a CPU their sum (one timeline).
 
     Args:
         row: the summed calls.
@@ -296,20 +394,14 @@ def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
     Returns:
         Seconds.
     """
-    cal = estimate.hardware.calibration
-    if bound or cal is None:
-        return row.time_s
-    if cal.device.startswith("cuda"):
-        return max(row.host_s, row.predicted_s - row.host_s)
-    return row.predicted_s
+    device, host = row_parts(row, estimate, bound=bound)
+    return host_overlap(host, device)[0]
 
 
 def forward_parts(estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
-    """A serving forward's calls as (device time, host time): on a GPU's prediction the sums of
-    the calls' device and host times apart (a step takes the longer of the host and the
-    device's work with its collectives: :func:`serve_step_time`); on a CPU's prediction their
-    sum and 0 (one timeline); at the roofline bound (or without a calibration) the bound and
-    0.
+    """A serving forward's calls as (device time, host time) (:func:`row_parts` of its total;
+    a step takes the longer of the host and the device's work with its collectives:
+    :func:`serve_step_time`).
 
     Args:
         estimate: the forward's estimate (one phase).
@@ -318,13 +410,7 @@ def forward_parts(estimate: Estimate, *, bound: bool = False) -> tuple[float, fl
     Returns:
         (seconds of compute, seconds of host time beside it).
     """
-    cal = estimate.hardware.calibration
-    row = estimate.total
-    if bound or cal is None:
-        return row.time_s, 0.0
-    if cal.device.startswith("cuda"):
-        return row.predicted_s - row.host_s, row.host_s
-    return row.predicted_s, 0.0
+    return row_parts(estimate.total, estimate, bound=bound)
 
 
 def serve_step_time(compute: float, communication: Iterable[CommRecord], boundary_bytes: int,
@@ -357,8 +443,8 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
     sends = pp - 1
     p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
                                     boundary_bytes * sends)], tp * pp) if sends else 0.0
-    device = compute + tp_comm + p2p
-    total = max(host, device)
+    device = compute + tp_comm + p2p  # the all-reduces and sends on the device's stream
+    total = host_overlap(host, device)[0]
     return ServeTime(compute, tp_comm, p2p, total, kind, host, total - device, calls)
 
 
