@@ -18,7 +18,8 @@ product) is also timed in batches of many calls for the operator's host time
   channels over many pixels, strided 3x3 and 7x7; grouped 3x3 (group widths 8, 16, 32) and
   depthwise 3x3/5x5/7x7 over 32 channels of 112 pixels to 1024 of 7, some at stride 2; 1x1
   over one pixel (squeeze-and-excitation), 3x3 over 2-4 pixels; 1x1 and depthwise over 128 x 128
-  pixels (activations of 4-8 MiB);
+  pixels (activations of 4-8 MiB); 1x1 and depthwise of channel counts off oneDNN's 16-channel
+  blocks (20-180) over 14-56 pixels (round 12);
 - **element-wise** over 2^10-2^24 fp32 elements (L1-resident to streaming from memory): binary
   (``add``, ``mul``, ``div``, a scalar ``mul``), unary (``relu``, ``sqrt``, ``hardswish``,
   ``hardsigmoid``, a copy), backward (``threshold_backward``, ``gelu_backward``,
@@ -213,7 +214,15 @@ _CONV = ([(c, c, s, 3, 1, 1) for c, s in ((16, 64), (64, 32), (64, 56), (128, 16
          # activations of 4-8 MiB (past the L2, a large share of the last-level cache): 1x1
          # expanding and projecting, depthwise 3x3 (stride 1 and 2) and 5x5, over 128 x 128
          + [(32, 128, 128, 1, 1, 1), (128, 32, 128, 1, 1, 1), (128, 128, 128, 3, 1, 128),
-            (128, 128, 128, 3, 2, 128), (64, 64, 128, 5, 1, 64)])
+            (128, 128, 128, 3, 2, 128), (64, 64, 128, 5, 1, 64)]
+         # channel counts off oneDNN's 16-channel blocks (round 12): each call reorders its
+         # input and output between PyTorch's layout and the blocked one, padded (oneDNN's
+         # slower "jit:uni" reorder) where the count is not a multiple of 16; at more than one
+         # thread PyTorch runs a 1x1 convolution through oneDNN (at one, as a plain product),
+         # so 1x1 and depthwise over 14-56 pixels, expanding, projecting and square
+         + [(20, 52, 56, 1, 1, 1), (52, 20, 56, 1, 1, 1), (36, 100, 28, 1, 1, 1),
+            (100, 36, 28, 1, 1, 1), (100, 100, 28, 1, 1, 1), (180, 180, 14, 1, 1, 1),
+            (52, 52, 56, 3, 1, 52), (100, 100, 28, 3, 1, 100), (180, 180, 14, 3, 1, 180)])
 
 
 def _matmul(device: str) -> list[Workload]:
