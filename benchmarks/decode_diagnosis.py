@@ -47,10 +47,8 @@ def predicted_by_op(config: Any, batch: int, prompt: int, step: int,
     est = logs.estimates(hardware)[step]
     ops = {}
     for op, row in est.by_op.items():
-        cost = argparse.Namespace(macs=row.macs, flops=row.flops, bytes_read=row.bytes,
-                                  bytes_written=0)
         ops[op] = {"calls": row.calls, "predicted_s": row.predicted_s, "host_s": row.host_s,
-                   "family": call_family(op, cost)}
+                   "family": call_family(op, row.macs, row.flops, row.bytes)}
     return predicted_step_s(est), ops
 
 

@@ -35,7 +35,7 @@ import flopscope
 from benchmarks.errors import abs_errors
 from benchmarks.gpu_calib import captured
 from benchmarks.gpu_models import free, hf_model
-from benchmarks.prediction_validation import call_family
+from benchmarks.prediction_validation import cost_family
 from flopscope.estimate import load_hardware
 from flopscope.estimate.predict import overlapped
 from flopscope.estimate.profile import Hardware
@@ -182,7 +182,7 @@ def predict_one(model: nn.Module, x: torch.Tensor, train: bool, hw: Hardware,
     calls, step, idle = _predicted(timing)
     fams: dict[str, dict[str, float]] = {}
     for c, b in calls:
-        f = fams.setdefault(call_family(c.op, c.cost), {
+        f = fams.setdefault(cost_family(c.op, c.cost), {
             "calls": 0, "predicted_device_s": 0.0, "measured_s": 0.0, "bound_s": 0.0,
             "uncalibrated_calls": 0})
         f["calls"] += 1

@@ -57,12 +57,16 @@ VISION = ["resnet18", "resnet50", "mobilenet_v3_large", "mobilenet_v2", "efficie
 _SPECIAL_BASES = {("_" + f if f.endswith("softmax") else f) for f in SPECIAL_FUNCTIONS}
 
 
-def call_family(op: str, cost: Any) -> str:
-    """The prediction family of one counted call (its operator and cost)."""
+def call_family(op: str, macs: int, flops: int, nbytes: int) -> str:
+    """The prediction family of a counted call (its operator, MACs, FLOPs and bytes moved)."""
     base = op.split(".")[1] if op.count(".") >= 1 else op
     special = base.rstrip("_") in _SPECIAL_BASES
-    return family_of(op, int(cost.macs), int(cost.flops),
-                     int(cost.bytes_read + cost.bytes_written), special, is_convolution(op))
+    return family_of(op, int(macs), int(flops), int(nbytes), special, is_convolution(op))
+
+
+def cost_family(op: str, cost: Any) -> str:
+    """:func:`call_family` of one counted call's cost (bytes read and written together)."""
+    return call_family(op, cost.macs, cost.flops, cost.bytes_read + cost.bytes_written)
 
 
 def _step(model: nn.Module, args: tuple[Any, ...], train: bool) -> Any:
@@ -144,7 +148,7 @@ def one(name: str, kind: str, model: nn.Module, args: tuple[Any, ...], hw: Hardw
     for c in timing.calls:
         if c.bound is None:
             continue
-        fam = op_family.setdefault(c.op, call_family(c.op, c.cost))
+        fam = op_family.setdefault(c.op, cost_family(c.op, c.cost))
         f = fams.setdefault(fam, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0,
                                   "bound_s": 0.0})
         f["calls"] += 1
