@@ -75,6 +75,33 @@ def test_tp_all_reduces_are_exposed(tmp_path: Path,
     assert step["hidden_s"] == pytest.approx(0)
 
 
+def test_a_gpu_rank_s_collectives_run_in_its_wait_for_the_host(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the tiny Llama on the H100's reference calibration is host-bound in every phase (its
+    # calls' host time above their device time); links at 1 GB/s: each all-reduce's time is its
+    # bus bytes / 1e9. The rank's step takes the planner's rule (estimate.overlap.host_overlap
+    # through CommTime.exposure): each phase is max(host, device), and a phase's all-reduces
+    # are exposed only beyond the device's wait for the host in it
+    hw = dataclasses.replace(get_hardware("h100-sxm"), name="h100-links", **LINK)
+    data = _json(capsys, "--world-size", "2", "--tp", "2", "--hardware", _profile(tmp_path, hw))
+    step, phases = data["step_time"], data["estimate"]["by_phase"]
+    assert step["kind"] == "prediction" and set(phases) == {"forward", "backward"}
+    compute, exposed = 0.0, 0.0
+    for name, row in phases.items():
+        host, device = row["host_s"], row["predicted_s"] - row["host_s"]
+        assert host > device  # host-bound: the device waits host - device
+        compute += max(host, device)
+        reduces = sum(r["bus_bytes"] / 1e9 for r in data["communication"]["records"]
+                      if r["kind"] == "all_reduce" and r["phase"] == name)
+        exposed += max(0.0, reduces - (host - device))
+    assert step["compute_s"] == pytest.approx(compute, rel=1e-12)
+    assert step["exposed_s"] == pytest.approx(exposed, rel=1e-12)
+    assert step["step_s"] == pytest.approx(compute + exposed, rel=1e-12)
+    # before round 13 the step summed host and device and exposed every all-reduce: longer
+    summed = sum(row["predicted_s"] for row in phases.values())
+    assert step["step_s"] < summed + step["blocking_s"]
+
+
 def test_calibrated_profile_gives_a_prediction_with_its_error_bar(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cal = Calibration("2026-11-27T00:00:00+00:00", "cpu (test)", 1, {}, {"matmul": 1e-6},

@@ -136,7 +136,7 @@ def test_step_time_parts_add_up_and_mfu(two_gpus: Plan) -> None:
         assert c.tokens_per_s_per_gpu == pytest.approx(2 * 256 / t.total / 2)
     # the all-reduces and sends are exposed at the bound (no host time); this tiny model's
     # predicted steps on the H100 are host-bound, where they run in the device's wait for the
-    # host (plan.timing.host_overlap): exposed there only beyond it
+    # host (estimate.overlap.host_overlap): exposed there only beyond it
     tp = _by_label(two_gpus)["TP2 PP1 DP1 mb2x1"]
     assert tp.bound_step.tp_comm > 0 and tp.time.fsdp_comm == 0
     assert 0.0 <= tp.time.tp_comm <= tp.bound_step.tp_comm

@@ -58,7 +58,7 @@ def test_plan_with_sequence_parallelism() -> None:
     # its all-gathers and reduce-scatters are exposed tensor-parallel time (they were counted
     # as FSDP2's, hidden, before the step time told them apart); at the bound (no host: the
     # prediction of this tiny model on the H100 is host-bound, and they run in the device's
-    # wait for the host there, plan.timing.host_overlap)
+    # wait for the host there, estimate.overlap.host_overlap)
     assert b.bound_step.tp_comm > 0 and b.time.fsdp_comm == b.time.fsdp_hidden == 0
     assert 0.0 <= b.time.tp_comm <= b.bound_step.tp_comm
     assert sp.sequence_parallel and sp.to_dict()["sequence_parallel"] is True

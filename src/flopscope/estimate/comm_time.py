@@ -50,14 +50,15 @@ from typing import TYPE_CHECKING, Any
 from flopscope.cost import Phase
 from flopscope.errors import UsageError
 from flopscope.estimate.link_calibration import LinkCalibration
+from flopscope.estimate.overlap import host_overlap, row_parts
 from flopscope.estimate.profile import Hardware
 from flopscope.report.records import CommRecord
 
 if TYPE_CHECKING:
     from flopscope.estimate.bound import Estimate
 
-__all__ = ["OVERLAPPED_KINDS", "P2P_KINDS", "CommTime", "Links", "RankStep", "comm_time",
-           "rank_step"]
+__all__ = ["OVERLAPPED_KINDS", "P2P_KINDS", "CommTime", "Exposure", "Links", "RankStep",
+           "comm_time", "rank_step"]
 
 OVERLAPPED_KINDS = ("all_gather", "reduce_scatter")
 """FSDP2's collectives: prefetched / overlapped with compute."""
@@ -189,15 +190,69 @@ class CommTime:
         """Every collective's time."""
         return self.blocking + self.overlapped_first + self.overlapped_rest + self.p2p
 
-    def overlapped_exposed(self, busy: float) -> float:
-        """The FSDP2 time a step exposes when it runs beside ``busy`` seconds of compute and
-        blocking communication: the first all-gather and what the rest need beyond ``busy``."""
-        return self.overlapped_first + max(0.0, self.overlapped_rest - busy)
+    def exposure(self, compute: float, *, wait_forward: float = 0.0,
+                 wait_backward: float = 0.0, hooks: float = 0.0) -> Exposure:
+        """What a step exposes of this communication beside ``compute`` seconds of phases, in
+        which the device waits ``wait_forward`` and ``wait_backward`` seconds for the host
+        (a GPU's prediction; 0 on a CPU and at the bound), by :func:`~flopscope.estimate
+        .overlap.host_overlap`: a phase's blocking collectives are exposed beyond its own
+        wait; the step's first FSDP2 all-gather, then the pipeline's sends, beyond the wait
+        the blocking ones left (device work outside the phases, in the step's order); the
+        other FSDP2 collectives run on their own stream beside the whole step (its phases,
+        blocking collectives and ``hooks``, FSDP2's host time on a CPU), exposed beyond it and
+        the part of the first gather that hid.
+
+        Args:
+            compute: the phases' time (each the longer of its host and device times).
+            wait_forward: the device's wait for the host in forward.
+            wait_backward: the same in backward and recomputation.
+            hooks: FSDP2's hooks on the rank's one timeline (seconds).
+
+        Returns:
+            The :class:`Exposure`.
+        """
+        forward = host_overlap(wait_forward, 0.0, self.blocking_forward)[1]
+        backward = host_overlap(wait_backward, 0.0, self.blocking_backward)[1]
+        left = (max(0.0, wait_forward - self.blocking_forward)
+                + max(0.0, wait_backward - self.blocking_backward))
+        first = self.overlapped_first
+        first_exposed = host_overlap(left, 0.0, first)[1]
+        p2p = host_overlap(max(0.0, left - first), 0.0, self.p2p)[1]
+        busy = compute + forward + backward + hooks
+        rest = max(0.0, self.overlapped_rest - busy - (first - first_exposed))
+        return Exposure(forward, backward, first_exposed + rest, p2p)
 
     def exposed(self, compute: float) -> float:
-        """Communication time a step exposes beside ``compute`` seconds of compute."""
-        return (self.blocking + self.p2p
-                + self.overlapped_exposed(compute + self.blocking))
+        """Communication time a step exposes beside ``compute`` seconds of compute, the
+        device never waiting for the host (:meth:`exposure`'s total)."""
+        return self.exposure(compute).total
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """What a step exposes of its communication (seconds; :meth:`CommTime.exposure`).
+
+    Attributes:
+        blocking_forward: forward's blocking collectives beyond forward's wait for the host.
+        blocking_backward: backward's (and recomputation's) beyond theirs.
+        fsdp: FSDP2's (the first all-gather beyond the waits left, the rest beyond the step).
+        p2p: the pipeline's sends and receives beyond the waits left after the first gather.
+    """
+
+    blocking_forward: float
+    blocking_backward: float
+    fsdp: float
+    p2p: float
+
+    @property
+    def blocking(self) -> float:
+        """The blocking collectives exposed."""
+        return self.blocking_forward + self.blocking_backward
+
+    @property
+    def total(self) -> float:
+        """Everything exposed."""
+        return self.blocking + self.fsdp + self.p2p
 
 
 def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: int = 1,
@@ -261,7 +316,8 @@ class RankStep:
 
     Attributes:
         compute: the rank's compute (seconds): the calibrated prediction, or the roofline
-            bound where the profile is not calibrated (:attr:`compute_kind`).
+            bound where the profile is not calibrated (:attr:`compute_kind`); on a GPU's
+            prediction each phase the longer of its host and device times.
         compute_kind: ``"prediction"`` or ``"bound"``.
         comm: its collectives, by the overlap rules.
         exposed: the communication time the step exposes.
@@ -300,8 +356,9 @@ def rank_step(estimate: Estimate, records: Iterable[CommRecord], links: Links, *
               dp: int = 1, gpus: int | None = None, bubble: float = 0.0,
               error: float | None = None) -> RankStep:
     """A simulated rank's step time: its compute (predicted where the profile is calibrated,
-    the bound otherwise) plus the communication it exposes (:class:`CommTime`), over the
-    pipeline stage's busy fraction.
+    the bound otherwise; on a GPU's prediction each phase the longer of its calls' host and
+    device times) plus the communication it exposes (:meth:`CommTime.exposure`: beyond the
+    device's wait for the host, the planner's rule), over the pipeline stage's busy fraction.
 
     Args:
         estimate: the rank's estimate (a :class:`~flopscope.estimate.Estimate`).
@@ -317,9 +374,18 @@ def rank_step(estimate: Estimate, records: Iterable[CommRecord], links: Links, *
         The :class:`RankStep`.
     """
     calibrated = estimate.calibrated
-    compute = estimate.total.predicted_s if calibrated else estimate.total.time_s
+    compute, host = row_parts(estimate.total, estimate)  # host 0: one timeline, or the bound
+    waits = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
+    if host:  # a GPU's prediction: each phase the longer of its host and device times
+        compute = 0.0
+        for name, row in estimate.by_phase.items():
+            device, host = row_parts(row, estimate)
+            compute += host_overlap(host, device)[0]
+            side = Phase.FORWARD if name == Phase.FORWARD.value else Phase.BACKWARD
+            waits[side] += max(0.0, host - device)
     comm = comm_time(records, links, tp=tp, dp=dp, gpus=gpus)
-    exposed = comm.exposed(compute)
+    exposed = comm.exposure(compute, wait_forward=waits[Phase.FORWARD],
+                            wait_backward=waits[Phase.BACKWARD]).total
     busy = compute + exposed
     total = busy / (1 - bubble) if bubble < 1 else busy
     return RankStep(compute, "prediction" if calibrated else "bound", comm, exposed, bubble,

@@ -21,9 +21,10 @@ Parts (seconds per step, on the layout's slowest stage):
   their experts' ranks and the results' return) exposed;
 - **the host's wait** (a GPU's prediction): the host issues every kernel, collective and send
   without waiting for the device, so communication on the device's streams is exposed only
-  beyond the time the device waits for the host (:func:`host_overlap`, the one rule, a
-  serving step's too): a phase's blocking collectives (tensor-parallel all-reduces, expert
-  all-to-alls) beyond its own wait, the step's first FSDP2 all-gather and the pipeline's sends
+  beyond the time the device waits for the host
+  (:func:`~flopscope.estimate.overlap.host_overlap`, the one rule, a serving step's too;
+  :meth:`~flopscope.estimate.comm_time.CommTime.exposure`): a phase's blocking collectives
+  (tensor-parallel all-reduces, expert all-to-alls) beyond its own wait, the step's first FSDP2 all-gather and the pipeline's sends
   beyond the wait the phases left; the other FSDP2 collectives beyond the stage's whole time
   (its waits in it). Where every phase is device-bound nothing hides: the step is the sum
   above to the bit; where the host is the slower timeline the step is shorter by what hid;
@@ -45,13 +46,14 @@ from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
 from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.comm_time import OVERLAPPED_KINDS, CommTime, Links, comm_time
+from flopscope.estimate.overlap import host_overlap, row_parts
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
 
 __all__ = ["PART_NAMES", "Links", "ServeTime", "StepTime", "compare", "describe",
-           "forward_parts", "forward_seconds", "host_overlap", "one_f_one_b", "row_parts",
-           "row_seconds", "serve_step_time", "step_time"]
+           "forward_parts", "forward_seconds", "one_f_one_b", "row_seconds", "serve_step_time",
+           "step_time"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
 @dataclass
 class _Stage:
     """A stage's step (the step's microbatches), its phases on a GPU's prediction split into
-    the host's and the device's times."""
+    the host's and the device's times, and what it exposes of its communication
+    (:meth:`CommTime.exposure`)."""
 
     forward: float  # the phases: the longer of host and device (one timeline on a CPU)
     backward: float
@@ -139,18 +142,21 @@ class _Stage:
     wait_backward: float = 0.0  # and in backward with recomputation
 
     def __post_init__(self) -> None:
-        # the blocking collectives on the device's stream, exposed beyond the phase's wait for
-        # the host (host_overlap), and the wait they leave
-        self.exposed_forward = host_overlap(self.wait_forward, 0.0,
-                                            self.comm.blocking_forward)[1]
-        self.exposed_backward = host_overlap(self.wait_backward, 0.0,
-                                             self.comm.blocking_backward)[1]
-        self.wait_left = (max(0.0, self.wait_forward - self.comm.blocking_forward)
-                          + max(0.0, self.wait_backward - self.comm.blocking_backward))
+        self.exposure = self.comm.exposure(self.forward + self.backward + self.recompute,
+                                           wait_forward=self.wait_forward,
+                                           wait_backward=self.wait_backward, hooks=self.hooks)
+
+    @property
+    def exposed_forward(self) -> float:
+        return self.exposure.blocking_forward
+
+    @property
+    def exposed_backward(self) -> float:
+        return self.exposure.blocking_backward
 
     @property
     def blocking(self) -> float:
-        return self.exposed_forward + self.exposed_backward
+        return self.exposure.blocking
 
     @property
     def ep_comm(self) -> float:
@@ -168,19 +174,6 @@ class _Stage:
     @property
     def fsdp(self) -> float:
         return self.comm.overlapped_first + self.comm.overlapped_rest
-
-    def tail(self) -> tuple[float, float]:
-        """(FSDP2's exposed time, the sends' exposed time) after the phases: the step's first
-        all-gather and the pipeline's sends are device work outside the phases, exposed beyond
-        the wait for the host the blocking collectives left (the first all-gather first, in
-        the step's order); the other all-gathers and reduce-scatters run on their own stream
-        beside the stage's whole time (``busy``, its waits included), exposed beyond it and
-        the part of the first gather that hid."""
-        first = self.comm.overlapped_first
-        first_exposed = host_overlap(self.wait_left, 0.0, first)[1]
-        p2p = host_overlap(max(0.0, self.wait_left - first), 0.0, self.comm.p2p)[1]
-        rest = max(0.0, self.comm.overlapped_rest - self.busy - (first - first_exposed))
-        return first_exposed + rest, p2p
 
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool) -> _Stage:
@@ -226,7 +219,7 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
     On a GPU's prediction each phase is the longer of its calls' host and device times, and
     the device's communication (the blocking collectives of the phase, then the step's first
     all-gather and the pipeline's sends) is exposed only beyond the time the device waits for
-    the host (:func:`host_overlap`, the rule of a serving step too): the host issues them
+    the host (:func:`~flopscope.estimate.overlap.host_overlap`, the rule of a serving step too): the host issues them
     without waiting, so a host-bound step runs them in its wait.
 
     Args:
@@ -253,10 +246,9 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
         slow = max(stages, key=lambda s: s.busy)
         i = stages.index(slow)
         span = slow.busy / float(1 - idle[i]) if idle[i] < 1 else slow.busy
-    tails = [s.tail() for s in stages]
-    exposed = max(t[0] for t in tails)
+    exposed = max(s.exposure.fsdp for s in stages)
     hidden = max(s.fsdp for s in stages) - exposed
-    p2p = max(t[1] for t in tails)
+    p2p = max(s.exposure.p2p for s in stages)
     total = span + exposed + p2p
     kind = "prediction" if not bound and all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
@@ -336,54 +328,10 @@ def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
     return row_seconds(estimate.total, estimate, bound=bound)
 
 
-def host_overlap(host: float, device: float, comm: float = 0.0) -> tuple[float, float]:
-    """THE rule of a GPU's step or phase (a training phase's and the step's own communication
-    in :func:`step_time`, a serving step in :func:`serve_step_time`, a row of calls in
-    :func:`row_seconds`): the host issues every kernel, collective and send without waiting
-    for the device (a collective or a send is a kernel on a device stream, ordered between the
-    work around it), so the time is the longer of the host's time and the device's work with
-    its communication, ``max(host, device + comm)``, and the communication is exposed only
-    beyond the time the device waits for the host, ``max(0, comm - max(0, host - device))``.
-    On a CPU's prediction and at the roofline bound the host is 0 (one timeline): the time is
-    ``device + comm``, every second of it exposed.
-
-    Args:
-        host: the host's time issuing the calls (seconds).
-        device: the device's work (seconds).
-        comm: device work the host does not wait for beside it (collectives, sends).
-
-    Returns:
-        (the time, the part of ``comm`` exposed).
-    """
-    return max(host, device + comm), max(0.0, comm - max(0.0, host - device))
-
-
-def row_parts(row: Row, estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
-    """A row of ``estimate``'s calls (a phase, a forward) as (device time, host time): on a
-    GPU's prediction the sums of the calls' device and host times apart; on a CPU's prediction
-    their sum and 0 (one timeline); at the roofline bound (``bound``, or without a
-    calibration) the bound and 0.
-
-    Args:
-        row: the summed calls.
-        estimate: the estimate they are of (its profile's calibration).
-        bound: the roofline bound whatever the profile.
-
-    Returns:
-        (seconds of device work, seconds of host time beside it).
-    """
-    cal = estimate.hardware.calibration
-    if bound or cal is None:
-        return row.time_s, 0.0
-    if cal.device.startswith("cuda"):
-        return row.predicted_s - row.host_s, row.host_s
-    return row.predicted_s, 0.0
-
-
 def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
     """The time of a row of ``estimate``'s calls (a phase, a forward): the prediction where the
     profile has a calibration, else (or with ``bound``) the roofline bound. On a GPU the longer
-    of the calls' host and device times (:func:`host_overlap`: the host issues kernels while
+    of the calls' host and device times (:func:`~flopscope.estimate.overlap.host_overlap`: the host issues kernels while
     the device runs earlier ones); on a CPU their sum (one timeline).
 
     Args:
@@ -399,7 +347,7 @@ def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
 
 
 def forward_parts(estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
-    """A serving forward's calls as (device time, host time) (:func:`row_parts` of its total;
+    """A serving forward's calls as (device time, host time) (:func:`~flopscope.estimate.overlap.row_parts` of its total;
     a step takes the longer of the host and the device's work with its collectives:
     :func:`serve_step_time`).
 
