@@ -25,8 +25,8 @@ Parts (seconds per step, on the layout's slowest stage):
   (:func:`~flopscope.estimate.overlap.host_overlap`, the one rule, a serving step's too;
   :meth:`~flopscope.estimate.comm_time.CommTime.exposure`): a phase's blocking collectives
   (tensor-parallel all-reduces, expert all-to-alls) beyond its own wait, the step's first
-  FSDP2 all-gather and the pipeline's sends beyond the wait the phases left; the other FSDP2 collectives beyond the stage's whole time
-  (its waits in it). Where every phase is device-bound nothing hides: the step is the sum
+  FSDP2 all-gather and the pipeline's sends beyond the wait the phases left; the other FSDP2
+  collectives beyond the stage's whole time (its waits in it). Where every phase is device-bound nothing hides: the step is the sum
   above to the bit; where the host is the slower timeline the step is shorter by what hid;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`);
