@@ -409,3 +409,27 @@ def test_remembered_tables_do_not_keep_a_model_alive() -> None:
     gc.collect()
     assert gone() is None
     assert key not in _tracker._TABLES  # its entry is dropped with it
+
+
+def test_a_usual_module_calls_frame_is_a_default_frame() -> None:
+    """The one-frame module call (core/usual_calls.py) makes its Frame field by field: inside a
+    module's forward, the running frame equals ``Frame(module, path, phase)`` with the counts it
+    has gathered so far (none before the module's first operator)."""
+    import dataclasses
+
+    from flopscope.core.frames import Frame
+    from flopscope.cost import Phase
+
+    seen: list[Frame] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(dataclasses.replace(counter._tracker.main.stack[-1]))
+            return x * 2
+
+    model = nn.Sequential(nn.Linear(3, 3), Probe())
+    counter = flopscope.Counter(model, warn=False)
+    with counter:
+        model(torch.randn(2, 3))
+    assert seen == [Frame(model[1], "1", Phase.FORWARD)]
+    assert type(counter._tracker.main.stack) is list and not counter._tracker.main.stack

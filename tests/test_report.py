@@ -164,3 +164,29 @@ def test_table_rows_per_module_and_per_op() -> None:
                                    "bytes_read": 192, "bytes_written": 32, "counted": True}]
     with pytest.raises(flopscope.UsageError, match=r"unknown breakdown 'layer'"):
         r.table_rows("layer")
+
+
+def test_op_record_is_a_frozen_op_record() -> None:
+    """``op_record`` (what a report's records are made with: a twin class filled, then turned
+    into an OpRecord) makes records indistinguishable from ``OpRecord(...)``: the same class,
+    equal and hashed alike, frozen, pickled and copied back to equal records."""
+    import copy
+    import pickle
+
+    from flopscope.report.records import op_record
+
+    cost = Cost(32, 64, 192, 32)
+    made = op_record("fc", "aten.mm.default", Phase.FORWARD, 2, cost, True, False)
+    built = OpRecord("fc", "aten.mm.default", Phase.FORWARD, 2, cost)
+    assert type(made) is OpRecord
+    assert made == built and hash(made) == hash(built)
+    assert (made.module, made.op, made.phase, made.calls, made.cost, made.counted,
+            made.decomposed) == ("fc", "aten.mm.default", Phase.FORWARD, 2, cost, True, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.calls = 3  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(made)) == built
+    assert copy.deepcopy(made) == built and dataclasses.replace(made, calls=3).calls == 3
+    assert not hasattr(made, "__dict__")
+    # a real report's records are such records
+    report = flopscope.count(nn.Linear(4, 8), torch.randn(2, 4), warn=False)
+    assert all(type(r) is OpRecord for r in report.records)

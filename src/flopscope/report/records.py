@@ -4,9 +4,9 @@ breakdowns hand back. Plain frozen values; :mod:`flopscope.report.report` re-exp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Protocol, cast
 
 from flopscope.core.params import ParamStats
 from flopscope.cost import Cost, Phase
@@ -29,29 +29,36 @@ class OpRecord:
     decomposed: bool = False  # counted as the sum of its decomposition's pieces
 
 
-# OpRecord's slots set directly: the frozen dataclass's __init__ sets each field through
-# object.__setattr__ (a generic attribute lookup per field), and a report makes one record per
-# (module, operator, phase): the same record in about half the time (op_record)
+# A report makes one record per (module, operator, phase). The frozen dataclass's __init__ sets
+# each field through object.__setattr__ (a generic attribute lookup per field); op_record instead
+# fills a twin class with the same slots in the same order (plain slot stores, which the
+# interpreter does inline) and then makes the object an OpRecord (``__class__`` assignment, which
+# CPython allows between classes of the same layout): the same record, about 0.3 us instead of
+# 0.55 us (1.1 us through OpRecord(...)).
 _OP_FIELDS = ("module", "op", "phase", "calls", "cost", "counted", "decomposed")
 assert tuple(f.name for f in fields(OpRecord)) == _OP_FIELDS  # op_record sets each
-_OP_SLOTS = tuple(OpRecord.__dict__[name].__set__ for name in _OP_FIELDS)
-_new = object.__new__
 
 
-def op_record(module: str, op: str, phase: Phase, calls: int, cost: Cost, counted: bool,
-              decomposed: bool) -> OpRecord:
-    """``OpRecord(module, op, phase, calls, cost, counted, decomposed)``, made faster (every
-    field given: nothing to default)."""
-    record = _new(OpRecord)
-    s_module, s_op, s_phase, s_calls, s_cost, s_counted, s_decomposed = _OP_SLOTS
-    s_module(record, module)
-    s_op(record, op)
-    s_phase(record, phase)
-    s_calls(record, calls)
-    s_cost(record, cost)
-    s_counted(record, counted)
-    s_decomposed(record, decomposed)
-    return record
+class _OpRecordTwin:
+    """OpRecord's slots, writable: filled, then turned into an :class:`OpRecord`."""
+
+    __slots__ = _OP_FIELDS
+
+    def __init__(self, module: str, op: str, phase: Phase, calls: int, cost: Cost,
+                 counted: bool, decomposed: bool) -> None:
+        self.module = module
+        self.op = op
+        self.phase = phase
+        self.calls = calls
+        self.cost = cost
+        self.counted = counted
+        self.decomposed = decomposed
+        self.__class__ = OpRecord  # type: ignore[assignment]
+
+
+#: ``op_record(module, op, phase, calls, cost, counted, decomposed)``: ``OpRecord(...)`` with every
+#: field given, made faster (the twin itself: no call in between)
+op_record = cast("Callable[[str, str, Phase, int, Cost, bool, bool], OpRecord]", _OpRecordTwin)
 
 
 @dataclass(frozen=True, slots=True)
