@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -31,12 +30,6 @@ _grad_enabled = torch.is_grad_enabled
 _FORWARD = Phase.FORWARD
 _RECOMPUTE = Phase.RECOMPUTE
 _OPTIMIZER = Phase.OPTIMIZER
-_new = object.__new__
-# a usual call's Frame is made field by field (plain slot stores, inline): the fields it sets, and
-# the defaults it gives all but the first three, are Frame's
-assert [(f.name, f.default) for f in fields(Frame)][3:] == [
-    ("rule", None), ("args", ()), ("arithmetic", 0), ("allocations", 0), ("shadow", None)]
-assert [f.name for f in fields(Frame)][:3] == ["module", "path", "phase"]
 
 
 def usual_calls(tracker: Any, original: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -75,15 +68,7 @@ def usual_calls(tracker: Any, original: Callable[..., Any]) -> Callable[..., Any
         if path is None or (shared and module in shared):
             path = path_of(module, stack)
         calls[path] += 1
-        frame = _new(Frame)  # Frame(module, path, phase), without its __init__'s Python frame
-        frame.module = module
-        frame.path = path
-        frame.phase = phase
-        frame.rule = None
-        frame.args = ()
-        frame.arithmetic = 0
-        frame.allocations = 0
-        frame.shadow = None
+        frame = Frame(module, path, phase)
         if not _grad_enabled() and module._parameters:
             no_grad[module] = no_grad.get(module, 0) + 1
         stack.append(frame)
