@@ -18,7 +18,7 @@ from flopscope.plan.candidate import Candidate, evaluate
 from flopscope.plan.confirm import MEMORY_MARGIN, TIME_MARGIN, confirm_best
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan
-from flopscope.plan.reference import PIPELINE_MICROBATCHES, Reference
+from flopscope.plan.reference import PER_STEP, PIPELINE_MICROBATCHES, Reference, once_a_step
 from flopscope.plan.roles import Roles, clear_cache
 from flopscope.plan.screen import Screen, reference_key, screened
 from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
@@ -349,3 +349,47 @@ def test_cli_screen_marks_estimates(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert " ~ " in out  # a screened row
     assert "Note: screened: layouts estimated from " in out
+
+
+def test_fsdp2s_gradient_reduction_is_counted_once_a_step(both: Any) -> None:
+    # FSDP2 reduces a pipeline stage's gradients once a step, after the schedule's last
+    # backward (each unit's division, concatenation and reduce-scatter): every call after the
+    # last backward call is once a step (reference.once_a_step), the same at M and M + 1
+    # microbatches, one unit's more with one layer more; a screened stage counts them once,
+    # not per microbatch (they were scaled by m / M, FSDP2's own operators by (m+1) / (M+1))
+    roles, screen, choices, _ = both
+    choice = next(c for c in choices if c.label == "TP1 PP2 DP2 mb1x4")
+    key = roles_of(choice, 8, None, False, True)[0]
+    rk, big_m = reference_key(key, 4), PIPELINE_MICROBATCHES
+    first, last, last_more, first_two, _ = screen.pipeline(rk, key.dp)
+    reduction = ("aten.div_.Tensor", "fsdp.chunk_cat.default",
+                 "c10d._reduce_scatter_base_.default")
+
+    def once(run: Any) -> Counter[str]:  # each operator's calls once a step (forward-labelled)
+        ops = run.estimate.by_phase_op["forward"]
+        return Counter({op: round(f * ops[op].calls)
+                        for op, f in once_a_step(run, "forward").items()})
+
+    for run in (first, first_two, last, last_more):
+        share = once_a_step(run, "forward")
+        assert all(share[op] == 1.0 for op in reduction)  # every such call, after backward
+    assert once(last) == once(last_more)  # 3 and 4 microbatches: the same calls
+    more = once(first_two) - once(first)
+    assert more["c10d._reduce_scatter_base_.default"] == 1  # one more layer: one more unit
+    assert more["fsdp.chunk_cat.default"] == 1
+    # the screened first stage of 1 layer at 2M microbatches: its forward's calls are F1's
+    # per-microbatch calls n x 2, its layer's FSDP2 operators (outside the reduction, s2 - s1
+    # of F2 less F1) x (2M+1)/(M+1) gathers, the rest of F1's, s1 - (s2 - s1), once, its
+    # reduction o once: 2 n + (2M+1)/(M+1) (s2 - s1) + s1 - (s2 - s1) + o (it was 2 o)
+    ref = Reference(roles.decoder_layers()[0], 0.0, key.dp, None, None, first, last,
+                    last_more, first_two, None)
+    got = ref.stage_row("forward", 1, 2 * big_m, True, False)
+
+    def parts(run: Any) -> tuple[int, int, int]:  # (per microbatch, FSDP2's, once a step)
+        ops, o = run.estimate.by_phase_op["forward"], once(run)
+        s = sum(r.calls - o[op] for op, r in ops.items() if op.startswith(PER_STEP))
+        return run.estimate.by_phase["forward"].calls - s - sum(o.values()), s, sum(o.values())
+
+    (n, s1, o), (_, s2, _) = parts(first), parts(first_two)
+    assert o > 0 and got.calls == round(2 * n + (2 * big_m + 1) / (big_m + 1) * (s2 - s1)
+                                        + s1 - (s2 - s1) + o)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from flopscope.cost import Phase
 from flopscope.errors import UsageError
 from flopscope.estimate.link_calibration import LinkCalibration
-from flopscope.estimate.overlap import host_overlap, row_parts
+from flopscope.estimate.overlap import host_overlap, phase_times, row_parts
 from flopscope.estimate.profile import Hardware
 from flopscope.report.records import CommRecord
 
@@ -378,11 +378,9 @@ def rank_step(estimate: Estimate, records: Iterable[CommRecord], links: Links, *
     waits = {Phase.FORWARD: 0.0, Phase.BACKWARD: 0.0}
     if host:  # a GPU's prediction: each phase the longer of its host and device times
         compute = 0.0
-        for name, row in estimate.by_phase.items():
-            device, host = row_parts(row, estimate)
-            compute += host_overlap(host, device)[0]
-            side = Phase.FORWARD if name == Phase.FORWARD.value else Phase.BACKWARD
-            waits[side] += max(0.0, host - device)
+        for name, (time, wait) in phase_times(estimate).items():
+            compute += time
+            waits[Phase.FORWARD if name == Phase.FORWARD.value else Phase.BACKWARD] += wait
     comm = comm_time(records, links, tp=tp, dp=dp, gpus=gpus)
     exposed = comm.exposure(compute, wait_forward=waits[Phase.FORWARD],
                             wait_backward=waits[Phase.BACKWARD]).total

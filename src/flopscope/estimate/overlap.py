@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flopscope.estimate.bound import Estimate, Row
 
-__all__ = ["host_overlap", "row_parts"]
+__all__ = ["host_overlap", "phase_times", "row_parts"]
 
 
 def host_overlap(host: float, device: float, comm: float = 0.0) -> tuple[float, float]:
@@ -58,3 +58,26 @@ def row_parts(row: Row, estimate: Estimate, *, bound: bool = False) -> tuple[flo
     if cal.device.startswith("cuda"):
         return row.predicted_s - row.host_s, row.host_s
     return row.predicted_s, 0.0
+
+
+def phase_times(estimate: Estimate, *, scale: float = 1.0,
+                bound: bool = False) -> dict[str, tuple[float, float]]:
+    """Each phase of a rank's step as (the phase's time, the device's wait for the host in
+    it): the longer of its calls' host and device times (:func:`row_parts`,
+    :func:`host_overlap`), the calls' times by ``scale`` (a step's microbatches over the
+    simulated ones).
+
+    Args:
+        estimate: the rank's estimate.
+        scale: the factor on every call's time.
+        bound: the roofline bound whatever the profile (then no wait).
+
+    Returns:
+        Phase name -> (seconds, seconds of the device's wait), for the phases that ran.
+    """
+    out = {}
+    for name, row in estimate.by_phase.items():
+        device, host = row_parts(row, estimate, bound=bound)
+        device, host = device * scale, host * scale
+        out[name] = host_overlap(host, device)[0], max(0.0, host - device)
+    return out

@@ -30,7 +30,7 @@ from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import extend_points
 
 __all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
-           "lin"]
+           "lin", "once_a_step"]
 
 #: the layer counts of a reference's two runs without stages
 REFERENCE_LAYERS = (3, 4)
@@ -106,6 +106,35 @@ def _split(run: Small, phase: str) -> tuple[Row, Row]:
     ops = run.estimate.by_phase_op.get(phase, {})
     fsdp = lin((1, row) for op, row in ops.items() if op.startswith(PER_STEP))
     return lin([(1, run.estimate.by_phase.get(phase, Row())), (-1, fsdp)]), fsdp
+
+
+def once_a_step(run: Small, phase: str) -> dict[str, float]:
+    """The share of each operator's calls in ``phase`` that run once a step: the calls after
+    the step's last backward call (FSDP2's gradient reduction at the end of the pipeline's
+    schedule, for each of the stage's units: the gradients' division, their concatenation,
+    the reduce-scatter, the views and the profiler's markers around it), by calls; operator
+    -> share of its row."""
+    points = run.points
+    last = max((i for i, p in enumerate(points) if p[1] == Phase.BACKWARD.value), default=-1)
+    if last < 0:
+        return {}
+    ops = run.estimate.by_phase_op.get(phase, {})
+    tail: dict[str, int] = {}
+    for _, p, op, _ in points[last + 1:]:
+        if p == phase and op in ops and ops[op].calls:
+            tail[op] = tail.get(op, 0) + 1
+    return {op: n / ops[op].calls for op, n in tail.items()}
+
+
+def _split_step(run: Small, phase: str) -> tuple[Row, Row, Row]:
+    """A pipeline stage's phase row as (the work per microbatch, FSDP2's own operators per
+    gather: :data:`PER_STEP`, what runs once a step: :func:`once_a_step`)."""
+    ops = run.estimate.by_phase_op.get(phase, {})
+    share = once_a_step(run, phase)
+    once = lin((f, ops[op]) for op, f in share.items())
+    fsdp = lin((1 - share.get(op, 0.0), row) for op, row in ops.items()
+               if op.startswith(PER_STEP))
+    return lin([(1, run.estimate.by_phase.get(phase, Row())), (-1, fsdp), (-1, once)]), fsdp, once
 
 
 @dataclass(frozen=True)
@@ -230,24 +259,29 @@ class Reference:
     def stage_row(self, phase: str, k: int, m: int, first: bool, last: bool) -> Row:
         """A pipeline stage's phase row (``k`` layers, ``m`` microbatches) from the reference
         pipeline (:data:`PIPELINE_MICROBATCHES` ``= M``): a layer's work ``(F2 - F1) / M`` per
-        microbatch and its FSDP2 operators ``(F2 - F1)``'s at ``(m + 1) / (M + 1)`` (one
-        gather per microbatch and one more, as the collectives); the first stage's outside
-        its layers ``F1 - (F2 - F1)`` (work per microbatch, FSDP2's per step); the last
+        microbatch, its FSDP2 operators ``(F2 - F1)``'s at ``(m + 1) / (M + 1)`` (one
+        gather per microbatch and one more, as the collectives) and its calls once a step
+        (the gradients' reduction after the schedule's last backward, :func:`once_a_step`)
+        once; the first stage's outside its layers ``F1 - (F2 - F1)`` (work per microbatch,
+        FSDP2's and the reduction per step); the last
         stage's from its run at ``M`` and ``M + 1`` microbatches, on their line at ``m``, with
         ``k - 1`` more layers; a middle stage's layers only."""
         f1, l1, l2, f2 = self.pipeline()
         big_m = PIPELINE_MICROBATCHES
-        (nf1, sf1), (nf2, sf2) = _split(f1, phase), _split(f2, phase)
+        (nf1, sf1, of1), (nf2, sf2, of2) = _split_step(f1, phase), _split_step(f2, phase)
         layer_n, layer_s = lin([(1, nf2), (-1, nf1)]), lin([(1, sf2), (-1, sf1)])
+        layer_o = lin([(1, of2), (-1, of1)])
         gathers = (m + 1) / (big_m + 1)
-        terms = [(m / big_m, layer_n), (gathers, layer_s)]  # a layer at m microbatches
+        # a layer at m microbatches
+        terms = [(m / big_m, layer_n), (gathers, layer_s), (1, layer_o)]
         if last:
             whole_l1, whole_l2 = (r.estimate.by_phase.get(phase, Row()) for r in (l1, l2))
             return lin([(1, whole_l1), (m - big_m, whole_l2), (big_m - m, whole_l1),
                         *(((k - 1) * c, r) for c, r in terms)])
         out = [(k * c, r) for c, r in terms]
         if first:
-            out += [(m / big_m, nf1), (-m / big_m, layer_n), (1, sf1), (-1, layer_s)]
+            out += [(m / big_m, nf1), (-m / big_m, layer_n), (1, sf1), (-1, layer_s),
+                    (1, of1), (-1, layer_o)]
         return lin(out)
 
     def parameters(self) -> tuple[int, int, int]:

@@ -46,7 +46,7 @@ from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
 from flopscope.estimate.bound import Estimate, Row
 from flopscope.estimate.comm_time import OVERLAPPED_KINDS, CommTime, Links, comm_time
-from flopscope.estimate.overlap import host_overlap, row_parts
+from flopscope.estimate.overlap import host_overlap, phase_times, row_parts
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
 from flopscope.report.records import CommRecord
@@ -178,17 +178,7 @@ class _Stage:
 
 def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool) -> _Stage:
     estimate = run.estimate
-    phases = estimate.by_phase
     cal = None if bound else estimate.hardware.calibration
-
-    def phase(name: str) -> tuple[float, float]:  # (the phase's time, the device's wait)
-        row = phases.get(name)
-        if row is None:
-            return 0.0, 0.0
-        device, host = row_parts(row, estimate, bound=bound)
-        device, host = device * scale, host * scale
-        return host_overlap(host, device)[0], max(0.0, host - device)
-
     # sequence parallelism's all-gathers and reduce-scatters (over the tensor-parallel group)
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
     # overlapped: comm_time tells them apart by the records' group
@@ -199,8 +189,9 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     if cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
             r.calls for r in records if r.kind in OVERLAPPED_KINDS and r.group != "tp")
+    times = phase_times(estimate, scale=scale, bound=bound)
     (fwd, wait_f), (bwd, wait_b), (rec, wait_r) = (
-        phase(p.value) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE))
+        times.get(p.value, (0.0, 0.0)) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE))
     return _Stage(forward=fwd, backward=bwd, recompute=rec, comm=comm, hooks=hooks,
                   wait_forward=wait_f, wait_backward=wait_b + wait_r)
 
