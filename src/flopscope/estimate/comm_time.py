@@ -194,13 +194,13 @@ class CommTime:
                  wait_backward: float = 0.0, hooks: float = 0.0) -> Exposure:
         """What a step exposes of this communication beside ``compute`` seconds of phases, in
         which the device waits ``wait_forward`` and ``wait_backward`` seconds for the host
-        (a GPU's prediction; 0 on a CPU and at the bound), by :func:`~flopscope.estimate
-        .overlap.host_overlap`: a phase's blocking collectives are exposed beyond its own
-        wait; the step's first FSDP2 all-gather, then the pipeline's sends, beyond the wait
-        the blocking ones left (device work outside the phases, in the step's order); the
-        other FSDP2 collectives run on their own stream beside the whole step (its phases,
-        blocking collectives and ``hooks``, FSDP2's host time on a CPU), exposed beyond it and
-        the part of the first gather that hid.
+        (a GPU's prediction; 0 on a CPU and at the bound), by
+        :func:`~flopscope.estimate.overlap.host_overlap`: a phase's blocking collectives are
+        exposed beyond its own wait; the step's first FSDP2 all-gather, then the pipeline's
+        sends, beyond the wait the blocking ones left (device work outside the phases, in the
+        step's order); the other FSDP2 collectives run on their own stream beside the whole
+        step (its phases, blocking collectives and ``hooks``, FSDP2's host time on a CPU),
+        exposed beyond it and the part of the first gather that hid.
 
         Args:
             compute: the phases' time (each the longer of its host and device times).

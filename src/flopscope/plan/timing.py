@@ -26,8 +26,9 @@ Parts (seconds per step, on the layout's slowest stage):
   :meth:`~flopscope.estimate.comm_time.CommTime.exposure`): a phase's blocking collectives
   (tensor-parallel all-reduces, expert all-to-alls) beyond its own wait, the step's first
   FSDP2 all-gather and the pipeline's sends beyond the wait the phases left; the other FSDP2
-  collectives beyond the stage's whole time (its waits in it). Where every phase is device-bound nothing hides: the step is the sum
-  above to the bit; where the host is the slower timeline the step is shorter by what hid;
+  collectives beyond the stage's whole time (its waits in it). Where every phase is
+  device-bound nothing hides: the step is the sum above to the bit; where the host is the
+  slower timeline the step is shorter by what hid;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`);
 - **FSDP2's hooks**: with a CPU calibration that measured it, FSDP2's host time per all-gather
@@ -210,8 +211,8 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
     On a GPU's prediction each phase is the longer of its calls' host and device times, and
     the device's communication (the blocking collectives of the phase, then the step's first
     all-gather and the pipeline's sends) is exposed only beyond the time the device waits for
-    the host (:func:`~flopscope.estimate.overlap.host_overlap`, the rule of a serving step too): the host issues them
-    without waiting, so a host-bound step runs them in its wait.
+    the host (:func:`~flopscope.estimate.overlap.host_overlap`, the rule of a serving step
+    too): the host issues them without waiting, so a host-bound step runs them in its wait.
 
     Args:
         runs: the roles, in stage order.
@@ -322,8 +323,9 @@ def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
 def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
     """The time of a row of ``estimate``'s calls (a phase, a forward): the prediction where the
     profile has a calibration, else (or with ``bound``) the roofline bound. On a GPU the longer
-    of the calls' host and device times (:func:`~flopscope.estimate.overlap.host_overlap`: the host issues kernels while
-    the device runs earlier ones); on a CPU their sum (one timeline).
+    of the calls' host and device times (:func:`~flopscope.estimate.overlap.host_overlap`:
+    the host issues kernels while the device runs earlier ones); on a CPU their sum (one
+    timeline).
 
     Args:
         row: the summed calls.
@@ -338,9 +340,9 @@ def row_seconds(row: Row, estimate: Estimate, *, bound: bool = False) -> float:
 
 
 def forward_parts(estimate: Estimate, *, bound: bool = False) -> tuple[float, float]:
-    """A serving forward's calls as (device time, host time) (:func:`~flopscope.estimate.overlap.row_parts` of its total;
-    a step takes the longer of the host and the device's work with its collectives:
-    :func:`serve_step_time`).
+    """A serving forward's calls as (device time, host time)
+    (:func:`~flopscope.estimate.overlap.row_parts` of its total; a step takes the longer of
+    the host and the device's work with its collectives: :func:`serve_step_time`).
 
     Args:
         estimate: the forward's estimate (one phase).
