@@ -30,7 +30,7 @@ from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import extend_points
 
 __all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
-           "lin", "once_a_step"]
+           "ACCUMULATE", "STORE", "accumulated", "lin", "once_a_step"]
 
 #: the layer counts of a reference's two runs without stages
 REFERENCE_LAYERS = (3, 4)
@@ -126,15 +126,44 @@ def once_a_step(run: Small, phase: str) -> dict[str, float]:
     return {op: n / ops[op].calls for op, n in tail.items()}
 
 
-def _split_step(run: Small, phase: str) -> tuple[Row, Row, Row]:
-    """A pipeline stage's phase row as (the work per microbatch, FSDP2's own operators per
-    gather: :data:`PER_STEP`, what runs once a step: :func:`once_a_step`)."""
+#: autograd's gradient accumulation into a parameter's ``.grad`` (``AccumulateGrad``): the
+#: first microbatch's gradient is stored (:data:`STORE`, the tensor taken as it is), each later
+#: one added in place (:data:`ACCUMULATE`); the backward formulas and the engine's sums of a
+#: tensor's gradients are out of place
+ACCUMULATE, STORE = "aten.add_.Tensor", "aten.detach.default"
+
+
+def accumulated(run: Small, phase: str, microbatches: int) -> tuple[dict[str, float],
+                                                                    dict[str, float]]:
+    """The gradient accumulation in a run of ``microbatches`` microbatches as shares of each
+    operator's calls in ``phase``: (the first microbatch's stores, one a parameter, once a
+    step; the later microbatches' additions, ``m - 1`` a step): operator -> share of its row.
+    Empty where the additions are not as many for each microbatch after the first."""
+    ops = run.estimate.by_phase_op.get(phase, {})
+    adds = ops[ACCUMULATE].calls if phase == Phase.BACKWARD.value and ACCUMULATE in ops else 0
+    params, left = divmod(adds, microbatches - 1) if microbatches > 1 else (0, 1)
+    if not adds or left:
+        return {}, {}
+    stores = ops[STORE].calls if STORE in ops else 0
+    return ({STORE: params / stores} if 0 < params <= stores else {}), {ACCUMULATE: 1.0}
+
+
+def _split_step(run: Small, phase: str) -> tuple[Row, Row, Row, Row]:
+    """A reference pipeline stage's phase row (:data:`PIPELINE_MICROBATCHES` microbatches) as
+    (the work per microbatch, FSDP2's own operators per gather: :data:`PER_STEP`, what runs
+    once a step: :func:`once_a_step` and the first microbatch's gradient stores, what each
+    microbatch after the first adds to the gradients: :func:`accumulated`)."""
     ops = run.estimate.by_phase_op.get(phase, {})
     share = once_a_step(run, phase)
+    first, later = accumulated(run, phase, PIPELINE_MICROBATCHES)
+    for op, f in first.items():
+        share[op] = share.get(op, 0.0) + f
     once = lin((f, ops[op]) for op, f in share.items())
-    fsdp = lin((1 - share.get(op, 0.0), row) for op, row in ops.items()
+    adds = lin((f, ops[op]) for op, f in later.items())
+    fsdp = lin((1 - share.get(op, 0.0) - later.get(op, 0.0), row) for op, row in ops.items()
                if op.startswith(PER_STEP))
-    return lin([(1, run.estimate.by_phase.get(phase, Row())), (-1, fsdp), (-1, once)]), fsdp, once
+    whole = run.estimate.by_phase.get(phase, Row())
+    return lin([(1, whole), (-1, fsdp), (-1, once), (-1, adds)]), fsdp, once, adds
 
 
 @dataclass(frozen=True)
@@ -260,28 +289,30 @@ class Reference:
         """A pipeline stage's phase row (``k`` layers, ``m`` microbatches) from the reference
         pipeline (:data:`PIPELINE_MICROBATCHES` ``= M``): a layer's work ``(F2 - F1) / M`` per
         microbatch, its FSDP2 operators ``(F2 - F1)``'s at ``(m + 1) / (M + 1)`` (one
-        gather per microbatch and one more, as the collectives) and its calls once a step
-        (the gradients' reduction after the schedule's last backward, :func:`once_a_step`)
-        once; the first stage's outside its layers ``F1 - (F2 - F1)`` (work per microbatch,
-        FSDP2's and the reduction per step); the last
+        gather per microbatch and one more, as the collectives), its calls once a step
+        (the gradients' reduction after the schedule's last backward, :func:`once_a_step`,
+        and the first microbatch's gradient stores) once and its gradients' additions
+        (:func:`accumulated`) at ``(m - 1) / (M - 1)``; the first stage's outside its layers
+        ``F1 - (F2 - F1)`` (work and additions as a layer's, FSDP2's and the once-a-step
+        calls once); the last
         stage's from its run at ``M`` and ``M + 1`` microbatches, on their line at ``m``, with
         ``k - 1`` more layers; a middle stage's layers only."""
         f1, l1, l2, f2 = self.pipeline()
         big_m = PIPELINE_MICROBATCHES
-        (nf1, sf1, of1), (nf2, sf2, of2) = _split_step(f1, phase), _split_step(f2, phase)
-        layer_n, layer_s = lin([(1, nf2), (-1, nf1)]), lin([(1, sf2), (-1, sf1)])
-        layer_o = lin([(1, of2), (-1, of1)])
-        gathers = (m + 1) / (big_m + 1)
-        # a layer at m microbatches
-        terms = [(m / big_m, layer_n), (gathers, layer_s), (1, layer_o)]
+        one, two = _split_step(f1, phase), _split_step(f2, phase)
+        layer = [lin([(1, b), (-1, a)]) for a, b in zip(one, two, strict=True)]
+        # a layer at m microbatches: its work per microbatch, its FSDP2 operators per gather
+        # (one per microbatch and one more), its once-a-step calls, its gradients' additions
+        coefs = (m / big_m, (m + 1) / (big_m + 1), 1.0, (m - 1) / (big_m - 1))
         if last:
             whole_l1, whole_l2 = (r.estimate.by_phase.get(phase, Row()) for r in (l1, l2))
             return lin([(1, whole_l1), (m - big_m, whole_l2), (big_m - m, whole_l1),
-                        *(((k - 1) * c, r) for c, r in terms)])
-        out = [(k * c, r) for c, r in terms]
-        if first:
-            out += [(m / big_m, nf1), (-m / big_m, layer_n), (1, sf1), (-1, layer_s),
-                    (1, of1), (-1, layer_o)]
+                        *(((k - 1) * c, r) for c, r in zip(coefs, layer, strict=True))])
+        out = [(k * c, r) for c, r in zip(coefs, layer, strict=True)]
+        if first:  # outside its layers, F1's less a layer's (FSDP2's operators once a step)
+            outside = (coefs[0], 1.0, 1.0, coefs[3])
+            for c, part, lay in zip(outside, one, layer, strict=True):
+                out += [(c, part), (-c, lay)]
         return lin(out)
 
     def parameters(self) -> tuple[int, int, int]:
