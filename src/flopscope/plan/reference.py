@@ -297,10 +297,9 @@ class Reference:
         calls once); the last
         stage's from its run at ``M`` and ``M + 1`` microbatches, on their line at ``m``, with
         ``k - 1`` more layers; a middle stage's layers only."""
-        f1, l1, l2, f2 = self.pipeline()
+        _, l1, l2, _ = self.pipeline()
         big_m = PIPELINE_MICROBATCHES
-        one, two = _split_step(f1, phase), _split_step(f2, phase)
-        layer = [lin([(1, b), (-1, a)]) for a, b in zip(one, two, strict=True)]
+        one, layer = self._once(("split", phase), lambda: self._split_layer(phase))
         # a layer at m microbatches: its work per microbatch, its FSDP2 operators per gather
         # (one per microbatch and one more), its once-a-step calls, its gradients' additions
         coefs = (m / big_m, (m + 1) / (big_m + 1), 1.0, (m - 1) / (big_m - 1))
@@ -314,6 +313,12 @@ class Reference:
             for c, part, lay in zip(outside, one, layer, strict=True):
                 out += [(c, part), (-c, lay)]
         return lin(out)
+
+    def _split_layer(self, phase: str) -> tuple[tuple[Row, ...], list[Row]]:
+        """``F1``'s phase row in :func:`_split_step`'s parts, and a layer's (``F2 - F1``)."""
+        f1, _, _, f2 = self.pipeline()
+        one, two = _split_step(f1, phase), _split_step(f2, phase)
+        return one, [lin([(1, b), (-1, a)]) for a, b in zip(one, two, strict=True)]
 
     def parameters(self) -> tuple[int, int, int]:
         """Parameter shard bytes at :attr:`dp`: (per layer, embedding, rest)."""
