@@ -174,3 +174,38 @@ def test_module_call_time_is_measured() -> None:
     assert Calibration.from_dict(cal.to_dict()).module_call_s == 1.5e-6
     with pytest.raises(UsageError, match="module_call_s must not be negative"):
         Calibration.from_dict({**cal.to_dict(), "module_call_s": -1.0}, where="cpu.json")
+
+
+# products (host 2e-6 s a call): a 64 x 64 x 64 product in a loop (cached) at 1e10 FLOP/s; an
+# M = 1 product of 1024 x 1024 weights (4,202,496 bytes, past the 1 MiB cache) streamed at 1e9 B/s
+PRODUCTS = (Point("matmul", "fp32", "mm 64x64x64", 2 * 64**3, 3 * 4 * 64 * 64,
+                  2e-6 + 2 * 64**3 / 1e10, op="mm", reduction=64),
+            Point("matmul", "fp32", "mm 1x1024x1024", 2 * 1024 * 1024,
+                  4 * (1024 + 1024 * 1024 + 1024), 2e-6 + 4 * (1024 + 1024 * 1024 + 1024) / 1e9,
+                  op="mm", reduction=1024))
+
+
+def test_a_cold_products_floor_is_on_its_bytes_not_its_flops() -> None:
+    # a product whose operands the cache no longer holds reads them from memory at least once,
+    # at the rate the streamed products read theirs (1e9 B/s); a product of high intensity
+    # reuses what it reads, so that floor is below its compute time and its rate holds. The
+    # floor used to be on its FLOPs at the streamed products' FLOP rate (5e8, at intensity
+    # 0.5): 2/3 x 2 x 64^3 / 5e8 = 7.0e-4 s for a product of 5.2e-5 s (13x; a 2048^3 product
+    # on this machine 1.2x, 3072^3 1.9x)
+    hw = calibrated(PRODUCTS, dataclasses.replace(FAST, cache_bytes=MIB))
+    hot = {"matmul": 2e-6, "view": 5e-7}
+    hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration, host_s=hot))
+    linear = nn.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        _, est = flopscope.estimate.roofline(linear, torch.randn(64, 64), hardware=hw)
+    mm = est.by_op["aten.mm.default"]
+    # the weight and the input cold (never touched in the run), the output into the cache:
+    # 2/3 of its 49,152 bytes from memory, 3.3e-5 s at 1e9 B/s, under its 5.2e-5 s at the
+    # point's 1e10 FLOP/s (its coordinates are the point's)
+    assert mm.predicted_s == pytest.approx(2e-6 + 2 * 64**3 / 1e10, rel=1e-9)
+    # batch 1: 64 + 4,096 of its 4,224 elements cold, 16,640 bytes at 1e9 B/s (1.66e-5 s),
+    # far above its compute at any of the curve's rates (8,192 FLOPs): the floor holds
+    with torch.no_grad():
+        _, est = flopscope.estimate.roofline(linear, torch.randn(1, 64), hardware=hw)
+    assert est.by_op["aten.mm.default"].predicted_s == pytest.approx(
+        2e-6 + 4 * (64 + 64 * 64) / 1e9, rel=1e-9)

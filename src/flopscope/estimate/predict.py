@@ -142,7 +142,7 @@ class Predictor:
             self._evicted[""] = _Curve((((_HOT_BYTES_LOG2,), 0.0), *(
                 ((x,), statistics.median(e)) for x, e in zip(sizes, extras, strict=True))))
         raw: dict[tuple[str, str, str], list[tuple[tuple[float, ...], float]]] = {}
-        # the products' points: (dtype, bytes, their coordinates but work, log rate)
+        # the products' points: (dtype, bytes, their coordinates but work, log bytes per second)
         self._products: list[tuple[str, int, tuple[float, ...], float]] = []
         self._streamed: dict[tuple[str, int], _Curve | None] = {}
         cuda, graphed = calibration.device.startswith("cuda"), calibration.clock == GRAPH_CLOCK
@@ -163,7 +163,8 @@ class Predictor:
             point = (coords(p.family, p.flops, p.bytes, p.reduction if self._shaped else 0.0),
                      math.log10(amount / device))
             if p.family == "matmul" and not cuda:  # for the products' streaming floor
-                self._products.append((p.dtype, p.bytes, point[0][1:], point[1]))
+                self._products.append((p.dtype, p.bytes, point[0][1:],
+                                       math.log10(p.bytes / device)))
             if p.op and p.family not in COMPUTE_FAMILIES:  # the operator's own curve
                 raw.setdefault((p.family, p.dtype, "op:" + p.op), []).append(point)
             if p.inplace:  # no new output: no page faults of a fresh allocation
@@ -255,21 +256,25 @@ class Predictor:
         at = coords(fam, flops, nbytes, reduction if self._shaped else 0.0)
         seconds = amount / 10 ** curve.log_rate(at)
         if fam == "matmul":
-            return self._product_floor(seconds, dtype, amount, at, cold, cache_bytes)
+            return self._product_floor(seconds, dtype, nbytes, at, cold, cache_bytes)
         far = curve.streaming(at, cache_bytes) if cold > 0 and cache_bytes > 0 else None
         if far is None:
             return seconds
         return (1 - cold) * seconds + cold * amount / 10 ** curve.log_rate(far)
 
-    def _product_floor(self, seconds: float, dtype: str, flops: float, at: tuple[float, ...],
+    def _product_floor(self, seconds: float, dtype: str, nbytes: int, at: tuple[float, ...],
                        cold: float, cache_bytes: int) -> float:
         """A product whose operands the cache no longer holds (``cold``: the share of its
         bytes read from memory; a decode step's weights, read once per step, the whole model
-        between) takes at least that share of its FLOPs at the rate of the calibration's
-        products past ``cache_bytes`` (weights streamed from memory, in ``nn.Linear``'s
-        layout), interpolated in (log intensity, log reduction length): its rotated
-        neighbours of a few MiB stay partly in the cache (round 11: a decode step's 2.9 MiB
-        weights at K = 512 read at 10 GB/s, the 1-4 MiB rotated points at 15)."""
+        between) takes at least the time to read that share at the rate the calibration's
+        products past ``cache_bytes`` read theirs (weights streamed from memory, in
+        ``nn.Linear``'s layout), in bytes per second interpolated in (log intensity, log
+        reduction length): its rotated neighbours of a few MiB stay partly in the cache (round
+        11: a decode step's 2.9 MiB weights at K = 512 read at 10 GB/s, the 1-4 MiB rotated
+        points at 15). A floor on the bytes, not on the FLOPs at those products' rate: a
+        product of high intensity reuses each byte it reads many times (a 2048 x 2048 x 2048
+        product runs at its compute rate whatever the cache held before it; the streamed
+        points, all at M <= 128, would put it at their FLOP rate, 1.2-2x its time)."""
         if cold <= 0 or cache_bytes <= 0:
             return seconds
         key = (dtype, cache_bytes)
@@ -281,7 +286,7 @@ class Predictor:
         streamed = self._streamed[key]
         if streamed is None:
             return seconds
-        return max(seconds, cold * flops / 10 ** streamed.log_rate(at[1:]))
+        return max(seconds, cold * nbytes / 10 ** streamed.log_rate(at[1:]))
 
     def call(self, rec: CallRecord, bound_s: float, cache_bytes: int = 0) -> CallPrediction:
         """One call's prediction.
