@@ -6,6 +6,7 @@ field is set by.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 __all__ = ["CallRecord", "fields_but", "is_convolution"]
 
 
+@functools.cache
 def is_convolution(op: str) -> bool:
     """Whether a report operator name (``aten.convolution.default``, ``aten.mkldnn_convolution
     .default``, ``aten.convolution_backward.default``, ``aten.conv2d.default``, ...) is a
