@@ -6,6 +6,7 @@ is in, what its work is (FLOPs or bytes), and where it sits among its family's c
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -42,14 +43,21 @@ def family_of(op: str, macs: int, flops: int, nbytes: int, special: bool,
     Returns:
         The family.
     """
+    return _family(op, flops == 0 and nbytes == 0, macs > 0, special, convolution)
+
+
+@functools.cache
+def _family(op: str, moves_nothing: bool, products: bool, special: bool,
+            convolution: bool) -> str:
+    """:func:`family_of` from what it reads of the counts (kept: every call's record asks)."""
     base = op.split(".")[1] if op.count(".") >= 1 else op
-    if flops == 0 and nbytes == 0:
+    if moves_nothing:
         return "framework" if op == DTENSOR_DISPATCH else "view"
     if "attention" in base:
         return "attention"
     if convolution:
         return "conv"
-    if macs > 0:
+    if products:
         return "matmul"
     if special:
         return "special"
