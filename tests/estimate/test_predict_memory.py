@@ -192,9 +192,9 @@ def test_a_cold_products_floor_is_on_its_bytes_not_its_flops() -> None:
     # floor used to be on its FLOPs at the streamed products' FLOP rate (5e8, at intensity
     # 0.5): 2/3 x 2 x 64^3 / 5e8 = 7.0e-4 s for a product of 5.2e-5 s (13x; a 2048^3 product
     # on this machine 1.2x, 3072^3 1.9x)
-    hw = calibrated(PRODUCTS, dataclasses.replace(FAST, cache_bytes=MIB))
-    hot = {"matmul": 2e-6, "view": 5e-7}
-    hw = dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration, host_s=hot))
+    hw = synthetic.calibrated(PRODUCTS, {"matmul": 2e-6, "view": 5e-7},
+                              dataclasses.replace(FAST, cache_bytes=MIB),
+                              date="2026-11-27T00:00:00+00:00")
     linear = nn.Linear(64, 64, bias=False)
     with torch.no_grad():
         _, est = flopscope.estimate.roofline(linear, torch.randn(64, 64), hardware=hw)
