@@ -64,10 +64,36 @@ class Capture(TorchDispatchMode):
         self.ops.append(str(func))
         self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
         if self.keep:
-            def hold(t: Any) -> Any:
-                return t.detach().clone() if isinstance(t, torch.Tensor) else t
-            self.calls.append((func, tree_map(hold, args), tree_map(hold, kwargs)))
+            self.calls.append((func, tree_map(_hold, args), tree_map(_hold, kwargs)))
         return out
+
+
+class Held:
+    """A large floating-point argument kept as its layout alone: a training step's arguments
+    cloned whole are gigabytes (14 GB for GPT-2's), and a machine short of free memory makes
+    every page fault of the calls replayed then several times dearer. :func:`_made` makes it
+    again, filled with values in [0.5, 1.5) (no NaN from a square root or a division)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.size, self.stride, self.dtype = tuple(t.shape), t.stride(), t.dtype
+        self.offset = t.storage_offset()
+
+    def made(self) -> torch.Tensor:
+        numel = self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride))
+        base = torch.empty(numel, dtype=self.dtype).uniform_(0.5, 1.5)
+        return base.as_strided(self.size, self.stride, self.offset)
+
+
+def _hold(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.is_floating_point() and t.nbytes >= 1 << 20:
+        return Held(t)
+    return t.detach().clone()
+
+
+def _made(x: Any) -> Any:
+    return x.made() if isinstance(x, Held) else x
 
 
 def _shape(args: tuple[Any, ...]) -> str:
@@ -106,18 +132,20 @@ def diagnose(name: str, run: Callable[[], None], hw: Hardware) -> dict[str, Any]
         run()
         walls.append(now() - start)
     runs = []
-    capture = Capture(keep=True)
-    with capture:
-        run()
     faults = []
-    for _ in range(3):
+    for _ in range(3):  # timed before the calls are kept: their clones (every argument of a
+        # training step, gigabytes) would leave the kernel reclaiming memory on every page fault
         mode = Capture(keep=False)
         with mode:
             run()
         runs.append(mode.times)
         faults.append(mode.faults)
+    capture = Capture(keep=True)
+    with capture:
+        run()
     rows = []
-    for i, (func, args, kwargs) in enumerate(capture.calls):
+    for i, (func, held_args, held_kwargs) in enumerate(capture.calls):
+        args, kwargs = tree_map(_made, held_args), tree_map(_made, held_kwargs)
         in_model = statistics.median(r[i] for r in runs if i < len(r))
         in_model_faults = statistics.median(f[i] for f in faults if i < len(f))
         fam, pred, host, bound, fresh = _predict(func, args, kwargs, hw)
