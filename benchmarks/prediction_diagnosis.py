@@ -79,7 +79,7 @@ class Held:
         self.offset = t.storage_offset()
 
     def made(self) -> torch.Tensor:
-        numel = self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride))
+        numel = self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
         base = torch.empty(numel, dtype=self.dtype).uniform_(0.5, 1.5)
         return base.as_strided(self.size, self.stride, self.offset)
 

@@ -283,3 +283,45 @@ def test_thread_context_spread_over_processes() -> None:
     assert out["m"]["max_s"] == 0.013 and out["m"]["max_over_min"] == pytest.approx(1.3, rel=1e-12)
 
 
+
+
+def test_diagnosis_keeps_large_arguments_as_their_layout() -> None:
+    """The diagnosis keeps a large floating-point argument as its layout (a training step's
+    arguments cloned whole are gigabytes) and makes it again for the replay: same size, stride,
+    offset and dtype, values in [0.5, 1.5); small and integer arguments are cloned."""
+    from benchmarks import prediction_diagnosis as diag
+
+    big = torch.randn(300, 1024)  # 300 x 1024 x 4 bytes = 1.17 MiB >= 1 MiB: held
+    view = big.t()[1:]  # a strided view with an offset: stride (1, 1024), offset 1024
+    held = diag._hold(view)
+    assert isinstance(held, diag.Held)
+    made = diag._made(held)
+    assert (made.shape, made.stride(), made.storage_offset(), made.dtype) == (
+        view.shape, view.stride(), view.storage_offset(), view.dtype)
+    assert bool(((made >= 0.5) & (made < 1.5)).all())
+    expanded = torch.ones(1, 1024).expand(512, 1024)  # stride 0: one row of storage
+    assert diag._made(diag._hold(expanded)).stride() == (0, 1)
+    small, index = torch.randn(8), torch.arange(300_000)  # small, and integer (2.3 MiB)
+    assert torch.equal(diag._hold(small), small) and diag._hold(small) is not small
+    assert torch.equal(diag._hold(index), index)
+
+
+def test_diagnosis_rows() -> None:
+    """One row per call of a tiny model, each timed in the model, isolated and predicted."""
+    from benchmarks import prediction_diagnosis as diag
+
+    from flopscope.estimate import load_hardware
+
+    model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.ReLU())
+    x = torch.randn(500, 600)  # 1.14 MiB: replayed from its layout
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+
+    (hw,) = load_hardware(ROOT / "benchmarks/results/prediction_validation_round14_profile.json")
+    result = diag.diagnose("tiny", step, hw)
+    ops = [r["op"] for r in result["rows"]]
+    assert "aten.addmm.default" in ops and "aten.relu.default" in ops
+    assert all(r["isolated_s"] > 0 and r["in_model_s"] > 0 for r in result["rows"]
+               if r["family"] != "view")
