@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from flopscope.cost import Phase
@@ -30,7 +31,7 @@ from flopscope.plan.layers import Small
 from flopscope.plan.microbatches import extend_points
 
 __all__ = ["EMBEDDING", "PER_STEP", "PIPELINE_MICROBATCHES", "REFERENCE_LAYERS", "Reference",
-           "ACCUMULATE", "STORE", "accumulated", "lin", "once_a_step"]
+           "ACCUMULATE", "STORE", "accumulated", "gather_share", "lin", "once_a_step"]
 
 #: the layer counts of a reference's two runs without stages
 REFERENCE_LAYERS = (3, 4)
@@ -42,6 +43,36 @@ PER_STEP = ("fsdp.", "aten.empty.memory_format")
 #: the module that runs on the first stage only (:class:`flopscope.distributed.pipeline.
 #: DecoderStage`); the layers' parent's other modules and the root's run on the last
 EMBEDDING = "model.embed_tokens"
+
+
+def gather_share(phase: str, m: int, warmup: int) -> Fraction:
+    """FSDP2's all-gathers of a layer in ``phase`` of a pipeline stage at ``m`` microbatches
+    that runs ``warmup`` forwards before its first backward (1F1B: ``pp - stage``), over those
+    of the reference pipeline's first stage (:data:`PIPELINE_MICROBATCHES` ``= M``, 2 forwards
+    first).
+
+    A layer's parameters are resharded after each forward and kept through a backward (the
+    last excepted), so each of the first ``w = min(m, warmup)`` forwards gathers and a
+    backward gathers when a forward ran since the backward before: ``w`` gathers in the
+    forward, ``m + 1 - w`` in the backward, ``m + 1`` a step (the first stage of two at 8
+    microbatches: 2 and 7; the last: 1 and 8). Another phase (recomputation) keeps the step's
+    ``(m + 1) / (M + 1)``.
+
+    Args:
+        phase: the phase's name.
+        m: the stage's microbatches.
+        warmup: the forwards it runs before its first backward (``pp - stage``).
+
+    Returns:
+        The stage's gathers per layer over the reference first stage's.
+    """
+    big_m = PIPELINE_MICROBATCHES
+    w, ref_w = min(m, warmup), min(big_m, 2)
+    if phase == Phase.FORWARD.value:
+        return Fraction(w, ref_w)
+    if phase == Phase.BACKWARD.value:
+        return Fraction(m + 1 - w, big_m + 1 - ref_w)
+    return Fraction(m + 1, big_m + 1)
 
 
 def lin(terms: Iterable[tuple[float, Row]]) -> Row:
@@ -285,11 +316,12 @@ class Reference:
         rest = lin([(1, na), (-first, layer), (-1, embed)])
         return layer, embed, rest, step_layer, step_rest
 
-    def stage_row(self, phase: str, k: int, m: int, first: bool, last: bool) -> Row:
-        """A pipeline stage's phase row (``k`` layers, ``m`` microbatches) from the reference
-        pipeline (:data:`PIPELINE_MICROBATCHES` ``= M``): a layer's work ``(F2 - F1) / M`` per
-        microbatch, its FSDP2 operators ``(F2 - F1)``'s at ``(m + 1) / (M + 1)`` (one
-        gather per microbatch and one more, as the collectives), its calls once a step
+    def stage_row(self, phase: str, k: int, m: int, first: bool, last: bool,
+                  warmup: int) -> Row:
+        """A pipeline stage's phase row (``k`` layers, ``m`` microbatches, ``warmup`` forwards
+        before its first backward) from the reference pipeline (:data:`PIPELINE_MICROBATCHES`
+        ``= M``): a layer's work ``(F2 - F1) / M`` per microbatch, its FSDP2 operators
+        ``(F2 - F1)``'s as its gathers in the phase (:func:`gather_share`), its calls once a step
         (the gradients' reduction after the schedule's last backward, :func:`once_a_step`,
         and the first microbatch's gradient stores) once and its gradients' additions
         (:func:`accumulated`) at ``(m - 1) / (M - 1)``; the first stage's outside its layers
@@ -301,8 +333,8 @@ class Reference:
         big_m = PIPELINE_MICROBATCHES
         one, layer = self._once(("split", phase), lambda: self._split_layer(phase))
         # a layer at m microbatches: its work per microbatch, its FSDP2 operators per gather
-        # (one per microbatch and one more), its once-a-step calls, its gradients' additions
-        coefs = (m / big_m, (m + 1) / (big_m + 1), 1.0, (m - 1) / (big_m - 1))
+        # (in the phase: gather_share), its once-a-step calls, its gradients' additions
+        coefs = (m / big_m, float(gather_share(phase, m, warmup)), 1.0, (m - 1) / (big_m - 1))
         if last:
             whole_l1, whole_l2 = (r.estimate.by_phase.get(phase, Row()) for r in (l1, l2))
             return lin([(1, whole_l1), (m - big_m, whole_l2), (big_m - m, whole_l1),

@@ -21,13 +21,15 @@ from the pipeline's.)
 
 - **time** per phase (:meth:`~flopscope.plan.reference.Reference.stage_row`): a layer's
   ``F2 - F1``, its work per microbatch (``m / M``) and FSDP2's own operators
-  (:data:`PER_STEP`) at ``(m + 1) / (M + 1)`` (as its all-gathers); the first stage's outside
-  its layers ``F1 - (F2 - F1)`` (the embedding's work per microbatch, FSDP2's per step); the
-  last stage's ``L1`` and ``L2`` on their line at ``m`` microbatches, with ``k - 1`` more
-  layers; a middle stage's ``k`` layers;
+  (:data:`PER_STEP`) as its all-gathers in the phase
+  (:func:`~flopscope.plan.reference.gather_share`); the first stage's outside its layers
+  ``F1 - (F2 - F1)`` (the embedding's work per microbatch, FSDP2's per step); the last
+  stage's ``L1`` and ``L2`` on their line at ``m`` microbatches, with ``k - 1`` more layers;
+  a middle stage's ``k`` layers;
 - **collectives** the same way (:func:`~flopscope.plan.stage_records.stage_records`): the tensor-parallel ones per
-  microbatch, FSDP2's all-gathers one per microbatch and one more and its reduce-scatters once
-  a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
+  microbatch, FSDP2's all-gathers one per microbatch and one more (``w`` in the forward,
+  the stage's forwards before its first backward, the rest in the backward) and its
+  reduce-scatters once a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
   hidden states sent and received, one each way per microbatch and stage boundary (the size
   the reference pipeline sent);
 - **peak memory**: the first stage from the reference pipeline's first stage (two
@@ -157,7 +159,7 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     phases = {}
     for phase in ref.phases():
         if key.pp > 1:
-            phases[phase] = ref.stage_row(phase, k, m, first, last)
+            phases[phase] = ref.stage_row(phase, k, m, first, last, key.pp - key.stage)
             continue
         layer, embed, rest, step_layer, step_rest = ref.rows(phase)
         phases[phase] = lin([(m * k, layer), (m, embed), (m, rest), (k, step_layer),

@@ -8,7 +8,13 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from flopscope.cost import Phase
-from flopscope.plan.reference import EMBEDDING, PIPELINE_MICROBATCHES, REFERENCE_LAYERS, Reference
+from flopscope.plan.reference import (
+    EMBEDDING,
+    PIPELINE_MICROBATCHES,
+    REFERENCE_LAYERS,
+    Reference,
+    gather_share,
+)
 from flopscope.plan.roles import RoleKey
 from flopscope.report.records import CommRecord
 from flopscope.rules.collectives import BUS_FACTORS
@@ -63,11 +69,11 @@ def stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool,
                    ) -> list[CommRecord]:
     """A pipeline stage's collectives from the reference pipeline's (``M`` =
     :data:`PIPELINE_MICROBATCHES`): a layer's ``D = F2 - F1``; the tensor-parallel ones per
-    microbatch (``m / M``), FSDP2's all-gathers one per microbatch and one more
-    (``(m + 1) / (M + 1)``) and its reduce-scatters once a step; the first stage's outside its
-    layers ``F1 - D``, the last stage's from its runs at ``M`` and ``M + 1`` microbatches on
-    their line at ``m``, with ``k - 1`` more layers; the hidden states sent and received one
-    each way per microbatch and stage boundary."""
+    microbatch (``m / M``), FSDP2's all-gathers as the stage's schedule makes them in each
+    phase (:func:`~flopscope.plan.reference.gather_share`) and its reduce-scatters once a
+    step; the first stage's outside its layers ``F1 - D``, the last stage's from its runs at
+    ``M`` and ``M + 1`` microbatches on their line at ``m``, with ``k - 1`` more layers; the
+    hidden states sent and received one each way per microbatch and stage boundary."""
     f1, l1, l2, f2 = (_records(r.report.communication, "") for r in ref.pipeline())
     big_m = PIPELINE_MICROBATCHES
     out: list[CommRecord] = []
@@ -77,7 +83,8 @@ def stage_records(key: RoleKey, ref: Reference, k: int, first: bool, last: bool,
         c1, p1 = f1.get((phase, kind, group, part), (0, 0))
         c2, p2 = f2.get((phase, kind, group, part), (0, 0))
         per = (Fraction(m, big_m) if group != "dp"
-               else Fraction(m + 1, big_m + 1) if kind == "all_gather" else Fraction(1))
+               else gather_share(phase, m, key.pp - key.stage) if kind == "all_gather"
+               else Fraction(1))
         if last:
             e1, q1 = l1.get((phase, kind, group, part), (0, 0))
             e2, q2 = l2.get((phase, kind, group, part), (0, 0))
