@@ -186,7 +186,10 @@ def test_cli_json(capsys: pytest.CaptureFixture[str], two_gpus: Plan) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["mypackage.models:build", "--gpus", "2"],
-     "plan takes a transformers decoder (hf:llama, hf:ORG/NAME) or a torchvision/timm model"),
+     "plan takes a transformers decoder (hf:llama, hf:ORG/NAME) or a vision model, "
+     "torchvision:NAME or timm:NAME"),
+    (["tv:resnet50", "--gpus", "2"], "torchvision:NAME or timm:NAME (data parallel only), not "
+                                     "'tv:resnet50'"),
     (["hf:llama", "--gpus", "2", "--hardware", "l4"], "has no link bandwidths"),
     (["hf:llama", "--gpus", "2", "--memory-budget", "lots"], "is not a memory size"),
     (["hf:llama", "--gpus", "2", "--checkpointing", "all"], "--checkpointing 'all'"),

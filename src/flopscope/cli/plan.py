@@ -156,7 +156,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     for source in sources:
         if not source.startswith(("hf:", "torchvision:", "timm:")):
             raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:ORG/NAME) or a "
-                              f"torchvision/timm model (data parallel only), not {source!r}")
+                              f"vision model, torchvision:NAME or timm:NAME (data parallel "
+                              f"only), not {source!r}")
         if not source.startswith("hf:") and serve:
             raise usage_error(f"--serve plans a transformers decoder's generation, not "
                               f"{source!r}: plan a vision model for training (data parallel)")
