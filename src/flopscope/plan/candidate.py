@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from flopscope.plan.options import applied
 from flopscope.plan.roles import RoleRun
 from flopscope.plan.space import Choice
@@ -113,7 +115,8 @@ def pareto(ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
 
 
 def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: int,
-             tokens: int, flops: int, peak: float, screened: bool = False) -> Candidate:
+             tokens: int, flops: int, peak: float, screened: bool = False,
+             param_dtype: torch.dtype | None = None) -> Candidate:
     """A layout from its roles' runs.
 
     Args:
@@ -125,12 +128,15 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
         flops: the unsharded model's FLOPs per step (MFU's numerator).
         peak: one device's dense peak FLOP rate for the compute dtype.
         screened: the runs are estimates (:mod:`flopscope.plan.screen`).
+        param_dtype: the parameters' dtype: the step's optimizer update and gradient
+            accumulation counted in it (:func:`~flopscope.plan.timing.step_time`).
 
     Returns:
         The :class:`Candidate`.
     """
-    t = step_time(runs, choice, links)
-    bound = step_time(runs, choice, links, bound=True) if t.compute == "prediction" else None
+    t = step_time(runs, choice, links, param_dtype=param_dtype)
+    bound = (step_time(runs, choice, links, bound=True, param_dtype=param_dtype)
+             if t.compute == "prediction" else None)
     used, at, where = _memory(runs, choice)
     gpus = choice.gpus
     per_gpu = tokens / t.total / gpus if t.total else 0.0

@@ -39,7 +39,7 @@ def _row(rank: str, c: Candidate, extras: bool, bound: bool) -> list[str]:
     beside = [seconds(c.bound_step.total), f"{c.mfu_bound:.1%}"] if bound else []
     return [rank, _label(c), human_bytes(c.memory_bytes), seconds(t.total),
             f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.mfu:.1%}", *beside,
-            seconds(t.forward + t.backward),
+            seconds(t.forward + t.backward + t.optimizer + t.accumulation),
             seconds(t.recompute), seconds(t.tp_comm + t.fsdp_comm + t.p2p + t.ep_comm),
             seconds(t.bubble), *([_applied(c)] if extras else [])]
 

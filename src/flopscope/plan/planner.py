@@ -340,6 +340,7 @@ def plan(
         runs_of = vision.runs
     flops = model_flops(build, batch)
     peak = hw.peak(dtype_key(compute_dtype) or "fp32", matrix=True)
+    param_dtype_of = getattr(torch, stored)  # the update's and accumulation's dtype
     understated = 0
 
     def simulated(choice: Choice) -> Candidate:
@@ -347,7 +348,7 @@ def plan(
         runs = runs_of(choice)
         understated += any(r.understated for r in runs)
         return evaluate(choice, runs, links, budget=budget, tokens=batch * seq, flops=flops,
-                        peak=peak)
+                        peak=peak, param_dtype=param_dtype_of)
 
     screening = None
     if screen and decoder:
@@ -359,7 +360,8 @@ def plan(
             keys = roles_of(choice, shape.layers, mixed, sequence_parallel, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,
                             tokens=batch * seq, flops=flops, peak=peak,
-                            screened=any(scr.estimates(k) for k in keys))
+                            screened=any(scr.estimates(k) for k in keys),
+                            param_dtype=param_dtype_of)
 
         every_one, screening = confirm_best(choices, screened, simulated, budget, confirm,
                                             lambda: scr.references)

@@ -31,6 +31,9 @@ Parts (seconds per step, on the layout's slowest stage):
   slower timeline the step is shorter by what hid;
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`);
+- **after the backwards** (with the parameters' dtype, as a plan gives it): AdamW's update of
+  the rank's parameter shards and, without stages, the gradients' ``m - 1`` in-place
+  additions, counted on fake tensors (:mod:`flopscope.plan.update`);
 - **FSDP2's hooks**: with a CPU calibration that measured it, FSDP2's host time per all-gather
   and reduce-scatter (:mod:`flopscope.estimate.framework`) for each of the rank's, on the rank's
   one timeline (a GPU's host runs them while the device works: not added there). DTensor's own
@@ -42,6 +45,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from fractions import Fraction
+
+import torch
 
 from flopscope.cost import Phase
 from flopscope.distributed.pipeline import bubble
@@ -76,6 +81,10 @@ class StepTime:
         compute: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
             the compute parts are.
         fsdp_hooks: FSDP2's host time around its collectives (see the module docstring).
+        optimizer: AdamW's update of the rank's parameter shards after the last backward
+            (:func:`flopscope.plan.update.update_estimate`; the slowest stage's).
+        accumulation: the gradients' in-place additions between the microbatches of a
+            layout without stages (``m - 1`` a step; a pipeline stage's are in its backward).
     """
 
     forward: float
@@ -90,6 +99,8 @@ class StepTime:
     ep_comm: float = 0.0
     compute: str = "bound"
     fsdp_hooks: float = 0.0
+    optimizer: float = 0.0
+    accumulation: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """A JSON-ready dict (seconds; what the compute is: :meth:`compute_kind`)."""
@@ -197,8 +208,32 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
                   wait_forward=wait_f, wait_backward=wait_b + wait_r)
 
 
+def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.dtype | None,
+                    bound: bool) -> tuple[float, float]:
+    """(the optimizer's update, the gradients' accumulation) of the step: each stage updates
+    its own shards after the schedule's flush (the slowest's counts); a layout without stages
+    adds its gradients ``m - 1`` times (:mod:`flopscope.plan.update`). Nothing without
+    ``param_dtype``."""
+    if param_dtype is None:
+        return 0.0, 0.0
+    from flopscope.plan.update import accumulation_estimate, update_estimate
+
+    def seconds(est: Estimate) -> float:
+        return sum(t for t, _ in phase_times(est, bound=bound).values())
+
+    size = torch.empty((), dtype=param_dtype).element_size()
+    update = max(seconds(update_estimate(r.parameter_bytes // size, param_dtype,
+                                         r.estimate.hardware)) for r in runs)
+    adds = 0.0
+    if len(runs) == 1 and choice.microbatches > 1:
+        run = runs[0]
+        adds = (choice.microbatches - 1) * seconds(accumulation_estimate(
+            run.parameter_bytes // size, param_dtype, run.estimate.hardware))
+    return update, adds
+
+
 def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
-              bound: bool = False) -> StepTime:
+              bound: bool = False, param_dtype: torch.dtype | None = None) -> StepTime:
     """The step time of ``choice`` from its roles (one run, or one per pipeline stage).
 
     A role's run covers ``runs[i].microbatches`` (else ``key.microbatches``) microbatches; its
@@ -220,6 +255,9 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
         links: the collectives' links.
         bound: the compute at the roofline bound even where the profile has a calibration
             (the step's bound-based time, shown beside the prediction).
+        param_dtype: the parameters' dtype: the optimizer's update and the gradients'
+            accumulation counted in it (:attr:`StepTime.optimizer`,
+            :attr:`StepTime.accumulation`); ``None``: left out.
 
     Returns:
         The :class:`StepTime`.
@@ -241,11 +279,12 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
     exposed = max(s.exposure.fsdp for s in stages)
     hidden = max(s.fsdp for s in stages) - exposed
     p2p = max(s.exposure.p2p for s in stages)
-    total = span + exposed + p2p
+    update, adds = _after_backward(runs, choice, param_dtype, bound)
+    total = span + exposed + p2p + update + adds
     kind = "prediction" if not bound and all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,
                     max(0.0, hidden), p2p, span - slow.busy, total, ep_comm=slow.ep_comm,
-                    compute=kind, fsdp_hooks=slow.hooks)
+                    compute=kind, fsdp_hooks=slow.hooks, optimizer=update, accumulation=adds)
 
 
 @dataclass(frozen=True)
@@ -395,7 +434,9 @@ PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
               "tp_comm": "tensor-parallel all-reduces",
               "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
               "p2p": "pipeline sends/receives", "bubble": "pipeline bubble",
-              "ep_comm": "expert all-to-alls", "fsdp_hooks": "FSDP2 hooks (host)"}
+              "ep_comm": "expert all-to-alls", "fsdp_hooks": "FSDP2 hooks (host)",
+              "optimizer": "optimizer update (AdamW)",
+              "accumulation": "gradient accumulation"}
 
 
 def describe(time: StepTime) -> list[tuple[str, float, float]]:
