@@ -17,8 +17,9 @@ the layouts against the measured order.
 3. **Run** each layout of :data:`benchmarks.gloo_jobs.JOBS` for real (gloo, one process per
    rank): forward + backward time per step (the slowest rank; median of ``--steps``), AdamW's
    step apart, per-rank peak memory from torch's profiler memory timeline.
-4. **Compare**: predicted / measured forward + backward (the planner's step leaves the optimizer
-   out), predicted / measured peak memory, and the order: every pair of layouts on the same
+4. **Compare**: predicted / measured forward + backward (the planned step less its optimizer
+   update and accumulation), the planned update / AdamW's measured step (``optimizer_ratio``),
+   predicted / measured peak memory, and the order: every pair of layouts on the same
    ranks whose measured times differ by more than the larger of their spreads, ordered the
    same way by the planner or not. The 90th percentile of ``|predicted / measured - 1|`` of
    the steps is written as ``error_bars["step"]`` into each profile's link calibration.
@@ -130,17 +131,28 @@ def plans(hw: Any, ranks: int) -> dict[str, Any]:
             for c in plan.ranked}
 
 
+def _fwd_bwd(time_s: dict[str, float]) -> float:
+    """A planned step less what runs after its backwards (the jobs time AdamW's step apart;
+    plans before round 15 had neither part)."""
+    return time_s["total"] - time_s.get("optimizer", 0.0) - time_s.get("accumulation", 0.0)
+
+
 def compare(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """Ratios and the order check for one profile ``key``."""
     out: dict[str, Any] = {"rows": [], "pairs": []}
     for r in rows:
         pred = r["predicted"][key]
         measured_peak = max(r["measured"]["peak_bytes"].values())
+        step = _fwd_bwd(pred["time_s"])
+        update = pred["time_s"].get("optimizer", 0.0)
         out["rows"].append({
             "name": r["name"], "ranks": r["job"]["world"],
-            "predicted_step_s": pred["time_s"]["total"],
+            "predicted_step_s": step,
             "measured_step_s": r["measured"]["fwd_bwd_median_s"],
-            "step_ratio": pred["time_s"]["total"] / r["measured"]["fwd_bwd_median_s"],
+            "step_ratio": step / r["measured"]["fwd_bwd_median_s"],
+            "predicted_optimizer_s": update,
+            "measured_optimizer_s": r["measured"]["optimizer_median_s"],
+            "optimizer_ratio": update / r["measured"]["optimizer_median_s"],
             "predicted_peak_bytes": pred["memory_bytes"], "measured_peak_bytes": measured_peak,
             "peak_ratio": pred["memory_bytes"] / measured_peak})
     for i, a in enumerate(rows):
@@ -150,20 +162,51 @@ def compare(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
             ma, mb = a["measured"], b["measured"]
             gap = abs(ma["fwd_bwd_median_s"] - mb["fwd_bwd_median_s"])
             spread = max(ma["fwd_bwd_spread_s"], mb["fwd_bwd_spread_s"])
-            pa = a["predicted"][key]["time_s"]["total"]
-            pb = b["predicted"][key]["time_s"]["total"]
+            pa = _fwd_bwd(a["predicted"][key]["time_s"])
+            pb = _fwd_bwd(b["predicted"][key]["time_s"])
             out["pairs"].append({
                 "a": a["name"], "b": b["name"], "measured_gap_s": gap, "spread_s": spread,
                 "distinct": gap > spread,
                 "agree": (ma["fwd_bwd_median_s"] < mb["fwd_bwd_median_s"]) == (pa < pb)})
     steps = [abs(r["step_ratio"] - 1) for r in out["rows"]]
+    updates = [r["optimizer_ratio"] for r in out["rows"]]
     peaks = [abs(r["peak_ratio"] - 1) for r in out["rows"]]
     distinct = [p for p in out["pairs"] if p["distinct"]]
     out["summary"] = {
         "step_median_abs_error": quantile(steps, 0.5), "step_p90_abs_error": quantile(steps, 0.9),
         "peak_median_abs_error": quantile(peaks, 0.5), "peak_max_abs_error": max(peaks),
-        "pairs_distinct": len(distinct), "pairs_agree": sum(p["agree"] for p in distinct)}
+        "pairs_distinct": len(distinct), "pairs_agree": sum(p["agree"] for p in distinct),
+        "optimizer_ratio_median": quantile(updates, 0.5),
+        "optimizer_ratio_range": [min(updates), max(updates)]}
     return out
+
+
+def repredict(output: Path, to: Path) -> int:
+    """The jobs of a finished run (``output``) planned again with its saved profiles by this
+    code, against the same measured times: a change to the planner checked without running
+    the jobs again."""
+    from flopscope.estimate import load_hardware
+
+    old = json.loads(output.read_text())
+    rows = old["rows"]
+    worlds = sorted({r["job"]["world"] for r in rows})
+    keys = {k for r in rows for k in r["predicted"] if k != "concurrent"}
+    for key in sorted(keys):
+        (hw,) = load_hardware(profile_path(output, key))
+        for world in worlds:
+            if key != "alone" and key != str(world):
+                continue
+            planned = plans(hw, world)
+            for r in rows:
+                if r["job"]["world"] == world:
+                    r["predicted"][key] = planned[r["label"]]
+    for r in rows:
+        r["predicted"]["concurrent"] = r["predicted"][str(r["job"]["world"])]
+    result = {key: compare(rows, key) for key in ("concurrent", "alone")}
+    to.write_text(json.dumps({**old, "repredicted_from": output.name, "comparison": result,
+                              "rows": rows}, indent=1) + "\n")
+    print(json.dumps({k: v["summary"] for k, v in result.items()}, indent=1), file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run at SCHED_FIFO priority (root): other processes' load stays out")
     parser.add_argument("--tables", action="store_true",
                         help="print the markdown tables of --output's results and stop")
+    parser.add_argument("--repredict", metavar="OUT",
+                        help="plan --output's jobs again with its saved profiles (this code), "
+                             "compare with its measured times, write OUT and stop")
     opts = parser.parse_args(argv)
+    if opts.repredict:
+        return repredict(Path(opts.output), Path(opts.repredict))
     if opts.tables:
         from benchmarks.comm_tables import tables
 

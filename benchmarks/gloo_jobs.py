@@ -13,7 +13,7 @@ loss is the planner's: a causal LM's cross-entropy (:func:`flopscope.execution.t
 .causal_lm_loss`), on the vocabulary shards under ``loss_parallel()`` in tensor-parallel layouts
 without stages (the planner's default loss parallelism). Each step: a barrier, forward and
 backward (timed: what the planner's step time models), then AdamW's step and ``zero_grad``
-(timed apart: the planner's step leaves the optimizer out).
+(timed apart: compared with the planned step's optimizer update, ``StepTime.optimizer``).
 
 Peak memory per rank, measured independently of flopscope: ``torch.profiler`` with
 ``profile_memory=True`` over one more step (forward, backward, optimizer), whose allocation
