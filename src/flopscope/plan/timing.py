@@ -211,9 +211,10 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
 def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.dtype | None,
                     bound: bool) -> tuple[float, float]:
     """(the optimizer's update, the gradients' accumulation) of the step: each stage updates
-    its own shards after the schedule's flush (the slowest's counts); a layout without stages
-    adds its gradients ``m - 1`` times (:mod:`flopscope.plan.update`). Nothing without
-    ``param_dtype``."""
+    its own shards after the schedule's flush (the largest update counts); a layout without
+    stages, simulated at one microbatch, adds its gradients ``m - 1`` times
+    (:mod:`flopscope.plan.update`; a pipeline stage's additions are in its simulated
+    microbatches). Nothing without ``param_dtype``."""
     if param_dtype is None:
         return 0.0, 0.0
     from flopscope.plan.update import accumulation_estimate, update_estimate
@@ -221,12 +222,12 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.
     def seconds(est: Estimate) -> float:
         return sum(t for t, _ in phase_times(est, bound=bound).values())
 
-    size = torch.empty((), dtype=param_dtype).element_size()
+    size = param_dtype.itemsize
     update = max(seconds(update_estimate(r.parameter_bytes // size, param_dtype,
                                          r.estimate.hardware)) for r in runs)
     adds = 0.0
-    if len(runs) == 1 and choice.microbatches > 1:
-        run = runs[0]
+    run = runs[0]
+    if len(runs) == 1 and (run.microbatches or run.key.microbatches) == 1 < choice.microbatches:
         adds = (choice.microbatches - 1) * seconds(accumulation_estimate(
             run.parameter_bytes // size, param_dtype, run.estimate.hardware))
     return update, adds
