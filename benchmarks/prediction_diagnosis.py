@@ -79,7 +79,9 @@ class Held:
         self.offset = t.storage_offset()
 
     def made(self) -> torch.Tensor:
-        numel = self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
+        from torch._prims_common import compute_required_storage_length
+
+        numel = compute_required_storage_length(self.size, self.stride, self.offset)
         base = torch.empty(numel, dtype=self.dtype).uniform_(0.5, 1.5)
         return base.as_strided(self.size, self.stride, self.offset)
 

@@ -29,9 +29,9 @@ from the pipeline's.)
 - **collectives** the same way (:func:`~flopscope.plan.stage_records.stage_records`): the tensor-parallel ones per
   microbatch, FSDP2's all-gathers one per microbatch and one more (``w`` in the forward,
   the stage's forwards before its first backward, the rest in the backward) and its
-  reduce-scatters once a step, at the role's FSDP2 degree (payloads as gathered, bus bytes at the degree); the
-  hidden states sent and received, one each way per microbatch and stage boundary (the size
-  the reference pipeline sent);
+  reduce-scatters once a step, at the role's FSDP2 degree (payloads as gathered, bus bytes
+  at the degree); the hidden states sent and received, one each way per microbatch and stage
+  boundary (the size the reference pipeline sent);
 - **peak memory**: the first stage from the reference pipeline's first stage (two
   microbatches in flight), plus what a layer adds there (its two-layer run less its one-layer
   run) per further layer, plus each further microbatch 1F1B keeps in flight

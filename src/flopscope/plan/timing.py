@@ -82,7 +82,7 @@ class StepTime:
             the compute parts are.
         fsdp_hooks: FSDP2's host time around its collectives (see the module docstring).
         optimizer: AdamW's update of the rank's parameter shards after the last backward
-            (:func:`flopscope.plan.update.update_estimate`; the slowest stage's).
+            (:func:`flopscope.plan.update.update_estimate`; the largest of the stages').
         accumulation: the gradients' in-place additions between the microbatches of a
             layout without stages (``m - 1`` a step; a pipeline stage's are in its backward).
     """

@@ -27,15 +27,10 @@ import torch
 from flopscope.estimate import Estimate, Hardware
 from flopscope.plan.degrees import hardware_key
 
-__all__ = ["accumulation_estimate", "clear_cache", "update_estimate"]
+__all__ = ["accumulation_estimate", "update_estimate"]
 
-#: estimates by (what, elements, dtype, profile)
+#: estimates by (what, elements, dtype, profile): they depend on nothing else
 _CACHE: dict[tuple[str, int, torch.dtype, str], Estimate] = {}
-
-
-def clear_cache() -> None:
-    """Forget the counted updates (they depend on nothing but their key)."""
-    _CACHE.clear()
 
 
 def update_estimate(elements: int, dtype: torch.dtype, hardware: Hardware) -> Estimate:
