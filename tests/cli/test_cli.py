@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import subprocess
@@ -404,6 +405,38 @@ def test_hardware_is_resolved_once(cli: Cli, monkeypatch: pytest.MonkeyPatch) ->
     assert r.code == 0, r.err
     assert "roofline on xeon-8480" in r.out and "utilization" in r.out
     assert calls == [1]
+
+
+def test_the_source_is_checked_before_the_hardware_is_measured(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed --input or a model that does not exist fails before ``this-machine``'s
+    probes run, in every subcommand that takes both (profile measured first, then said
+    that --input was malformed)."""
+    import flopscope.estimate.hardware as hardware
+
+    def never() -> object:
+        raise AssertionError("this machine was measured before the source was checked")
+
+    monkeypatch.setattr(hardware, "measure_this_machine", never)
+    cases = [
+        (["count", "torchvision:resnet18", "--input", "1,3,64,64"], "malformed --input"),
+        (["count", "torchvision:nosuchnet"], "unknown torchvision model 'nosuchnet'"),
+        (["count", "missing_file.py:factory"], "file 'missing_file.py' does not exist"),
+        (["count", "hf:missing/config.json"], "config file 'missing/config.json'"),
+        (["count", "nosource"], "unknown source 'nosource'"),
+        (["profile", "torchvision:resnet18", "--input", "1,3"], "malformed --input"),
+        (["profile", "torchvision:nosuchnet"], "unknown torchvision model"),
+    ]
+    if importlib.util.find_spec("transformers") is not None:
+        cases += [
+            (["generate", "hf:nosuchtype", "--prompt-len", "4", "--new-tokens", "2"],
+             "unknown transformers model type 'nosuchtype'"),
+            (["plan", "hf:nosuchtype", "--gpus", "8"],
+             "unknown transformers model type 'nosuchtype'"),
+        ]
+    for argv, message in cases:
+        r = cli(*argv, "--hardware", "this-machine")
+        assert r.code == 2 and message in r.err and r.err.count("\n") == 1, (argv, r.err)
 
 
 def test_the_input_label_describes_what_ran(cli: Cli) -> None:

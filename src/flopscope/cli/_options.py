@@ -251,6 +251,39 @@ def add_source_options(
                         help="override an hf: config setting (repeatable)")
 
 
+def check_source_options(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    """Every check of the options of :func:`add_source_options` that needs no model, for a
+    subcommand to run before any long work (``--hardware this-machine``'s probes, a
+    calibration): ``--input`` and ``--config`` parsed, the flags that apply to ``hf:`` only, and
+    the source's form and name (:func:`flopscope.sources.check_source`). :func:`load_source`
+    runs it again (it takes milliseconds once the libraries are imported).
+
+    Args:
+        args: the parsed arguments (``source``, ``input``, ``seq_len``, ``config``).
+
+    Returns:
+        The parsed inputs and config overrides.
+
+    Raises:
+        UsageError: a malformed flag, a flag that does not apply to this source, or a source
+            that names no model.
+    """
+    from flopscope import sources
+
+    source: str = args.source
+    specs = [sources.parse_input(text, what="--input") for text in args.input]
+    config = sources.parse_config(args.config, what="--config")
+    is_hf = source.startswith("hf:")
+    if config and not is_hf:
+        raise usage_error("--config applies to hf: sources only; remove it or use an hf: source")
+    if args.seq_len is not None and not is_hf and not specs:
+        raise usage_error(
+            "--seq-len applies to hf: sources only; give other models their shapes with --input"
+        )
+    sources.check_source(source)
+    return specs, config
+
+
 def load_source(
     args: argparse.Namespace,
     *,
@@ -275,15 +308,7 @@ def load_source(
     from flopscope import sources
 
     source: str = args.source
-    specs = [sources.parse_input(text, what="--input") for text in args.input]
-    config = sources.parse_config(args.config, what="--config")
-    is_hf = source.startswith("hf:")
-    if config and not is_hf:
-        raise usage_error("--config applies to hf: sources only; remove it or use an hf: source")
-    if args.seq_len is not None and not is_hf and not specs:
-        raise usage_error(
-            "--seq-len applies to hf: sources only; give other models their shapes with --input"
-        )
+    specs, config = check_source_options(args)
     loaded = sources.load_model(
         source, inputs=specs, batch=args.batch, seq_len=args.seq_len, config=config,
         shape_only=shape_only, dtype=args.dtype, require_inputs=False,

@@ -21,6 +21,7 @@ from flopscope.cli._options import (
     add_source_options,
     add_step_time,
     check_page_output,
+    check_source_options,
     check_step_time,
     load_source,
     step_time_peak,
@@ -285,6 +286,7 @@ def _check_options(args: argparse.Namespace) -> Any:
         if timed:
             raise usage_error("--step-time does not combine with --world-size yet")
         _layout(args)  # a bad layout fails here
+    check_source_options(args)  # a malformed --input or an unknown model: before any probe
     hardware = None
     if args.hardware:
         from flopscope.estimate import get_hardware

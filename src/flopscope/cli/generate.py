@@ -14,6 +14,7 @@ from flopscope.cli._options import (
     add_source_options,
     add_step_time,
     check_page_output,
+    check_source_options,
     check_step_time,
     load_source,
     step_time_peak,
@@ -90,6 +91,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.step_time is not None and args.new_tokens < 2:
         raise usage_error("--step-time times a decode step, and --new-tokens 1 makes none: "
                           "give --new-tokens 2 or more, or time the prefill (--prefill-time)")
+    check_source_options(args)  # an unknown model: before the hardware's probes
     if args.hardware is not None:
         from flopscope.estimate import get_hardware
 

@@ -15,6 +15,7 @@ from flopscope.cli._options import (
     add_output,
     add_source_options,
     check_page_output,
+    check_source_options,
     load_source,
     usage_error,
     write_output,
@@ -103,6 +104,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raise usage_error("--estimated-trace lays out roofline times: it needs --hardware")
     if args.tf32 and no_hardware:
         raise usage_error("--tf32 says how float32 products run on --hardware: give a profile")
+    check_source_options(args)  # a malformed --input or an unknown model: before the probes
     hardware = None
     if not no_hardware:
         if args.hardware.strip().lower() in ("this-machine", "this_machine", "local"):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ __all__ = [
     "LoadedModel",
     "SourceError",
     "check_library_name",
+    "check_source",
     "load_model",
     "make_inputs",
     "parse_config",
@@ -181,6 +183,45 @@ def check_library_name(library: str, name: str) -> None:
         check_hf_model_type(name)
     else:
         raise SourceError(f"unknown model library {library!r}: use torchvision, timm or hf")
+
+
+def check_source(source: str) -> None:
+    """Check what :func:`load_model` would refuse about ``source`` before it builds or imports
+    anything, so that a caller can fail in a second before long work (a hardware probe, a
+    calibration): its form, a library's model name, an ``hf:`` config file's presence, a
+    factory's file. What only building shows (a factory that raises, a config value the model
+    rejects) is still found by :func:`load_model`.
+
+    Args:
+        source: a SOURCE string (see the module's forms).
+
+    Raises:
+        SourceError: a form that is none of the forms, an unknown model name (close names
+            suggested), a missing library, config file or factory file.
+    """
+    for library in ("torchvision", "timm"):
+        if source.startswith(f"{library}:"):
+            check_library_name(library, source.removeprefix(f"{library}:"))
+            return
+    if source.startswith("hf:"):
+        spec = source.removeprefix("hf:")
+        if not spec:
+            raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or "
+                              "hf:config.json")
+        if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
+            if not Path(spec).is_file():
+                raise SourceError(f"config file {spec!r} does not exist; give the path to a "
+                                  "config.json")
+        else:
+            check_hf_model_type(spec)
+        return
+    target, colon, attr = source.rpartition(":")
+    if not colon:
+        raise SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")
+    if not target or not attr:
+        raise SourceError(f"malformed source {source!r}: use {SOURCE_FORMS}")
+    if (target.endswith(".py") or "/" in target or "\\" in target) and not Path(target).is_file():
+        raise SourceError(f"file {target!r} does not exist; give path/to/file.py:factory")
 
 
 def _load(source: str, *, batch: int | None, seq_len: int | None,
