@@ -273,7 +273,8 @@ class OpCall:
         return [f"nested({t.size(0)})" if t.is_nested else tuple(t.shape) for t in self.inputs]
 
     def io_bytes(self) -> tuple[int, int]:
-        """``(bytes_read, bytes_written)``: all tensor inputs read once, all outputs written once.
+        """``(bytes_read, bytes_written)``: all tensor inputs read once, all outputs written once
+        (an operator that returns nothing, its written arguments: ``_foreach_mul_``).
 
         A view (an output that aliases an input without writing it) moves no bytes. Sparse,
         nested and symbolically sized tensors are measured by :func:`tensor_bytes`.
@@ -282,12 +283,23 @@ class OpCall:
             return 0, 0
         if SYMBOLIC_COUNTS[0]:  # symbolic sizes: .nbytes would raise (slowly, with a C++ trace)
             read = sum(tensor_bytes(t) for t in self.inputs)
-            return read, sum(tensor_bytes(t) for t in self.outputs)
+            return read, sum(tensor_bytes(t) for t in self._written())
         try:
             return self._io_bytes()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse / nested / symbolic
             read = sum(tensor_bytes(t) for t in self.inputs)
-            return read, sum(tensor_bytes(t) for t in self.outputs)
+            return read, sum(tensor_bytes(t) for t in self._written())
+
+    def _written(self) -> list[torch.Tensor]:
+        """The tensors the call writes: its outputs; where its schema returns nothing, the
+        arguments it marks written (:attr:`~flopscope.core.facts.OpFacts.void_written`)."""
+        found = _collect(self.out, [])
+        if found or self.out is not None and not isinstance(self.out, (tuple, list)):
+            return found
+        for i, name in facts(self.op).void_written:
+            value = self.args[i] if i < len(self.args) else self.kwargs.get(name)
+            _collect(value, found)
+        return found
 
     def _io_bytes(self) -> tuple[int, int]:
         read = 0
@@ -316,7 +328,7 @@ class OpCall:
         if isinstance(out, _Tensor):
             return read, out.nbytes
         written = 0
-        for t in _collect(out, []):
+        for t in self._written():
             written += t.nbytes
         return read, written
 

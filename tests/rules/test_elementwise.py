@@ -80,3 +80,18 @@ def test_gcd_lcm_are_integer_work() -> None:
     for name in ("aten.gcd.default", "aten.lcm.default"):
         assert op(report, name).flops == 0
         assert op(report, name).bytes_written == 3 * 8
+
+
+def test_an_operator_that_returns_nothing_writes_its_written_arguments() -> None:
+    """``_foreach_mul_`` returns nothing: its writes are the list it updates (they counted 0),
+    as ``mul_``'s are the tensor it returns."""
+    a, b = torch.ones(10), torch.ones(6)
+    # read a and b (16 float32: 64 bytes), written the same 64; 1 FLOP per element
+    c = op(count(lambda: torch._foreach_mul_([a, b], 2.0)), "aten._foreach_mul_.Scalar")
+    assert (c.flops, c.bytes_read, c.bytes_written) == (16, 64, 64)
+    # the for-loop's equivalent, for comparison: the same bytes in two calls
+    c = op(count(lambda: [t.mul_(2.0) for t in (a, b)]), "aten.mul_.Tensor")
+    assert (c.flops, c.bytes_read, c.bytes_written) == (16, 64, 64)
+    # an operator that returns its result writes its output, not its argument
+    c = op(count(lambda: torch._foreach_mul([a, b], 2.0)), "aten._foreach_mul.Scalar")
+    assert (c.bytes_read, c.bytes_written) == (64, 64)

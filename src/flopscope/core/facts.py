@@ -99,6 +99,9 @@ class OpFacts:
         allocation: it only allocates (``empty``, ``zeros``, ...).
         ignored: a ``prim::`` metadata query (``prim::device``), not an operator that runs.
         written: (position, name) of the arguments its schema marks written.
+        void_written: ``written`` where the schema returns nothing (``_foreach_mul_``, a
+            ``foreach`` ``out=`` form, ``_fused_adam_``): the values it writes are its written
+            arguments', not outputs'; ``()`` for every other operator.
         stats_written: for batch norm's kernels, (position of ``training``, the (position,
             name) of ``running_mean`` and ``running_var``): arguments written, unmarked, when
             ``training`` is true; ``None`` for other operators.
@@ -119,7 +122,8 @@ class OpFacts:
 
     __slots__ = ("_decomposition", "_runs_decomposed", "aliasing", "allocation", "arg_index",
                  "guarded", "ignored", "kernel", "layout", "memo_kind", "name", "op", "pointwise",
-                 "pure_view", "reshaping", "schema_name", "stats_written", "view", "written")
+                 "pure_view", "reshaping", "schema_name", "stats_written", "view", "void_written",
+                 "written")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -135,6 +139,7 @@ class OpFacts:
             self.view = self.aliasing = self.allocation = self.ignored = False
             self.pointwise = self.reshaping = self.pure_view = False
             self.written: tuple[tuple[int, str], ...] = ()
+            self.void_written: tuple[tuple[int, str], ...] = ()
             self.stats_written: tuple[int, tuple[tuple[int, str], ...]] | None = None
             self.guarded = False
             self.layout: tuple[tuple[int, ...], tuple[int, ...]] | None = None
@@ -150,6 +155,7 @@ class OpFacts:
         self.ignored = op.namespace == "prim"
         self.written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                              if a.alias_info is not None and a.alias_info.is_write)
+        self.void_written = () if returns else self.written
         self.pointwise = torch.Tag.pointwise in getattr(op, "tags", ())
         self.reshaping = schema.name in RESHAPING
         self.layout = _layout(schema)
