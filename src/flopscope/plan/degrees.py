@@ -190,8 +190,12 @@ def derive(runs: Sequence[tuple[int, Small]], to: int, world_size: int, rank: in
                             _mix([e0.by_phase, e1.by_phase], weights, degrees, to),
                             tf32_convolution=e1.tf32_convolution)
     end = _mix([r0.memory.end_bytes, r1.memory.end_bytes], weights, degrees, to)
+    if (r0.parameter_tensors, r0.parameters_dtensor) != (r1.parameter_tensors,
+                                                         r1.parameters_dtensor):
+        raise NotRepeating("the runs hold different parameter shards")  # one each, any degree
     return Small(r1.frame, report, points, _memory(r1, points, end), estimate,
-                 _mix([r0.parameter_bytes, r1.parameter_bytes], weights, degrees, to), calls)
+                 _mix([r0.parameter_bytes, r1.parameter_bytes], weights, degrees, to), calls,
+                 r1.parameter_tensors, r1.parameters_dtensor)
 
 
 #: what a call record holds (:class:`~flopscope.estimate.call_record.CallRecord`'s slots)
@@ -247,6 +251,8 @@ def same_run(x: Small, y: Small) -> bool:
             and [(*p[:3], dict(p[3])) for p in x.points] == [(*p[:3], dict(p[3]))
                                                              for p in y.points]
             and memory(x.memory) == memory(y.memory) and x.parameter_bytes == y.parameter_bytes
+            and x.parameter_tensors == y.parameter_tensors
+            and x.parameters_dtensor == y.parameters_dtensor
             and _close(x.estimate.total, y.estimate.total)
             and _close(x.estimate.by_phase, y.estimate.by_phase))
 

@@ -28,6 +28,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.distributed.pipeline import split_layers
@@ -38,8 +39,8 @@ from flopscope.estimate.bound import Row
 from flopscope.estimate.call_record import CallRecord
 from flopscope.report.report import Report
 
-__all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Small", "by_microbatch", "check",
-           "combine", "estimate_at", "frame_of", "unit_module"]
+__all__ = ["UNITS", "UNIT_SMALL", "UNIT_WIDTH", "Actions", "Put", "Small", "by_microbatch",
+           "check", "combine", "estimate_at", "frame_of", "unit_module"]
 
 #: the path prefix of a pipeline stage's microbatches, as if they were layers
 #: (``~microbatch.3.F|model.layers.1.mlp``: a call of microbatch 3's forward in that module)
@@ -118,6 +119,10 @@ class Small:
         parameter_bytes: the rank's parameter shards.
         calls: every operator call's roofline record (what ``estimate`` is summed from), where
             kept (:meth:`flopscope.plan.roles.Roles.small`'s ``calls``).
+        parameter_tensors: how many parameter shards the rank holds (each parameter is one,
+            sharded or not: the optimizer's calls per parameter); 0: not known.
+        parameters_dtensor: the parameters are DTensors (tensor parallelism, FSDP2, expert
+            parallelism): each operator of the optimizer on them passes DTensor's dispatch.
     """
 
     frame: Frame
@@ -127,6 +132,26 @@ class Small:
     estimate: Estimate
     parameter_bytes: int
     calls: list[CallRecord] = field(default_factory=list)
+    parameter_tensors: int = 0
+    parameters_dtensor: bool = False
+
+
+class Put(NamedTuple):
+    """A role put together (:func:`combine`, :func:`flopscope.plan.microbatches.at_step`):
+    what a :class:`~flopscope.plan.roles.RoleRun` holds of it."""
+
+    report: Report
+    memory: MemoryProfile
+    estimate: Estimate
+    parameter_bytes: int
+    parameter_tensors: int
+    parameters_dtensor: bool
+
+    @classmethod
+    def of(cls, run: Small) -> Put:
+        """A simulated run as it is."""
+        return cls(run.report, run.memory, run.estimate, run.parameter_bytes,
+                   run.parameter_tensors, run.parameters_dtensor)
 
 
 def frame_of(prefix: str, layers: int, pp: int, stage: int) -> Frame:
@@ -151,8 +176,7 @@ def estimate_at(a: Estimate, b: Estimate, nb: int, n: int) -> Estimate:
                     tf32_convolution=b.tf32_convolution)
 
 
-def combine(a: Small, b: Small, c: Small, to: Frame
-            ) -> tuple[Report, MemoryProfile, Estimate, int]:
+def combine(a: Small, b: Small, c: Small, to: Frame) -> Put:
     """The role at ``to.n`` layers per stage from two small runs (``b`` one layer more; ``c``,
     one more again, only tells which calls outside the layers repeat per layer); with ``to``'s
     prefix :data:`UNITS`, at ``to.n`` microbatches from small pipelines (the boundaries
@@ -168,7 +192,7 @@ def combine(a: Small, b: Small, c: Small, to: Frame
         to: where the stage's layers are at the real count.
 
     Returns:
-        (report, memory, estimate, parameter bytes).
+        The report, memory, estimate, parameter bytes and shards.
 
     Raises:
         NotRepeating: the runs do not show one repeated layer.
@@ -182,8 +206,10 @@ def combine(a: Small, b: Small, c: Small, to: Frame
                            {c: v for c, v in peak.live.items() if v},
                            line(a.memory.end_bytes, b.memory.end_bytes, nb, to.n),
                            train=b.memory.train, note=b.memory.note)
-    return (report, memory, estimate_at(a.estimate, b.estimate, nb, to.n),
-            line(a.parameter_bytes, b.parameter_bytes, nb, to.n))
+    return Put(report, memory, estimate_at(a.estimate, b.estimate, nb, to.n),
+               line(a.parameter_bytes, b.parameter_bytes, nb, to.n),
+               line(a.parameter_tensors, b.parameter_tensors, nb, to.n),
+               b.parameters_dtensor)
 
 
 def _close(x: Row, y: Row) -> bool:
@@ -208,7 +234,7 @@ def check(a: Small, b: Small, c: Small) -> None:
     Raises:
         NotRepeating: they do not.
     """
-    report, memory, estimate, params = combine(a, b, c, c.frame)
+    report, memory, estimate, params, tensors, _ = combine(a, b, c, c.frame)
     m = c.memory
     if report != c.report:
         raise NotRepeating("the put-together report differs from the simulated one")
@@ -216,7 +242,7 @@ def check(a: Small, b: Small, c: Small) -> None:
             memory.at_peak, memory.end_bytes) != (m.peak_bytes, m.peak_module, m.peak_phase,
                                                   m.peak_op, m.at_peak, m.end_bytes):
         raise NotRepeating("the put-together peak differs from the simulated one")
-    if params != c.parameter_bytes or not _close(estimate.total, c.estimate.total) or \
+    if params != c.parameter_bytes or tensors != c.parameter_tensors or not _close(estimate.total, c.estimate.total) or \
             estimate.by_phase.keys() != c.estimate.by_phase.keys() or not all(
                 _close(estimate.by_phase[p], c.estimate.by_phase[p]) for p in estimate.by_phase):
         raise NotRepeating("the put-together estimate differs from the simulated one")

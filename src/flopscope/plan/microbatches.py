@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 
 from flopscope.distributed.repeat import SMALL, Frame, NotRepeating, expand_report
 from flopscope.distributed.repeat_peak import Point
-from flopscope.estimate import Estimate, MemoryProfile
-from flopscope.plan.layers import UNITS, Small, check, combine, estimate_at
-from flopscope.report.report import Report
+from flopscope.estimate import MemoryProfile
+from flopscope.plan.layers import UNITS, Put, Small, check, combine, estimate_at
 
 __all__ = ["at_step", "extend_points", "peak_of"]
 
@@ -142,7 +141,7 @@ def peak_of(points: Sequence[Point], end_bytes: int, memory: MemoryProfile) -> M
 
 
 def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
-            layers: Frame | None) -> tuple[Report, MemoryProfile, Estimate, int]:
+            layers: Frame | None) -> Put:
     """A stage at ``to`` microbatches from its simulations at ``microbatches - 1`` and
     ``microbatches``: the peak from :func:`extend_points` and :func:`peak_of`, the report and
     estimate affine in the count (a step's per-microbatch work and its once-per-step
@@ -159,7 +158,7 @@ def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
         layers: where the stage's layers are, for a stage put together from small counts.
 
     Returns:
-        (report, memory profile, estimate, parameter bytes) at ``to`` microbatches.
+        The report, memory profile, estimate and parameter shards at ``to`` microbatches.
 
     Raises:
         NotRepeating: the calls do not line up, or the small counts do not repeat.
@@ -178,8 +177,7 @@ def at_step(run: Callable[[int, int | None], Small], microbatches: int, to: int,
                                                         to))
 
     if layers is None:
-        one = moved(None)
-        return one.report, one.memory, one.estimate, one.parameter_bytes
+        return Put.of(moved(None))
     smalls = [moved(n) for n in SMALL]
     check(smalls[0], smalls[1], smalls[2])
     return combine(smalls[0], smalls[1], smalls[2], layers)

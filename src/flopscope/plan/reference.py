@@ -352,15 +352,16 @@ class Reference:
         one, two = _split_step(f1, phase), _split_step(f2, phase)
         return one, [lin([(1, b), (-1, a)]) for a, b in zip(one, two, strict=True)]
 
-    def parameters(self) -> tuple[int, int, int]:
-        """Parameter shard bytes at :attr:`dp`: (per layer, embedding, rest)."""
+    def parameters(self, what: str = "parameter_bytes") -> tuple[int, int, int]:
+        """Parameter shard bytes at :attr:`dp` (``what="parameter_tensors"``: how many shards,
+        at any degree): (per layer, embedding, rest)."""
         if self.a is None:
-            f1, l1, _, f2 = self.pipeline()
-            layer = f2.parameter_bytes - f1.parameter_bytes
-            return layer, f1.parameter_bytes - layer, l1.parameter_bytes - layer
-        a, b = self.pair()
-        layer = b.parameter_bytes - a.parameter_bytes
-        base = a.parameter_bytes - REFERENCE_LAYERS[0] * layer
+            f1, l1, _, f2 = (getattr(r, what) for r in self.pipeline())
+            layer = f2 - f1
+            return layer, f1 - layer, l1 - layer
+        a, b = (getattr(r, what) for r in self.pair())
+        layer = b - a
+        base = a - REFERENCE_LAYERS[0] * layer
         embed = round(base * self.embedding_share)
         return layer, embed, base - embed
 

@@ -46,6 +46,7 @@ from flopscope.plan.layers import (
     UNIT_SMALL,
     UNITS,
     Actions,
+    Put,
     Small,
     by_microbatch,
     check,
@@ -125,6 +126,10 @@ class RoleRun:
         seconds: how long the simulation took here (0 for a screened estimate).
         microbatches: the microbatches the figures are for (0: ``key.microbatches``); below
             ``key.peak_microbatches``: the peak is lower than the step's (a deep pipeline).
+        parameter_tensors: how many parameter shards the rank holds (the optimizer's calls
+            per parameter, :mod:`flopscope.plan.update`); 0: not known.
+        parameters_dtensor: the parameters are DTensors (each optimizer call on them passes
+            DTensor's dispatch).
     """
 
     key: RoleKey
@@ -134,6 +139,14 @@ class RoleRun:
     parameter_bytes: int
     seconds: float
     microbatches: int = 0
+    parameter_tensors: int = 0
+    parameters_dtensor: bool = False
+
+    @classmethod
+    def of(cls, key: RoleKey, put: Put, seconds: float, microbatches: int = 0) -> RoleRun:
+        """A role from what was put together (or simulated) for it."""
+        return cls(key, put.report, put.memory, put.estimate, put.parameter_bytes, seconds,
+                   microbatches, put.parameter_tensors, put.parameters_dtensor)
 
     @property
     def understated(self) -> bool:
@@ -264,17 +277,15 @@ class Roles:
 
         try:
             with fake_world(layout.world_size, layout.rank), shared_world(layout):
-                report, memory, estimate, params = at_step(
-                    run, base.microbatches, key.peak_microbatches, to if small else None)
+                put = at_step(run, base.microbatches, key.peak_microbatches,
+                              to if small else None)
         except NotRepeating:
             if small:
                 return dataclasses.replace(self.get(base), key=key)
-            whole = run(key.peak_microbatches, None)
-            report, memory, estimate = whole.report, whole.memory, whole.estimate
-            params = whole.parameter_bytes
+            put = Put.of(run(key.peak_microbatches, None))
         seconds = time.perf_counter() - start
         self.seconds += seconds
-        return RoleRun(key, report, memory, estimate, params, seconds, key.peak_microbatches)
+        return RoleRun.of(key, put, seconds, key.peak_microbatches)
 
     def _simulate(self, key: RoleKey) -> RoleRun:
         """The role simulated: from three small layer counts when its stage holds more
@@ -294,12 +305,11 @@ class Roles:
                 run = None
             self.from_microbatches += run is not None
         if run is None:
-            small = self.small(key, None)
-            run = (small.report, small.memory, small.estimate, small.parameter_bytes)
+            run = Put.of(self.small(key, None))
         seconds = time.perf_counter() - start
         self.simulations += 1
         self.seconds += seconds
-        return RoleRun(key, *run, seconds)
+        return RoleRun.of(key, run, seconds)
 
     def _repeats(self) -> bool:
         """Whether the model's decoder layers are alike (checked once)."""
@@ -310,7 +320,7 @@ class Roles:
             self._layers = (found[0], len(found[1])) if found is not None else ("", 0)
         return self._alike
 
-    def _from_small(self, key: RoleKey) -> tuple[Report, MemoryProfile, Estimate, int] | None:
+    def _from_small(self, key: RoleKey) -> Put | None:
         prefix, layers = self._layers
         to = frame_of(prefix, layers, key.pp, key.stage)
         if to.n <= sum(SMALL):
@@ -330,8 +340,7 @@ class Roles:
         check(a, b, c)
         return combine(a, b, c, to)
 
-    def _from_microbatches(self, key: RoleKey
-                           ) -> tuple[Report, MemoryProfile, Estimate, int] | None:
+    def _from_microbatches(self, key: RoleKey) -> Put | None:
         """The first, second or last stage of a pipeline of more than ``sum(UNIT_SMALL)``
         stages from the stage in pipelines of ``UNIT_SMALL`` stages (as many microbatches), the
         model cut so that the stage holds as many layers (at their own indices, but the last
@@ -432,7 +441,8 @@ class Roles:
                                          rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes,
-                     log.records if calls or self._records else [])
+                     log.records if calls or self._records else [], len(params),
+                     any(local_tensor(p) is not p for p in params))
 
 
 def layout_of(key: RoleKey) -> Layout:

@@ -72,9 +72,12 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
             memory = tracker.profile(relabel={"gradients": [
                 local_tensor(p.grad) for p in params if p.grad is not None]})
             parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
+            tensors = len(params)
+            dtensor = any(local_tensor(p) is not p for p in params)
         del model, params
     return RoleRun(key, report, memory, log.estimate(hardware), parameter_bytes,
-                   time.perf_counter() - start)
+                   time.perf_counter() - start, parameter_tensors=tensors,
+                   parameters_dtensor=dtensor)
 
 
 class OneRole(Generic[V]):

@@ -224,12 +224,15 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.
 
     size = param_dtype.itemsize
     update = max(seconds(update_estimate(r.parameter_bytes // size, param_dtype,
-                                         r.estimate.hardware)) for r in runs)
+                                         r.estimate.hardware, max(1, r.parameter_tensors),
+                                         r.parameters_dtensor))
+                 for r in runs)
     adds = 0.0
     run = runs[0]
     if len(runs) == 1 and (run.microbatches or run.key.microbatches) == 1 < choice.microbatches:
         adds = (choice.microbatches - 1) * seconds(accumulation_estimate(
-            run.parameter_bytes // size, param_dtype, run.estimate.hardware))
+            run.parameter_bytes // size, param_dtype, run.estimate.hardware,
+            max(1, run.parameter_tensors)))  # FSDP2 adds the local shards: no DTensor
     return update, adds
 
 

@@ -3,87 +3,194 @@ optimizer's update of a rank's parameter shards, and the gradients' accumulation
 microbatches of a layout without stages.
 
 A rank's roles are simulated forward and backward (:mod:`flopscope.plan.roles`); what follows
-is counted here on fake tensors of the rank's shard, one flat tensor of its elements in the
-parameters' dtype (:func:`update_estimate`):
+is counted here by running torch's own code on fake tensors:
 
-- **the update**: torch's ``AdamW`` (the plan's optimizer), its second ``step()`` (the first
-  makes the moments): per element a weight decay, the two moments' updates, a square root, a
-  division, an ``eps`` and the parameter's update, 84 bytes per float32 element
-  (``tests/plan/test_update.py``). One flat tensor is what ``AdamW``'s default implementation
-  on a GPU does (``foreach``: each operator once over the list of shards); a for-loop
-  ``AdamW`` (a CPU's default) issues those calls once per parameter, so its host time is
-  that many times more, which the count of one tensor leaves out;
+- **the update** (:func:`update_estimate`): torch's ``AdamW`` (the plan's optimizer), its
+  second ``step()`` (the first makes the moments), in the implementation torch picks for the
+  planned device: ``foreach`` on a GPU (each operator once over the list of shards: 56 bytes
+  per float32 element, the division by the bias corrections folded into one pass) and the
+  for-loop on a CPU (``AdamW``'s default where the parameters are not on a GPU: each
+  operator once per parameter, 84 bytes per float32 element; ``tests/plan/test_update.py``
+  has the arithmetic). ``foreach`` is counted over one flat tensor of the rank's shards: its
+  calls are one per operator whatever the shards. It also reads each parameter's step counter
+  twice (``item()``: the bias corrections), a CPU scalar in torch's default ``AdamW``, so host
+  work without a launch that a GPU profile's host times (each a launched call's) would
+  overprice; those are left out (not measured on a GPU);
+  On DTensor parameters (tensor parallelism, FSDP2) each call passes DTensor's dispatch:
+  the update runs on DTensors, whose outermost calls a calibrated profile gives DTensor's
+  host time (:func:`flopscope.estimate.framework.framework_costs`' per-operator figure);
 - **the accumulation** (:func:`accumulation_estimate`): autograd stores the first
   microbatch's gradient of each parameter and adds each later one in place (FSDP2 adds the
-  reduced shard), ``m - 1`` in-place adds of the rank's gradient shards a step. A pipeline
-  stage's are in its simulated microbatches already (:func:`flopscope.plan.reference.
-  accumulated`).
+  reduced shard to the local tensor of the sharded gradient: no DTensor dispatch), ``m - 1``
+  in-place adds of each gradient shard a step. A pipeline stage's
+  are in its simulated microbatches already (:func:`flopscope.plan.reference.accumulated`).
+
+The for-loop update and the accumulation are counted over ``tensors`` shards of ``elements``
+in all without making a tensor per shard (a 70B rank holds hundreds): the calls over one flat
+tensor of every element, plus ``tensors - 1`` times what one more shard adds at the same
+elements (two shards of one element each, less one shard of two, both counted): its calls,
+and their bytes beyond the elements' (a step counter's). Each call is affine in the number of
+shards at a fixed size, so the calls and bytes are exact. Their time is approximate: a
+for-loop's call takes its own shard's time, and shards differ in size (a norm's weight, a
+projection's); here every element is timed in the flat tensor's calls (streamed, as most of a
+large model's shards are) and each further shard's calls at the smallest size (their host
+time, and a tiny call's device time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import torch
 
 from flopscope.estimate import Estimate, Hardware
+from flopscope.estimate.bound import Row
 from flopscope.plan.degrees import hardware_key
+from flopscope.plan.reference import lin
 
-__all__ = ["accumulation_estimate", "update_estimate"]
+__all__ = ["accumulation_estimate", "foreach", "update_estimate"]
 
-#: estimates by (what, elements, dtype, profile): they depend on nothing else
-_CACHE: dict[tuple[str, int, torch.dtype, str], Estimate] = {}
+#: estimates by (what, shard sizes, dtype, foreach, DTensors, profile): they depend on nothing
+#: else
+_CACHE: dict[tuple[str, tuple[int, ...], torch.dtype, bool, bool, str], Estimate] = {}
 
 
-def update_estimate(elements: int, dtype: torch.dtype, hardware: Hardware) -> Estimate:
-    """AdamW's update of ``elements`` parameters in ``dtype``, counted.
+def foreach(hardware: Hardware) -> bool:
+    """Whether ``AdamW`` runs its ``foreach`` implementation on ``hardware``: torch's default
+    where the parameters are on a GPU; the for-loop on a CPU, which a profile says by its
+    calibration's device or by being measured here (``this-machine``) without one.
+
+    Args:
+        hardware: the planned device.
+
+    Returns:
+        ``True`` for ``foreach``.
+    """
+    cal = hardware.calibration
+    if cal is not None:
+        return cal.device.startswith("cuda")
+    return not hardware.measured
+
+
+def update_estimate(elements: int, dtype: torch.dtype, hardware: Hardware,
+                    tensors: int = 1, dtensor: bool = False) -> Estimate:
+    """AdamW's update of ``tensors`` parameter shards of ``elements`` in all, counted (one flat
+    tensor where the implementation is ``foreach``: the module docstring).
 
     Args:
         elements: the rank's parameter shards' elements.
         dtype: the parameters' dtype (and their gradients' and moments').
-        hardware: the profile the calls are timed on.
+        hardware: the profile the calls are timed on; it also picks the implementation
+            (:func:`foreach`).
+        tensors: the rank's parameter shards (each parameter is one, sharded or not).
+        dtensor: the parameters are DTensors (tensor parallelism, FSDP2): each call on them
+            passes DTensor's dispatch, counted (its host time where the profile measured it).
 
     Returns:
         The :class:`~flopscope.estimate.Estimate` of the second ``step()`` (phase
-        ``optimizer``).
+        ``optimizer``; its total, phases and hardware only).
     """
-    return _counted("update", elements, dtype, hardware)
+    return _over_shards("update", elements, tensors, dtype, hardware, dtensor)
 
 
-def accumulation_estimate(elements: int, dtype: torch.dtype, hardware: Hardware) -> Estimate:
-    """One microbatch's gradients added in place into the accumulated ones, counted.
+def accumulation_estimate(elements: int, dtype: torch.dtype, hardware: Hardware,
+                          tensors: int = 1, dtensor: bool = False) -> Estimate:
+    """One microbatch's gradients added in place into the accumulated ones, one ``add_`` per
+    shard, counted.
 
     Args:
         elements: the rank's gradient shards' elements.
         dtype: the gradients' dtype.
         hardware: the profile the calls are timed on.
+        tensors: the rank's gradient shards.
+        dtensor: the gradients are DTensors.
 
     Returns:
-        The :class:`~flopscope.estimate.Estimate` of the ``add_``.
+        The :class:`~flopscope.estimate.Estimate` of the ``add_`` calls.
     """
-    return _counted("accumulation", elements, dtype, hardware)
+    return _over_shards("accumulation", elements, tensors, dtype, hardware, dtensor)
 
 
-def _counted(what: str, elements: int, dtype: torch.dtype, hardware: Hardware) -> Estimate:
+def _over_shards(what: str, elements: int, tensors: int, dtype: torch.dtype,
+                 hardware: Hardware, dtensor: bool) -> Estimate:
+    """The flat tensor's calls plus ``tensors - 1`` times one more shard's (module docstring)."""
+    flat = _counted(what, (elements,), dtype, hardware, dtensor)
+    if tensors <= 1 or (what == "update" and foreach(hardware)):
+        return flat
+    more = _counted(what, (1, 1), dtype, hardware, dtensor)
+    less = _counted(what, (2,), dtype, hardware, dtensor)
+    n = tensors - 1
+
+    def row(get: str) -> dict[str, Row]:
+        rows = (getattr(e, get) for e in (flat, more, less))
+        f, m, s = (r if isinstance(r, dict) else {"": r} for r in rows)
+        return {k: lin([(1, f.get(k, Row())), (n, m.get(k, Row())), (-n, s.get(k, Row()))])
+                for k in {*f, *m, *s}}
+
+    return Estimate(flat.hardware, flat.tf32, row("total")[""], row("by_phase"),
+                    tf32_convolution=flat.tf32_convolution)
+
+
+def _counted(what: str, sizes: tuple[int, ...], dtype: torch.dtype, hardware: Hardware,
+             dtensor: bool) -> Estimate:
+    many = what == "update" and foreach(hardware)
+    key = (what, sizes, dtype, many, dtensor, hardware_key(hardware))
+    found = _CACHE.get(key)
+    if found is None:
+        if not dtensor:
+            found = _run(what, sizes, dtype, hardware, many, None)
+        else:
+            with _world() as mesh:
+                found = _run(what, sizes, dtype, hardware, many, mesh)
+        _CACHE[key] = found
+    return found
+
+
+@contextmanager
+def _world() -> Iterator[Any]:
+    """A one-dimensional device mesh over the process group in place, or over a fake one of
+    two ranks (the shards' placement changes no local call)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from flopscope.distributed.world import fake_world
+
+    if dist.is_initialized():
+        yield init_device_mesh("cpu", (dist.get_world_size(),))
+        return
+    with fake_world(2, 0):
+        yield init_device_mesh("cpu", (2,))
+
+
+def _run(what: str, sizes: tuple[int, ...], dtype: torch.dtype, hardware: Hardware,
+         many: bool, mesh: Any) -> Estimate:
+    """The calls counted on fake tensors of ``sizes`` (DTensor shards on ``mesh``, if any)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor, Shard
 
     from flopscope.core.counter import Counter
     from flopscope.estimate.roofline import CallLog
 
-    key = (what, elements, dtype, hardware_key(hardware))
-    found = _CACHE.get(key)
-    if found is not None:
-        return found
+    def make(n: int) -> torch.Tensor:
+        t = torch.empty(n, dtype=dtype)
+        return t if mesh is None else DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+
     log = CallLog()
     with FakeTensorMode():
-        param = torch.nn.Parameter(torch.empty(elements, dtype=dtype))
-        param.grad = torch.empty(elements, dtype=dtype)
+        params = [torch.nn.Parameter(make(n)) for n in sizes]
+        grads = [make(n) for n in sizes]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
         if what == "update":
-            opt = torch.optim.AdamW([param])
+            opt = torch.optim.AdamW(params, foreach=many)
             opt.step()  # makes the moments: not a step's work
             with Counter(warn=False, observers=[log]):
                 opt.step()
         else:
-            more = torch.empty(elements, dtype=dtype)
+            more = [make(n) for n in sizes]
             with Counter(warn=False, observers=[log]):
-                param.grad.add_(more)
-    found = _CACHE[key] = log.estimate(hardware)
-    return found
+                for g, m in zip(grads, more, strict=True):
+                    g.add_(m)
+    return log.estimate(hardware)

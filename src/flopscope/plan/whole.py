@@ -235,4 +235,6 @@ def whole_from(sharded: Small, base: Base) -> Small:
         r for r in sharded.report.communication if r.group != "dp"))
     return dataclasses.replace(sharded, report=report, points=points, memory=memory,
                                estimate=estimate, parameter_bytes=base_whole.parameter_bytes,
+                               parameter_tensors=base_whole.parameter_tensors,
+                               parameters_dtensor=base_whole.parameters_dtensor,
                                calls=[])
