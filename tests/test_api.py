@@ -85,3 +85,25 @@ def test_module_queries_take_module() -> None:
 
     with pytest.raises(flopscope.UsageError, match="no module '2'"):
         r.by_module(module="2")
+
+
+def test_a_source_string_is_counted_as_the_command_line_loads_it() -> None:
+    """``flopscope.count("torchvision:resnet50")`` as ``flopscope count torchvision:resnet50``:
+    the model from flopscope.sources with its default input, or the inputs given (the label
+    then says those); a bad name is the loader's one-line error."""
+    import pytest
+    import torch
+
+    report = flopscope.count("torchvision:resnet50", shape_only=True)
+    # torchvision's published 4.089 GMACs at 224 x 224 (its default weights' crop)
+    assert report.macs == 4_089_184_256
+    assert (report.meta.source, report.meta.inputs) == ("torchvision:resnet50",
+                                                        ("1x3x224x224",))
+    small = flopscope.count("torchvision:resnet50", torch.randn(1, 3, 112, 112), shape_only=True)
+    assert small.meta.inputs == ("1x3x112x112",) and small.macs < report.macs
+    memory = flopscope.estimate.peak_memory("torchvision:resnet50", shape_only=True)
+    assert memory.report.macs == report.macs
+    with pytest.raises(flopscope.UsageError, match="unknown torchvision model 'resnet5'"):
+        flopscope.count("torchvision:resnet5")
+    with pytest.raises(flopscope.UsageError, match="or a SOURCE string"):
+        flopscope.count(3)

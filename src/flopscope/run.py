@@ -96,7 +96,7 @@ def _heap_frozen(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 @_heap_frozen
 @sets_modes_aside  # a user's dispatch modes see the model's calls, not flopscope's bookkeeping
 def count(
-    model: nn.Module,
+    model: nn.Module | str,
     /,
     *args: Any,
     rules: RulesArg = None,
@@ -135,7 +135,10 @@ def count(
     the gradient of its input (reentrant checkpointing computes it).
 
     Args:
-        model: the model.
+        model: the model, or a SOURCE string as the command line takes it
+            (``"torchvision:resnet50"``, ``"hf:llama"``, ``"path/to/file.py:factory"``: built by
+            :func:`flopscope.sources.load_model`, on ``meta`` with ``shape_only``), counted with
+            its default inputs unless arguments are given.
         *args: positional arguments of ``model`` (or one :class:`Inputs`).
         rules: extra operator and module rules (see :class:`Counter`).
         strict: raise at the first operator without a rule.
@@ -164,9 +167,15 @@ def count(
         StrictModeError: ``strict`` and an operator without a rule ran.
         RuleError: a rule raised or returned something that is not a cost.
     """
+    if isinstance(model, str):
+        from flopscope.sources import named
+
+        model, args, kwargs, source = named(model, args, kwargs, shape_only=shape_only,
+                                            source=source)
     if not isinstance(model, nn.Module):
         raise UsageError(
-            f"count() takes an nn.Module as its first argument, not {type(model).__name__}"
+            f"count() takes an nn.Module (or a SOURCE string such as 'torchvision:resnet50') as "
+            f"its first argument, not {type(model).__name__}"
         )
     if len(args) == 1 and isinstance(args[0], Inputs):
         if kwargs:
@@ -230,3 +239,4 @@ def count(
         snapshot.restore()  # storages swapped by `.data =` first, then the values written
         counter.restore()
     return counter.make_report(shape_only=shape_only or meta, meta=source)
+

@@ -140,7 +140,7 @@ def _split_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[
 
 
 def peak_memory(
-    model: nn.Module,
+    model: nn.Module | str,
     /,
     *args: Any,
     train: bool = False,
@@ -170,7 +170,8 @@ def peak_memory(
     ``optimizer=lambda p: torch.optim.AdamW(p, foreach=True)`` to size the GPU's.
 
     Args:
-        model: the model.
+        model: the model, or a SOURCE string (``"hf:llama"``: :func:`flopscope.sources.named`,
+            its default inputs unless given).
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         train: a training step instead of an inference forward.
         optimizer: ``"sgd"`` (momentum 0.9), ``"adam"``, ``"adamw"`` (the default), ``None``
@@ -192,8 +193,14 @@ def peak_memory(
     Raises:
         UsageError: bad arguments, an unknown optimizer, or no output to train.
     """
+    if isinstance(model, str):
+        from flopscope.sources import named
+
+        model, args, kwargs, source = named(model, args, kwargs, shape_only=shape_only,
+                                            source=source)
     if not isinstance(model, nn.Module):
-        raise UsageError(f"peak_memory() takes an nn.Module, not {type(model).__name__}")
+        raise UsageError(f"peak_memory() takes an nn.Module (or a SOURCE string such as "
+                         f"'torchvision:resnet50'), not {type(model).__name__}")
     if not train and (optimizer is not _DEFAULT or loss_fn is not None):
         given = "optimizer=" if optimizer is not _DEFAULT else "loss_fn="
         raise UsageError(f"peak_memory({given}...) sizes a training step, but train is False: "

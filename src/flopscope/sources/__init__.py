@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from flopscope.errors import SourceError
 from flopscope.execution.copies import meta_input
+from flopscope.report.source import SourceInfo
 from flopscope.sources._config import parse_config
 from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
 from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, load_hf
@@ -68,6 +70,7 @@ __all__ = [
     "check_library_name",
     "check_source",
     "load_model",
+    "named",
     "make_inputs",
     "parse_config",
     "parse_dtype",
@@ -157,11 +160,45 @@ def load_model(
         args = tuple(cast_floating(a, cast) for a in args)
         kwargs = {k: cast_floating(v, cast) for k, v in kwargs.items()}
     # what ran: the inputs as made (after --batch and --dtype), never the shapes as typed
-    described = tuple(describe(a) for a in args) + tuple(
-        f"{k}={describe(v)}" for k, v in kwargs.items())
-    meta = dataclasses.replace(loaded.meta, source=source, inputs=described)
+    meta = dataclasses.replace(loaded.meta, source=source, inputs=_described(args, kwargs))
     return dataclasses.replace(loaded, model=model, args=args, kwargs=kwargs, source=source,
                                meta=meta)
+
+
+def named(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+          shape_only: bool = False, source: SourceInfo | None = None
+          ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], SourceInfo | None]:
+    """What a library call (``flopscope.count``, ``profile``, ``peak_memory``) given a SOURCE
+    string instead of a model runs: the model :func:`load_model` builds, its default inputs
+    where the call gives none, and its source facts (the report's ``meta``) unless given.
+
+    Args:
+        name: the SOURCE string.
+        args: the call's positional arguments for the model.
+        kwargs: its keyword arguments for the model.
+        shape_only: build on ``meta`` where possible.
+        source: source facts the call was given.
+
+    Returns:
+        ``(model, args, kwargs, source)``.
+
+    Raises:
+        SourceError: what :func:`load_model` refuses.
+    """
+    given = bool(args or kwargs)
+    loaded = load_model(name, shape_only=shape_only, require_inputs=not given)
+    meta = loaded.meta
+    if given:  # the label says what ran
+        meta = dataclasses.replace(meta, inputs=_described(args, kwargs))
+    else:
+        args, kwargs = loaded.args, loaded.kwargs
+    return loaded.model, tuple(args), dict(kwargs), source or meta
+
+
+def _described(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The inputs of a run as its label shows them (``1x3x224x224``, ``input_ids=1x128:int64``)."""
+    return tuple(describe(a) for a in args) + tuple(f"{k}={describe(v)}"
+                                                     for k, v in kwargs.items())
 
 
 def check_library_name(library: str, name: str) -> None:

@@ -30,7 +30,7 @@ class ProfileResult(NamedTuple):
 
 
 def profile(
-    model: nn.Module,
+    model: nn.Module | str,
     /,
     *args: Any,
     backward: bool = False,
@@ -54,7 +54,8 @@ def profile(
         timing.wall_s          # the median run's wall time
 
     Args:
-        model: the model, on real tensors.
+        model: the model, on real tensors, or a SOURCE string (``"torchvision:resnet50"``:
+            :func:`flopscope.sources.named`, its default inputs unless given).
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         backward: forward and backward (parameter gradients); otherwise an inference forward
             under ``no_grad``.

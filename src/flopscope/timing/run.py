@@ -280,7 +280,7 @@ def _one_run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def measure(
-    model: nn.Module,
+    model: nn.Module | str,
     /,
     *args: Any,
     backward: bool = False,
@@ -297,7 +297,8 @@ def measure(
     """Count ``model(*args, **kwargs)`` and measure it: every counted call joined to its time.
 
     Args:
-        model: the model (real tensors; counted as :func:`flopscope.count` counts it).
+        model: the model (real tensors; counted as :func:`flopscope.count` counts it), or a
+            SOURCE string (:func:`flopscope.sources.named`: its default inputs unless given).
         *args: its positional arguments (or one :class:`flopscope.Inputs`).
         backward: a forward and backward (gradients of the parameters), as
             ``count(..., backward=True)``; otherwise an inference forward under ``no_grad``.
@@ -320,10 +321,15 @@ def measure(
     Raises:
         UsageError: a model or input on ``meta`` (nothing to measure), or bad counts of runs.
     """
+    if isinstance(model, str):
+        from flopscope.sources import named
+
+        model, args, kwargs, source = named(model, args, kwargs, source=source)
     if len(args) == 1 and isinstance(args[0], Inputs):
         args, kwargs = args[0].args, {**args[0].kwargs, **kwargs}
     if not isinstance(model, nn.Module):
-        raise UsageError(f"profile() takes an nn.Module, not {type(model).__name__}")
+        raise UsageError(f"profile() takes an nn.Module (or a SOURCE string such as "
+                         f"'torchvision:resnet50'), not {type(model).__name__}")
     if warmup < 0 or repeat < 1:
         raise UsageError(f"profile needs warmup >= 0 and repeat >= 1 (got {warmup}, {repeat})")
     tensors = [*model.parameters(), *model.buffers(),
