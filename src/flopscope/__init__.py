@@ -22,7 +22,7 @@ _EXPORTS = {
     "FlopscopeError": "flopscope.errors",
     "FlopscopeWarning": "flopscope.errors",
     "ForwardError": "flopscope.errors",
-    "Inputs": "flopscope.run",
+    "Inputs": "flopscope.execution.inputs",
     "ModuleRule": "flopscope.rules.user",
     "ModuleStats": "flopscope.report.records",
     "OpCall": "flopscope.cost",
@@ -114,6 +114,7 @@ if _TYPE_CHECKING:  # the same names, for type checkers
         StrictModeError,
         UsageError,
     )
+    from flopscope.execution.inputs import Inputs
     from flopscope.plan import plan
     from flopscope.report.records import ModuleStats, OpStats
     from flopscope.report.report import Report
@@ -121,7 +122,7 @@ if _TYPE_CHECKING:  # the same names, for type checkers
     from flopscope.rules import RuleSet, default_rules
     from flopscope.rules.costed import Costed, costed
     from flopscope.rules.user import ModuleRule
-    from flopscope.run import Inputs, count
+    from flopscope.run import count
     from flopscope.symbolic.count import count_symbolic
     from flopscope.timing.api import profile
     from flopscope.timing.block import profiling

@@ -26,27 +26,13 @@ from flopscope.errors import ForwardError, UsageError
 from flopscope.execution.forward import initialized_copy, run_forward
 from flopscope.execution.heap import frozen_heap
 from flopscope.execution.how import How, given_fake_mode, ladder, on_meta
+from flopscope.execution.inputs import Inputs
 from flopscope.execution.snapshot import ModelSnapshot
 from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
 from flopscope.rules.user import RulesArg
 
 __all__ = ["Inputs", "count"]
-
-
-class Inputs:
-    """The model's own arguments, passed verbatim to the model by :func:`count`.
-
-    Use it when a model keyword has the same name as one of :func:`count`'s options::
-
-        flopscope.count(model, flopscope.Inputs(x, strict=True), strict=False)
-    """
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
 
 
 _OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn", "observers",

@@ -24,9 +24,10 @@ from torch import nn
 
 from flopscope.cost import Cost
 from flopscope.errors import RuleError, UsageError
+from flopscope.execution.inputs import Inputs
 from flopscope.report.report import Report
 from flopscope.rules.user import ModuleRule
-from flopscope.run import Inputs, count
+from flopscope.run import count
 
 __all__ = ["clever_format", "profile"]
 

@@ -21,10 +21,11 @@ from flopscope.distributed.stage_run import StageRun, pipeline_report, run_stage
 from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
+from flopscope.execution.inputs import Inputs
 from flopscope.execution.training import causal_lm_loss
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
-from flopscope.run import Inputs, count
+from flopscope.run import count
 
 #: called with a simulated rank's model (sharded, its shards materialized) and inputs just
 #: before the rank is counted: e.g. to register them with a memory tracker among the observers

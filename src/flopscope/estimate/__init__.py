@@ -36,6 +36,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.execution.how import How
+from flopscope.execution.inputs import Inputs
 from flopscope.execution.training import (
     OptimizerArg,
     Step,
@@ -45,7 +46,7 @@ from flopscope.execution.training import (
 )
 from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
-from flopscope.run import Inputs, count
+from flopscope.run import count
 
 __all__ = [
     "CATEGORIES",

@@ -311,7 +311,8 @@ class TrainingMonitor:
         its count fails, the real model is counted shape-only, then for real (a data-dependent
         model)."""
         from flopscope.errors import ForwardError
-        from flopscope.run import Inputs, count
+        from flopscope.execution.inputs import Inputs
+        from flopscope.run import count
 
         train = self.model.training and any(p.requires_grad for p in self._params)
         self._counting = True

@@ -28,7 +28,8 @@ def model_flops(build: Build, global_batch: int) -> int:
         FLOPs per step.
     """
     from flopscope.distributed.repeat import NotRepeating, from_small
-    from flopscope.run import Inputs, count
+    from flopscope.execution.inputs import Inputs
+    from flopscope.run import count
 
     def run(small: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]) -> Report:
         model, args, kwargs = small()

@@ -16,7 +16,7 @@ from torch import nn
 
 from flopscope._text import did_you_mean, one_line
 from flopscope.errors import SourceError
-from flopscope.run import Inputs
+from flopscope.execution.inputs import Inputs
 from flopscope.sources._model import LoadedModel
 
 __all__ = ["PREFIXES", "SOURCE_FORMS", "import_file", "import_module", "load_factory"]

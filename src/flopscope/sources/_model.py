@@ -12,8 +12,8 @@ from torch import nn
 
 from flopscope._text import one_line
 from flopscope.errors import SourceError
+from flopscope.execution.inputs import Inputs
 from flopscope.report.source import SourceInfo
-from flopscope.run import Inputs
 
 __all__ = ["LoadedModel", "build"]
 

@@ -35,12 +35,13 @@ from flopscope.core.fake_memo import same_size
 from flopscope.core.memo import symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import ForwardError, UsageError
+from flopscope.execution.inputs import Inputs
 from flopscope.report.report import Report
 from flopscope.report.symbolic import SymbolicReport
 from flopscope.report.symbolic_records import FIELDS, SymCost, SymRecord
 from flopscope.rules import default_rules
 from flopscope.rules.user import RulesArg
-from flopscope.run import Inputs, count
+from flopscope.run import count
 from flopscope.symbolic.explain import explain
 from flopscope.symbolic.fake import PinningFakeMode
 

@@ -34,10 +34,11 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.execution.forward import backward as run_backward
 from flopscope.execution.how import on_meta
+from flopscope.execution.inputs import Inputs
 from flopscope.execution.snapshot import ModelSnapshot
 from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
-from flopscope.run import Inputs, count
+from flopscope.run import count
 from flopscope.timing.join import REGION, Event, events_of, innermost, match, region_events
 
 __all__ = ["NOISY", "CallList", "CallTime", "Timing", "join_calls", "measure", "module_ranges",

@@ -1,0 +1,24 @@
+"""The model's own arguments of a count (:class:`Inputs`), apart from the count's options: what
+a factory may return beside its model (:mod:`flopscope.sources`) and what every entry point that
+runs a model unwraps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Inputs"]
+
+
+class Inputs:
+    """The model's own arguments, passed verbatim to the model by :func:`flopscope.count`.
+
+    Use it when a model keyword has the same name as one of :func:`flopscope.count`'s options::
+
+        flopscope.count(model, flopscope.Inputs(x, strict=True), strict=False)
+    """
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
