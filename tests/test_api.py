@@ -107,3 +107,25 @@ def test_a_source_string_is_counted_as_the_command_line_loads_it() -> None:
         flopscope.count("torchvision:resnet5")
     with pytest.raises(flopscope.UsageError, match="or a SOURCE string"):
         flopscope.count(3)
+
+
+def test_a_model_that_needs_inputs_and_got_none_is_told_before_it_runs() -> None:
+    """``count(model)`` for a forward that takes ``x``: a usage error naming ``x`` (it was the
+    forward's own TypeError, wrapped as raised in the root module); a forward of no
+    arguments is counted."""
+    import pytest
+    import torch
+    from torch import nn
+
+    class Needs(nn.Module):
+        def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+            return x * scale
+
+    class Free(nn.Module):
+        def forward(self) -> torch.Tensor:
+            return torch.ones(3) * 2.0
+
+    with pytest.raises(flopscope.UsageError, match="Needs.forward needs 'x', and count"):
+        flopscope.count(Needs())
+    assert flopscope.count(Free()).flops == 3  # one multiply per element
+    assert flopscope.count(Needs(), torch.ones(4)).flops == 4

@@ -64,6 +64,23 @@ def _check_collisions(model: nn.Module, given: dict[str, Any]) -> None:
         )
 
 
+def _check_inputs_given(model: nn.Module) -> None:
+    """A count given no arguments for a forward that needs some fails here, naming them, not
+    inside the forward (checked only when none were given: it costs a signature)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return
+    needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if needed:
+        raise UsageError(
+            f"{type(model).__name__}.forward needs {', '.join(map(repr, needed))}, and count() was "
+            "given no inputs: pass them after the model, count(model, x), or name a library "
+            "model to get its default input, count('torchvision:resnet50')"
+        )
+
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -176,6 +193,8 @@ def count(
                  "source": source}
         explicit = {k for k, v in given.items() if v not in (None, False) or (k == "warn" and v is not True)}
         _check_collisions(model, {k: given[k] for k in explicit})
+    if not args and not kwargs:
+        _check_inputs_given(model)
     fake_mode = given_fake_mode(args, kwargs)
     # a symbolic count (fake inputs of a fake mode that replays outputs) replays repeated layers
     new_counter = functools.partial(
