@@ -60,7 +60,9 @@ _CACHE: dict[tuple[str, tuple[int, ...], torch.dtype, bool, bool, str], Estimate
 def foreach(hardware: Hardware) -> bool:
     """Whether ``AdamW`` runs its ``foreach`` implementation on ``hardware``: torch's default
     where the parameters are on a GPU; the for-loop on a CPU, which a profile says by its
-    calibration's device or by being measured here (``this-machine``) without one.
+    calibration's device or by being measured here (``this-machine``) without one. (A
+    datasheet CPU profile without a calibration is taken as ``foreach``: at its bound, the only
+    time it gives, both move the same bytes.)
 
     Args:
         hardware: the planned device.
