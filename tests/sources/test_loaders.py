@@ -199,3 +199,20 @@ def test_real_inputs_stay_real() -> None:
 def test_sizes_that_do_not_fit_name_the_limit(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(SourceError, match=message):
         load_model(f"{TINY}:tiny", shape_only=True, **kwargs)  # type: ignore[arg-type]
+
+
+def test_weights_larger_than_this_machine_are_refused_before_they_are_built() -> None:
+    """``hf:llama``'s defaults are 6.7 B parameters: 25 GiB of float32 weights, more than a
+    machine of 24 GiB has. A real build was killed for memory; it is now refused after a build
+    on ``meta``, naming the parameters and --shape-only; shape-only loads it."""
+    pytest.importorskip("transformers")
+    import flopscope.sources._inputs as inputs
+
+    # 6,738,415,616 parameters x 4 bytes (and the rotary buffer's few bytes) > 24 GiB
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(inputs, "_physical_memory", lambda: 24 * 2**30)
+        with pytest.raises(SourceError, match=r"hf:llama \(its weights: 6,738,415,616 "
+                                              r"parameters\) needs 25\.\d+ GiB.*shape-only"):
+            load_model("hf:llama")
+    loaded = load_model("hf:llama", shape_only=True)
+    assert sum(p.numel() for p in loaded.model.parameters()) == 6_738_415_616

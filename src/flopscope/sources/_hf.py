@@ -92,7 +92,7 @@ def load_hf(
     # token ids are the input of most models: refused before the model is built if they cannot fit
     check_fits((batch or 1, seq_len or DEFAULT_SEQ_LEN), torch.int64,
                what=f"token ids at batch {batch or 1} and seq_len {seq_len or DEFAULT_SEQ_LEN}")
-    model = build(construct, shape_only, f"hf:{spec}")
+    model = build(construct, shape_only, f"hf:{spec}", sized=True)
     model.eval()
     kwargs = _default_inputs(model, config, seq_len or DEFAULT_SEQ_LEN, batch or 1, shape_only)
     meta = SourceInfo(

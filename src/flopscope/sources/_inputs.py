@@ -114,7 +114,7 @@ def example_tensor(shape: Sequence[int], dtype: torch.dtype = torch.float32, *,
     if shape_only:
         return torch.empty(tuple(shape), dtype=dtype, device="meta")
     nbytes = math.prod(shape) * dtype.itemsize
-    _check_memory(nbytes, what)
+    check_memory(nbytes, what)
     try:
         if dtype.is_floating_point:
             return torch.randn(tuple(shape), dtype=dtype)
@@ -198,8 +198,9 @@ def parse_input(text: str, *, what: str = "input shape") -> InputSpec:
 _SHAPE_ONLY = "count it shape-only (--shape-only / shape_only=True), which makes no tensor memory"
 
 
-def _check_memory(nbytes: int, what: str) -> None:
-    """Refuse a real tensor of more bytes than this machine's memory, before it is made."""
+def check_memory(nbytes: int, what: str) -> None:
+    """Refuse real tensors of more bytes than this machine's memory, before they are made
+    (an input, a batch, a model's weights)."""
     if nbytes > _physical_memory():
         raise SourceError(f"{what} needs {human(nbytes, 'B')}, more than this machine's "
                           f"{human(_physical_memory(), 'B')} of memory: {_SHAPE_ONLY}")
@@ -266,7 +267,7 @@ def rebatch(value: Any, batch: int) -> Any:
     check_fits(shape, value.dtype, what=f"batch {batch:,}")
     if value.is_meta:
         return torch.empty(shape, dtype=value.dtype, device="meta")
-    _check_memory(math.prod(shape) * value.dtype.itemsize, f"batch {batch:,}")
+    check_memory(math.prod(shape) * value.dtype.itemsize, f"batch {batch:,}")
     reps = (batch + value.shape[0] - 1) // value.shape[0]
     return value.repeat(reps, *([1] * (value.dim() - 1)))[:batch].contiguous()
 

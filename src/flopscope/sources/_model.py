@@ -14,6 +14,7 @@ from flopscope._text import one_line
 from flopscope.errors import SourceError
 from flopscope.execution.inputs import Inputs
 from flopscope.report.source import SourceInfo
+from flopscope.sources._inputs import check_memory
 
 __all__ = ["LoadedModel", "build"]
 
@@ -45,7 +46,8 @@ class LoadedModel:
         return Inputs(*self.args, **self.kwargs)
 
 
-def build(fn: Callable[[], nn.Module], shape_only: bool, what: str) -> nn.Module:
+def build(fn: Callable[[], nn.Module], shape_only: bool, what: str, *,
+          sized: bool = False) -> nn.Module:
     """Call a model constructor: on the ``meta`` device when counting shapes only (no memory for
     weights), falling back to a real build when the constructor needs real tensors.
 
@@ -53,19 +55,28 @@ def build(fn: Callable[[], nn.Module], shape_only: bool, what: str) -> nn.Module
         fn: the constructor.
         shape_only: try the ``meta`` device first.
         what: the source, for messages.
+        sized: before a real build, build on ``meta`` and refuse weights larger than this
+            machine's memory (a source whose defaults are billions of parameters, ``hf:llama``,
+            would otherwise be killed for memory while it is built).
 
     Returns:
         The model.
 
     Raises:
-        SourceError: the constructor raised.
+        SourceError: the constructor raised, or (``sized``) the weights cannot fit.
     """
-    if shape_only:
+    if shape_only or sized:
         try:
             with torch.device("meta"):
-                return fn()
+                model = fn()
         except Exception:  # noqa: BLE001  (some constructors need real tensors; build them for real)
-            pass
+            model = None
+        if model is not None and shape_only:
+            return model
+        if model is not None:
+            nbytes = sum(t.nbytes for t in (*model.parameters(), *model.buffers()))
+            params = sum(p.numel() for p in model.parameters())
+            check_memory(nbytes, f"{what} (its weights: {params:,} parameters)")
     try:
         return fn()
     except Exception as e:
