@@ -203,8 +203,8 @@ def test_sizes_that_do_not_fit_name_the_limit(kwargs: dict[str, object], message
 
 def test_weights_larger_than_this_machine_are_refused_before_they_are_built() -> None:
     """``hf:llama``'s defaults are 6.7 B parameters: 25 GiB of float32 weights, more than a
-    machine of 24 GiB has. A real build was killed for memory; it is now refused after a build
-    on ``meta``, naming the parameters and --shape-only; shape-only loads it."""
+    machine of 24 GiB has: refused after a build on ``meta``, before any weight is made, naming
+    the parameters and --shape-only; shape-only loads it."""
     pytest.importorskip("transformers")
     import flopscope.sources._inputs as inputs
 

@@ -57,7 +57,7 @@ def build(fn: Callable[[], nn.Module], shape_only: bool, what: str, *,
         what: the source, for messages.
         sized: before a real build, build on ``meta`` and refuse weights larger than this
             machine's memory (a source whose defaults are billions of parameters, ``hf:llama``,
-            would otherwise be killed for memory while it is built).
+            would otherwise need more memory than the machine has while it is built).
 
     Returns:
         The model.
