@@ -186,7 +186,7 @@ def test_cli_json(capsys: pytest.CaptureFixture[str], two_gpus: Plan) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["mypackage.models:build", "--gpus", "2"],
-     "plan takes a transformers decoder (hf:llama, hf:path/to/config.json) or a vision model, "
+     "plan takes a transformers decoder (hf:llama, hf:ORG/NAME, hf:path/to/config.json) or a vision model, "
      "torchvision:NAME or timm:NAME"),
     (["tv:resnet50", "--gpus", "2"], "torchvision:NAME or timm:NAME (data parallel only), not "
                                      "'tv:resnet50'"),

@@ -216,3 +216,38 @@ def test_weights_larger_than_this_machine_are_refused_before_they_are_built() ->
             load_model("hf:llama")
     loaded = load_model("hf:llama", shape_only=True)
     assert sum(p.numel() for p in loaded.model.parameters()) == 6_738_415_616
+
+
+def test_a_hub_name_reads_the_config_from_the_local_cache(tmp_path: Path) -> None:
+    """``hf:ORG/NAME`` builds the model from the Hub's config as transformers caches it (here a
+    cache laid out by hand, offline); a name in no cache is a one-line error saying what to
+    give instead. A folder holding a config.json is a config too."""
+    import os
+    import subprocess
+    import sys
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(
+        "llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / "abc123"
+    config.save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+
+    def cli(source: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flopscope", "count", source, "--shape-only",
+                               "--format", "json"], capture_output=True, text=True, env=env,
+                              timeout=300)
+
+    hub, folder = cli("hf:acme/tiny-llama"), cli(f"hf:{snapshot}")
+    assert hub.returncode == 0 and folder.returncode == 0, (hub.stderr, folder.stderr)
+    # per layer q, o 64 x 64, k, v 32 x 64 (2 KV heads of 16), gate, up, down 64 x 128, two
+    # norms of 64: 36,992; 2 layers, embedding and head 128 x 64, the final norm of 64: 90,432
+    totals = json.loads(hub.stdout)["totals"]
+    assert totals["params"] == 2 * 36_992 + 2 * 8_192 + 64
+    assert totals == json.loads(folder.stdout)["totals"]  # both forms build the same model
+    missing = cli("hf:acme/missing")
+    assert missing.returncode == 2 and "cannot read the config of 'acme/missing'" in missing.stderr
+    assert missing.stderr.count("\n") == 1

@@ -40,8 +40,8 @@ def add_subcommands(subparsers: Any) -> None:
                     "weights and KV cache per device, the largest batch that fits, tokens/s "
                     "and latency per token.")
     add_source_options(p, dtype_default="bfloat16",
-                       source_help="a transformers decoder (hf:llama, hf:path/to/config.json) "
-                                   "or a torchvision/timm model (data parallel only); "
+                       source_help="a transformers decoder (hf:llama, hf:ORG/NAME, "
+                                   "hf:path/to/config.json) or a torchvision/timm model (data parallel only); "
                                    "several, comma-separated, for a sweep")
     p.add_argument("--param-dtype", type=dtype_name, metavar="DTYPE",
                    help="training: the parameters', gradients' and AdamW moments' dtype, e.g. "
@@ -157,9 +157,9 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         raise usage_error("plan needs a SOURCE")
     for source in sources:
         if not source.startswith(("hf:", "torchvision:", "timm:")):
-            raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:path/to/config.json) or a "
-                              f"vision model, torchvision:NAME or timm:NAME (data parallel "
-                              f"only), not {source!r}")
+            raise usage_error(f"plan takes a transformers decoder (hf:llama, hf:ORG/NAME, "
+                              f"hf:path/to/config.json) or a vision model, torchvision:NAME or "
+                              f"timm:NAME (data parallel only), not {source!r}")
         source_forms.check_source(source)  # an unknown model: before the hardware
         if not source.startswith("hf:") and serve:
             raise usage_error(f"--serve plans a transformers decoder's generation, not "

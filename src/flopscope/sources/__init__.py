@@ -7,8 +7,9 @@ Forms of SOURCE:
   is one image at the crop size of the model's default weights' transforms.
 - ``timm:NAME`` -- ``timm.create_model(NAME, pretrained=False)``; the default input is one image
   of the model's ``pretrained_cfg["input_size"]``.
-- ``hf:MODEL_TYPE`` -- a transformers model built from ``AutoConfig.for_model(MODEL_TYPE)``, and
-  ``hf:path/to/config.json``; ``config`` overrides are applied to the config. The default input is
+- ``hf:MODEL_TYPE`` -- a transformers model built from ``AutoConfig.for_model(MODEL_TYPE)``;
+  ``hf:path/to/config.json`` (or its folder); ``hf:ORG/NAME``, a Hub model's config (the local
+  cache first, else downloaded; never weights); ``config`` overrides are applied to the config. The default input is
   token ids (batch 1, ``seq_len`` default 128), or pixel values for vision models.
 - ``path/to/file.py:factory`` and ``package.module:factory`` -- ``factory()`` returns a model, or a
   ``(model, inputs)`` pair where ``inputs`` is a tensor, a tuple or list of positional arguments,
@@ -42,7 +43,7 @@ from flopscope.execution.copies import meta_input
 from flopscope.report.source import SourceInfo
 from flopscope.sources._config import parse_config
 from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
-from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, load_hf
+from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, hf_form, load_hf
 from flopscope.sources._inputs import (
     DTYPES,
     MAX_SIZE,
@@ -245,13 +246,13 @@ def check_source(source: str) -> None:
         if not spec:
             raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or "
                               "hf:config.json")
-        if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
-            if not Path(spec).is_file():
-                raise SourceError(f"config file {spec!r} does not exist; give the path to a "
-                                  "config.json")
-        else:
+        form, where = hf_form(spec)
+        if form == "file" and not Path(where).is_file():
+            raise SourceError(f"config file {where!r} does not exist; give the path to a "
+                              "config.json")
+        if form == "type":
             check_hf_model_type(spec)
-        return
+        return  # a Hub name is checked when its config is read (the cache, else the network)
     target, colon, attr = source.rpartition(":")
     if not colon:
         raise SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")

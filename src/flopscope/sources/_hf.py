@@ -1,6 +1,7 @@
-"""``hf:MODEL_TYPE`` and ``hf:path/to/config.json``: a transformers model built from a config
-(``AutoModelForCausalLM`` for causal language models, else ``AutoModel``), with token ids
-(or pixel values for vision models) as its input."""
+"""``hf:MODEL_TYPE``, ``hf:path/to/config.json`` (or a folder holding one) and ``hf:ORG/NAME``
+(a Hugging Face Hub model's config, from the local cache or downloaded: the config only, never
+weights): a transformers model built from a config (``AutoModelForCausalLM`` for causal language
+models, else ``AutoModel``), with token ids (or pixel values for vision models) as its input."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from flopscope.report.source import SourceInfo
 from flopscope.sources._inputs import check_fits, example_tensor
 from flopscope.sources._model import LoadedModel, build
 
-__all__ = ["DEFAULT_SEQ_LEN", "check_hf_model_type", "load_hf"]
+__all__ = ["DEFAULT_SEQ_LEN", "check_hf_model_type", "hf_form", "load_hf"]
 
 DEFAULT_SEQ_LEN = 128
 
@@ -61,8 +62,10 @@ def load_hf(
     overrides = dict(overrides or {})
     if not spec:
         raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or hf:config.json")
-    if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
-        model_type, saved = _read_config_file(spec, CONFIG_MAPPING_NAMES)
+    form, where = hf_form(spec)
+    if form != "type":
+        model_type, saved = (_read_config_file(where, CONFIG_MAPPING_NAMES) if form == "file"
+                             else _hub_config(where, CONFIG_MAPPING_NAMES))
         base = {**saved, **overrides}
     else:
         model_type = spec
@@ -100,6 +103,53 @@ def load_hf(
         config={k: v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))},
     )
     return LoadedModel(model, (), kwargs, name=type(model).__name__, meta=meta)
+
+
+def hf_form(spec: str) -> tuple[str, str]:
+    """Which form an ``hf:`` spec is, and where its config is: ``("file", path)`` for a path
+    ending in ``.json``, an existing file, or a folder (its ``config.json``); ``("hub", name)``
+    for another spec with a ``/`` (``meta-llama/Llama-3.1-8B``); ``("type", spec)`` otherwise.
+
+    Args:
+        spec: what follows ``hf:``.
+
+    Returns:
+        The form and the config's place.
+    """
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        return "file", spec
+    if path.is_dir():
+        return "file", str(path / "config.json")
+    if "/" in spec:
+        return "hub", spec
+    return "type", spec
+
+
+def _hub_config(name: str, known_types: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A Hub model's config (the local cache first, then the network), as a config file's
+    settings."""
+    import transformers
+
+    try:
+        try:
+            config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+        except OSError:  # not cached here: downloaded (the config only)
+            config = transformers.AutoConfig.from_pretrained(name)
+    except Exception as e:
+        raise SourceError(
+            f"cannot read the config of {name!r} from the Hugging Face Hub or its local cache "
+            f"({type(e).__name__}: {one_line(e, 160)}): give the path to a config.json (or its "
+            "folder), or a model type such as hf:llama"
+        ) from None
+    data = config.to_dict()
+    model_type = str(data.pop("model_type", ""))
+    if model_type not in known_types:
+        raise SourceError(f"{name!r} has model_type {model_type!r}, which this transformers "
+                          "does not know")
+    for key in ("transformers_version", "_name_or_path"):
+        data.pop(key, None)
+    return model_type, data
 
 
 def check_hf_model_type(model_type: str) -> None:
