@@ -32,7 +32,7 @@ from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
 from flopscope.rules.user import RulesArg
 
-__all__ = ["Inputs", "count"]
+__all__ = ["count"]
 
 
 _OPTIONS = ("rules", "strict", "shape_only", "backward", "train", "warn", "observers",
@@ -244,4 +244,3 @@ def count(
         snapshot.restore()  # storages swapped by `.data =` first, then the values written
         counter.restore()
     return counter.make_report(shape_only=shape_only or meta, meta=source)
-

@@ -41,7 +41,8 @@ def add_subcommands(subparsers: Any) -> None:
                     "and latency per token.")
     add_source_options(p, dtype_default="bfloat16",
                        source_help="a transformers decoder (hf:llama, hf:ORG/NAME, "
-                                   "hf:path/to/config.json) or a torchvision/timm model (data parallel only); "
+                                   "hf:path/to/config.json) or a torchvision/timm model (data "
+                                   "parallel only); "
                                    "several, comma-separated, for a sweep")
     p.add_argument("--param-dtype", type=dtype_name, metavar="DTYPE",
                    help="training: the parameters', gradients' and AdamW moments' dtype, e.g. "

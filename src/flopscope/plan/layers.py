@@ -242,7 +242,8 @@ def check(a: Small, b: Small, c: Small) -> None:
             memory.at_peak, memory.end_bytes) != (m.peak_bytes, m.peak_module, m.peak_phase,
                                                   m.peak_op, m.at_peak, m.end_bytes):
         raise NotRepeating("the put-together peak differs from the simulated one")
-    if params != c.parameter_bytes or tensors != c.parameter_tensors or not _close(estimate.total, c.estimate.total) or \
+    if params != c.parameter_bytes or tensors != c.parameter_tensors or \
+            not _close(estimate.total, c.estimate.total) or \
             estimate.by_phase.keys() != c.estimate.by_phase.keys() or not all(
                 _close(estimate.by_phase[p], c.estimate.by_phase[p]) for p in estimate.by_phase):
         raise NotRepeating("the put-together estimate differs from the simulated one")

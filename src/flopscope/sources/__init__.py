@@ -9,8 +9,9 @@ Forms of SOURCE:
   of the model's ``pretrained_cfg["input_size"]``.
 - ``hf:MODEL_TYPE`` -- a transformers model built from ``AutoConfig.for_model(MODEL_TYPE)``;
   ``hf:path/to/config.json`` (or its folder); ``hf:ORG/NAME``, a Hub model's config (the local
-  cache first, else downloaded; never weights); ``config`` overrides are applied to the config. The default input is
-  token ids (batch 1, ``seq_len`` default 128), or pixel values for vision models.
+  cache first, else downloaded; never weights); ``config`` overrides are applied to the config.
+  The default input is token ids (batch 1, ``seq_len`` default 128), or pixel values for vision
+  models.
 - ``path/to/file.py:factory`` and ``package.module:factory`` -- ``factory()`` returns a model, or a
   ``(model, inputs)`` pair where ``inputs`` is a tensor, a tuple or list of positional arguments,
   a dict of keyword arguments, or a :class:`flopscope.Inputs`.

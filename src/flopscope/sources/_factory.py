@@ -25,8 +25,8 @@ PREFIXES = ("torchvision:", "timm:", "hf:")
 """The library prefixes of a SOURCE (anything else with a colon is a factory)."""
 
 SOURCE_FORMS = (
-    "torchvision:NAME, timm:NAME, hf:MODEL_TYPE, hf:path/to/config.json, hf:ORG/NAME, path/to/file.py:factory "
-    "or package.module:factory"
+    "torchvision:NAME, timm:NAME, hf:MODEL_TYPE, hf:path/to/config.json, hf:ORG/NAME, "
+    "path/to/file.py:factory or package.module:factory"
 )
 """Every form of a SOURCE, for messages."""
 
