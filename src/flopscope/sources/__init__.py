@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,8 +42,13 @@ from flopscope.errors import SourceError
 from flopscope.execution.copies import meta_input
 from flopscope.report.source import SourceInfo
 from flopscope.sources._config import parse_config
-from flopscope.sources._factory import PREFIXES, SOURCE_FORMS, load_factory
-from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, hf_form, load_hf
+from flopscope.sources._factory import (
+    PREFIXES,
+    SOURCE_FORMS,
+    check_factory_source,
+    load_factory,
+)
+from flopscope.sources._hf import DEFAULT_SEQ_LEN, check_hf_model_type, check_hf_spec, load_hf
 from flopscope.sources._inputs import (
     DTYPES,
     MAX_SIZE,
@@ -243,24 +247,11 @@ def check_source(source: str) -> None:
             check_library_name(library, source.removeprefix(f"{library}:"))
             return
     if source.startswith("hf:"):
-        spec = source.removeprefix("hf:")
-        if not spec:
-            raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or "
-                              "hf:config.json")
-        form, where = hf_form(spec)
-        if form == "file" and not Path(where).is_file():
-            raise SourceError(f"config file {where!r} does not exist; give the path to a "
-                              "config.json")
-        if form == "type":
-            check_hf_model_type(spec)
-        return  # a Hub name is checked when its config is read (the cache, else the network)
-    target, colon, attr = source.rpartition(":")
-    if not colon:
-        raise SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")
-    if not target or not attr:
-        raise SourceError(f"malformed source {source!r}: use {SOURCE_FORMS}")
-    if (target.endswith(".py") or "/" in target or "\\" in target) and not Path(target).is_file():
-        raise SourceError(f"file {target!r} does not exist; give path/to/file.py:factory")
+        check_hf_spec(source.removeprefix("hf:"))
+    elif ":" in source:
+        check_factory_source(source)
+    else:
+        raise _unknown(source)
 
 
 def _load(source: str, *, batch: int | None, seq_len: int | None,
@@ -275,4 +266,8 @@ def _load(source: str, *, batch: int | None, seq_len: int | None,
                        batch=batch, shape_only=shape_only)
     if ":" in source:
         return load_factory(source)
-    raise SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")
+    raise _unknown(source)
+
+
+def _unknown(source: str) -> SourceError:
+    return SourceError(f"unknown source {source!r}: use {SOURCE_FORMS}")

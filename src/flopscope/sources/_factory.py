@@ -19,7 +19,8 @@ from flopscope.errors import SourceError
 from flopscope.execution.inputs import Inputs
 from flopscope.sources._model import LoadedModel
 
-__all__ = ["PREFIXES", "SOURCE_FORMS", "import_file", "import_module", "load_factory"]
+__all__ = ["PREFIXES", "SOURCE_FORMS", "check_factory_source", "import_file", "import_module",
+           "load_factory"]
 
 PREFIXES = ("torchvision:", "timm:", "hf:")
 """The library prefixes of a SOURCE (anything else with a colon is a factory)."""
@@ -45,13 +46,8 @@ def load_factory(source: str) -> LoadedModel:
         SourceError: the file or module cannot be imported, the factory is missing (close names
             suggested), is not callable, raises, or returns something that is not a model.
     """
-    target, _, attr = source.rpartition(":")
-    if not target or not attr:
-        raise SourceError(f"malformed source {source!r}: use {SOURCE_FORMS}")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = import_file(target)
-    else:
-        module = import_module(target, source)
+    target, attr = check_factory_source(source)
+    module = import_file(target) if _is_path(target) else import_module(target, source)
     fn = getattr(module, attr, None)
     if fn is None:
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
@@ -100,6 +96,37 @@ def load_factory(source: str) -> LoadedModel:
     return LoadedModel(model, args, kwargs, name=type(model).__name__)
 
 
+def check_factory_source(source: str) -> tuple[str, str]:
+    """What :func:`load_factory` refuses before it imports anything: a SOURCE without a target
+    or a factory name, a file that does not exist.
+
+    Args:
+        source: ``path/to/file.py:factory`` or ``package.module:factory``.
+
+    Returns:
+        ``(target, factory name)``.
+
+    Raises:
+        SourceError: one of those.
+    """
+    target, _, attr = source.rpartition(":")
+    if not target or not attr:
+        raise SourceError(f"malformed source {source!r}: use {SOURCE_FORMS}")
+    if _is_path(target):
+        _check_file(target)
+    return target, attr
+
+
+def _is_path(target: str) -> bool:
+    """Whether a factory's target is a file's path, not a dotted module."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _check_file(target: str) -> None:
+    if not Path(target).is_file():
+        raise SourceError(f"file {target!r} does not exist; give path/to/file.py:factory")
+
+
 def import_file(target: str) -> ModuleType:
     """Import a Python file by path (its folder is on ``sys.path`` while it runs, so it can import
     its neighbours).
@@ -113,9 +140,8 @@ def import_file(target: str) -> ModuleType:
     Raises:
         SourceError: the file does not exist, is not Python, or raises when imported.
     """
+    _check_file(target)
     path = Path(target)
-    if not path.is_file():
-        raise SourceError(f"file {target!r} does not exist; give path/to/file.py:factory")
     name = f"flopscope_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

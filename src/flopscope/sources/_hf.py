@@ -20,7 +20,7 @@ from flopscope.report.source import SourceInfo
 from flopscope.sources._inputs import check_fits, example_tensor
 from flopscope.sources._model import LoadedModel, build
 
-__all__ = ["DEFAULT_SEQ_LEN", "check_hf_model_type", "hf_form", "load_hf"]
+__all__ = ["DEFAULT_SEQ_LEN", "check_hf_model_type", "check_hf_spec", "hf_form", "load_hf"]
 
 DEFAULT_SEQ_LEN = 128
 
@@ -60,16 +60,13 @@ def load_hf(
     except ImportError:
         raise SourceError("hf: sources need transformers: pip install 'flopscope[hf]'") from None
     overrides = dict(overrides or {})
-    if not spec:
-        raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or hf:config.json")
-    form, where = hf_form(spec)
+    form, where = check_hf_spec(spec)
     if form != "type":
         model_type, saved = (_read_config_file(where, CONFIG_MAPPING_NAMES) if form == "file"
                              else _hub_config(where, CONFIG_MAPPING_NAMES))
         base = {**saved, **overrides}
     else:
         model_type = spec
-        check_hf_model_type(model_type)
         base = dict(overrides)
     defaults = transformers.AutoConfig.for_model(model_type)
     for key in overrides:
@@ -103,6 +100,31 @@ def load_hf(
         config={k: v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))},
     )
     return LoadedModel(model, (), kwargs, name=type(model).__name__, meta=meta)
+
+
+def check_hf_spec(spec: str) -> tuple[str, str]:
+    """What :func:`load_hf` refuses before it reads a config or builds anything: an empty spec,
+    a config file that does not exist, a model type transformers does not know (a Hub name is
+    checked when its config is read).
+
+    Args:
+        spec: what follows ``hf:``.
+
+    Returns:
+        Its form and its config's place (:func:`hf_form`).
+
+    Raises:
+        SourceError: one of those.
+    """
+    if not spec:
+        raise SourceError("hf: needs a model type or a config file, e.g. hf:llama or "
+                          "hf:config.json")
+    form, where = hf_form(spec)
+    if form == "file" and not Path(where).is_file():
+        raise SourceError(f"config file {where!r} does not exist; give the path to a config.json")
+    if form == "type":
+        check_hf_model_type(spec)
+    return form, where
 
 
 def hf_form(spec: str) -> tuple[str, str]:
@@ -175,11 +197,8 @@ def check_hf_model_type(model_type: str) -> None:
 
 
 def _read_config_file(spec: str, known_types: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    path = Path(spec)
-    if not path.is_file():
-        raise SourceError(f"config file {spec!r} does not exist; give the path to a config.json")
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(spec, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SourceError(f"cannot read config file {spec!r}: {one_line(e, 200)}") from None
