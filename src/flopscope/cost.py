@@ -294,7 +294,7 @@ class OpCall:
         """The tensors the call writes: its outputs; where its schema returns nothing, the
         arguments it marks written (:attr:`~flopscope.core.facts.OpFacts.void_written`)."""
         found = _collect(self.out, [])
-        if found or self.out is not None and not isinstance(self.out, (tuple, list)):
+        if found or (self.out is not None and not isinstance(self.out, (tuple, list))):
             return found
         for i, name in facts(self.op).void_written:
             value = self.args[i] if i < len(self.args) else self.kwargs.get(name)

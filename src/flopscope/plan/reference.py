@@ -352,18 +352,22 @@ class Reference:
         one, two = _split_step(f1, phase), _split_step(f2, phase)
         return one, [lin([(1, b), (-1, a)]) for a, b in zip(one, two, strict=True)]
 
-    def parameters(self, what: str = "parameter_bytes") -> tuple[int, int, int]:
-        """Parameter shard bytes at :attr:`dp` (``what="parameter_tensors"``: how many shards,
-        at any degree): (per layer, embedding, rest)."""
+    def parameters(self, k: int, first: bool, last: bool,
+                   what: str = "parameter_bytes") -> int:
+        """A stage's parameter shard bytes at :attr:`dp` (``what="parameter_tensors"``: how
+        many shards, at any degree): ``k`` layers', the embedding's on the first stage, the
+        rest (final norm, head) on the last."""
         if self.a is None:
             f1, l1, _, f2 = (getattr(r, what) for r in self.pipeline())
             layer = f2 - f1
-            return layer, f1 - layer, l1 - layer
-        a, b = (getattr(r, what) for r in self.pair())
-        layer = b - a
-        base = a - REFERENCE_LAYERS[0] * layer
-        embed = round(base * self.embedding_share)
-        return layer, embed, base - embed
+            embed, rest = f1 - layer, l1 - layer
+        else:
+            a, b = (getattr(r, what) for r in self.pair())
+            layer = b - a
+            base = a - REFERENCE_LAYERS[0] * layer
+            embed = round(base * self.embedding_share)
+            rest = base - embed
+        return int(k * layer + first * embed + last * rest)
 
     def activations(self) -> tuple[int, int, int]:
         """Saved activations of one microbatch: (per layer, the embedding's output, what every

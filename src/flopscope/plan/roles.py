@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +159,13 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shards(params: Sequence[torch.Tensor]) -> tuple[int, int, bool]:
+    """A rank's parameter shards as a role holds them: (their local storages' bytes, how many,
+    whether they are DTensors)."""
+    return (sum(local_tensor(p).untyped_storage().nbytes() for p in params), len(params),
+            any(local_tensor(p) is not p for p in params))
 
 
 #: every role simulated in this process, by (model identity, hardware name, role)
@@ -423,7 +430,7 @@ class Roles:
         memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
                                                         if p.grad is not None]})
         points: list[Point] = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
-        parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
+        parameter_bytes, tensors, dtensor = shards(params)
         kept.clear()
         prefix, layers = self.decoder_layers()
         total = per_stage * key.pp if per_stage is not None else layers
@@ -441,8 +448,7 @@ class Roles:
                                          rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes,
-                     log.records if calls or self._records else [], len(params),
-                     any(local_tensor(p) is not p for p in params))
+                     log.records if calls or self._records else [], tensors, dtensor)
 
 
 def layout_of(key: RoleKey) -> Layout:

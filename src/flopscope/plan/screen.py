@@ -171,9 +171,8 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
     memory, params = stage_memory(key, ref, k, first, last, m)
     report = dataclasses.replace(ref.base().report, records=(), logical=(), replicated=(),
                                  communication=tuple(records))
-    layer_t, embed_t, rest_t = ref.parameters("parameter_tensors")  # one per parameter
     return RoleRun(key, report, memory, estimate, params, 0.0, m,
-                   k * layer_t + first * embed_t + last * rest_t,
+                   ref.parameters(k, first, last, "parameter_tensors"),
                    ref.base().parameters_dtensor)
 
 

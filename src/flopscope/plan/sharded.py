@@ -27,7 +27,7 @@ from flopscope.distributed.shape_only import fake_tree, shape_only_rank
 from flopscope.distributed.simulate import count_rank, fake_world
 from flopscope.estimate import CallLog, Hardware, MemoryTracker
 from flopscope.plan.degrees import hardware_key
-from flopscope.plan.roles import Build, RoleKey, RoleRun, local_tensor
+from flopscope.plan.roles import Build, RoleKey, RoleRun, local_tensor, shards
 from flopscope.plan.space import Choice
 
 __all__ = ["OneRole", "Shard", "simulate_sharded"]
@@ -71,9 +71,7 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
             params = list(model.parameters())
             memory = tracker.profile(relabel={"gradients": [
                 local_tensor(p.grad) for p in params if p.grad is not None]})
-            parameter_bytes = sum(local_tensor(p).untyped_storage().nbytes() for p in params)
-            tensors = len(params)
-            dtensor = any(local_tensor(p) is not p for p in params)
+            parameter_bytes, tensors, dtensor = shards(params)
         del model, params
     return RoleRun(key, report, memory, log.estimate(hardware), parameter_bytes,
                    time.perf_counter() - start, parameter_tensors=tensors,

@@ -107,8 +107,7 @@ def stage_memory(key: RoleKey, ref: Reference, k: int, first: bool, last: bool, 
     Returns:
         (memory profile, parameter bytes).
     """
-    layer_p, embed_p, rest_p = ref.parameters()
-    params = (k * layer_p + first * embed_p + last * rest_p) * ref.dp // key.dp
+    params = ref.parameters(k, first, last) * ref.dp // key.dp
     act_layer, act_embed, act_pre = ref.activations()
     if key.pp == 1:
         # the reference's call points carried to k layers (the peak may move to another call

@@ -7,23 +7,22 @@ is counted here by running torch's own code on fake tensors:
 
 - **the update** (:func:`update_estimate`): torch's ``AdamW`` (the plan's optimizer), its
   second ``step()`` (the first makes the moments), in the implementation torch picks for the
-  planned device: ``foreach`` on a GPU (each operator once over the list of shards: 56 bytes
-  per float32 element, the division by the bias corrections folded into one pass) and the
+  planned device: ``foreach`` on a GPU (each operator once over the list of shards) and the
   for-loop on a CPU (``AdamW``'s default where the parameters are not on a GPU: each
-  operator once per parameter, 84 bytes per float32 element; ``tests/plan/test_update.py``
-  has the arithmetic). ``foreach`` is counted over one flat tensor of the rank's shards: its
-  calls are one per operator whatever the shards. It also reads each parameter's step counter
-  twice (``item()``: the bias corrections), a CPU scalar in torch's default ``AdamW``, so host
-  work without a launch that a GPU profile's host times (each a launched call's) would
-  overprice; those are left out (not measured on a GPU);
-  On DTensor parameters (tensor parallelism, FSDP2) each call passes DTensor's dispatch:
-  the update runs on DTensors, whose outermost calls a calibrated profile gives DTensor's
-  host time (:func:`flopscope.estimate.framework.framework_costs`' per-operator figure);
+  operator once per parameter); both move 84 bytes per float32 element
+  (``tests/plan/test_update.py`` has the arithmetic). ``foreach`` is counted over one flat
+  tensor of the rank's shards: its calls are one per operator whatever the shards. It also
+  reads each parameter's step counter twice (``item()``: the bias corrections), a CPU scalar
+  in torch's default ``AdamW``, so host work without a launch that a GPU profile's host times
+  (each a launched call's) would overprice: those are left out (not measured on a GPU). On
+  DTensor parameters (tensor parallelism, FSDP2) the update runs on DTensors, whose
+  outermost calls a calibrated profile gives DTensor's host time
+  (:func:`flopscope.estimate.framework.framework_costs`' per-operator figure);
 - **the accumulation** (:func:`accumulation_estimate`): autograd stores the first
   microbatch's gradient of each parameter and adds each later one in place (FSDP2 adds the
   reduced shard to the local tensor of the sharded gradient: no DTensor dispatch), ``m - 1``
-  in-place adds of each gradient shard a step. A pipeline stage's
-  are in its simulated microbatches already (:func:`flopscope.plan.reference.accumulated`).
+  in-place adds of each gradient shard a step. A pipeline stage's are in its simulated
+  microbatches already (:func:`flopscope.plan.reference.accumulated`).
 
 The for-loop update and the accumulation are counted over ``tensors`` shards of ``elements``
 in all without making a tensor per shard (a 70B rank holds hundreds): the calls over one flat
@@ -125,13 +124,12 @@ def _over_shards(what: str, elements: int, tensors: int, dtype: torch.dtype,
     less = _counted(what, (2,), dtype, hardware, dtensor)
     n = tensors - 1
 
-    def row(get: str) -> dict[str, Row]:
-        rows = (getattr(e, get) for e in (flat, more, less))
-        f, m, s = (r if isinstance(r, dict) else {"": r} for r in rows)
-        return {k: lin([(1, f.get(k, Row())), (n, m.get(k, Row())), (-n, s.get(k, Row()))])
-                for k in {*f, *m, *s}}
+    def row(f: Row, m: Row, s: Row) -> Row:
+        return lin([(1, f), (n, m), (-n, s)])
 
-    return Estimate(flat.hardware, flat.tf32, row("total")[""], row("by_phase"),
+    phases = {p: row(*(e.by_phase.get(p, Row()) for e in (flat, more, less)))
+              for p in {*flat.by_phase, *more.by_phase, *less.by_phase}}
+    return Estimate(flat.hardware, flat.tf32, row(flat.total, more.total, less.total), phases,
                     tf32_convolution=flat.tf32_convolution)
 
 
