@@ -65,7 +65,7 @@ def test_step_time_takes_the_prediction_when_calibrated() -> None:
 
 
 def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> None:
-    from flopscope.estimate.calibration import DTENSOR_DISPATCH
+    from flopscope.estimate.calibration import DTENSOR_DISPATCH, DTENSOR_POINTWISE
     from flopscope.plan.build import build_model
     from flopscope.plan.roles import RoleKey, Roles
     from flopscope.plan.timing import describe
@@ -74,7 +74,7 @@ def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> Non
     base = _calibrated()
     assert base.calibration is not None
     hw = dataclasses.replace(base, name="h100-framework", calibration=dataclasses.replace(
-        base.calibration, fsdp_collective_s=1e-3, dtensor_call_s=1e-4))
+        base.calibration, fsdp_collective_s=1e-3, dtensor_call_s=1e-4, dtensor_pointwise_s=2e-5))
     args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=2,
                                 dtype="float32", checkpointing=("none",))
     plain = {c.choice.label: c for c in flopscope.plan("hf:llama", hardware=base, **args).ranked}
@@ -93,9 +93,12 @@ def test_fsdp2_hooks_and_dtensor_dispatch_take_their_measured_host_time() -> Non
     assert ("FSDP2 hooks (host)", pytest.approx(8e-3), pytest.approx(8e-3 / fsdp.time.total)) in \
         describe(fsdp.time)
     # TP 2: every outermost operator on DTensors is a call of no work whose prediction is the
-    # measured 1e-4 s of host time; the forward and backward grow by exactly that
+    # measured 1e-4 s of host time; the forward and backward grow by exactly that. None is
+    # point-wise (the 2e-5 s figure): the layout hands the sharded layers' outputs on as local
+    # tensors (tests/plan/test_update.py has the update's point-wise calls on DTensors)
     tp = roles.get(RoleKey(2, 1, 0, 1, 2, 1, False, loss_parallel=True, loss="cross_entropy"))
     dispatch = tp.estimate.by_op[DTENSOR_DISPATCH]
+    assert DTENSOR_POINTWISE not in tp.estimate.by_op
     assert dispatch.calls > 0 and dispatch.time_s == 0.0  # no work: no bound
     assert dispatch.predicted_s == pytest.approx(dispatch.calls * 1e-4, rel=1e-9)
     a, b = plain["TP2 PP1 DP1 mb2x1"].time, framed["TP2 PP1 DP1 mb2x1"].time

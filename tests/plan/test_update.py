@@ -52,6 +52,21 @@ def test_adamw_update_is_counted_from_torchs_step() -> None:
     assert (add.bytes, add.calls) == (12 * 1000, 4)
 
 
+def test_the_update_on_dtensors_takes_the_point_wise_dispatch_figure() -> None:
+    from flopscope.estimate.calibration import Calibration, Point
+
+    points = (Point("elementwise", "fp32", "add", 100_000, 1_000_000, 1e-6 + 1e-3),)
+    cal = Calibration("2026-11-29T00:00:00+00:00", "cpu (test)", 1, {}, {"elementwise": 1e-6},
+                      points, dtensor_call_s=1e-4, dtensor_pointwise_s=2e-5)
+    hw = dataclasses.replace(PROFILES["h100-sxm"], name="cpu-dtensor-test", calibration=cal)
+    plain, sharded = (update_estimate(3000, torch.float32, hw, tensors=3, dtensor=d)
+                      .by_phase["optimizer"] for d in (False, True))
+    # the for-loop's 8 element-wise operators of each of 3 shards pass DTensor's dispatch (the
+    # step counters are plain tensors): 24 calls of no work, each the point-wise 2e-5 s
+    assert (sharded.calls - plain.calls, sharded.bytes) == (24, plain.bytes)
+    assert sharded.predicted_s - plain.predicted_s == pytest.approx(24 * 2e-5, rel=1e-9)
+
+
 @pytest.fixture(scope="module")
 def plan() -> Any:
     return flopscope.plan("hf:llama", gpus=2, hardware="h100", config=CONFIG, seq_len=256,

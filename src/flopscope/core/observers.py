@@ -4,8 +4,9 @@ the feature.
 Roofline time, peak memory, communication, attention figures, generation steps and measured time
 are all observers. Every observer has :meth:`CallObserver.on_call`; it may also have
 ``on_module_enter(path, phase)`` / ``on_module_exit(path, phase)`` (a module of the model starts
-or returns, in the thread that entered the Counter), ``on_dtensor_call(path, phase, op)`` (an
-outermost operator on DTensors ran: DTensor's own dispatch, whose local calls ``on_call`` sees)
+or returns, in the thread that entered the Counter), ``on_dtensor_call(path, phase, op, pointwise)``
+(an outermost operator on DTensors ran: DTensor's own dispatch, whose local calls ``on_call``
+sees; ``pointwise``: the operator carries torch's ``pointwise`` tag)
 and ``reset()`` (forget an abandoned attempt: :func:`flopscope.count` calls it before it counts
 again another way).
 """

@@ -284,4 +284,4 @@ class Recorder:
             cost = self.costing.cost(entry, call, path, logical=True)
         self.dtensor.add_logical((path, f, phase), cost)
         for observer in self.dtensor_observers:
-            observer.on_dtensor_call(path, phase, f.name)
+            observer.on_dtensor_call(path, phase, f.name, f.pointwise)

@@ -180,7 +180,8 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
     try:
         mmap_bytes, fault = fault_cost(device)  # first: before the heap has grown
         module_s = module_call_time(device)
-        dtensor_s, fsdp_s = framework_costs(clock(device)[1])  # host time: any device
+        # host time: any device
+        dtensor_s, pointwise_s, fsdp_s = framework_costs(clock(device)[1])
         # the host probes: a share of them before each pass of the points, the median of the
         # runs (a moment of contention moves one run, not the probe)
         probes: list[tuple[dict[str, float], dict[str, float],
@@ -206,7 +207,7 @@ def calibrate(hardware: Hardware, *, device: str | None = None, threads: int | N
             host_s=host, points=tuple(points), host_op_s=host_op, clock=clock(device)[0],
             host_evicted_s=evicted, evictions=EVICTIONS if evicted else (), mmap_bytes=mmap_bytes,
             fault_s_per_byte=fault, module_call_s=module_s, dtensor_call_s=dtensor_s,
-            fsdp_collective_s=fsdp_s, host_after_s=after,
+            dtensor_pointwise_s=pointwise_s, fsdp_collective_s=fsdp_s, host_after_s=after,
             parallel_add_s=parallel_add_s() if device == "cpu" else 0.0)  # the regime's probe
         # last, when asked: the chains' prediction is the points'
         chained = chain_points(dataclasses.replace(hardware, calibration=calibration), device,

@@ -23,8 +23,9 @@ each page faults when first written and is unmapped when freed), and a point's `
 bytes of new output storage it allocated; ``module_call_s``: Python's time per ``nn.Module``
 call outside its operators (absent: not modelled, as before); ``dtensor_call_s``: DTensor's own
 host time per operator on DTensors (its dispatch and sharding propagation, beyond the local calls
-it makes), and ``fsdp_collective_s``: FSDP2's host time per all-gather or reduce-scatter (its
-hooks, beyond the operators they run); both absent: not modelled
+it makes), ``dtensor_pointwise_s`` the same for a point-wise operator on like-sharded DTensors
+(absent: ``dtensor_call_s``), and ``fsdp_collective_s``: FSDP2's host time per all-gather or
+reduce-scatter (its hooks, beyond the operators they run); those two absent: not modelled
 (:mod:`flopscope.estimate.framework`). ``chains``: model-like chains of layers over fresh outputs
 (:mod:`flopscope.estimate.chains`), each timed whole against what its calls' points predict
 (``[{"what": "conv3x3+bn+relu 48x32x32 x3", "families": ["conv", ...], "calls": 9,
@@ -46,8 +47,8 @@ from typing import Any
 
 from flopscope.errors import UsageError
 
-__all__ = ["CHAIN_OCTAVES", "DTENSOR_DISPATCH", "FAMILIES", "GRAPH_CLOCK", "Calibration",
-           "ChainPoint", "Point", "table_with"]
+__all__ = ["CHAIN_OCTAVES", "DTENSOR_DISPATCH", "DTENSOR_POINTWISE", "FAMILIES", "GRAPH_CLOCK",
+           "Calibration", "ChainPoint", "Point", "table_with"]
 
 GRAPH_CLOCK = "CUDA graph replay"
 """A CUDA calibration's clock when its points were timed as CUDA graphs' replays: device time
@@ -56,6 +57,10 @@ at every size, kept however small (an eager loop's small points time the host in
 DTENSOR_DISPATCH = "dtensor.dispatch"
 """The report name a prediction gives DTensor's own host time of one operator on DTensors (a
 :class:`~flopscope.estimate.CallLog` record of no work; its family is ``"framework"``)."""
+
+DTENSOR_POINTWISE = "dtensor.pointwise"
+"""The same for an operator with torch's ``pointwise`` tag (an element-wise operator, whose
+sharding DTensor propagates from its like-placed inputs without redistributing them)."""
 
 FAMILIES = ("matmul", "conv", "attention", "elementwise", "reduction", "normalization",
             "pooling", "special", "view")
@@ -240,6 +245,8 @@ class Calibration:
             (``Module.__call__`` and a one-line ``forward``); 0: not measured.
         dtensor_call_s: host seconds per operator on DTensors beyond its local calls; 0: not
             measured.
+        dtensor_pointwise_s: the same for an operator with torch's ``pointwise`` tag on
+            like-sharded DTensors; 0: not measured (``dtensor_call_s`` prices them).
         fsdp_collective_s: host seconds of FSDP2's hooks per all-gather or reduce-scatter
             beyond the operators they run; 0: not measured.
         chains: chains of layers over fresh outputs timed whole (:meth:`chain_factor`);
@@ -272,6 +279,7 @@ class Calibration:
     fault_s_per_byte: float = 0.0
     module_call_s: float = 0.0
     dtensor_call_s: float = 0.0
+    dtensor_pointwise_s: float = 0.0
     fsdp_collective_s: float = 0.0
     chains: tuple[ChainPoint, ...] = ()
     reference: str = ""
@@ -355,7 +363,7 @@ class Calibration:
             out["fault_s_per_byte"] = self.fault_s_per_byte
         if self.module_call_s:
             out["module_call_s"] = self.module_call_s
-        for name in ("dtensor_call_s", "fsdp_collective_s"):
+        for name in ("dtensor_call_s", "dtensor_pointwise_s", "fsdp_collective_s"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         if self.chains:
@@ -445,7 +453,8 @@ class Calibration:
             raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
                              "be negative")
         framework = {}
-        for name in ("dtensor_call_s", "fsdp_collective_s", "parallel_add_s"):
+        for name in ("dtensor_call_s", "dtensor_pointwise_s", "fsdp_collective_s",
+                     "parallel_add_s"):
             try:
                 framework[name] = float(data.get(name, 0.0))
             except (TypeError, ValueError):

@@ -10,7 +10,7 @@ import functools
 import math
 from typing import TYPE_CHECKING
 
-from flopscope.estimate.calibration import DTENSOR_DISPATCH
+from flopscope.estimate.calibration import DTENSOR_DISPATCH, DTENSOR_POINTWISE
 from flopscope.estimate.call_record import is_convolution
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _family(op: str, moves_nothing: bool, products: bool, special: bool,
     """:func:`family_of` from what it reads of the counts (kept: every call's record asks)."""
     base = op.split(".")[1] if op.count(".") >= 1 else op
     if moves_nothing:
-        return "framework" if op == DTENSOR_DISPATCH else "view"
+        return "framework" if op in (DTENSOR_DISPATCH, DTENSOR_POINTWISE) else "view"
     if "attention" in base:
         return "attention"
     if convolution:

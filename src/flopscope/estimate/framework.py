@@ -1,24 +1,36 @@
 """The host time of PyTorch's parallelism frameworks, measured for a calibration
-(:func:`framework_costs`): what DTensor spends per operator on DTensors and FSDP2 per collective,
-in Python, beyond the operators they run.
+(:func:`framework_costs`): what DTensor spends per operator on DTensors (and per point-wise
+operator on like-sharded DTensors) and FSDP2 per collective, in Python, beyond the operators they
+run.
 
 Eager tensor parallelism runs every operator on a sharded weight through DTensor's dispatch
 (sharding propagation, redistribution decisions, wrapping the local result), and FSDP2 runs
 hooks around every sharded module (gathering, registering and freeing the unsharded parameters,
 reducing the gradients). Neither is an operator, so the per-operator host times of a calibration
-do not see them; on this machine they cost about 75 us per DTensor operator and 0.3 ms per FSDP2
-collective, more than the local work of a small model's layers. They are measured on models of
-tiny layers, whose arithmetic is negligible, on a fake process group of 2 ranks (no
-communication): the time of a forward and backward less that of the same layers unsharded, over
-the number of DTensor operators (seen by :class:`~flopscope.Counter`'s ``on_dtensor_call``) or of
-FSDP2's collectives (counted by :class:`torch.distributed.tensor.debug.CommDebugMode`).
+do not see them; on this machine they cost about 75 us per DTensor operator of a tensor-parallel
+block, 11 us per point-wise operator on like-sharded DTensors (an optimizer's update on FSDP2's or
+TP's shards: DTensor reuses the sharding it propagated for the same placements) and 0.3 ms per
+FSDP2 collective, more than the local work of a small model's layers. They are measured on
+tiny tensors, whose arithmetic is negligible, on a fake process group of 2 ranks (no
+communication), each the time of some work on DTensors less that of the same work on the local
+tensors, over the number of DTensor operators it ran (seen by :class:`~flopscope.Counter`'s
+``on_dtensor_call``) or of FSDP2's collectives (counted by
+:class:`torch.distributed.tensor.debug.CommDebugMode`):
+
+- point-wise: AdamW's for-loop operators (``mul_``, ``lerp_``, ``addcmul_``, ``sqrt``,
+  ``add_``, ``addcdiv_``) over 8 parameters sharded alike;
+- any other operator: 8 blocks of two linear layers, colwise then rowwise parallel, forward and
+  backward, against the same layers at the local widths, less the blocks' point-wise operators
+  at the point-wise figure;
+- FSDP2: the same blocks, each and the whole sharded, forward and backward, against the
+  unsharded blocks.
 """
 
 from __future__ import annotations
 
 import statistics
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,10 +46,8 @@ def _blocks(middle: int) -> nn.Sequential:
                                          nn.Linear(middle, _WIDTH)) for _ in range(_BLOCKS)])
 
 
-def _step_s(model: nn.Module, x: torch.Tensor, now: Callable[[], float], samples: int) -> float:
-    def step() -> None:
-        model(x).sum().backward()
-
+def _time_s(step: Callable[[], object], now: Callable[[], float], samples: int) -> float:
+    """The median time of ``step`` over ``samples`` runs after 3 warm-up runs."""
     for _ in range(3):
         step()
     times = []
@@ -48,36 +58,54 @@ def _step_s(model: nn.Module, x: torch.Tensor, now: Callable[[], float], samples
     return statistics.median(times)
 
 
+def _step_s(model: nn.Module, x: torch.Tensor, now: Callable[[], float], samples: int) -> float:
+    return _time_s(lambda: model(x).sum().backward(), now, samples)
+
+
 class _DTensorCalls:
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls = self.pointwise = 0
 
     def on_call(self, *_: Any) -> None:
         pass
 
-    def on_dtensor_call(self, *_: Any) -> None:
+    def on_dtensor_call(self, path: str, phase: Any, op: str, pointwise: bool) -> None:
         self.calls += 1
+        self.pointwise += pointwise
 
 
-def framework_costs(now: Callable[[], float], *, samples: int = 21) -> tuple[float, float]:
-    """(DTensor's host seconds per operator on DTensors, FSDP2's host seconds per all-gather or
-    reduce-scatter), each beyond the operators it runs (see the module docstring).
+def _update(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+            ms: Sequence[torch.Tensor], vs: Sequence[torch.Tensor]) -> None:
+    """AdamW's for-loop operators, once per parameter (their constants are immaterial)."""
+    for p, g, m, v in zip(params, grads, ms, vs, strict=True):
+        p.mul_(0.99)
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-1e-3)
+
+
+def framework_costs(now: Callable[[], float], *,
+                    samples: int = 21) -> tuple[float, float, float]:
+    """(DTensor's host seconds per operator on DTensors, the same per point-wise operator on
+    like-sharded DTensors, FSDP2's host seconds per all-gather or reduce-scatter), each beyond
+    the operators it runs (see the module docstring).
 
     Args:
         now: the calibration's clock (:func:`flopscope.estimate.timers.clock`).
         samples: timed steps of each model.
 
     Returns:
-        The two costs; ``(0.0, 0.0)`` where they cannot be measured here: without
+        The three costs; ``(0.0, 0.0, 0.0)`` where they cannot be measured here: without
         ``torch.distributed``, or inside a process group already initialised (a fake one would
         replace it).
     """
     import torch.distributed as dist
 
     if not dist.is_available() or dist.is_initialized():
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -85,6 +113,7 @@ def framework_costs(now: Callable[[], float], *, samples: int = 21) -> tuple[flo
         parallelize_module,
     )
 
+    from flopscope.core.counter import Counter
     from flopscope.distributed.world import fake_world
     from flopscope.run import count
 
@@ -100,14 +129,25 @@ def framework_costs(now: Callable[[], float], *, samples: int = 21) -> tuple[flo
             for block in fsdp:
                 fully_shard(block, mesh=mesh)
             fully_shard(fsdp, mesh=mesh)
-            seen = _DTensorCalls()
+            shards = [[distribute_tensor(torch.randn(8, _WIDTH), mesh, [Shard(0)])
+                       for _ in range(_BLOCKS)] for _ in range(4)]
+            locals_ = [[t.to_local() for t in ts] for ts in shards]
+            seen, updates = _DTensorCalls(), _DTensorCalls()
             count(tp, x, backward=True, observers=[seen], warn=False)
+            with Counter(observers=[updates]):
+                _update(*shards)
             with CommDebugMode() as comm:
                 fsdp(x).sum().backward()
             collectives = sum(n for op, n in comm.get_comm_counts().items()
                               if "gather" in str(op) or "reduce_scatter" in str(op))
             local_s, tp_s = _step_s(local, x, now, samples), _step_s(tp, x, now, samples)
             plain_s, fsdp_s = _step_s(plain, x, now, samples), _step_s(fsdp, x, now, samples)
-    dtensor = max(tp_s - local_s, 0.0) / seen.calls if seen.calls else 0.0
+            sharded_s = _time_s(lambda: _update(*shards), now, samples)
+            unsharded_s = _time_s(lambda: _update(*locals_), now, samples)
+    pointwise = (max(sharded_s - unsharded_s, 0.0) / updates.calls
+                 if updates.calls == updates.pointwise > 0 else 0.0)
+    others = seen.calls - seen.pointwise
+    dtensor = (max(tp_s - local_s - seen.pointwise * pointwise, 0.0) / others
+               if others else 0.0)
     per_collective = max(fsdp_s - plain_s, 0.0) / collectives if collectives else 0.0
-    return dtensor, per_collective
+    return dtensor, pointwise, per_collective

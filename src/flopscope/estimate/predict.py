@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flopscope.estimate.calibration import GRAPH_CLOCK, Calibration
+from flopscope.estimate.calibration import DTENSOR_POINTWISE, GRAPH_CLOCK, Calibration
 from flopscope.estimate.call_record import CallRecord, fields_but
 from flopscope.estimate.families import (
     COMPUTE_FAMILIES,
@@ -317,7 +317,10 @@ class Predictor:
 
         fam = family(rec)
         if fam == "framework":  # DTensor's dispatch: host time only
-            return CallPrediction(fam, self.calibration.dtensor_call_s, 0.0, True)
+            cal = self.calibration
+            pointwise = rec.op == DTENSOR_POINTWISE and cal.dtensor_pointwise_s
+            return CallPrediction(fam, cal.dtensor_pointwise_s if pointwise
+                                  else cal.dtensor_call_s, 0.0, True)
         key = (dtype_key(rec.dtype) if rec.dtype is not None else None) or "fp32"
         function = rec.special[0] if rec.special is not None else ""
         op = rec.op.split(".")[1] if rec.op.count(".") >= 1 else rec.op

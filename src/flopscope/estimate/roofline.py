@@ -63,7 +63,7 @@ import torch
 from flopscope.core.facts import facts
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.estimate.bound import Estimate, ancestors, resolve_tf32
-from flopscope.estimate.calibration import DTENSOR_DISPATCH
+from flopscope.estimate.calibration import DTENSOR_DISPATCH, DTENSOR_POINTWISE
 from flopscope.estimate.call_record import CallRecord
 from flopscope.estimate.families import family
 from flopscope.estimate.heap import FROM_BEFORE, TRACKED_BYTES, HeapState, faulted_bytes
@@ -264,11 +264,14 @@ class CallLog:
                     out[key] = t.nbytes
         self._prev = (path, phase, pointwise, rec, out)
 
-    def on_dtensor_call(self, path: str, phase: Phase, op: str) -> None:
+    def on_dtensor_call(self, path: str, phase: Phase, op: str, pointwise: bool) -> None:
         """An outermost operator on DTensors ran (its local calls come to :meth:`on_call`): a
-        record of no work, :data:`~flopscope.estimate.calibration.DTENSOR_DISPATCH`, that a
-        calibrated prediction gives DTensor's own host time."""
-        self.records.append(CallRecord(path, phase.value, DTENSOR_DISPATCH, 0, 0, 0, None))
+        record of no work, :data:`~flopscope.estimate.calibration.DTENSOR_DISPATCH` (or
+        :data:`~flopscope.estimate.calibration.DTENSOR_POINTWISE` for a point-wise operator),
+        that a calibrated prediction gives DTensor's own host time."""
+        self.records.append(CallRecord(path, phase.value,
+                                       DTENSOR_POINTWISE if pointwise else DTENSOR_DISPATCH,
+                                       0, 0, 0, None))
 
     def _entered(self, path: str, phase: Phase) -> int:
         """How many ``nn.Module`` calls a forward (or recomputed) call at ``path`` entered since
