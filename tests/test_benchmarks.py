@@ -325,3 +325,21 @@ def test_diagnosis_rows() -> None:
     assert "aten.addmm.default" in ops and "aten.relu.default" in ops
     assert all(r["isolated_s"] > 0 and r["in_model_s"] > 0 for r in result["rows"]
                if r["family"] != "view")
+
+
+def test_update_faults_measures_and_predicts_a_tiny_decoders_step() -> None:
+    from benchmarks import update_faults
+
+    profile = ROOT / "benchmarks" / "results" / "comm_validation_2ranks_rt_round17_profile_alone.json"
+    tiny = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1)
+    run = update_faults.measure(profile, config=tiny, samples=2)
+    # embedding and head 64 x 16, q and o 16 x 16, k and v 8 x 16, the MLP's three 32 x 16,
+    # two norms and the final one of 16
+    assert (run["parameters"], run["largest_elements"]) == (12, 1024)
+    assert run["elements"] == 2 * 1024 + 2 * 256 + 2 * 128 + 3 * 512 + 3 * 16
+    assert len(run["step_s"]) == 2 and set(run["largest_in_step_s"]) == {"sqrt", "div"}
+    starts = [run["predicted"][str(t)] for t in update_faults.THRESHOLDS]
+    # tiny tensors come from the free chunks: no replay start maps any
+    assert [s["faulted_bytes"] for s in starts] == [0, 0, 0]
+    assert all(s["predicted_s"] > 0 for s in starts)

@@ -1,0 +1,122 @@
+"""AdamW's for-loop step on this machine, measured in a fresh process against flopscope's
+prediction, with the heap's replay started at glibc's largest mmap threshold (as shipped) and
+at smaller ones (issue 31's update, docs/distributed.md run 5).
+
+The model is the gloo jobs' (:data:`benchmarks.gloo_jobs.CONFIG`, every parameter on one rank,
+float32, 1 thread). The step is timed after two (the first makes the moments); the prediction
+counts one more step with a :class:`~flopscope.estimate.roofline.CallLog` and prices it with a
+calibrated profile. The per-call times of AdamW's ``sqrt`` and division of the second moment at
+the largest parameter come from ``torch.profiler`` beside the same calls in a warm loop: the
+difference is the pages their fresh outputs fault in.
+
+    PYTHONPATH=src python -m benchmarks.update_faults --profile FILE [--output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.results_file import append_run
+
+THRESHOLDS = (32 << 20, 4 << 20, 128 << 10)
+"""Starts of the heap's replay: glibc's largest mmap threshold (flopscope's), and two below."""
+
+
+def _timed(fn: Any, samples: int) -> list[float]:
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(profile: Path, *, config: dict[str, Any] | None = None,
+            samples: int = 15) -> dict[str, Any]:
+    """One run: the measured step, the predictions per replay start, the largest parameter's
+    ``sqrt`` and division in the step and in a warm loop."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks.gloo_jobs import CONFIG
+    from flopscope.core.counter import Counter
+    from flopscope.estimate import Estimate, load_hardware
+    from flopscope.estimate.roofline import CallLog
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**(config or CONFIG)))
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, foreach=False)
+    opt.step()
+    opt.step()
+    step_s = _timed(opt.step, samples)
+    hardware = load_hardware(profile)[0]
+    log = CallLog()
+    with Counter(warn=False, observers=[log]):
+        opt.step()
+    predictions = {}
+    for threshold in THRESHOLDS:
+        for rec, faulted in zip(log.records, log.faulted_bytes(threshold), strict=True):
+            rec.faulted = faulted
+        est = Estimate.from_records(log.records, hardware, tf32=False, tf32_convolution=False)
+        predictions[str(threshold)] = {"predicted_s": est.total.predicted_s,
+                                       "faulted_bytes": sum(r.faulted for r in log.records)}
+    largest = max(params, key=lambda p: p.numel())
+    per_call = _largest_calls(opt, largest.numel())
+    second = opt.state[largest]["exp_avg_sq"]
+    root = second.sqrt()
+    warm = {"sqrt": statistics.median(_timed(second.sqrt, samples)),
+            "div": statistics.median(_timed(lambda: root / 0.97, samples))}
+    median = statistics.median(step_s)
+    return {"parameters": len(params), "elements": sum(p.numel() for p in params),
+            "largest_elements": largest.numel(), "profile": profile.name,
+            "step_s": step_s, "step_median_s": median,
+            "predicted": {k: {**v, "ratio": v["predicted_s"] / median}
+                          for k, v in predictions.items()},
+            "largest_in_step_s": per_call, "largest_warm_loop_s": warm}
+
+
+def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float]:
+    """The median time of ``sqrt`` and ``div`` on ``elements``-element tensors in a step."""
+    from torch.profiler import profile
+
+    with profile(record_shapes=True) as prof:
+        for _ in range(5):
+            opt.step()
+    seen: dict[str, list[float]] = {"sqrt": [], "div": []}
+    for event in prof.events():
+        name = event.name.removeprefix("aten::")
+        shape = event.input_shapes[0] if event.input_shapes else []
+        if name in seen and shape and int(torch.tensor(shape).prod()) == elements:
+            seen[name].append(event.cpu_time_total * 1e-6)
+    return {k: statistics.median(v) for k, v in seen.items() if v}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", type=Path, required=True,
+                        help="a calibrated CPU profile (e.g. comm_validation's)")
+    parser.add_argument("--output", type=Path,
+                        default=Path(__file__).parent / "results" / "update_faults.json")
+    opts = parser.parse_args(argv)
+    run = measure(opts.profile)
+    run["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run["load"] = os.getloadavg()[0]
+    run["torch"] = torch.__version__
+    append_run(opts.output, run)
+    print(json.dumps({k: v for k, v in run.items() if k != "step_s"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
