@@ -492,6 +492,19 @@ def module_call_points(device: str, dry: bool) -> dict[str, Any]:
                                               samples=5 if dry else 21)}
 
 
+def framework_points(device: str, dry: bool) -> dict[str, Any]:
+    """DTensor's host time per operator (and per point-wise operator on like-sharded DTensors)
+    and FSDP2's per collective, as the CPU calibration measures them
+    (:func:`flopscope.estimate.framework.framework_costs`: on a fake process group, over CPU
+    tensors, the difference against the same work on plain tensors; DTensor's dispatch and
+    FSDP2's hooks are Python on the host whatever device runs the kernels)."""
+    from flopscope.estimate.framework import framework_costs
+
+    dtensor, pointwise, fsdp = framework_costs(time.perf_counter, samples=5 if dry else 21)
+    return {"dtensor_call_s": dtensor, "dtensor_pointwise_s": pointwise,
+            "fsdp_collective_s": fsdp}
+
+
 def part_calib(device: str, dry: bool) -> dict[str, Any]:
     """Every group of points, timed; raw, nothing fitted."""
     out: dict[str, Any] = {"note": "raw points; dry mode: tiny CPU shapes" if dry else
@@ -502,7 +515,8 @@ def part_calib(device: str, dry: bool) -> dict[str, Any]:
     out["timing"] = GRAPH_CLOCK if device == "cuda" else "perf_counter loop"
     for name, fn in (("host", host_points), ("host_rotation", host_rotation_points),
                      ("host_sized", host_sized_points),
-                     ("module", module_call_points), ("chains", chain_rows),
+                     ("module", module_call_points), ("framework", framework_points),
+                     ("chains", chain_rows),
                      ("chains_sized", lambda d, dry: chain_rows(d, dry, sized=True)),
                      ("gemm", gemm_points), ("stream", stream_points),
                      ("cache", cache_points),

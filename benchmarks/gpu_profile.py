@@ -204,6 +204,14 @@ def profile_file(summary: dict[str, Any]) -> str:
     return f"{base_profile(summary['device'])}_calibrated.json"
 
 
+def _framework(raw: dict[str, Any]) -> dict[str, float]:
+    """The calib's DTensor and FSDP2 host times (:func:`benchmarks.gpu_calib.framework_points`);
+    none where the calib has none (runs before round 17) or the group failed."""
+    group = raw.get("framework", {})
+    names = ("dtensor_call_s", "dtensor_pointwise_s", "fsdp_collective_s")
+    return {k: float(group[k]) for k in names if isinstance(group, dict) and k in group}
+
+
 def calibrated(raw: dict[str, Any], summary: dict[str, Any],
                bars: dict[str, float] | None = None) -> Hardware:
     """The shipped profile of the device the check ran on (:func:`base_profile`: its peaks stay
@@ -215,7 +223,7 @@ def calibrated(raw: dict[str, Any], summary: dict[str, Any],
                        "source": "docs/gpu/calib.json (benchmarks/gpu_calib.py)"},
                       family_host, tuple(points(raw)), host_op_s=op_host,
                       module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
-                      error_bars=bars or {},
+                      **_framework(raw), error_bars=bars or {},
                       clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
     base = get_hardware(base_profile(summary["device"]))
     hw = dataclasses.replace(base, name=f"{base.name}-calibrated",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from benchmarks import gpu_check, gpu_ncu
 
 # the shape of `ncu --csv --metrics ...` output (two kernels; values as ncu prints them)
@@ -59,6 +60,19 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
     assert all(r["predicted"]["peak_bytes"] > 0 and r["predicted_shape_only"] > 0 for r in memory)
     calib = json.loads((tmp_path / "calib.json").read_text())
     assert calib["gemm"][0]["tflops"] > 0 and calib["host"][0]["host_s_per_call"] > 0
+    # DTensor's and FSDP2's host time, measured on the host as a CPU calibration does, and
+    # carried into the profile made from the calib
+    framework = calib["framework"]
+    assert 0 < framework["dtensor_pointwise_s"] < framework["dtensor_call_s"]
+    assert framework["fsdp_collective_s"] > 0
+    from benchmarks import gpu_profile
+
+    cal = gpu_profile.calibrated(calib, {"device": "NVIDIA H200", "date": "2026-11-29 12:00 UTC",
+                                         "torch": torch.__version__, "cuda": "13.0"}).calibration
+    assert cal is not None and (cal.dtensor_call_s, cal.dtensor_pointwise_s,
+                                cal.fsdp_collective_s) == (
+        framework["dtensor_call_s"], framework["dtensor_pointwise_s"],
+        framework["fsdp_collective_s"])
     # the host time of mixed operators: the tiny calls in rotation, the chains of layers
     assert len(calib["host_rotation"]) == len(calib["host"]) and len(calib["chains"]) == 4
     # the same calls and chain kinds at a batch-1 model's sizes (dry: 16 x 32 rows, 8 x 12 x 12)
