@@ -10,6 +10,11 @@ the largest parameter come from ``torch.profiler`` beside the same calls in a wa
 difference is the pages their fresh outputs fault in.
 
     PYTHONPATH=src python -m benchmarks.update_faults --profile FILE [--output FILE]
+
+``--training NAME`` (``bert-base``, ``gpt2``, ``llama-style``: the prediction validation's
+training steps, :func:`benchmarks.models.transformer_benches`) instead measures that step's minor
+page faults in this fresh process (4 steps after 2) against the bytes the heap's replay maps from
+each start (:func:`training_faults`): the replay's own check, independent of any time.
 """
 
 from __future__ import annotations
@@ -86,6 +91,37 @@ def measure(profile: Path, *, config: dict[str, Any] | None = None,
             "largest_in_step_s": per_call, "largest_warm_loop_s": warm}
 
 
+def training_faults(name: str, *, steps: int = 4) -> dict[str, Any]:
+    """A training step's measured minor page faults (bytes: faults x 4 KiB) in this process
+    against the bytes the heap's replay maps from each start in :data:`THRESHOLDS`."""
+    import resource
+
+    from benchmarks.models import transformer_benches
+    from benchmarks.prediction_validation import _step
+    from flopscope.core.counter import Counter
+    from flopscope.estimate.heap import PAGE
+    from flopscope.estimate.roofline import CallLog
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    bench = {b.name: b for b in transformer_benches()}[name]
+    cpu = torch.device("cpu")
+    run = _step(bench.build(cpu), bench.inputs(cpu), True)
+    for _ in range(2):
+        run()
+    faults = []
+    for _ in range(steps):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        run()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    log = CallLog()
+    with Counter(warn=False, observers=[log]):
+        run()
+    return {"model": name, "measured_faults": faults,
+            "measured_bytes_median": statistics.median(faults) * PAGE,
+            "replayed_bytes": {str(t): sum(log.faulted_bytes(t)) for t in THRESHOLDS}}
+
+
 def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float]:
     """The median time of ``sqrt`` and ``div`` on ``elements``-element tensors in a step."""
     from torch.profiler import profile
@@ -104,12 +140,16 @@ def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", type=Path, required=True,
+    parser.add_argument("--profile", type=Path,
                         help="a calibrated CPU profile (e.g. comm_validation's)")
+    parser.add_argument("--training", metavar="NAME",
+                        help="a training step's page faults against the replay's instead")
     parser.add_argument("--output", type=Path,
                         default=Path(__file__).parent / "results" / "update_faults.json")
     opts = parser.parse_args(argv)
-    run = measure(opts.profile)
+    if opts.training is None and opts.profile is None:
+        parser.error("--profile is required (or --training NAME)")
+    run = training_faults(opts.training) if opts.training else measure(opts.profile)
     run["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run["load"] = os.getloadavg()[0]
     run["torch"] = torch.__version__

@@ -343,3 +343,13 @@ def test_update_faults_measures_and_predicts_a_tiny_decoders_step() -> None:
     # tiny tensors come from the free chunks: no replay start maps any
     assert [s["faulted_bytes"] for s in starts] == [0, 0, 0]
     assert all(s["predicted_s"] > 0 for s in starts)
+
+
+def test_update_faults_replays_a_training_steps_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import models, update_faults
+
+    monkeypatch.setattr(models, "transformer_benches", models.tiny_benches)
+    run = update_faults.training_faults("tiny-llama", steps=2)
+    assert run["model"] == "tiny-llama" and len(run["measured_faults"]) == 2
+    # a tiny model's allocations are all under the 256 KiB the replay tracks: none mapped
+    assert run["replayed_bytes"] == {str(t): 0 for t in update_faults.THRESHOLDS}
