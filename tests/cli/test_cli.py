@@ -316,6 +316,17 @@ BAD = {
     "rules file without RULES": (["count", "tiny_models:tiny", "--rules", TINY], "must define RULES"),
     "plot suffix": (["count", "tiny_models:tiny", "--plot", "chart.jpg"], ".png, .svg or .pdf"),
     "unknown command": (["counts", "x"], "invalid choice"),
+    # an option the subcommand lacks: its own close options, or the one it has for what other
+    # subcommands (profile, plan) call --train
+    "train on count": (["count", "tiny_models:tiny", "--train"],
+                       "unrecognized arguments: --train (did you mean --backward?) "
+                       "(see 'flopscope count --help')"),
+    "misspelt option": (["count", "tiny_models:tiny", "--shape-onyl"],
+                        "unrecognized arguments: --shape-onyl (did you mean --shape-only?)"),
+    "stray argument": (["count", "tiny_models:tiny", "extra"],
+                       "unrecognized arguments: extra (see 'flopscope count --help')"),
+    "unknown top-level option": (["--bogus"], "unrecognized arguments: --bogus (see 'flopscope "
+                                 "--help')"),
     "diff missing file": (["diff", "nope_a.json", "nope_b.json"], "no such file"),
     "bad tolerance": (["diff", "a.json", "b.json", "--tolerance", "lots"], "malformed tolerance"),
 }

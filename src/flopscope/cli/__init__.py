@@ -21,6 +21,8 @@ from flopscope.cli import interrupt
 if TYPE_CHECKING:
     import argparse
 
+    from flopscope.cli._options import Parser
+
 # Nothing else is imported here: ``python -m flopscope`` installs its Ctrl-C handler
 # (:mod:`flopscope.cli.interrupt`) before importing this package, and the console script as
 # main_entry starts; the subcommands (and torch) are imported by main(), where an interrupt is
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main", "main_entry"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The argument parser of ``flopscope``, every subcommand included.
 
     Returns:
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (count, diff, generate, plan, profile, rules, zoo, calibrate):
         module.add_subcommands(sub)
     _add_measure(sub)
+    parser.subcommands = {k: v for k, v in sub.choices.items() if isinstance(v, Parser)}
     return parser
 
 
@@ -136,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
-        args = parser.parse_args(_join_dash_values(argv, _value_options(parser)))
+        args, extra = parser.parse_known_args(_join_dash_values(argv, _value_options(parser)))
+        if extra:
+            raise parser.unrecognized(getattr(args, "command", None), extra)
         if getattr(args, "func", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

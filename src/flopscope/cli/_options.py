@@ -7,7 +7,7 @@ everywhere: ``--format table|markdown|json|csv|html``, ``--output FILE``, ``--in
 Errors: a subcommand raises :func:`usage_error` (exit 2) or :class:`CheckFailed` (exit 1);
 :func:`flopscope.cli.main` prints them as one line on stderr (:func:`print_error`) and returns
 the exit code. Argument-parser errors are usage errors too, with close matches suggested for an
-unknown choice.
+unknown choice and for an option the subcommand does not have (:meth:`Parser.unrecognized`).
 
 Exit codes: :data:`EXIT_OK` 0, :data:`EXIT_CHECK_FAILED` 1, :data:`EXIT_USAGE` 2,
 :data:`EXIT_INTERRUPTED` 130 (Ctrl-C).
@@ -81,9 +81,53 @@ class CheckFailed(Exception):
     """A check the user asked for did not pass (exit 1): the message is printed as one line."""
 
 
+#: options other tools (or another subcommand) spell differently: what a subcommand that has
+#: the second and not the first suggests for the first
+OPTION_ALIASES = {"--train": "--backward", "--training": "--backward"}
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are :class:`~flopscope.UsageError` (exit 2, one line),
-    with close matches suggested for an invalid choice."""
+    with close matches suggested for an invalid choice and for an unknown option.
+
+    Attributes:
+        options: the option strings added to it (``--batch``, ``-h``, ...).
+        subcommands: subcommand name -> its parser (the top-level parser's; empty elsewhere).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options: list[str] = []
+        self.subcommands: dict[str, Parser] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """:meth:`argparse.ArgumentParser.add_argument`, its option strings kept in
+        :attr:`options`."""
+        action = super().add_argument(*args, **kwargs)
+        self.options.extend(action.option_strings)
+        return action
+
+    def unrecognized(self, command: str | None, extra: Sequence[str]) -> UsageError:
+        """The usage error for arguments nothing took, with what the subcommand ``command``
+        (or this parser) has that is close to the first unknown option.
+
+        Args:
+            command: the subcommand parsed (``None``: none).
+            extra: the arguments left over.
+
+        Returns:
+            The error to raise.
+        """
+        parser = self.subcommands.get(command or "", self)
+        names = [a.split("=", 1)[0] for a in extra if a.startswith("-")]
+        hint = ""
+        if names:
+            alias = OPTION_ALIASES.get(names[0])
+            hint = (f" (did you mean {alias}?)"
+                    if alias in parser.options and names[0] not in parser.options
+                    else did_you_mean(names[0], parser.options))
+        return UsageError(f"unrecognized arguments: {' '.join(extra)}{hint} "
+                          f"(see '{parser.prog} --help')")
 
     def error(self, message: str) -> NoReturn:
         """Raise the parser's complaint as a usage error.
