@@ -89,6 +89,31 @@ def test_a_plans_step_has_the_update_and_the_accumulation(plan: Any) -> None:
     assert fsdp2.time.optimizer == fsdp1.time.optimizer
 
 
+def test_accumulation_passes_dtensors_dispatch_only_without_fsdp2() -> None:
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.roles import clear_cache
+
+    clear_cache()
+    base = get_hardware("h100-sxm")  # with its reference calibration (DTensor's figures: 0)
+    assert base.calibration is not None
+    framed = dataclasses.replace(base, name="h100-pointwise-test", calibration=dataclasses.replace(
+        base.calibration, dtensor_pointwise_s=1e-3))
+    args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=4,
+                                checkpointing=("none",))
+    plain, priced = ({c.choice.label: c for c in flopscope.plan("hf:llama", hardware=hw,
+                                                                 **args).ranked}
+                     for hw in (base, framed))
+    # TP 2 alone (bfloat16, no mixed precision: no FSDP2): the 2nd microbatch's gradients are
+    # added into the first's by autograd on the DTensor parameters, 4 x 9 + 3 = 39 of them, one
+    # point-wise add each through DTensor's dispatch at 1e-3 s
+    tp = "TP2 PP1 DP1 mb2x2"
+    assert priced[tp].time.accumulation - plain[tp].time.accumulation == pytest.approx(
+        39 * 1e-3, rel=1e-9)
+    # FSDP 2 adds the reduced shards' local tensors: no DTensor dispatch, the same time
+    fsdp = "TP1 PP1 DP2 mb1x2"
+    assert priced[fsdp].time.accumulation == plain[fsdp].time.accumulation > 0
+
+
 def test_a_role_holds_its_parameter_shards_count_and_kind() -> None:
     """The update's calls per parameter need how many shards a rank holds and whether they are
     DTensors: carried from the simulation, and through the put-together of small runs."""

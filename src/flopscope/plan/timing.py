@@ -230,9 +230,13 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.
     adds = 0.0
     run = runs[0]
     if len(runs) == 1 and (run.microbatches or run.key.microbatches) == 1 < choice.microbatches:
+        # FSDP2 (data parallelism, or any layout with mixed precision: apply_layout shards then
+        # even at degree 1) adds the reduced shard to the gradient's local tensor; without it
+        # autograd adds each DTensor gradient of tensor parallelism through DTensor's dispatch
+        fsdp2 = choice.dp > 1 or run.key.mixed_precision is not None
         adds = (choice.microbatches - 1) * seconds(accumulation_estimate(
             run.parameter_bytes // size, param_dtype, run.estimate.hardware,
-            max(1, run.parameter_tensors)))  # FSDP2 adds the local shards: no DTensor
+            max(1, run.parameter_tensors), run.parameters_dtensor and not fsdp2))
     return update, adds
 
 

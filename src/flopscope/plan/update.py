@@ -20,7 +20,8 @@ is counted here by running torch's own code on fake tensors:
   (:func:`flopscope.estimate.framework.framework_costs`' per-operator figure);
 - **the accumulation** (:func:`accumulation_estimate`): autograd stores the first
   microbatch's gradient of each parameter and adds each later one in place (FSDP2 adds the
-  reduced shard to the local tensor of the sharded gradient: no DTensor dispatch), ``m - 1``
+  reduced shard to the local tensor of the sharded gradient: no DTensor dispatch; tensor
+  parallelism without FSDP2 adds its DTensor gradients through DTensor's dispatch), ``m - 1``
   in-place adds of each gradient shard a step. A pipeline stage's are in its simulated
   microbatches already (:func:`flopscope.plan.reference.accumulated`).
 
