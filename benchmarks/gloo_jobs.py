@@ -13,7 +13,8 @@ loss is the planner's: a causal LM's cross-entropy (:func:`flopscope.execution.t
 .causal_lm_loss`), on the vocabulary shards under ``loss_parallel()`` in tensor-parallel layouts
 without stages (the planner's default loss parallelism). Each step: a barrier, forward and
 backward (timed: what the planner's step time models), then AdamW's step and ``zero_grad``
-(timed apart: compared with the planned step's optimizer update, ``StepTime.optimizer``).
+(timed apart: compared with the planned step's optimizer update, ``StepTime.optimizer``; its
+minor page faults counted, ``optimizer_faults``).
 
 Peak memory per rank, measured independently of flopscope: ``torch.profiler`` with
 ``profile_memory=True`` over one more step (forward, backward, optimizer), whose allocation
@@ -119,6 +120,8 @@ def _allocator_peak(prof: Any) -> int:
 
 
 def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) -> None:
+    import resource
+
     import torch.distributed as dist
 
     from flopscope import sources
@@ -190,16 +193,19 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
                     sched.step()
         opt = torch.optim.AdamW(module.parameters(), lr=1e-5)
         times: list[tuple[float, float]] = []
+        faults: list[int] = []  # minor page faults of each optimizer step (this process's)
         for i in range(warmup + steps):
             dist.barrier()
             t0 = time.perf_counter()
             fwd_bwd()
             t1 = time.perf_counter()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             opt.step()
             opt.zero_grad(set_to_none=True)
             t2 = time.perf_counter()
             if i >= warmup:
                 times.append((t1 - t0, t2 - t1))
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         dist.barrier()
         start = _live_bytes(module.parameters(), module.buffers(), _optimizer_tensors(opt),
                             [local])
@@ -210,6 +216,7 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
             opt.step()
             opt.zero_grad(set_to_none=True)
         result = {"rank": rank, "stage": layout.stage, "times": times,
+                  "optimizer_faults": faults,
                   "live_at_start": start, "peak_delta": _allocator_peak(prof)}
         gathered: list[Any] = [None] * job.world
         dist.all_gather_object(gathered, result)
@@ -254,6 +261,8 @@ def run_job(job: Job, *, steps: int = 5, warmup: int = 2, timeout_s: float = 600
         "fwd_bwd_median_s": statistics.median(fwd_bwd),
         "fwd_bwd_spread_s": max(fwd_bwd) - min(fwd_bwd),
         "optimizer_median_s": statistics.median(optim),
+        # the most minor page faults a rank took in its optimizer step, per step
+        "optimizer_faults": [max(r["optimizer_faults"][i] for r in ranks) for i in range(steps)],
         "peak_bytes": {str(r["rank"]): r["live_at_start"] + r["peak_delta"] for r in ranks},
         "live_at_start_bytes": {str(r["rank"]): r["live_at_start"] for r in ranks},
         "stage_of_rank": {str(r["rank"]): r["stage"] for r in ranks},
