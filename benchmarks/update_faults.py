@@ -2,6 +2,9 @@
 prediction, with the heap's replay started at glibc's largest mmap threshold (as shipped) and
 at smaller ones (issue 31's update, docs/distributed.md run 5).
 
+Beside it (:func:`tiny_update`), the same step over 39 tiny parameters, plain and as DTensors:
+what the prediction leaves out when the operators do no work (Python between them).
+
 The model is the gloo jobs' (:data:`benchmarks.gloo_jobs.CONFIG`, every parameter on one rank,
 float32, 1 thread). The step is timed after two (the first makes the moments); the prediction
 counts one more step with a :class:`~flopscope.estimate.roofline.CallLog` and prices it with a
@@ -122,6 +125,50 @@ def training_faults(name: str, *, steps: int = 4) -> dict[str, Any]:
             "replayed_bytes": {str(t): sum(log.faulted_bytes(t)) for t in THRESHOLDS}}
 
 
+def tiny_update(profile: Path, *, parameters: int = 39, samples: int = 31) -> dict[str, Any]:
+    """AdamW's for-loop step over ``parameters`` tiny parameters (8 elements; as DTensors, 16
+    sharded over a fake process group of 2), measured (median, thread CPU time) against the
+    prediction: with no work in the operators, what is left is Python between them."""
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from flopscope.core.counter import Counter
+    from flopscope.distributed.world import fake_world
+    from flopscope.estimate import load_hardware
+    from flopscope.estimate.roofline import CallLog
+
+    torch.set_num_threads(1)
+    hardware = load_hardware(profile)[0]
+
+    def one(params: list[torch.nn.Parameter]) -> dict[str, float]:
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, foreach=False)
+        opt.step()
+        opt.step()
+        times = []
+        for _ in range(samples):
+            start = time.thread_time()
+            opt.step()
+            times.append(time.thread_time() - start)
+        log = CallLog()
+        with Counter(warn=False, observers=[log]):
+            opt.step()
+        measured, predicted = statistics.median(times), log.estimate(hardware).total.predicted_s
+        return {"measured_s": measured, "predicted_s": predicted,
+                "unexplained_s_per_parameter": (measured - predicted) / len(params)}
+
+    plain = one([torch.nn.Parameter(torch.randn(8)) for _ in range(parameters)])
+    with fake_world(2, 0), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mesh = init_device_mesh("cpu", (2,))
+        sharded = one([torch.nn.Parameter(distribute_tensor(torch.randn(16), mesh, [Shard(0)]))
+                       for _ in range(parameters)])
+    return {"parameters": parameters, "plain": plain, "dtensor": sharded}
+
+
 def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float]:
     """The median time of ``sqrt`` and ``div`` on ``elements``-element tensors in a step."""
     from torch.profiler import profile
@@ -149,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.training is None and opts.profile is None:
         parser.error("--profile is required (or --training NAME)")
-    run = training_faults(opts.training) if opts.training else measure(opts.profile)
+    if opts.training:
+        run = training_faults(opts.training)
+    else:
+        run = measure(opts.profile)
+        run["tiny"] = tiny_update(opts.profile)
     run["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run["load"] = os.getloadavg()[0]
     run["torch"] = torch.__version__

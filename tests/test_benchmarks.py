@@ -343,6 +343,10 @@ def test_update_faults_measures_and_predicts_a_tiny_decoders_step() -> None:
     # tiny tensors come from the free chunks: no replay start maps any
     assert [s["faulted_bytes"] for s in starts] == [0, 0, 0]
     assert all(s["predicted_s"] > 0 for s in starts)
+    tiny = update_faults.tiny_update(profile, parameters=3, samples=2)
+    assert tiny["parameters"] == 3 and set(tiny) == {"parameters", "plain", "dtensor"}
+    assert all(tiny[k]["measured_s"] > 0 and tiny[k]["predicted_s"] > 0
+               for k in ("plain", "dtensor"))
 
 
 def test_update_faults_replays_a_training_steps_heap(monkeypatch: pytest.MonkeyPatch) -> None:
