@@ -3,7 +3,8 @@ prediction, with the heap's replay started at glibc's largest mmap threshold (as
 at smaller ones (issue 31's update, docs/distributed.md run 5).
 
 Beside it (:func:`tiny_update`), the same step over 39 tiny parameters, plain and as DTensors:
-what the prediction leaves out when the operators do no work (Python between them).
+what the prediction leaves out when the operators do no work (Python between them); and
+(:func:`shard_update`) over an FSDP 2 rank's DTensor shards of the model, alone in this process.
 
 The model is the gloo jobs' (:data:`benchmarks.gloo_jobs.CONFIG`, every parameter on one rank,
 float32, 1 thread). The step is timed after two (the first makes the moments); the prediction
@@ -169,6 +170,50 @@ def tiny_update(profile: Path, *, parameters: int = 39, samples: int = 31) -> di
     return {"parameters": parameters, "plain": plain, "dtensor": sharded}
 
 
+def shard_update(profile: Path, *, config: dict[str, Any] | None = None,
+                 samples: int = 15) -> dict[str, float]:
+    """AdamW's for-loop step over an FSDP 2 rank's shards of the gloo jobs' model (each
+    parameter a DTensor sharded over a fake process group of 2), alone in this process,
+    measured (median, thread CPU time) against the prediction: the jobs' FSDP 2 update without
+    the other rank running beside it."""
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks.gloo_jobs import CONFIG
+    from flopscope.core.counter import Counter
+    from flopscope.distributed.world import fake_world
+    from flopscope.estimate import load_hardware
+    from flopscope.estimate.roofline import CallLog
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shapes = [p.shape for p in LlamaForCausalLM(LlamaConfig(**(config or CONFIG))).parameters()]
+    with fake_world(2, 0), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mesh = init_device_mesh("cpu", (2,))
+        params = [torch.nn.Parameter(distribute_tensor(torch.randn(s), mesh, [Shard(0)]))
+                  for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-5)
+        opt.step()
+        opt.step()
+        times = []
+        for _ in range(samples):
+            start = time.thread_time()
+            opt.step()
+            times.append(time.thread_time() - start)
+        log = CallLog()
+        with Counter(warn=False, observers=[log]):
+            opt.step()
+        predicted = log.estimate(load_hardware(profile)[0]).total.predicted_s
+    return {"measured_s": statistics.median(times), "predicted_s": predicted,
+            "ratio": predicted / statistics.median(times)}
+
+
 def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float]:
     """The median time of ``sqrt`` and ``div`` on ``elements``-element tensors in a step."""
     from torch.profiler import profile
@@ -201,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run = measure(opts.profile)
         run["tiny"] = tiny_update(opts.profile)
+        run["fsdp_shard"] = shard_update(opts.profile)
     run["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run["load"] = os.getloadavg()[0]
     run["torch"] = torch.__version__

@@ -331,9 +331,9 @@ def test_update_faults_measures_and_predicts_a_tiny_decoders_step() -> None:
     from benchmarks import update_faults
 
     profile = ROOT / "benchmarks" / "results" / "comm_validation_2ranks_rt_round17_profile_alone.json"
-    tiny = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1)
-    run = update_faults.measure(profile, config=tiny, samples=2)
+    tiny_config = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1)
+    run = update_faults.measure(profile, config=tiny_config, samples=2)
     # embedding and head 64 x 16, q and o 16 x 16, k and v 8 x 16, the MLP's three 32 x 16,
     # two norms and the final one of 16
     assert (run["parameters"], run["largest_elements"]) == (12, 1024)
@@ -343,6 +343,8 @@ def test_update_faults_measures_and_predicts_a_tiny_decoders_step() -> None:
     # tiny tensors come from the free chunks: no replay start maps any
     assert [s["faulted_bytes"] for s in starts] == [0, 0, 0]
     assert all(s["predicted_s"] > 0 for s in starts)
+    shard = update_faults.shard_update(profile, config=tiny_config, samples=2)
+    assert shard["measured_s"] > 0 and shard["ratio"] == shard["predicted_s"] / shard["measured_s"]
     tiny = update_faults.tiny_update(profile, parameters=3, samples=2)
     assert tiny["parameters"] == 3 and set(tiny) == {"parameters", "plain", "dtensor"}
     assert all(tiny[k]["measured_s"] > 0 and tiny[k]["predicted_s"] > 0
