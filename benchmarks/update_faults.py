@@ -135,29 +135,14 @@ def tiny_update(profile: Path, *, parameters: int = 39, samples: int = 31) -> di
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from flopscope.core.counter import Counter
     from flopscope.distributed.world import fake_world
     from flopscope.estimate import load_hardware
-    from flopscope.estimate.roofline import CallLog
 
     torch.set_num_threads(1)
     hardware = load_hardware(profile)[0]
 
     def one(params: list[torch.nn.Parameter]) -> dict[str, float]:
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, foreach=False)
-        opt.step()
-        opt.step()
-        times = []
-        for _ in range(samples):
-            start = time.thread_time()
-            opt.step()
-            times.append(time.thread_time() - start)
-        log = CallLog()
-        with Counter(warn=False, observers=[log]):
-            opt.step()
-        measured, predicted = statistics.median(times), log.estimate(hardware).total.predicted_s
+        measured, predicted = _timed_update(params, hardware, samples)
         return {"measured_s": measured, "predicted_s": predicted,
                 "unexplained_s_per_parameter": (measured - predicted) / len(params)}
 
@@ -183,10 +168,8 @@ def shard_update(profile: Path, *, config: dict[str, Any] | None = None,
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from benchmarks.gloo_jobs import CONFIG
-    from flopscope.core.counter import Counter
     from flopscope.distributed.world import fake_world
     from flopscope.estimate import load_hardware
-    from flopscope.estimate.roofline import CallLog
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -196,22 +179,32 @@ def shard_update(profile: Path, *, config: dict[str, Any] | None = None,
         mesh = init_device_mesh("cpu", (2,))
         params = [torch.nn.Parameter(distribute_tensor(torch.randn(s), mesh, [Shard(0)]))
                   for s in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-5)
+        measured, predicted = _timed_update(params, load_hardware(profile)[0], samples)
+    return {"measured_s": measured, "predicted_s": predicted, "ratio": predicted / measured}
+
+
+def _timed_update(params: list[torch.nn.Parameter], hardware: Any,
+                  samples: int) -> tuple[float, float]:
+    """(measured, predicted) seconds of AdamW's for-loop step over ``params`` (given random
+    gradients): the median thread CPU time of ``samples`` steps after two (the first makes the
+    moments), and one more step counted and priced on ``hardware``."""
+    from flopscope.core.counter import Counter
+    from flopscope.estimate.roofline import CallLog
+
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, foreach=False)
+    opt.step()
+    opt.step()
+    times = []
+    for _ in range(samples):
+        start = time.thread_time()
         opt.step()
+        times.append(time.thread_time() - start)
+    log = CallLog()
+    with Counter(warn=False, observers=[log]):
         opt.step()
-        times = []
-        for _ in range(samples):
-            start = time.thread_time()
-            opt.step()
-            times.append(time.thread_time() - start)
-        log = CallLog()
-        with Counter(warn=False, observers=[log]):
-            opt.step()
-        predicted = log.estimate(load_hardware(profile)[0]).total.predicted_s
-    return {"measured_s": statistics.median(times), "predicted_s": predicted,
-            "ratio": predicted / statistics.median(times)}
+    return statistics.median(times), log.estimate(hardware).total.predicted_s
 
 
 def _largest_calls(opt: torch.optim.Optimizer, elements: int) -> dict[str, float]:
