@@ -101,6 +101,10 @@ def test_a_source_string_is_counted_as_the_command_line_loads_it() -> None:
                                                         ("1x3x224x224",))
     small = flopscope.count("torchvision:resnet50", torch.randn(1, 3, 112, 112), shape_only=True)
     assert small.meta.inputs == ("1x3x112x112",) and small.macs < report.macs
+    # inputs wrapped in flopscope.Inputs are labelled by what the model gets, not "Inputs"
+    wrapped = flopscope.count("torchvision:resnet50", flopscope.Inputs(torch.randn(1, 3, 112, 112)),
+                              shape_only=True)
+    assert wrapped.meta.inputs == ("1x3x112x112",) and wrapped.macs == small.macs
     memory = flopscope.estimate.peak_memory("torchvision:resnet50", shape_only=True)
     assert memory.report.macs == report.macs
     with pytest.raises(flopscope.UsageError, match="unknown torchvision model 'resnet5'"):

@@ -36,7 +36,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.estimate.this_machine import measure_this_machine
 from flopscope.execution.how import How
-from flopscope.execution.inputs import Inputs
+from flopscope.execution.inputs import Inputs, model_arguments
 from flopscope.execution.training import (
     OptimizerArg,
     Step,
@@ -133,13 +133,6 @@ def roofline(
     return RooflineResult(report.with_sections(EstimateSection(estimate)), estimate)
 
 
-def _split_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
-                                                                           dict[str, Any]]:
-    if len(args) == 1 and isinstance(args[0], Inputs):
-        return args[0].args, {**args[0].kwargs, **kwargs}
-    return args, kwargs
-
-
 def peak_memory(
     model: nn.Module | str,
     /,
@@ -209,7 +202,7 @@ def peak_memory(
     if optimizer is _DEFAULT:
         optimizer = "adamw"
     assert not isinstance(optimizer, _Unset)
-    args, kwargs = _split_inputs(args, kwargs)
+    args, kwargs = model_arguments(args, kwargs)
     tracker = MemoryTracker()
     if not train:
         report, profile = _inference(model, args, kwargs, tracker, shape_only, rules, strict,

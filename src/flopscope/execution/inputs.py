@@ -4,9 +4,10 @@ runs a model unwraps."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Inputs"]
+__all__ = ["Inputs", "model_arguments"]
 
 
 class Inputs:
@@ -22,3 +23,12 @@ class Inputs:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.args = args
         self.kwargs = kwargs
+
+
+def model_arguments(args: tuple[Any, ...],
+                    kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The model's arguments of a call given ``(*args, **kwargs)``: one :class:`Inputs`
+    unwrapped (its keywords, then the call's), anything else as given."""
+    if len(args) == 1 and isinstance(args[0], Inputs):
+        return args[0].args, {**args[0].kwargs, **kwargs}
+    return args, dict(kwargs)

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_map_only
 
 from flopscope.errors import SourceError
 from flopscope.execution.copies import meta_input
+from flopscope.execution.inputs import model_arguments
 from flopscope.report.source import SourceInfo
 from flopscope.sources._config import parse_config
 from flopscope.sources._factory import (
@@ -194,8 +195,8 @@ def named(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *,
     given = bool(args or kwargs)
     loaded = load_model(name, shape_only=shape_only, require_inputs=not given)
     meta = loaded.meta
-    if given:  # the label says what ran
-        meta = dataclasses.replace(meta, inputs=_described(args, kwargs))
+    if given:  # the label says what ran (an Inputs' contents, not "Inputs")
+        meta = dataclasses.replace(meta, inputs=_described(*model_arguments(tuple(args), kwargs)))
     else:
         args, kwargs = loaded.args, loaded.kwargs
     return loaded.model, tuple(args), dict(kwargs), source or meta

@@ -35,7 +35,7 @@ from flopscope.core.fake_memo import same_size
 from flopscope.core.memo import symbolic_replay
 from flopscope.cost import SYMBOLIC_COUNTS, Cost, OpCall, Phase
 from flopscope.errors import ForwardError, UsageError
-from flopscope.execution.inputs import Inputs
+from flopscope.execution.inputs import Inputs, model_arguments
 from flopscope.report.report import Report
 from flopscope.report.symbolic import SymbolicReport
 from flopscope.report.symbolic_records import FIELDS, SymCost, SymRecord
@@ -121,8 +121,7 @@ def count_symbolic(
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-    if len(args) == 1 and isinstance(args[0], Inputs):
-        args, kwargs = args[0].args, {**args[0].kwargs, **kwargs}
+    args, kwargs = model_arguments(args, kwargs)
     refs = _refs(symbolic)
     if not refs:
         raise UsageError("symbolic= names no dimension; e.g. symbolic={'batch': (0, 0)}")

@@ -34,7 +34,7 @@ from flopscope.estimate.profile import Hardware
 from flopscope.estimate.roofline import CallLog
 from flopscope.execution.forward import backward as run_backward
 from flopscope.execution.how import on_meta
-from flopscope.execution.inputs import Inputs
+from flopscope.execution.inputs import Inputs, model_arguments
 from flopscope.execution.snapshot import ModelSnapshot
 from flopscope.report.report import Report
 from flopscope.report.source import SourceInfo
@@ -326,8 +326,7 @@ def measure(
         from flopscope.sources import named
 
         model, args, kwargs, source = named(model, args, kwargs, source=source)
-    if len(args) == 1 and isinstance(args[0], Inputs):
-        args, kwargs = args[0].args, {**args[0].kwargs, **kwargs}
+    args, kwargs = model_arguments(args, kwargs)
     if not isinstance(model, nn.Module):
         raise UsageError(f"profile() takes an nn.Module (or a SOURCE string such as "
                          f"'torchvision:resnet50'), not {type(model).__name__}")
