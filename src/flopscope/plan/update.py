@@ -16,8 +16,8 @@ is counted here by running torch's own code on fake tensors:
   in torch's default ``AdamW``, so host work without a launch that a GPU profile's host times
   (each a launched call's) would overprice: those are left out (not measured on a GPU). On
   DTensor parameters (tensor parallelism, FSDP2) the update runs on DTensors, whose
-  outermost calls a calibrated profile gives DTensor's host time
-  (:func:`flopscope.estimate.framework.framework_costs`' per-operator figure);
+  outermost calls a calibrated profile gives DTensor's host time (its element-wise operators:
+  :func:`flopscope.estimate.framework.framework_costs`' point-wise figure);
 - **the accumulation** (:func:`accumulation_estimate`): autograd stores the first
   microbatch's gradient of each parameter and adds each later one in place (FSDP2 adds the
   reduced shard to the local tensor of the sharded gradient: no DTensor dispatch; tensor
