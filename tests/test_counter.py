@@ -250,6 +250,15 @@ def test_option_names_never_hide_model_keywords() -> None:
 def test_bad_arguments_are_usage_errors() -> None:
     with pytest.raises(flopscope.UsageError, match="takes an nn.Module"):
         count(lambda x: x, torch.randn(2))  # type: ignore[arg-type]
+    # the three library calls that take a model or a SOURCE string refuse anything else alike
+    # (flopscope.sources.model_of), naming themselves
+    from flopscope.estimate import peak_memory
+
+    for call in (flopscope.count, flopscope.profile, peak_memory):
+        name = call.__name__
+        with pytest.raises(flopscope.UsageError,
+                           match=rf"^{name}\(\) takes an nn.Module \(or a SOURCE string"):
+            call(3, torch.randn(2))  # type: ignore[arg-type]
     with pytest.raises(flopscope.UsageError, match="no floating-point output"):
         with torch.no_grad():
             count(nn.Linear(2, 2), torch.randn(1, 2), backward=True)

@@ -170,16 +170,10 @@ def count(
         StrictModeError: ``strict`` and an operator without a rule ran.
         RuleError: a rule raised or returned something that is not a cost.
     """
-    if isinstance(model, str):
-        from flopscope.sources import named
+    from flopscope.sources import model_of
 
-        model, args, kwargs, source = named(model, args, kwargs, shape_only=shape_only,
-                                            source=source)
-    if not isinstance(model, nn.Module):
-        raise UsageError(
-            f"count() takes an nn.Module (or a SOURCE string such as 'torchvision:resnet50') as "
-            f"its first argument, not {type(model).__name__}"
-        )
+    model, args, kwargs, source = model_of("count", model, args, kwargs, shape_only=shape_only,
+                                           source=source)
     if len(args) == 1 and isinstance(args[0], Inputs):
         if kwargs:
             raise UsageError(

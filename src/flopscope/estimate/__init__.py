@@ -187,14 +187,10 @@ def peak_memory(
     Raises:
         UsageError: bad arguments, an unknown optimizer, or no output to train.
     """
-    if isinstance(model, str):
-        from flopscope.sources import named
+    from flopscope.sources import model_of
 
-        model, args, kwargs, source = named(model, args, kwargs, shape_only=shape_only,
-                                            source=source)
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"peak_memory() takes an nn.Module (or a SOURCE string such as "
-                         f"'torchvision:resnet50'), not {type(model).__name__}")
+    model, args, kwargs, source = model_of("peak_memory", model, args, kwargs,
+                                           shape_only=shape_only, source=source)
     if not train and (optimizer is not _DEFAULT or loss_fn is not None):
         given = "optimizer=" if optimizer is not _DEFAULT else "loss_fn="
         raise UsageError(f"peak_memory({given}...) sizes a training step, but train is False: "

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from flopscope.errors import SourceError
+from flopscope.errors import SourceError, UsageError
 from flopscope.execution.copies import meta_input
 from flopscope.execution.inputs import model_arguments
 from flopscope.report.source import SourceInfo
@@ -200,6 +200,36 @@ def named(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *,
     else:
         args, kwargs = loaded.args, loaded.kwargs
     return loaded.model, tuple(args), dict(kwargs), source or meta
+
+
+def model_of(call: str, model: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+             shape_only: bool = False, source: SourceInfo | None = None
+             ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], SourceInfo | None]:
+    """A library call's model (``count``, ``profile``, ``peak_memory``): a module as given, a
+    SOURCE string built by :func:`named`, anything else refused.
+
+    Args:
+        call: the call's name, for the message.
+        model: what the call was given as its model.
+        args: the call's positional arguments for the model.
+        kwargs: its keyword arguments for the model.
+        shape_only: build a SOURCE on ``meta`` where possible.
+        source: source facts the call was given.
+
+    Returns:
+        ``(model, args, kwargs, source)``.
+
+    Raises:
+        UsageError: ``model`` is neither a module nor a string.
+        SourceError: what :func:`load_model` refuses.
+    """
+    if isinstance(model, str):
+        return named(model, args, kwargs, shape_only=shape_only, source=source)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{call}() takes an nn.Module (or a SOURCE string such as "
+                         f"'torchvision:resnet50') as its first argument, not "
+                         f"{type(model).__name__}")
+    return model, tuple(args), dict(kwargs), source
 
 
 def _described(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, ...]:

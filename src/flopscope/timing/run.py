@@ -322,14 +322,10 @@ def measure(
     Raises:
         UsageError: a model or input on ``meta`` (nothing to measure), or bad counts of runs.
     """
-    if isinstance(model, str):
-        from flopscope.sources import named
+    from flopscope.sources import model_of
 
-        model, args, kwargs, source = named(model, args, kwargs, source=source)
+    model, args, kwargs, source = model_of("profile", model, args, kwargs, source=source)
     args, kwargs = model_arguments(args, kwargs)
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"profile() takes an nn.Module (or a SOURCE string such as "
-                         f"'torchvision:resnet50'), not {type(model).__name__}")
     if warmup < 0 or repeat < 1:
         raise UsageError(f"profile needs warmup >= 0 and repeat >= 1 (got {warmup}, {repeat})")
     tensors = [*model.parameters(), *model.buffers(),
