@@ -62,6 +62,7 @@ class Job:
     micro_batch: int
     microbatches: int
     checkpoint: bool
+    sequence_parallel: bool = False
 
     @property
     def global_batch(self) -> int:
@@ -71,7 +72,8 @@ class Job:
     @property
     def label(self) -> str:
         """The planner's label of this layout (``Choice.label``)."""
-        return (f"TP{self.tp} PP{self.pp} DP{self.dp} mb{self.micro_batch}x{self.microbatches}"
+        return (f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" SP" if self.sequence_parallel else "")
+                + f" mb{self.micro_batch}x{self.microbatches}"
                 + (" ckpt" if self.checkpoint else ""))
 
 
@@ -88,6 +90,10 @@ JOBS = [
     Job("TP 2 x DP 2, checkpointing", 4, 2, 1, 2, 2, 1, True),
     Job("PP 2 x DP 2", 4, 1, 2, 2, 1, 2, False),
     Job("PP 2 x DP 2, checkpointing", 4, 1, 2, 2, 1, 2, True),
+    # sequence parallelism (the planner searches it: --sequence-parallel search)
+    Job("TP 2, SP", 2, 2, 1, 1, 2, 1, False, True),
+    Job("TP 2, SP, checkpointing", 2, 2, 1, 1, 2, 1, True, True),
+    Job("TP 2 x DP 2, SP", 4, 2, 1, 2, 2, 1, False, True),
 ]
 
 
@@ -147,7 +153,7 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
         # vocabulary shards (loss parallelism) in tensor-parallel layouts without stages
         parallel_loss = job.tp > 1 and job.pp == 1
         layout = Layout(job.world, tp=job.tp, fsdp=job.dp, pp=job.pp, rank=rank,
-                        loss_parallel=parallel_loss)
+                        loss_parallel=parallel_loss, sequence_parallel=job.sequence_parallel)
         mesh = layout.mesh()
         dp_rank = mesh["dp"].get_local_rank() if job.dp > 1 else 0
         per = job.micro_batch * job.microbatches

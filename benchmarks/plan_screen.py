@@ -63,7 +63,7 @@ def validate() -> dict[str, Any]:
     common: dict[str, Any] = dict(budget=1 << 50, tokens=32 * 2048, flops=1, peak=1e15)
     rows, seconds = [], {"screened": 0.0, "simulated": 0.0}
     for choice in enumerate_layouts(8, shape, 32):
-        keys = roles_of(choice, shape.layers, None, False, True)
+        keys = roles_of(choice, shape.layers, None, True)
         start = time.process_time()
         est = evaluate(choice, [screen.run(k) for k in keys], links, screened=True, **common)
         seconds["screened"] += time.process_time() - start

@@ -37,7 +37,8 @@ def test_a_torchtitan_run_on_a_tiny_model() -> None:
     row = pr.compare(run)
     assert row["dp"] == 2 and row["precision"].startswith("bfloat16 compute, float32")
     # the published micro-batch only, with the published checkpointing
-    assert [p["layout"] for p in row["planned"]] == ["TP8 PP1 DP2 mb2x1 ckpt"]
+    # (sequence parallelism, as torchtitan runs it: SP in the label)
+    assert [p["layout"] for p in row["planned"]] == ["TP8 PP1 DP2 SP mb2x1 ckpt"]
     shown = row["compared"]
     assert shown == row["planned"][0] and shown["fits_budget"]
     # the published tokens/s at flopscope's FLOPs per token, against the bf16 dense peak

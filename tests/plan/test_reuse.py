@@ -45,7 +45,7 @@ def test_a_confirmation_reuses_the_screens_small_runs() -> None:
     identity = model_identity("hf:llama", 64, "bfloat16", CONFIG)
     kept = KeptRoles(build, hw, identity)
     screen = Screen(kept, build, 4)
-    (key,) = roles_of(Choice(2, 1, 2, 1, 2, "block"), 13, None, True, True)
+    (key,) = roles_of(Choice(2, 1, 2, 1, 2, "block", sequence_parallel=True), 13, None, True)
     screen.run(key)  # its runs of 3 and 4 layers, in one fake world, left on return
     assert not dist.is_initialized()
     assert kept.reused == 0 and screen.references == 1

@@ -56,14 +56,14 @@ COMMON: dict[str, Any] = dict(budget=1 << 40, tokens=8 * 256, flops=1, peak=1e15
 def _estimate(both: tuple[Roles, Screen, list[Choice], Links], choice: Choice) -> Candidate:
     """The layout's candidate from `both`'s screen."""
     _, screen, _, links = both
-    keys = roles_of(choice, 8, None, False, True)
+    keys = roles_of(choice, 8, None, True)
     return evaluate(choice, [screen.run(k) for k in keys], links, screened=True, **COMMON)
 
 
 def _candidates(both: tuple[Roles, Screen, list[Choice], Links], choice: Choice
                 ) -> tuple[Candidate, Candidate]:
     roles, _, _, links = both
-    keys = roles_of(choice, 8, None, False, True)
+    keys = roles_of(choice, 8, None, True)
     return (_estimate(both, choice),
             evaluate(choice, [roles.get(k) for k in keys], links, **COMMON))
 
@@ -73,7 +73,7 @@ def test_a_role_without_stages_is_simulated(both: Any) -> None:
     # layouts' figures are exact and never marked as estimates
     roles, screen, choices, _ = both
     for choice in [c for c in choices if c.pp == 1][:3]:
-        (key,) = roles_of(choice, 8, None, False, True)
+        (key,) = roles_of(choice, 8, None, True)
         assert screen.run(key) is roles.get(key)
     assert screen.references == 0  # no reference was needed for them
 
@@ -90,7 +90,7 @@ def test_a_deep_role_without_stages_is_its_two_small_runs_carried_to_its_layers(
     screen = Screen(roles, build, 4)
     shape = ModelShape.from_config(build(1, "none")[0].config)
     for choice in [c for c in enumerate_layouts(4, shape, 8) if c.pp == 1][:4]:
-        (key,) = roles_of(choice, 16, None, False, True)
+        (key,) = roles_of(choice, 16, None, True)
         assert screen.estimates(key)
         est, sim = screen.run(key), roles.get(key)
         assert est.parameter_bytes == sim.parameter_bytes
@@ -161,7 +161,7 @@ def test_a_middle_stage_is_what_it_holds(both: Any) -> None:
     labels = ["TP1 PP4 DP1 mb1x8", "TP1 PP4 DP1 mb2x4", "TP1 PP4 DP1 mb1x8 ckpt"]
     for label in labels:
         choice = next(c for c in choices if c.label == label)
-        key = roles_of(choice, 8, None, False, True)[1]
+        key = roles_of(choice, 8, None, True)[1]
         assert key.stage == 1
         est, sim = screen.run(key), roles.get(key)
         assert est.memory.peak_bytes == sim.memory.peak_bytes, label
@@ -179,7 +179,7 @@ def test_the_first_stage_adds_what_a_microbatch_of_the_step_leaves(both: Any) ->
     roles, screen, choices, _ = both
     for label in ("TP2 PP2 DP1 mb1x8", "TP2 PP2 DP1 mb2x4 ckpt"):
         choice = next(c for c in choices if c.label == label)
-        key = roles_of(choice, 8, None, False, True)[0]
+        key = roles_of(choice, 8, None, True)[0]
         est, sim = screen.run(key), roles.get(key)
         assert est.memory.peak_bytes == sim.memory.peak_bytes, label
         assert est.memory.at_peak == sim.memory.at_peak, label
@@ -211,7 +211,7 @@ def test_a_stage_shaped_as_its_reference_run_is_that_run(both: Any) -> None:
     roles, _, choices, _ = both
     screen = Screen(roles, build_model("hf:llama", 256, "bfloat16", CONFIG), 4)
     choice = next(c for c in choices if c.label == "TP1 PP2 DP2 mb1x4")
-    key = roles_of(choice, 8, None, False, True)[0]
+    key = roles_of(choice, 8, None, True)[0]
     rk, m = reference_key(key, 4), PIPELINE_MICROBATCHES
     runs = screen.pipeline(rk, key.dp)
     ref = Reference(roles.decoder_layers()[0], 0.0, key.dp, None, None, *runs,
@@ -259,7 +259,7 @@ def test_a_screened_plan_simulates_its_best_and_marks_the_rest(
         both: Any, only: dict[str, Any]) -> None:
     # pipeline layouts only (--pp 2): every one screened, the ones that could win simulated.
     # The whole plan asks for the roles `both` simulates in the test above (the same model
-    # identity, hardware and keys: roles_of(choice, 8, None, False, True) is the plan's), so
+    # identity, hardware and keys: roles_of(choice, 8, None, True) is the plan's), so
     # the process's role cache (flopscope.plan.roles) answers it when that test ran first
     # (about 28 s of CPU saved); the screened plan runs with the cache cleared, its references
     # and confirmations simulated as a plan does
@@ -367,7 +367,7 @@ def test_fsdp2s_gradient_reduction_is_counted_once_a_step(both: Any) -> None:
     # not per microbatch (they were scaled by m / M, FSDP2's own operators by (m+1) / (M+1))
     roles, screen, choices, _ = both
     choice = next(c for c in choices if c.label == "TP1 PP2 DP2 mb1x4")
-    key = roles_of(choice, 8, None, False, True)[0]
+    key = roles_of(choice, 8, None, True)[0]
     rk, big_m = reference_key(key, 4), PIPELINE_MICROBATCHES
     first, last, last_more, first_two, _ = screen.pipeline(rk, key.dp)
     # FSDP2's concatenation of the gradients: fsdp.chunk_cat up to torch 2.14,
@@ -416,7 +416,7 @@ def test_gradient_accumulation_runs_once_per_microbatch_after_the_first(both: An
     # and the embedding: 10 x (3 - 1) = 20 additions, 10 stores
     roles, screen, choices, _ = both
     choice = next(c for c in choices if c.label == "TP1 PP4 DP1 mb1x8")
-    key = roles_of(choice, 8, None, False, True)[0]
+    key = roles_of(choice, 8, None, True)[0]
     first = screen.pipeline(reference_key(key, 4), 1).first
     big_m = PIPELINE_MICROBATCHES
     stores, adds = accumulated(first, "backward", big_m)
@@ -443,7 +443,7 @@ def test_fsdp2s_gathers_are_split_by_the_stages_schedule(both: Any) -> None:
     # before (2 and 2 of 4 at M = 3: 2.5 a layer in the forward at m = 4, where the step has 2)
     roles, screen, choices, _ = both
     choice = next(c for c in choices if c.label == "TP1 PP2 DP2 mb1x4")
-    first_key, last_key = roles_of(choice, 8, None, False, True)
+    first_key, last_key = roles_of(choice, 8, None, True)
     # the 8 layers, 4 a stage, each an FSDP2 unit, and the root (gathered once, in the forward):
     # the first stage (w = 2) 4 x 2 + 1 and 4 x (4 + 1 - 2), the last (w = 1) 4 x 1 + 1 and 4 x 4
     want = {first_key: {("forward", "all_gather"): 9, ("backward", "all_gather"): 12},

@@ -14,6 +14,7 @@ from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES
 from flopscope.plan.build import build_model, model_identity
+from flopscope.plan.candidate import why_it_wins
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan
 from flopscope.plan.roles import RoleKey, Roles
@@ -67,15 +68,16 @@ def test_plan_with_sequence_parallelism() -> None:
 
 def test_only_where_it_applies() -> None:
     # tensor parallelism without stages, whatever FSDP2's degree (equal to TP's too: the
-    # records name their group)
-    assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 4, 1, 1, "none"), 4,
-                                                  sequence_parallel=True)] == [True]
-    assert [k.sequence_parallel for k in roles_of(Choice(1, 1, 8, 1, 1, "none"), 4,
-                                                  sequence_parallel=True)] == [False]
-    assert [k.sequence_parallel for k in roles_of(Choice(2, 2, 2, 1, 2, "none"), 4,
-                                                  sequence_parallel=True)] == [False, False]
-    assert [k.sequence_parallel for k in roles_of(Choice(2, 1, 2, 1, 1, "none"), 4,
-                                                  sequence_parallel=True)] == [True]
+    # records name their group); a layout that asks for it elsewhere runs without
+    def sp(*layout: Any) -> list[bool]:
+        choice = Choice(*layout, "none", sequence_parallel=True)
+        return [k.sequence_parallel for k in roles_of(choice, 4)]
+
+    assert sp(2, 1, 4, 1, 1) == [True]
+    assert sp(1, 1, 8, 1, 1) == [False]
+    assert sp(2, 2, 2, 1, 2) == [False, False]
+    assert sp(2, 1, 2, 1, 1) == [True]
+    assert roles_of(Choice(2, 1, 4, 1, 1, "none"), 4)[0].sequence_parallel is False
 
 
 def test_tp_equal_to_fsdp_degree() -> None:
@@ -90,7 +92,7 @@ def test_tp_equal_to_fsdp_degree() -> None:
     (c,) = plan.ranked
     assert (c.choice.tp, c.choice.dp) == (2, 2) and c.applied == ("sequence", "loss")
     hw = PROFILES["h100-sxm"]
-    (key,) = roles_of(c.choice, 4, sequence_parallel=True, loss_parallel=True)
+    (key,) = roles_of(c.choice, 4, loss_parallel=True)
     assert key.sequence_parallel and key.loss_parallel
     run = Roles(build_model("hf:llama", 256, "bfloat16", CONFIG), hw,
                 model_identity("hf:llama", 256, "bfloat16", CONFIG)).get(key)
@@ -131,3 +133,64 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--sequence-parallel applies to a training plan" in err and "Traceback" not in err
     with pytest.raises(UsageError, match="sequence parallelism needs tensor parallelism"):
         flopscope.plan("torchvision:resnet18", gpus=2, sequence_parallel=True)
+
+
+def test_searched_sequence_parallelism() -> None:
+    # "search": the one tensor-parallel layout (TP2 PP1 DP1 mb1x1 ckpt) planned without and
+    # with sequence parallelism, each the same run as the plan that applies it or not
+    plain, sp, both = (flopscope.plan("hf:llama", **ARGS, sequence_parallel=s)
+                       for s in (False, True, "search"))
+    assert isinstance(plain, Plan) and isinstance(sp, Plan) and isinstance(both, Plan)
+    (a,), (b,) = plain.ranked, sp.ranked
+    by_label = {c.choice.label: c for c in both.ranked}
+    assert sorted(by_label) == ["TP2 PP1 DP1 SP mb1x1 ckpt", "TP2 PP1 DP1 mb1x1 ckpt"]
+    assert a.choice.label == "TP2 PP1 DP1 mb1x1 ckpt" and not a.choice.sequence_parallel
+    assert b.choice.label == "TP2 PP1 DP1 SP mb1x1 ckpt" and b.choice.sequence_parallel
+    for one in (a, b):
+        same = by_label[one.choice.label]
+        assert (same.memory_bytes, same.time, same.applied) == (one.memory_bytes, one.time,
+                                                                 one.applied)
+    assert both.to_dict()["sequence_parallel"] == "search"
+    assert [r["sequence_parallel"] for r in both.to_dict()["ranked"]] == [
+        c.choice.sequence_parallel for c in both.ranked]
+    assert "sequence parallelism searched" in both.notes[1]
+    # "why it wins" names the winner's twin, the other way round, first
+    why = why_it_wins(both.ranked, "tokens")
+    loser = both.ranked[1].choice
+    assert loser.sequence_parallel != both.ranked[0].choice.sequence_parallel
+    assert "the same layout with" in why[1] and why[2].startswith(f"  {loser.label}: ")
+
+
+def test_searched_layouts_are_the_tensor_parallel_ones_without_stages() -> None:
+    from flopscope.plan.space import ModelShape, enumerate_layouts
+
+    shape = ModelShape(4, 8, 4, 512)
+    off = enumerate_layouts(4, shape, 4, ("none",))
+    on = enumerate_layouts(4, shape, 4, ("none",), "on")
+    search = enumerate_layouts(4, shape, 4, ("none",), "search")
+    eligible = [c for c in off if c.tp > 1 and c.pp == 1]
+    # TP2 x DP2 and TP4 x DP1, at micro-batches 1 and 2 (TP2: 2 sequences a rank) and 1..4
+    assert len(eligible) == 2 + 3
+    assert len(on) == len(off) and len(search) == len(off) + len(eligible)
+    assert {c.label for c in on if c.sequence_parallel} == {
+        c.label.replace(" mb", " SP mb") for c in eligible}
+    assert [c for c in search if not c.sequence_parallel] == off
+
+
+def test_bad_sequence_parallel_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    from flopscope.plan.space import SEQUENCE_PARALLEL
+
+    with pytest.raises(UsageError, match="sequence_parallel must be True, False or one of"):
+        flopscope.plan("hf:llama", **ARGS, sequence_parallel="yes")
+    assert main(["plan", "hf:llama", "--gpus", "2", "--sequence-parallel", "maybe"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'maybe'" in err and "Traceback" not in err
+    for word in SEQUENCE_PARALLEL:  # the CLI offers exactly the plan's modes
+        assert f"'{word}'" in err
+    # a mixture of experts: refused before any layout is simulated
+    with pytest.raises(UsageError, match="mixture of experts: sequence parallelism"):
+        flopscope.plan("hf:mixtral", gpus=2, sequence_parallel="search",
+                       config={"num_hidden_layers": 1, "hidden_size": 64,
+                               "intermediate_size": 128, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "vocab_size": 128,
+                               "num_local_experts": 4})

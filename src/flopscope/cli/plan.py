@@ -50,9 +50,14 @@ def add_subcommands(subparsers: Any) -> None:
                         "MixedPrecisionPolicy (default: --dtype)")
     p.add_argument("--reduce-dtype", type=dtype_name, metavar="DTYPE",
                    help="training: the dtype gradients are reduced in (default: --param-dtype)")
-    p.add_argument("--sequence-parallel", action="store_true",
+    # the choices are flopscope.plan.space.SEQUENCE_PARALLEL (not imported here: the package
+    # loads torch; tests/plan/test_sequence_parallel.py holds them equal)
+    p.add_argument("--sequence-parallel", nargs="?", const="on", choices=("off", "on", "search"),
+                   metavar="on|off|search",
                    help="training: tensor-parallel layouts without pipeline stages run sequence "
-                        "parallelism (norms on sequence shards), as torchtitan and Megatron-LM do")
+                        "parallelism (norms on sequence shards), as torchtitan and Megatron-LM do; "
+                        "'search': plan each such layout with it (SP in the label) and without, "
+                        "and rank both (default off)")
     p.add_argument("--loss-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="training: tensor-parallel layouts without pipeline stages shard the "
                         "head over the vocabulary and compute the cross-entropy on the shards "
@@ -174,10 +179,11 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
         given = "--global-batch" if args.global_batch is not None else "--checkpointing"
         raise usage_error(f"{given} does not apply to --serve: a serving plan takes --batch "
                           "(sizes per replica) and --max-new-tokens")
-    if serve and (args.param_dtype or args.reduce_dtype or args.sequence_parallel
+    sequence_parallel = args.sequence_parallel not in (None, "off")
+    if serve and (args.param_dtype or args.reduce_dtype or sequence_parallel
                   or args.loss_parallel is not None):
         given = ("--param-dtype" if args.param_dtype else "--reduce-dtype" if args.reduce_dtype
-                 else "--sequence-parallel" if args.sequence_parallel else "--loss-parallel")
+                 else "--sequence-parallel" if sequence_parallel else "--loss-parallel")
         raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
                           "--dtype and runs plain tensor parallelism")
     if not serve and args.max_new_tokens is not None:
@@ -204,7 +210,7 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
     else:
         options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
                        reduce_dtype=args.reduce_dtype,
-                       sequence_parallel=args.sequence_parallel,
+                       sequence_parallel=args.sequence_parallel or "off",
                        **({} if args.loss_parallel is None
                           else {"loss_parallel": args.loss_parallel}),
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"

@@ -4,6 +4,7 @@ fullest stage, with AdamW's state), its step time, tokens/s and MFU, whether it 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,8 +155,9 @@ def part_name(name: str, ddp: bool) -> str:
 
 
 def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
-    """Why the best layout wins: against the next fastest, and against the fastest of each
-    other (tp, pp) family, where the others spend more time (or need the memory).
+    """Why the best layout wins: against the next fastest, the fastest of each other (tp, pp)
+    family and the same layout with sequence parallelism the other way (where it was searched),
+    where the others spend more time (or need the memory).
 
     Args:
         ranked: a plan's layouts that fit, fastest first (at least one).
@@ -167,14 +169,23 @@ def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
     best = ranked[0]
     rivals: list[Candidate] = []
     seen = {(best.choice.tp, best.choice.pp, best.choice.data_parallel, best.choice.ep)}
+    # where sequence parallelism was searched: the best layout the other way round
+    other = dataclasses.replace(best.choice,
+                                sequence_parallel=not best.choice.sequence_parallel)
     for c in ranked[1:]:
         family = (c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
-        if c is ranked[1] or family not in seen:
+        if c is ranked[1] or family not in seen or c.choice == other:
             rivals.append(c)
             seen.add(family)
     if not rivals:
         return []
-    out = ["", "Why it wins (the next fastest, and the fastest of each other TP x PP"
+    twin = [c for c in rivals if c.choice == other]  # first or second, never cut
+    rivals = rivals[:1] + [c for c in rivals[1:] if c.choice == other] + [
+        c for c in rivals[1:] if c.choice != other]
+    out = ["", "Why it wins (the next fastest, "
+               + ("the same layout " + ("without" if best.choice.sequence_parallel else "with")
+                  + " sequence parallelism, " if twin else "")
+               + "and the fastest of each other TP x PP"
                + (" x EP" if any(c.choice.ep > 1 for c in ranked) else "")
                + (")" if unit == "tokens" else ", DDP or FSDP)") + ":"]
     for c in rivals[:4]:

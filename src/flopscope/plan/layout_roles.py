@@ -11,8 +11,7 @@ __all__ = ["roles_of"]
 
 
 def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | None = None,
-             sequence_parallel: bool = False, loss_parallel: bool = False,
-             loss: str = "cross_entropy") -> list[RoleKey]:
+             loss_parallel: bool = False, loss: str = "cross_entropy") -> list[RoleKey]:
     """The role of each rank of a layout's pipeline group, in stage order (one stage without
     pipelining: every rank runs the same shapes).
 
@@ -26,14 +25,13 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     earliest of them keeps the most microbatches in flight (``pp - stage``), so its peak is
     theirs: they share its role. A pipeline has at most four roles: the first stage, the
     last, and the earliest middle stage of each layer count (``split_layers`` gives the first
-    ``layers % pp`` stages one layer more).
+    ``layers % pp`` stages one layer more). Sequence parallelism is the layout's own
+    (:attr:`Choice.sequence_parallel`, where it applies: tensor parallelism without stages).
 
     Args:
         choice: the layout.
         layers: the model's decoder layers.
         mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
-        sequence_parallel: sequence parallelism where it applies: tensor parallelism without
-            pipeline stages (:attr:`RoleKey.sequence_parallel`).
         loss_parallel: loss parallelism where it applies: tensor parallelism without pipeline
             stages (:attr:`RoleKey.loss_parallel`).
         loss: the roles' loss (:attr:`RoleKey.loss`; a plan's: the cross-entropy).
@@ -48,7 +46,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
         deep = choice.pp > sum(UNIT_SMALL)
         simulated = choice.pp if deep else min(choice.microbatches, choice.pp + 2)
         peak = choice.microbatches
-    sp = sequence_parallel and choice.tp > 1 and choice.pp == 1
+    sp = choice.sequence_parallel and choice.tp > 1 and choice.pp == 1
     sizes = [len(r) for r in split_layers(layers, choice.pp)]
     out = []
     for s in range(choice.pp):

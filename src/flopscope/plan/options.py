@@ -9,14 +9,15 @@ from flopscope.plan.roles import RoleKey
 __all__ = ["applied", "decoder_note"]
 
 
-def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: bool,
+def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: str,
                  loss_parallel: bool) -> str:
     """The plan's note on a decoder's training step.
 
     Args:
         stored: the parameters' dtype.
         mixed: ``(compute, reduce)`` dtypes of FSDP2's mixed precision, or ``None``.
-        sequence_parallel: sequence parallelism asked for.
+        sequence_parallel: sequence parallelism asked for: ``"off"``, ``"on"`` or
+            ``"search"`` (:data:`flopscope.plan.space.SEQUENCE_PARALLEL`).
         loss_parallel: loss parallelism asked for.
 
     Returns:
@@ -29,8 +30,11 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
         words.append(f"mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
                      f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
                      f"{mixed[1]}")
-    if sequence_parallel:
+    if sequence_parallel == "on":
         words.append("sequence parallelism on tensor-parallel layouts without stages")
+    elif sequence_parallel == "search":
+        words.append("sequence parallelism searched: each tensor-parallel layout without "
+                     "stages planned with it (SP in its label) and without")
     if loss_parallel:
         words.append("loss parallelism on tensor-parallel layouts without stages (the head "
                      "column-wise over the vocabulary, the loss on the shards)")

@@ -37,7 +37,7 @@ from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
-from flopscope.plan.space import Choice, ModelShape, enumerate_layouts
+from flopscope.plan.space import Choice, ModelShape, enumerate_layouts, sequence_parallel_mode
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
@@ -77,7 +77,8 @@ class Plan:
             ``dtype``; mixed precision when it differs).
         reduce_dtype: the dtype gradients are reduced in (``None``: ``param_dtype``).
         sequence_parallel: tensor-parallel layouts without stages shard the norms' activations
-            along the sequence.
+            along the sequence (``True``), or each such layout was planned with and without
+            (``"search"``; the layout's own: :attr:`Choice.sequence_parallel`).
         loss_parallel: tensor-parallel layouts without stages shard the head's logits over the
             vocabulary, the cross-entropy computed on the shards.
         screening: a screened plan's screen (``None``: every layout simulated).
@@ -102,7 +103,7 @@ class Plan:
     unit: str = "tokens"
     param_dtype: str | None = None
     reduce_dtype: str | None = None
-    sequence_parallel: bool = False
+    sequence_parallel: bool | str = False
     loss_parallel: bool = False
     screening: Screening | None = None
 
@@ -189,7 +190,7 @@ def plan(
     ep: int | None = None,
     param_dtype: str | None = None,
     reduce_dtype: str | None = None,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool | str = False,
     loss_parallel: bool = True,
     screen: bool = False,
     confirm: int = 3,
@@ -228,7 +229,9 @@ def plan(
         sequence_parallel: training: tensor-parallel layouts without pipeline stages run
             sequence parallelism (the norms on sequence shards, all-gathers and
             reduce-scatters instead of all-reduces; torchtitan's and Megatron-LM's tensor
-            parallelism; :attr:`flopscope.distributed.Layout.sequence_parallel`).
+            parallelism; :attr:`flopscope.distributed.Layout.sequence_parallel`);
+            ``"search"``: each such layout with and without it, the plan choosing
+            (:attr:`Choice.sequence_parallel`, ``SP`` in its label).
         loss_parallel: training: tensor-parallel layouts without pipeline stages shard the head
             over the vocabulary and compute the loss (a decoder's cross-entropy, logits in
             float32) on the shards (:attr:`flopscope.distributed.Layout.loss_parallel`), as
@@ -269,8 +272,9 @@ def plan(
     if budget is None:
         raise UsageError(f"hardware {hw.name!r} has no memory capacity: give a memory budget "
                          "(--memory-budget 80GiB)")
+    sp_mode = sequence_parallel_mode(sequence_parallel)
     if mode == "serve":
-        if param_dtype is not None or reduce_dtype is not None or sequence_parallel:
+        if param_dtype is not None or reduce_dtype is not None or sp_mode != "off":
             raise UsageError("plan(mode='serve') does not take param_dtype, reduce_dtype or "
                              "sequence_parallel: serving keeps the weights in --dtype and "
                              "runs plain tensor parallelism")
@@ -290,7 +294,7 @@ def plan(
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
     compute_dtype = next(probe.parameters()).dtype if mixed is None else getattr(torch, mixed[0])
     identity = model_identity(source, seq_len, stored, config)
-    if sequence_parallel and not decoder:
+    if sp_mode != "off" and not decoder:
         raise UsageError(f"{source}: sequence parallelism needs tensor parallelism; a vision "
                          "model is planned data parallel only")
     if mixed is not None and not decoder:
@@ -300,10 +304,13 @@ def plan(
         shape = ModelShape.from_config(getattr(probe, "config", None))
         experts = expert_count(getattr(probe, "config", None))
         del probe
+        if experts and sp_mode != "off":
+            raise UsageError(f"{source} is a mixture of experts: sequence parallelism is not "
+                             "built for its layers; drop --sequence-parallel")
         if experts and mixed is not None and ep != 1:
             raise UsageError(f"{source} is a mixture of experts: mixed precision is not built "
                              "with expert parallelism; add --ep 1 (or plan in one --dtype)")
-        every = enumerate_layouts(gpus, shape, batch, checkpointing)
+        every = enumerate_layouts(gpus, shape, batch, checkpointing, sp_mode)
         if experts:
             every += expert_layouts(gpus, shape, experts, batch, checkpointing)
         elif ep not in (None, 1):
@@ -325,8 +332,7 @@ def plan(
             if choice.ep > 1:
                 return expert_roles.runs(choice)
             return [roles.get(key)
-                    for key in roles_of(choice, shape.layers, mixed, sequence_parallel,
-                                        loss_parallel)]
+                    for key in roles_of(choice, shape.layers, mixed, loss_parallel)]
     else:
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
@@ -357,7 +363,7 @@ def plan(
         def screened(choice: Choice) -> Candidate:
             if choice.ep > 1:
                 return simulated(choice)
-            keys = roles_of(choice, shape.layers, mixed, sequence_parallel, loss_parallel)
+            keys = roles_of(choice, shape.layers, mixed, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,
                             tokens=batch * seq, flops=flops, peak=peak,
                             screened=any(scr.estimates(k) for k in keys),
@@ -373,7 +379,7 @@ def plan(
     notes = (f"step times: compute from {compute_note(hw)}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
-             decoder_note(stored, mixed, sequence_parallel, loss_parallel) if decoder else
+             decoder_note(stored, mixed, sp_mode, loss_parallel) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
@@ -388,7 +394,8 @@ def plan(
         "torch.", ""), budget, tuple(fitting), tuple(dropped), pareto(fitting), flops,
         used_roles, simulations, time.perf_counter() - start, notes,
         "tokens" if decoder else "samples", None if mixed is None else stored,
-        None if mixed is None else mixed[1], sequence_parallel, loss_parallel and decoder,
+        None if mixed is None else mixed[1], "search" if sp_mode == "search" else sp_mode == "on",
+        loss_parallel and decoder,
         screening)
 
 

@@ -17,8 +17,13 @@ from typing import Any
 from flopscope.errors import UsageError
 from flopscope.plan.checkpointing import CHECKPOINTING, KNOWN, LABEL_SUFFIX
 
-__all__ = ["Choice", "ModelShape", "divisors", "enumerate_layouts",
-           "parse_bytes"]
+__all__ = ["SEQUENCE_PARALLEL", "Choice", "ModelShape", "divisors", "enumerate_layouts",
+           "parse_bytes", "sequence_parallel_mode"]
+
+#: How a training plan treats sequence parallelism on tensor-parallel layouts without stages:
+#: ``"off"``, ``"on"`` (every such layout has it) or ``"search"`` (each such layout with and
+#: without it, so the plan chooses).
+SEQUENCE_PARALLEL = ("off", "on", "search")
 
 
 
@@ -78,6 +83,9 @@ class Choice:
             ``"ddp"`` (parameters replicated, gradients all-reduced; vision models).
         ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
             :mod:`flopscope.plan.experts`).
+        sequence_parallel: the norms' activations sharded along the sequence over the
+            tensor-parallel ranks (tensor parallelism without stages only;
+            :attr:`flopscope.distributed.Layout.sequence_parallel`).
     """
 
     tp: int
@@ -88,6 +96,7 @@ class Choice:
     checkpoint: str
     data_parallel: str = "fsdp"
     ep: int = 1
+    sequence_parallel: bool = False
 
     @property
     def gpus(self) -> int:
@@ -97,10 +106,11 @@ class Choice:
     @property
     def label(self) -> str:
         """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP; ``EP4``:
-        experts over 4 ranks)."""
+        experts over 4 ranks; ``SP``: sequence parallelism, ``TP2 PP1 DP4 SP mb2x4``)."""
         dp = "DDP" if self.data_parallel == "ddp" else "DP"
         ep = f" EP{self.ep}" if self.ep > 1 else ""
-        return (f"TP{self.tp} PP{self.pp} {dp}{self.dp}{ep} "
+        sp = " SP" if self.sequence_parallel else ""
+        return (f"TP{self.tp} PP{self.pp} {dp}{self.dp}{ep}{sp} "
                 f"mb{self.micro_batch}x{self.microbatches}"
                 + LABEL_SUFFIX[self.checkpoint])
 
@@ -108,7 +118,28 @@ class Choice:
         """A JSON-ready dict."""
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.micro_batch,
                 "microbatches": self.microbatches, "checkpoint": self.checkpoint,
-                "data_parallel": self.data_parallel, "ep": self.ep}
+                "data_parallel": self.data_parallel, "ep": self.ep,
+                "sequence_parallel": self.sequence_parallel}
+
+
+def sequence_parallel_mode(value: bool | str) -> str:
+    """A plan's ``sequence_parallel`` argument as one of :data:`SEQUENCE_PARALLEL`.
+
+    Args:
+        value: ``False`` / ``"off"``, ``True`` / ``"on"``, or ``"search"``.
+
+    Returns:
+        ``"off"``, ``"on"`` or ``"search"``.
+
+    Raises:
+        UsageError: anything else.
+    """
+    if value is True or value is False:
+        return "on" if value else "off"
+    if value not in SEQUENCE_PARALLEL:
+        raise UsageError(f"sequence_parallel must be True, False or one of "
+                         f"{', '.join(map(repr, SEQUENCE_PARALLEL))}, got {value!r}")
+    return str(value)
 
 
 def divisors(n: int) -> list[int]:
@@ -121,6 +152,7 @@ def enumerate_layouts(
     shape: ModelShape,
     global_batch: int,
     checkpointing: Sequence[str] = CHECKPOINTING,
+    sequence_parallel: str = "off",
 ) -> list[Choice]:
     """Every layout of ``gpus`` devices for a model of ``shape`` and a step of ``global_batch``
     sequences.
@@ -129,16 +161,19 @@ def enumerate_layouts(
     and the MLP size (each rank holds whole heads and an equal share of the MLP); ``pp`` is at
     most the number of layers; ``dp`` divides the global batch; the micro-batch divides each
     data-parallel rank's ``global_batch / dp`` sequences, the rest being microbatches; with
-    pipeline stages at least ``pp`` microbatches (torch's 1F1B schedule needs them).
+    pipeline stages at least ``pp`` microbatches (torch's 1F1B schedule needs them); sequence
+    parallelism on tensor-parallel layouts without stages, as ``sequence_parallel`` says
+    (``"search"``: each such layout without it, then with it).
 
     Args:
         gpus: devices.
         shape: the model's shape.
         global_batch: sequences per step.
         checkpointing: the checkpointing choices to try (:data:`CHECKPOINTING`).
+        sequence_parallel: one of :data:`SEQUENCE_PARALLEL`.
 
     Returns:
-        The layouts, by tp, pp, micro-batch, checkpointing.
+        The layouts, by tp, pp, micro-batch, checkpointing (and sequence parallelism).
 
     Raises:
         UsageError: a bad checkpointing choice.
@@ -161,7 +196,10 @@ def enumerate_layouts(
                 count = per_rank // micro
                 if pp > 1 and count < pp:
                     continue
-                out += [Choice(tp, pp, dp, micro, count, c) for c in checkpointing]
+                sp = ((False,) if tp == 1 or pp > 1 or sequence_parallel == "off"
+                      else (True,) if sequence_parallel == "on" else (False, True))
+                out += [Choice(tp, pp, dp, micro, count, c, sequence_parallel=s)
+                        for c in checkpointing for s in sp]
     return out
 
 

@@ -31,7 +31,7 @@ from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
 from flopscope.plan.roles import RoleKey
 from flopscope.plan.serve import ServePlan, serve_layouts
-from flopscope.plan.space import ModelShape, enumerate_layouts
+from flopscope.plan.space import ModelShape, enumerate_layouts, sequence_parallel_mode
 from flopscope.plan.vision import data_parallel_layouts, is_decoder
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 
@@ -75,7 +75,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                tp: int | None = None, pp: int | None = None,
                ep: int | None = None, param_dtype: str | None = None,
                reduce_dtype: str | None = None,
-               sequence_parallel: bool = False, loss_parallel: bool = True) -> list[RoleTask]:
+               sequence_parallel: bool | str = False,
+               loss_parallel: bool = True) -> list[RoleTask]:
     """The role simulations :func:`flopscope.plan.plan` with these options will ask for (a
     serving plan's largest-batch roles aside).
 
@@ -96,7 +97,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         ep: only this expert-parallel degree.
         param_dtype: training: the parameters' dtype (mixed precision where it differs).
         reduce_dtype: training: the gradients' reduce dtype.
-        sequence_parallel: training: sequence parallelism on tensor-parallel layouts.
+        sequence_parallel: training: sequence parallelism on tensor-parallel layouts
+            (``True``, or ``"search"``: with and without).
         loss_parallel: training: loss parallelism on tensor-parallel layouts.
 
     Returns:
@@ -131,10 +133,11 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                                                       max_new_tokens or 128)))
         return list(dict.fromkeys(tasks))
     batch = global_batch or gpus
-    for choice in enumerate_layouts(gpus, shape, batch, checkpointing):
+    sp_mode = sequence_parallel_mode(sequence_parallel)
+    for choice in enumerate_layouts(gpus, shape, batch, checkpointing, sp_mode):
         if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
-            tasks += [task("train", key=key) for key in roles_of(
-                choice, shape.layers, mixed, sequence_parallel, loss_parallel)]
+            tasks += [task("train", key=key)
+                      for key in roles_of(choice, shape.layers, mixed, loss_parallel)]
     experts = expert_count(model_config)
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
