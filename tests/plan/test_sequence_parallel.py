@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
 import flopscope
 from flopscope.cli import main
@@ -194,3 +195,60 @@ def test_bad_sequence_parallel_arguments(capsys: pytest.CaptureFixture[str]) -> 
                                "intermediate_size": 128, "num_attention_heads": 4,
                                "num_key_value_heads": 2, "vocab_size": 128,
                                "num_local_experts": 4})
+
+
+def test_the_updates_all_reduces_of_partial_gradients() -> None:
+    # sequence parallelism's norms are replicated parameters used on sequence shards: their
+    # gradients are partial over the tensor-parallel ranks after the backward, and AdamW's
+    # operators all-reduce them. 4 layers x 2 norms + the final norm = 9 such parameters of
+    # hidden 256 elements (2,304); the layout without it, and the one with FSDP2 (mixed
+    # precision shards at degree 1 too, and FSDP2 hands back replicated gradients), none
+    build = build_model("hf:llama", 256, "bfloat16", CONFIG)
+    hw = PROFILES["h100-sxm"]
+    roles = Roles(build, hw, ("partial test",))
+    for sp, mixed, held in ((True, None, (9, 2_304)), (False, None, (0, 0)),
+                            (True, ("bfloat16", "float32"), (0, 0))):
+        run = roles.get(RoleKey(2, 1, 0, 1, 1, 1, "block", mixed, sp, True))
+        assert (run.partial_tensors, run.partial_elements) == held
+    # three all-reduces per parameter, each of its whole gradient: 27 calls, 3 x 2,304 x 4
+    # bytes of float32; the ring's bus bytes 2 (n - 1) / n of that (1 at TP 2, 1.5 at TP 4)
+    from flopscope.plan.update import update_collectives
+
+    (two,) = update_collectives(9, 2_304, torch.float32, hw, 2)
+    assert (two.kind, two.group, two.calls, two.payload_bytes, two.bus_bytes) == (
+        "all_reduce", "tp", 27, 27_648, 27_648)
+    (four,) = update_collectives(9, 2_304, torch.float32, hw, 4)
+    assert (four.group_size, four.bus_bytes) == (4, 41_472)
+    assert update_collectives(0, 0, torch.float32, hw, 2) == ()
+    # the plan's update carries them at the links: 27 x 12 us + 3 x 2,304 x 2 bytes (bfloat16)
+    # / 450 GB/s on the H100's NVLink
+    plain, sp_plan = (flopscope.plan("hf:llama", **ARGS, sequence_parallel=s)
+                      for s in (False, True))
+    assert isinstance(plain, Plan) and isinstance(sp_plan, Plan)
+    extra = sp_plan.ranked[0].time.optimizer - plain.ranked[0].time.optimizer
+    assert extra == pytest.approx(27 * 12e-6 + 13_824 / 450e9, rel=1e-9)
+
+
+def test_partial_gradients_all_reduced_as_torch_counts_them() -> None:
+    # independent: torch's CommDebugMode around AdamW's step on the model itself, sharded with
+    # sequence parallelism on a fake group of 2, counts the all-reduces update_collectives says
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from flopscope.distributed import Layout, apply_layout
+    from flopscope.distributed.world import fake_world
+    from flopscope.plan.update import update_collectives
+
+    build = build_model("hf:llama", 64, "float32", CONFIG)
+    with fake_world(2, 0):
+        model, args, kwargs = build(1, "none")
+        model = model.to_empty(device="cpu") if next(model.parameters()).is_meta else model
+        layout = Layout(2, tp=2, rank=0, sequence_parallel=True)
+        apply_layout(model, layout, layout.mesh())
+        model(*args, **kwargs).logits.float().sum().backward()
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        with CommDebugMode() as comm:
+            opt.step()
+        counted = comm.get_comm_counts()
+    (record,) = update_collectives(9, 2_304, torch.float32, PROFILES["h100-sxm"], 2)
+    assert sum(counted.values()) == record.calls == 27
+    assert {str(k) for k in counted} == {"c10d_functional.all_reduce"}

@@ -190,12 +190,12 @@ def derive(runs: Sequence[tuple[int, Small]], to: int, world_size: int, rank: in
                             _mix([e0.by_phase, e1.by_phase], weights, degrees, to),
                             tf32_convolution=e1.tf32_convolution)
     end = _mix([r0.memory.end_bytes, r1.memory.end_bytes], weights, degrees, to)
-    if (r0.parameter_tensors, r0.parameters_dtensor) != (r1.parameter_tensors,
-                                                         r1.parameters_dtensor):
+    held = (r1.parameter_tensors, r1.parameters_dtensor, r1.partial_tensors)
+    if (r0.parameter_tensors, r0.parameters_dtensor, r0.partial_tensors) != held:
         raise NotRepeating("the runs hold different parameter shards")  # one each, any degree
     return Small(r1.frame, report, points, _memory(r1, points, end), estimate,
                  _mix([r0.parameter_bytes, r1.parameter_bytes], weights, degrees, to), calls,
-                 r1.parameter_tensors, r1.parameters_dtensor)
+                 *held, _mix([r0.partial_elements, r1.partial_elements], weights, degrees, to))
 
 
 #: what a call record holds (:class:`~flopscope.estimate.call_record.CallRecord`'s slots)
@@ -253,6 +253,8 @@ def same_run(x: Small, y: Small) -> bool:
             and memory(x.memory) == memory(y.memory) and x.parameter_bytes == y.parameter_bytes
             and x.parameter_tensors == y.parameter_tensors
             and x.parameters_dtensor == y.parameters_dtensor
+            and (x.partial_tensors, x.partial_elements) == (y.partial_tensors,
+                                                            y.partial_elements)
             and _close(x.estimate.total, y.estimate.total)
             and _close(x.estimate.by_phase, y.estimate.by_phase))
 

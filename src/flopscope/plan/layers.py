@@ -123,6 +123,9 @@ class Small:
             sharded or not: the optimizer's calls per parameter); 0: not known.
         parameters_dtensor: the parameters are DTensors (tensor parallelism, FSDP2, expert
             parallelism): each operator of the optimizer on them passes DTensor's dispatch.
+        partial_tensors: parameters with a partial gradient after the backward
+            (:func:`flopscope.plan.roles.shards`).
+        partial_elements: those gradients' elements.
     """
 
     frame: Frame
@@ -134,6 +137,8 @@ class Small:
     calls: list[CallRecord] = field(default_factory=list)
     parameter_tensors: int = 0
     parameters_dtensor: bool = False
+    partial_tensors: int = 0
+    partial_elements: int = 0
 
 
 class Put(NamedTuple):
@@ -146,12 +151,15 @@ class Put(NamedTuple):
     parameter_bytes: int
     parameter_tensors: int
     parameters_dtensor: bool
+    partial_tensors: int = 0
+    partial_elements: int = 0
 
     @classmethod
     def of(cls, run: Small) -> Put:
         """A simulated run as it is."""
         return cls(run.report, run.memory, run.estimate, run.parameter_bytes,
-                   run.parameter_tensors, run.parameters_dtensor)
+                   run.parameter_tensors, run.parameters_dtensor, run.partial_tensors,
+                   run.partial_elements)
 
 
 def frame_of(prefix: str, layers: int, pp: int, stage: int) -> Frame:
@@ -209,7 +217,8 @@ def combine(a: Small, b: Small, c: Small, to: Frame) -> Put:
     return Put(report, memory, estimate_at(a.estimate, b.estimate, nb, to.n),
                line(a.parameter_bytes, b.parameter_bytes, nb, to.n),
                line(a.parameter_tensors, b.parameter_tensors, nb, to.n),
-               b.parameters_dtensor)
+               b.parameters_dtensor, line(a.partial_tensors, b.partial_tensors, nb, to.n),
+               line(a.partial_elements, b.partial_elements, nb, to.n))
 
 
 def _close(x: Row, y: Row) -> bool:
@@ -234,7 +243,8 @@ def check(a: Small, b: Small, c: Small) -> None:
     Raises:
         NotRepeating: they do not.
     """
-    report, memory, estimate, params, tensors, _ = combine(a, b, c, c.frame)
+    report, memory, estimate, params, tensors, _, partial, partial_elements = combine(
+        a, b, c, c.frame)
     m = c.memory
     if report != c.report:
         raise NotRepeating("the put-together report differs from the simulated one")
@@ -243,6 +253,7 @@ def check(a: Small, b: Small, c: Small) -> None:
                                                   m.peak_op, m.at_peak, m.end_bytes):
         raise NotRepeating("the put-together peak differs from the simulated one")
     if params != c.parameter_bytes or tensors != c.parameter_tensors or \
+            (partial, partial_elements) != (c.partial_tensors, c.partial_elements) or \
             not _close(estimate.total, c.estimate.total) or \
             estimate.by_phase.keys() != c.estimate.by_phase.keys() or not all(
                 _close(estimate.by_phase[p], c.estimate.by_phase[p]) for p in estimate.by_phase):

@@ -355,8 +355,9 @@ class Reference:
     def parameters(self, k: int, first: bool, last: bool,
                    what: str = "parameter_bytes") -> int:
         """A stage's parameter shard bytes at :attr:`dp` (``what="parameter_tensors"``: how
-        many shards, at any degree): ``k`` layers', the embedding's on the first stage, the
-        rest (final norm, head) on the last."""
+        many shards, at any degree; ``"partial_tensors"``, ``"partial_elements"``: those with
+        partial gradients, :class:`~flopscope.plan.roles.RoleRun`): ``k`` layers', the
+        embedding's on the first stage, the rest (final norm, head) on the last."""
         if self.a is None:
             f1, l1, _, f2 = (getattr(r, what) for r in self.pipeline())
             layer = f2 - f1

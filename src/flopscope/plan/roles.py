@@ -130,6 +130,9 @@ class RoleRun:
             per parameter, :mod:`flopscope.plan.update`); 0: not known.
         parameters_dtensor: the parameters are DTensors (each optimizer call on them passes
             DTensor's dispatch).
+        partial_tensors: parameters whose gradient is partial after the backward (sequence
+            parallelism's norms: :func:`shards`), all-reduced by the optimizer's calls.
+        partial_elements: those gradients' elements.
     """
 
     key: RoleKey
@@ -141,12 +144,15 @@ class RoleRun:
     microbatches: int = 0
     parameter_tensors: int = 0
     parameters_dtensor: bool = False
+    partial_tensors: int = 0
+    partial_elements: int = 0
 
     @classmethod
     def of(cls, key: RoleKey, put: Put, seconds: float, microbatches: int = 0) -> RoleRun:
         """A role from what was put together (or simulated) for it."""
         return cls(key, put.report, put.memory, put.estimate, put.parameter_bytes, seconds,
-                   microbatches, put.parameter_tensors, put.parameters_dtensor)
+                   microbatches, put.parameter_tensors, put.parameters_dtensor,
+                   put.partial_tensors, put.partial_elements)
 
     @property
     def understated(self) -> bool:
@@ -161,11 +167,23 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def shards(params: Sequence[torch.Tensor]) -> tuple[int, int, bool]:
-    """A rank's parameter shards as a role holds them: (their local storages' bytes, how many,
-    whether they are DTensors)."""
+def shards(params: Sequence[torch.Tensor]) -> tuple[int, int, bool, int, int]:
+    """A rank's parameter shards as a role holds them after its backward: (their local
+    storages' bytes, how many, whether they are DTensors, how many have a partial gradient and
+    its local elements).
+
+    A partial gradient (a DTensor placed ``Partial`` on some mesh dimension) is a replicated
+    parameter's whose uses ran on shards: sequence parallelism's norms (their inputs are
+    sequence shards over the tensor-parallel ranks). Nothing reduces it before the optimizer:
+    each of AdamW's operators that reads it with the replicated moments all-reduces it
+    (:func:`flopscope.plan.update.update_collectives`)."""
+    from torch.distributed.tensor import DTensor
+
+    partial = [p.grad for p in params if isinstance(p.grad, DTensor)
+               and any(pl.is_partial() for pl in p.grad.placements)]
     return (sum(local_tensor(p).untyped_storage().nbytes() for p in params), len(params),
-            any(local_tensor(p) is not p for p in params))
+            any(local_tensor(p) is not p for p in params), len(partial),
+            sum(local_tensor(g).numel() for g in partial))
 
 
 #: every role simulated in this process, by (model identity, hardware name, role)
@@ -430,7 +448,7 @@ class Roles:
         memory = tracker.profile(relabel={"gradients": [local_tensor(p.grad) for p in params
                                                         if p.grad is not None]})
         points: list[Point] = [(p.module, p.phase, p.op, p.live) for p in tracker.call_points()]
-        parameter_bytes, tensors, dtensor = shards(params)
+        parameter_bytes, tensors, dtensor, partial, partial_elements = shards(params)
         kept.clear()
         prefix, layers = self.decoder_layers()
         total = per_stage * key.pp if per_stage is not None else layers
@@ -448,7 +466,8 @@ class Roles:
                                          rank=layout_of(like).rank, communication=p2p)
         return Small(frame or Frame(prefix, 0, 0), report, points, memory,
                      log.estimate(self._hardware), parameter_bytes,
-                     log.records if calls or self._records else [], tensors, dtensor)
+                     log.records if calls or self._records else [], tensors, dtensor,
+                     partial, partial_elements)
 
 
 def layout_of(key: RoleKey) -> Layout:

@@ -173,7 +173,9 @@ def screened(key: RoleKey, ref: Reference, layers: int) -> RoleRun:
                                  communication=tuple(records))
     return RoleRun(key, report, memory, estimate, params, 0.0, m,
                    ref.parameters(k, first, last, "parameter_tensors"),
-                   ref.base().parameters_dtensor)
+                   ref.base().parameters_dtensor,
+                   ref.parameters(k, first, last, "partial_tensors"),
+                   ref.parameters(k, first, last, "partial_elements"))
 
 
 class Screen:

@@ -71,11 +71,12 @@ def simulate_sharded(build: Build, key: RoleKey, world: int, shard: Shard,
             params = list(model.parameters())
             memory = tracker.profile(relabel={"gradients": [
                 local_tensor(p.grad) for p in params if p.grad is not None]})
-            parameter_bytes, tensors, dtensor = shards(params)
+            parameter_bytes, tensors, dtensor, partial, partial_elements = shards(params)
         del model, params
     return RoleRun(key, report, memory, log.estimate(hardware), parameter_bytes,
                    time.perf_counter() - start, parameter_tensors=tensors,
-                   parameters_dtensor=dtensor)
+                   parameters_dtensor=dtensor, partial_tensors=partial,
+                   partial_elements=partial_elements)
 
 
 class OneRole(Generic[V]):

@@ -208,16 +208,22 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
                   wait_forward=wait_f, wait_backward=wait_b + wait_r)
 
 
-def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.dtype | None,
-                    bound: bool) -> tuple[float, float]:
+def _after_backward(runs: Sequence[RoleRun], choice: Choice, links: Links,
+                    param_dtype: torch.dtype | None, bound: bool) -> tuple[float, float]:
     """(the optimizer's update, the gradients' accumulation) of the step: each stage updates
-    its own shards after the schedule's flush (the largest update counts); a layout without
-    stages, simulated at one microbatch, adds its gradients ``m - 1`` times
+    its own shards after the schedule's flush (the largest update counts), all-reducing the
+    partial gradients of replicated parameters on the way (sequence parallelism's norms:
+    :func:`~flopscope.plan.update.update_collectives`, blocking, at the links); a layout
+    without stages, simulated at one microbatch, adds its gradients ``m - 1`` times
     (:mod:`flopscope.plan.update`; a pipeline stage's additions are in its simulated
     microbatches). Nothing without ``param_dtype``."""
     if param_dtype is None:
         return 0.0, 0.0
-    from flopscope.plan.update import accumulation_estimate, update_estimate
+    from flopscope.plan.update import (
+        accumulation_estimate,
+        update_collectives,
+        update_estimate,
+    )
 
     def seconds(est: Estimate) -> float:
         return sum(t for t, _ in phase_times(est, bound=bound).values())
@@ -226,6 +232,9 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, param_dtype: torch.
     update = max(seconds(update_estimate(r.parameter_bytes // size, param_dtype,
                                          r.estimate.hardware, max(1, r.parameter_tensors),
                                          r.parameters_dtensor))
+                 + links.seconds(update_collectives(r.partial_tensors, r.partial_elements,
+                                                    param_dtype, r.estimate.hardware,
+                                                    choice.tp), choice.tp)
                  for r in runs)
     adds = 0.0
     run = runs[0]
@@ -287,7 +296,7 @@ def step_time(runs: Sequence[RoleRun], choice: Choice, links: Links, *,
     exposed = max(s.exposure.fsdp for s in stages)
     hidden = max(s.fsdp for s in stages) - exposed
     p2p = max(s.exposure.p2p for s in stages)
-    update, adds = _after_backward(runs, choice, param_dtype, bound)
+    update, adds = _after_backward(runs, choice, links, param_dtype, bound)
     total = span + exposed + p2p + update + adds
     kind = "prediction" if not bound and all(r.estimate.calibrated for r in runs) else "bound"
     return StepTime(slow.forward, slow.backward, slow.recompute, slow.tp_comm, exposed,

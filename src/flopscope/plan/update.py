@@ -49,8 +49,9 @@ from flopscope.estimate import Estimate, Hardware
 from flopscope.estimate.bound import Row
 from flopscope.plan.degrees import hardware_key
 from flopscope.plan.reference import lin
+from flopscope.report.records import CommRecord
 
-__all__ = ["accumulation_estimate", "foreach", "update_estimate"]
+__all__ = ["accumulation_estimate", "foreach", "update_collectives", "update_estimate"]
 
 #: estimates by (what, shard sizes, dtype, foreach, DTensors, profile): they depend on nothing
 #: else
@@ -95,6 +96,79 @@ def update_estimate(elements: int, dtype: torch.dtype, hardware: Hardware,
         ``optimizer``; its total, phases and hardware only).
     """
     return _over_shards("update", elements, tensors, dtype, hardware, dtensor)
+
+
+def update_collectives(tensors: int, elements: int, dtype: torch.dtype, hardware: Hardware,
+                       group_size: int) -> tuple[CommRecord, ...]:
+    """The collectives of AdamW's update over ``tensors`` replicated parameters whose
+    gradients are partial (:func:`flopscope.plan.roles.shards`: sequence parallelism's norms),
+    counted: nothing reduces such a gradient before the optimizer, and each of AdamW's
+    operators that reads it with the replicated moments all-reduces it over the
+    tensor-parallel group (torch's DTensor: three per parameter in ``AdamW``'s for-loop and in
+    ``foreach``, each of the whole gradient).
+
+    Counted by running the update's second ``step()`` on one such parameter of ``elements``
+    on a fake group of two; the calls are per parameter (``tensors`` x one parameter's), the
+    payload per element (one parameter of every element: exact, each call moves its own
+    gradient).
+
+    Args:
+        tensors: the parameters with partial gradients.
+        elements: their gradients' elements, in all.
+        dtype: the gradients' dtype.
+        hardware: the profile (it picks the implementation: :func:`foreach`).
+        group_size: the tensor-parallel degree the gradients are partial over.
+
+    Returns:
+        The records (group ``tp``, phase ``optimizer``, bus bytes at ``group_size``); none
+        without such parameters.
+    """
+    from flopscope.rules.collectives import BUS_FACTORS
+
+    if tensors <= 0 or elements <= 0 or group_size <= 1:
+        return ()
+    many = foreach(hardware)
+    one = _partial_update((1,), dtype, many)
+    flat = _partial_update((elements,), dtype, many)
+    out = []
+    for a, b in zip(one, flat, strict=True):
+        payload = b.payload_bytes
+        out.append(CommRecord("", b.phase, b.kind, group_size, a.calls * tensors, payload,
+                              int(payload * BUS_FACTORS[b.kind](group_size)), "tp"))
+    return tuple(out)
+
+
+_PARTIAL: dict[tuple[tuple[int, ...], torch.dtype, bool], tuple[CommRecord, ...]] = {}
+
+
+def _partial_update(sizes: tuple[int, ...], dtype: torch.dtype,
+                    many: bool) -> tuple[CommRecord, ...]:
+    """The communication of AdamW's second step on replicated DTensor parameters of ``sizes``
+    with partial gradients, on a fake group of two (sorted by kind)."""
+    key = (sizes, dtype, many)
+    found = _PARTIAL.get(key)
+    if found is not None:
+        return found
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    from flopscope.core.counter import Counter
+
+    with _world() as mesh, FakeTensorMode():
+        params = []
+        for n in sizes:
+            p = torch.nn.Parameter(DTensor.from_local(torch.empty(n, dtype=dtype), mesh,
+                                                      [Replicate()], run_check=False))
+            p.grad = DTensor.from_local(torch.empty(n, dtype=dtype), mesh, [Partial()],
+                                        run_check=False)
+            params.append(p)
+        opt = torch.optim.AdamW(params, foreach=many)
+        opt.step()  # makes the moments: not a step's work
+        with Counter(warn=False) as counter:
+            opt.step()
+        found = tuple(sorted(counter.report.communication, key=lambda r: r.kind))
+    _PARTIAL[key] = found
+    return found
 
 
 def accumulation_estimate(elements: int, dtype: torch.dtype, hardware: Hardware,

@@ -237,4 +237,6 @@ def whole_from(sharded: Small, base: Base) -> Small:
                                estimate=estimate, parameter_bytes=base_whole.parameter_bytes,
                                parameter_tensors=base_whole.parameter_tensors,
                                parameters_dtensor=base_whole.parameters_dtensor,
+                               partial_tensors=base_whole.partial_tensors,
+                               partial_elements=base_whole.partial_elements,
                                calls=[])
