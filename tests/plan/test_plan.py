@@ -165,11 +165,11 @@ def test_compare_names_where_the_other_spends_more(two_gpus: Plan) -> None:
     best, tp = _by_label(two_gpus)["TP1 PP1 DP2 mb1x1"], _by_label(two_gpus)["TP2 PP1 DP1 mb2x1"]
     for a, b in ((best.time, tp.time), (best.bound_step, tp.bound_step)):
         diffs = dict(compare(a, b))
-        assert diffs.get("tensor-parallel all-reduces", 0.0) == pytest.approx(b.tp_comm
+        assert diffs.get("tensor-parallel collectives", 0.0) == pytest.approx(b.tp_comm
                                                                               - a.tp_comm)
         assert sum(diffs.values()) == pytest.approx(b.total - a.total)
     # at the bound the all-reduces are exposed: a difference named
-    assert "tensor-parallel all-reduces" in dict(compare(best.bound_step, tp.bound_step))
+    assert "tensor-parallel collectives" in dict(compare(best.bound_step, tp.bound_step))
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str], two_gpus: Plan) -> None:

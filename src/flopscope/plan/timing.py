@@ -70,8 +70,9 @@ class StepTime:
         forward: the rank's forward compute.
         backward: its backward compute.
         recompute: forward work run again by activation checkpointing.
-        tp_comm: tensor-parallel all-reduces (exposed: on a GPU's prediction beyond the time
-            the device waits for the host in their phase).
+        tp_comm: tensor-parallel collectives (all-reduces; sequence parallelism's gathers and
+            reduce-scatters) exposed: on a GPU's prediction beyond the time the device waits
+            for the host in their phase.
         fsdp_comm: FSDP2 all-gathers and reduce-scatters left exposed.
         fsdp_hidden: FSDP2 communication hidden behind compute (not in the total).
         p2p: pipeline sends and receives (exposed).
@@ -448,7 +449,7 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them
 PART_NAMES = {"forward": "forward compute", "backward": "backward compute",
               "recompute": "recomputation (checkpointing)",
-              "tp_comm": "tensor-parallel all-reduces",
+              "tp_comm": "tensor-parallel collectives",
               "fsdp_comm": "FSDP gathers/reduce-scatters (exposed)",
               "p2p": "pipeline sends/receives", "bubble": "pipeline bubble",
               "ep_comm": "expert all-to-alls", "fsdp_hooks": "FSDP2 hooks (host)",
