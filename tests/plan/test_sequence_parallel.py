@@ -188,6 +188,10 @@ def test_bad_sequence_parallel_arguments(capsys: pytest.CaptureFixture[str]) -> 
     assert "invalid choice: 'maybe'" in err and "Traceback" not in err
     for word in SEQUENCE_PARALLEL:  # the CLI offers exactly the plan's modes
         assert f"'{word}'" in err
+    # asked for where no layout has tensor parallelism without stages: the note says so
+    none = flopscope.plan("hf:llama", **{**ARGS, "gpus": 1, "tp": 1}, sequence_parallel="search")
+    assert isinstance(none, Plan) and not any(c.choice.sequence_parallel for c in none.ranked)
+    assert "sequence parallelism asked for, but no layout here" in none.notes[1]
     # a mixture of experts: refused before any layout is simulated
     with pytest.raises(UsageError, match="mixture of experts: sequence parallelism"):
         flopscope.plan("hf:mixtral", gpus=2, sequence_parallel="search",

@@ -10,7 +10,7 @@ __all__ = ["applied", "decoder_note"]
 
 
 def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: str,
-                 loss_parallel: bool) -> str:
+                 loss_parallel: bool, sequence_applies: bool = True) -> str:
     """The plan's note on a decoder's training step.
 
     Args:
@@ -19,6 +19,8 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
         sequence_parallel: sequence parallelism asked for: ``"off"``, ``"on"`` or
             ``"search"`` (:data:`flopscope.plan.space.SEQUENCE_PARALLEL`).
         loss_parallel: loss parallelism asked for.
+        sequence_applies: some layout of the plan is tensor-parallel without stages (where
+            sequence parallelism applies).
 
     Returns:
         One line.
@@ -30,7 +32,10 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
         words.append(f"mixed precision: {stored} parameters gathered as {mixed[0]} (FSDP2's "
                      f"MixedPrecisionPolicy, on a group of one too), gradients reduced in "
                      f"{mixed[1]}")
-    if sequence_parallel == "on":
+    if sequence_parallel != "off" and not sequence_applies:
+        words.append("sequence parallelism asked for, but no layout here is tensor-parallel "
+                     "without pipeline stages, where it applies")
+    elif sequence_parallel == "on":
         words.append("sequence parallelism on tensor-parallel layouts without stages")
     elif sequence_parallel == "search":
         words.append("sequence parallelism searched: each tensor-parallel layout without "

@@ -379,7 +379,8 @@ def plan(
     notes = (f"step times: compute from {compute_note(hw)}, plus communication at the links' alpha-beta "
              f"({links.source}); MFU against the dense "
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
-             decoder_note(stored, mixed, sp_mode, loss_parallel) if decoder else
+             decoder_note(stored, mixed, sp_mode, loss_parallel,
+                          any(c.sequence_parallel for c in choices)) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
