@@ -167,21 +167,21 @@ def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
         A blank line, the title, then a line per rival (none when there is no rival).
     """
     best = ranked[0]
-    rivals: list[Candidate] = []
-    seen = {(best.choice.tp, best.choice.pp, best.choice.data_parallel, best.choice.ep)}
-    # where sequence parallelism was searched: the best layout the other way round
+    # where sequence parallelism was searched: the best layout the other way round, listed
+    # right after the next fastest (or as it)
     other = dataclasses.replace(best.choice,
                                 sequence_parallel=not best.choice.sequence_parallel)
-    for c in ranked[1:]:
+    twin = next((c for c in ranked[1:] if c.choice == other), None)
+    rivals = list(ranked[1:2]) + ([twin] if twin is not None and twin is not ranked[1] else [])
+    seen = {(c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
+            for c in (best, *rivals)}
+    for c in ranked[2:]:
         family = (c.choice.tp, c.choice.pp, c.choice.data_parallel, c.choice.ep)
-        if c is ranked[1] or family not in seen or c.choice == other:
+        if family not in seen:
             rivals.append(c)
             seen.add(family)
     if not rivals:
         return []
-    twin = [c for c in rivals if c.choice == other]  # first or second, never cut
-    rivals = rivals[:1] + [c for c in rivals[1:] if c.choice == other] + [
-        c for c in rivals[1:] if c.choice != other]
     out = ["", "Why it wins (the next fastest, "
                + ("the same layout " + ("without" if best.choice.sequence_parallel else "with")
                   + " sequence parallelism, " if twin else "")
