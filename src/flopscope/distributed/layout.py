@@ -134,6 +134,12 @@ class Layout:
         return self.fsdp if self.fsdp is not None else self.world_size // (self.tp * self.pp)
 
     @property
+    def sequence_shards(self) -> int:
+        """How many sequence shards a pipeline stage boundary carries: the tensor-parallel
+        degree with sequence parallelism, else 1."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
     def stage(self) -> int:
         """The pipeline stage of :attr:`rank`."""
         return self.rank // (self.dp * self.tp)
@@ -258,8 +264,15 @@ def sequence_parallel_model_plan(model: nn.Module, loss_parallel: bool = False
     shard's positions (transformers computes them from ``inputs_embeds.shape[1]``) and break
     attention with a broadcast error.
 
+    On a pipeline stage (:class:`~flopscope.distributed.pipeline.DecoderStage`) each part is
+    where the stage has it: the first stage's first layer takes the embedding's output as
+    above; a later stage's first layer takes the sequence shards the stage before it sent
+    (its boundary carries shards, ``1 / tp`` of the activations, as Megatron-LM's does); the
+    last stage's norm and head as above.
+
     Args:
-        model: a transformers decoder LM (``model.layers``, ``model.norm``, ``lm_head``).
+        model: a transformers decoder LM (``model.layers``, ``model.norm``, ``lm_head``), or a
+            pipeline stage of one.
         loss_parallel: the head column-wise over the vocabulary (:func:`head_plan`) instead.
 
     Returns:
@@ -271,20 +284,27 @@ def sequence_parallel_model_plan(model: nn.Module, loss_parallel: bool = False
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
-    names = ["model.layers.0", "model.norm", "lm_head"]
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    first = next(iter(layers.keys()), None) if isinstance(layers, nn.ModuleDict) else "0"
+    embeds = _has(model, "model.embed_tokens")  # a pipeline's first stage, or the whole model
+    needed = ["model.norm", "lm_head"] if not isinstance(layers, nn.ModuleDict) else []
+    names = [f"model.layers.{first}", *needed]
     missing = [n for n in names if not _has(model, n)]
     if missing:
         raise UsageError(
             f"{type(model).__name__} has no {', '.join(missing)}: the sequence-parallel plan is "
             "written for transformers decoder LMs (model.layers, model.norm, lm_head)")
     seq = Shard(1)
-    return {
-        "model.layers.0": PrepareModuleInput(input_layouts=(Replicate(),),
-                                             desired_input_layouts=(seq,), use_local_output=True),
-        "model.norm": SequenceParallel(),
-        "lm_head": head_plan(model, seq)["lm_head"] if loss_parallel else PrepareModuleInput(
-            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True),
-    }
+    plan: dict[str, Any] = {}
+    if embeds:  # a later stage receives its first layer's input as sequence shards already
+        plan[f"model.layers.{first}"] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(seq,), use_local_output=True)
+    if _has(model, "model.norm"):  # the last stage's
+        plan["model.norm"] = SequenceParallel()
+        plan["lm_head"] = head_plan(model, seq)["lm_head"] if loss_parallel else (
+            PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                               use_local_output=True))
+    return plan
 
 
 def head_plan(model: nn.Module, input_layout: Any = None) -> dict[str, Any]:
@@ -413,9 +433,6 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     if layout.sequence_parallel and layout.tp < 2:
         raise UsageError("sequence parallelism shards activations over the tensor-parallel "
                          "ranks: it needs tp >= 2")
-    if layout.sequence_parallel and layout.pp > 1:
-        raise UsageError("sequence parallelism with pipeline stages is not built: a stage "
-                         "boundary would carry sequence shards")
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 

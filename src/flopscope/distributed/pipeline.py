@@ -79,12 +79,17 @@ class DecoderStage(nn.Module):
         model: a transformers causal LM (built for this stage alone).
         stage: this stage's index.
         stages: the number of stages.
+        sequence_shards: the stages pass sequence shards of this many tensor-parallel ranks
+            (sequence parallelism: a later stage's input is ``1 / sequence_shards`` of the
+            sequence; its rotary positions are the whole sequence's).
 
     Raises:
         UsageError: the model does not have that structure, or has fewer layers than stages.
     """
-    def __init__(self, model: nn.Module, stage: int, stages: int) -> None:
+    def __init__(self, model: nn.Module, stage: int, stages: int,
+                 sequence_shards: int = 1) -> None:
         super().__init__()
+        self.sequence_shards = sequence_shards
         base = getattr(model, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
         if (base is None or not isinstance(getattr(base, "layers", None), nn.ModuleList)
@@ -113,7 +118,8 @@ class DecoderStage(nn.Module):
         unpadded batch."""
         base: Any = self.model
         h = base.embed_tokens(x) if self.first else x
-        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        tokens = h.shape[1] if self.first else h.shape[1] * self.sequence_shards
+        position_ids = torch.arange(tokens, device=h.device).unsqueeze(0)
         position_embeddings = base.rotary_emb(h, position_ids=position_ids)
         for layer in base.layers.values():
             h = layer(h, attention_mask=None, position_embeddings=position_embeddings,

@@ -204,7 +204,7 @@ def count_stage(
         The stage's report (send/recv labelled: activations forward, gradients backward).
     """
     config = getattr(model, "config", None)
-    stage = DecoderStage(model, layout.stage, layout.pp)
+    stage = DecoderStage(model, layout.stage, layout.pp, layout.sequence_shards)
     mesh = layout.mesh()
     apply_layout(stage, layout, mesh)
     return run_stage(stage, input_ids, stage=layout.stage, stages=layout.pp,
@@ -238,7 +238,7 @@ def _stage_run(
         model, args, kwargs = build()
         ids = _token_ids(args, kwargs)
         config = getattr(model, "config", None)
-        stage = DecoderStage(model, layout.stage, layout.pp)
+        stage = DecoderStage(model, layout.stage, layout.pp, layout.sequence_shards)
         del model
         mesh = layout.mesh()
         apply_layout(stage, layout, mesh)

@@ -221,9 +221,15 @@ def run_stage(
     if schedule == "1f1b" and microbatches < stages:
         raise UsageError(f"1F1B needs at least as many microbatches as stages ({microbatches} < "
                          f"{stages}): give more microbatches, or the gpipe schedule")
+    shards = stage_module.sequence_shards
+    if seq % shards:
+        raise UsageError(f"sequence parallelism with pipeline stages sends sequence shards: the "
+                         f"sequence of {seq} tokens does not split over {shards} tensor-parallel "
+                         "ranks; give a sequence length that is a multiple of --tp")
     mb = batch // microbatches
     dtype = next(p.dtype for p in stage_module.parameters() if p.is_floating_point())
-    hidden = (mb, seq, int(config.hidden_size))
+    # with sequence parallelism a stage boundary carries this rank's sequence shard
+    hidden = (mb, seq // shards, int(config.hidden_size))
     out_shape = (mb, seq, int(config.vocab_size)) if stage == stages - 1 else hidden
     # static metadata (a fake process group cannot exchange it); a shape-only run calls this
     # inside its fake tensor mode, so these are fake too
