@@ -227,3 +227,14 @@ def test_sequence_parallel_stages_need_whole_shards() -> None:
     with pytest.raises(UsageError, match="sequence of 63 tokens does not split over 2"):
         simulate(odd, Layout(4, tp=2, pp=2, sequence_parallel=True), microbatches=2,
                  logical=False, warn=False)
+
+
+def test_the_loss_parallel_hint_only_where_it_is_built() -> None:
+    # the off line suggests --loss-parallel only for layouts that can take it
+    from flopscope.distributed.display import loss_parallel_section
+
+    (plain,) = loss_parallel_section(Layout(2, tp=2), "sum").text
+    (staged,) = loss_parallel_section(Layout(4, tp=2, pp=2), "sum").text
+    assert "--loss-parallel shards it" in plain
+    assert "--loss-parallel shards it" not in staged
+    assert "loss parallelism is not built with --pp or --ep" in staged

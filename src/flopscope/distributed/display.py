@@ -242,8 +242,10 @@ def loss_parallel_section(layout: Any, loss: str | None) -> Any:
                 f"vocabulary shards on each of the {layout.tp} tensor-parallel ranks; backward "
                 f"from {losses[loss]}" + (" on the shards (torch's loss_parallel)"
                                           if loss == "cross_entropy" else ""))
-    else:
-        line = (f"loss parallelism: off: lm_head whole on every tensor-parallel rank "
-                f"(--loss-parallel shards it, as flopscope plan does by default); backward from "
-                f"{losses[loss]}")
+    else:  # the hint only where --loss-parallel is built (not with stages or experts)
+        hint = ("--loss-parallel shards it, as flopscope plan does by default"
+                if layout.pp == 1 and layout.ep == 1 else
+                "loss parallelism is not built with --pp or --ep")
+        line = (f"loss parallelism: off: lm_head whole on every tensor-parallel rank ({hint}); "
+                f"backward from {losses[loss]}")
     return DataSection("loss_parallel", {"on": layout.loss_parallel, "loss": loss}, (line,))
