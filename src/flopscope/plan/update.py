@@ -108,9 +108,9 @@ def update_collectives(tensors: int, elements: int, dtype: torch.dtype, hardware
     ``foreach``, each of the whole gradient).
 
     Counted by running the update's second ``step()`` on one such parameter of ``elements``
-    on a fake group of two; the calls are per parameter (``tensors`` x one parameter's), the
-    payload per element (one parameter of every element: exact, each call moves its own
-    gradient).
+    on a fake group of two; the calls are per parameter (``tensors`` x that parameter's: a
+    call's count does not depend on its size), the payload per element (one parameter of
+    every element: exact, each call moves its own gradient).
 
     Args:
         tensors: the parameters with partial gradients.
@@ -127,48 +127,49 @@ def update_collectives(tensors: int, elements: int, dtype: torch.dtype, hardware
 
     if tensors <= 0 or elements <= 0 or group_size <= 1:
         return ()
-    many = foreach(hardware)
-    one = _partial_update((1,), dtype, many)
-    flat = _partial_update((elements,), dtype, many)
     out = []
-    for a, b in zip(one, flat, strict=True):
-        payload = b.payload_bytes
-        out.append(CommRecord("", b.phase, b.kind, group_size, a.calls * tensors, payload,
-                              int(payload * BUS_FACTORS[b.kind](group_size)), "tp"))
+    for r in _partial_update(elements, dtype, foreach(hardware)):
+        out.append(CommRecord("", r.phase, r.kind, group_size, r.calls * tensors,
+                              r.payload_bytes,
+                              int(r.payload_bytes * BUS_FACTORS[r.kind](group_size)), "tp"))
     return tuple(out)
 
 
-_PARTIAL: dict[tuple[tuple[int, ...], torch.dtype, bool], tuple[CommRecord, ...]] = {}
+_PARTIAL: dict[tuple[int, torch.dtype, bool], tuple[CommRecord, ...]] = {}
 
 
-def _partial_update(sizes: tuple[int, ...], dtype: torch.dtype,
-                    many: bool) -> tuple[CommRecord, ...]:
-    """The communication of AdamW's second step on replicated DTensor parameters of ``sizes``
-    with partial gradients, on a fake group of two (sorted by kind)."""
-    key = (sizes, dtype, many)
+def _partial_update(elements: int, dtype: torch.dtype, many: bool) -> tuple[CommRecord, ...]:
+    """The communication of AdamW's second step on one replicated DTensor parameter of
+    ``elements`` with a partial gradient, on a fake group of two (sorted by kind)."""
+    key = (elements, dtype, many)
     found = _PARTIAL.get(key)
     if found is not None:
         return found
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    from flopscope.core.counter import Counter
-
     with _world() as mesh, FakeTensorMode():
-        params = []
-        for n in sizes:
-            p = torch.nn.Parameter(DTensor.from_local(torch.empty(n, dtype=dtype), mesh,
-                                                      [Replicate()], run_check=False))
-            p.grad = DTensor.from_local(torch.empty(n, dtype=dtype), mesh, [Partial()],
-                                        run_check=False)
-            params.append(p)
-        opt = torch.optim.AdamW(params, foreach=many)
-        opt.step()  # makes the moments: not a step's work
-        with Counter(warn=False) as counter:
-            opt.step()
+        p = torch.nn.Parameter(DTensor.from_local(torch.empty(elements, dtype=dtype), mesh,
+                                                  [Replicate()], run_check=False))
+        p.grad = DTensor.from_local(torch.empty(elements, dtype=dtype), mesh, [Partial()],
+                                    run_check=False)
+        counter = _second_step([p], many)
         found = tuple(sorted(counter.report.communication, key=lambda r: r.kind))
     _PARTIAL[key] = found
     return found
+
+
+def _second_step(params: list[torch.nn.Parameter], many: bool,
+                 observers: tuple[Any, ...] = ()) -> Any:
+    """AdamW's second ``step()`` over ``params`` (their gradients set), counted: the first
+    makes the moments, not a step's work. Returns the :class:`~flopscope.core.counter.Counter`."""
+    from flopscope.core.counter import Counter
+
+    opt = torch.optim.AdamW(params, foreach=many)
+    opt.step()
+    with Counter(warn=False, observers=list(observers)) as counter:
+        opt.step()
+    return counter
 
 
 def accumulation_estimate(elements: int, dtype: torch.dtype, hardware: Hardware,
@@ -259,10 +260,7 @@ def _run(what: str, sizes: tuple[int, ...], dtype: torch.dtype, hardware: Hardwa
         for p, g in zip(params, grads, strict=True):
             p.grad = g
         if what == "update":
-            opt = torch.optim.AdamW(params, foreach=many)
-            opt.step()  # makes the moments: not a step's work
-            with Counter(warn=False, observers=[log]):
-                opt.step()
+            _second_step(params, many, (log,))
         else:
             more = [make(n) for n in sizes]
             with Counter(warn=False, observers=[log]):
