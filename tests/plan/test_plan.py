@@ -328,3 +328,12 @@ def test_flopscope_plan_is_the_callable_package_whatever_the_import_order() -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_seq_len_defaults_to_the_sources_token_ids() -> None:
+    # an hf: source passes its token ids as the input_ids keyword (128 tokens by default); the
+    # plan read only a positional argument and planned 1 token per sequence without --seq-len
+    plan = flopscope.plan("hf:llama", gpus=1, hardware="h100", config=CONFIG, global_batch=1,
+                          checkpointing=("none",))
+    assert isinstance(plan, Plan)
+    assert plan.seq_len == 128 and plan.to_dict()["seq_len"] == 128

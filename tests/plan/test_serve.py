@@ -405,3 +405,16 @@ def test_the_best_for_latency_says_it_is_host_bound(served: ServePlan) -> None:
     assert row["host_bound"] is True
     assert row["latency_per_token_without_host_s"] == d.device_only
     assert row["decode_step_s"]["host_wait"] == d.host_wait > 0
+
+
+def test_prompt_defaults_to_the_sources_token_ids() -> None:
+    # without --seq-len the prompt is the source's 128 token ids (given as the input_ids
+    # keyword, which the plan did not read: it simulated prompts of 0 tokens and failed inside
+    # the model's attention)
+    plan = flopscope.plan("hf:llama", gpus=1, hardware="h100", config=CONFIG, mode="serve",
+                          max_new_tokens=2, batches=[1], memory_budget=BUDGET)
+    assert isinstance(plan, ServePlan)
+    assert plan.prompt == 128
+    (row,) = [c for c in plan.ranked if c.batch == 1]
+    # the cache after the last decode step: 128 + 2 - 1 positions
+    assert row.kv_cache_bytes == _kv(1, 1, 129)

@@ -163,3 +163,12 @@ def test_cli_sweep_table_and_json(capsys: pytest.CaptureFixture[str], cached: No
     data = json.loads(capsys.readouterr().out)
     assert [(d["gpus"], d["error"] is None) for d in data] == [(1, True), (2, True), (3, False)]
     assert data[1]["plan"]["ranked"][0]["layout"] == best.choice.label
+
+
+def test_serve_tasks_take_the_sources_prompt_without_seq_len() -> None:
+    # an hf: source passes its token ids as the input_ids keyword, 128 tokens by default
+    # (sources.DEFAULT_SEQ_LEN); the tasks read only a positional argument and asked for
+    # prompts of 0 tokens, which failed inside the model
+    tasks = role_tasks("hf:llama", gpus=1, hardware=PROFILES["h100-sxm"], mode="serve",
+                       config=CONFIG, batches=[1], max_new_tokens=8)
+    assert {t.serve for t in tasks} == {(1, 1, 128, 8), (1, 2, 128, 8)}

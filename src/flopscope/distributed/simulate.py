@@ -21,7 +21,7 @@ from flopscope.distributed.stage_run import StageRun, pipeline_report, run_stage
 from flopscope.distributed.world import fake_world, shared_world, world_of
 from flopscope.errors import UsageError
 from flopscope.execution.copies import to_fake
-from flopscope.execution.inputs import Inputs
+from flopscope.execution.inputs import Inputs, token_ids
 from flopscope.execution.training import causal_lm_loss
 from flopscope.report.records import CommRecord, OpRecord
 from flopscope.report.report import Report
@@ -214,8 +214,8 @@ def count_stage(
 
 
 def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+    ids = token_ids(args, kwargs)
+    if ids is None:
         raise UsageError("a pipeline-parallel simulation takes the model's token ids, a (batch, "
                          "sequence) tensor, as input_ids (or the first argument)")
     return ids

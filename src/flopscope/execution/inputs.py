@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Inputs", "model_arguments"]
+import torch
+
+__all__ = ["Inputs", "model_arguments", "token_ids"]
 
 
 class Inputs:
@@ -32,3 +34,13 @@ def model_arguments(args: tuple[Any, ...],
     if len(args) == 1 and isinstance(args[0], Inputs):
         return args[0].args, {**args[0].kwargs, **kwargs}
     return args, dict(kwargs)
+
+
+def token_ids(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A language model's token ids among its arguments: the ``input_ids`` keyword (as
+    :mod:`flopscope.sources` passes them), else the first positional argument; ``None`` when
+    neither is a (batch, sequence) integer tensor (an image model, embeddings given instead)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
+        return ids
+    return None

@@ -23,6 +23,7 @@ from torch import nn
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
+from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
 from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
@@ -46,6 +47,7 @@ from flopscope.plan.vision import (
     data_parallel_layouts,
     is_decoder,
 )
+from flopscope.sources import DEFAULT_SEQ_LEN
 
 __all__ = ["Plan", "plan"]
 
@@ -288,9 +290,9 @@ def plan(
     batch = global_batch if global_batch is not None else gpus
     stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, stored, config)
-    probe, args, _ = build(1, "none")
+    probe, args, kwargs = build(1, "none")
     decoder = is_decoder(getattr(probe, "config", None))
-    ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    ids = token_ids(args, kwargs)
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
     compute_dtype = next(probe.parameters()).dtype if mixed is None else getattr(torch, mixed[0])
     identity = model_identity(source, seq_len, stored, config)
@@ -416,10 +418,10 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
 
     check_serve_options(max_new_tokens, batches, training)
     build = build_model(source, seq_len, dtype, config)
-    probe, args, _ = build(1, "none")
+    probe, args, kwargs = build(1, "none")
     shape = ModelShape.from_config(getattr(probe, "config", None))
-    ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    prompt = int(ids.shape[-1]) if ids is not None else (seq_len or 0)
+    ids = token_ids(args, kwargs)
+    prompt = int(ids.shape[-1]) if ids is not None else (seq_len or DEFAULT_SEQ_LEN)
     param_dtype = str(next(probe.parameters()).dtype).replace("torch.", "")
     del probe
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
+from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
@@ -34,6 +35,7 @@ from flopscope.plan.serve import ServePlan, serve_layouts
 from flopscope.plan.space import ModelShape, enumerate_layouts, sequence_parallel_mode
 from flopscope.plan.vision import data_parallel_layouts, is_decoder
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
+from flopscope.sources import DEFAULT_SEQ_LEN
 
 __all__ = ["SweepRow", "role_tasks", "sweep"]
 
@@ -106,10 +108,10 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     """
     dtype, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, dtype, config)
-    probe, args, _ = build(1, "none")
+    probe, args, kwargs = build(1, "none")
     model_config = getattr(probe, "config", None)
-    ids = args[0] if args else None
-    prompt = int(ids.shape[-1]) if ids is not None and hasattr(ids, "shape") else 0
+    ids = token_ids(args, kwargs)
+    prompt = int(ids.shape[-1]) if ids is not None else (seq_len or DEFAULT_SEQ_LEN)
     del probe
     items = tuple(sorted((config or {}).items()))
 
