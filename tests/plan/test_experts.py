@@ -11,10 +11,11 @@ import flopscope
 from flopscope.cli import main
 from flopscope.errors import UsageError
 from flopscope.estimate import PROFILES
-from flopscope.plan import Plan
+from flopscope.plan import Plan, ServePlan
 from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles, expert_layouts
-from flopscope.plan.space import Choice, ModelShape
+from flopscope.plan.serve import serve_layouts
+from flopscope.plan.space import Choice, ModelShape, expert_degree
 
 # hidden 256, 8 heads of 32, 4 KV heads, 2 layers, vocab 512; 4 experts of MLP size 512, top 2
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
@@ -95,3 +96,35 @@ def test_cli_ep_filter_and_errors(capsys: pytest.CaptureFixture[str], mixtral: P
 def test_api_ep_on_a_dense_model() -> None:
     with pytest.raises(UsageError, match="has no experts"):
         flopscope.plan("hf:llama", gpus=2, ep=2, config={"num_hidden_layers": 2})
+
+
+def test_serving_layouts_shard_the_experts_over_the_tensor_parallel_ranks() -> None:
+    # 6 experts: tp 2 divides them (ep 2), tp 4 does not (no such layout); a dense model as before
+    moe = ModelShape(layers=2, heads=8, kv_heads=4, intermediate=512, experts=6)
+    got = [(s.tp, s.pp, s.replicas, s.ep) for s in serve_layouts(4, moe)]
+    assert got == [(1, 1, 4, 1), (1, 2, 2, 1), (2, 1, 2, 2), (2, 2, 1, 2)]
+    assert serve_layouts(4, moe)[2].label == "TP2 PP1 DP2 EP2"
+    dense = ModelShape(layers=2, heads=8, kv_heads=4, intermediate=512)
+    assert [s.ep for s in serve_layouts(4, dense)] == [1] * 5
+    assert expert_degree(6, 4) is None and expert_degree(0, 4) == 1 and expert_degree(4, 4) == 4
+
+
+def test_serving_a_mixture_of_experts() -> None:
+    plan = flopscope.plan("hf:mixtral", gpus=2, hardware="h100", config=CONFIG, mode="serve",
+                          seq_len=64, max_new_tokens=8, batches=[1], memory_budget=64 * 2**20)
+    assert isinstance(plan, ServePlan)
+    rows = {c.layout.label: c for c in plan.ranked if c.batch == 1}
+    assert set(rows) == {"TP1 PP1 DP2", "TP1 PP2 DP1", "TP2 PP1 DP1 EP2"}
+    # weights per rank, bfloat16: per layer attention q, o 256 x 256 and k, v 256 x 128 (196,608),
+    # 2 norms (512), the router 4 x 256 (1,024), 4 experts of 3 x 256 x 512 (1,572,864); the
+    # embedding and the head 512 x 256 each and the final norm (262,400). TP2 EP2 halves the
+    # attention and holds 2 of the 4 experts (it was every expert on every rank: 7.0 of 7.6 MB)
+    assert rows["TP1 PP1 DP2"].weights_bytes == 2 * (2 * 1_771_008 + 262_400)
+    assert rows["TP2 PP1 DP1 EP2"].weights_bytes == 2 * (2 * 886_272 + 262_400)
+    sharded, whole = rows["TP2 PP1 DP1 EP2"].decode, rows["TP1 PP1 DP2"].decode
+    # the tokens' dispatch to their experts' ranks and back: a part of its own, exposed
+    assert sharded.ep_comm > 0 and whole.ep_comm == 0 and whole.tp_comm == 0
+    assert sharded.total >= sharded.compute + sharded.tp_comm + sharded.ep_comm
+    step = plan.to_dict()["ranked"]
+    assert {r["layout"]: r["decode_step_s"]["ep_comm"] > 0 for r in step if r["batch"] == 1} == {
+        "TP1 PP1 DP2": False, "TP1 PP2 DP1": False, "TP2 PP1 DP1 EP2": True}

@@ -31,6 +31,27 @@ def test_grouped_mm_on_meta_assumes_the_groups_cover_the_rows() -> None:
     assert default_rules().find(mm)(call).macs == 12 * 8 * 4  # sum_g m_g = M = 12
 
 
+def test_grouped_mm_reads_the_weights_of_the_groups_with_rows() -> None:
+    # a mixture of experts' decode step: 2 rows (one token, its top 2 experts) over 8 experts
+    # of 16 x 32 float32 weights (2,048 bytes each)
+    a, b = torch.randn(2, 16), torch.randn(8, 16, 32)
+    offs = torch.tensor([0, 1, 1, 1, 1, 2, 2, 2], dtype=torch.int32)  # experts 1 and 5
+    cost = op(count(lambda: torch._grouped_mm(a, b, offs=offs)), GROUPED)
+    # read: a 128 + offs 32 + 2 groups x 2,048; written: 2 x 32 x 4
+    assert (cost.macs, cost.bytes_read, cost.bytes_written) == (2 * 16 * 32, 4256, 256)
+    # every row in one group: one group's weights
+    one = torch.tensor([2] * 8, dtype=torch.int32)
+    assert op(count(lambda: torch._grouped_mm(a, b, offs=one)), GROUPED).bytes_read == 2208
+    # on meta no offsets can be read: the rows spread evenly, min(8 groups, 2 rows) = 2 read;
+    # 20 rows reach every group, the whole weight (8 x 2,048 bytes)
+    mm = torch.ops.aten._grouped_mm.default
+    meta_offs = torch.empty(8, dtype=torch.int32, device="meta")
+    for rows, read in ((2, 128 + 32 + 2 * 2048), (20, 20 * 64 + 32 + 8 * 2048)):
+        x, w = torch.empty(rows, 16, device="meta"), torch.empty(8, 16, 32, device="meta")
+        call = OpCall(mm, (x, w, meta_offs), {}, torch.empty(rows, 32, device="meta"))
+        assert default_rules().find(mm)(call).bytes_read == read
+
+
 def test_grouped_mm_other_layouts() -> None:
     from flopscope.rules.grouped import grouped_mm_macs
 

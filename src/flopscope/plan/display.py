@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
 from flopscope.plan.serve import ServeCandidate, ServePlan
 from flopscope.plan.time_words import compute_note, table_line
-from flopscope.plan.timing import describe
+from flopscope.plan.timing import PART_NAMES, describe
 from flopscope.render.units import human_bytes, seconds
 
 if TYPE_CHECKING:
@@ -182,7 +182,8 @@ def _serve_best(title: str, c: ServeCandidate,
     d = c.decode
     parts = [("compute" + (" (predicted)" if d.kind == "prediction" else "")
               + (" on the device" if d.host else ""), d.compute),
-             ("tensor-parallel all-reduces", d.tp_comm), ("pipeline sends", d.p2p),
+             ("tensor-parallel collectives", d.tp_comm), (PART_NAMES["ep_comm"], d.ep_comm),
+             ("pipeline sends", d.p2p),
              ("waiting for the host", d.host_wait)]
     said = ", ".join(f"{name} {seconds(v)}" for name, v in parts if v > 0)
     at_bound = (f" (bound {seconds(c.decode_bound.total)}, "

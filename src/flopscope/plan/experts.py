@@ -33,24 +33,7 @@ from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import Choice, ModelShape, divisors
 
-__all__ = ["ExpertRoles", "expert_count", "expert_layouts", "remember"]
-
-
-def expert_count(config: Any) -> int:
-    """The experts per MoE layer of a transformers config (``num_local_experts``,
-    ``num_experts``), 0 for a dense model.
-
-    Args:
-        config: the model's config.
-
-    Returns:
-        The number of experts.
-    """
-    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 1:
-            return value
-    return 0
+__all__ = ["ExpertRoles", "expert_layouts", "remember"]
 
 
 def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int,

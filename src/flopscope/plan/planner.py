@@ -29,7 +29,7 @@ from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
 from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
 from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
-from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.experts import ExpertRoles, expert_layouts
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import decoder_note
@@ -304,7 +304,7 @@ def plan(
                          "for transformers decoders only; plan a vision model in one --dtype")
     if decoder:
         shape = ModelShape.from_config(getattr(probe, "config", None))
-        experts = expert_count(getattr(probe, "config", None))
+        experts = shape.experts
         del probe
         if experts and sp_mode != "off":
             raise UsageError(f"{source} is a mixture of experts: sequence parallelism is not "

@@ -44,7 +44,7 @@ from typing import Any
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
 from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
-from flopscope.plan.space import ModelShape, divisors
+from flopscope.plan.space import ModelShape, divisors, expert_degree
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import Links, ServeTime, forward_parts, serve_step_time
 
@@ -63,21 +63,28 @@ class ServeLayout:
         tp: tensor-parallel degree.
         pp: pipeline stages.
         replicas: copies of the model, each serving its own batch.
+        ep: a mixture of experts' expert-parallel degree: its experts sharded over the
+            tensor-parallel ranks (:func:`~flopscope.plan.space.expert_degree`; 1: none).
     """
 
     tp: int
     pp: int
     replicas: int
+    ep: int = 1
 
     @property
     def label(self) -> str:
-        """``TP2 PP1 DP4`` (DP: the replicas)."""
-        return f"TP{self.tp} PP{self.pp} DP{self.replicas}"
+        """``TP2 PP1 DP4`` (DP: the replicas); ``TP2 PP1 DP4 EP2`` with the experts sharded
+        (as a training layout's label says it)."""
+        experts = f" EP{self.ep}" if self.ep > 1 else ""
+        return f"TP{self.tp} PP{self.pp} DP{self.replicas}{experts}"
 
 
 def serve_layouts(gpus: int, shape: ModelShape) -> list[ServeLayout]:
     """Every serving layout of ``gpus`` devices: ``tp`` divides the heads, key/value heads and
-    MLP size; ``pp`` is at most the layers; the rest are replicas.
+    MLP size (and a mixture of experts' experts, sharded over the tensor-parallel ranks:
+    :func:`~flopscope.plan.space.expert_degree`); ``pp`` is at most the layers; the rest are
+    replicas.
 
     Args:
         gpus: devices.
@@ -88,9 +95,10 @@ def serve_layouts(gpus: int, shape: ModelShape) -> list[ServeLayout]:
     """
     out = []
     for tp in divisors(gpus):
-        if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp:
+        ep = expert_degree(shape.experts, tp)
+        if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp or ep is None:
             continue
-        out += [ServeLayout(tp, pp, gpus // (tp * pp)) for pp in divisors(gpus // tp)
+        out += [ServeLayout(tp, pp, gpus // (tp * pp), ep) for pp in divisors(gpus // tp)
                 if pp <= shape.layers]
     return out
 
@@ -398,7 +406,8 @@ def serve_plan(
         asked = "".join(f", {n} {v}" for n, v in (("tp", tp), ("pp", pp)) if v is not None)
         raise UsageError(f"no serving layout of {gpus} devices divides this model "
                          f"({shape.heads} heads, {shape.kv_heads} key/value heads, "
-                         f"{shape.layers} layers{asked}): change --gpus, --tp or --pp")
+                         + (f"{shape.experts} experts, " if shape.experts else "")
+                         + f"{shape.layers} layers{asked}): change --gpus, --tp or --pp")
     roles = ServeRoles(build, hardware, identity, prompt, new_tokens)
     fitting: list[ServeCandidate] = []
     dropped: list[ServeCandidate] = []

@@ -3,7 +3,9 @@
 A serving layout's rank runs the decode loop of ``transformers``: a prefill of the prompt, then
 one forward per new token with a growing ``DynamicCache``. :func:`simulate_serving` runs that loop
 on one rank of a tensor-parallel group (torch's fake process group, shape-only, the standard
-Llama plan of :func:`flopscope.distributed.apply_layout`; the simulated ranks' shape-only mode,
+Llama plan of :func:`flopscope.distributed.apply_layout`; a mixture of experts' experts sharded
+over the tensor-parallel ranks, :func:`flopscope.plan.space.expert_degree`; the simulated ranks'
+shape-only mode,
 :func:`flopscope.distributed.shape_only.shape_only_rank`, repeated calls answered from memory)
 under a counter, four forwards:
 
@@ -46,6 +48,7 @@ from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, Memor
 from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
 from flopscope.plan.degrees import hardware_key
 from flopscope.plan.roles import local_tensor
+from flopscope.plan.space import expert_count, expert_degree
 from flopscope.report.records import CommRecord
 
 __all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "remember",
@@ -205,7 +208,12 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
     with fake_world(tp, 0), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build()
-        layout = Layout(tp, tp=tp, fsdp=1)
+        ep = expert_degree(expert_count(getattr(model, "config", None)), tp)
+        if ep is None:
+            raise UsageError(f"{type(model).__name__}: tensor parallelism {tp} does not divide "
+                             "its experts (a serving layout shards them over its "
+                             "tensor-parallel ranks)")
+        layout = Layout(tp, tp=tp, fsdp=1, ep=ep)
         apply_layout(model, layout, layout.mesh())
         layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0))
         with shape_only_rank(model), torch.no_grad():

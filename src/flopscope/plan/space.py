@@ -18,13 +18,48 @@ from flopscope.errors import UsageError
 from flopscope.plan.checkpointing import CHECKPOINTING, KNOWN, LABEL_SUFFIX
 
 __all__ = ["SEQUENCE_PARALLEL", "Choice", "ModelShape", "divisors", "enumerate_layouts",
-           "parse_bytes", "sequence_parallel_mode"]
+           "expert_count", "expert_degree", "parse_bytes", "sequence_parallel_mode"]
 
 #: How a training plan treats sequence parallelism on tensor-parallel layouts without stages:
 #: ``"off"``, ``"on"`` (every such layout has it) or ``"search"`` (each such layout with and
 #: without it, so the plan chooses).
 SEQUENCE_PARALLEL = ("off", "on", "search")
 
+
+
+def expert_count(config: Any) -> int:
+    """The experts per MoE layer of a transformers config (``num_local_experts``,
+    ``num_experts``), 0 for a dense model.
+
+    Args:
+        config: the model's config.
+
+    Returns:
+        The number of experts.
+    """
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return 0
+
+
+def expert_degree(experts: int, tp: int) -> int | None:
+    """How a serving layout of ``tp``-way tensor parallelism holds a mixture of experts: its
+    experts sharded over the tensor-parallel ranks (expert parallelism, ``ep = tp``; attention
+    tensor-parallel), as :class:`~flopscope.distributed.Layout` builds it.
+
+    Args:
+        experts: experts per MoE layer (0: a dense model).
+        tp: tensor-parallel degree.
+
+    Returns:
+        The expert-parallel degree: 1 for a dense model or one rank, ``tp`` where it divides
+        the experts, ``None`` where it does not (no such layout).
+    """
+    if not experts or tp == 1:
+        return 1
+    return tp if experts % tp == 0 else None
 
 
 @dataclass(frozen=True)
@@ -36,12 +71,14 @@ class ModelShape:
         heads: attention heads.
         kv_heads: key/value heads.
         intermediate: the MLP's hidden size.
+        experts: experts per MoE layer (:func:`expert_count`; 0 for a dense model).
     """
 
     layers: int
     heads: int
     kv_heads: int
     intermediate: int
+    experts: int = 0
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -60,7 +97,7 @@ class ModelShape:
             heads = int(config.num_attention_heads)
             return cls(int(config.num_hidden_layers), heads,
                        int(getattr(config, "num_key_value_heads", None) or heads),
-                       int(config.intermediate_size))
+                       int(config.intermediate_size), expert_count(config))
         except AttributeError as e:
             raise UsageError(f"plan needs a transformers decoder (Llama, Mistral, Qwen2 ...): "
                              f"its config has no {e.name or 'layer/head count'}") from None

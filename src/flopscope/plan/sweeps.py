@@ -26,7 +26,7 @@ from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
-from flopscope.plan.experts import ExpertRoles, expert_count, expert_layouts
+from flopscope.plan.experts import ExpertRoles, expert_layouts
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
@@ -140,7 +140,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
             tasks += [task("train", key=key)
                       for key in roles_of(choice, shape.layers, mixed, loss_parallel)]
-    experts = expert_count(model_config)
+    experts = shape.experts
     for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
         if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
             key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,

@@ -315,10 +315,11 @@ class ServeTime:
             the stages one after the other): their prediction or their roofline bound
             (:attr:`kind`, :func:`forward_parts`); on a GPU's prediction the device's time
             only (the host's is :attr:`host`).
-        tp_comm: the tensor-parallel all-reduces (each sits between two products on the
-            device).
+        tp_comm: the tensor-parallel collectives (each sits between two products on the
+            device): the all-reduces, and with a mixture of experts' experts sharded the
+            all-gather of the group's token slices.
         p2p: the hidden states handed from stage to stage (``pp - 1`` sends).
-        total: the step: ``compute + tp_comm + p2p + host_wait``.
+        total: the step: ``compute + tp_comm + ep_comm + p2p + host_wait``.
         kind: ``"prediction"`` (the profile's calibration) or ``"bound"`` (roofline): what
             :attr:`compute` is.
         host: on a GPU's prediction, the host's time issuing the calls (0 elsewhere: a CPU's
@@ -328,6 +329,8 @@ class ServeTime:
             PyTorch issuing its calls one by one; the collectives and sends run on the device
             in the time it waits).
         calls: the operator calls of the step on the rank (their host time is :attr:`host`).
+        ep_comm: a mixture of experts' all-to-alls (the tokens' dispatch to their experts'
+            ranks and the results' return; between the router and the experts).
     """
 
     compute: float
@@ -338,6 +341,7 @@ class ServeTime:
     host: float = 0.0
     host_wait: float = 0.0
     calls: float = 0.0
+    ep_comm: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         """A JSON-ready dict (seconds; the parts and the total, not :attr:`kind` or
@@ -349,7 +353,7 @@ class ServeTime:
     def device_only(self) -> float:
         """The step without the host's wait: the device's work, all-reduces and sends (what
         CUDA graphs or a compiled step approach where the step is host-bound)."""
-        return self.compute + self.tp_comm + self.p2p
+        return self.compute + self.tp_comm + self.ep_comm + self.p2p
 
     @staticmethod
     def mean(a: ServeTime, b: ServeTime) -> ServeTime:
@@ -358,7 +362,8 @@ class ServeTime:
         return ServeTime((a.compute + b.compute) / 2, (a.tp_comm + b.tp_comm) / 2,
                          (a.p2p + b.p2p) / 2, (a.total + b.total) / 2,
                          a.kind if a.kind == b.kind else "bound", (a.host + b.host) / 2,
-                         (a.host_wait + b.host_wait) / 2, (a.calls + b.calls) / 2)
+                         (a.host_wait + b.host_wait) / 2, (a.calls + b.calls) / 2,
+                         (a.ep_comm + b.ep_comm) / 2)
 
 
 def forward_seconds(estimate: Estimate, *, bound: bool = False) -> float:
@@ -425,7 +430,8 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
     Args:
         compute: the step's calls on one tensor-parallel rank (all layers), seconds
             (:func:`forward_parts`: on a GPU's prediction the device's time).
-        communication: the step's collectives on that rank (tensor-parallel all-reduces).
+        communication: the step's collectives on that rank (tensor-parallel all-reduces; a
+            mixture of experts' all-to-alls and all-gathers).
         boundary_bytes: what one stage hands the next (a decoder layer's output).
         tp: tensor-parallel degree.
         pp: pipeline stages.
@@ -437,13 +443,15 @@ def serve_step_time(compute: float, communication: Iterable[CommRecord], boundar
     Returns:
         The :class:`ServeTime`.
     """
-    tp_comm = links.seconds([c for c in communication if c.kind == "all_reduce"], tp)
+    collectives = list(communication)
+    tp_comm = links.seconds([c for c in collectives if c.kind != "all_to_all"], tp)
+    ep_comm = links.seconds([c for c in collectives if c.kind == "all_to_all"], tp)
     sends = pp - 1
     p2p = links.seconds([CommRecord("", Phase.FORWARD, "send", 2, sends, boundary_bytes * sends,
                                     boundary_bytes * sends)], tp * pp) if sends else 0.0
-    device = compute + tp_comm + p2p  # the all-reduces and sends on the device's stream
+    device = compute + tp_comm + ep_comm + p2p  # the collectives and sends on the device's stream
     total = host_overlap(host, device)[0]
-    return ServeTime(compute, tp_comm, p2p, total, kind, host, total - device, calls)
+    return ServeTime(compute, tp_comm, p2p, total, kind, host, total - device, calls, ep_comm)
 
 
 #: the parts of a step by :meth:`StepTime.parts` key, as the table names them

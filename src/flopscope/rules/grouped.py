@@ -9,6 +9,12 @@ values do not exist, and the count assumes the groups cover the whole dimension 
 sum to the tensor's size, so the sum over groups of m_g * k * n is M * k * n). That assumption is
 exact whenever the last offset equals the dimension, which is how mixture-of-experts layers
 call the kernel. Sizes are used as they are (no ``int()``): symbolic sizes give formulas.
+
+A group without rows reads none of its weights: a mixture of experts' decode step at a small
+batch runs only the experts its tokens chose, and the kernel loads only those experts' weights
+(:func:`groups_with_rows`). With real offsets the empty groups are counted; on fake or meta
+tensors the rows are assumed spread over the groups as evenly as they go (balanced routing, as
+everywhere shape-only), so ``min(groups, rows)`` groups are read.
 """
 
 from __future__ import annotations
@@ -34,6 +40,21 @@ def covered(offs: Any, size: int) -> int:
         total += max(0, min(end, size) - start)
         start = max(start, min(end, size))
     return total
+
+
+def groups_with_rows(offs: Any, groups: Any, rows: Any) -> Any:
+    """The groups of a 2d x 3d grouped product that get at least one of the ``rows`` (those whose
+    weights the kernel reads): counted from the offsets when they are readable, else
+    ``min(groups, rows)`` (the rows spread evenly: balanced routing)."""
+    ends = tensor_values(offs) if offs is not None else None
+    if ends is None:
+        return torch.sym_min(groups, rows)
+    hit, start = 0, 0
+    for end in ends[:groups]:
+        end = min(end, rows)
+        hit += end > start
+        start = max(start, end)
+    return hit
 
 
 def grouped_mm_macs(a: torch.Tensor, b: torch.Tensor, offs: Any) -> tuple[int, int]:
@@ -67,11 +88,20 @@ def grouped_mm(call: OpCall) -> Cost:
     of rows; 3d x 2d and 2d x 2d likewise along N or K; 3d x 3d batched: G*M*K*N); + one add per
     computed output element with a bias. Offsets are read when real; on fake/meta tensors the
     groups are assumed to cover the dimension (sum_g m_g = M). fp8 scaling (``_scaled_grouped_mm``)
-    is not counted, as for ``_scaled_mm``."""
+    is not counted, as for ``_scaled_mm``. Bytes: the default traffic less the weights of the
+    groups without rows (2d x 3d: :func:`groups_with_rows`)."""
     a, b = call.args[0], call.args[1]
-    macs, outputs = grouped_mm_macs(a, b, named_arg(call, "offs"))
+    offs = named_arg(call, "offs")
+    macs, outputs = grouped_mm_macs(a, b, offs)
     bias = outputs if named_arg(call, "bias") is not None else 0
-    return call.cost(macs=macs, flops=2 * macs + bias)
+    cost = call.cost(macs=macs, flops=2 * macs + bias)
+    if a.dim() != 2 or b.dim() != 3 or call.is_view:
+        return cost
+    # the weights of the groups without rows are not read (the module's docstring)
+    groups = b.shape[0]
+    unread = (groups - groups_with_rows(offs, groups, a.shape[0])) * (b.numel() // groups)
+    return Cost(cost.macs, cost.flops, cost.bytes_read - unread * b.element_size(),
+                cost.bytes_written)
 
 
 @rule("aten::segment_reduce")

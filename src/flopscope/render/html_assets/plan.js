@@ -186,8 +186,8 @@
   }
 
   // -- a serving plan: (layout, batch) pairs by throughput, with their latency ----------------------
-  var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel all-reduces", colour: "#e8743b" },
-    { key: "p2p", label: "pipeline sends", colour: "#c0392b" }, { key: "host_wait", label: "waiting for the host", colour: "#8e8e8e" }];
+  var SERVE_PARTS = [{ key: "compute", label: "compute", colour: "#3b7dd8" }, { key: "tp_comm", label: "tensor-parallel collectives", colour: "#e8743b" },
+    { key: "ep_comm", label: "expert all-to-alls", colour: "#16a085" }, { key: "p2p", label: "pipeline sends", colour: "#c0392b" }, { key: "host_wait", label: "waiting for the host", colour: "#8e8e8e" }];
   // a step's keys that are not parts of it (the host's time beside the device's, not added)
   var SERVE_BESIDE = ["total", "host"];
   function drawServePlan(root, data, about) {
