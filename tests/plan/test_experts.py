@@ -128,3 +128,28 @@ def test_serving_a_mixture_of_experts() -> None:
     step = plan.to_dict()["ranked"]
     assert {r["layout"]: r["decode_step_s"]["ep_comm"] > 0 for r in step if r["batch"] == 1} == {
         "TP1 PP1 DP2": False, "TP1 PP2 DP1": False, "TP2 PP1 DP1 EP2": True}
+
+
+def test_a_shared_expert_is_sharded_as_a_dense_mlp() -> None:
+    from flopscope.plan.serving import simulate_serving
+
+    # a tiny Qwen2-MoE: hidden 256, 8 heads of 32, 4 KV heads, 4 experts of MLP 128 (top 2) and a
+    # shared expert of MLP 512, 2 layers, vocab 512
+    config = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                  moe_intermediate_size=128, shared_expert_intermediate_size=512,
+                  num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                  num_experts=4, num_experts_per_tok=2)
+    build = build_model("hf:qwen2_moe", 64, "bfloat16", config)
+
+    def model() -> Any:
+        return build(1, "none")[0].eval()
+
+    run = simulate_serving(model, 2, 1, 64, 2, PROFILES["h100-sxm"])
+    # per layer on a rank of TP2 EP2: attention q, o 256 x 256 and k, v 128 x 256 halved with
+    # their biases (98,560), 2 norms (512), the router 4 x 256 (1,024), 2 of the 4 experts of
+    # 3 x 256 x 128 (196,608), the shared expert's 3 x 512 x 256 halved (196,608; it was whole)
+    # and its gate 256; the embedding, the head (512 x 256 each) and the final norm 262,400;
+    # bfloat16
+    assert run.weight_bytes == 2 * (2 * 493_568 + 262_400)
+    # one all-reduce after attention and one after the shared expert, per layer
+    assert sum(c.calls for c in run.last.communication if c.kind == "all_reduce") == 4

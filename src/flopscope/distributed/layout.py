@@ -223,10 +223,15 @@ def llama_tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict[str
     if moe and sequence_parallel:
         raise UsageError("sequence parallelism is not built for mixture-of-experts layers")
     if moe:  # attention only: the experts are sharded by expert parallelism, the router runs
-        # replicated on the tensor-parallel group's shared batch
+        # replicated on the tensor-parallel group's shared batch; a shared expert (Qwen2-MoE's
+        # shared_expert, DeepSeek's shared_experts) is a dense MLP on that batch, sharded as one
+        shared = next((f"mlp.{n}" for n in ("shared_expert", "shared_experts")
+                       if _has(layer, f"mlp.{n}.gate_proj")), None)
         return {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            **({f"{shared}.gate_proj": ColwiseParallel(), f"{shared}.up_proj": ColwiseParallel(),
+                f"{shared}.down_proj": RowwiseParallel()} if shared else {}),
         }
     if not sequence_parallel:
         return {
