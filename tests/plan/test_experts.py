@@ -153,3 +153,15 @@ def test_a_shared_expert_is_sharded_as_a_dense_mlp() -> None:
     assert run.weight_bytes == 2 * (2 * 493_568 + 262_400)
     # one all-reduce after attention and one after the shared expert, per layer
     assert sum(c.calls for c in run.last.communication if c.kind == "all_reduce") == 4
+
+
+def test_role_tasks_are_the_roles_the_plan_asks_for(mixtral: Plan) -> None:
+    from flopscope.plan.sweeps import role_tasks
+
+    # the sweep's tasks come from the same layouts (plan.experts.decoder_layouts): the 7
+    # expert-parallel layouts of test_ep_sizes_divide_the_experts one role each, and the
+    # layouts without experts sharded 12 roles
+    tasks = role_tasks("hf:mixtral", gpus=4, hardware=PROFILES["h100-sxm"], config=CONFIG,
+                       seq_len=64, global_batch=4, checkpointing=("none",))
+    assert len(tasks) == len(set(tasks)) == mixtral.roles == 19
+    assert sorted(t.ep for t in tasks if t.kind == "experts") == [2, 4, 4, 4, 4, 4, 4]

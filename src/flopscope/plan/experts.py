@@ -31,9 +31,9 @@ from flopscope.estimate import Hardware
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
-from flopscope.plan.space import Choice, ModelShape, divisors
+from flopscope.plan.space import Choice, ModelShape, divisors, enumerate_layouts
 
-__all__ = ["ExpertRoles", "expert_layouts", "remember"]
+__all__ = ["ExpertRoles", "decoder_layouts", "expert_layouts", "expert_role_key", "remember"]
 
 
 def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int,
@@ -68,6 +68,48 @@ def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int
     return out
 
 
+def decoder_layouts(gpus: int, shape: ModelShape, global_batch: int,
+                    checkpointing: Sequence[str], sequence_parallel: str, *,
+                    tp: int | None = None, pp: int | None = None,
+                    ep: int | None = None) -> list[Choice]:
+    """Every layout a decoder's training plan weighs: those of
+    :func:`~flopscope.plan.space.enumerate_layouts` and, for a mixture of experts, its
+    expert-parallel ones (:func:`expert_layouts`), kept where they have the degrees asked for.
+
+    Args:
+        gpus: devices.
+        shape: the model's shape (:attr:`~flopscope.plan.space.ModelShape.experts`).
+        global_batch: sequences per step.
+        checkpointing: activation checkpointing choices.
+        sequence_parallel: ``"off"``, ``"on"`` or ``"search"``
+            (:func:`~flopscope.plan.space.sequence_parallel_mode`).
+        tp: only this tensor-parallel degree.
+        pp: only this many stages.
+        ep: only this expert-parallel degree (1: the layouts without).
+
+    Returns:
+        The layouts.
+    """
+    every = enumerate_layouts(gpus, shape, global_batch, checkpointing, sequence_parallel)
+    if shape.experts:
+        every += expert_layouts(gpus, shape, shape.experts, global_batch, checkpointing)
+    return [c for c in every if tp in (None, c.tp) and pp in (None, c.pp) and ep in (None, c.ep)]
+
+
+def expert_role_key(choice: Choice) -> RoleKey:
+    """The role of an expert-parallel layout's rank (every rank does the same work under
+    balanced routing); with ``choice.ep``, what :class:`ExpertRoles` simulates.
+
+    Args:
+        choice: an expert-parallel layout.
+
+    Returns:
+        Its role.
+    """
+    return RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1, choice.checkpoint,
+                   loss=ExpertRoles.loss)
+
+
 class ExpertRoles(OneRole[int]):
     """Expert-parallel ranks of a mixture of experts, each role simulated once per process
     (rank 0; every rank runs the same shapes under balanced routing); the variant is ``ep``.
@@ -78,9 +120,7 @@ class ExpertRoles(OneRole[int]):
 
     def role(self, choice: Choice) -> tuple[int, RoleKey, int]:
         """See :meth:`OneRole.role`."""
-        key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                      choice.checkpoint, loss=self.loss)
-        return choice.ep, key, choice.tp * choice.dp
+        return choice.ep, expert_role_key(choice), choice.tp * choice.dp
 
     def shard(self, variant: int, key: RoleKey) -> Shard:
         """See :meth:`OneRole.shard`."""

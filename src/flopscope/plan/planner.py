@@ -29,7 +29,7 @@ from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
 from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
 from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
-from flopscope.plan.experts import ExpertRoles, expert_layouts
+from flopscope.plan.experts import ExpertRoles, decoder_layouts
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.model_flops import model_flops
 from flopscope.plan.options import decoder_note
@@ -38,7 +38,7 @@ from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
-from flopscope.plan.space import Choice, ModelShape, enumerate_layouts, sequence_parallel_mode
+from flopscope.plan.space import Choice, ModelShape, sequence_parallel_mode
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
@@ -312,14 +312,11 @@ def plan(
         if experts and mixed is not None and ep != 1:
             raise UsageError(f"{source} is a mixture of experts: mixed precision is not built "
                              "with expert parallelism; add --ep 1 (or plan in one --dtype)")
-        every = enumerate_layouts(gpus, shape, batch, checkpointing, sp_mode)
-        if experts:
-            every += expert_layouts(gpus, shape, experts, batch, checkpointing)
-        elif ep not in (None, 1):
+        if not experts and ep not in (None, 1):
             raise UsageError(f"{source} has no experts: --ep {ep} applies to a mixture of "
                              "experts (Mixtral, Qwen2-MoE)")
-        choices = [c for c in every
-                   if tp in (None, c.tp) and pp in (None, c.pp) and ep in (None, c.ep)]
+        choices = decoder_layouts(gpus, shape, batch, checkpointing, sp_mode, tp=tp, pp=pp,
+                                  ep=ep)
         if not choices:
             raise UsageError(
                 f"no layout of {gpus} devices divides this model ({shape.heads} heads, "

@@ -26,14 +26,13 @@ from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
 from flopscope.plan.degrees import shared_degrees
-from flopscope.plan.experts import ExpertRoles, expert_layouts
+from flopscope.plan.experts import decoder_layouts, expert_role_key
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
-from flopscope.plan.roles import RoleKey
 from flopscope.plan.serve import ServePlan, serve_layouts
-from flopscope.plan.space import ModelShape, enumerate_layouts, sequence_parallel_mode
-from flopscope.plan.vision import data_parallel_layouts, is_decoder
+from flopscope.plan.space import ModelShape, sequence_parallel_mode
+from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 from flopscope.sources import DEFAULT_SEQ_LEN
 
@@ -123,8 +122,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         if mode == "serve" or max(tp or 1, pp or 1, ep or 1) > 1:
             return []  # refused by the plan itself, with its message
         for choice in data_parallel_layouts(gpus, global_batch or gpus):
-            key = RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, "none")
-            tasks.append(task("vision", key=key, data_parallel=choice.data_parallel))
+            tasks.append(task("vision", key=vision_role_key(choice),
+                              data_parallel=choice.data_parallel))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
     if mode == "serve":
@@ -134,18 +133,14 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                     tasks.append(task("serve", serve=(layout.tp, batch, prompt,
                                                       max_new_tokens or 128)))
         return list(dict.fromkeys(tasks))
-    batch = global_batch or gpus
-    sp_mode = sequence_parallel_mode(sequence_parallel)
-    for choice in enumerate_layouts(gpus, shape, batch, checkpointing, sp_mode):
-        if tp in (None, choice.tp) and pp in (None, choice.pp) and ep in (None, 1):
+    for choice in decoder_layouts(gpus, shape, global_batch or gpus, checkpointing,
+                                  sequence_parallel_mode(sequence_parallel), tp=tp, pp=pp,
+                                  ep=ep):
+        if choice.ep > 1:
+            tasks.append(task("experts", key=expert_role_key(choice), ep=choice.ep))
+        else:
             tasks += [task("train", key=key)
                       for key in roles_of(choice, shape.layers, mixed, loss_parallel)]
-    experts = shape.experts
-    for choice in expert_layouts(gpus, shape, experts, batch, checkpointing) if experts else ():
-        if tp in (None, choice.tp) and pp in (None, 1) and ep in (None, choice.ep):
-            key = RoleKey(choice.tp, 1, 0, choice.dp, choice.micro_batch, 1,
-                          choice.checkpoint, loss=ExpertRoles.loss)
-            tasks.append(task("experts", key=key, ep=choice.ep))
     return list(dict.fromkeys(tasks))
 
 

@@ -32,7 +32,7 @@ from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import Choice, divisors
 
 __all__ = ["DATA_PARALLEL", "VisionRoles", "blocks", "check_vision_options",
-           "data_parallel_layouts", "is_decoder", "remember"]
+           "data_parallel_layouts", "is_decoder", "remember", "vision_role_key"]
 
 #: the data-parallel kinds of a vision plan
 DATA_PARALLEL = ("fsdp", "ddp")
@@ -94,6 +94,19 @@ def data_parallel_layouts(gpus: int, global_batch: int,
             for micro in divisors(per_rank) for kind in kinds]
 
 
+def vision_role_key(choice: Choice) -> RoleKey:
+    """The role of a vision model's data-parallel rank (every rank does the same work); with
+    ``choice.data_parallel``, what :class:`VisionRoles` simulates.
+
+    Args:
+        choice: a data-parallel layout.
+
+    Returns:
+        Its role.
+    """
+    return RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1, "none")
+
+
 class VisionRoles(OneRole[str]):
     """Data-parallel ranks of a vision model, each role simulated once per process (every rank
     runs the same shapes); the variant is ``fsdp`` or ``ddp``.
@@ -103,8 +116,7 @@ class VisionRoles(OneRole[str]):
 
     def role(self, choice: Choice) -> tuple[str, RoleKey, int]:
         """See :meth:`OneRole.role`."""
-        return choice.data_parallel, RoleKey(1, 1, 0, choice.dp, choice.micro_batch, 1,
-                                             "none"), choice.dp
+        return choice.data_parallel, vision_role_key(choice), choice.dp
 
     def shard(self, variant: str, key: RoleKey) -> Shard:
         """See :meth:`OneRole.shard`."""
