@@ -418,3 +418,25 @@ def test_prompt_defaults_to_the_sources_token_ids() -> None:
     (row,) = [c for c in plan.ranked if c.batch == 1]
     # the cache after the last decode step: 128 + 2 - 1 positions
     assert row.kv_cache_bytes == _kv(1, 1, 129)
+
+
+def test_a_model_without_llama_style_layers_is_served_without_tensor_parallelism() -> None:
+    from flopscope.estimate import PROFILES as profiles
+    from flopscope.plan.sweeps import role_tasks
+
+    # Phi-3 fuses its projections (qkv_proj, gate_up_proj): the standard tensor-parallel plan
+    # does not apply, so its serving layouts are tp 1 (it failed inside the simulation of the
+    # first TP2 role, after the TP1 roles had run)
+    phi3 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=4, pad_token_id=0)
+    plan = flopscope.plan("hf:phi3", gpus=2, hardware="h100", config=phi3, mode="serve",
+                          seq_len=16, max_new_tokens=2, batches=[1], memory_budget=BUDGET)
+    assert isinstance(plan, ServePlan)
+    assert {c.layout.label for c in plan.ranked} == {"TP1 PP1 DP2", "TP1 PP2 DP1"}
+    assert any(n.startswith("served without tensor parallelism: Phi3DecoderLayer has no "
+                            "self_attn.q_proj") for n in plan.notes)
+    with pytest.raises(UsageError, match="served without tensor parallelism: --tp 2"):
+        flopscope.plan("hf:phi3", gpus=2, hardware="h100", config=phi3, mode="serve", tp=2)
+    tasks = role_tasks("hf:phi3", gpus=2, hardware=profiles["h100-sxm"], mode="serve",
+                       config=phi3, seq_len=16, batches=[1], max_new_tokens=2)
+    assert {t.serve[0] for t in tasks} == {1}

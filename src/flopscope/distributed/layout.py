@@ -13,7 +13,7 @@ from torch import nn
 from flopscope.errors import UsageError
 
 __all__ = ["Layout", "apply_layout", "head_plan", "llama_tp_plan", "named_mesh",
-           "sequence_parallel_model_plan"]
+           "sequence_parallel_model_plan", "tp_plan_problem"]
 
 
 @dataclass(frozen=True)
@@ -339,6 +339,28 @@ def head_plan(model: nn.Module, input_layout: Any = None) -> dict[str, Any]:
                                        output_layouts=Shard(-1), use_local_output=False)}
 
 
+def tp_plan_problem(model: nn.Module) -> str | None:
+    """Why the standard tensor-parallel plan (:func:`llama_tp_plan`) does not apply to
+    ``model``, or ``None`` where it does: its decoder layers are found and the first has the
+    Llama-style projections (or a mixture of experts' attention and experts). A plan lays such
+    a model out data parallel only (training) or without tensor parallelism (serving).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The reason, or ``None``.
+    """
+    try:
+        layers = _decoder_layers(model)
+        if not layers:
+            return f"{type(model).__name__} has no decoder layers"
+        llama_tp_plan(layers[0])
+    except UsageError as e:
+        return str(e)
+    return None
+
+
 def _has(module: nn.Module, path: str) -> bool:
     try:
         module.get_submodule(path)
@@ -350,13 +372,11 @@ def _has(module: nn.Module, path: str) -> bool:
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a transformers causal LM (``model.model.layers``) or base model
     (a pipeline stage holds its layers in a ``ModuleDict`` keyed by their indices)."""
-    for path in ("model.layers", "layers", "model.decoder.layers", "transformer.h"):
-        if _has(model, path):
-            found = model.get_submodule(path)
-            if isinstance(found, nn.ModuleList):
-                return list(found)
-            if isinstance(found, nn.ModuleDict):
-                return list(found.values())
+    from flopscope.distributed.repeat import layer_list
+
+    found = layer_list(model)
+    if found is not None:
+        return list(found[1].values() if isinstance(found[1], nn.ModuleDict) else found[1])
     raise UsageError(
         f"{type(model).__name__} has no list of decoder layers (model.layers): parallel layouts "
         "are applied to transformers decoder models (Llama, Mistral, Qwen2 ...)")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import dtype_key
@@ -45,7 +46,7 @@ from flopscope.plan.vision import (
     VisionRoles,
     check_vision_options,
     data_parallel_layouts,
-    is_decoder,
+    decoder_problem,
 )
 from flopscope.sources import DEFAULT_SEQ_LEN
 
@@ -291,7 +292,10 @@ def plan(
     stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, stored, config)
     probe, args, kwargs = build(1, "none")
-    decoder = is_decoder(getattr(probe, "config", None))
+    # a transformers model that is not a Llama-style decoder is planned data parallel, and
+    # the plan says why
+    why = decoder_problem(probe) if hasattr(probe, "config") else None
+    decoder = hasattr(probe, "config") and why is None
     ids = token_ids(args, kwargs)
     seq = int(ids.shape[-1]) if ids is not None and decoder else (seq_len or 1)
     compute_dtype = next(probe.parameters()).dtype if mixed is None else getattr(torch, mixed[0])
@@ -335,7 +339,7 @@ def plan(
     else:
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
-                             ep)
+                             ep, why)
         choices = data_parallel_layouts(gpus, batch)
         if not choices:
             raise UsageError(f"a global batch of {batch} does not split over {gpus} devices: "
@@ -382,7 +386,9 @@ def plan(
                           any(c.sequence_parallel for c in choices)) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
-             "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s",
+             "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s"
+             + (f" (tensor and pipeline layouts are built for Llama-style decoders: {why})"
+                if why else ""),
              *((SELECTIVE_NOTE,) if any(c.startswith("selective") for c in checkpointing)
                else ()),
              *((UNDERSTATED_NOTE.format(understated),) if understated else ()),
@@ -420,6 +426,7 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
     ids = token_ids(args, kwargs)
     prompt = int(ids.shape[-1]) if ids is not None else (seq_len or DEFAULT_SEQ_LEN)
     param_dtype = str(next(probe.parameters()).dtype).replace("torch.", "")
+    no_tensor_parallel = tp_plan_problem(probe)
     del probe
 
     def model() -> nn.Module:
@@ -430,4 +437,5 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
     return serve_plan(source, model, shape, identity=identity, gpus=gpus, hardware=hw,
                       links=links, prompt=prompt, new_tokens=max_new_tokens or 128,
                       budget=budget, dtype=param_dtype, batches=tuple(batches or (1,)),
-                      gpus_per_node=gpus_per_node, tp=tp, pp=pp)
+                      gpus_per_node=gpus_per_node, tp=tp, pp=pp,
+                      no_tensor_parallel=no_tensor_parallel)

@@ -80,7 +80,8 @@ class ServeLayout:
         return f"TP{self.tp} PP{self.pp} DP{self.replicas}{experts}"
 
 
-def serve_layouts(gpus: int, shape: ModelShape) -> list[ServeLayout]:
+def serve_layouts(gpus: int, shape: ModelShape, tensor_parallel: bool = True
+                  ) -> list[ServeLayout]:
     """Every serving layout of ``gpus`` devices: ``tp`` divides the heads, key/value heads and
     MLP size (and a mixture of experts' experts, sharded over the tensor-parallel ranks:
     :func:`~flopscope.plan.space.expert_degree`); ``pp`` is at most the layers; the rest are
@@ -89,12 +90,15 @@ def serve_layouts(gpus: int, shape: ModelShape) -> list[ServeLayout]:
     Args:
         gpus: devices.
         shape: the model's shape.
+        tensor_parallel: ``False`` for a model whose layers do not take the standard
+            tensor-parallel plan (:func:`~flopscope.distributed.layout.tp_plan_problem`):
+            ``tp = 1`` only.
 
     Returns:
         The layouts, by tp then pp.
     """
     out = []
-    for tp in divisors(gpus):
+    for tp in divisors(gpus) if tensor_parallel else [1]:
         ep = expert_degree(shape.experts, tp)
         if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp or ep is None:
             continue
@@ -372,6 +376,7 @@ def serve_plan(
     gpus_per_node: int = 8,
     tp: int | None = None,
     pp: int | None = None,
+    no_tensor_parallel: str | None = None,
 ) -> ServePlan:
     """Plan serving ``source`` on ``gpus`` devices (see the module's docstring); what
     :func:`flopscope.plan.plan` runs with ``mode="serve"``.
@@ -393,6 +398,9 @@ def serve_plan(
         gpus_per_node: devices per node.
         tp: only layouts of this tensor-parallel degree.
         pp: only layouts of this many stages.
+        no_tensor_parallel: why the model's layers do not take the standard tensor-parallel
+            plan (:func:`~flopscope.distributed.layout.tp_plan_problem`): ``tp = 1`` only, and
+            the plan says why; ``None``: every ``tp``.
 
     Returns:
         The :class:`ServePlan`.
@@ -401,7 +409,11 @@ def serve_plan(
         UsageError: no layout divides the model and the devices.
     """
     start = time.perf_counter()
-    layouts = [s for s in serve_layouts(gpus, shape) if tp in (None, s.tp) and pp in (None, s.pp)]
+    if no_tensor_parallel and tp not in (None, 1):
+        raise UsageError(f"{source} is served without tensor parallelism: --tp {tp} does not "
+                         f"apply ({no_tensor_parallel}); leave it out")
+    layouts = [s for s in serve_layouts(gpus, shape, not no_tensor_parallel)
+               if tp in (None, s.tp) and pp in (None, s.pp)]
     if not layouts:
         asked = "".join(f", {n} {v}" for n, v in (("tp", tp), ("pp", pp)) if v is not None)
         raise UsageError(f"no serving layout of {gpus} devices divides this model "
@@ -441,7 +453,9 @@ def serve_plan(
              "latency per token the mean decode step",
              "with pipeline stages a batch passes the stages in turn (no microbatches in "
              "flight): stages add memory, not speed; each stage is charged the rank's "
-             "activations at its peak")
+             "activations at its peak",
+             *((f"served without tensor parallelism: {no_tensor_parallel}",)
+               if no_tensor_parallel else ()))
     return ServePlan(source, gpus, hardware, gpus_per_node, prompt, new_tokens, dtype, budget,
                      tuple(fitting), tuple(dropped), fitting[0] if fitting else None, latency,
                      roles.used, roles.simulations, time.perf_counter() - start, notes)

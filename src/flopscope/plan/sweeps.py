@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
 from flopscope.execution.inputs import token_ids
@@ -109,6 +110,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     build = build_model(source, seq_len, dtype, config)
     probe, args, kwargs = build(1, "none")
     model_config = getattr(probe, "config", None)
+    decoder = is_decoder(probe)
+    tensor_parallel = tp_plan_problem(probe) is None
     ids = token_ids(args, kwargs)
     prompt = int(ids.shape[-1]) if ids is not None else (seq_len or DEFAULT_SEQ_LEN)
     del probe
@@ -118,21 +121,25 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         return RoleTask(kind, source, seq_len, dtype, items, hardware, **role)
 
     tasks: list[RoleTask] = []
-    if not is_decoder(model_config):
-        if mode == "serve" or max(tp or 1, pp or 1, ep or 1) > 1:
+    if mode == "serve":
+        try:
+            shape = ModelShape.from_config(model_config)
+        except UsageError:
+            return []  # refused by the plan itself, with its message
+        for layout in serve_layouts(gpus, shape, tensor_parallel):
+            if tp in (None, layout.tp) and pp in (None, layout.pp):
+                for batch in sorted({1, 2, *(batches or ())}):
+                    tasks.append(task("serve", serve=(layout.tp, batch, prompt,
+                                                      max_new_tokens or 128)))
+        return list(dict.fromkeys(tasks))
+    if not decoder:
+        if max(tp or 1, pp or 1, ep or 1) > 1:
             return []  # refused by the plan itself, with its message
         for choice in data_parallel_layouts(gpus, global_batch or gpus):
             tasks.append(task("vision", key=vision_role_key(choice),
                               data_parallel=choice.data_parallel))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
-    if mode == "serve":
-        for layout in serve_layouts(gpus, shape):
-            if tp in (None, layout.tp) and pp in (None, layout.pp):
-                for batch in sorted({1, 2, *(batches or ())}):
-                    tasks.append(task("serve", serve=(layout.tp, batch, prompt,
-                                                      max_new_tokens or 128)))
-        return list(dict.fromkeys(tasks))
     for choice in decoder_layouts(gpus, shape, global_batch or gpus, checkpointing,
                                   sequence_parallel_mode(sequence_parallel), tp=tp, pp=pp,
                                   ep=ep):

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
 from flopscope.plan.roles import RoleKey, RoleRun
@@ -32,24 +33,44 @@ from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import Choice, divisors
 
 __all__ = ["DATA_PARALLEL", "VisionRoles", "blocks", "check_vision_options",
-           "data_parallel_layouts", "is_decoder", "remember", "vision_role_key"]
+           "data_parallel_layouts", "decoder_problem", "is_decoder", "remember", "vision_role_key"]
 
 #: the data-parallel kinds of a vision plan
 DATA_PARALLEL = ("fsdp", "ddp")
 
 
-def is_decoder(config: Any) -> bool:
-    """Whether a model's ``config`` is a transformers decoder's (layers, heads, an MLP): what
-    the tensor and pipeline layouts need.
+def decoder_problem(model: nn.Module) -> str | None:
+    """Why ``model`` is not planned as a Llama-style decoder (tensor, pipeline and expert
+    layouts) but data parallel only, or ``None`` where it is: a transformers model whose config
+    gives the layers, heads and MLP size and whose decoder layers take the standard
+    tensor-parallel plan (:func:`~flopscope.distributed.layout.tp_plan_problem`).
 
     Args:
-        config: the model's ``config`` attribute (``None`` for a torchvision model).
+        model: the model (a torchvision model has no ``config``).
 
     Returns:
-        ``True`` for a decoder's config.
+        The reason, or ``None``.
     """
-    return all(getattr(config, n, None) is not None
-               for n in ("num_hidden_layers", "num_attention_heads", "intermediate_size"))
+    config = getattr(model, "config", None)
+    if config is None:
+        return f"{type(model).__name__} is not a transformers model"
+    missing = [n for n in ("num_hidden_layers", "num_attention_heads", "intermediate_size")
+               if getattr(config, n, None) is None]
+    if missing:
+        return f"{type(model).__name__}'s config has no {missing[0]}"
+    return tp_plan_problem(model)
+
+
+def is_decoder(model: nn.Module) -> bool:
+    """Whether ``model`` is planned as a Llama-style decoder (:func:`decoder_problem`).
+
+    Args:
+        model: the model.
+
+    Returns:
+        ``True`` for a decoder the tensor and pipeline layouts apply to.
+    """
+    return decoder_problem(model) is None
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -151,8 +172,9 @@ def remember(identity: Hashable, hardware: Hardware, data_parallel: str, run: Ro
 
 def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
                          tp: int | None = None, pp: int | None = None,
-                         ep: int | None = None) -> None:
-    """Refuse what a data-parallel plan of a vision model does not take.
+                         ep: int | None = None, why: str | None = None) -> None:
+    """Refuse what a data-parallel plan of a vision model (or of another model that is not a
+    Llama-style decoder) does not take.
 
     Args:
         source: the SOURCE (for the message).
@@ -161,6 +183,7 @@ def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
         tp: a tensor-parallel degree asked for.
         pp: pipeline stages asked for.
         ep: an expert-parallel degree asked for.
+        why: a transformers model's reason (:func:`decoder_problem`), for the message.
 
     Raises:
         UsageError: block checkpointing, tensor, pipeline or expert parallelism asked for.
@@ -169,7 +192,8 @@ def check_vision_options(source: str, checkpointing: Iterable[str], asked: bool,
         if value is not None and value > 1:
             raise UsageError(f"{source} is planned data parallel only: --{name} {value} does "
                              "not apply (tensor and pipeline layouts are built for transformers "
-                             "decoders' heads and layers); leave it out")
+                             "decoders' heads and layers, Llama-style"
+                             + (f"; {why}" if why else "") + "); leave it out")
     if asked and any(c != "none" for c in checkpointing):
         raise UsageError(f"{source} is planned data parallel only (DDP or FSDP2 over the "
                          "batch): activation checkpointing (per block or selective) is built for "
