@@ -416,8 +416,11 @@ def _served(tp: int, pp: int, replicas: int, batch: int, *, fits: bool = True,
     """One (layout, batch) of a serving plan as ``ServeCandidate.to_dict`` writes it (the plan
     serving work's format: prefill and mean decode step in parts, seconds; bytes)."""
     compute = 1e-3 * batch / tp
-    prefill = {"compute": 40 * compute, "tp_comm": 2e-4 * (tp > 1), "p2p": 1e-4 * (pp - 1)}
-    decode = {"compute": compute, "tp_comm": 5e-5 * (tp > 1), "p2p": 2e-5 * (pp - 1)}
+    # a mixture of experts' layouts: the expert all-to-alls a part of their own
+    prefill = {"compute": 40 * compute, "tp_comm": 2e-4 * (tp > 1), "ep_comm": 3e-4 * (tp > 1),
+               "p2p": 1e-4 * (pp - 1)}
+    decode = {"compute": compute, "tp_comm": 5e-5 * (tp > 1), "ep_comm": 7e-5 * (tp > 1),
+              "p2p": 2e-5 * (pp - 1)}
     prefill["total"], decode["total"] = sum(prefill.values()), sum(decode.values())
     new_tokens = 128
     per_s = replicas * batch * new_tokens / (prefill["total"] + (new_tokens - 1) * decode["total"])
@@ -467,6 +470,11 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
     assert "over the 2.00 GiB budget" in browser.evaluate(
         "document.getElementById('dropped').textContent")
     assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
+    # every part of a step is drawn: the expert all-to-alls of a layout with tensor parallelism
+    browser.click(f"#ranked tbody tr:nth-child({1 + [c['tp'] for c in ranked].index(2)})")
+    assert browser.evaluate("[...document.querySelectorAll('#breakdown-decode span')]"
+                            ".map(s => s.title.split(':')[0])") == [
+        "compute", "tensor-parallel collectives", "expert all-to-alls"]
 
 
 def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
