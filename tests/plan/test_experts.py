@@ -165,3 +165,8 @@ def test_role_tasks_are_the_roles_the_plan_asks_for(mixtral: Plan) -> None:
                        seq_len=64, global_batch=4, checkpointing=("none",))
     assert len(tasks) == len(set(tasks)) == mixtral.roles == 19
     assert sorted(t.ep for t in tasks if t.kind == "experts") == [2, 4, 4, 4, 4, 4, 4]
+
+
+def test_serving_takes_the_expert_degree_from_tp() -> None:
+    with pytest.raises(UsageError, match=r"does not take ep: .*\(ep = tp\); choose the degree"):
+        flopscope.plan("hf:mixtral", gpus=4, hardware="h100", config=CONFIG, mode="serve", ep=2)

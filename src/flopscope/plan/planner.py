@@ -282,8 +282,9 @@ def plan(
                              "sequence_parallel: serving keeps the weights in --dtype and "
                              "runs plain tensor parallelism")
         if ep not in (None, 1):
-            raise UsageError("plan(mode='serve') does not take ep: serving a mixture of "
-                             "experts is not planned yet")
+            raise UsageError("plan(mode='serve') does not take ep: a serving layout shards a "
+                             "mixture of experts' experts over its tensor-parallel ranks "
+                             "(ep = tp); choose the degree with tp")
         return _serve(source, gpus, hw, links, gpus_per_node, budget, seq_len, dtype, config,
                       max_new_tokens, batches, {"global_batch": global_batch,
                                                 "checkpointing": None if checkpointing
