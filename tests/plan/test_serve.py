@@ -153,8 +153,24 @@ def test_throughput_and_latency(served: ServePlan) -> None:
     speeds = [c.tokens_per_s for c in served.ranked]
     assert speeds == sorted(speeds, reverse=True)
     assert served.best_throughput is served.ranked[0]
-    assert served.best_latency is min(served.ranked,
-                                      key=lambda c: (c.decode.total, -c.tokens_per_s))
+    # the shortest decode step; those within 1% of it are a tie, broken by tokens/s
+    least = min(c.decode.total for c in served.ranked)
+    assert served.best_latency is max(
+        (c for c in served.ranked if c.decode.total <= 1.01 * least),
+        key=lambda c: c.tokens_per_s)
+
+
+def test_latencies_within_one_percent_are_a_tie() -> None:
+    from flopscope.plan.serve import shortest
+
+    class Row:  # what shortest reads of a row: its tokens/s (and the latency it is given)
+        def __init__(self, latency: float, tokens_per_s: float) -> None:
+            self.latency, self.tokens_per_s = latency, tokens_per_s
+
+    rows = [Row(0.0100, 100), Row(0.01005, 300), Row(0.0102, 500)]
+    # 10.05 ms is within 1% of 10 ms and serves 3 times the tokens/s; 10.2 ms is 2% over
+    assert shortest(rows, lambda r: r.latency) is rows[1]  # type: ignore[arg-type]
+    assert shortest([], lambda r: 0.0) is None
 
 
 def test_a_layout_that_fits_no_batch_is_dropped() -> None:
@@ -440,3 +456,32 @@ def test_a_model_without_llama_style_layers_is_served_without_tensor_parallelism
     tasks = role_tasks("hf:phi3", gpus=2, hardware=profiles["h100-sxm"], mode="serve",
                        config=phi3, seq_len=16, batches=[1], max_new_tokens=2)
     assert {t.serve[0] for t in tasks} == {1}
+
+
+def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) -> None:
+    from flopscope.plan.serve import micro_batch
+    from flopscope.plan.timing import ServeTime, forward_parts
+
+    # TP1 PP2 at batch 4: two micro-batches of 2 sequences in flight, one per stage; a round
+    # (each sequence one token) is the whole model's forward at batch 2, the prefill a
+    # micro-batch's and half of it again for the second's (one stage behind); the memory is
+    # the whole batch's (before, the batch passed the stages in turn: the forward at batch 4)
+    assert micro_batch(4, 2) == 2 and micro_batch(5, 2) == 3 and micro_batch(1, 4) == 1
+    hw = get_hardware("h100")
+    build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
+    run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 1, 2, PROMPT, NEW, hw)
+    links = Links.of(hw, 2, 8)
+
+    def step(s: serving.ServeStep) -> ServeTime:
+        compute, host = forward_parts(s.estimate)
+        return serve_step_time(compute, s.communication, s.boundary_bytes, 1, 2, links,
+                               "prediction", host=host, calls=s.estimate.total.calls)
+
+    c = _row(served, "TP1 PP2 DP1", 4)
+    assert c.decode == ServeTime.mean(step(run.first), step(run.last))
+    assert c.prefill.total == pytest.approx(1.5 * step(run.prefill).total, rel=1e-12)
+    assert c.tokens_per_s == pytest.approx(4 * NEW / (c.prefill.total + (NEW - 1) * c.decode.total),
+                                           rel=1e-12)
+    # the KV cache of all 4 sequences, half the layers on the fuller stage:
+    # 2 layers x 2 (keys, values) x 4 KV heads x 32 x (64 + 8 - 1) x 2 bytes x 4
+    assert c.kv_cache_bytes == _kv(4, 1, PROMPT + NEW - 1) // 2

@@ -172,3 +172,12 @@ def test_serve_tasks_take_the_sources_prompt_without_seq_len() -> None:
     tasks = role_tasks("hf:llama", gpus=1, hardware=PROFILES["h100-sxm"], mode="serve",
                        config=CONFIG, batches=[1], max_new_tokens=8)
     assert {t.serve for t in tasks} == {(1, 1, 128, 8), (1, 2, 128, 8)}
+
+
+def test_serve_tasks_include_a_pipelines_micro_batches() -> None:
+    # 2 GPUs: TP1 PP1 DP2, TP1 PP2 DP1, TP2 PP1 DP1 at batches 1, 2 (the largest batch's
+    # slope) and 6; the PP2 layout's micro-batches of 6 and 2 sequences are 3 and 1
+    tasks = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], mode="serve",
+                       config=CONFIG, seq_len=16, batches=[6], max_new_tokens=4)
+    assert sorted({t.serve[:2] for t in tasks}) == [(1, 1), (1, 2), (1, 3), (1, 6), (2, 1),
+                                                    (2, 2), (2, 6)]

@@ -30,14 +30,18 @@ simulated once per tensor-parallel degree and batch):
   (:attr:`ServePlan.best_latency_without_host`);
 - **tokens/s** = replicas x batch x new tokens / (prefill + (new tokens - 1) x mean decode step),
   a batch of requests from its prompt to its last token (static batching); per device, over N;
-  **latency per token** = the mean decode step; **time to first token** = the prefill.
+  **latency per token** = the mean decode step; **time to first token** = the prefill;
+- **pipeline stages** keep a micro-batch each in flight (:func:`micro_batch`): the times are the
+  role's at ``ceil(batch / pp)`` sequences (a round, every sequence one token, is the model's
+  forward at one micro-batch; the prefill gains the pipeline's fill), the memory the role's at
+  the whole batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +52,8 @@ from flopscope.plan.space import ModelShape, divisors, expert_degree
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import Links, ServeTime, forward_parts, serve_step_time
 
-__all__ = ["MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan", "serve_layouts",
-           "serve_plan"]
+__all__ = ["LATENCY_TIE", "MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan",
+           "micro_batch", "serve_layouts", "serve_plan", "shortest"]
 
 #: the largest batch a serving plan tries
 MAX_BATCH = 4096
@@ -197,7 +201,8 @@ class ServePlan:
         dropped: those that do not, with the reason (a layout that fits no batch, a batch
             asked for that is too large).
         best_throughput: the most tokens/s.
-        best_latency: the shortest latency per token (then the most tokens/s).
+        best_latency: the shortest latency per token (within :data:`LATENCY_TIE` of it, the
+            most tokens/s: :func:`shortest`).
         roles: serving roles (tensor-parallel degree x batch) the plan used.
         simulations: roles simulated by this plan.
         seconds: how long planning took.
@@ -230,11 +235,11 @@ class ServePlan:
     def best_latency_without_host(self) -> ServeCandidate | None:
         """Where the best layout for latency is host-bound, the best at the device's time
         alone (the shortest :attr:`~flopscope.plan.timing.ServeTime.device_only` decode step,
-        then the most tokens/s): the choice once CUDA graphs or torch.compile take the host's
+        within :data:`LATENCY_TIE` of it the most tokens/s: :func:`shortest`): the choice once CUDA graphs or torch.compile take the host's
         time per call away; ``None`` otherwise."""
         if self.best_latency is None or not self.best_latency.host_bound:
             return None
-        return min(self.ranked, key=lambda c: (c.decode.device_only, -c.tokens_per_s))
+        return shortest(self.ranked, lambda c: c.decode.device_only)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``mode``: ``serve``)."""
@@ -313,10 +318,56 @@ def _reason(memory: _Memory, budget: int, batch: int) -> str:
             f"{memory.where}; largest: {category.replace('_', ' ')} {human_bytes(size)}")
 
 
-def _times(run: ServeRun, layout: ServeLayout, links: Links, bound: bool
+#: latencies per token within this share of the shortest are a tie (broken by tokens/s): the
+#: predictions' error bars are tens of percent, and a host-bound step's host sum moves by a
+#: few tenths of a percent with the batch (the calibration's chain factor)
+LATENCY_TIE = 0.01
+
+
+def shortest(candidates: Sequence[ServeCandidate],
+             latency: Callable[[ServeCandidate], float]) -> ServeCandidate | None:
+    """The best for latency: among the candidates whose ``latency`` is within
+    :data:`LATENCY_TIE` of the shortest, the most tokens/s (then the shorter latency).
+
+    Args:
+        candidates: the rows that fit.
+        latency: a row's latency per token (its decode step, or the device's part of it).
+
+    Returns:
+        The row, or ``None`` without rows.
+    """
+    if not candidates:
+        return None
+    least = min(latency(c) for c in candidates)
+    return max((c for c in candidates if latency(c) <= least * (1 + LATENCY_TIE)),
+               key=lambda c: (c.tokens_per_s, -latency(c)))
+
+
+def micro_batch(batch: int, pp: int) -> int:
+    """The sequences of one of the ``pp`` micro-batches a pipeline of ``pp`` stages keeps in
+    flight when it serves ``batch`` sequences (the last one smaller where ``pp`` does not
+    divide ``batch``).
+
+    Args:
+        batch: sequences per replica.
+        pp: pipeline stages.
+
+    Returns:
+        ``ceil(batch / pp)``.
+    """
+    return -(-batch // pp)
+
+
+def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, bound: bool
            ) -> tuple[ServeTime, ServeTime, float]:
-    """The prefill, the mean decode step and the tokens/s of every replica: predicted, or at
-    the roofline bound with ``bound`` (or a profile without a calibration)."""
+    """The prefill (time to first token), the mean decode step (a round in which every
+    sequence gains a token) and the tokens/s of every replica serving ``batch`` sequences:
+    predicted, or at the roofline bound with ``bound`` (or a profile without a calibration).
+    ``timed_run`` is the role at the micro-batch (:func:`micro_batch`): with ``pp`` stages,
+    ``pp`` micro-batches are in flight, each stage runs its layers for each of them in turn,
+    so a round takes the whole model's forward at one micro-batch; the last micro-batch's
+    first token comes a stage-prefill after the one before it (``m - 1`` of them for ``m``
+    micro-batches)."""
 
     def timed(step: ServeStep) -> ServeTime:
         kind = "prediction" if step.estimate.calibrated and not bound else "bound"
@@ -325,20 +376,27 @@ def _times(run: ServeRun, layout: ServeLayout, links: Links, bound: bool
                                layout.pp, links, kind, host=host,
                                calls=step.estimate.total.calls)
 
-    prefill = timed(run.prefill)
-    decode = ServeTime.mean(timed(run.first), timed(run.last))
-    request = prefill.total + (run.new_tokens - 1) * decode.total
-    return prefill, decode, (layout.replicas * run.batch * run.new_tokens / request
+    in_flight = -(-batch // timed_run.batch)  # micro-batches: at most pp
+    prefill = timed(timed_run.prefill).scaled(1 + (in_flight - 1) / layout.pp)
+    decode = ServeTime.mean(timed(timed_run.first), timed(timed_run.last))
+    request = prefill.total + (timed_run.new_tokens - 1) * decode.total
+    return prefill, decode, (layout.replicas * batch * timed_run.new_tokens / request
                              if request else 0.0)
 
 
-def _candidate(run: ServeRun, layout: ServeLayout, links: Links, budget: int, gpus: int,
-               largest: bool) -> ServeCandidate:
+def _fits(run: ServeRun, pp: int, budget: int) -> bool:
+    return max(m.total for m in _memory(run, pp)) <= budget
+
+
+def _candidate(run: ServeRun, timed_run: ServeRun, layout: ServeLayout, links: Links,
+               budget: int, gpus: int, largest: bool) -> ServeCandidate:
+    """``run`` (the role at the batch) gives the memory, ``timed_run`` (at the micro-batch:
+    :func:`_times`) the times."""
     memory = max(_memory(run, layout.pp), key=lambda m: m.total)
-    prefill, decode, total = _times(run, layout, links, False)
+    prefill, decode, total = _times(timed_run, run.batch, layout, links, False)
     beside: tuple[ServeTime | None, ServeTime | None, float | None] = (None, None, None)
     if decode.kind == "prediction":  # the bound beside: the most the layout can reach
-        beside = _times(run, layout, links, True)
+        beside = _times(timed_run, run.batch, layout, links, True)
     fits = memory.total <= budget
     return ServeCandidate(layout, run.batch, largest, memory.total, memory.weights, memory.kv,
                           memory.where, prefill, decode, total, total / gpus, fits,
@@ -424,36 +482,45 @@ def serve_plan(
     fitting: list[ServeCandidate] = []
     dropped: list[ServeCandidate] = []
     for layout in layouts:
+
+        def candidate(batch: int, largest: bool, layout: ServeLayout = layout) -> ServeCandidate:
+            return _candidate(roles.get(layout.tp, batch),
+                              roles.get(layout.tp, micro_batch(batch, layout.pp)), layout,
+                              links, budget, gpus, largest)
+
         one = roles.get(layout.tp, 1)
-        first = _candidate(one, layout, links, budget, gpus, False)
+        first = candidate(1, False)
         if not first.fits:
             dropped.append(first)
             continue
         largest = max(1, min(max_batch, _largest_batch(one, roles.get(layout.tp, 2),
                                                        layout.pp, budget, max_batch)))
-        best = _candidate(roles.get(layout.tp, largest), layout, links, budget, gpus, True)
-        if not best.fits:  # memory grew faster than affine: bisect between 1 and there
-            low, high, best = 1, largest, dataclasses.replace(first, largest=True)
+        if not _fits(roles.get(layout.tp, largest), layout.pp, budget):
+            # memory grew faster than affine: bisect between 1 and there
+            low, high = 1, largest
             while high - low > 1:
                 mid = (low + high) // 2
-                cand = _candidate(roles.get(layout.tp, mid), layout, links, budget, gpus, True)
-                low, high, best = (mid, high, cand) if cand.fits else (low, mid, best)
+                low, high = ((mid, high) if _fits(roles.get(layout.tp, mid), layout.pp, budget)
+                             else (low, mid))
             largest = low
+        best = dataclasses.replace(first, largest=True) if largest == 1 else candidate(
+            largest, True)
         for batch in sorted(set(batches)):
             if batch == largest:
                 continue
-            cand = first if batch == 1 else _candidate(roles.get(layout.tp, batch), layout,
-                                                       links, budget, gpus, False)
+            cand = first if batch == 1 else candidate(batch, False)
             (fitting if cand.fits else dropped).append(cand)
         fitting.append(best)
     fitting.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes))
-    latency = min(fitting, key=lambda c: (c.decode.total, -c.tokens_per_s), default=None)
+    latency = shortest(fitting, lambda c: c.decode.total)
     notes = (f"compute: {compute_note(hardware, serve=True)}; communication at the links' bandwidth; "
              "tokens/s for a batch of requests from prompt to last token (static batching), "
              "latency per token the mean decode step",
-             "with pipeline stages a batch passes the stages in turn (no microbatches in "
-             "flight): stages add memory, not speed; each stage is charged the rank's "
-             "activations at its peak",
+             "with pipeline stages a replica keeps one micro-batch per stage in flight "
+             "(ceil(batch / stages) sequences each): a round in which every sequence gains a "
+             "token takes the model's forward at one micro-batch, the first token the "
+             "micro-batch's prefill and the pipeline's fill; each stage is charged the "
+             "rank's activations at its peak at the whole batch",
              *((f"served without tensor parallelism: {no_tensor_parallel}",)
                if no_tensor_parallel else ()))
     return ServePlan(source, gpus, hardware, gpus_per_node, prompt, new_tokens, dtype, budget,

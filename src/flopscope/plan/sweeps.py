@@ -31,7 +31,7 @@ from flopscope.plan.experts import decoder_layouts, expert_role_key
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
-from flopscope.plan.serve import ServePlan, serve_layouts
+from flopscope.plan.serve import ServePlan, micro_batch, serve_layouts
 from flopscope.plan.space import ModelShape, sequence_parallel_mode
 from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
@@ -128,7 +128,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
             return []  # refused by the plan itself, with its message
         for layout in serve_layouts(gpus, shape, tensor_parallel):
             if tp in (None, layout.tp) and pp in (None, layout.pp):
-                for batch in sorted({1, 2, *(batches or ())}):
+                asked = {1, 2, *(batches or ())}  # and the micro-batches of a pipeline's
+                for batch in sorted(asked | {micro_batch(b, layout.pp) for b in asked}):
                     tasks.append(task("serve", serve=(layout.tp, batch, prompt,
                                                       max_new_tokens or 128)))
         return list(dict.fromkeys(tasks))

@@ -311,8 +311,8 @@ class ServeTime:
     as :func:`step_time` sees a training step.
 
     Attributes:
-        compute: the tensor-parallel rank's calls, every stage's layers in turn (a batch passes
-            the stages one after the other): their prediction or their roofline bound
+        compute: the tensor-parallel rank's calls, every stage's layers in turn (one
+            micro-batch through the stages): their prediction or their roofline bound
             (:attr:`kind`, :func:`forward_parts`); on a GPU's prediction the device's time
             only (the host's is :attr:`host`).
         tp_comm: the tensor-parallel collectives (each sits between two products on the
@@ -354,6 +354,15 @@ class ServeTime:
         """The step without the host's wait: the device's work, all-reduces and sends (what
         CUDA graphs or a compiled step approach where the step is host-bound)."""
         return self.compute + self.tp_comm + self.ep_comm + self.p2p
+
+    def scaled(self, factor: float) -> ServeTime:
+        """Every part and the total times ``factor`` (a pipeline's fill: a prefill's
+        micro-batches one stage apart)."""
+        if factor == 1:
+            return self
+        return ServeTime(self.compute * factor, self.tp_comm * factor, self.p2p * factor,
+                         self.total * factor, self.kind, self.host * factor,
+                         self.host_wait * factor, self.calls * factor, self.ep_comm * factor)
 
     @staticmethod
     def mean(a: ServeTime, b: ServeTime) -> ServeTime:
