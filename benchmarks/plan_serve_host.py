@@ -3,8 +3,8 @@ degree and batch (docs/plan.md's 8B-shaped serving example on 8 H100s).
 
 For each role asked (tensor-parallel degree x batch) the first and last decode steps of the
 example (prompts of 2048 tokens, 256 new tokens) are simulated and their calls' predictions
-summed as the plan sums them (:func:`flopscope.plan.timing.forward_parts` and
-:func:`~flopscope.plan.timing.serve_step_time`: on a GPU the longer of the host's sum and the
+summed as the plan sums them (:func:`flopscope.plan.serve_time.forward_parts` and
+:func:`~flopscope.plan.serve_time.serve_step_time`: on a GPU the longer of the host's sum and the
 device's with its all-reduces): per step the operator calls, DTensor's own calls (the
 ``framework`` family), the collectives, the host and device sums, the call-by-call overlap
 (:func:`flopscope.estimate.predict.overlapped`), the roofline bound, the tensor-parallel
@@ -31,7 +31,7 @@ LLAMA_8B: dict[str, Any] = dict(hidden_size=4096, num_hidden_layers=32, num_atte
 
 def step_figures(step: Any, tp: int, links: Any) -> dict[str, Any]:
     """One simulated decode step's calls, host and device."""
-    from flopscope.plan.timing import forward_parts, serve_step_time
+    from flopscope.plan.serve_time import forward_parts, serve_step_time
 
     est = step.estimate
     total = est.total

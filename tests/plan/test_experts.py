@@ -128,6 +128,8 @@ def test_serving_a_mixture_of_experts() -> None:
     step = plan.to_dict()["ranked"]
     assert {r["layout"]: r["decode_step_s"]["ep_comm"] > 0 for r in step if r["batch"] == 1} == {
         "TP1 PP1 DP2": False, "TP1 PP2 DP1": False, "TP2 PP1 DP1 EP2": True}
+    assert {r["layout"]: r["ep"] for r in step if r["batch"] == 1} == {
+        "TP1 PP1 DP2": 1, "TP1 PP2 DP1": 1, "TP2 PP1 DP1 EP2": 2}
 
 
 def test_a_shared_expert_is_sharded_as_a_dense_mlp() -> None:

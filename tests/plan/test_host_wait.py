@@ -14,8 +14,9 @@ from flopscope.estimate import PROFILES, get_hardware
 from flopscope.estimate.bound import Row
 from flopscope.estimate.comm_time import Links
 from flopscope.estimate.overlap import host_overlap
+from flopscope.plan.serve_time import serve_step_time
 from flopscope.plan.space import Choice
-from flopscope.plan.timing import serve_step_time, step_time
+from flopscope.plan.timing import step_time
 from flopscope.report.records import CommRecord
 
 # 1 GB/s inside a node and no latency: a collective of N bus bytes takes N ns

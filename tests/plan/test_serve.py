@@ -21,9 +21,10 @@ from flopscope.plan import ServePlan, serving
 from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_html, serve_page_data, serve_text
 from flopscope.plan.serve import ServeCandidate, serve_layouts
+from flopscope.plan.serve_time import forward_seconds, serve_step_time
 from flopscope.plan.space import ModelShape
 from flopscope.plan.time_words import validated_on
-from flopscope.plan.timing import Links, forward_seconds, serve_step_time
+from flopscope.plan.timing import Links
 from flopscope.render.html import embedded_data
 from flopscope.render.units import human_bytes, seconds
 from flopscope.report.records import CommRecord
@@ -459,8 +460,7 @@ def test_a_model_without_llama_style_layers_is_served_without_tensor_parallelism
 
 
 def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) -> None:
-    from flopscope.plan.serve import micro_batch
-    from flopscope.plan.timing import ServeTime, forward_parts
+    from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch
 
     # TP1 PP2 at batch 4: two micro-batches of 2 sequences in flight, one per stage; a round
     # (each sequence one token) is the whole model's forward at batch 2, the prefill a
@@ -478,6 +478,8 @@ def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) ->
                                "prediction", host=host, calls=s.estimate.total.calls)
 
     c = _row(served, "TP1 PP2 DP1", 4)
+    assert c.to_dict()["micro_batch"] == 2 and _row(served, "TP1 PP1 DP2", 4).to_dict()[
+        "micro_batch"] == 4
     assert c.decode == ServeTime.mean(step(run.first), step(run.last))
     assert c.prefill.total == pytest.approx(1.5 * step(run.prefill).total, rel=1e-12)
     assert c.tokens_per_s == pytest.approx(4 * NEW / (c.prefill.total + (NEW - 1) * c.decode.total),

@@ -4,8 +4,8 @@
 (:meth:`flopscope.estimate.comm_time.CommTime.exposure`: the planner's
 :func:`flopscope.plan.timing.step_time` and a simulated rank's
 :func:`flopscope.estimate.comm_time.rank_step`), a serving step
-(:func:`flopscope.plan.timing.serve_step_time`) and a row of calls
-(:func:`flopscope.plan.timing.row_seconds`) all take it.
+(:func:`flopscope.plan.serve_time.serve_step_time`) and a row of calls
+(:func:`flopscope.plan.serve_time.row_seconds`) all take it.
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ simulated once per tensor-parallel degree and batch):
   has a batch dimension), so the roles at batches 1 and 2 give the batch at which each stage
   reaches the budget; the role at that batch is simulated and, should it not fit, the largest
   batch that does is bisected between 1 and there;
-- **time**: :func:`flopscope.plan.timing.serve_step_time` of the prefill and of the first and
+- **time**: :func:`flopscope.plan.serve_time.serve_step_time` of the prefill and of the first and
   last decode steps (a decode step's time is linear in its context, so their mean is the mean
   decode step); their compute is the **prediction** where the profile has a calibration (a
   shipped GPU's reference one, ``flopscope calibrate``'s), each call predicted as a training
   step's calls are (the step's call records through the profile's predictor; on a GPU the
   longer of the host's sum and the device's, its all-reduces and sends included:
-  :func:`flopscope.plan.timing.forward_parts`, :func:`~flopscope.plan.timing.serve_step_time`),
+  :func:`flopscope.plan.serve_time.forward_parts`, :func:`~flopscope.plan.serve_time.serve_step_time`),
   with the roofline **bound**'s times and tokens/s beside; else the bound alone. The layouts
   rank by the tokens/s of the prediction. An eager decode step is host-bound on a GPU
   (thousands of small calls): the row says so (``host_bound``), with the step at the device's
@@ -31,10 +31,11 @@ simulated once per tensor-parallel degree and batch):
 - **tokens/s** = replicas x batch x new tokens / (prefill + (new tokens - 1) x mean decode step),
   a batch of requests from its prompt to its last token (static batching); per device, over N;
   **latency per token** = the mean decode step; **time to first token** = the prefill;
-- **pipeline stages** keep a micro-batch each in flight (:func:`micro_batch`): the times are the
-  role's at ``ceil(batch / pp)`` sequences (a round, every sequence one token, is the model's
-  forward at one micro-batch; the prefill gains the pipeline's fill), the memory the role's at
-  the whole batch.
+- **pipeline stages** keep a micro-batch each in flight
+  (:func:`~flopscope.plan.serve_time.micro_batch`): the times are the role's at
+  ``ceil(batch / pp)`` sequences (a round, every sequence one token, is the model's forward at
+  one micro-batch; the prefill gains the pipeline's fill), the memory the role's at the whole
+  batch.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
+from flopscope.plan.serve_memory import StageMemory, fits_budget, largest_batch, stage_memories
+from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch, serve_step_time
 from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
 from flopscope.plan.space import ModelShape, divisors, expert_degree
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
-from flopscope.plan.timing import Links, ServeTime, forward_parts, serve_step_time
+from flopscope.plan.timing import Links
 
 __all__ = ["LATENCY_TIE", "MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan",
-           "micro_batch", "serve_layouts", "serve_plan", "shortest"]
+           "serve_layouts", "serve_plan", "shortest"]
 
 #: the largest batch a serving plan tries
 MAX_BATCH = 4096
@@ -164,7 +167,8 @@ class ServeCandidate:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (bytes, seconds)."""
         return {"layout": self.layout.label, "tp": self.layout.tp, "pp": self.layout.pp,
-                "replicas": self.layout.replicas, "batch": self.batch,
+                "replicas": self.layout.replicas, "ep": self.layout.ep,
+                "micro_batch": micro_batch(self.batch, self.layout.pp), "batch": self.batch,
                 "largest_batch": self.largest, "memory_bytes": self.memory_bytes,
                 "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
                 "peak_where": self.peak_where, "prefill_s": self.prefill.to_dict(),
@@ -234,7 +238,7 @@ class ServePlan:
     @property
     def best_latency_without_host(self) -> ServeCandidate | None:
         """Where the best layout for latency is host-bound, the best at the device's time
-        alone (the shortest :attr:`~flopscope.plan.timing.ServeTime.device_only` decode step,
+        alone (the shortest :attr:`~flopscope.plan.serve_time.ServeTime.device_only` decode step,
         within :data:`LATENCY_TIE` of it the most tokens/s: :func:`shortest`): the choice once CUDA graphs or torch.compile take the host's
         time per call away; ``None`` otherwise."""
         if self.best_latency is None or not self.best_latency.host_bound:
@@ -259,57 +263,7 @@ class ServePlan:
             "notes": list(self.notes)}
 
 
-@dataclass(frozen=True)
-class _Memory:
-    total: int
-    weights: int
-    kv: int
-    where: str
-    at: dict[str, int]
-
-
-def _stage_memory(run: ServeRun, step: ServeStep, layers: Sequence[range], s: int) -> _Memory:
-    """Stage ``s``'s memory at ``step``'s peak (one stage: the simulated peak itself), as
-    parameters, the KV cache after the step and the rest (activations, temporaries, the
-    logits)."""
-    memory = step.memory
-    assert memory is not None  # kept steps have one
-    where = f"{memory.peak_module or '(root)'} ({step.kind})"
-    end = sum(run.last.kv_layer_bytes[i] for i in layers[s])  # the stage's cache at the end
-    rest = max(0, memory.peak_bytes - run.weight_bytes - step.kv_bytes)
-    if len(layers) == 1:
-        return _Memory(memory.peak_bytes, run.weight_bytes, end, where,
-                       {"parameters": run.weight_bytes, "kv_cache": step.kv_bytes,
-                        "activations": rest})
-    weights = sum(run.layer_weight_bytes[i] for i in layers[s])
-    weights += (run.first_stage_bytes if s == 0 else 0)
-    weights += (run.last_stage_bytes if s == len(layers) - 1 else 0)
-    kv = sum(step.kv_layer_bytes[i] for i in layers[s])
-    return _Memory(weights + kv + rest, weights, end, f"stage {s}: {where}",
-                   {"parameters": weights, "kv_cache": kv, "activations": rest})
-
-
-def _memory(run: ServeRun, pp: int) -> list[_Memory]:
-    """Every stage's memory at the fuller of the prefill and the last decode step."""
-    from flopscope.distributed.pipeline import split_layers
-
-    layers = split_layers(len(run.layer_weight_bytes), pp)
-    return [max((_stage_memory(run, step, layers, s) for step in (run.prefill, run.last)),
-                key=lambda m: m.total) for s in range(pp)]
-
-
-def _largest_batch(one: ServeRun, two: ServeRun, pp: int, budget: int, cap: int) -> int:
-    """The batch at which the first stage to reach ``budget`` does, from memory affine in the
-    batch (batches 1 and 2); at most ``cap``."""
-    best = cap
-    for a, b in zip(_memory(one, pp), _memory(two, pp), strict=True):
-        slope = b.total - a.total
-        if slope > 0:
-            best = min(best, (budget - (a.total - slope)) // slope)
-    return max(0, best)
-
-
-def _reason(memory: _Memory, budget: int, batch: int) -> str:
+def _reason(memory: StageMemory, budget: int, batch: int) -> str:
     from flopscope.render.units import human_bytes
 
     category, size = max(memory.at.items(), key=lambda kv: kv[1])
@@ -343,27 +297,13 @@ def shortest(candidates: Sequence[ServeCandidate],
                key=lambda c: (c.tokens_per_s, -latency(c)))
 
 
-def micro_batch(batch: int, pp: int) -> int:
-    """The sequences of one of the ``pp`` micro-batches a pipeline of ``pp`` stages keeps in
-    flight when it serves ``batch`` sequences (the last one smaller where ``pp`` does not
-    divide ``batch``).
-
-    Args:
-        batch: sequences per replica.
-        pp: pipeline stages.
-
-    Returns:
-        ``ceil(batch / pp)``.
-    """
-    return -(-batch // pp)
-
-
 def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, bound: bool
            ) -> tuple[ServeTime, ServeTime, float]:
     """The prefill (time to first token), the mean decode step (a round in which every
     sequence gains a token) and the tokens/s of every replica serving ``batch`` sequences:
     predicted, or at the roofline bound with ``bound`` (or a profile without a calibration).
-    ``timed_run`` is the role at the micro-batch (:func:`micro_batch`): with ``pp`` stages,
+    ``timed_run`` is the role at the micro-batch
+    (:func:`~flopscope.plan.serve_time.micro_batch`): with ``pp`` stages,
     ``pp`` micro-batches are in flight, each stage runs its layers for each of them in turn,
     so a round takes the whole model's forward at one micro-batch; the last micro-batch's
     first token comes a stage-prefill after the one before it (``m - 1`` of them for ``m``
@@ -384,15 +324,11 @@ def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, b
                              if request else 0.0)
 
 
-def _fits(run: ServeRun, pp: int, budget: int) -> bool:
-    return max(m.total for m in _memory(run, pp)) <= budget
-
-
 def _candidate(run: ServeRun, timed_run: ServeRun, layout: ServeLayout, links: Links,
                budget: int, gpus: int, largest: bool) -> ServeCandidate:
     """``run`` (the role at the batch) gives the memory, ``timed_run`` (at the micro-batch:
     :func:`_times`) the times."""
-    memory = max(_memory(run, layout.pp), key=lambda m: m.total)
+    memory = max(stage_memories(run, layout.pp), key=lambda m: m.total)
     prefill, decode, total = _times(timed_run, run.batch, layout, links, False)
     beside: tuple[ServeTime | None, ServeTime | None, float | None] = (None, None, None)
     if decode.kind == "prediction":  # the bound beside: the most the layout can reach
@@ -493,15 +429,15 @@ def serve_plan(
         if not first.fits:
             dropped.append(first)
             continue
-        largest = max(1, min(max_batch, _largest_batch(one, roles.get(layout.tp, 2),
+        largest = max(1, min(max_batch, largest_batch(one, roles.get(layout.tp, 2),
                                                        layout.pp, budget, max_batch)))
-        if not _fits(roles.get(layout.tp, largest), layout.pp, budget):
+        if not fits_budget(roles.get(layout.tp, largest), layout.pp, budget):
             # memory grew faster than affine: bisect between 1 and there
             low, high = 1, largest
             while high - low > 1:
                 mid = (low + high) // 2
-                low, high = ((mid, high) if _fits(roles.get(layout.tp, mid), layout.pp, budget)
-                             else (low, mid))
+                fits = fits_budget(roles.get(layout.tp, mid), layout.pp, budget)
+                low, high = (mid, high) if fits else (low, mid)
             largest = low
         best = dataclasses.replace(first, largest=True) if largest == 1 else candidate(
             largest, True)
