@@ -134,6 +134,14 @@ def test_the_largest_batch_fits_and_one_more_does_not(served: ServePlan) -> None
         f"{human_bytes(dropped.memory_bytes - BUDGET)} over the {human_bytes(BUDGET)} budget, at ")
     (fits,) = [c for c in over.ranked if c.largest]
     assert fits.batch == top.batch  # one GPU: the same tensor-parallel rank, the same batch
+    # two stages (the cache of every sequence, the activations of one micro-batch): the same
+    staged = _row(served, "TP1 PP2 DP1", max(c.batch for c in largest
+                                             if c.layout.label == "TP1 PP2 DP1"))
+    past = flopscope.plan("hf:llama", **{**SERVE, "tp": 1, "pp": 2,
+                                         "batches": [staged.batch + 1]})
+    assert isinstance(past, ServePlan)
+    assert [(c.batch, c.fits) for c in past.dropped] == [(staged.batch + 1, False)]
+    assert [c.batch for c in past.ranked if c.largest] == [staged.batch]
 
 
 def test_throughput_and_latency(served: ServePlan) -> None:
@@ -487,3 +495,34 @@ def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) ->
     # the KV cache of all 4 sequences, half the layers on the fuller stage:
     # 2 layers x 2 (keys, values) x 4 KV heads x 32 x (64 + 8 - 1) x 2 bytes x 4
     assert c.kv_cache_bytes == _kv(4, 1, PROMPT + NEW - 1) // 2
+    # the stage's peak: its weights, its layers' cache of the 4 sequences, and the activations
+    # of one micro-batch (the batch-2 role's rest above its weights and cache at that step),
+    # at the fuller of the prefill and the last decode step
+    def rest(s: serving.ServeStep) -> int:
+        assert s.memory is not None
+        return s.memory.peak_bytes - run.weight_bytes - s.kv_bytes
+
+    assert c.memory_bytes == c.weights_bytes + max(
+        _kv(4, 1, PROMPT) // 2 + rest(run.prefill), _kv(4, 1, PROMPT + NEW - 1) // 2 + rest(run.last))
+
+
+def test_the_largest_batch_with_micro_batches_is_exact() -> None:
+    import math
+
+    from flopscope.plan.serve_memory import _most
+
+    # the memory above batch 1: the cache kv per sequence, the activations act per sequence
+    # of one micro-batch of ceil(B / pp); the largest batch within the room, against every B
+    def brute(room: int, kv: int, act: int, pp: int) -> int:
+        return max([b for b in range(1, 301)
+                    if kv * (b - 1) + act * (math.ceil(b / pp) - 1) <= room], default=0)
+
+    for pp in (1, 2, 3, 4, 8):
+        for kv in ((0,) if pp == 1 else (0, 1, 7, 40)):
+            for act in (0, 3, 25, 64):
+                for room in (-1, 0, 5, 99, 640, 2047):
+                    assert _most(room, kv, act, pp, 300) == brute(room, kv, act, pp), (
+                        room, kv, act, pp)
+    # 2 stages, 100 bytes of cache and 60 of activations per sequence, 1,000 bytes of room:
+    # B = 7 (micro-batches of 4): 600 + 180 = 780; B = 8: 700 + 180 = 880; B = 9: 800 + 240
+    assert _most(1000, 100, 60, 2, 300) == 8

@@ -34,8 +34,8 @@ simulated once per tensor-parallel degree and batch):
 - **pipeline stages** keep a micro-batch each in flight
   (:func:`~flopscope.plan.serve_time.micro_batch`): the times are the role's at
   ``ceil(batch / pp)`` sequences (a round, every sequence one token, is the model's forward at
-  one micro-batch; the prefill gains the pipeline's fill), the memory the role's at the whole
-  batch.
+  one micro-batch; the prefill gains the pipeline's fill), the memory every sequence's cache
+  and one micro-batch's activations.
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def _candidate(run: ServeRun, timed_run: ServeRun, layout: ServeLayout, links: L
                budget: int, gpus: int, largest: bool) -> ServeCandidate:
     """``run`` (the role at the batch) gives the memory, ``timed_run`` (at the micro-batch:
     :func:`_times`) the times."""
-    memory = max(stage_memories(run, layout.pp), key=lambda m: m.total)
+    memory = max(stage_memories(run, layout.pp, timed_run), key=lambda m: m.total)
     prefill, decode, total = _times(timed_run, run.batch, layout, links, False)
     beside: tuple[ServeTime | None, ServeTime | None, float | None] = (None, None, None)
     if decode.kind == "prediction":  # the bound beside: the most the layout can reach
@@ -431,13 +431,17 @@ def serve_plan(
             continue
         largest = max(1, min(max_batch, largest_batch(one, roles.get(layout.tp, 2),
                                                        layout.pp, budget, max_batch)))
-        if not fits_budget(roles.get(layout.tp, largest), layout.pp, budget):
+        def fits(batch: int, layout: ServeLayout = layout) -> bool:
+            return fits_budget(roles.get(layout.tp, batch),
+                               roles.get(layout.tp, micro_batch(batch, layout.pp)), layout.pp,
+                               budget)
+
+        if not fits(largest):
             # memory grew faster than affine: bisect between 1 and there
             low, high = 1, largest
             while high - low > 1:
                 mid = (low + high) // 2
-                fits = fits_budget(roles.get(layout.tp, mid), layout.pp, budget)
-                low, high = (mid, high) if fits else (low, mid)
+                low, high = (mid, high) if fits(mid) else (low, mid)
             largest = low
         best = dataclasses.replace(first, largest=True) if largest == 1 else candidate(
             largest, True)
@@ -455,8 +459,8 @@ def serve_plan(
              "with pipeline stages a replica keeps one micro-batch per stage in flight "
              "(ceil(batch / stages) sequences each): a round in which every sequence gains a "
              "token takes the model's forward at one micro-batch, the first token the "
-             "micro-batch's prefill and the pipeline's fill; each stage is charged the "
-             "rank's activations at its peak at the whole batch",
+             "micro-batch's prefill and the pipeline's fill; each stage is charged every "
+             "sequence's cache and the rank's activations at its peak at one micro-batch",
              *((f"served without tensor parallelism: {no_tensor_parallel}",)
                if no_tensor_parallel else ()))
     return ServePlan(source, gpus, hardware, gpus_per_node, prompt, new_tokens, dtype, budget,

@@ -32,47 +32,55 @@ class StageMemory:
     at: dict[str, int]
 
 
-def _stage_memory(run: ServeRun, step: ServeStep, layers: Sequence[range], s: int) -> StageMemory:
+def _stage_memory(run: ServeRun, step: ServeStep, busy: ServeStep, layers: Sequence[range],
+                  s: int) -> StageMemory:
     """Stage ``s``'s memory at ``step``'s peak (one stage: the simulated peak itself), as
-    parameters, the KV cache after the step and the rest (activations, temporaries, the
-    logits)."""
-    memory = step.memory
-    assert memory is not None  # kept steps have one
+    parameters, the KV cache after the step (``run``: every sequence's) and the rest
+    (activations, temporaries, the logits) of ``busy``, the same step of the role at one
+    micro-batch (with stages, a stage runs one micro-batch at a time)."""
+    memory = busy.memory
+    assert memory is not None and step.memory is not None  # kept steps have one
     where = f"{memory.peak_module or '(root)'} ({step.kind})"
     end = sum(run.last.kv_layer_bytes[i] for i in layers[s])  # the stage's cache at the end
-    rest = max(0, memory.peak_bytes - run.weight_bytes - step.kv_bytes)
+    rest = max(0, memory.peak_bytes - run.weight_bytes - busy.kv_bytes)
     if len(layers) == 1:
-        return StageMemory(memory.peak_bytes, run.weight_bytes, end, where,
-                       {"parameters": run.weight_bytes, "kv_cache": step.kv_bytes,
-                        "activations": rest})
+        return StageMemory(step.memory.peak_bytes, run.weight_bytes, end, where,
+                           {"parameters": run.weight_bytes, "kv_cache": step.kv_bytes,
+                            "activations": rest})
     weights = sum(run.layer_weight_bytes[i] for i in layers[s])
     weights += (run.first_stage_bytes if s == 0 else 0)
     weights += (run.last_stage_bytes if s == len(layers) - 1 else 0)
     kv = sum(step.kv_layer_bytes[i] for i in layers[s])
     return StageMemory(weights + kv + rest, weights, end, f"stage {s}: {where}",
-                   {"parameters": weights, "kv_cache": kv, "activations": rest})
+                       {"parameters": weights, "kv_cache": kv, "activations": rest})
 
 
-def stage_memories(run: ServeRun, pp: int) -> list[StageMemory]:
+def stage_memories(run: ServeRun, pp: int, micro: ServeRun | None = None) -> list[StageMemory]:
     """Every stage's memory at the fuller of the prefill and the last decode step.
 
     Args:
-        run: the serving role.
+        run: the serving role at the batch (every sequence's KV cache).
         pp: pipeline stages.
+        micro: with stages, the role at one micro-batch
+            (:func:`~flopscope.plan.serve_time.micro_batch`), whose activations a stage holds
+            (``None``: ``run``'s; one stage: ``run``'s peak whatever it is).
 
     Returns:
         The stages' memory, first stage first.
     """
     from flopscope.distributed.pipeline import split_layers
 
+    busy = run if micro is None or pp == 1 else micro
     layers = split_layers(len(run.layer_weight_bytes), pp)
-    return [max((_stage_memory(run, step, layers, s) for step in (run.prefill, run.last)),
+    return [max((_stage_memory(run, step, held, layers, s)
+                 for step, held in ((run.prefill, busy.prefill), (run.last, busy.last))),
                 key=lambda m: m.total) for s in range(pp)]
 
 
 def largest_batch(one: ServeRun, two: ServeRun, pp: int, budget: int, cap: int) -> int:
     """The batch at which the first stage to reach ``budget`` does, from memory affine in the
-    batch (every tensor but the weights has a batch dimension).
+    batch (every tensor but the weights has a batch dimension): the KV cache of every
+    sequence, the activations of one micro-batch (``ceil(batch / pp)`` sequences).
 
     Args:
         one: the role at batch 1.
@@ -85,22 +93,46 @@ def largest_batch(one: ServeRun, two: ServeRun, pp: int, budget: int, cap: int) 
         The batch (0: not even one), at most ``cap``.
     """
     best = cap
-    for a, b in zip(stage_memories(one, pp), stage_memories(two, pp), strict=True):
-        slope = b.total - a.total
-        if slope > 0:
-            best = min(best, (budget - (a.total - slope)) // slope)
+    # per stage: m(B) = m(1) + kv x (B - 1) + act x (ceil(B / pp) - 1), kv from the cache at 2
+    # with the activations at 1, act from the activations at 2 (one stage: the activations
+    # follow the batch, kv is 0 and act the whole slope)
+    for a, k, b in zip(stage_memories(one, pp), stage_memories(two, pp, one),
+                       stage_memories(two, pp, two), strict=True):
+        kv = k.total - a.total if pp > 1 else 0
+        act = b.total - a.total - kv
+        best = min(best, _most(budget - a.total, kv, max(0, act), pp, cap))
     return max(0, best)
 
 
-def fits_budget(run: ServeRun, pp: int, budget: int) -> bool:
+def _most(room: int, kv: int, act: int, pp: int, cap: int) -> int:
+    """The largest B with kv x (B - 1) + act x (ceil(B / pp) - 1) <= ``room``, at most
+    ``cap``: per micro-batch size m, the sequences the cache leaves room for, up to m x pp."""
+    if room < 0:
+        return 0
+    if act == 0:
+        return cap if kv <= 0 else min(cap, room // kv + 1)
+    near = (pp * (room + max(kv, 0) + act)) // (pp * max(kv, 0) + act)  # B / pp continuous
+    best = 0
+    for m in range(max(1, -(-near // pp) - 1), -(-near // pp) + 2):
+        left = room - act * (m - 1)
+        if left < 0:
+            continue
+        most = m * pp if kv <= 0 else min(m * pp, left // kv + 1)
+        if most > (m - 1) * pp:  # a batch whose micro-batches have m sequences
+            best = max(best, most)
+    return min(cap, best)
+
+
+def fits_budget(run: ServeRun, micro: ServeRun, pp: int, budget: int) -> bool:
     """Whether every stage of ``run``'s layout fits ``budget`` bytes.
 
     Args:
-        run: the serving role.
+        run: the serving role at the batch.
+        micro: the role at one micro-batch (``run`` without stages).
         pp: pipeline stages.
         budget: bytes per device.
 
     Returns:
         ``True`` when the fullest stage fits.
     """
-    return max(m.total for m in stage_memories(run, pp)) <= budget
+    return max(m.total for m in stage_memories(run, pp, micro)) <= budget
