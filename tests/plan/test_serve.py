@@ -526,3 +526,24 @@ def test_the_largest_batch_with_micro_batches_is_exact() -> None:
     # 2 stages, 100 bytes of cache and 60 of activations per sequence, 1,000 bytes of room:
     # B = 7 (micro-batches of 4): 600 + 180 = 780; B = 8: 700 + 180 = 880; B = 9: 800 + 240
     assert _most(1000, 100, 60, 2, 300) == 8
+
+
+def test_a_gpt2_is_served_without_tensor_parallelism_and_its_tied_head_counted_once() -> None:
+    # GPT-2's layers are transformer.h (no Llama projections; its config has no intermediate
+    # size): served at tp 1. Parameters: wte 512 x 64 (32,768, the head tied to it), wpe 256 x 64
+    # (16,384), per layer ln_1 128 + c_attn 64 x 192 + 192 + attn c_proj 64 x 64 + 64 + ln_2 128
+    # + c_fc 64 x 256 + 256 + mlp c_proj 256 x 64 + 64 = 49,984, 2 layers, ln_f 128: 149,248,
+    # 2 bytes each. A simulated rank counted the tied head twice (Module.to_empty unties
+    # weights: a new parameter per name), 65,536 bytes more
+    gpt2 = dict(vocab_size=512, n_positions=256, n_embd=64, n_layer=2, n_head=4)
+    plan = flopscope.plan("hf:gpt2", gpus=2, hardware="h100", config=gpt2, mode="serve",
+                          seq_len=16, max_new_tokens=2, batches=[1], memory_budget=BUDGET)
+    assert isinstance(plan, ServePlan)
+    rows = {c.layout.label: c for c in plan.ranked if c.batch == 1}
+    assert set(rows) == {"TP1 PP1 DP2", "TP1 PP2 DP1"}
+    assert rows["TP1 PP1 DP2"].weights_bytes == 2 * 149_248
+    # two stages: the first the embeddings and layer 0, the second layer 1, ln_f and the head
+    # (a copy of wte): 32,768 + 16,384 + 49,984 and 49,984 + 128 + 32,768
+    assert rows["TP1 PP2 DP1"].weights_bytes == 2 * max(99_136, 82_880)
+    assert any(n.startswith("served without tensor parallelism: GPT2Block has no")
+               for n in plan.notes)

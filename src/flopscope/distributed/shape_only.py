@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from flopscope.core.memo import static_replay
-from flopscope.execution.copies import to_fake
+from flopscope.execution.copies import to_empty_tied, to_fake
 from flopscope.execution.meta import ShapeOnlyFakeMode
 
 __all__ = ["eager_collectives", "fake_tree", "shape_only_rank"]
@@ -69,7 +69,7 @@ def shape_only_rank(model: nn.Module) -> Iterator[Any]:
     """
     with ShapeOnlyFakeMode(allow_non_fake_inputs=True) as mode, eager_collectives(), \
             static_replay(mode):
-        model.to_empty(device="cpu")
+        to_empty_tied(model, "cpu")
         yield mode
 
 

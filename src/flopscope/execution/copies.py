@@ -31,7 +31,7 @@ from flopscope.execution.meta import (
 )
 
 __all__ = ["converted_copy", "fake_input", "fake_mode_for", "meta_input", "meta_twin", "put_back",
-           "swap_to_meta", "to_fake"]
+           "swap_to_meta", "to_empty_tied", "to_fake"]
 
 _CPU = torch.device("cpu")
 
@@ -112,6 +112,27 @@ def put_back(swapped: list[tuple[dict[str, Any], str, torch.Tensor]]) -> None:
     """Undo :func:`swap_to_meta`."""
     for table, name, t in swapped:
         table[name] = t
+
+
+def to_empty_tied(model: nn.Module, device: str) -> None:
+    """``model.to_empty(device=device)`` in place, a parameter held under several names (tied
+    weights) kept one parameter: ``to_empty`` makes a new parameter per name, so a tied
+    embedding and head became two (a simulated rank counted the tied weight twice).
+
+    Args:
+        model: the model (on ``meta``).
+        device: where its empty tensors go.
+    """
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            places.setdefault(id(p), []).append((m, name))
+    model.to_empty(device=device)
+    for where in places.values():
+        if len(where) > 1:
+            kept = getattr(*where[0])
+            for m, name in where[1:]:
+                setattr(m, name, kept)
 
 
 def converted_copy(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor],

@@ -28,7 +28,6 @@ from the output of the first decoder layer.
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 from collections.abc import Callable, Hashable
@@ -41,6 +40,7 @@ from torch import nn
 from flopscope.core.counter import Counter
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.distributed import Layout, apply_layout
+from flopscope.distributed.repeat import layer_list
 from flopscope.distributed.shape_only import shape_only_rank
 from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
@@ -135,23 +135,26 @@ class _Switch:
             target.on_call(path, phase, op, call, cost)
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
 def _stage_weights(model: nn.Module, layers: int) -> tuple[tuple[int, ...], int, int]:
-    """Per decoder layer its parameter bytes; the rest on the first stage (the embedding) or
-    the last (everything after the layers: the norm, the head)."""
+    """Per decoder layer its parameter bytes; the rest on the first stage (what the model
+    registers before its layers: the embeddings) or the last (after them: the norm, the head),
+    the layers found where :func:`~flopscope.distributed.repeat.layer_list` finds them
+    (``model.layers``, GPT-2's ``transformer.h`` ...)."""
+    found = layer_list(model)
+    prefix = f"{found[0]}." if found is not None else "model.layers."
     per_layer = [0] * layers
     first = last = 0
+    after = False  # past the first layer's parameters
     for name, p in model.named_parameters(remove_duplicate=False):
         size = local_tensor(p).untyped_storage().nbytes()
-        found = _LAYER.search(name)
-        if found is not None and int(found.group(1)) < layers:
-            per_layer[int(found.group(1))] += size
-        elif "embed" in name.rsplit(".", 2)[-2]:
-            first += size
-        else:
+        index = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
+        if index.isdigit() and int(index) < layers:
+            per_layer[int(index)] += size
+            after = True
+        elif after:
             last += size
+        else:
+            first += size
     return tuple(per_layer), first, last
 
 
@@ -219,7 +222,12 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
         with shape_only_rank(model), torch.no_grad():
             weights = [local_tensor(p) for p in model.parameters()]
             per_layer, first_bytes, last_bytes = _stage_weights(model, layers)
-            decoder = model.get_submodule("model.layers.0")
+            found = layer_list(model)
+            if found is None:
+                raise UsageError(f"{type(model).__name__} has no list of decoder layers: "
+                                 "serving plans transformers decoders")
+            decoder = next(iter(found[1].values() if isinstance(found[1], nn.ModuleDict)
+                                else found[1]))
             handle = decoder.register_forward_hook(
                 lambda m, a, out: boundary.append(int((out[0] if isinstance(out, tuple)
                                                        else out).nbytes)))

@@ -70,7 +70,7 @@ class ModelShape:
         layers: decoder layers (``num_hidden_layers``).
         heads: attention heads.
         kv_heads: key/value heads.
-        intermediate: the MLP's hidden size.
+        intermediate: the MLP's hidden size (0 where the config does not give it).
         experts: experts per MoE layer (:func:`expert_count`; 0 for a dense model).
     """
 
@@ -95,9 +95,12 @@ class ModelShape:
         """
         try:
             heads = int(config.num_attention_heads)
+            # GPT-2's config gives no intermediate size (n_inner may be None): 0, and such a
+            # model takes no tensor parallelism (distributed.layout.tp_plan_problem)
             return cls(int(config.num_hidden_layers), heads,
                        int(getattr(config, "num_key_value_heads", None) or heads),
-                       int(config.intermediate_size), expert_count(config))
+                       int(getattr(config, "intermediate_size", None) or 0),
+                       expert_count(config))
         except AttributeError as e:
             raise UsageError(f"plan needs a transformers decoder (Llama, Mistral, Qwen2 ...): "
                              f"its config has no {e.name or 'layer/head count'}") from None
