@@ -372,11 +372,11 @@ def _has(module: nn.Module, path: str) -> bool:
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a transformers causal LM (``model.model.layers``) or base model
     (a pipeline stage holds its layers in a ``ModuleDict`` keyed by their indices)."""
-    from flopscope.distributed.repeat import layer_list
+    from flopscope.distributed.repeat import layer_list, layers_in
 
     found = layer_list(model)
     if found is not None:
-        return list(found[1].values() if isinstance(found[1], nn.ModuleDict) else found[1])
+        return layers_in(found[1])
     raise UsageError(
         f"{type(model).__name__} has no list of decoder layers (model.layers): parallel layouts "
         "are applied to transformers decoder models (Llama, Mistral, Qwen2 ...)")

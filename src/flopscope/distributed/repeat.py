@@ -45,7 +45,7 @@ from flopscope.report.report import Report
 
 __all__ = ["LAYER_PATHS", "SMALL", "WIDTH", "Frame", "NotRepeating", "alike", "cut_copy",
            "expand_report", "from_small", "layer_class", "layer_list", "layer_of", "layer_path",
-           "line", "move_layers", "truncate"]
+           "layers_in", "line", "move_layers", "truncate"]
 
 #: where a transformers model keeps its decoder layers, tried in order
 LAYER_PATHS = ("model.layers", "layers", "model.decoder.layers", "transformer.h")
@@ -84,6 +84,12 @@ class Frame:
 def line(a: int, b: int, n_b: int, n: int) -> int:
     """The affine value at ``n`` from ``a`` at ``n_b - 1`` and ``b`` at ``n_b``."""
     return b + (n - n_b) * (b - a)
+
+
+def layers_in(container: nn.ModuleList | nn.ModuleDict) -> list[nn.Module]:
+    """The layers of a :func:`layer_list` container, in order (a pipeline stage keeps its
+    layers in a ``ModuleDict`` keyed by their indices)."""
+    return list(container.values() if isinstance(container, nn.ModuleDict) else container)
 
 
 def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList | nn.ModuleDict] | None:
@@ -153,7 +159,7 @@ def truncate(model: nn.Module, n: int) -> nn.Module:
     if found is None or len(found[1]) < n:
         raise NotRepeating("no decoder layer list of that length")
     path, layers = found
-    kept = list(layers.values() if isinstance(layers, nn.ModuleDict) else layers)[:n]
+    kept = layers_in(layers)[:n]
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     setattr(parent, name, nn.ModuleList(kept))

@@ -40,7 +40,7 @@ from torch import nn
 from flopscope.core.counter import Counter
 from flopscope.cost import Cost, OpCall, Phase
 from flopscope.distributed import Layout, apply_layout
-from flopscope.distributed.repeat import layer_list
+from flopscope.distributed.repeat import layer_list, layers_in
 from flopscope.distributed.shape_only import shape_only_rank
 from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
@@ -135,13 +135,13 @@ class _Switch:
             target.on_call(path, phase, op, call, cost)
 
 
-def _stage_weights(model: nn.Module, layers: int) -> tuple[tuple[int, ...], int, int]:
+def _stage_weights(model: nn.Module, layers: int, path: str
+                   ) -> tuple[tuple[int, ...], int, int]:
     """Per decoder layer its parameter bytes; the rest on the first stage (what the model
     registers before its layers: the embeddings) or the last (after them: the norm, the head),
-    the layers found where :func:`~flopscope.distributed.repeat.layer_list` finds them
-    (``model.layers``, GPT-2's ``transformer.h`` ...)."""
-    found = layer_list(model)
-    prefix = f"{found[0]}." if found is not None else "model.layers."
+    the layers' container at ``path`` (:func:`~flopscope.distributed.repeat.layer_list`:
+    ``model.layers``, GPT-2's ``transformer.h`` ...)."""
+    prefix = f"{path}."
     per_layer = [0] * layers
     first = last = 0
     after = False  # past the first layer's parameters
@@ -221,13 +221,12 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
         layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0))
         with shape_only_rank(model), torch.no_grad():
             weights = [local_tensor(p) for p in model.parameters()]
-            per_layer, first_bytes, last_bytes = _stage_weights(model, layers)
             found = layer_list(model)
             if found is None:
                 raise UsageError(f"{type(model).__name__} has no list of decoder layers: "
                                  "serving plans transformers decoders")
-            decoder = next(iter(found[1].values() if isinstance(found[1], nn.ModuleDict)
-                                else found[1]))
+            per_layer, first_bytes, last_bytes = _stage_weights(model, layers, found[0])
+            decoder = layers_in(found[1])[0]
             handle = decoder.register_forward_hook(
                 lambda m, a, out: boundary.append(int((out[0] if isinstance(out, tuple)
                                                        else out).nbytes)))

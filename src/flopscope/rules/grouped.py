@@ -29,32 +29,35 @@ from flopscope.rules._shapes import broadcast_size, named_arg, tensor_values
 from flopscope.rules.registry import rule
 
 
-def covered(offs: Any, size: int) -> int:
-    """Elements of a dimension of ``size`` covered by groups ending at ``offs``: the sum of the
-    group sizes offs[g] - offs[g-1] when the offsets are readable, else ``size``."""
+def group_sizes(offs: Any, size: int) -> list[int] | None:
+    """The sizes of the groups ending at ``offs`` within a dimension of ``size``
+    (offs[g] - offs[g-1], clamped to the dimension), or ``None`` when the offsets cannot be
+    read (fake or meta tensors, or none)."""
     ends = tensor_values(offs) if offs is not None else None
     if ends is None:
-        return size
-    total, start = 0, 0
+        return None
+    sizes, start = [], 0
     for end in ends:
-        total += max(0, min(end, size) - start)
+        sizes.append(max(0, min(end, size) - start))
         start = max(start, min(end, size))
-    return total
+    return sizes
+
+
+def covered(offs: Any, size: int) -> int:
+    """Elements of a dimension of ``size`` covered by groups ending at ``offs``: the sum of the
+    group sizes when the offsets are readable, else ``size``."""
+    sizes = group_sizes(offs, size)
+    return size if sizes is None else sum(sizes)
 
 
 def groups_with_rows(offs: Any, groups: Any, rows: Any) -> Any:
     """The groups of a 2d x 3d grouped product that get at least one of the ``rows`` (those whose
     weights the kernel reads): counted from the offsets when they are readable, else
     ``min(groups, rows)`` (the rows spread evenly: balanced routing)."""
-    ends = tensor_values(offs) if offs is not None else None
-    if ends is None:
+    sizes = group_sizes(offs, rows)
+    if sizes is None:
         return torch.sym_min(groups, rows)
-    hit, start = 0, 0
-    for end in ends[:groups]:
-        end = min(end, rows)
-        hit += end > start
-        start = max(start, end)
-    return hit
+    return sum(1 for n in sizes[:groups] if n > 0)
 
 
 def grouped_mm_macs(a: torch.Tensor, b: torch.Tensor, offs: Any) -> tuple[int, int]:
