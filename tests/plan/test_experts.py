@@ -14,7 +14,7 @@ from flopscope.estimate import PROFILES
 from flopscope.plan import Plan, ServePlan
 from flopscope.plan.build import build_model
 from flopscope.plan.experts import ExpertRoles, expert_layouts
-from flopscope.plan.serve import serve_layouts
+from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.space import Choice, ModelShape, expert_degree
 
 # hidden 256, 8 heads of 32, 4 KV heads, 2 layers, vocab 512; 4 experts of MLP size 512, top 2

@@ -20,7 +20,7 @@ from flopscope.estimate.bound import call_row, resolve_tf32
 from flopscope.plan import ServePlan, serving
 from flopscope.plan.build import build_model
 from flopscope.plan.display import plan_html, serve_page_data, serve_text
-from flopscope.plan.serve import ServeCandidate, serve_layouts
+from flopscope.plan.serve_rows import ServeCandidate, serve_layouts
 from flopscope.plan.serve_time import forward_seconds, serve_step_time
 from flopscope.plan.space import ModelShape
 from flopscope.plan.time_words import validated_on
@@ -231,10 +231,20 @@ def test_cli_serve_table_and_json(capsys: pytest.CaptureFixture[str],
     assert first["tokens_per_s_bound"] == best.tokens_per_s_bound
     table = out.splitlines()
     head = next(i for i, line in enumerate(table) if line.startswith("#  layout"))
-    assert table[head].endswith("tok/s/GPU  per token (bound)  tok/s/GPU (bound)")
-    # the best row ends with its bound: the latency per token and tokens/s per GPU
-    assert table[head + 2].split()[-3:] == [*seconds(best.decode_bound.total).split(),
-                                            f"{best.tokens_per_s_per_gpu_bound:,.0f}"]
+    assert table[head].endswith("tok/s/GPU  per token (bound)  tok/s/GPU (bound)  "
+                                "tok/s/GPU (cont.)")
+    # the best row ends with its bound (the latency per token and tokens/s per GPU), then its
+    # tokens/s per GPU with continuous batching
+    assert best.continuous is not None
+    assert table[head + 2].split()[-4:] == [*seconds(best.decode_bound.total).split(),
+                                            f"{best.tokens_per_s_per_gpu_bound:,.0f}",
+                                            f"{best.continuous.tokens_per_s / 2:,.0f}"]
+    cont = first["continuous_batching"]
+    assert cont["tokens_per_s"] == best.continuous.tokens_per_s and cont["chunk_tokens"] == 9
+    most = max(data["ranked"], key=lambda r: r["continuous_batching"]["tokens_per_s"])
+    assert data["best_continuous"] == f"{most['layout']} batch {most['batch']}"
+    assert f"Best with continuous batching (chunked prefill, 9 tokens per sequence per step): " \
+        f"{data['best_continuous']}: " in out
     note = next(line for line in table if line.startswith("1st token, per token, tok/s: "))
     assert f"+-{100 * data['prediction']['error_bars']['total']:.0f}% (90th percentile" in note
     assert validated_on(get_hardware("h100").calibration) in note
@@ -257,7 +267,7 @@ def test_cli_serve_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[s
 def test_api_refuses_mixed_options() -> None:
     with pytest.raises(UsageError, match="mode must be 'train' or 'serve', got 'infer'"):
         flopscope.plan("hf:llama", gpus=1, mode="infer")
-    with pytest.raises(UsageError, match="max_new_tokens and batches are serving options"):
+    with pytest.raises(UsageError, match="max_new_tokens, batches and batching are serving options"):
         flopscope.plan("hf:llama", gpus=1, max_new_tokens=8)
     with pytest.raises(UsageError, match="does not take global_batch"):
         flopscope.plan("hf:llama", gpus=1, mode="serve", global_batch=8, config=CONFIG)
@@ -332,7 +342,9 @@ def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
     monkeypatch.setattr(serving, "CallLog", Kept)
     build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
     run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, NEW, hw)
-    prefill, first, _, last = logs  # the prefill, the first decode, the catch-up, the last
+    # the prefill, the first decode, the catch-up, the last, then continuous batching's mixed
+    # step (its ceil((64 + 8 - 1) / 8) = 9 tokens per sequence do not fit the catch-up's 5)
+    prefill, first, _, last, mixed = logs
     (d1, h1), (d2, h2) = _per_call(first, hw), _per_call(last, hw)
     assert forward_seconds(run.first.estimate) == max(h1, d1)
     c = _row(served, "TP2 PP1 DP1", 4)
@@ -355,6 +367,16 @@ def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
     request = c.prefill_bound.total + (NEW - 1) * c.decode_bound.total
     assert c.tokens_per_s_bound == pytest.approx(c.layout.replicas * 4 * NEW / request)
     assert c.tokens_per_s_per_gpu_bound == pytest.approx(c.tokens_per_s_bound / 2)
+    # continuous batching: the mixed step's calls, a token per sequence per step
+    cont = c.continuous
+    assert cont is not None and cont.chunk == 9 and cont.step.kind == "prediction"
+    assert (cont.step.compute, cont.step.host) == _per_call(mixed, hw)
+    assert run.mixed is not None and run.mixed.tokens == 4 * 9
+    assert run.mixed.context == PROMPT + NEW - 1 + 9  # after the last decode step
+    assert cont.tokens_per_s == c.layout.replicas * 4 / cont.step.total
+    assert cont.step_bound is not None
+    assert cont.step_bound.compute == run.mixed.estimate.total.time_s
+    assert cont.tokens_per_s_bound == c.layout.replicas * 4 / cont.step_bound.total
 
 
 def test_the_bound_is_the_datasheet_profiles_plan_to_the_bit(served: ServePlan) -> None:
@@ -547,3 +569,36 @@ def test_a_gpt2_is_served_without_tensor_parallelism_and_its_tied_head_counted_o
     assert rows["TP1 PP2 DP1"].weights_bytes == 2 * max(99_136, 82_880)
     assert any(n.startswith("served without tensor parallelism: GPT2Block has no")
                for n in plan.notes)
+
+
+def test_the_mixed_step_sits_at_the_generations_middle_and_moves_no_other_step() -> None:
+    """Continuous batching's mixed step: every sequence adds ceil((64 + 32 - 1) / 32) = 3
+    tokens with the catch-up chunk split around it (13 + 3 + 13 = 29 = 32 - 3), its keys
+    centred on the loop's mean context 64 + 31 / 2 (65 + 13 = 78 before it, 81 after); the
+    decode steps see 65 and 95 keys as without it; its per-token work (the MLP's products
+    and activation) is 3 times a decode step's to the FLOP."""
+    hw = get_hardware("h100")
+    build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
+    run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, 32, hw)
+    assert run.mixed is not None
+    assert (run.first.context, run.mixed.context, run.last.context) == (65, 81, 95)
+    assert run.mixed.tokens == 4 * 3
+    mlp = [s.estimate.by_module["model.layers.0.mlp"].flops
+           for s in (run.first, run.mixed, run.last)]
+    # a TP2 rank's MLP per token: gate, up (256 -> 256 each) and down (256 -> 256), 2 x 3 x
+    # 256 x 256 = 393,216 FLOPs, SiLU (5 FLOPs) and the product (1) of 256 elements, 1,536
+    assert mlp == [4 * 394_752, 12 * 394_752, 4 * 394_752]
+    assert serving.mixed_chunk(64, 32) == 3 and serving.mixed_chunk(64, 1) == 64
+    # its attention is a serving engine's: no mask built, no copy of the cache per query
+    # group (transformers' SDPA path with a mask copies each layer's keys and values,
+    # aten.clone; the decode steps need neither); the keys and values read once: a rank's 2
+    # key/value heads x 81 keys x 32 x 2 bytes, keys and values, 4 sequences, 4 layers (with
+    # transformers' own path: 4 query heads' worth)
+    ops = run.mixed.estimate.by_op
+    assert "aten.clone.default" not in ops and "aten.clone.default" not in (
+        run.last.estimate.by_op)
+    (attention,) = [r for op, r in ops.items() if "scaled_dot_product" in op]
+    assert attention.calls == 4
+    q = 4 * 4 * 3 * 32 * 2  # the queries: 4 sequences x 4 heads x 3 tokens x 32, bfloat16
+    lse = 4 * 4 * 3 * 4  # the kernel's log-sum-exp per query and head, float32
+    assert attention.bytes == 4 * (2 * (4 * 2 * 81 * 32 * 2) + 2 * q + lse)  # + the output

@@ -477,25 +477,33 @@ def test_a_serving_plan_page(browser: Chromium, tmp_path: Path) -> None:
         "compute", "tensor-parallel collectives", "expert all-to-alls"]
 
 
-def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
-                                                        tmp_path: Path) -> None:
-    """A serving plan's own page (``plan_html``, ``--serve --format html``) shows the
-    table's "Why it wins" under the best layout's breakdown, with the words it is read by."""
+def _served_page(browser: Chromium, page: Path, **options: Any) -> Any:
+    """A small Llama's serving plan (2 H100s, 64 MiB each), its page written to ``page`` and
+    opened; the plan."""
     import flopscope
-    from flopscope.estimate import get_hardware
     from flopscope.plan import ServePlan
     from flopscope.plan.display import plan_html
-    from flopscope.plan.time_words import validated_on
 
     plan = flopscope.plan("hf:llama", gpus=2, hardware="h100", seq_len=64, mode="serve",
                           max_new_tokens=8, batches=[1, 4], memory_budget=64 * 2**20,
                           config=dict(vocab_size=512, hidden_size=256, intermediate_size=512,
                                       num_hidden_layers=4, num_attention_heads=8,
-                                      num_key_value_heads=4))
+                                      num_key_value_heads=4), **options)
     assert isinstance(plan, ServePlan) and plan.best_throughput is not None
-    page = tmp_path / "served.html"
     page.write_text(plan_html(plan), encoding="utf-8")
     _opened(browser, page)
+    return plan
+
+
+def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
+                                                        tmp_path: Path) -> None:
+    """A serving plan's own page (``plan_html``, ``--serve --format html``) shows the
+    table's "Why it wins" under the best layout's breakdown, with the words it is read by."""
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.time_words import validated_on
+
+    page = tmp_path / "served.html"
+    plan = _served_page(browser, page)
     explain = embedded_data(page.read_text(encoding="utf-8"))["explain"]
     assert explain["why"]
     assert browser.evaluate("[...document.querySelectorAll('#plan-why li')]"
@@ -510,12 +518,13 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     assert hint.startswith("Times predicted (") and validated_on(get_hardware("h100").calibration) in hint
     heads = browser.evaluate("[...document.querySelectorAll('#ranked thead th')]"
                              ".map(h => h.textContent)")
-    assert "per token (bound)" in heads[-2] and "tok/s/GPU (bound)" in heads[-1]
+    assert "per token (bound)" in heads[-3] and "tok/s/GPU (bound)" in heads[-2]
+    assert "tok/s/GPU (cont.)" in heads[-1]  # continuous batching, last
     bound = plan.best_throughput.decode_bound
     data = embedded_data(page.read_text(encoding="utf-8"))
     assert bound is not None and data["ranked"][0]["latency_per_token_bound_s"] == bound.total
     cell = browser.evaluate("document.querySelector('#ranked tbody tr').cells["
-                            + str(len(heads) - 2) + "].textContent")
+                            + str(len(heads) - 3) + "].textContent")
     assert cell.endswith("s") and cell != "-"  # the bound, drawn (the widget's own units)
     assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
     # the test model's decode step is host-bound on the H100: the best for latency at the
@@ -531,9 +540,42 @@ def test_a_real_serving_plan_page_says_why_the_best_wins(browser: Chromium,
     assert dict(parts) == {k: v for k, v in decode.to_dict().items()
                            if k not in ("total", "host") and v > 0}
     assert sum(v for _, v in parts) == pytest.approx(decode.total)
+    # continuous batching: its best named, and the best row's mixed step drawn part by part
+    best_cont = plan.best_continuous
+    assert best_cont is not None and best_cont.continuous is not None
+    assert browser.evaluate("document.querySelector('.total[data-key=\"best-continuous\"]')"
+                            ".dataset.value") == best_cont.label
+    cont = plan.best_throughput.continuous
+    assert cont is not None
+    parts = browser.evaluate("[...document.querySelectorAll('#breakdown-continuous span')]"
+                             ".map(s => [s.dataset.part, Number(s.dataset.value)])")
+    assert dict(parts) == {k: v for k, v in cont.step.to_dict().items()
+                           if k not in ("total", "host") and v > 0}
     # another row's breakdown has no "why it wins"
     browser.click("#ranked tbody tr:nth-child(2)")
     assert browser.evaluate("document.getElementById('plan-why')") is None
+    assert browser.errors() == []
+
+
+def test_a_continuous_batching_plan_page(browser: Chromium, tmp_path: Path) -> None:
+    """A plan with continuous batching: the page says so, has no column of continuous
+    batching beside (its rows are that), and names a row's step as a step, whose parts add
+    up to it."""
+
+    plan = _served_page(browser, tmp_path / "continuous.html", batching="continuous")
+    assert plan.best_throughput is not None
+    assert browser.evaluate("document.querySelector('.sub').textContent").endswith(
+        ", continuous batching")
+    heads = browser.evaluate("[...document.querySelectorAll('#ranked thead th')]"
+                             ".map(h => h.textContent)")
+    assert not any("(cont.)" in h for h in heads)
+    titles = browser.evaluate("[...document.querySelectorAll('#breakdown h3')]"
+                              ".map(h => h.textContent)")
+    assert any(t.startswith("a step (latency per token): ") for t in titles)
+    parts = browser.evaluate("[...document.querySelectorAll('#breakdown-decode span')]"
+                             ".map(s => Number(s.dataset.value))")
+    assert sum(parts) == pytest.approx(plan.best_throughput.decode.total)
+    assert browser.evaluate("document.querySelector('[id^=section-]')") is None  # all known
     assert browser.errors() == []
 
 

@@ -77,6 +77,13 @@ def add_subcommands(subparsers: Any) -> None:
     p.set_defaults(mode="train")
     p.add_argument("--max-new-tokens", type=positive_int, metavar="T",
                    help="--serve: tokens generated per sequence (default 128)")
+    p.add_argument("--batching", choices=("static", "continuous"),
+                   help="--serve: how the server batches its sequences: static (a batch from "
+                        "its prompts to its last tokens, as transformers' generate runs it; "
+                        "continuous batching's tokens/s beside; the default) or continuous "
+                        "(continuous batching with chunked prefill, as vLLM and SGLang run "
+                        "it: each row's memory, largest batch, times and rank are its steady "
+                        "state's)")
     p.add_argument("--gpus", type=positive_int_list, required=True, metavar="N[,N...]",
                    help="devices; several for a sweep")
     p.add_argument("--hardware", default="h100-sxm", metavar="NAME",
@@ -186,8 +193,9 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                  else "--sequence-parallel" if sequence_parallel else "--loss-parallel")
         raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
                           "--dtype and runs plain tensor parallelism")
-    if not serve and args.max_new_tokens is not None:
-        raise usage_error("--max-new-tokens applies to --serve only")
+    if not serve and (args.max_new_tokens is not None or args.batching is not None):
+        given = "--max-new-tokens" if args.max_new_tokens is not None else "--batching"
+        raise usage_error(f"{given} applies to --serve only")
     if args.confirm is not None and not args.screen:
         raise usage_error("--confirm applies to --screen (how many simulated layouts to reach)")
     if args.screen and serve:
@@ -206,7 +214,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                                    memory_budget=args.memory_budget, dtype=args.dtype,
                                    tp=args.tp, pp=args.pp, ep=args.ep)
     if serve:
-        options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch)
+        options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch,
+                       batching=args.batching)
     else:
         options.update(global_batch=args.global_batch, param_dtype=args.param_dtype,
                        reduce_dtype=args.reduce_dtype,

@@ -22,7 +22,8 @@ from typing import Any
 
 from flopscope.plan.candidate import Candidate
 from flopscope.plan.planner import Plan, plan
-from flopscope.plan.serve import ServeCandidate, ServeLayout, ServePlan
+from flopscope.plan.serve import ServePlan
+from flopscope.plan.serve_rows import ServeCandidate, ServeLayout
 from flopscope.plan.space import Choice, enumerate_layouts, parse_bytes
 from flopscope.plan.sweeps import SweepRow, sweep
 from flopscope.plan.timing import StepTime, step_time

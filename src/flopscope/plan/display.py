@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from flopscope.plan.candidate import Candidate, part_name, why_it_wins
-from flopscope.plan.serve import ServeCandidate, ServePlan
+from flopscope.plan.serve import ServePlan
+from flopscope.plan.serve_rows import ServeCandidate
 from flopscope.plan.time_words import compute_note, table_line
 from flopscope.plan.timing import PART_NAMES, describe
 from flopscope.render.units import human_bytes, seconds
@@ -165,17 +166,35 @@ def plan_html(plan: Plan | ServePlan) -> str:
     return render_plan_html(page_data(plan))
 
 
-def _serve_row(rank: str, c: ServeCandidate, bound: bool) -> list[str]:
+def _serve_row(rank: str, c: ServeCandidate, bound: bool, static: bool = True) -> list[str]:
     beside = ([seconds(c.decode_bound.total) if c.decode_bound else "-",
                f"{c.tokens_per_s_per_gpu_bound or 0:,.0f}"] if bound else [])
+    cont = ([f"{c.tokens_per_s_continuous / c.gpus:,.0f}"] if c.continuous else ["-"]) \
+        if static else []
     return [rank, c.layout.label, f"{c.batch}{' (max)' if c.largest else ''}",
             human_bytes(c.memory_bytes), human_bytes(c.weights_bytes),
             human_bytes(c.kv_cache_bytes), seconds(c.prefill.total), seconds(c.decode.total),
-            f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}", *beside]
+            f"{c.tokens_per_s:,.0f}", f"{c.tokens_per_s_per_gpu:,.0f}", *beside, *cont]
 
 
-def _serve_best(title: str, c: ServeCandidate,
-                alone: ServeCandidate | None = None) -> list[str]:
+def _serve_continuous(plan: ServePlan) -> list[str]:
+    """The best row with continuous batching in words, against the same row's static
+    batching."""
+    c = plan.best_continuous
+    if c is None or c.continuous is None:
+        return []
+    k = c.continuous
+    at_bound = (f" (bound {seconds(k.step_bound.total)})" if k.step_bound is not None else "")
+    return [f"Best with continuous batching (chunked prefill, {k.chunk} tokens per sequence "
+            f"per step): {c.label}: {k.tokens_per_s:,.0f} tokens/s "
+            f"({k.tokens_per_s / c.gpus:,.0f} per GPU), {seconds(k.step.total)} per token"
+            f"{at_bound}; static batching at this layout and batch "
+            f"{c.tokens_per_s:,.0f} tokens/s ({k.tokens_per_s / c.tokens_per_s - 1:+.0%})"
+            if c.tokens_per_s else ""]
+
+
+def _serve_best(title: str, c: ServeCandidate, alone: ServeCandidate | None = None,
+                step: str = "a decode step") -> list[str]:
     """A best row in words: its figures, where its decode step goes and, where that step is
     host-bound, by how much and (``alone``: the best at the device's time alone) what the
     choice would be without the host's time per call."""
@@ -193,7 +212,7 @@ def _serve_best(title: str, c: ServeCandidate,
              f"({c.tokens_per_s_per_gpu:,.0f} per GPU), {seconds(d.total)} per token{at_bound}, "
              f"first token after {seconds(c.prefill.total)}, {human_bytes(c.memory_bytes)} per "
              f"GPU at {c.peak_where}",
-             f"  a decode step: {said}"]
+             f"  {step}: {said}"]
     if c.host_bound:
         each = d.host / d.calls if d.calls else 0.0
         lines.append(f"  host-bound: the host issues its {d.calls:,.0f} operator calls in "
@@ -229,16 +248,22 @@ def _serve_why(plan: ServePlan) -> list[str]:
             seen.add(c.layout)
     if not rivals:
         return []
-    flight = best.layout.replicas * best.batch
-    request = _request(best, plan.new_tokens)
+    static = plan.batching == "static"
+
+    def took(c: ServeCandidate) -> float:  # a request's time, or a step's
+        return _request(c, plan.new_tokens) if static else c.decode.total
+
+    flight, request = best.layout.replicas * best.batch, took(best)
     out = ["", "Why it wins (tokens/s = sequences in flight x new tokens / a request's time; "
-               "the best of each other layout):"]
+               "the best of each other layout):" if static else
+               "Why it wins (tokens/s = sequences in flight / a step's time; the best of each "
+               "other layout):"]
     for c in rivals[:4]:
-        theirs, took = c.layout.replicas * c.batch, _request(c, plan.new_tokens)
+        theirs = c.layout.replicas * c.batch
         out.append(f"  {c.label}: {c.tokens_per_s:,.0f} tokens/s "
                    f"({c.tokens_per_s / best.tokens_per_s - 1:+.0%}): {theirs:,} sequences in "
-                   f"flight ({theirs / flight - 1:+.0%}), a request {seconds(took)} "
-                   f"({took / request - 1:+.0%})")
+                   f"flight ({theirs / flight - 1:+.0%}), {'a request' if static else 'a step'} "
+                   f"{seconds(took(c))} ({took(c) / request - 1:+.0%})")
     return out
 
 
@@ -256,7 +281,7 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
         f"Serving plan: {plan.source} on {plan.gpus} x {plan.hardware.name} "
         f"({plan.gpus_per_node} per node), prompts of {plan.prompt} tokens, "
         f"{plan.new_tokens} new tokens each, {plan.dtype}, budget "
-        f"{human_bytes(plan.memory_budget)} per device",
+        f"{human_bytes(plan.memory_budget)} per device, {plan.batching} batching",
         f"{len(plan.ranked) + len(plan.dropped)} layouts x batches: {len(plan.ranked)} fit, "
         f"{len(plan.dropped)} dropped; {plan.roles} serving roles ({plan.simulations} "
         f"simulated now, the rest cached) in {plan.seconds:.1f} s",
@@ -264,22 +289,26 @@ def serve_text(plan: ServePlan, top: int = 10) -> str:
     ]
     # where the times are predictions: the bound's latency and tokens/s beside them
     bound = any(c.decode_bound is not None for c in (*plan.ranked, *plan.dropped))
+    static = plan.batching == "static"
     header = ["#", "layout", "batch", "peak/GPU", "weights", "KV cache", "1st token",
               "per token", "tok/s", "tok/s/GPU",
-              *(["per token (bound)", "tok/s/GPU (bound)"] if bound else [])]
+              *(["per token (bound)", "tok/s/GPU (bound)"] if bound else []),
+              *(["tok/s/GPU (cont.)"] if static else [])]
     if plan.ranked:
-        rows = [header] + [_serve_row(str(i + 1), c, bound)
+        rows = [header] + [_serve_row(str(i + 1), c, bound, static)
                            for i, c in enumerate(plan.ranked[:top])]
         lines += _table(rows)
         if len(plan.ranked) > top:
             lines.append(f"... {len(plan.ranked) - top} more (--top N)")
         lines += table_line(plan.hardware, serve=True)
         lines.append("")
+        step = "a decode step" if static else "a step"
         if plan.best_throughput is not None:
-            lines += _serve_best("Best for throughput", plan.best_throughput)
+            lines += _serve_best("Best for throughput", plan.best_throughput, step=step)
         if plan.best_latency is not None:
             lines += _serve_best("Best for latency", plan.best_latency,
-                                 plan.best_latency_without_host)
+                                 plan.best_latency_without_host, step)
+        lines += _serve_continuous(plan)
         lines += _serve_why(plan)
     else:
         lines.append("No layout fits the memory budget with one sequence.")

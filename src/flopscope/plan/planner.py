@@ -188,6 +188,7 @@ def plan(
     mode: str = "train",
     max_new_tokens: int | None = None,
     batches: Sequence[int] | None = None,
+    batching: str | None = None,
     tp: int | None = None,
     pp: int | None = None,
     ep: int | None = None,
@@ -219,6 +220,10 @@ def plan(
         max_new_tokens: serving: tokens generated per sequence (default 128).
         batches: serving: batch sizes per replica to evaluate besides the largest that fits
             (default 1).
+        batching: serving: ``"static"`` (default: a batch from its prompts to its last
+            tokens, continuous batching's tokens/s beside) or ``"continuous"`` (continuous
+            batching with chunked prefill: each row's memory, largest batch, times and rank
+            are its steady state's; :mod:`flopscope.plan.serve`).
         tp: only layouts of this tensor-parallel degree (``None``: every one that divides).
         pp: only layouts of this many pipeline stages.
         ep: only layouts of this expert-parallel degree (a mixture of experts; 1: none).
@@ -261,8 +266,9 @@ def plan(
                          "plan simulates its roles")
     if not isinstance(confirm, int) or confirm < 1:
         raise UsageError(f"plan(): confirm must be a whole number >= 1, got {confirm!r}")
-    if mode == "train" and (max_new_tokens is not None or batches is not None):
-        raise UsageError("plan(): max_new_tokens and batches are serving options "
+    if mode == "train" and (max_new_tokens is not None or batches is not None
+                            or batching is not None):
+        raise UsageError("plan(): max_new_tokens, batches and batching are serving options "
                          "(mode='serve'); a training plan takes global_batch")
     for name, value in (("gpus", gpus), ("gpus_per_node", gpus_per_node),
                         ("global_batch", global_batch), ("seq_len", seq_len),
@@ -288,7 +294,8 @@ def plan(
         return _serve(source, gpus, hw, links, gpus_per_node, budget, seq_len, dtype, config,
                       max_new_tokens, batches, {"global_batch": global_batch,
                                                 "checkpointing": None if checkpointing
-                                                is CHECKPOINTING else checkpointing}, tp, pp)
+                                                is CHECKPOINTING else checkpointing}, tp, pp,
+                      batching or "static")
     batch = global_batch if global_batch is not None else gpus
     stored, mixed = mixed_precision(dtype, param_dtype, reduce_dtype)
     build = build_model(source, seq_len, stored, config)
@@ -415,12 +422,13 @@ def _restricted(tp: int | None, pp: int | None, ep: int | None) -> str:
 def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: int, budget: int,
            seq_len: int | None, dtype: str, config: Mapping[str, Any] | None,
            max_new_tokens: int | None, batches: Sequence[int] | None,
-           training: Mapping[str, Any], tp: int | None, pp: int | None) -> ServePlan:
+           training: Mapping[str, Any], tp: int | None, pp: int | None,
+           batching: str) -> ServePlan:
     """``plan(mode="serve")``: the model built for generation, then
     :func:`flopscope.plan.serve.serve_plan`."""
     from flopscope.plan.serve import check_serve_options, serve_plan
 
-    check_serve_options(max_new_tokens, batches, training)
+    check_serve_options(max_new_tokens, batches, training, batching)
     build = build_model(source, seq_len, dtype, config)
     probe, args, kwargs = build(1, "none")
     shape = ModelShape.from_config(getattr(probe, "config", None))
@@ -439,4 +447,4 @@ def _serve(source: str, gpus: int, hw: Hardware, links: Links, gpus_per_node: in
                       links=links, prompt=prompt, new_tokens=max_new_tokens or 128,
                       budget=budget, dtype=param_dtype, batches=tuple(batches or (1,)),
                       gpus_per_node=gpus_per_node, tp=tp, pp=pp,
-                      no_tensor_parallel=no_tensor_parallel)
+                      no_tensor_parallel=no_tensor_parallel, batching=batching)

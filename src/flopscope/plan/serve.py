@@ -35,7 +35,12 @@ simulated once per tensor-parallel degree and batch):
   (:func:`~flopscope.plan.serve_time.micro_batch`): the times are the role's at
   ``ceil(batch / pp)`` sequences (a round, every sequence one token, is the model's forward at
   one micro-batch; the prefill gains the pipeline's fill), the memory every sequence's cache
-  and one micro-batch's activations.
+  and one micro-batch's activations;
+- **continuous batching** beside (:class:`~flopscope.plan.serve_rows.Continuous`): the same
+  layout and batch in a steady state of chunked prefill, tokens/s = replicas x batch / the
+  serving role's mixed step (:func:`~flopscope.plan.serving.mixed_chunk` tokens per
+  sequence); checked against the same memory (a paged cache and chunked prefill need less:
+  not planned), and the plan names its best (:attr:`ServePlan.best_continuous`).
 """
 
 from __future__ import annotations
@@ -48,144 +53,18 @@ from typing import Any
 
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
-from flopscope.plan.serve_memory import StageMemory, fits_budget, largest_batch, stage_memories
-from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch, serve_step_time
-from flopscope.plan.serving import ServeBuild, ServeRoles, ServeRun, ServeStep
-from flopscope.plan.space import ModelShape, divisors, expert_degree
+from flopscope.plan.serve_memory import BATCHING, fits_budget, largest_batch
+from flopscope.plan.serve_rows import ServeCandidate, ServeLayout, evaluate, serve_layouts
+from flopscope.plan.serve_time import micro_batch
+from flopscope.plan.serving import ServeBuild, ServeRoles, mixed_chunk
+from flopscope.plan.space import ModelShape
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import Links
 
-__all__ = ["LATENCY_TIE", "MAX_BATCH", "ServeCandidate", "ServeLayout", "ServePlan",
-           "serve_layouts", "serve_plan", "shortest"]
+__all__ = ["LATENCY_TIE", "MAX_BATCH", "ServePlan", "serve_plan", "shortest"]
 
 #: the largest batch a serving plan tries
 MAX_BATCH = 4096
-
-
-@dataclass(frozen=True)
-class ServeLayout:
-    """A serving layout: ``tp`` x ``pp`` devices per replica, ``replicas`` of them.
-
-    Attributes:
-        tp: tensor-parallel degree.
-        pp: pipeline stages.
-        replicas: copies of the model, each serving its own batch.
-        ep: a mixture of experts' expert-parallel degree: its experts sharded over the
-            tensor-parallel ranks (:func:`~flopscope.plan.space.expert_degree`; 1: none).
-    """
-
-    tp: int
-    pp: int
-    replicas: int
-    ep: int = 1
-
-    @property
-    def label(self) -> str:
-        """``TP2 PP1 DP4`` (DP: the replicas); ``TP2 PP1 DP4 EP2`` with the experts sharded
-        (as a training layout's label says it)."""
-        experts = f" EP{self.ep}" if self.ep > 1 else ""
-        return f"TP{self.tp} PP{self.pp} DP{self.replicas}{experts}"
-
-
-def serve_layouts(gpus: int, shape: ModelShape, tensor_parallel: bool = True
-                  ) -> list[ServeLayout]:
-    """Every serving layout of ``gpus`` devices: ``tp`` divides the heads, key/value heads and
-    MLP size (and a mixture of experts' experts, sharded over the tensor-parallel ranks:
-    :func:`~flopscope.plan.space.expert_degree`); ``pp`` is at most the layers; the rest are
-    replicas.
-
-    Args:
-        gpus: devices.
-        shape: the model's shape.
-        tensor_parallel: ``False`` for a model whose layers do not take the standard
-            tensor-parallel plan (:func:`~flopscope.distributed.layout.tp_plan_problem`):
-            ``tp = 1`` only.
-
-    Returns:
-        The layouts, by tp then pp.
-    """
-    out = []
-    for tp in divisors(gpus) if tensor_parallel else [1]:
-        ep = expert_degree(shape.experts, tp)
-        if shape.heads % tp or shape.kv_heads % tp or shape.intermediate % tp or ep is None:
-            continue
-        out += [ServeLayout(tp, pp, gpus // (tp * pp), ep) for pp in divisors(gpus // tp)
-                if pp <= shape.layers]
-    return out
-
-
-@dataclass(frozen=True)
-class ServeCandidate:
-    """One serving layout at one batch size, evaluated.
-
-    Attributes:
-        layout: the layout.
-        batch: sequences per replica.
-        largest: whether this is the largest batch that fits the layout.
-        memory_bytes: peak bytes per device (the fullest stage).
-        weights_bytes: that stage's weights.
-        kv_cache_bytes: that stage's KV cache at the end of the generation.
-        peak_where: ``module (prefill|decode)``, and the stage.
-        prefill: the prefill's time (time to first token): the prediction, or the bound
-            (``prefill.kind``).
-        decode: the mean decode step's time (latency per token), likewise.
-        tokens_per_s: generated tokens per second, every replica.
-        tokens_per_s_per_gpu: the same per device.
-        fits: within the budget.
-        reason: why it was dropped (``None`` when it fits).
-        prefill_bound: where the times are predictions, the prefill at the roofline bound
-            (``None`` otherwise: :attr:`prefill` is the bound).
-        decode_bound: likewise the mean decode step.
-        tokens_per_s_bound: likewise the tokens/s (every replica): the most the layout can
-            reach.
-        tokens_per_s_per_gpu_bound: the same per device.
-    """
-
-    layout: ServeLayout
-    batch: int
-    largest: bool
-    memory_bytes: int
-    weights_bytes: int
-    kv_cache_bytes: int
-    peak_where: str
-    prefill: ServeTime
-    decode: ServeTime
-    tokens_per_s: float
-    tokens_per_s_per_gpu: float
-    fits: bool
-    reason: str | None = None
-    prefill_bound: ServeTime | None = None
-    decode_bound: ServeTime | None = None
-    tokens_per_s_bound: float | None = None
-    tokens_per_s_per_gpu_bound: float | None = None
-
-    @property
-    def label(self) -> str:
-        """``TP2 PP1 DP4 batch 32``."""
-        return f"{self.layout.label} batch {self.batch}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (bytes, seconds)."""
-        return {"layout": self.layout.label, "tp": self.layout.tp, "pp": self.layout.pp,
-                "replicas": self.layout.replicas, "ep": self.layout.ep,
-                "micro_batch": micro_batch(self.batch, self.layout.pp), "batch": self.batch,
-                "largest_batch": self.largest, "memory_bytes": self.memory_bytes,
-                "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
-                "peak_where": self.peak_where, "prefill_s": self.prefill.to_dict(),
-                "decode_step_s": self.decode.to_dict(),
-                "time_to_first_token_s": self.prefill.total,
-                "latency_per_token_s": self.decode.total, "tokens_per_s": self.tokens_per_s,
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "fits": self.fits,
-                "reason": self.reason, "time_kind": self.decode.kind,
-                "decode_calls": self.decode.calls, "host_bound": self.host_bound,
-                "latency_per_token_without_host_s": self.decode.device_only,
-                **_bound_dict(self)}
-
-    @property
-    def host_bound(self) -> bool:
-        """Whether the mean decode step waits for the host (a GPU's prediction whose host
-        issues the calls slower than the device runs them)."""
-        return self.decode.host_wait > 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +90,8 @@ class ServePlan:
         simulations: roles simulated by this plan.
         seconds: how long planning took.
         notes: what the figures assume.
+        batching: ``static`` or ``continuous`` (:data:`~flopscope.plan.serve_memory.BATCHING`):
+            what the rows' memory, times and ranking are of.
     """
 
     source: str
@@ -229,11 +110,20 @@ class ServePlan:
     simulations: int
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    batching: str = "static"
 
     @property
     def best(self) -> ServeCandidate | None:
         """The layout with the most tokens/s."""
         return self.best_throughput
+
+    @property
+    def best_continuous(self) -> ServeCandidate | None:
+        """The layout and batch with the most tokens/s with continuous batching
+        (:attr:`ServeCandidate.continuous`; ``None`` without those figures)."""
+        rows = [c for c in self.ranked if c.continuous is not None]
+        return max(rows, key=lambda c: (c.tokens_per_s_continuous, -c.memory_bytes),
+                   default=None)
 
     @property
     def best_latency_without_host(self) -> ServeCandidate | None:
@@ -248,7 +138,8 @@ class ServePlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``mode``: ``serve``)."""
         return {
-            "mode": "serve", "source": self.source, "gpus": self.gpus,
+            "mode": "serve", "batching": self.batching, "source": self.source,
+            "gpus": self.gpus,
             "hardware": self.hardware.name, "gpus_per_node": self.gpus_per_node,
             "seq_len": self.prompt, "max_new_tokens": self.new_tokens, "dtype": self.dtype,
             "memory_budget": self.memory_budget, "time_model": time_model(self.hardware),
@@ -257,19 +148,13 @@ class ServePlan:
             "dropped": [c.to_dict() for c in self.dropped],
             "best_throughput": self.best_throughput.label if self.best_throughput else None,
             "best_latency": self.best_latency.label if self.best_latency else None,
+            "best_continuous": self.best_continuous.label if self.best_continuous else None,
+            "continuous_chunk_tokens": mixed_chunk(self.prompt, self.new_tokens),
             "best_latency_without_host": (self.best_latency_without_host.label
                                           if self.best_latency_without_host else None),
             "roles": self.roles, "simulations": self.simulations, "seconds": self.seconds,
             "notes": list(self.notes)}
 
-
-def _reason(memory: StageMemory, budget: int, batch: int) -> str:
-    from flopscope.render.units import human_bytes
-
-    category, size = max(memory.at.items(), key=lambda kv: kv[1])
-    return (f"batch {batch}: peak {human_bytes(memory.total)} is "
-            f"{human_bytes(memory.total - budget)} over the {human_bytes(budget)} budget, at "
-            f"{memory.where}; largest: {category.replace('_', ' ')} {human_bytes(size)}")
 
 
 #: latencies per token within this share of the shortest are a tie (broken by tokens/s): the
@@ -297,61 +182,6 @@ def shortest(candidates: Sequence[ServeCandidate],
                key=lambda c: (c.tokens_per_s, -latency(c)))
 
 
-def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, bound: bool
-           ) -> tuple[ServeTime, ServeTime, float]:
-    """The prefill (time to first token), the mean decode step (a round in which every
-    sequence gains a token) and the tokens/s of every replica serving ``batch`` sequences:
-    predicted, or at the roofline bound with ``bound`` (or a profile without a calibration).
-    ``timed_run`` is the role at the micro-batch
-    (:func:`~flopscope.plan.serve_time.micro_batch`): with ``pp`` stages,
-    ``pp`` micro-batches are in flight, each stage runs its layers for each of them in turn,
-    so a round takes the whole model's forward at one micro-batch; the last micro-batch's
-    first token comes a stage-prefill after the one before it (``m - 1`` of them for ``m``
-    micro-batches)."""
-
-    def timed(step: ServeStep) -> ServeTime:
-        kind = "prediction" if step.estimate.calibrated and not bound else "bound"
-        compute, host = forward_parts(step.estimate, bound=bound)
-        return serve_step_time(compute, step.communication, step.boundary_bytes, layout.tp,
-                               layout.pp, links, kind, host=host,
-                               calls=step.estimate.total.calls)
-
-    in_flight = -(-batch // timed_run.batch)  # micro-batches: at most pp
-    prefill = timed(timed_run.prefill).scaled(1 + (in_flight - 1) / layout.pp)
-    decode = ServeTime.mean(timed(timed_run.first), timed(timed_run.last))
-    request = prefill.total + (timed_run.new_tokens - 1) * decode.total
-    return prefill, decode, (layout.replicas * batch * timed_run.new_tokens / request
-                             if request else 0.0)
-
-
-def _candidate(run: ServeRun, timed_run: ServeRun, layout: ServeLayout, links: Links,
-               budget: int, gpus: int, largest: bool) -> ServeCandidate:
-    """``run`` (the role at the batch) gives the memory, ``timed_run`` (at the micro-batch:
-    :func:`_times`) the times."""
-    memory = max(stage_memories(run, layout.pp, timed_run), key=lambda m: m.total)
-    prefill, decode, total = _times(timed_run, run.batch, layout, links, False)
-    beside: tuple[ServeTime | None, ServeTime | None, float | None] = (None, None, None)
-    if decode.kind == "prediction":  # the bound beside: the most the layout can reach
-        beside = _times(timed_run, run.batch, layout, links, True)
-    fits = memory.total <= budget
-    return ServeCandidate(layout, run.batch, largest, memory.total, memory.weights, memory.kv,
-                          memory.where, prefill, decode, total, total / gpus, fits,
-                          None if fits else _reason(memory, budget, run.batch), *beside,
-                          None if beside[2] is None else beside[2] / gpus)
-
-
-def _bound_dict(c: ServeCandidate) -> dict[str, Any]:
-    """A row's bound beside its predicted times (JSON; ``None`` where the times are the
-    bound)."""
-    pb, db = c.prefill_bound, c.decode_bound
-    return {"prefill_bound_s": pb.to_dict() if pb else None,
-            "decode_step_bound_s": db.to_dict() if db else None,
-            "time_to_first_token_bound_s": pb.total if pb else None,
-            "latency_per_token_bound_s": db.total if db else None,
-            "tokens_per_s_bound": c.tokens_per_s_bound,
-            "tokens_per_s_per_gpu_bound": c.tokens_per_s_per_gpu_bound}
-
-
 def serve_plan(
     source: str,
     build: ServeBuild,
@@ -371,6 +201,7 @@ def serve_plan(
     tp: int | None = None,
     pp: int | None = None,
     no_tensor_parallel: str | None = None,
+    batching: str = "static",
 ) -> ServePlan:
     """Plan serving ``source`` on ``gpus`` devices (see the module's docstring); what
     :func:`flopscope.plan.plan` runs with ``mode="serve"``.
@@ -395,6 +226,10 @@ def serve_plan(
         no_tensor_parallel: why the model's layers do not take the standard tensor-parallel
             plan (:func:`~flopscope.distributed.layout.tp_plan_problem`): ``tp = 1`` only, and
             the plan says why; ``None``: every ``tp``.
+        batching: ``static`` (default) or ``continuous``
+            (:data:`~flopscope.plan.serve_memory.BATCHING`): with ``continuous`` each row's
+            memory, largest batch, times and rank are continuous batching's
+            (:func:`~flopscope.plan.serve_rows.evaluate`).
 
     Returns:
         The :class:`ServePlan`.
@@ -420,9 +255,9 @@ def serve_plan(
     for layout in layouts:
 
         def candidate(batch: int, largest: bool, layout: ServeLayout = layout) -> ServeCandidate:
-            return _candidate(roles.get(layout.tp, batch),
-                              roles.get(layout.tp, micro_batch(batch, layout.pp)), layout,
-                              links, budget, gpus, largest)
+            return evaluate(roles.get(layout.tp, batch),
+                            roles.get(layout.tp, micro_batch(batch, layout.pp)), layout,
+                            links, budget, gpus, largest, batching)
 
         one = roles.get(layout.tp, 1)
         first = candidate(1, False)
@@ -430,11 +265,12 @@ def serve_plan(
             dropped.append(first)
             continue
         largest = max(1, min(max_batch, largest_batch(one, roles.get(layout.tp, 2),
-                                                       layout.pp, budget, max_batch)))
+                                                       layout.pp, budget, max_batch, batching)))
+
         def fits(batch: int, layout: ServeLayout = layout) -> bool:
             return fits_budget(roles.get(layout.tp, batch),
                                roles.get(layout.tp, micro_batch(batch, layout.pp)), layout.pp,
-                               budget)
+                               budget, batching)
 
         if not fits(largest):
             # memory grew faster than affine: bisect between 1 and there
@@ -453,33 +289,58 @@ def serve_plan(
         fitting.append(best)
     fitting.sort(key=lambda c: (-c.tokens_per_s, c.memory_bytes))
     latency = shortest(fitting, lambda c: c.decode.total)
-    notes = (f"compute: {compute_note(hardware, serve=True)}; communication at the links' bandwidth; "
-             "tokens/s for a batch of requests from prompt to last token (static batching), "
-             "latency per token the mean decode step",
+    notes = (f"compute: {compute_note(hardware, serve=True)}; communication at the links' "
+             f"bandwidth; {_batching_note(batching, mixed_chunk(prompt, new_tokens))}",
              "with pipeline stages a replica keeps one micro-batch per stage in flight "
              "(ceil(batch / stages) sequences each): a round in which every sequence gains a "
-             "token takes the model's forward at one micro-batch, the first token the "
-             "micro-batch's prefill and the pipeline's fill; each stage is charged every "
-             "sequence's cache and the rank's activations at its peak at one micro-batch",
+             "token takes the model's forward at one micro-batch"
+             + (", the first token the micro-batch's prefill and the pipeline's fill"
+                if batching == "static" else "")
+             + "; each stage is charged every sequence's cache and the rank's activations at "
+             "its peak at one micro-batch",
              *((f"served without tensor parallelism: {no_tensor_parallel}",)
                if no_tensor_parallel else ()))
     return ServePlan(source, gpus, hardware, gpus_per_node, prompt, new_tokens, dtype, budget,
                      tuple(fitting), tuple(dropped), fitting[0] if fitting else None, latency,
-                     roles.used, roles.simulations, time.perf_counter() - start, notes)
+                     roles.used, roles.simulations, time.perf_counter() - start, notes,
+                     batching)
+
+
+def _batching_note(batching: str, chunk: int) -> str:
+    """What a plan's rows assume of the server's batching."""
+    if batching == "static":
+        return ("tokens/s for a batch of requests from prompt to last token (static batching), "
+                "latency per token the mean decode step; continuous batching (chunked "
+                "prefill) beside: the steady state of each row's batch, every step one token "
+                "for each sequence and the prompts of the requests that replace the finished "
+                f"ones ({chunk} tokens per sequence per step), its memory checked as static "
+                "batching's (every sequence's whole cache, the prefill's activations; "
+                "--batching continuous plans its own)")
+    return ("continuous batching with chunked prefill, in its steady state: every step one "
+            "token for each of the batch's sequences and the prompts of the requests that "
+            f"replace the finished ones ({chunk} tokens per sequence per step, one forward); "
+            "tokens/s = replicas x batch / a step, latency per token a step, the first token "
+            "after the steps a prompt's prefill needs at the step's share of prompt tokens "
+            "(first come, first served, the wait for a free place not counted); memory: "
+            "every sequence's cache at the generation's middle (a paged cache holds what its "
+            "sequences have written) and one step's activations")
 
 
 def check_serve_options(new_tokens: int | None, batches: Sequence[int] | None,
-                        extra: Mapping[str, Any]) -> None:
+                        extra: Mapping[str, Any], batching: str = "static") -> None:
     """Refuse the training options a serving plan does not take.
 
     Args:
         new_tokens: tokens to generate.
         batches: batch sizes.
         extra: training options given (name -> value, ``None`` when not given).
+        batching: the server's batching (:data:`~flopscope.plan.serve_memory.BATCHING`).
 
     Raises:
-        UsageError: a training option, or bad sizes.
+        UsageError: a training option, bad sizes, or a batching not known.
     """
+    if batching not in BATCHING:
+        raise UsageError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
     given = [k for k, v in extra.items() if v is not None]
     if given:
         raise UsageError(f"plan(mode='serve') does not take {given[0]}: it is a training "

@@ -14,7 +14,18 @@ under a counter, four forwards:
 3. a catch-up chunk of ``new_tokens - 3`` tokens that brings the cache to where the last decode
    step starts (its time and memory are not used: it stands for the decode steps between);
 4. the **last decode step**, attending ``prompt + new_tokens - 1`` keys, with the cache of the
-   whole generation.
+   whole generation;
+
+and, between the first and the last decode steps (the catch-up chunk split around it), one
+**mixed step** of continuous batching with chunked prefill (:func:`mixed_chunk`): every
+sequence adds ``ceil((prompt + new_tokens - 1) / new_tokens)`` tokens at the middle of the
+generation (after the last decode step where the generation is too short to hold it). In a
+steady state of ``batch`` running sequences, each step gives every sequence a token and
+prefills ``batch x prompt / new_tokens`` tokens of the requests that take the finished ones'
+places: its products see exactly those tokens and read the weights once; its attention sees
+the chunk's queries against each sequence's cache (a real step has one query per decoding
+sequence, and a prompt's chunk against its own prefix: the same keys and values read, more
+FLOPs here).
 
 Each forward gets its own roofline log (:class:`~flopscope.estimate.CallLog`), its collectives
 (the counter's communication before and after it) and, except the chunk, its own
@@ -28,9 +39,11 @@ from the output of the first decoder layer.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +64,8 @@ from flopscope.plan.roles import local_tensor
 from flopscope.plan.space import expert_count, expert_degree
 from flopscope.report.records import CommRecord
 
-__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "remember",
-           "simulate_serving"]
+__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "mixed_chunk",
+           "remember", "simulate_serving"]
 
 #: ``build()`` -> the model on ``meta``, in eval mode (a transformers causal LM)
 ServeBuild = Callable[[], nn.Module]
@@ -107,6 +120,8 @@ class ServeRun:
         last_stage_bytes: those a last stage holds (the final norm, the head; a head tied to
             the embedding counted again: each stage holds a copy).
         seconds: how long the simulation took here.
+        mixed: continuous batching's mean step (:func:`mixed_chunk` tokens per sequence; the
+            prefill itself when ``new_tokens`` is 1; ``None``: not simulated).
     """
 
     tp: int
@@ -121,6 +136,7 @@ class ServeRun:
     first_stage_bytes: int
     last_stage_bytes: int
     seconds: float
+    mixed: ServeStep | None = None
 
 
 class _Switch:
@@ -199,15 +215,7 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
     switch = _Switch()
     boundary: list[int] = []
     steps: list[ServeStep] = []
-    # (kind, new positions, whether the forward is kept): prefill, first decode, catch-up,
-    # last decode
-    plan = [("prefill", prompt, True)]
-    if new_tokens >= 2:
-        plan.append(("decode", 1, True))
-    if new_tokens >= 4:
-        plan.append(("chunk", new_tokens - 3, False))
-    if new_tokens >= 3:
-        plan.append(("decode", 1, True))
+    plan = _forwards(prompt, new_tokens)
     with fake_world(tp, 0), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build()
@@ -241,8 +249,10 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                         switch.targets = [log, tracker] if kept else [log]
                         before = counter.report.communication
                         ids = torch.zeros(batch, positions, dtype=torch.long)
-                        out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                    **{keyword: cache})
+                        with (_engine_attention(model) if kind == "mixed"
+                              else contextlib.nullcontext()):
+                            out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                        **{keyword: cache})
                         cache = find_cache(out) or cache
                         kv = tuple(int(local_tensor(k).untyped_storage().nbytes()
                                        + local_tensor(v).untyped_storage().nbytes())
@@ -255,19 +265,113 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                         if not kept:
                             tracker.close()
                         steps.append(ServeStep(
-                            "decode" if kind == "chunk" else kind, batch * positions,
+                            kind if kind in ("prefill", "mixed") else "decode",
+                            batch * positions,
                             cache.get_seq_length(), log.estimate(hardware),
                             _minus(counter.report.communication, before), memory, kv,
                             boundary[-1]))
             finally:
                 handle.remove()
         del model, weights
-    kept_steps = [s for s, (_, _, kept) in zip(steps, plan, strict=True) if kept]
-    prefill, decodes = kept_steps[0], kept_steps[1:] or kept_steps[:1]
+    by_kind = {kind: [s for s, (k, _, _) in zip(steps, plan, strict=True) if k == kind]
+               for kind in ("prefill", "decode", "mixed")}
+    prefill, decodes = by_kind["prefill"][0], by_kind["decode"] or by_kind["prefill"]
     weight_bytes = prefill.memory.at_peak.get("parameters", 0) if prefill.memory else 0
     return ServeRun(tp, batch, prompt, new_tokens, prefill, decodes[0], decodes[-1],
                     weight_bytes, per_layer, first_bytes, last_bytes,
-                    time.perf_counter() - start)
+                    time.perf_counter() - start, (by_kind["mixed"] or [prefill])[0])
+
+
+#: the attention a serving engine's step runs (:func:`_engine_attention`), by this name in
+#: transformers' attention and mask registries
+ENGINE_ATTENTION = "flopscope_engine"
+
+
+def _engine_attention_call(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
+                           scaling: float | None = None, **kwargs: Any
+                           ) -> tuple[torch.Tensor, None]:
+    """A step's attention as a serving engine's kernel runs it (vLLM's, SGLang's): every
+    query against its sequence's keys and values, each key/value head read once for the
+    query heads that share it (no mask materialised, no copies of the cache)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if int(getattr(module, "num_key_value_groups", 1)) == 1:
+        out = sdpa(query, key, value, scale=scaling)
+    else:  # torch 2.4 has no enable_gqa: its key/value heads repeated (copies)
+        try:
+            out = sdpa(query, key, value, scale=scaling, enable_gqa=True)
+        except TypeError:
+            groups = query.shape[1] // key.shape[1]
+            out = sdpa(query, key.repeat_interleave(groups, 1),
+                       value.repeat_interleave(groups, 1), scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def _engine_attention(model: nn.Module) -> Iterator[None]:
+    """Within: ``model``'s attention is :func:`_engine_attention_call` and builds no mask.
+
+    transformers attends a forward of several tokens per sequence on top of a cache through
+    a materialised causal mask, which makes its SDPA path copy every layer's cache once per
+    query group (``repeat_kv``); a serving engine's kernel does neither. A model whose config
+    does not name its attention (no ``_attn_implementation``) is left as it is."""
+    config: Any = getattr(model, "config", None)
+    was = getattr(config, "_attn_implementation", None)
+    try:  # transformers before 4.53 has no registry of mask functions: its own path
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        was = None
+    if was is None:
+        yield
+        return
+    AttentionInterface.register(ENGINE_ATTENTION, _engine_attention_call)
+    AttentionMaskInterface.register(ENGINE_ATTENTION, lambda *args, **kwargs: None)
+    config._attn_implementation = ENGINE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = was
+
+
+def mixed_chunk(prompt: int, new_tokens: int) -> int:
+    """The tokens per sequence of continuous batching's mean step: in a steady state each
+    sequence's request passes ``prompt`` tokens of prefill and ``new_tokens - 1`` decode steps
+    through the server in ``new_tokens`` steps (each step gives every running sequence a
+    token), ``ceil((prompt + new_tokens - 1) / new_tokens)``.
+
+    Args:
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence.
+
+    Returns:
+        Tokens per sequence per step (``prompt`` when ``new_tokens`` is 1: the prefill).
+    """
+    return -(-(prompt + new_tokens - 1) // new_tokens)
+
+
+def _forwards(prompt: int, new_tokens: int) -> list[tuple[str, int, bool]]:
+    """The decode loop's forwards as (kind, new positions per sequence, whether its memory is
+    kept): the prefill, the first decode step, a catch-up chunk, the last decode step (see the
+    module's docstring), with the mixed step (:func:`mixed_chunk`) between the decode steps,
+    its cache centred on the generation's middle, the catch-up chunk split around it; after
+    the last decode step where the chunk has no room for it. The prefill and the decode steps
+    see the same caches with it or without it."""
+    plan = [("prefill", prompt, True)]
+    if new_tokens == 1:
+        return plan
+    plan.append(("decode", 1, True))
+    chunk, catch_up = mixed_chunk(prompt, new_tokens), max(0, new_tokens - 3)
+    if catch_up < chunk:  # no room: the mixed step last, the generation's own forwards first
+        plan += [("chunk", catch_up, False)] if catch_up else []
+        plan += [("decode", 1, True)] if new_tokens >= 3 else []
+        return [*plan, ("mixed", chunk, True)]
+    # the cache after the first decode step holds prompt + 1; centre the mixed step's keys on
+    # the loop's mean context, prompt + (new_tokens - 1) / 2
+    before = (catch_up - chunk) // 2
+    plan += [(kind, n, kind == "mixed") for kind, n in (
+        ("chunk", before), ("mixed", chunk), ("chunk", catch_up - chunk - before)) if n]
+    return [*plan, ("decode", 1, True)]
 
 
 #: every serving role simulated in this process, by (model identity, hardware, tp, batch,

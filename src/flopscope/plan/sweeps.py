@@ -31,7 +31,8 @@ from flopscope.plan.experts import decoder_layouts, expert_role_key
 from flopscope.plan.layout_roles import roles_of
 from flopscope.plan.planner import Plan, plan
 from flopscope.plan.precision import mixed_precision
-from flopscope.plan.serve import ServePlan, serve_layouts
+from flopscope.plan.serve import ServePlan
+from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.serve_time import micro_batch
 from flopscope.plan.space import ModelShape, sequence_parallel_mode
 from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key

@@ -6,7 +6,8 @@
     fsdp_comm: "#d4a017", p2p: "#c0392b", bubble: "#a8b0bd" };
   var PLAN_KEYS = ["source", "gpus", "hardware", "gpus_per_node", "global_batch", "seq_len", "dtype", "param_dtype", "reduce_dtype", "precision", "memory_budget",
     "model_flops_per_step", "time_model", "prediction", "ranked", "pareto", "dropped", "roles", "simulations", "seconds", "notes", "explain",
-    "mode", "unit", "max_new_tokens", "best_throughput", "best_latency", "best_latency_without_host"];
+    "mode", "unit", "max_new_tokens", "best_throughput", "best_latency", "best_latency_without_host",
+    "best_continuous", "continuous_chunk_tokens", "batching"];
   function planParts(data, layouts) {  // the parts a step's time is made of, named as the table names them
     var names = (data.explain && data.explain.part_names) || {}, keys = Object.keys(names);
     layouts.forEach(function (c) {
@@ -197,7 +198,8 @@
     var lat = ranked.filter(function (c) { return label(c) === data.best_latency; })[0] || null;
     append(root, [el("h1", { id: "subject", text: "flopscope plan: serving " + data.source }),
       el("p", { cls: "sub", text: "serving on " + data.gpus + " x " + data.hardware + " (" + data.gpus_per_node + " per node), prompts of " + data.seq_len +
-        " tokens, " + data.max_new_tokens + " new tokens each, " + data.dtype + ", budget " + bytes(data.memory_budget) + " per device" })]);
+        " tokens, " + data.max_new_tokens + " new tokens each, " + data.dtype + ", budget " + bytes(data.memory_budget) + " per device" +
+        (data.batching ? ", " + data.batching + " batching" : "") })]);
     if (pred) append(root, el("p", { cls: "hint", id: "plan-prediction", text: "Times predicted (" + pred.source + ")" +
       (pred.error_bars && pred.error_bars.total !== undefined ? ", error bar \u00b1" + Math.round(100 * pred.error_bars.total) + "% (90th percentile of |predicted / measured - 1| over its validation's models)" : ", no error bar (not validated)") +
       (pred.validated_on ? ", " + pred.validated_on : "") + "; beside them the roofline bound's latency and tokens/s (bound): the most a layout can reach." }));
@@ -210,6 +212,10 @@
     var alone = ranked.filter(function (c) { return label(c) === data.best_latency_without_host; })[0] || null;
     if (alone) cards.push(card("lowest latency without the host", label(alone), "best-latency-device", label(alone), secs(alone.latency_per_token_without_host_s) +
         " per token at the device's time alone (the host's time per call taken away)"));
+    var cont = ranked.filter(function (c) { return label(c) === data.best_continuous; })[0] || null, cb = cont && cont.continuous_batching;
+    if (cb) cards.push(card("most tokens/s, continuous batching", label(cont), "best-continuous", label(cont), human(cb.tokens_per_s_per_gpu) +
+        " tokens/s per GPU, " + secs(cb.latency_per_token_s) + " per token (chunked prefill, " + cb.chunk_tokens + " tokens per sequence per step; static batching " +
+        human(cont.tokens_per_s_per_gpu) + ")"));
     append(root, el("div", { cls: "cards" }, cards));
     if (!ranked.length) append(root, el("p", { cls: "warn", id: "plan-none", text: "No layout fits the memory budget at any batch: see the dropped ones below." }));
     var detail = el("section", { id: "breakdown" });
@@ -262,12 +268,13 @@
       { key: "latency", label: "per token", num: true, fmt: secs, title: bound }, { key: "tps", label: "tok/s", num: true, fmt: function (v) { return human(v); } },
       { key: "tpsg", label: "tok/s/GPU", num: true, fmt: function (v) { return human(v); } }].concat(pred ? [
       { key: "latency_bound", label: "per token (bound)", num: true, fmt: secs, title: "compute at the roofline bound" },
-      { key: "tpsg_bound", label: "tok/s/GPU (bound)", num: true, fmt: function (v) { return human(v); }, title: "the most the layout can reach" }] : []),
+      { key: "tpsg_bound", label: "tok/s/GPU (bound)", num: true, fmt: function (v) { return human(v); }, title: "the most the layout can reach" }] : []).concat(data.batching === "continuous" ? [] : [
+      { key: "tpsg_cont", label: "tok/s/GPU (cont.)", num: true, fmt: function (v) { return v == null ? "-" : human(v); }, title: "continuous batching with chunked prefill, the same batch in its steady state" }]),
       ranked.map(function (c, i) {
         return { rank: i + 1, layout: label(c), tp: c.tp, pp: c.pp, replicas: c.replicas, batch: c.batch, largest: c.largest_batch ? "yes" : "",
           memory: c.memory_bytes, weights: c.weights_bytes, kv: c.kv_cache_bytes, ttft: c.time_to_first_token_s, latency: c.latency_per_token_s,
           tps: c.tokens_per_s, tpsg: c.tokens_per_s_per_gpu, latency_bound: c.latency_per_token_bound_s, tpsg_bound: c.tokens_per_s_per_gpu_bound,
-          _c: c, _cls: c === tput ? "best" : "" };
+          tpsg_cont: c.continuous_batching ? c.continuous_batching.tokens_per_s_per_gpu : null, _c: c, _cls: c === tput ? "best" : "" };
       }), { onRow: function (r) { select(r._c); } });
     if (dropped.length) {
       append(root, [el("h2", { text: "Dropped, and why" }), dt]);
@@ -284,7 +291,10 @@
     host.setAttribute("data-layout", name);
     append(host, el("h3", { id: "breakdown-title", text: name + (c === best ? " (the most tokens/s)" : "") + ": " + human(c.tokens_per_s_per_gpu) +
       " tokens/s per GPU, " + secs(c.latency_per_token_s) + " per token, first token after " + secs(c.time_to_first_token_s) }));
-    [["prefill (time to first token)", c.prefill_s, "prefill"], ["a decode step (latency per token)", c.decode_step_s, "decode"]].forEach(function (step) {
+    var steady = data.batching === "continuous";
+    [[steady ? "first token (the steps of its prompt's prefill)" : "prefill (time to first token)", c.prefill_s, "prefill"],
+      [steady ? "a step (latency per token)" : "a decode step (latency per token)", c.decode_step_s, "decode"]].concat(c.continuous_batching ?
+      [["a step of continuous batching (" + c.continuous_batching.chunk_tokens + " tokens per sequence)", c.continuous_batching.step_s, "continuous"]] : []).forEach(function (step) {
       var t = step[1] || {}, total = t.total || 0, bar = el("div", { cls: "bar", id: "breakdown-" + step[2] }), legend = el("div", { cls: "legend" });
       SERVE_PARTS.concat(Object.keys(t).filter(function (k) { return SERVE_BESIDE.indexOf(k) < 0 && !SERVE_PARTS.some(function (p) { return p.key === k; }); })
         .map(function (k, i) { return { key: k, label: k.replace(/_/g, " "), colour: DEPTH_COLOURS[i % DEPTH_COLOURS.length] }; })).forEach(function (p) {
