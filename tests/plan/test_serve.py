@@ -602,3 +602,11 @@ def test_the_mixed_step_sits_at_the_generations_middle_and_moves_no_other_step()
     q = 4 * 4 * 3 * 32 * 2  # the queries: 4 sequences x 4 heads x 3 tokens x 32, bfloat16
     lse = 4 * 4 * 3 * 4  # the kernel's log-sum-exp per query and head, float32
     assert attention.bytes == 4 * (2 * (4 * 2 * 81 * 32 * 2) + 2 * q + lse)  # + the output
+    # and its cache's writes are a paged cache's: the 3 new positions of each layer's keys and
+    # values copied into room kept for them (4 sequences x 2 heads x 3 x 32 x 2 bytes = 1,536;
+    # a copy's bytes are its inputs', the destination and the source, and its output's: 3 x),
+    # where the decode steps' DynamicCache appends by cat, a copy of the whole layer's cache
+    last = run.last.estimate.by_op
+    assert ops["aten.copy_.default"].calls == 8 and "aten.copy_.default" not in last
+    assert ops["aten.copy_.default"].bytes == 8 * 3 * 1_536
+    assert ops["aten.cat.default"].calls == last["aten.cat.default"].calls - 8

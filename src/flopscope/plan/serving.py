@@ -39,7 +39,6 @@ from the output of the first decoder layer.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator
@@ -240,39 +239,49 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                                                        else out).nbytes)))
             keyword = cache_keyword(model)
             cache: Any = DynamicCache(config=getattr(model, "config", None))
+
+            def forward(kind: str, positions: int, kept: bool, model: nn.Module = model,
+                        weights: list[torch.Tensor] = weights) -> ServeStep:
+                """One forward of the loop on ``cache`` under the counter, as a step."""
+                nonlocal cache
+                log, tracker = CallLog(), MemoryTracker()
+                tracker.register(weights, "parameters")
+                tracker.register((t for kv in cache_layers(cache) for t in kv), "inputs")
+                switch.targets = [log, tracker] if kept else [log]
+                before = counter.report.communication
+                ids = torch.zeros(batch, positions, dtype=torch.long)
+                out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                            **{keyword: cache})
+                switch.targets = []  # what runs between forwards is no step's
+                cache = find_cache(out) or cache
+                kv = tuple(int(local_tensor(k).untyped_storage().nbytes()
+                               + local_tensor(v).untyped_storage().nbytes())
+                           for k, v in cache_layers(cache))
+                if not kv:
+                    raise UsageError(f"{type(model).__name__} returned no key/value "
+                                     "cache: serving plans decoders that keep one")
+                del out
+                memory = tracker.profile() if kept else None
+                if not kept:
+                    tracker.close()
+                return ServeStep(kind if kind in ("prefill", "mixed") else "decode",
+                                 batch * positions, cache.get_seq_length(),
+                                 log.estimate(hardware),
+                                 _minus(counter.report.communication, before), memory, kv,
+                                 boundary[-1])
+
             try:
                 with Counter(model, observers=[switch], warn=False) as counter:
                     for kind, positions, kept in plan:
-                        log, tracker = CallLog(), MemoryTracker()
-                        tracker.register(weights, "parameters")
-                        tracker.register((t for kv in cache_layers(cache) for t in kv), "inputs")
-                        switch.targets = [log, tracker] if kept else [log]
-                        before = counter.report.communication
-                        ids = torch.zeros(batch, positions, dtype=torch.long)
-                        with (_engine_attention(model) if kind == "mixed"
-                              else contextlib.nullcontext()):
-                            out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                        **{keyword: cache})
-                        cache = find_cache(out) or cache
-                        kv = tuple(int(local_tensor(k).untyped_storage().nbytes()
-                                       + local_tensor(v).untyped_storage().nbytes())
-                                   for k, v in cache_layers(cache))
-                        if not kv:
-                            raise UsageError(f"{type(model).__name__} returned no key/value "
-                                             "cache: serving plans decoders that keep one")
-                        del out
-                        memory = tracker.profile() if kept else None
-                        if not kept:
-                            tracker.close()
-                        steps.append(ServeStep(
-                            kind if kind in ("prefill", "mixed") else "decode",
-                            batch * positions,
-                            cache.get_seq_length(), log.estimate(hardware),
-                            _minus(counter.report.communication, before), memory, kv,
-                            boundary[-1]))
+                        if kind != "mixed":
+                            steps.append(forward(kind, positions, kept))
+                            continue
+                        # a serving engine's step: its paged cache's writes, its attention
+                        with _engine_cache(cache, positions), _engine_attention(model):
+                            steps.append(forward(kind, positions, kept))
             finally:
                 handle.remove()
-        del model, weights
+        del model, weights, forward
     by_kind = {kind: [s for s, (k, _, _) in zip(steps, plan, strict=True) if k == kind]
                for kind in ("prefill", "decode", "mixed")}
     prefill, decodes = by_kind["prefill"][0], by_kind["decode"] or by_kind["prefill"]
@@ -332,6 +341,45 @@ def _engine_attention(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = was
+
+
+@contextmanager
+def _engine_cache(cache: Any, chunk: int) -> Iterator[None]:
+    """Within: each layer of ``cache`` (a ``DynamicCache`` of ``DynamicLayer``s) writes the
+    ``chunk`` new positions of a forward into room kept for them, as a serving engine's paged
+    cache does, where a ``DynamicLayer`` appends by ``cat`` (a copy of the layer's whole cache
+    per forward). The room is made before (its copy outside the forward), the layer keeps a view
+    of what it holds (its length the cache's); after, the layer holds the whole buffer, the
+    state ``cat`` would have left. Other caches and layer kinds are left as they are."""
+    layers = list(getattr(cache, "layers", None) or ())
+    if not layers or any(type(layer).__name__ != "DynamicLayer" or not layer.is_initialized
+                         or layer.keys is None or layer.keys.dim() != 4 for layer in layers):
+        yield
+        return
+    for layer in layers:
+        held = layer.keys.shape[2]
+        full = []
+        for t in (layer.keys, layer.values):
+            room = t.new_empty(*t.shape[:2], held + chunk, t.shape[3])
+            room[:, :, :held].copy_(t)
+            full.append(room)
+        layer.keys, layer.values = full[0][:, :, :held], full[1][:, :, :held]
+
+        def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   layer: Any = layer, full: list[torch.Tensor] = full, held: int = held,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            new = key_states.shape[2]
+            full[0][:, :, held:held + new].copy_(key_states)
+            full[1][:, :, held:held + new].copy_(value_states)
+            layer.keys, layer.values = full[0][:, :, :held + new], full[1][:, :, :held + new]
+            return layer.keys, layer.values
+
+        layer.update = update
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.update  # the class's again
 
 
 def mixed_chunk(prompt: int, new_tokens: int) -> int:
