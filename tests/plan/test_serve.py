@@ -343,7 +343,7 @@ def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
     build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
     run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, NEW, hw)
     # the prefill, the first decode, the catch-up, the last, then continuous batching's mixed
-    # step (its ceil((64 + 8 - 1) / 8) = 9 tokens per sequence do not fit the catch-up's 5)
+    # step (ceil((64 + 8 - 1) / 8) = 9 tokens per sequence)
     prefill, first, _, last, mixed = logs
     (d1, h1), (d2, h2) = _per_call(first, hw), _per_call(last, hw)
     assert forward_seconds(run.first.estimate) == max(h1, d1)
@@ -372,7 +372,7 @@ def test_predicted_steps_are_the_predictor_calls_and_the_bound_is_beside(
     assert cont is not None and cont.chunk == 9 and cont.step.kind == "prediction"
     assert (cont.step.compute, cont.step.host) == _per_call(mixed, hw)
     assert run.mixed is not None and run.mixed.tokens == 4 * 9
-    assert run.mixed.context == PROMPT + NEW - 1 + 9  # after the last decode step
+    assert run.mixed.context == PROMPT + 1 + 9  # on the cache after the first token
     assert cont.tokens_per_s == c.layout.replicas * 4 / cont.step.total
     assert cont.step_bound is not None
     assert cont.step_bound.compute == run.mixed.estimate.total.time_s
@@ -572,11 +572,11 @@ def test_a_gpt2_is_served_without_tensor_parallelism_and_its_tied_head_counted_o
 
 
 def test_the_mixed_step_sits_at_the_generations_middle_and_moves_no_other_step() -> None:
-    """Continuous batching's mixed step: every sequence adds ceil((64 + 32 - 1) / 32) = 3
-    tokens with the catch-up chunk split around it (13 + 3 + 13 = 29 = 32 - 3), its keys
-    centred on the loop's mean context 64 + 31 / 2 (65 + 13 = 78 before it, 81 after); the
-    decode steps see 65 and 95 keys as without it; its per-token work (the MLP's products
-    and activation) is 3 times a decode step's to the FLOP."""
+    """Continuous batching's mixed step, last: every sequence adds ceil((64 + 32 - 1) / 32) = 3
+    tokens to the cache's first 65 + (32 - 3 - 3) // 2 = 78 positions, its keys centred on the
+    loop's mean context 64 + 31 / 2 (78 before it, 81 after); the decode steps see 65 and 95
+    keys; its per-token work (the MLP's products and activation) is 3 times a decode step's to
+    the FLOP."""
     hw = get_hardware("h100")
     build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
     run = serving.simulate_serving(lambda: build(1, "none")[0].eval(), 2, 4, PROMPT, 32, hw)

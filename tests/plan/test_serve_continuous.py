@@ -84,9 +84,9 @@ def test_continuous_memory_is_the_mixed_steps_peak(plans: tuple[ServePlan, Serve
     mine, theirs = _row(cont, "TP1 PP1 DP2", 4), _row(static, "TP1 PP1 DP2", 4)
     assert mine.memory_bytes == run.mixed.memory.peak_bytes
     assert mine.kv_cache_bytes == run.mixed.kv_bytes
-    # the cache after the mixed step: 4 sequences x 80 positions (64 + 7 + 9) x 4 layers x 4
-    # key/value heads x 32 x 2 bytes, keys and values
-    assert mine.kv_cache_bytes == 4 * 80 * 4 * 4 * 32 * 2 * 2
+    # the cache after the mixed step: 4 sequences x 74 positions (the prompt's 64, the first
+    # token, the step's 9) x 4 layers x 4 key/value heads x 32 x 2 bytes, keys and values
+    assert mine.kv_cache_bytes == 4 * 74 * 4 * 4 * 32 * 2 * 2
     assert theirs.memory_bytes == max(run.prefill.memory.peak_bytes,  # type: ignore[union-attr]
                                       run.last.memory.peak_bytes)  # type: ignore[union-attr]
     assert mine.memory_bytes < theirs.memory_bytes

@@ -16,16 +16,17 @@ under a counter, four forwards:
 4. the **last decode step**, attending ``prompt + new_tokens - 1`` keys, with the cache of the
    whole generation;
 
-and, between the first and the last decode steps (the catch-up chunk split around it), one
-**mixed step** of continuous batching with chunked prefill (:func:`mixed_chunk`): every
-sequence adds ``ceil((prompt + new_tokens - 1) / new_tokens)`` tokens at the middle of the
-generation (after the last decode step where the generation is too short to hold it). In a
-steady state of ``batch`` running sequences, each step gives every sequence a token and
-prefills ``batch x prompt / new_tokens`` tokens of the requests that take the finished ones'
-places: its products see exactly those tokens and read the weights once; its attention sees
-the chunk's queries against each sequence's cache (a real step has one query per decoding
-sequence, and a prompt's chunk against its own prefix: the same keys and values read, more
-FLOPs here).
+and last one **mixed step** of continuous batching with chunked prefill (:func:`mixed_chunk`):
+every sequence adds ``ceil((prompt + new_tokens - 1) / new_tokens)`` tokens to the cache's first
+positions up to the generation's middle (:func:`_middle`), as a serving engine runs a step: its
+cache's new positions written into room kept for them (:func:`_engine_cache`; a
+``DynamicCache`` appends by ``cat``) and its attention a kernel's, no mask and no copies
+(:func:`_engine_attention`). In a steady state of ``batch`` running sequences, each step gives
+every sequence a token and prefills ``batch x prompt / new_tokens`` tokens of the requests that
+take the finished ones' places: its products see exactly those tokens and read the weights
+once; its attention sees the chunk's queries against each sequence's cache (a real step has one
+query per decoding sequence, and a prompt's chunk against its own prefix: the same keys and
+values read, more FLOPs here).
 
 Each forward gets its own roofline log (:class:`~flopscope.estimate.CallLog`), its collectives
 (the counter's communication before and after it) and, except the chunk, its own
@@ -277,7 +278,8 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                             steps.append(forward(kind, positions, kept))
                             continue
                         # a serving engine's step: its paged cache's writes, its attention
-                        with _engine_cache(cache, positions), _engine_attention(model):
+                        with (_engine_cache(cache, positions, _middle(prompt, new_tokens)),
+                              _engine_attention(model)):
                             steps.append(forward(kind, positions, kept))
             finally:
                 handle.remove()
@@ -344,24 +346,25 @@ def _engine_attention(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def _engine_cache(cache: Any, chunk: int) -> Iterator[None]:
-    """Within: each layer of ``cache`` (a ``DynamicCache`` of ``DynamicLayer``s) writes the
-    ``chunk`` new positions of a forward into room kept for them, as a serving engine's paged
-    cache does, where a ``DynamicLayer`` appends by ``cat`` (a copy of the layer's whole cache
-    per forward). The room is made before (its copy outside the forward), the layer keeps a view
-    of what it holds (its length the cache's); after, the layer holds the whole buffer, the
-    state ``cat`` would have left. Other caches and layer kinds are left as they are."""
+def _engine_cache(cache: Any, chunk: int, keep: int) -> Iterator[None]:
+    """Within: each layer of ``cache`` (a ``DynamicCache`` of ``DynamicLayer``s) holds its
+    first ``keep`` positions and writes the ``chunk`` new positions of a forward into room kept
+    for them, as a serving engine's paged cache does, where a ``DynamicLayer`` appends by
+    ``cat`` (a copy of the layer's whole cache per forward). The room is made before (its copy
+    outside the forward), the layer keeps a view of what it holds (its length the cache's);
+    after, the layer holds the buffer. Other caches and layer kinds are left as they are (their
+    whole length)."""
     layers = list(getattr(cache, "layers", None) or ())
     if not layers or any(type(layer).__name__ != "DynamicLayer" or not layer.is_initialized
                          or layer.keys is None or layer.keys.dim() != 4 for layer in layers):
         yield
         return
     for layer in layers:
-        held = layer.keys.shape[2]
+        held = min(keep, layer.keys.shape[2])
         full = []
         for t in (layer.keys, layer.values):
             room = t.new_empty(*t.shape[:2], held + chunk, t.shape[3])
-            room[:, :, :held].copy_(t)
+            room[:, :, :held].copy_(t[:, :, :held])
             full.append(room)
         layer.keys, layer.values = full[0][:, :, :held], full[1][:, :, :held]
 
@@ -401,25 +404,22 @@ def mixed_chunk(prompt: int, new_tokens: int) -> int:
 def _forwards(prompt: int, new_tokens: int) -> list[tuple[str, int, bool]]:
     """The decode loop's forwards as (kind, new positions per sequence, whether its memory is
     kept): the prefill, the first decode step, a catch-up chunk, the last decode step (see the
-    module's docstring), with the mixed step (:func:`mixed_chunk`) between the decode steps,
-    its cache centred on the generation's middle, the catch-up chunk split around it; after
-    the last decode step where the chunk has no room for it. The prefill and the decode steps
-    see the same caches with it or without it."""
+    module's docstring), then the mixed step (:func:`mixed_chunk`; on the generation's middle:
+    :func:`_middle`)."""
     plan = [("prefill", prompt, True)]
     if new_tokens == 1:
         return plan
     plan.append(("decode", 1, True))
-    chunk, catch_up = mixed_chunk(prompt, new_tokens), max(0, new_tokens - 3)
-    if catch_up < chunk:  # no room: the mixed step last, the generation's own forwards first
-        plan += [("chunk", catch_up, False)] if catch_up else []
-        plan += [("decode", 1, True)] if new_tokens >= 3 else []
-        return [*plan, ("mixed", chunk, True)]
-    # the cache after the first decode step holds prompt + 1; centre the mixed step's keys on
-    # the loop's mean context, prompt + (new_tokens - 1) / 2
-    before = (catch_up - chunk) // 2
-    plan += [(kind, n, kind == "mixed") for kind, n in (
-        ("chunk", before), ("mixed", chunk), ("chunk", catch_up - chunk - before)) if n]
-    return [*plan, ("decode", 1, True)]
+    plan += [("chunk", new_tokens - 3, False)] if new_tokens >= 4 else []
+    plan += [("decode", 1, True)] if new_tokens >= 3 else []
+    return [*plan, ("mixed", mixed_chunk(prompt, new_tokens), True)]
+
+
+def _middle(prompt: int, new_tokens: int) -> int:
+    """The cache the mixed step starts from: its keys centred on the loop's mean context,
+    ``prompt + (new_tokens - 1) / 2`` (at least the prompt and the first token)."""
+    chunk = mixed_chunk(prompt, new_tokens)
+    return prompt + 1 + max(0, (new_tokens - 3 - chunk) // 2)
 
 
 #: every serving role simulated in this process, by (model identity, hardware, tp, batch,
