@@ -490,12 +490,15 @@ def test_a_model_without_llama_style_layers_is_served_without_tensor_parallelism
 
 
 def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) -> None:
-    from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch
+    from flopscope.estimate.bound import Row
+    from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch, row_seconds
 
     # TP1 PP2 at batch 4: two micro-batches of 2 sequences in flight, one per stage; a round
-    # (each sequence one token) is the whole model's forward at batch 2, the prefill a
-    # micro-batch's and half of it again for the second's (one stage behind); the memory is
-    # the whole batch's (before, the batch passed the stages in turn: the forward at batch 4)
+    # (each sequence one token) is each stage running both micro-batches, so the slower stage's
+    # time twice: the whole model's forward at batch 2 times the stages' pace (1 were they
+    # even), the prefill a micro-batch's and the slower stage's again for the second's; the
+    # memory is the whole batch's (before, the batch passed the stages in turn: the forward at
+    # batch 4)
     assert micro_batch(4, 2) == 2 and micro_batch(5, 2) == 3 and micro_batch(1, 4) == 1
     hw = get_hardware("h100")
     build = build_model("hf:llama", PROMPT, "bfloat16", CONFIG)
@@ -507,11 +510,32 @@ def test_pipeline_stages_keep_a_micro_batch_each_in_flight(served: ServePlan) ->
         return serve_step_time(compute, s.communication, s.boundary_bytes, 1, 2, links,
                                "prediction", host=host, calls=s.estimate.total.calls)
 
+    def pace(s: serving.ServeStep) -> float:
+        """2 x the slower stage's time over the two stages' sum: the first stage the embedding
+        (and the model's own calls) and layers 0-1, the second layers 2-3, the norm, the head."""
+        before, l0, l1, l2, l3, after = s.parts
+        times = []
+        for parts in ((before, l0, l1), (l2, l3, after)):
+            row = Row()
+            for part in parts:
+                row.add(part)
+            times.append(row_seconds(row, s.estimate))
+        return 2 * max(times) / sum(times)
+
+    # every call of a forward is in one part; the head's in the last stage's
+    for s in (run.prefill, run.first, run.last):
+        assert sum(p.calls for p in s.parts) == s.estimate.total.calls
+        assert sum(p.flops for p in s.parts) == s.estimate.total.flops
+        assert s.parts[-1].flops >= s.estimate.by_module["lm_head"].flops > 0
+    assert pace(run.first) > 1  # the stages are uneven: the head is the second's
     c = _row(served, "TP1 PP2 DP1", 4)
     assert c.to_dict()["micro_batch"] == 2 and _row(served, "TP1 PP1 DP2", 4).to_dict()[
         "micro_batch"] == 4
-    assert c.decode == ServeTime.mean(step(run.first), step(run.last))
-    assert c.prefill.total == pytest.approx(1.5 * step(run.prefill).total, rel=1e-12)
+    assert c.decode == ServeTime.mean(step(run.first).scaled(pace(run.first)),
+                                      step(run.last).scaled(pace(run.last)))
+    # the first micro-batch's prefill, then the second's a slower stage's prefill behind
+    assert c.prefill.total == pytest.approx((1 + pace(run.prefill) / 2) * step(run.prefill).total,
+                                            rel=1e-12)
     assert c.tokens_per_s == pytest.approx(4 * NEW / (c.prefill.total + (NEW - 1) * c.decode.total),
                                            rel=1e-12)
     # the KV cache of all 4 sequences, half the layers on the fuller stage:

@@ -8,8 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flopscope.estimate.bound import Row
 from flopscope.plan.serve_memory import StageMemory, stage_memories
-from flopscope.plan.serve_time import ServeTime, forward_parts, micro_batch, serve_step_time
+from flopscope.plan.serve_time import (
+    ServeTime,
+    forward_parts,
+    micro_batch,
+    row_seconds,
+    serve_step_time,
+)
 from flopscope.plan.serving import ServeRun, ServeStep, mixed_chunk
 from flopscope.plan.space import ModelShape, divisors, expert_degree
 from flopscope.plan.timing import Links
@@ -211,6 +218,28 @@ def _timed(step: ServeStep, layout: ServeLayout, links: Links, bound: bool) -> S
                            layout.pp, links, kind, host=host, calls=step.estimate.total.calls)
 
 
+def _pace(step: ServeStep, pp: int, bound: bool) -> float:
+    """How much longer than the whole forward a pipeline's round of ``pp`` micro-batches takes:
+    ``pp x`` the slowest stage's time over the stages' sum (each stage runs every micro-batch
+    in turn, so the slowest sets the pace; 1 for stages of equal time). A stage's time is its
+    calls' (:func:`~flopscope.plan.serve_time.row_seconds`: the prediction, or the bound): its
+    layers (:func:`~flopscope.distributed.pipeline.split_layers`), the first stage's the
+    embedding too, the last stage's the norm and the head (:attr:`ServeStep.parts`)."""
+    if pp == 1 or not step.parts:
+        return 1.0
+    from flopscope.distributed.pipeline import split_layers
+
+    before, *layers, after = step.parts
+    times = []
+    for s, run in enumerate(split_layers(len(layers), pp)):
+        row = Row()
+        for part in ([before] if s == 0 else []) + [layers[i] for i in run] + (
+                [after] if s == pp - 1 else []):
+            row.add(part)
+        times.append(row_seconds(row, step.estimate, bound=bound))
+    return pp * max(times) / sum(times) if sum(times) else 1.0
+
+
 def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, bound: bool
            ) -> tuple[ServeTime, ServeTime, float]:
     """The prefill (time to first token), the mean decode step (a round in which every
@@ -219,14 +248,15 @@ def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, b
     ``timed_run`` is the role at the micro-batch
     (:func:`~flopscope.plan.serve_time.micro_batch`): with ``pp`` stages,
     ``pp`` micro-batches are in flight, each stage runs its layers for each of them in turn,
-    so a round takes the whole model's forward at one micro-batch; the last micro-batch's
-    first token comes a stage-prefill after the one before it (``m - 1`` of them for ``m``
-    micro-batches)."""
+    so a round takes the whole model's forward at one micro-batch, times the slowest stage's
+    pace (:func:`_pace`); the last micro-batch's first token comes a slowest stage's prefill
+    after the one before it (``m - 1`` of them for ``m`` micro-batches)."""
     in_flight = -(-batch // timed_run.batch)  # micro-batches: at most pp
+    pp = layout.pp
     prefill = _timed(timed_run.prefill, layout, links, bound).scaled(
-        1 + (in_flight - 1) / layout.pp)
-    decode = ServeTime.mean(_timed(timed_run.first, layout, links, bound),
-                            _timed(timed_run.last, layout, links, bound))
+        1 + (in_flight - 1) * _pace(timed_run.prefill, pp, bound) / pp)
+    decode = ServeTime.mean(*(_timed(step, layout, links, bound).scaled(_pace(step, pp, bound))
+                              for step in (timed_run.first, timed_run.last)))
     request = prefill.total + (timed_run.new_tokens - 1) * decode.total
     return prefill, decode, (layout.replicas * batch * timed_run.new_tokens / request
                              if request else 0.0)
@@ -240,8 +270,9 @@ def _continuous(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Lin
     mixed = timed_run.mixed
     if mixed is None:
         return None
-    step = _timed(mixed, layout, links, False)
-    bound = _timed(mixed, layout, links, True) if step.kind == "prediction" else None
+    step = _timed(mixed, layout, links, False).scaled(_pace(mixed, layout.pp, False))
+    bound = (_timed(mixed, layout, links, True).scaled(_pace(mixed, layout.pp, True))
+             if step.kind == "prediction" else None)
 
     def rate(t: ServeTime | None) -> float | None:
         return None if t is None else layout.replicas * batch / t.total if t.total else 0.0
@@ -258,7 +289,8 @@ def _continuous_row(timed_run: ServeRun, batch: int, layout: ServeLayout, links:
     tokens, ``batch x prompt / new_tokens`` a step, so ``max(1, ceil(new_tokens / batch))``
     steps (first come, first served; the time it waits for a free place not counted)."""
     assert timed_run.mixed is not None  # continuous batching plans roles with one
-    step = _timed(timed_run.mixed, layout, links, bound)
+    step = _timed(timed_run.mixed, layout, links, bound).scaled(
+        _pace(timed_run.mixed, layout.pp, bound))
     ttft = step.scaled(max(1, -(-timed_run.new_tokens // batch)))
     return ttft, step, layout.replicas * batch / step.total if step.total else 0.0
 

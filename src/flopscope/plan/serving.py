@@ -58,6 +58,7 @@ from flopscope.distributed.shape_only import shape_only_rank
 from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
+from flopscope.estimate.bound import Row
 from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
 from flopscope.plan.degrees import hardware_key
 from flopscope.plan.roles import local_tensor
@@ -84,6 +85,8 @@ class ServeStep:
         memory: its peak (``None`` for the catch-up chunk, not used).
         kv_layer_bytes: the cache after it, bytes per decoder layer (keys and values).
         boundary_bytes: a decoder layer's output (what a pipeline stage hands the next).
+        parts: its calls' sums as (before the decoder layers, each layer, after them): what
+            each pipeline stage runs (:func:`_stage_parts`; empty: not split).
     """
 
     kind: str
@@ -94,6 +97,7 @@ class ServeStep:
     memory: MemoryProfile | None
     kv_layer_bytes: tuple[int, ...]
     boundary_bytes: int
+    parts: tuple[Row, ...] = ()
 
     @property
     def kv_bytes(self) -> int:
@@ -174,6 +178,27 @@ def _stage_weights(model: nn.Module, layers: int, path: str
     return tuple(per_layer), first, last
 
 
+def _stage_parts(estimate: Estimate, layers: int, path: str, order: dict[str, int]
+                 ) -> tuple[Row, ...]:
+    """A forward's calls as (before the decoder layers, each layer, after them), from its
+    modules' own calls: under ``path.N`` layer N; the root and the layers' ancestors (their
+    own calls: the positions, the mask) before; any other module before or after by where
+    the model registers it against the layers' container (``order``: named_modules' order;
+    the embedding before, the norm and the head after)."""
+    prefix = f"{path}."
+    before, after = Row(), Row()
+    per = [Row() for _ in range(layers)]
+    for name, row in estimate.by_module_self.items():
+        index = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
+        if index.isdigit() and int(index) < layers:
+            per[int(index)].add(row)
+        elif name == "" or path.startswith(f"{name}.") or order.get(name, -1) < order[path]:
+            before.add(row)
+        else:
+            after.add(row)
+    return (before, *per, after)
+
+
 def _minus(after: tuple[CommRecord, ...], before: tuple[CommRecord, ...]
            ) -> tuple[CommRecord, ...]:
     """The collectives a forward issued: the counter's records after it less those before."""
@@ -234,6 +259,7 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                 raise UsageError(f"{type(model).__name__} has no list of decoder layers: "
                                  "serving plans transformers decoders")
             per_layer, first_bytes, last_bytes = _stage_weights(model, layers, found[0])
+            order = {name: k for k, (name, _) in enumerate(model.named_modules())}
             decoder = layers_in(found[1])[0]
             handle = decoder.register_forward_hook(
                 lambda m, a, out: boundary.append(int((out[0] if isinstance(out, tuple)
@@ -265,11 +291,11 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                 memory = tracker.profile() if kept else None
                 if not kept:
                     tracker.close()
+                estimate = log.estimate(hardware)
                 return ServeStep(kind if kind in ("prefill", "mixed") else "decode",
-                                 batch * positions, cache.get_seq_length(),
-                                 log.estimate(hardware),
+                                 batch * positions, cache.get_seq_length(), estimate,
                                  _minus(counter.report.communication, before), memory, kv,
-                                 boundary[-1])
+                                 boundary[-1], _stage_parts(estimate, layers, found[0], order))
 
             try:
                 with Counter(model, observers=[switch], warn=False) as counter:
