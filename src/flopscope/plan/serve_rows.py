@@ -240,6 +240,12 @@ def _pace(step: ServeStep, pp: int, bound: bool) -> float:
     return pp * max(times) / sum(times) if sum(times) else 1.0
 
 
+def _round(step: ServeStep, layout: ServeLayout, links: Links, bound: bool) -> ServeTime:
+    """A round of ``layout``'s micro-batches in flight through ``step`` (a decode or mixed
+    step): the forward (:func:`_timed`) at the slowest stage's pace (:func:`_pace`)."""
+    return _timed(step, layout, links, bound).scaled(_pace(step, layout.pp, bound))
+
+
 def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, bound: bool
            ) -> tuple[ServeTime, ServeTime, float]:
     """The prefill (time to first token), the mean decode step (a round in which every
@@ -255,7 +261,7 @@ def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, b
     pp = layout.pp
     prefill = _timed(timed_run.prefill, layout, links, bound).scaled(
         1 + (in_flight - 1) * _pace(timed_run.prefill, pp, bound) / pp)
-    decode = ServeTime.mean(*(_timed(step, layout, links, bound).scaled(_pace(step, pp, bound))
+    decode = ServeTime.mean(*(_round(step, layout, links, bound)
                               for step in (timed_run.first, timed_run.last)))
     request = prefill.total + (timed_run.new_tokens - 1) * decode.total
     return prefill, decode, (layout.replicas * batch * timed_run.new_tokens / request
@@ -264,33 +270,28 @@ def _times(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links, b
 
 def _continuous(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links
                 ) -> Continuous | None:
-    """Continuous batching's figures (:class:`Continuous`) from the role at the micro-batch:
-    with stages, a round (every sequence one step further) is the model's forward at one
-    micro-batch, as a static decode round is."""
-    mixed = timed_run.mixed
-    if mixed is None:
+    """Continuous batching's figures (:class:`Continuous`, :func:`_continuous_row`) beside a
+    static row (``None`` for a role without its mixed step)."""
+    if timed_run.mixed is None:
         return None
-    step = _timed(mixed, layout, links, False).scaled(_pace(mixed, layout.pp, False))
-    bound = (_timed(mixed, layout, links, True).scaled(_pace(mixed, layout.pp, True))
-             if step.kind == "prediction" else None)
-
-    def rate(t: ServeTime | None) -> float | None:
-        return None if t is None else layout.replicas * batch / t.total if t.total else 0.0
-
-    return Continuous(mixed_chunk(timed_run.prompt, timed_run.new_tokens), step,
-                      rate(step) or 0.0, bound, rate(bound))
+    _, step, rate = _continuous_row(timed_run, batch, layout, links, False)
+    beside = (_continuous_row(timed_run, batch, layout, links, True)
+              if step.kind == "prediction" else None)
+    return Continuous(mixed_chunk(timed_run.prompt, timed_run.new_tokens), step, rate,
+                      beside[1] if beside else None, beside[2] if beside else None)
 
 
 def _continuous_row(timed_run: ServeRun, batch: int, layout: ServeLayout, links: Links,
                     bound: bool) -> tuple[ServeTime, ServeTime, float]:
     """A row of a plan with continuous batching as (time to first token, step, tokens/s):
-    the step is the mixed step (latency per token; tokens/s ``replicas x batch / step``);
-    a new request's prompt takes the steps its prefill needs at the step's share of prompt
-    tokens, ``batch x prompt / new_tokens`` a step, so ``max(1, ceil(new_tokens / batch))``
-    steps (first come, first served; the time it waits for a free place not counted)."""
+    the step is the mixed step (latency per token; tokens/s ``replicas x batch / step``;
+    with stages, a round, every sequence one step further, is the model's forward at one
+    micro-batch at the slowest stage's pace, as a static decode round is); a new request's
+    prompt takes the steps its prefill needs at the step's share of prompt tokens, ``batch x
+    prompt / new_tokens`` a step, so ``max(1, ceil(new_tokens / batch))`` steps (first come,
+    first served; the time it waits for a free place not counted)."""
     assert timed_run.mixed is not None  # continuous batching plans roles with one
-    step = _timed(timed_run.mixed, layout, links, bound).scaled(
-        _pace(timed_run.mixed, layout.pp, bound))
+    step = _round(timed_run.mixed, layout, links, bound)
     ttft = step.scaled(max(1, -(-timed_run.new_tokens // batch)))
     return ttft, step, layout.replicas * batch / step.total if step.total else 0.0
 
