@@ -634,3 +634,23 @@ def test_the_mixed_step_sits_at_the_generations_middle_and_moves_no_other_step()
     assert ops["aten.copy_.default"].calls == 8 and "aten.copy_.default" not in last
     assert ops["aten.copy_.default"].bytes == 8 * 3 * 1_536
     assert ops["aten.cat.default"].calls == last["aten.cat.default"].calls - 8
+
+
+def test_a_decoder_is_found_by_its_layers_not_their_attribute_name() -> None:
+    """GPT-NeoX keeps its layers at ``gpt_neox.layers``, none of the usual paths: the layer
+    list is the shallowest module list as long as the config's layers, so it is served (at
+    tp 1: its fused projections take no standard plan), with stages too."""
+    from flopscope.distributed.repeat import layer_list
+
+    neox = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4)
+    build = build_model("hf:gpt_neox", 64, "bfloat16", neox)
+    found = layer_list(build(1, "none")[0])
+    assert found is not None and found[0] == "gpt_neox.layers" and len(found[1]) == 2
+    plan = flopscope.plan("hf:gpt_neox", gpus=2, hardware="h100", seq_len=64, mode="serve",
+                          max_new_tokens=16, batches=[1], memory_budget=256 * 2**20,
+                          config=neox)
+    assert isinstance(plan, ServePlan)
+    assert {c.layout.label for c in plan.ranked} == {"TP1 PP1 DP2", "TP1 PP2 DP1"}
+    one, two = _row(plan, "TP1 PP1 DP2", 1), _row(plan, "TP1 PP2 DP1", 1)
+    assert two.weights_bytes < one.weights_bytes  # each stage holds its own layers

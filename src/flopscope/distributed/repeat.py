@@ -93,7 +93,13 @@ def layers_in(container: nn.ModuleList | nn.ModuleDict) -> list[nn.Module]:
 
 
 def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList | nn.ModuleDict] | None:
-    """The model's decoder layers: (their container's path, the container), or ``None``."""
+    """The model's decoder layers: (their container's path, the container), or ``None``.
+
+    At one of :data:`LAYER_PATHS`; else the shallowest ``ModuleList`` (or ``ModuleDict``, a
+    pipeline stage's) holding as many modules as the config's ``num_hidden_layers`` (of the
+    model's config or its text config: GPT-NeoX's ``gpt_neox.layers``, MPT's
+    ``transformer.blocks``), so a decoder is found by its structure, not its attribute names.
+    """
     for path in LAYER_PATHS:
         try:
             found = model.get_submodule(path)
@@ -101,7 +107,14 @@ def layer_list(model: nn.Module) -> tuple[str, nn.ModuleList | nn.ModuleDict] | 
             continue
         if isinstance(found, (nn.ModuleList, nn.ModuleDict)):
             return path, found
-    return None
+    config = getattr(model, "config", None)
+    count = getattr(config, "num_hidden_layers", None) or getattr(
+        getattr(config, "text_config", None), "num_hidden_layers", None)
+    if not isinstance(count, int) or count < 1:
+        return None
+    lists = [(path, m) for path, m in model.named_modules()
+             if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) == count]
+    return min(lists, key=lambda pm: pm[0].count("."), default=None)
 
 
 def _attributes(module: nn.Module) -> dict[str, Hashable]:

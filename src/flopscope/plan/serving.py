@@ -18,7 +18,7 @@ under a counter, four forwards:
 
 and last one **mixed step** of continuous batching with chunked prefill (:func:`mixed_chunk`):
 every sequence adds ``ceil((prompt + new_tokens - 1) / new_tokens)`` tokens to the cache's first
-positions up to the generation's middle (:func:`_middle`), as a serving engine runs a step: its
+positions up to the generation's middle (:func:`middle`), as a serving engine runs a step: its
 cache's new positions written into room kept for them (:func:`_engine_cache`; a
 ``DynamicCache`` appends by ``cat``) and its attention a kernel's, no mask and no copies
 (:func:`_engine_attention`). In a steady state of ``batch`` running sequences, each step gives
@@ -65,8 +65,8 @@ from flopscope.plan.roles import local_tensor
 from flopscope.plan.space import expert_count, expert_degree
 from flopscope.report.records import CommRecord
 
-__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "mixed_chunk",
-           "remember", "simulate_serving"]
+__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "engine_step",
+           "mixed_chunk", "middle", "remember", "simulate_serving"]
 
 #: ``build()`` -> the model on ``meta``, in eval mode (a transformers causal LM)
 ServeBuild = Callable[[], nn.Module]
@@ -303,9 +303,8 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
                         if kind != "mixed":
                             steps.append(forward(kind, positions, kept))
                             continue
-                        # a serving engine's step: its paged cache's writes, its attention
-                        with (_engine_cache(cache, positions, _middle(prompt, new_tokens)),
-                              _engine_attention(model)):
+                        with engine_step(model, cache, positions,
+                                         middle(prompt, new_tokens)):
                             steps.append(forward(kind, positions, kept))
             finally:
                 handle.remove()
@@ -411,6 +410,25 @@ def _engine_cache(cache: Any, chunk: int, keep: int) -> Iterator[None]:
             del layer.update  # the class's again
 
 
+@contextmanager
+def engine_step(model: nn.Module, cache: Any, chunk: int, keep: int) -> Iterator[None]:
+    """Within: a forward of ``model`` on ``cache`` runs as a serving engine's step (vLLM's,
+    SGLang's): ``cache`` holds its first ``keep`` positions per layer and writes the forward's
+    ``chunk`` new ones into room kept for them (:func:`_engine_cache`: a paged cache's
+    writes, where a ``DynamicCache`` appends by ``cat``), and the attention is a kernel's, no
+    mask and no copies of the cache (:func:`_engine_attention`). The serving role's mixed
+    step; ``benchmarks/mixed_step_validation.py`` runs the same for real.
+
+    Args:
+        model: a transformers decoder.
+        cache: its ``DynamicCache``.
+        chunk: the positions the forward adds per sequence.
+        keep: the positions of ``cache`` the step starts from.
+    """
+    with _engine_cache(cache, chunk, keep), _engine_attention(model):
+        yield
+
+
 def mixed_chunk(prompt: int, new_tokens: int) -> int:
     """The tokens per sequence of continuous batching's mean step: in a steady state each
     sequence's request passes ``prompt`` tokens of prefill and ``new_tokens - 1`` decode steps
@@ -431,7 +449,7 @@ def _forwards(prompt: int, new_tokens: int) -> list[tuple[str, int, bool]]:
     """The decode loop's forwards as (kind, new positions per sequence, whether its memory is
     kept): the prefill, the first decode step, a catch-up chunk, the last decode step (see the
     module's docstring), then the mixed step (:func:`mixed_chunk`; on the generation's middle:
-    :func:`_middle`)."""
+    :func:`middle`)."""
     plan = [("prefill", prompt, True)]
     if new_tokens == 1:
         return plan
@@ -441,9 +459,17 @@ def _forwards(prompt: int, new_tokens: int) -> list[tuple[str, int, bool]]:
     return [*plan, ("mixed", mixed_chunk(prompt, new_tokens), True)]
 
 
-def _middle(prompt: int, new_tokens: int) -> int:
+def middle(prompt: int, new_tokens: int) -> int:
     """The cache the mixed step starts from: its keys centred on the loop's mean context,
-    ``prompt + (new_tokens - 1) / 2`` (at least the prompt and the first token)."""
+    ``prompt + (new_tokens - 1) / 2`` (at least the prompt and the first token).
+
+    Args:
+        prompt: prompt tokens per sequence.
+        new_tokens: tokens generated per sequence.
+
+    Returns:
+        Positions per sequence.
+    """
     chunk = mixed_chunk(prompt, new_tokens)
     return prompt + 1 + max(0, (new_tokens - 3 - chunk) // 2)
 
