@@ -3,7 +3,7 @@
 
 A serving role's mixed step (:func:`flopscope.plan.serving.simulate_serving`) is one forward in
 which every sequence adds ``mixed_chunk(prompt, new_tokens)`` tokens to its cache at the
-generation's middle, as a serving engine runs it (:func:`flopscope.plan.serving.engine_step`:
+generation's middle, as a serving engine runs it (:func:`flopscope.llm.engine.engine_step`:
 the cache's new positions written into room kept for them, the attention without a mask).
 
 1. ``--profile P.json``: a profile calibrated before the run by flopscope's own calibration
@@ -61,7 +61,8 @@ def measured(config: Any, batch: int, prompt: int, new_tokens: int, repeat: int
     """The same step run for real: the median of ``repeat`` timed runs after two warm-ups."""
     from transformers import DynamicCache
 
-    from flopscope.plan.serving import engine_step, middle, mixed_chunk
+    from flopscope.llm.engine import engine_step
+    from flopscope.plan.serving import middle, mixed_chunk
 
     torch.manual_seed(0)
     model = build(config, "cpu")

@@ -18,10 +18,10 @@ under a counter, four forwards:
 
 and last one **mixed step** of continuous batching with chunked prefill (:func:`mixed_chunk`):
 every sequence adds ``ceil((prompt + new_tokens - 1) / new_tokens)`` tokens to the cache's first
-positions up to the generation's middle (:func:`middle`), as a serving engine runs a step: its
-cache's new positions written into room kept for them (:func:`_engine_cache`; a
-``DynamicCache`` appends by ``cat``) and its attention a kernel's, no mask and no copies
-(:func:`_engine_attention`). In a steady state of ``batch`` running sequences, each step gives
+positions up to the generation's middle (:func:`middle`), as a serving engine runs a step
+(:func:`flopscope.llm.engine.engine_step`: its cache's new positions written into room kept
+for them, where a ``DynamicCache`` appends by ``cat``, and its attention a kernel's, no mask
+and no copies). In a steady state of ``batch`` running sequences, each step gives
 every sequence a token and prefills ``batch x prompt / new_tokens`` tokens of the requests that
 take the finished ones' places: its products see exactly those tokens and read the weights
 once; its attention sees the chunk's queries against each sequence's cache (a real step has one
@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,14 +58,15 @@ from flopscope.distributed.simulate import fake_world
 from flopscope.errors import UsageError
 from flopscope.estimate import CallLog, Estimate, Hardware, MemoryProfile, MemoryTracker
 from flopscope.estimate.bound import Row
+from flopscope.llm.engine import engine_step
 from flopscope.llm.kv_cache import cache_keyword, cache_layers, find_cache
 from flopscope.plan.degrees import hardware_key
 from flopscope.plan.roles import local_tensor
 from flopscope.plan.space import expert_count, expert_degree
 from flopscope.report.records import CommRecord
 
-__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "engine_step",
-           "mixed_chunk", "middle", "remember", "simulate_serving"]
+__all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "middle",
+           "mixed_chunk", "remember", "simulate_serving"]
 
 #: ``build()`` -> the model on ``meta``, in eval mode (a transformers causal LM)
 ServeBuild = Callable[[], nn.Module]
@@ -316,117 +316,6 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
     return ServeRun(tp, batch, prompt, new_tokens, prefill, decodes[0], decodes[-1],
                     weight_bytes, per_layer, first_bytes, last_bytes,
                     time.perf_counter() - start, (by_kind["mixed"] or [prefill])[0])
-
-
-#: the attention a serving engine's step runs (:func:`_engine_attention`), by this name in
-#: transformers' attention and mask registries
-ENGINE_ATTENTION = "flopscope_engine"
-
-
-def _engine_attention_call(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
-                           value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
-                           scaling: float | None = None, **kwargs: Any
-                           ) -> tuple[torch.Tensor, None]:
-    """A step's attention as a serving engine's kernel runs it (vLLM's, SGLang's): every
-    query against its sequence's keys and values, each key/value head read once for the
-    query heads that share it (no mask materialised, no copies of the cache)."""
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if int(getattr(module, "num_key_value_groups", 1)) == 1:
-        out = sdpa(query, key, value, scale=scaling)
-    else:  # torch 2.4 has no enable_gqa: its key/value heads repeated (copies)
-        try:
-            out = sdpa(query, key, value, scale=scaling, enable_gqa=True)
-        except TypeError:
-            groups = query.shape[1] // key.shape[1]
-            out = sdpa(query, key.repeat_interleave(groups, 1),
-                       value.repeat_interleave(groups, 1), scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-@contextmanager
-def _engine_attention(model: nn.Module) -> Iterator[None]:
-    """Within: ``model``'s attention is :func:`_engine_attention_call` and builds no mask.
-
-    transformers attends a forward of several tokens per sequence on top of a cache through
-    a materialised causal mask, which makes its SDPA path copy every layer's cache once per
-    query group (``repeat_kv``); a serving engine's kernel does neither. A model whose config
-    does not name its attention (no ``_attn_implementation``) is left as it is."""
-    config: Any = getattr(model, "config", None)
-    was = getattr(config, "_attn_implementation", None)
-    try:  # transformers before 4.53 has no registry of mask functions: its own path
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError:
-        was = None
-    if was is None:
-        yield
-        return
-    AttentionInterface.register(ENGINE_ATTENTION, _engine_attention_call)
-    AttentionMaskInterface.register(ENGINE_ATTENTION, lambda *args, **kwargs: None)
-    config._attn_implementation = ENGINE_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = was
-
-
-@contextmanager
-def _engine_cache(cache: Any, chunk: int, keep: int) -> Iterator[None]:
-    """Within: each layer of ``cache`` (a ``DynamicCache`` of ``DynamicLayer``s) holds its
-    first ``keep`` positions and writes the ``chunk`` new positions of a forward into room kept
-    for them, as a serving engine's paged cache does, where a ``DynamicLayer`` appends by
-    ``cat`` (a copy of the layer's whole cache per forward). The room is made before (its copy
-    outside the forward), the layer keeps a view of what it holds (its length the cache's);
-    after, the layer holds the buffer. Other caches and layer kinds are left as they are (their
-    whole length)."""
-    layers = list(getattr(cache, "layers", None) or ())
-    if not layers or any(type(layer).__name__ != "DynamicLayer" or not layer.is_initialized
-                         or layer.keys is None or layer.keys.dim() != 4 for layer in layers):
-        yield
-        return
-    for layer in layers:
-        held = min(keep, layer.keys.shape[2])
-        full = []
-        for t in (layer.keys, layer.values):
-            room = t.new_empty(*t.shape[:2], held + chunk, t.shape[3])
-            room[:, :, :held].copy_(t[:, :, :held])
-            full.append(room)
-        layer.keys, layer.values = full[0][:, :, :held], full[1][:, :, :held]
-
-        def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   layer: Any = layer, full: list[torch.Tensor] = full, held: int = held,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            new = key_states.shape[2]
-            full[0][:, :, held:held + new].copy_(key_states)
-            full[1][:, :, held:held + new].copy_(value_states)
-            layer.keys, layer.values = full[0][:, :, :held + new], full[1][:, :, :held + new]
-            return layer.keys, layer.values
-
-        layer.update = update
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.update  # the class's again
-
-
-@contextmanager
-def engine_step(model: nn.Module, cache: Any, chunk: int, keep: int) -> Iterator[None]:
-    """Within: a forward of ``model`` on ``cache`` runs as a serving engine's step (vLLM's,
-    SGLang's): ``cache`` holds its first ``keep`` positions per layer and writes the forward's
-    ``chunk`` new ones into room kept for them (:func:`_engine_cache`: a paged cache's
-    writes, where a ``DynamicCache`` appends by ``cat``), and the attention is a kernel's, no
-    mask and no copies of the cache (:func:`_engine_attention`). The serving role's mixed
-    step; ``benchmarks/mixed_step_validation.py`` runs the same for real.
-
-    Args:
-        model: a transformers decoder.
-        cache: its ``DynamicCache``.
-        chunk: the positions the forward adds per sequence.
-        keep: the positions of ``cache`` the step starts from.
-    """
-    with _engine_cache(cache, chunk, keep), _engine_attention(model):
-        yield
 
 
 def mixed_chunk(prompt: int, new_tokens: int) -> int:
