@@ -342,14 +342,15 @@ def test_seq_len_defaults_to_the_sources_token_ids() -> None:
 def test_a_transformers_model_that_is_not_llama_style_is_planned_data_parallel() -> None:
     # BERT's config has layers, heads and an MLP size, but its layers are not Llama-style
     # (bert.encoder.layer, no q/k/v/o projections): it was taken for a decoder and failed
-    # inside the first tensor-parallel role's simulation; now data parallel, saying why
+    # inside the first tensor-parallel role's simulation; now data parallel, saying why (its
+    # layers found by their structure, the reason names the projections they lack)
     bert = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=128)
     plan = flopscope.plan("hf:bert", gpus=2, hardware="h100", config=bert, seq_len=32)
     assert isinstance(plan, Plan)
     assert {c.choice.label for c in (*plan.ranked, *plan.dropped)} == {
         "TP1 PP1 DP2 mb1x1", "TP1 PP1 DDP2 mb1x1"}
-    assert any("Llama-style decoders: BertLMHeadModel has no list of decoder layers" in n
+    assert any("Llama-style decoders: BertLayer has no self_attn.q_proj" in n
                for n in plan.notes)
-    with pytest.raises(UsageError, match="data parallel only: --tp 2 .*BertLMHeadModel"):
+    with pytest.raises(UsageError, match="data parallel only: --tp 2 .*BertLayer has no"):
         flopscope.plan("hf:bert", gpus=2, hardware="h100", config=bert, seq_len=32, tp=2)
