@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
 import flopscope
 from flopscope.cli import main
@@ -139,3 +140,34 @@ def test_cli_plans_continuous_batching(capsys: pytest.CaptureFixture[str],
     assert main([*argv, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["batching"] == "continuous" and data["best_throughput"] == best.label
+
+
+def test_an_engine_step_computes_a_decode_step_and_leaves_the_model_and_cache_as_transformers_has_them(
+        ) -> None:
+    """``engine_step`` on a real model: one new token per sequence gives transformers' own
+    logits (the kernel's attention without a mask is the same attention for one query; the
+    paged writes the same cache); after it the model attends as before and its cache appends
+    by ``cat`` again."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from flopscope.llm.engine import engine_step
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**CONFIG)
+    model = LlamaForCausalLM(config).eval()
+    was = model.config._attn_implementation
+    prompt, token = torch.randint(512, (2, 5)), torch.randint(512, (2, 1))
+    with torch.no_grad():
+        theirs, mine = DynamicCache(config=config), DynamicCache(config=config)
+        for cache in (theirs, mine):
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        want = model(input_ids=token, past_key_values=theirs, use_cache=True).logits
+        with engine_step(model, mine, 1, 5):
+            got = model(input_ids=token, past_key_values=mine, use_cache=True).logits
+        torch.testing.assert_close(got, want)
+        assert mine.get_seq_length() == 6 and model.config._attn_implementation == was
+        assert all("update" not in vars(layer) for layer in mine.layers)
+        again = model(input_ids=token, past_key_values=mine, use_cache=True).logits
+        torch.testing.assert_close(
+            again, model(input_ids=token, past_key_values=theirs, use_cache=True).logits)
+    assert mine.get_seq_length() == theirs.get_seq_length() == 7

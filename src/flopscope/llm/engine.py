@@ -4,7 +4,9 @@ paged cache writes them (a ``DynamicCache`` appends by ``cat``, a copy of a laye
 per forward), and its attention is a kernel's: every query against its sequence's keys, each
 key/value head read once for the query heads that share it, no mask (transformers attends
 several tokens on top of a cache through a materialised causal mask, which makes its SDPA path
-copy every layer's keys and values per query group, ``repeat_kv``). The serving planner's mixed
+copy every layer's keys and values per query group, ``repeat_kv``; without the mask several
+new tokens of a sequence see each other: the step's cost is what is kept, not its values, which
+are transformers' own for one new token per sequence). The serving planner's mixed
 step of continuous batching (:mod:`flopscope.plan.serving`) and its validation
 (``benchmarks/mixed_step_validation.py``) run it."""
 
@@ -86,30 +88,35 @@ def _engine_cache(cache: Any, chunk: int, keep: int) -> Iterator[None]:
                          or layer.keys is None or layer.keys.dim() != 4 for layer in layers):
         yield
         return
-    for layer in layers:
-        held = min(keep, layer.keys.shape[2])
-        full = []
-        for t in (layer.keys, layer.values):
-            room = t.new_empty(*t.shape[:2], held + chunk, t.shape[3])
-            room[:, :, :held].copy_(t[:, :, :held])
-            full.append(room)
-        layer.keys, layer.values = full[0][:, :, :held], full[1][:, :, :held]
-
-        def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   layer: Any = layer, full: list[torch.Tensor] = full, held: int = held,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            new = key_states.shape[2]
-            full[0][:, :, held:held + new].copy_(key_states)
-            full[1][:, :, held:held + new].copy_(value_states)
-            layer.keys, layer.values = full[0][:, :, :held + new], full[1][:, :, :held + new]
-            return layer.keys, layer.values
-
-        layer.update = update
     try:
+        for layer in layers:
+            _make_room(layer, chunk, keep)
         yield
     finally:
         for layer in layers:
-            del layer.update  # the class's again
+            vars(layer).pop("update", None)  # the class's again
+
+
+def _make_room(layer: Any, chunk: int, keep: int) -> None:
+    """``layer`` (a ``DynamicLayer``) holds its first ``keep`` positions in room for ``chunk``
+    more, and its ``update`` writes there (an instance attribute over the class's ``cat``)."""
+    held = min(keep, layer.keys.shape[2])
+    full = []
+    for t in (layer.keys, layer.values):
+        room = t.new_empty(*t.shape[:2], held + chunk, t.shape[3])
+        room[:, :, :held].copy_(t[:, :, :held])
+        full.append(room)
+    layer.keys, layer.values = full[0][:, :, :held], full[1][:, :, :held]
+
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        new = key_states.shape[2]
+        full[0][:, :, held:held + new].copy_(key_states)
+        full[1][:, :, held:held + new].copy_(value_states)
+        layer.keys, layer.values = full[0][:, :, :held + new], full[1][:, :, :held + new]
+        return layer.keys, layer.values
+
+    layer.update = update
 
 
 @contextmanager
