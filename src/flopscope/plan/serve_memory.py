@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flopscope.plan.serving import ServeRun, ServeStep
+from flopscope.plan.serving import ServeRun, ServeStep, on_stages
 
 __all__ = ["BATCHING", "StageMemory", "fits_budget", "largest_batch", "stage_memories"]
 
@@ -40,11 +40,12 @@ class StageMemory:
 
 
 def _stage_memory(run: ServeRun, step: ServeStep, busy: ServeStep, layers: Sequence[range],
-                  s: int) -> StageMemory:
+                  s: int, weights: int) -> StageMemory:
     """Stage ``s``'s memory at ``step``'s peak (one stage: the simulated peak itself), as
     parameters, the KV cache after the step (``run``: every sequence's) and the rest
     (activations, temporaries, the logits) of ``busy``, the same step of the role at one
-    micro-batch (with stages, a stage runs one micro-batch at a time)."""
+    micro-batch (with stages, a stage runs one micro-batch at a time); ``weights`` the stage's
+    parameters."""
     memory = busy.memory
     assert memory is not None and step.memory is not None  # kept steps have one
     where = f"{memory.peak_module or '(root)'} ({step.kind})"
@@ -55,9 +56,6 @@ def _stage_memory(run: ServeRun, step: ServeStep, busy: ServeStep, layers: Seque
         return StageMemory(step.memory.peak_bytes, run.weight_bytes, end, where,
                            {"parameters": run.weight_bytes, "kv_cache": step.kv_bytes,
                             "activations": rest})
-    weights = sum(run.layer_weight_bytes[i] for i in layers[s])
-    weights += (run.first_stage_bytes if s == 0 else 0)
-    weights += (run.last_stage_bytes if s == len(layers) - 1 else 0)
     kv = sum(step.kv_layer_bytes[i] for i in layers[s])
     return StageMemory(weights + kv + rest, weights, end, f"stage {s}: {where}",
                        {"parameters": weights, "kv_cache": kv, "activations": rest})
@@ -94,7 +92,9 @@ def stage_memories(run: ServeRun, pp: int, micro: ServeRun | None = None,
     busy = run if micro is None or pp == 1 else micro
     layers = split_layers(len(run.layer_weight_bytes), pp)
     pairs = tuple(zip(_steps(run, batching), _steps(busy, batching), strict=True))
-    return [max((_stage_memory(run, step, held, layers, s) for step, held in pairs),
+    weights = [sum(parts) for parts in on_stages(
+        (run.first_stage_bytes, *run.layer_weight_bytes, run.last_stage_bytes), pp)]
+    return [max((_stage_memory(run, step, held, layers, s, weights[s]) for step, held in pairs),
                 key=lambda m: m.total) for s in range(pp)]
 
 

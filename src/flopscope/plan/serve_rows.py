@@ -17,7 +17,7 @@ from flopscope.plan.serve_time import (
     row_seconds,
     serve_step_time,
 )
-from flopscope.plan.serving import ServeRun, ServeStep, mixed_chunk
+from flopscope.plan.serving import ServeRun, ServeStep, mixed_chunk, on_stages
 from flopscope.plan.space import ModelShape, divisors, expert_degree
 from flopscope.plan.timing import Links
 
@@ -223,18 +223,14 @@ def _pace(step: ServeStep, pp: int, bound: bool) -> float:
     ``pp x`` the slowest stage's time over the stages' sum (each stage runs every micro-batch
     in turn, so the slowest sets the pace; 1 for stages of equal time). A stage's time is its
     calls' (:func:`~flopscope.plan.serve_time.row_seconds`: the prediction, or the bound): its
-    layers (:func:`~flopscope.distributed.pipeline.split_layers`), the first stage's the
-    embedding too, the last stage's the norm and the head (:attr:`ServeStep.parts`)."""
+    parts (:func:`~flopscope.plan.serving.on_stages` of :attr:`ServeStep.parts`: its layers,
+    the first stage's the embedding too, the last stage's the norm and the head)."""
     if pp == 1 or not step.parts:
         return 1.0
-    from flopscope.distributed.pipeline import split_layers
-
-    before, *layers, after = step.parts
     times = []
-    for s, run in enumerate(split_layers(len(layers), pp)):
+    for parts in on_stages(step.parts, pp):
         row = Row()
-        for part in ([before] if s == 0 else []) + [layers[i] for i in run] + (
-                [after] if s == pp - 1 else []):
+        for part in parts:
             row.add(part)
         times.append(row_seconds(row, step.estimate, bound=bound))
     return pp * max(times) / sum(times) if sum(times) else 1.0

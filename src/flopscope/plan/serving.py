@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -66,7 +66,9 @@ from flopscope.plan.space import expert_count, expert_degree
 from flopscope.report.records import CommRecord
 
 __all__ = ["ServeBuild", "ServeRoles", "ServeRun", "ServeStep", "clear_cache", "middle",
-           "mixed_chunk", "remember", "simulate_serving"]
+           "mixed_chunk", "on_stages", "remember", "simulate_serving"]
+
+T = TypeVar("T")
 
 #: ``build()`` -> the model on ``meta``, in eval mode (a transformers causal LM)
 ServeBuild = Callable[[], nn.Module]
@@ -155,48 +157,63 @@ class _Switch:
             target.on_call(path, phase, op, call, cost)
 
 
-def _stage_weights(model: nn.Module, layers: int, path: str
-                   ) -> tuple[tuple[int, ...], int, int]:
-    """Per decoder layer its parameter bytes; the rest on the first stage (what the model
-    registers before its layers: the embeddings) or the last (after them: the norm, the head),
-    the layers' container at ``path`` (:func:`~flopscope.distributed.repeat.layer_list`:
-    ``model.layers``, GPT-2's ``transformer.h`` ...)."""
+def _part(module: str, path: str, layers: int, order: dict[str, int]) -> int:
+    """Which part of the model ``module`` (a module's path) is in: 0 before the decoder
+    layers, ``i + 1`` under layer ``i`` (``path.i``), ``layers + 1`` after them. The root and
+    the layers' ancestors (their own calls: the positions, the mask) are before; any other
+    module before or after by where the model registers it against the layers' container at
+    ``path`` (``order``: named_modules' order; the embedding before, the norm and the head
+    after)."""
     prefix = f"{path}."
-    per_layer = [0] * layers
-    first = last = 0
-    after = False  # past the first layer's parameters
+    index = module[len(prefix):].split(".", 1)[0] if module.startswith(prefix) else ""
+    if index.isdigit() and int(index) < layers:
+        return int(index) + 1
+    if module == "" or path.startswith(f"{module}.") or order.get(module, -1) < order[path]:
+        return 0
+    return layers + 1
+
+
+def on_stages(parts: Sequence[T], pp: int) -> list[list[T]]:
+    """A model's parts (before the decoder layers, each layer, after them:
+    :attr:`ServeStep.parts`, a role's weights) grouped by the pipeline stage that holds them:
+    each stage its layers (:func:`~flopscope.distributed.pipeline.split_layers`), the first
+    the part before them too, the last the part after.
+
+    Args:
+        parts: ``(before, *layers, after)``.
+        pp: pipeline stages.
+
+    Returns:
+        Per stage, its parts in order.
+    """
+    from flopscope.distributed.pipeline import split_layers
+
+    before, *layers, after = parts
+    return [([before] if s == 0 else []) + [layers[i] for i in run]
+            + ([after] if s == pp - 1 else [])
+            for s, run in enumerate(split_layers(len(layers), pp))]
+
+
+def _stage_weights(model: nn.Module, layers: int, path: str, order: dict[str, int]
+                   ) -> tuple[tuple[int, ...], int, int]:
+    """Per decoder layer its parameter bytes, and those before and after the layers (a first
+    and a last pipeline stage's: the embeddings; the norm, the head), each parameter in its
+    module's part (:func:`_part`; a tied weight under each name)."""
+    sums = [0] * (layers + 2)
     for name, p in model.named_parameters(remove_duplicate=False):
-        size = local_tensor(p).untyped_storage().nbytes()
-        index = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
-        if index.isdigit() and int(index) < layers:
-            per_layer[int(index)] += size
-            after = True
-        elif after:
-            last += size
-        else:
-            first += size
-    return tuple(per_layer), first, last
+        sums[_part(name.rpartition(".")[0], path, layers, order)] += (
+            local_tensor(p).untyped_storage().nbytes())
+    return tuple(sums[1:-1]), sums[0], sums[-1]
 
 
 def _stage_parts(estimate: Estimate, layers: int, path: str, order: dict[str, int]
                  ) -> tuple[Row, ...]:
     """A forward's calls as (before the decoder layers, each layer, after them), from its
-    modules' own calls: under ``path.N`` layer N; the root and the layers' ancestors (their
-    own calls: the positions, the mask) before; any other module before or after by where
-    the model registers it against the layers' container (``order``: named_modules' order;
-    the embedding before, the norm and the head after)."""
-    prefix = f"{path}."
-    before, after = Row(), Row()
-    per = [Row() for _ in range(layers)]
+    modules' own calls (:func:`_part`)."""
+    parts = [Row() for _ in range(layers + 2)]
     for name, row in estimate.by_module_self.items():
-        index = name[len(prefix):].split(".", 1)[0] if name.startswith(prefix) else ""
-        if index.isdigit() and int(index) < layers:
-            per[int(index)].add(row)
-        elif name == "" or path.startswith(f"{name}.") or order.get(name, -1) < order[path]:
-            before.add(row)
-        else:
-            after.add(row)
-    return (before, *per, after)
+        parts[_part(name, path, layers, order)].add(row)
+    return tuple(parts)
 
 
 def _minus(after: tuple[CommRecord, ...], before: tuple[CommRecord, ...]
@@ -258,8 +275,8 @@ def simulate_serving(build: ServeBuild, tp: int, batch: int, prompt: int, new_to
             if found is None:
                 raise UsageError(f"{type(model).__name__} has no list of decoder layers: "
                                  "serving plans transformers decoders")
-            per_layer, first_bytes, last_bytes = _stage_weights(model, layers, found[0])
             order = {name: k for k, (name, _) in enumerate(model.named_modules())}
+            per_layer, first_bytes, last_bytes = _stage_weights(model, layers, found[0], order)
             decoder = layers_in(found[1])[0]
             handle = decoder.register_forward_hook(
                 lambda m, a, out: boundary.append(int((out[0] if isinstance(out, tuple)
