@@ -14,6 +14,7 @@ In dry mode (no CUDA) the same loops run on tiny CPU shapes with ``time.perf_cou
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -109,6 +110,7 @@ def captured(fn: Callable[[], Any], warmups: int = 1) -> Any:
 
 _Key = tuple[tuple[int, ...], torch.dtype, torch.device]
 _OTHERS: dict[_Key, torch.Tensor] = {}
+_POSITIONS: dict[_Key, torch.Tensor] = {}
 
 
 def _other(x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +163,20 @@ STREAM_OPS: dict[str, tuple[Callable[[torch.Tensor], Any], float]] = {
     "batch_norm": (lambda x: F.batch_norm(x.view(-1, 64, 16), *_bn_stats(x)), 2),
     "max_pool2d": (lambda x: F.max_pool2d(x.view(-1, 16, 8, 8), 3, 2, 1), 1.25),
     "copy": (lambda x: x.clone(), 2),
+    # a key/value cache's append along its sequence (a DynamicCache's cat: heads of 128 over
+    # the positions, one new position), with 8 and with 32 x 8 rows of heads (run 10: it
+    # streams as a copy does, 3.8-3.9 TB/s from 64 MiB on an H200)
+    "cat_seq": (lambda x: torch.cat([x.view(1, 8, -1, 128), _position(x, 1)], dim=2), 2),
+    "cat_seq32": (lambda x: torch.cat([x.view(32, 8, -1, 128), _position(x, 32)], dim=2), 2),
 }
+
+
+def _position(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """One new position of ``rows`` x 8 heads of 128 like ``x`` (made once per shape)."""
+    key = ((rows,), x.dtype, x.device)
+    if key not in _POSITIONS:
+        _POSITIONS[key] = torch.ones(rows, 8, 1, 128, dtype=x.dtype, device=x.device)
+    return _POSITIONS[key]
 
 
 def stream_points(device: str, dry: bool) -> list[dict[str, Any]]:
@@ -208,6 +223,39 @@ def attention_points(device: str, dry: bool) -> list[dict[str, Any]]:
                          "head_dim": head, "heads": heads, "causal": causal,
                          "seconds": seconds, "repeat": repeat,
                          "tflops_full_square": 2 * macs / seconds / 1e12})
+    return rows + cached_attention_points(device, dry)
+
+
+def cached_attention_points(device: str, dry: bool) -> list[dict[str, Any]]:
+    """SDPA of a few new queries per sequence on a long cache, as a decode step or continuous
+    batching's mixed step attends: 1 and 9 queries, 512-8,192 keys, batch 8 and 32, 32 query
+    heads on 8 key/value heads of 128 (``enable_gqa``, no mask: a serving engine's kernel), in
+    bfloat16. The square points above have no such shape (docs/gpu.md, "Serving on the
+    H200")."""
+    timer = _timer(device)
+    grid = [(2, 1, 64), (2, 4, 64)] if dry else [
+        (b, q, kv) for b in (8, 32) for q in (1, 9) for kv in (512, 2048, 8192)]
+    heads, kv_heads, head = (4, 2, 32) if dry else (32, 8, 128)
+    dtype = torch.float32 if dry else torch.bfloat16
+    rows = []
+    for batch, queries, keys in grid:
+        q = torch.randn(batch, heads, queries, head, device=device, dtype=dtype)
+        # keys and values apart: one tensor for both is read once from memory (run 12 timed
+        # that by mistake: 7.9 TB/s of "cache" on an H200 whose memory gives 4.8)
+        k, v = (torch.randn(batch, kv_heads, keys, head, device=device, dtype=dtype)
+                for _ in range(2))
+        try:
+            seconds, repeat = _point(timer, lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q, k, v, enable_gqa=True))
+        except Exception as e:  # noqa: BLE001 - one shape failing loses only itself
+            rows.append({"op": "sdpa_cached", "batch": batch, "queries": queries,
+                         "keys": keys, "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        rows.append({"op": "sdpa_cached", "dtype": str(dtype).removeprefix("torch."),
+                     "batch": batch, "queries": queries, "keys": keys, "heads": heads,
+                     "kv_heads": kv_heads, "head_dim": head, "seconds": seconds,
+                     "repeat": repeat,
+                     "cache_gbps": (k.nbytes + v.nbytes) / seconds / 1e9})  # each read once
     return rows
 
 
@@ -506,13 +554,15 @@ def framework_points(device: str, dry: bool) -> dict[str, Any]:
 
 
 def part_calib(device: str, dry: bool) -> dict[str, Any]:
-    """Every group of points, timed; raw, nothing fitted."""
+    """Every group of points, timed; raw, nothing fitted (``GPU_CALIB_GROUPS=stream,...`` in
+    the environment: those groups only, to add points to an earlier run's)."""
     out: dict[str, Any] = {"note": "raw points; dry mode: tiny CPU shapes" if dry else
                            "raw points: device time by CUDA events around CUDA graph replays, host "
                            "time by perf_counter",
                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     out["timing"] = GRAPH_CLOCK if device == "cuda" else "perf_counter loop"
+    only = [g for g in os.environ.get("GPU_CALIB_GROUPS", "").split(",") if g]
     for name, fn in (("host", host_points), ("host_rotation", host_rotation_points),
                      ("host_sized", host_sized_points),
                      ("module", module_call_points), ("framework", framework_points),
@@ -521,6 +571,8 @@ def part_calib(device: str, dry: bool) -> dict[str, Any]:
                      ("gemm", gemm_points), ("stream", stream_points),
                      ("cache", cache_points),
                      ("attention", attention_points), ("conv", conv_points)):
+        if only and name not in only:
+            continue
         start = time.perf_counter()
         try:
             out[name] = fn(device, dry)

@@ -1,6 +1,6 @@
 """GPU truth (issue 28): flopscope's counts, memory and time checked on a real GPU, in one command.
 
-    python -m benchmarks.gpu_check --out DIR [--parts attention,memory,time,calib,predict,flops]
+    python -m benchmarks.gpu_check --out DIR [--parts attention,memory,time,calib,predict,flops,serve]
                                    [--budget SECONDS] [--force]
 
 Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped unless
@@ -26,6 +26,10 @@ Parts (each writes ``DIR/<part>.json``; a part whose file is complete is skipped
   (resnet50, vit_b_16, BERT-base, a Llama-style decoder layer; forward, and forward + backward).
   Each workload runs in a child process under ``ncu`` (the region between
   ``cudaProfilerStart/Stop``, after a warm-up run).
+
+- ``serve``: the serving planner's four forwards (prefill, first and last decode steps,
+  continuous batching's mixed step) of Llama-shaped 1B and 8B decoders in bfloat16, timed
+  eagerly (``benchmarks/gpu_serve.py``, which predicts them afterwards on the CPU).
 
 ``--budget`` stops starting new ``flops`` workloads after that many seconds from the start (the
 rest are left for a rerun). Without CUDA (here, and in CI) every part runs in a dry mode on CPU
@@ -54,8 +58,9 @@ from benchmarks import gpu_ncu
 from benchmarks.gpu_calib import part_calib
 from benchmarks.gpu_models import free, hf_model
 from benchmarks.gpu_predict import part_predict, walls
+from benchmarks.gpu_serve import part_serve
 
-PARTS = ("attention", "memory", "time", "calib", "predict", "flops")
+PARTS = ("attention", "memory", "time", "calib", "predict", "flops", "serve")
 Build = Callable[[], tuple[nn.Module, tuple[Any, ...]]]
 
 
@@ -423,7 +428,8 @@ def run(out: Path, parts: list[str], force: bool, dry: bool | None = None,
 
 
 PART_FUNCTIONS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
-    "attention": part_attention, "memory": part_memory, "time": part_time, "calib": part_calib}
+    "attention": part_attention, "memory": part_memory, "time": part_time, "calib": part_calib,
+    "serve": part_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,7 +96,18 @@ def points(raw: dict[str, Any]) -> list[Point]:
         out.append(_point(f"{s['op']} {s['numel']}", dtype_key(dt) or "fp32",
                           lambda f=fn, x=x: f(x), s["seconds"]))
     for a in raw["attention"]:
+        if "error" in a:
+            continue
         dt = _DTYPES[a["dtype"]]
+        if a["op"] == "sdpa_cached":  # a few queries on a cache (gpu_calib.cached_attention_points)
+            q = _meta((a["batch"], a["heads"], a["queries"], a["head_dim"]), dt)
+            k, v = (_meta((a["batch"], a["kv_heads"], a["keys"], a["head_dim"]), dt)
+                    for _ in range(2))
+            out.append(_point(f"sdpa {a['batch']}x{a['heads']}x{a['queries']} on "
+                              f"{a['kv_heads']}x{a['keys']}x{a['head_dim']}", dtype_key(dt) or "fp32",
+                              lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                                  q, k, v, enable_gqa=True), a["seconds"]))
+            continue
         q = _meta((1, a["heads"], a["seq"], a["head_dim"]), dt)
         out.append(_point(f"sdpa {a['heads']}x{a['seq']}x{a['head_dim']}"
                           f"{' causal' if a['causal'] else ''}", dtype_key(dt) or "fp32",

@@ -219,6 +219,36 @@ def predict_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def serve_table(data: dict[str, Any]) -> list[str]:
+    """The serving steps measured on the GPU against their prediction
+    (``benchmarks/gpu_serve.py``), and the errors per kind of step."""
+    lines = [f"Predicted with `--hardware {data['hardware']}` ({data['calibration']}).", "",
+             "| model | batch | prompt, new | step | measured ms | device ms | predicted ms "
+             "(device) | bound ms | predicted / measured | predicted device / device |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    ratios: dict[str, list[dict[str, Any]]] = {}
+    for r in data["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['batch']} | | {r['error']} | | | | | | |")
+            continue
+        for step in ("prefill", "first", "last", "mixed"):
+            x = r[step]
+            ratios.setdefault(step, []).append(x)
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['prompt']}, {r['new_tokens']} | {step} | "
+                f"{x['measured_s'] * 1e3:.2f} | {x.get('measured_device_s', 0) * 1e3:.2f} | "
+                f"{x['predicted_s'] * 1e3:.2f} ({x['predicted_device_s'] * 1e3:.2f}) | "
+                f"{x['bound_s'] * 1e3:.2f} | {x['ratio']:.2f} | "
+                f"{x.get('device_ratio', float('nan')):.2f} |")
+    lines += ["", "| steps | predicted / measured: median / 90th percentile of abs(ratio - 1) | "
+              "device alone |", "|---|---:|---:|"]
+    groups = {**{k: v for k, v in ratios.items()},
+              "all": [x for v in ratios.values() for x in v]}
+    for name, rows in groups.items():
+        lines.append(f"| {name} | {_errors(rows, 'ratio')} | {_errors(rows, 'device_ratio')} |")
+    return lines
+
+
 def render(folder: Path) -> str:
     """Every table, each under its part's name."""
     out: list[str] = []
@@ -231,10 +261,11 @@ def render(folder: Path) -> str:
                    + (f"; kept: {run['kept']}" if "kept" in run else ""))
     for name, table in (("flops", flops_table), ("attention", attention_table),
                         ("memory", memory_table), ("time", time_table), ("calib", calib_table),
-                        ("predict", predict_table)):
+                        ("predict", predict_table), ("serve_predicted", serve_table)):
         path = folder / f"{name}.json"
         if path.exists():
-            out += ["", f"#### {name}", "", *table(json.loads(path.read_text()))]
+            out += ["", f"#### {name.removesuffix('_predicted')}", "",
+                    *table(json.loads(path.read_text()))]
     if any(folder.glob("predict*.json")):
         out += ["", "#### prediction errors (median / 90th percentile of |predicted / measured "
                 "- 1|, cases)", "", *predict_summary(folder)]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -58,29 +57,15 @@ def predicted(config: Any, batch: int, prompt: int, new_tokens: int, hardware: A
 
 def measured(config: Any, batch: int, prompt: int, new_tokens: int, repeat: int
              ) -> dict[str, Any]:
-    """The same step run for real: the median of ``repeat`` timed runs after two warm-ups."""
-    from transformers import DynamicCache
-
-    from flopscope.llm.engine import engine_step
+    """The same step run for real: the median of ``repeat`` timed runs after two warm-ups
+    (:func:`benchmarks.gpu_serve.time_step`, on the CPU)."""
+    from benchmarks.gpu_serve import time_step
     from flopscope.plan.serving import middle, mixed_chunk
 
     torch.manual_seed(0)
-    model = build(config, "cpu")
-    chunk, keep = mixed_chunk(prompt, new_tokens), middle(prompt, new_tokens)
-    vocab = int(config.vocab_size)
-    now = clock("cpu")[1]
-    times = []
-    with torch.no_grad():
-        cache: Any = DynamicCache(config=config)
-        model(input_ids=torch.randint(vocab, (batch, keep)), past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
-        ids = torch.randint(vocab, (batch, chunk))
-        for _ in range(2 + repeat):
-            with engine_step(model, cache, chunk, keep):
-                start = now()
-                model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                times.append(now() - start)
-    return {"measured_s": statistics.median(times[2:]), "runs_s": times[2:]}
+    step = time_step(build(config, "cpu"), config, batch, middle(prompt, new_tokens),
+                     mixed_chunk(prompt, new_tokens), True, repeat, "cpu")
+    return {"measured_s": step["measured_s"], "runs_s": step["runs_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:

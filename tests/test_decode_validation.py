@@ -185,33 +185,46 @@ def test_shipped_figures_and_their_words() -> None:
 
 
 def test_serving_words_quote_the_shipped_decode_validation() -> None:
-    """A CPU calibration's serving words quote the CPU decode validation; a GPU's say its
-    decode step is not validated (docs/gpu/ has no such run), with the CPU's beside."""
+    """A CPU calibration's serving words quote the CPU decode validation; a GPU's the serving
+    steps measured on a lent H200 (benchmarks/gpu_serve.py, docs/gpu.md: prefill, decode and
+    continuous batching's mixed step)."""
     from flopscope.plan.time_words import compute_note, validated_on
 
     cpu = decode_figures("cpu")
     assert cpu is not None, "estimate/data/decode_validation.json ships the CPU run"
-    assert decode_figures("cuda") is None
     mine = serving_validated_on("cpu (x86_64)")
     assert mine == (f"{FORWARDS}; prefill and decode steps with a KV cache measured on a CPU "
                     f"({step_words(cpu)})")
     assert "not on a decode step" not in mine
+    cuda = decode_figures("cuda")
+    assert cuda is not None and cuda["device"] == "cuda (NVIDIA H200)"
     h100 = get_hardware("h100-sxm").calibration
     assert h100 is not None
     gpu = validated_on(h100)
-    assert gpu == (f"{FORWARDS}; a decode step with a KV cache is not validated on a GPU (on "
-                   f"a CPU: {step_words(cpu)})")
+    assert gpu == (f"{FORWARDS}; prefill and decode steps with a KV cache measured on a GPU "
+                   f"({step_words(cuda)})")
+    assert "NVIDIA H200" in gpu and "continuous batching's step median error" in gpu
     assert gpu in compute_note(get_hardware("h100-sxm"), serve=True)
     shipped = json.loads((Path(dv.SHIPPED)).read_text())
     assert shipped["cpu"]["source"] == "benchmarks/decode_validation.py"
+    assert shipped["cuda"]["source"] == "benchmarks/gpu_serve.py"
     assert f"{100 * shipped['cpu']['decode']['p90_abs_error']:.0f}%" in mine
+    assert f"{100 * shipped['cuda']['decode']['p90_abs_error']:.0f}%" in gpu
+    # the GPU's figures are those of the measured steps (docs/gpu/serve_predicted.json)
+    from benchmarks import gpu_serve
+
+    root = Path(dv.__file__).resolve().parents[1] / "docs" / "gpu"
+    made = gpu_serve.shipped(json.loads((root / "serve_predicted.json").read_text()),
+                             json.loads((root / "summary.json").read_text()))
+    assert made["cuda"] == shipped["cuda"]
 
 
 @pytest.mark.parametrize("hardware", ["h100-sxm", str(PROFILE)])
 def test_generate_says_what_its_prediction_was_validated_on(
         hardware: str, capsys: pytest.CaptureFixture[str]) -> None:
     """``generate --hardware``'s prediction carries the words of its device kind: a shipped
-    GPU's decode step not validated, a CPU calibration's the CPU decode validation."""
+    GPU's the serving steps measured on a lent H200, a CPU calibration's the CPU decode
+    validation."""
     from flopscope.cli import main
 
     cal = get_hardware(hardware).calibration
@@ -225,4 +238,4 @@ def test_generate_says_what_its_prediction_was_validated_on(
     assert json.loads(capsys.readouterr().out)["estimate"]["prediction"]["validated_on"] == words
     assert main(argv) == 0
     assert f"\n  its error bar: {words}\n" in capsys.readouterr().out
-    assert ("not validated on a GPU" in words) == hardware.startswith("h100")
+    assert ("measured on a GPU (" in words) == hardware.startswith("h100")

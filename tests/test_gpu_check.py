@@ -94,6 +94,18 @@ def test_every_part_runs_dry_and_resumes(tmp_path: Path) -> None:
         assert r["predicted_step_s"] <= r["predicted_host_s"] + r["predicted_device_s"] + 1e-12
         assert r["ratio"] == r["predicted_step_s"] / r["eager_s"]
         assert sum(f["calls"] for f in r["families"].values()) == r["calls"]
+    # the serving planner's forwards of a tiny decoder, measured (dry: on the CPU) and then
+    # predicted by the serving role's simulation (benchmarks/gpu_serve.py)
+    serve = json.loads((tmp_path / "serve.json").read_text())
+    assert [(r["model"], r["batch"]) for r in serve["rows"]] == [("tiny", 1), ("tiny", 2)]
+    from benchmarks import gpu_serve
+
+    predicted = gpu_serve.predict(serve, "h200")
+    for r in predicted["rows"]:
+        for step in gpu_serve.STEPS:
+            x = r[step]
+            assert "error" not in r and x["measured_s"] > 0 and x["bound_s"] <= x["predicted_s"]
+            assert x["ratio"] == x["predicted_s"] / x["measured_s"]
     # a second run keeps what is complete; a flops file cut short goes on where it stopped: cut
     # before its last workload (the tiny ViT's backward), so the resumed run measures that one
     # only (cut at 3 it ran the 15 others again, resnet50's forward and backward among them)
@@ -132,3 +144,23 @@ def test_the_gpu_page_holds_the_tables_made_from_its_results() -> None:
 
     bm, bn = flash2_block_sizes(64, capability=(9, 0))
     assert flash2_executed_pairs(1024, 1024, block_m=bm, block_n=bn) * 64 * 2 * 2 * 8 == 1_207_959_552
+
+
+def test_the_gpu_serve_part_runs_the_forwards_the_planner_simulates() -> None:
+    """Each measured step starts from the cache the serving role's simulated forward starts
+    from and adds as many positions: prompt 16 and 8 new tokens give a prefill of 16, decode
+    steps on 16 and (after the catch-up chunk of 8 - 3) 22 positions, and the mixed step of
+    ceil((16 + 7) / 8) = 3 positions on the middle, 16 + 1 + (8 - 3 - 3) // 2 = 18."""
+    from benchmarks import gpu_serve
+    from benchmarks.decode_validation import build
+
+    from flopscope.estimate import get_hardware
+    from flopscope.plan.serving import simulate_serving
+
+    plan = gpu_serve.step_plan(16, 8)
+    assert plan == {"prefill": (0, 16), "first": (16, 1), "last": (22, 1), "mixed": (18, 3)}
+    config = gpu_serve.llama(64, 2, 4, 2, 128, 256)
+    run = simulate_serving(lambda: build(config, "meta"), 1, 2, 16, 8, get_hardware("h200"))
+    for step, (start, new) in plan.items():
+        simulated = getattr(run, step)
+        assert (simulated.context, simulated.tokens) == (start + new, 2 * new), step

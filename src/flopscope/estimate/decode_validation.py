@@ -1,11 +1,11 @@
 """What the prediction of a generation's steps was validated on, in words: the figures of the
 decode validation (``benchmarks/decode_validation.py``: real prefills and decode steps with a
 KV cache of small transformers decoders against their prediction), shipped in
-``estimate/data/decode_validation.json`` per device kind (``cpu``; ``cuda`` once a GPU run is
-made) by that benchmark's ``--ship``; nothing here is typed by hand.
+``estimate/data/decode_validation.json`` per device kind: ``cpu`` by that benchmark's
+``--ship``, ``cuda`` by ``benchmarks/gpu_serve.py --ship`` (the serving planner's steps of
+Llama-shaped 1B and 8B decoders on a lent H200, docs/gpu.md); nothing here is typed by hand.
 
-A prediction on a device kind the validation did not run on says so: a GPU's decode step stays
-unvalidated until ``docs/gpu/`` has such a run (and the shipped file a ``cuda`` entry).
+A prediction on a device kind the validation did not run on says so.
 """
 
 from __future__ import annotations
@@ -49,19 +49,32 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _errors(name: str, stats: dict[str, Any]) -> str:
+    return (f"{name} median error {_pct(stats['median_abs_error'])}, 90th percentile "
+            f"{_pct(stats['p90_abs_error'])}")
+
+
 def step_words(figures: dict[str, Any]) -> str:
     """One validation's figures in words: where, when, on what, and the prefill's and decode
-    step's median and 90th-percentile errors."""
-    pre, dec = figures["prefill"], figures["decode"]
-    lo, hi = figures["load"]
-    prompts = figures["prompts"]
-    return (f"{figures['date']}, {figures['threads']} thread(s), {figures['workloads']} "
-            f"generations of {len(figures['models'])} small decoders at batch "
-            f"{' and '.join(str(b) for b in figures['batches'])}, prompts {prompts[0]}-"
-            f"{prompts[-1]}, load {lo:.1f}-{hi:.1f}: prefill median error "
-            f"{_pct(pre['median_abs_error'])}, 90th percentile {_pct(pre['p90_abs_error'])}; "
-            f"decode step median error {_pct(dec['median_abs_error'])}, 90th percentile "
-            f"{_pct(dec['p90_abs_error'])}")
+    step's (and, where measured, continuous batching's mixed step's) median and
+    90th-percentile errors. A CPU's run names its threads and load; a GPU's its device and
+    the decoders' sizes (``benchmarks/gpu_serve.py``)."""
+    prompts, batches = figures["prompts"], figures["batches"]
+    if "threads" in figures:
+        lo, hi = figures["load"]
+        where = (f"{figures['date']}, {figures['threads']} thread(s), {figures['workloads']} "
+                 f"generations of {len(figures['models'])} small decoders at batch "
+                 f"{' and '.join(str(b) for b in batches)}, prompts {prompts[0]}-"
+                 f"{prompts[-1]}, load {lo:.1f}-{hi:.1f}")
+    else:
+        where = (f"{figures['date']}, {figures['device'].partition('(')[2].rstrip(')')}, "
+                 f"{figures['workloads']} workloads of {', '.join(figures['models'])} in "
+                 f"{figures['dtype']} at batch {'-'.join(str(b) for b in (batches[0], batches[-1]))}"
+                 f", prompts {prompts[0]}-{prompts[-1]}")
+    words = [_errors("prefill", figures["prefill"]), _errors("decode step", figures["decode"])]
+    if "mixed" in figures:
+        words.append(_errors("continuous batching's step", figures["mixed"]))
+    return f"{where}: {'; '.join(words)}"
 
 
 def serving_validated_on(device: str) -> str:
