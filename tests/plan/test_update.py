@@ -94,10 +94,13 @@ def test_accumulation_passes_dtensors_dispatch_only_without_fsdp2() -> None:
     from flopscope.plan.roles import clear_cache
 
     clear_cache()
-    base = get_hardware("h100-sxm")  # with its reference calibration (DTensor's figures: 0)
-    assert base.calibration is not None
-    framed = dataclasses.replace(base, name="h100-pointwise-test", calibration=dataclasses.replace(
-        base.calibration, dtensor_pointwise_s=1e-3))
+    shipped = get_hardware("h100-sxm")  # its reference calibration, DTensor's figures set to 0
+    assert shipped.calibration is not None  # (a point-wise figure of 0 takes the call's)
+    base, framed = (dataclasses.replace(shipped, name=f"h100-pointwise-test-{s}",
+                                        calibration=dataclasses.replace(
+                                            shipped.calibration, dtensor_call_s=0.0,
+                                            dtensor_pointwise_s=s))
+                    for s in (0.0, 1e-3))
     args: dict[str, Any] = dict(gpus=2, config=CONFIG, seq_len=64, global_batch=4,
                                 checkpointing=("none",))
     plain, priced = ({c.choice.label: c for c in flopscope.plan("hf:llama", hardware=hw,

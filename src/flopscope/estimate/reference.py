@@ -30,6 +30,7 @@ import json
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from flopscope.estimate.calibration import Calibration, Point
 from flopscope.estimate.profile import Hardware
@@ -88,10 +89,23 @@ def moved(calibration: Calibration, source: Hardware, target: Hardware) -> tuple
 
 
 @functools.cache
+def _data(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
+    return found
+
+
+@functools.cache
 def measured(name: str) -> Calibration:
     """The calibration flopscope measured on a lent device (:data:`MEASURED`)."""
-    data = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
-    return Calibration.from_dict(data["calibration"], where=f"flopscope's {name} reference")
+    return Calibration.from_dict(_data(name)["calibration"],
+                                 where=f"flopscope's {name} reference")
+
+
+def _framework_words(name: str) -> str:
+    """Where a reference's DTensor and FSDP2 host times come from, where not its own machine's
+    (the data file's ``framework_from``: the H100's are the lent H200 machine's host's)."""
+    found = _data(name).get("framework_from")
+    return f"; DTensor's and FSDP2's host times from {found}" if found else ""
 
 
 def move_errors(source: Hardware, target: Hardware) -> list[float]:
@@ -137,12 +151,13 @@ def reference(hw: Hardware, profiles: Mapping[str, Hardware]) -> Calibration:
         own = measured(hw.name)
         return dataclasses.replace(own, reference=(
             f"flopscope's calibration of a lent {_device(own)} on {own.date[:10]}, with that "
-            "machine's host"))
+            f"machine's host{_framework_words(hw.name)}"))
     source = measured(SOURCE)
     a, b = profiles["h200"], profiles["h100-sxm"]
     median, p90 = spread(move_errors(a, b) + move_errors(b, a))
     return dataclasses.replace(source, points=moved(source, profiles[SOURCE], hw), reference=(
         f"flopscope's calibration of a lent {_device(source)} on {source.date[:10]}, with that "
-        f"machine's host, moved to this profile's datasheet peaks; H200 and H100 points moved "
+        f"machine's host{_framework_words(SOURCE)}, moved to this profile's datasheet peaks; "
+        f"H200 and H100 points moved "
         f"to each other missed by a median {100 * median:.0f}%, 90th percentile "
         f"{100 * p90:.0f}% (the same architecture: no other is measured)"))
