@@ -117,6 +117,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--confirm", type=positive_int, metavar="N",
                    help="--screen: simulated layouts that fit to reach before stopping "
                         "(default 3)")
+    p.add_argument("--compiled", action="store_true",
+                   help="predict compiled steps (CUDA graphs, torch.compile; a serving "
+                        "engine's graphs): no host time per call, DTensor's dispatch included; "
+                        "the kernels as eager's (no fusion modelled)")
     p.add_argument("--jobs", "-j", type=positive_int, metavar="N",
                    help="simulate the rank roles in N local worker processes (default: in this "
                         "process); with --ray alone, the local Ray cluster's CPUs")
@@ -212,7 +216,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                           f"list of {', '.join(KNOWN)} (e.g. none,block,selective)")
     options: dict[str, Any] = dict(gpus_per_node=args.gpus_per_node,
                                    memory_budget=args.memory_budget, dtype=args.dtype,
-                                   tp=args.tp, pp=args.pp, ep=args.ep)
+                                   tp=args.tp, pp=args.pp, ep=args.ep,
+                                   **({"compiled": True} if args.compiled else {}))
     if serve:
         options.update(mode="serve", max_new_tokens=args.max_new_tokens, batches=args.batch,
                        batching=args.batching)

@@ -262,6 +262,8 @@ class Calibration:
             seconds per add of 2^16 elements at the calibration's threads); 0: not measured.
         validation: what the validation that wrote :attr:`error_bars` ran (its date, threads,
             load, models) and, split by the regime, its 90th percentiles; empty: not recorded.
+        compiled: predict a compiled step (CUDA graphs, torch.compile): no host time per call
+            (kernels as eager's, no fusion); a planning option, not stored in the file.
     """
 
     date: str
@@ -286,15 +288,16 @@ class Calibration:
     host_after_s: Mapping[str, float] = field(default_factory=dict)
     parallel_add_s: float = 0.0
     validation: Mapping[str, Any] = field(default_factory=dict)
+    compiled: bool = False
 
     def source(self) -> str:
         """Where a prediction from it comes from, for a report's line: ``calibrated DATE,
         DEVICE`` (a CPU's thread count after it), or ``uncalibrated: REFERENCE``."""
-        if self.reference:
-            return f"uncalibrated: {self.reference}"
         threads = ("" if self.device.startswith("cuda") else
                    f", {self.threads} thread{'s' if self.threads != 1 else ''}")
-        return f"calibrated {self.date[:10]}, {self.device}{threads}"
+        made = (f"uncalibrated: {self.reference}" if self.reference
+                else f"calibrated {self.date[:10]}, {self.device}{threads}")
+        return made + ("; compiled: no host time per call" if self.compiled else "")
 
     def chain_factor(self, family: str, written: int, reduction: float = 0.0) -> float:
         """How much longer (or shorter) a call of ``family`` writing ``written`` bytes takes in
@@ -452,7 +455,7 @@ class Calibration:
         if mmap_bytes < 0 or fault < 0 or module < 0:
             raise UsageError(f"{where}: mmap_bytes, fault_s_per_byte and module_call_s must not "
                              "be negative")
-        framework = {}
+        framework: dict[str, Any] = {}
         for name in ("dtensor_call_s", "dtensor_pointwise_s", "fsdp_collective_s",
                      "parallel_add_s"):
             try:

@@ -318,6 +318,8 @@ class Predictor:
         fam = family(rec)
         if fam == "framework":  # DTensor's dispatch: host time only
             cal = self.calibration
+            if cal.compiled:
+                return CallPrediction(fam, 0.0, 0.0, True)
             pointwise = rec.op == DTENSOR_POINTWISE and cal.dtensor_pointwise_s
             return CallPrediction(fam, cal.dtensor_pointwise_s if pointwise
                                   else cal.dtensor_call_s, 0.0, True)
@@ -333,8 +335,9 @@ class Predictor:
                                reduction=reduction_length(rec), cold=cold,
                                cache_bytes=cache_bytes)
         # Python's time of the nn.Module calls this call entered
-        host = (self.host_s(fam, op, rec.before, rec.after)
-                + rec.modules * self.calibration.module_call_s)
+        host = 0.0 if self.calibration.compiled else (  # a compiled step issues no call
+            self.host_s(fam, op, rec.before, rec.after)
+            + rec.modules * self.calibration.module_call_s)
         if device is None:
             return CallPrediction(fam, host, bound_s, False)
         # its fresh allocations' new pages: their page faults and unmapping (a CPU; the heap's

@@ -40,7 +40,12 @@ from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, sequence_parallel_mode
-from flopscope.plan.time_words import compute_note, prediction_source, time_model
+from flopscope.plan.time_words import (
+    compiled_hardware,
+    compute_note,
+    prediction_source,
+    time_model,
+)
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
     VisionRoles,
@@ -198,6 +203,7 @@ def plan(
     loss_parallel: bool = True,
     screen: bool = False,
     confirm: int = 3,
+    compiled: bool = False,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -249,6 +255,10 @@ def plan(
             (:func:`flopscope.plan.confirm.confirm_best`); the other rows are estimates
             (:attr:`Candidate.screened`), the screen's error on the simulated ones in the notes.
         confirm: with ``screen``: simulated layouts that fit to reach before stopping.
+        compiled: predict compiled steps (CUDA graphs, torch.compile, a serving engine's
+            graphs): no host time per call, DTensor's dispatch included; the kernels as
+            eager's (:func:`flopscope.plan.time_words.compiled_hardware`). Without a
+            calibration the plan is at the bound either way.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -275,7 +285,8 @@ def plan(
                         ("memory_budget", memory_budget), ("tp", tp), ("pp", pp), ("ep", ep)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"plan(): {name} must be a whole number >= 1, got {value!r}")
-    hw = get_hardware(hardware)  # a shipped GPU's with its reference calibration: predictions
+    # a shipped GPU's with its reference calibration: predictions
+    hw = compiled_hardware(get_hardware(hardware), compiled)
     links = Links.of(hw, gpus_per_node, gpus)
     budget = memory_budget if memory_budget is not None else hw.memory_bytes
     if budget is None:

@@ -35,6 +35,7 @@ from flopscope.plan.serve import ServePlan
 from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.serve_time import micro_batch
 from flopscope.plan.space import ModelShape, sequence_parallel_mode
+from flopscope.plan.time_words import compiled_hardware
 from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 from flopscope.sources import DEFAULT_SEQ_LEN
@@ -188,7 +189,8 @@ def sweep(
     """
     if not sources or not gpus:
         raise UsageError("sweep(): give at least one source and one device count")
-    hw = get_hardware(hardware)
+    # the roles' tasks keyed by the profile each plan predicts on
+    hw = compiled_hardware(get_hardware(hardware), bool(options.get("compiled")))
     points = [(s, g, n) for s in sources for g in gpus for n in seq_lens]
 
     failed: dict[RoleTask, TaskFailure] = {}  # the tasks a worker gave no result for
