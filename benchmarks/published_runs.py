@@ -117,7 +117,7 @@ RUNS: list[dict[str, Any]] = [
         "source": {**_TORCHTITAN_2506, "table": "Llama3 70b on 256 H100s"},
         "config": LLAMA31_70B, "gpus": 256, "tp": 8, "pp": 1, "global_batch": 512,
         "micro_batch": 16, "seq_len": 8192, "checkpointing": ("block",),
-        "sequence_parallel": True,
+        "sequence_parallel": True, "compiled": True,
         "param_dtype": "float32", "reduce_dtype": "float32", "memory_budget_gib": 96,
         "device": _GRAND_TETON,
         "published": {"tokens_per_s_per_gpu": 597.3},
@@ -140,7 +140,7 @@ RUNS: list[dict[str, Any]] = [
                              "vanilla TP"},
         "config": LLAMA31_8B, "gpus": 64, "tp": 8, "pp": 1, "global_batch": 96,
         "micro_batch": 12, "seq_len": 8192, "checkpointing": ("none", "block"),
-        "sequence_parallel": True,
+        "sequence_parallel": True, "compiled": True,
         "param_dtype": "float32", "reduce_dtype": "float32", "memory_budget_gib": 96,
         "device": _GRAND_TETON,
         "published": {"tokens_per_s_per_gpu": 4378},
@@ -268,7 +268,8 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
                           global_batch=run["global_batch"], tp=run["tp"], pp=run["pp"],
                           checkpointing=run["checkpointing"], param_dtype=run["param_dtype"],
                           reduce_dtype=run["reduce_dtype"], memory_budget=budget,
-                          sequence_parallel=run.get("sequence_parallel", False))
+                          sequence_parallel=run.get("sequence_parallel", False),
+                          compiled=run.get("compiled", False))  # torch.compile: no host time
     assert isinstance(plan, Plan)
     capacity = plan.hardware.memory_bytes or 0
     tokens_per_step = plan.global_batch * plan.seq_len
@@ -317,6 +318,7 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
         "seq_len": run["seq_len"], "micro_batch": run["micro_batch"],
         "config": run["config"], "precision": plan.precision,
         "sequence_parallel": run.get("sequence_parallel", False),
+        "compiled": run.get("compiled", False),
         "memory_budget_gib": None if budget is None else budget / 2**30,
         "capacity_gib": capacity / 2**30, "flops_per_token": flops_per_token,
         "planned": rows, "compared": shown, "published": published, "ratios": ratios,
