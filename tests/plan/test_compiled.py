@@ -13,8 +13,8 @@ from torch import nn
 import flopscope
 from flopscope.estimate import get_hardware
 from flopscope.estimate.predict import predictor
+from flopscope.estimate.profile import compiled_hardware
 from flopscope.plan import ServePlan
-from flopscope.plan.time_words import compiled_hardware
 
 # the serving tests' model: hidden 256, 8 heads, 4 KV heads, MLP 512, 4 layers, vocab 512
 CONFIG: dict[str, Any] = dict(vocab_size=512, hidden_size=256, intermediate_size=512,
@@ -73,3 +73,35 @@ def test_cli_compiled_flag(capsys: pytest.CaptureFixture[str]) -> None:
             "--compiled", *flags]
     assert main(argv) == 0
     assert "compiled: no host time per call" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["count", "generate"])
+def test_count_and_generate_predict_a_compiled_step(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--compiled`` with ``--hardware``: no host time in the prediction (a count's host 0, its
+    step the device's; a generation's decode step shorter: the eager one is the host's) and its
+    label says compiled; without ``--hardware`` a one-line usage error."""
+    import json
+
+    from flopscope.cli import main
+
+    model = (["count", "torchvision:resnet18", "--shape-only"] if command == "count" else
+             ["generate", "hf:llama", "--shape-only", "--prompt-len", "8", "--new-tokens", "3",
+              "--config=num_hidden_layers=1", "--config=hidden_size=64",
+              "--config=intermediate_size=128", "--config=num_attention_heads=4",
+              "--config=num_key_value_heads=2", "--config=vocab_size=256"])
+    runs = {}
+    for compiled in (False, True):
+        argv = [*model, "--hardware", "h100-sxm", "--format", "json",
+                *(["--compiled"] if compiled else [])]
+        assert main(argv) == 0
+        runs[compiled] = json.loads(capsys.readouterr().out)["estimate"]["prediction"]
+    if command == "count":
+        assert runs[False]["host_s"] > 0 and runs[True]["host_s"] == 0.0
+        assert runs[True]["step_s"] < runs[False]["step_s"]
+    else:
+        assert runs[True]["decode_step_s"] < runs[False]["decode_step_s"]
+    assert "compiled: no host time per call" in runs[True]["source"]
+    assert "compiled" not in runs[False]["source"]
+    assert main([*model, "--compiled"]) == 2
+    assert "--compiled predicts with a --hardware profile" in capsys.readouterr().err

@@ -74,6 +74,9 @@ def add_subcommands(subparsers: Any) -> None:
                           "shipped profile (h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l4, "
                           "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
                           "or this-machine (measured now)")
+    est.add_argument("--compiled", action="store_true",
+                     help="with --hardware: predict a compiled step (CUDA graphs, torch.compile): no host "
+                          "time per call, the kernels as eager's (no fusion modelled)")
     est.add_argument("--tf32", action="store_true",
                      help="with --hardware: float32 matrix products run as TF32 (convolutions: as "
                           "cuDNN is set, TF32 by default)")
@@ -288,10 +291,14 @@ def _check_options(args: argparse.Namespace) -> Any:
         _layout(args)  # a bad layout fails here
     check_source_options(args)  # a malformed --input or an unknown model: before any probe
     hardware = None
+    if args.compiled and not args.hardware:
+        raise usage_error("--compiled predicts with a --hardware profile's calibration: add "
+                          "--hardware NAME (e.g. h100-sxm)")
     if args.hardware:
         from flopscope.estimate import get_hardware
+        from flopscope.estimate.profile import compiled_hardware
 
-        hardware = args.hardware = get_hardware(args.hardware)
+        hardware = args.hardware = compiled_hardware(get_hardware(args.hardware), args.compiled)
     if timed:
         check_step_time(args, timed=args.step_time is not None)
     return hardware

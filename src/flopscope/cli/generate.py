@@ -54,6 +54,10 @@ def add_subcommands(subparsers: Any) -> None:
                            "this-machine: each step's roofline time (a lower bound), the prefill's "
                            "and a decode step's; with --step-time / --prefill-time also MFU and "
                            "MBU against its matrix peak and memory bandwidth")
+    util.add_argument("--compiled", action="store_true",
+                      help="with --hardware: predict a compiled step (CUDA graphs, "
+                           "torch.compile): no host time per call, the kernels as eager's (no "
+                           "fusion modelled)")
     add_step_time(util, step_help="measured mean time of one decode step (time per output "
                                   "token); MBU = (weights + KV cache read and written) / "
                                   "SECONDS / bandwidth")
@@ -92,10 +96,15 @@ def run_generate(args: argparse.Namespace) -> int:
         raise usage_error("--step-time times a decode step, and --new-tokens 1 makes none: "
                           "give --new-tokens 2 or more, or time the prefill (--prefill-time)")
     check_source_options(args)  # an unknown model: before the hardware's probes
+    if args.compiled and args.hardware is None:
+        raise usage_error("--compiled predicts with a --hardware profile's calibration: add "
+                          "--hardware NAME (e.g. h100-sxm)")
     if args.hardware is not None:
         from flopscope.estimate import get_hardware
+        from flopscope.estimate.profile import compiled_hardware
 
-        args.hardware = get_hardware(args.hardware)  # once, before loading and counting
+        # once, before loading and counting
+        args.hardware = compiled_hardware(get_hardware(args.hardware), args.compiled)
     if timed or args.peak_tflops is not None:
         check_step_time(args, timed=timed)  # before loading: fail fast
     loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)

@@ -425,7 +425,7 @@ def prediction_summary(estimate: Estimate) -> dict[str, Any]:
     import torch
     out: dict[str, Any] = {
         "status": "reference" if cal.reference else "calibrated", "calibrated": cal.date,
-        "device": cal.device,
+        "device": cal.device, "compiled": cal.compiled, "source": cal.source(),
         "threads": cal.threads, "threads_now": torch.get_num_threads(),
         "model": "per call: host time of its operator + max(work at the attained rate, the "
                  "roofline bound); "

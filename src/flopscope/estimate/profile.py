@@ -27,6 +27,7 @@ missing, every byte goes at main-memory bandwidth.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -353,3 +354,14 @@ def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str | None:
         return "int8"
     return None
 
+
+def compiled_hardware(hw: Hardware, compiled: bool) -> Hardware:
+    """``hw`` as a prediction of a compiled step uses it: with ``compiled``, its calibration
+    with :attr:`~flopscope.estimate.Calibration.compiled` set (no host time per call, as CUDA
+    graphs and torch.compile issue a step; DTensor's dispatch included; the kernels as eager's,
+    no fusion); a profile without a calibration as it is (the roofline bound has no host
+    time)."""
+    if not compiled or hw.calibration is None:
+        return hw
+    return dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
+                                                                   compiled=True))

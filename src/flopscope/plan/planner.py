@@ -23,7 +23,7 @@ from torch import nn
 from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
-from flopscope.estimate.profile import dtype_key
+from flopscope.estimate.profile import compiled_hardware, dtype_key
 from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model, model_identity
 from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
@@ -40,12 +40,7 @@ from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.space import Choice, ModelShape, sequence_parallel_mode
-from flopscope.plan.time_words import (
-    compiled_hardware,
-    compute_note,
-    prediction_source,
-    time_model,
-)
+from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
     VisionRoles,
@@ -257,7 +252,7 @@ def plan(
         confirm: with ``screen``: simulated layouts that fit to reach before stopping.
         compiled: predict compiled steps (CUDA graphs, torch.compile, a serving engine's
             graphs): no host time per call, DTensor's dispatch included; the kernels as
-            eager's (:func:`flopscope.plan.time_words.compiled_hardware`). Without a
+            eager's (:func:`flopscope.estimate.profile.compiled_hardware`). Without a
             calibration the plan is at the bound either way.
 
     Returns:

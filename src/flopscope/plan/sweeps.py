@@ -23,6 +23,7 @@ from typing import Any
 from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware, get_hardware
+from flopscope.estimate.profile import compiled_hardware
 from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model
 from flopscope.plan.checkpointing import CHECKPOINTING
@@ -35,7 +36,6 @@ from flopscope.plan.serve import ServePlan
 from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.serve_time import micro_batch
 from flopscope.plan.space import ModelShape, sequence_parallel_mode
-from flopscope.plan.time_words import compiled_hardware
 from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 from flopscope.sources import DEFAULT_SEQ_LEN

@@ -5,13 +5,12 @@ validation's figures for the calibration's device kind), and the bound beside it
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from flopscope.estimate import Calibration, Hardware
 from flopscope.estimate.decode_validation import serving_validated_on
 
-__all__ = ["BOUND_NOTE", "compiled_hardware", "compute_note", "error_bar_words", "prediction_source", "table_line",
+__all__ = ["BOUND_NOTE", "compute_note", "error_bar_words", "prediction_source", "table_line",
            "time_model", "validated_on"]
 
 BOUND_NOTE = "roofline lower bounds (every call at peak rate or bandwidth)"
@@ -36,17 +35,6 @@ _BOUND_KEYS = {
 
 _TABLE_COLUMNS = {False: ("step, MFU", "step (bound), MFU (bound)"),
                   True: ("1st token, per token, tok/s", "per token (bound), tok/s/GPU (bound)")}
-
-
-def compiled_hardware(hw: Hardware, compiled: bool) -> Hardware:
-    """``hw`` as a plan predicts on it: with ``compiled``, its calibration predicting a
-    compiled step (:attr:`~flopscope.estimate.Calibration.compiled`: no host time per call,
-    as CUDA graphs and torch.compile issue a step; the kernels as eager's, no fusion); a
-    profile without a calibration as it is (the roofline bound has no host time)."""
-    if not compiled or hw.calibration is None:
-        return hw
-    return dataclasses.replace(hw, calibration=dataclasses.replace(hw.calibration,
-                                                                   compiled=True))
 
 
 def time_model(hw: Hardware) -> str:
