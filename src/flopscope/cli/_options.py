@@ -366,6 +366,32 @@ def load_source(
 
 
 # -- utilization of a measured run (MFU) -------------------------------------------------------
+def add_compiled(parser: Any) -> None:
+    """``--compiled``: with ``--hardware``, predict a compiled step (count, generate)."""
+    parser.add_argument("--compiled", action="store_true",
+                        help="with --hardware: predict a compiled step (CUDA graphs, "
+                             "torch.compile): no host time per call, the kernels as eager's "
+                             "(no fusion modelled)")
+
+
+def resolve_hardware(args: argparse.Namespace) -> Any:
+    """``--hardware`` resolved once, before any long work (``this-machine``'s probes run
+    here), as a compiled step's where ``--compiled``; ``None`` without ``--hardware``.
+
+    Raises:
+        UsageError: ``--compiled`` without ``--hardware``.
+    """
+    if args.compiled and not args.hardware:
+        raise usage_error("--compiled predicts with a --hardware profile's calibration: add "
+                          "--hardware NAME (e.g. h100-sxm)")
+    if not args.hardware:
+        return None
+    from flopscope.estimate import get_hardware
+    from flopscope.estimate.profile import compiled_hardware
+
+    return compiled_hardware(get_hardware(args.hardware), args.compiled)
+
+
 def add_step_time(parser: Any, *, step_help: str) -> None:
     """Add ``--step-time SECONDS`` (a measured wall time: MFU = model FLOPs / time / peak) and
     ``--peak-tflops X`` (a peak of one's own instead of the ``--hardware`` profile's).

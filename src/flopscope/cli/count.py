@@ -15,6 +15,7 @@ from flopscope.cli._options import (
     EXIT_OK,
     SOURCE_FORMS,
     CheckFailed,
+    add_compiled,
     add_depth,
     add_format,
     add_output,
@@ -24,6 +25,7 @@ from flopscope.cli._options import (
     check_source_options,
     check_step_time,
     load_source,
+    resolve_hardware,
     step_time_peak,
     usage_error,
     write_output,
@@ -74,9 +76,7 @@ def add_subcommands(subparsers: Any) -> None:
                           "shipped profile (h100-sxm, h100-pcie, h200, a100-40gb, a100-80gb, l4, "
                           "l40s, mi300x, epyc-9654, xeon-8480, graviton3), a JSON profile file, "
                           "or this-machine (measured now)")
-    est.add_argument("--compiled", action="store_true",
-                     help="with --hardware: predict a compiled step (CUDA graphs, torch.compile): no host "
-                          "time per call, the kernels as eager's (no fusion modelled)")
+    add_compiled(est)
     est.add_argument("--tf32", action="store_true",
                      help="with --hardware: float32 matrix products run as TF32 (convolutions: as "
                           "cuDNN is set, TF32 by default)")
@@ -290,15 +290,7 @@ def _check_options(args: argparse.Namespace) -> Any:
             raise usage_error("--step-time does not combine with --world-size yet")
         _layout(args)  # a bad layout fails here
     check_source_options(args)  # a malformed --input or an unknown model: before any probe
-    hardware = None
-    if args.compiled and not args.hardware:
-        raise usage_error("--compiled predicts with a --hardware profile's calibration: add "
-                          "--hardware NAME (e.g. h100-sxm)")
-    if args.hardware:
-        from flopscope.estimate import get_hardware
-        from flopscope.estimate.profile import compiled_hardware
-
-        hardware = args.hardware = compiled_hardware(get_hardware(args.hardware), args.compiled)
+    hardware = args.hardware = resolve_hardware(args)
     if timed:
         check_step_time(args, timed=args.step_time is not None)
     return hardware

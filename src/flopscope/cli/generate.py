@@ -9,6 +9,7 @@ from typing import Any
 from flopscope.cli._options import (
     EXIT_OK,
     SOURCE_FORMS,
+    add_compiled,
     add_format,
     add_output,
     add_source_options,
@@ -17,6 +18,7 @@ from flopscope.cli._options import (
     check_source_options,
     check_step_time,
     load_source,
+    resolve_hardware,
     step_time_peak,
     usage_error,
     write_output,
@@ -54,10 +56,7 @@ def add_subcommands(subparsers: Any) -> None:
                            "this-machine: each step's roofline time (a lower bound), the prefill's "
                            "and a decode step's; with --step-time / --prefill-time also MFU and "
                            "MBU against its matrix peak and memory bandwidth")
-    util.add_argument("--compiled", action="store_true",
-                      help="with --hardware: predict a compiled step (CUDA graphs, "
-                           "torch.compile): no host time per call, the kernels as eager's (no "
-                           "fusion modelled)")
+    add_compiled(util)
     add_step_time(util, step_help="measured mean time of one decode step (time per output "
                                   "token); MBU = (weights + KV cache read and written) / "
                                   "SECONDS / bandwidth")
@@ -96,15 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise usage_error("--step-time times a decode step, and --new-tokens 1 makes none: "
                           "give --new-tokens 2 or more, or time the prefill (--prefill-time)")
     check_source_options(args)  # an unknown model: before the hardware's probes
-    if args.compiled and args.hardware is None:
-        raise usage_error("--compiled predicts with a --hardware profile's calibration: add "
-                          "--hardware NAME (e.g. h100-sxm)")
-    if args.hardware is not None:
-        from flopscope.estimate import get_hardware
-        from flopscope.estimate.profile import compiled_hardware
-
-        # once, before loading and counting
-        args.hardware = compiled_hardware(get_hardware(args.hardware), args.compiled)
+    args.hardware = resolve_hardware(args)  # once, before loading and counting
     if timed or args.peak_tflops is not None:
         check_step_time(args, timed=timed)  # before loading: fail fast
     loaded = load_source(args, shape_only=args.shape_only, require_inputs=False)
