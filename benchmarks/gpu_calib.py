@@ -468,6 +468,7 @@ def kernels_per_call(fn: Callable[[], Any], device: str) -> int:
     the CPU, where there are none; -1 where the profiler failed (the group's times are kept)."""
     if device != "cuda":
         return 0
+    from flopscope.timing.join import device_events
     from flopscope.timing.run import recording
 
     try:
@@ -476,8 +477,7 @@ def kernels_per_call(fn: Callable[[], Any], device: str) -> int:
         with recording(True) as prof:
             fn()
             torch.cuda.synchronize()
-        return sum(1 for e in prof.events()
-                   if not str(getattr(e, "device_type", "")).endswith("CPU"))
+        return len(device_events(prof.events()))
     except Exception:  # noqa: BLE001 - the count is a side figure of the group
         return -1
 

@@ -79,8 +79,7 @@ def time_step(model: Any, config: Any, batch: int, start: int, new: int, engine:
     """Wall seconds of ``repeat`` forwards of ``new`` positions per sequence, each on the same
     cache of ``start`` positions (prefilled once; each step given the prefill's contiguous
     layers again, as ``generate``'s cat leaves them, not a cropped view), after two warm-ups;
-    under
-    :func:`flopscope.llm.engine.engine_step` where ``engine``. On CUDA one more forward under
+    under :func:`flopscope.llm.engine.engine_step` where ``engine``. On CUDA one more forward under
     ``torch.profiler`` gives the device's busy time (its kernels' durations summed: what a CUDA
     graph's replay would take without the gaps the host leaves)."""
     from contextlib import nullcontext
@@ -90,6 +89,7 @@ def time_step(model: Any, config: Any, batch: int, start: int, new: int, engine:
     from flopscope.estimate.timers import clock
     from flopscope.llm.engine import engine_step
     from flopscope.llm.kv_cache import cache_keyword
+    from flopscope.timing.join import device_events
     from flopscope.timing.run import recording
 
     cuda = device.startswith("cuda")
@@ -127,8 +127,7 @@ def time_step(model: Any, config: Any, batch: int, start: int, new: int, engine:
         if cuda:
             try:
                 prof = once(profile=True)[1]
-                kernels = [e for e in prof.events()
-                           if not str(getattr(e, "device_type", "")).endswith("CPU")]
+                kernels = device_events(prof.events())
                 by_name: dict[str, list[float]] = {}
                 for e in kernels:
                     by_name.setdefault(e.name, []).append(e.time_range.elapsed_us() / 1e6)

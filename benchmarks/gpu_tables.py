@@ -242,8 +242,7 @@ def serve_table(data: dict[str, Any]) -> list[str]:
                 f"{x.get('device_ratio', float('nan')):.2f} |")
     lines += ["", "| steps | predicted / measured: median / 90th percentile of abs(ratio - 1) | "
               "device alone |", "|---|---:|---:|"]
-    groups = {**{k: v for k, v in ratios.items()},
-              "all": [x for v in ratios.values() for x in v]}
+    groups = {**ratios, "all": [x for v in ratios.values() for x in v]}
     for name, rows in groups.items():
         lines.append(f"| {name} | {_errors(rows, 'ratio')} | {_errors(rows, 'device_ratio')} |")
     return lines

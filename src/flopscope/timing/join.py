@@ -26,7 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REGION", "Event", "events_of", "innermost", "match", "region_events"]
+__all__ = ["REGION", "Event", "device_events", "events_of", "innermost", "match",
+           "region_events"]
 
 _LOOKAHEAD = 4  # following calls whose events a call may not jump over
 
@@ -60,6 +61,23 @@ class Event:
         return self.end_us - self.start_us
 
 
+def _on_device(e: Any) -> bool:
+    """Whether a ``FunctionEvent`` is a device's (a kernel, a copy), not the host's."""
+    return not str(getattr(e, "device_type", "")).endswith("CPU")
+
+
+def device_events(function_events: Iterable[Any]) -> list[Any]:
+    """The device-side events (kernels, copies) of ``torch.profiler``'s ``prof.events()``.
+
+    Args:
+        function_events: ``FunctionEvent`` objects.
+
+    Returns:
+        Those that ran on a device, in order.
+    """
+    return [e for e in function_events if _on_device(e)]
+
+
 def events_of(function_events: Iterable[Any]) -> list[Event]:
     """The CPU-side events of ``torch.profiler``'s ``prof.events()``, sorted by start.
 
@@ -71,7 +89,7 @@ def events_of(function_events: Iterable[Any]) -> list[Event]:
     """
     out = []
     for e in function_events:
-        if str(getattr(e, "device_type", "")).endswith("CPU") is False:
+        if _on_device(e):
             continue  # a kernel itself: counted through the operator that launched it
         device = float(getattr(e, "device_time_total", 0.0) or 0.0)
         out.append(Event(e.name, float(e.time_range.start), float(e.time_range.end),
