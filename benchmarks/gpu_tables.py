@@ -195,6 +195,34 @@ def predict_summary(folder: Path) -> list[str]:
     return lines
 
 
+def repeat_table(folder: Path, first: str, later: tuple[str, ...]) -> list[str]:
+    """The same cases measured again (the eager and the CUDA graph's times of ``later`` files
+    against ``first``'s, the same models, batches and steps): how far a measurement moves between
+    sessions and within one, the floor under any prediction's error against it. Each row:
+    the median later / first time (range), and median / p90 of |ratio - 1|."""
+    def times(name: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+        rows = json.loads((folder / name).read_text())["rows"]
+        return {(r["model"], r["batch"], r["train"], r["dtype"]): r for r in rows if "eager_s" in r}
+
+    def cell(ratios: list[float]) -> str:
+        e = abs_errors(ratios)
+        return (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}); "
+                f"{e['median_abs_error']:.0%} / {e['p90_abs_error']:.0%} ({e['cases']})")
+
+    lines = ["| measured again | against | eager: later / first (range); abs(ratio - 1) median "
+             "/ p90 | CUDA graph: the same |", "|---|---|---|---|"]
+    names = (first, *later)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ta, tb = times(a), times(b)
+            both = [k for k in ta if k in tb]
+            graph = [tb[k]["graph_s"] / ta[k]["graph_s"] for k in both
+                     if "graph_s" in ta[k] and "graph_s" in tb[k]]
+            lines.append(f"| {b} | {a} | {cell([tb[k]['eager_s'] / ta[k]['eager_s'] for k in both])}"
+                         f" | {cell(graph)} |")
+    return lines
+
+
 # benchmarks/gpu_predict.py's predictions beside the full profile's
 _BASELINES = {"loop_host": "the same calib without its mixed-operator host times",
               "rotation_only": "the same calib without its chains",
@@ -268,6 +296,10 @@ def render(folder: Path) -> str:
     if any(folder.glob("predict*.json")):
         out += ["", "#### prediction errors (median / 90th percentile of |predicted / measured "
                 "- 1|, cases)", "", *predict_summary(folder)]
+    again = tuple(sorted(p.name for p in folder.glob("predict_run*_shipped.json")))
+    if again and (folder / "predict.json").exists():
+        out += ["", "#### the same cases measured again", "",
+                *repeat_table(folder, "predict.json", again)]
     return "\n".join(out) + "\n"
 
 

@@ -164,3 +164,22 @@ def test_the_gpu_serve_part_runs_the_forwards_the_planner_simulates() -> None:
     for step, (start, new) in plan.items():
         simulated = getattr(run, step)
         assert (simulated.context, simulated.tokens) == (start + new, 2 * new), step
+
+
+def test_the_same_cases_measured_again_are_set_side_by_side(tmp_path: Path) -> None:
+    """gpu_tables.repeat_table: a later file's eager and graph times over the first's, case by
+    case (the same model, batch, step and dtype)."""
+    from benchmarks import gpu_tables
+
+    def write(name: str, eager: list[float], graph: list[float]) -> None:
+        rows = [{"model": m, "batch": 1, "train": False, "dtype": "float32", "eager_s": e,
+                 "graph_s": g} for m, e, g in zip(("a", "b"), eager, graph, strict=True)]
+        (tmp_path / name).write_text(json.dumps({"rows": rows}))
+
+    write("predict.json", [1.0, 2.0], [1.0, 1.0])
+    write("predict_run2_shipped.json", [1.5, 1.0], [1.0, 1.1])
+    lines = gpu_tables.repeat_table(tmp_path, "predict.json", ("predict_run2_shipped.json",))
+    # eager 1.5/1.0 and 1.0/2.0: ratios 1.5 and 0.5, median 1.00, |ratio - 1| 50% both;
+    # graph 1.0 and 1.1: median 1.05, |ratio - 1| 0% and 10% (median 5%, p90 the larger)
+    assert lines[2] == ("| predict_run2_shipped.json | predict.json | 1.00 (0.50-1.50); 50% / 50% (2)"
+                        " | 1.05 (1.00-1.10); 5% / 10% (2) |")
