@@ -213,6 +213,7 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
     import json
 
     hw, source, baselines = profile_for(out, dry)
+    calibrated = hw.calibration.date if hw.calibration is not None else None  # which profile
     rows: list[dict[str, Any]] = []
     for case in cases(dry):
         name, batch, train, dtype, held_out = case
@@ -236,10 +237,10 @@ def part_predict(device: str, dry: bool, out: Path | None = None) -> dict[str, A
         rows.append(row)
         free()
         if out is not None:  # each row as it finishes: a run cut short keeps what it measured
-            (out / "predict.json").write_text(json.dumps({"profile": source, "rows": rows},
-                                                         indent=2) + "\n")
+            (out / "predict.json").write_text(json.dumps(
+                {"profile": source, "calibrated": calibrated, "rows": rows}, indent=2) + "\n")
     result: dict[str, Any] = {
-        "profile": source, "rows": rows,
+        "profile": source, "calibrated": calibrated, "rows": rows,
         "seen": abs_errors(r["ratio"] for r in rows if "ratio" in r and not r["held_out"]),
         "held_out": abs_errors(r["ratio"] for r in rows if "ratio" in r and r["held_out"])}
     for base in baselines:  # the same cases and eager times, by a profile without some groups

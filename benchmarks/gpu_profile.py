@@ -124,13 +124,27 @@ def points(raw: dict[str, Any]) -> list[Point]:
     return out
 
 
-def error_bars(predict: dict[str, Any]) -> dict[str, float]:
-    """The validation's error bars (``benchmarks/gpu_predict.py``'s cases, seen and held out):
-    per family the 90th percentile over the cases of |predicted / measured - 1| of the family's
-    device time (the calls joined to kernels: their predicted device time against their
-    kernels'), and ``total``: of the whole step against its eager time."""
+def validations(folder: Path, date: str) -> dict[str, dict[str, Any]]:
+    """The predictions beside a calib made with a profile of that calibration (their
+    ``calibrated`` date, which ``benchmarks/gpu_predict.py`` writes, equal to ``date``): the
+    run's own ``predict.json`` and the later runs that predicted with the shipped profile on
+    other sessions' machines. A predict file without the date is the calib's own run's."""
+    found = {}
+    for path in sorted(folder.glob("predict*.json")):
+        data = json.loads(path.read_text())
+        if data.get("calibrated", date if path.name == "predict.json" else None) == date:
+            found[path.name] = data
+    return found
+
+
+def error_bars(predicts: list[dict[str, Any]]) -> dict[str, float]:
+    """The validation's error bars (``benchmarks/gpu_predict.py``'s cases, seen and held out,
+    over every run of them that predicted with this calibration): per family the 90th
+    percentile over the cases of |predicted / measured - 1| of the family's device time (the
+    calls joined to kernels: their predicted device time against their kernels'), and
+    ``total``: of the whole step against its eager time."""
     per: dict[str, list[float]] = {}
-    for r in predict["rows"]:
+    for r in (row for predict in predicts for row in predict["rows"]):
         if "ratio" not in r:
             continue
         per.setdefault("total", []).append(abs(r["ratio"] - 1))
@@ -223,18 +237,24 @@ def _framework(raw: dict[str, Any]) -> dict[str, float]:
     return {k: float(group[k]) for k in names if isinstance(group, dict) and k in group}
 
 
+def calibration_date(summary: dict[str, Any]) -> str:
+    """The calibration's date (ISO, UTC) from the check's ``summary.json``."""
+    return str(summary["date"]).replace(" UTC", "").replace(" ", "T") + ":00+00:00"
+
+
 def calibrated(raw: dict[str, Any], summary: dict[str, Any],
-               bars: dict[str, float] | None = None) -> Hardware:
+               bars: dict[str, float] | None = None,
+               validation: dict[str, Any] | None = None) -> Hardware:
     """The shipped profile of the device the check ran on (:func:`base_profile`: its peaks stay
     the bound's) with the check's points as its calibration block."""
     family_host, op_host = host_times(raw)
-    date = summary["date"].replace(" UTC", "").replace(" ", "T") + ":00+00:00"
+    date = calibration_date(summary)
     cal = Calibration(date, f"cuda ({summary['device']})", 1,
                       {"torch": summary["torch"], "cuda": summary["cuda"],
                        "source": "docs/gpu/calib.json (benchmarks/gpu_calib.py)"},
                       family_host, tuple(points(raw)), host_op_s=op_host,
                       module_call_s=raw.get("module", {}).get("module_call_s", 0.0),
-                      **_framework(raw), error_bars=bars or {},
+                      **_framework(raw), error_bars=bars or {}, validation=validation or {},
                       clock=(GRAPH_CLOCK if raw.get("timing") == GRAPH_CLOCK else "CUDA events"))
     base = get_hardware(base_profile(summary["device"]))
     hw = dataclasses.replace(base, name=f"{base.name}-calibrated",
@@ -254,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(src.read_text())
     summary = json.loads((src.parent / "summary.json").read_text())
     out = Path(args[1]) if len(args) > 1 else src.parent / profile_file(summary)
-    predict = src.parent / "predict.json"  # the validation of a profile made from this calib
-    bars = error_bars(json.loads(predict.read_text())) if predict.exists() else None
-    hw = calibrated(raw, summary, bars)
+    runs = validations(src.parent, calibration_date(summary))  # of profiles made from this calib
+    cases = {(r["model"], r["batch"], r["train"], r["dtype"])
+             for data in runs.values() for r in data["rows"] if "ratio" in r}
+    validation = {"runs": len(runs), "models": len(cases), "files": sorted(runs)} if runs else None
+    hw = calibrated(raw, summary, error_bars(list(runs.values())) if runs else None, validation)
     out.write_text(json.dumps(hw.to_dict(), indent=1) + "\n")
     assert hw.calibration is not None
     print(f"{out}: {len(hw.calibration.points)} points", file=sys.stderr)

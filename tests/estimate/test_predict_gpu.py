@@ -42,6 +42,27 @@ def test_the_h200_profile_is_made_from_the_checks_points(tmp_path: Path) -> None
         pytest.approx(tiny.seconds, rel=0.05))
 
 
+def test_the_h200_error_bars_pool_every_run_that_predicted_with_its_calibration() -> None:
+    """The shipped H200 profile's ``total`` error bar is the 90th percentile of the whole step's
+    |predicted / eager - 1| over the check's own run and the later runs that predicted with the
+    shipped profile on other sessions' machines (runs 14 and 15), not the calib's run alone."""
+    from benchmarks.errors import quantile
+
+    (hw,) = load_hardware(H200)
+    cal = hw.calibration
+    assert cal is not None
+    files = ["predict.json", "predict_run14_shipped.json", "predict_run15a_shipped.json",
+             "predict_run15b_shipped.json"]
+    assert dict(cal.validation) == {"runs": 4, "models": 51, "files": files}
+    ratios = [abs(r["ratio"] - 1) for f in files
+              for r in json.loads((H200.parent / f).read_text())["rows"] if "ratio" in r]
+    assert len(ratios) == 4 * 51
+    # 0.384 from the calib's own run alone; 0.468 pooled with the other sessions' eager times
+    assert cal.error_bars["total"] == round(quantile(ratios, 0.9), 3) == 0.468
+    older = json.loads((H200.parent / "predict_run7.json").read_text())
+    assert "calibrated" not in older  # run 7's profile, not this one: not pooled
+
+
 def test_the_h100_profile_is_made_from_its_own_run_on_the_h100s_peaks(tmp_path: Path) -> None:
     from benchmarks.gpu_profile import main
 
@@ -70,6 +91,10 @@ def test_an_h200_prediction_of_a_shape_only_count_runs_on_the_cpu(cli: Cli) -> N
     assert "step with host and device overlapping" in r.out
     # the calibration's device is the GPU: no host thread count beside it
     assert "prediction (calibrated 2026-11-30, cuda (NVIDIA H200)): " in r.out
+    # the error bars say what validated them: the check's runs, other sessions' among them
+    assert ("validated on 51 models and steps in 4 run(s) of the GPU check, other sessions' "
+            "machines among them): ") in r.out
+    assert pred["validation"]["runs"] == 4
 
 
 def test_expected_mfu_from_the_prediction_beside_the_measured(cli: Cli) -> None:

@@ -121,6 +121,11 @@ def validation_words(validation: Any) -> str:
     :attr:`~flopscope.estimate.calibration.Calibration.validation` (empty where not recorded)."""
     if not validation or not isinstance(validation, dict):
         return ""
+    if "runs" in validation:  # a GPU check's (benchmarks/gpu_profile.py): its runs of the cases
+        return (f", validated on {validation.get('models', '?')} models and steps in "
+                f"{validation['runs']} run(s) of the GPU check, other sessions' machines among "
+                "them" if validation["runs"] > 1 else f", validated on "
+                f"{validation.get('models', '?')} models and steps in the GPU check's run")
     load = validation.get("load", [])
     where = (f", load {min(load):.1f}-{max(load):.1f}" if isinstance(load, list) and load else "")
     return (f", validated {str(validation.get('date', '?'))[:16]} at "
