@@ -98,6 +98,19 @@ def test_fsdp_first_gather_and_pipeline_sends_hide_in_the_waits_left() -> None:
     t = step_time([_run({"forward": (4 * MS, 1 * MS), "backward": (8 * MS, 1 * MS)},
                         gathers, hw)], choice, LINKS)
     assert (t.total, t.fsdp_comm) == (12 * MS + 0.001, 0.001)  # device-bound: as before
+    # FSDP2's stream longer than the step: a 28 MB reduce-scatter (28 ms). The stream holds
+    # the first gather (1 ms, hidden in the forward's wait), the second (1 ms) and the 28 ms:
+    # 30 ms, which no overlap shortens; the rest overlap the 20 ms of phases but the 1 ms the
+    # first gather held: 29 - 19 = 10 ms exposed, the step 30 ms (was 28: under the stream)
+    big = [gathers[0], CommRecord("m", Phase.BACKWARD, "reduce_scatter", 2, 1, 28_000_000,
+                                  28_000_000, "dp")]
+    host_bound = _run({"forward": (4 * MS, 10 * MS), "backward": (8 * MS, 10 * MS)}, big, hw)
+    t = step_time([host_bound], choice, LINKS)
+    assert t.total == pytest.approx(30 * MS, rel=1e-9)
+    # the bound: 12 ms of device, the first gather exposed (1 ms), the rest beside the 12 ms:
+    # 1 + 12 + 17 = 30 ms, the same stream; the prediction is never under it
+    b = step_time([host_bound], choice, LINKS, bound=True)
+    assert b.total == pytest.approx(30 * MS, rel=1e-9) and t.total >= b.total * (1 - 1e-12)
     # two stages of the same work, 2 microbatches, a 5 MB send (5 ms) per stage: each phase
     # 10 ms (5 a microbatch), the 1F1B makespan 30 ms for 20 busy (stage 0: F0 F1 at 0-10,
     # B0 at 15-20 after stage 1's F0 B0 at 5-15, B1 at 25-30); the send hides in the 8 ms the

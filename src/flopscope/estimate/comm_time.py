@@ -199,8 +199,9 @@ class CommTime:
         exposed beyond its own wait; the step's first FSDP2 all-gather, then the pipeline's
         sends, beyond the wait the blocking ones left (device work outside the phases, in the
         step's order); the other FSDP2 collectives run on their own stream beside the whole
-        step (its phases, blocking collectives and ``hooks``, FSDP2's host time on a CPU),
-        exposed beyond it and the part of the first gather that hid.
+        step (its phases, blocking collectives and ``hooks``, FSDP2's host time on a CPU) less
+        the part of it that the first gather held where it hid, and are exposed beyond that:
+        the stream's work, the first gather and the rest, is never shorter than the step.
 
         Args:
             compute: the phases' time (each the longer of its host and device times).
@@ -219,7 +220,9 @@ class CommTime:
         first_exposed = host_overlap(left, 0.0, first)[1]
         p2p = host_overlap(max(0.0, left - first), 0.0, self.p2p)[1]
         busy = compute + forward + backward + hooks
-        rest = max(0.0, self.overlapped_rest - busy - (first - first_exposed))
+        # the rest share FSDP2's stream with the first gather: they overlap the step's busy
+        # time but the part of it that the hidden first gather held
+        rest = max(0.0, self.overlapped_rest - (busy - (first - first_exposed)))
         return Exposure(forward, backward, first_exposed + rest, p2p)
 
     def exposed(self, compute: float) -> float:
