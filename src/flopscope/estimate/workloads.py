@@ -285,10 +285,12 @@ def _attention(device: str) -> list[Workload]:
     out: list[Workload] = []
     for seq in (64, 256, 1024):
         for head in (32, 64):
-            q = torch.randn(1, 4, seq, head, device=device)
+            # queries, keys and values apart, as a model's projections make them (one tensor
+            # for all three is read once: 0-5% faster here at these sizes, more on a GPU)
+            q, k, v = (torch.randn(1, 4, seq, head, device=device) for _ in range(3))
             for causal in (False, True):
                 out.append(Workload("attention", f"sdpa 4x{seq}x{head}{' causal' if causal else ''}",
-                                    "fp32", _bind(F.scaled_dot_product_attention, q, q, q,
+                                    "fp32", _bind(F.scaled_dot_product_attention, q, k, v,
                                                   is_causal=causal)))
     # a decode step's attention (round 12): one query token per sequence against a cache of
     # 128-2048 keys, 4 and 32 sequences x heads, head size 64: a read of the keys
