@@ -212,9 +212,10 @@ def repeat_table(folder: Path, first: str, later: tuple[str, ...]) -> list[str]:
     lines = ["| measured again | against | eager: later / first (range); abs(ratio - 1) median "
              "/ p90 | CUDA graph: the same |", "|---|---|---|---|"]
     names = (first, *later)
+    loaded = {name: times(name) for name in names}  # each file read once
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            ta, tb = times(a), times(b)
+            ta, tb = loaded[a], loaded[b]
             both = [k for k in ta if k in tb]
             graph = [tb[k]["graph_s"] / ta[k]["graph_s"] for k in both
                      if "graph_s" in ta[k] and "graph_s" in tb[k]]

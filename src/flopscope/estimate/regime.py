@@ -122,10 +122,10 @@ def validation_words(validation: Any) -> str:
     if not validation or not isinstance(validation, dict):
         return ""
     if "runs" in validation:  # a GPU check's (benchmarks/gpu_profile.py): its runs of the cases
-        return (f", validated on {validation.get('models', '?')} models and steps in "
-                f"{validation['runs']} run(s) of the GPU check, other sessions' machines among "
-                "them" if validation["runs"] > 1 else f", validated on "
-                f"{validation.get('models', '?')} models and steps in the GPU check's run")
+        runs = validation["runs"]
+        where = (f"{runs} run(s) of the GPU check, other sessions' machines among them"
+                 if runs > 1 else "the GPU check's run")
+        return f", validated on {validation.get('models', '?')} models and steps in {where}"
     load = validation.get("load", [])
     where = (f", load {min(load):.1f}-{max(load):.1f}" if isinstance(load, list) and load else "")
     return (f", validated {str(validation.get('date', '?'))[:16]} at "
