@@ -63,6 +63,14 @@ def add_subcommands(subparsers: Any) -> None:
                         "head over the vocabulary and compute the cross-entropy on the shards "
                         "(torch's loss_parallel), as torchtitan and Megatron-LM do (the default; "
                         "--no-loss-parallel: the head whole on every tensor-parallel rank)")
+    # the choices are flopscope.plan.space.DATA_PARALLEL and "search" (held equal by
+    # tests/plan/test_ddp.py)
+    p.add_argument("--data-parallel", choices=("fsdp", "ddp", "search"), metavar="fsdp|ddp|search",
+                   help="training: how the data-parallel ranks hold the model: fsdp (FSDP2: "
+                        "parameters, gradients and AdamW's state sharded), ddp "
+                        "(DistributedDataParallel: whole replicas, gradients all-reduced once a "
+                        "step; DDP in the label) or search (both, ranked together); default: "
+                        "fsdp for a decoder, search for a vision model")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")
@@ -192,9 +200,11 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                           "(sizes per replica) and --max-new-tokens")
     sequence_parallel = args.sequence_parallel not in (None, "off")
     if serve and (args.param_dtype or args.reduce_dtype or sequence_parallel
-                  or args.loss_parallel is not None):
+                  or args.loss_parallel is not None or args.data_parallel is not None):
         given = ("--param-dtype" if args.param_dtype else "--reduce-dtype" if args.reduce_dtype
-                 else "--sequence-parallel" if sequence_parallel else "--loss-parallel")
+                 else "--sequence-parallel" if sequence_parallel
+                 else "--data-parallel" if args.data_parallel is not None
+                 else "--loss-parallel")
         raise usage_error(f"{given} applies to a training plan: serving keeps the weights in "
                           "--dtype and runs plain tensor parallelism")
     if not serve and (args.max_new_tokens is not None or args.batching is not None):
@@ -227,6 +237,8 @@ def _check(args: argparse.Namespace, sources: list[str]) -> dict[str, Any]:
                        sequence_parallel=args.sequence_parallel or "off",
                        **({} if args.loss_parallel is None
                           else {"loss_parallel": args.loss_parallel}),
+                       **({} if args.data_parallel is None
+                          else {"data_parallel": args.data_parallel}),
                        checkpointing=(CHECKPOINTING if args.checkpointing == "none,block"
                                       else tuple(choices)),
                        **({"screen": True, "confirm": args.confirm or 3} if args.screen

@@ -47,6 +47,9 @@ class Layout:
             ``fully_shard`` over a data-parallel group of one as well (FSDP2 then casts
             without a collective); not built with ``ep`` > 1. ``None``: the model's dtype
             throughout.
+        replicate: DDP instead of FSDP2 shards: whole parameters on every data-parallel
+            rank, gradients all-reduced block by block in backward (``fully_shard`` over
+            ``dp`` replicas of one shard: hybrid sharding); not built with ``ep`` > 1.
         loss_parallel: the head column-wise over the vocabulary, its logits left sharded
             (``Shard(-1)``, no gather) and the loss computed on the shards under torch's
             :func:`~torch.distributed.tensor.parallel.loss_parallel` (torchtitan's and
@@ -67,6 +70,7 @@ class Layout:
     ep: int = 1
     mixed_precision: tuple[str, str] | None = None
     loss_parallel: bool = False
+    replicate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("world_size", "tp", "pp", "ep"):
@@ -96,6 +100,9 @@ class Layout:
                 "ranks that divide the world with --fsdp = --world-size and no --tp (every "
                 "expert FSDP-sharded over its world / ep copies); not combined with --pp or "
                 "--sequence-parallel: pipeline stages with experts are not built")
+        if self.replicate and self.ep > 1:
+            raise UsageError("data parallelism by replicas (DDP) is not built with expert "
+                             "parallelism: use --ep 1 or FSDP2")
         if self.loss_parallel and (self.tp < 2 or self.pp > 1 or self.ep > 1):
             raise UsageError("loss parallelism shards the logits over the tensor-parallel ranks: "
                              "it needs --tp >= 2 and is not built with --pp or --ep")
@@ -152,7 +159,9 @@ class Layout:
 
     def mesh(self) -> Any:
         """The device mesh on the CPU: (``dp``, ``tp``), or (``pp``, ``dp``, ``tp``) with
-        pipeline stages (dimensions of size 1 kept).
+        pipeline stages (dimensions of size 1 kept); with :attr:`replicate` a ``shard``
+        dimension of size 1 after ``dp`` (FSDP2's hybrid sharding: ``dp`` replicas of one
+        shard).
 
         Returns:
             A :class:`torch.distributed.device_mesh.DeviceMesh`.
@@ -161,9 +170,18 @@ class Layout:
             return named_mesh((self.ep, 1), ("ep", "tp"))
         if self.ep > 1 and self.tp == 1:
             return named_mesh((self.world_size // self.ep, self.ep, 1), ("efsdp", "ep", "tp"))
+        shape: tuple[int, ...] = (self.dp, self.tp)
+        names: tuple[str, ...] = ("dp", "tp")
+        if self.replicate:
+            shape, names = (self.dp, 1, self.tp), ("dp", "shard", "tp")
         if self.pp > 1:
-            return named_mesh((self.pp, self.dp, self.tp), ("pp", "dp", "tp"))
-        return named_mesh((self.dp, self.tp), ("dp", "tp"))
+            shape, names = (self.pp, *shape), ("pp", *names)
+        return named_mesh(shape, names)
+
+    def data_mesh(self, mesh: Any) -> Any:
+        """The part of :meth:`mesh` that ``fully_shard`` takes: ``dp``, or with
+        :attr:`replicate` the (``dp``, ``shard``) pair of hybrid sharding."""
+        return mesh["dp", "shard"] if self.replicate else mesh["dp"]
 
 
 def named_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
@@ -471,7 +489,7 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     if layout.dp > 1 or layout.mixed_precision is not None:
         from torch.distributed.fsdp import fully_shard
 
-        dp_mesh, policy = mesh["dp"], layout.policy()
+        dp_mesh, policy = layout.data_mesh(mesh), layout.policy()
         extra = {} if policy is None else {"mp_policy": policy}
         for layer in layers:
             fully_shard(layer, mesh=dp_mesh, **extra)

@@ -28,7 +28,10 @@ whole layout.
   beside: ``first + max(0, rest - busy)``;
 - **DDP's gradient all-reduces** (``ddp=True``: a data-parallel layout that replicates the
   model) the same way, overlapped with backward bucket by bucket; one bucket (the first
-  all-reduce call) is exposed.
+  all-reduce call) is exposed. They run once a step (DDP's ``no_sync`` over the step's
+  microbatches but the last; a pipeline's schedule the same), so they are not scaled with
+  the microbatches, and they hide only behind the backward they run in (the caller's
+  ``window``: one microbatch's).
 
 Where the links are gloo's (a link calibration measured with the ``gloo`` backend: ranks on CPU
 cores), nothing overlaps: gloo's transfers run on the cores the ranks compute on, so FSDP2's and
@@ -191,7 +194,8 @@ class CommTime:
         return self.blocking + self.overlapped_first + self.overlapped_rest + self.p2p
 
     def exposure(self, compute: float, *, wait_forward: float = 0.0,
-                 wait_backward: float = 0.0, hooks: float = 0.0) -> Exposure:
+                 wait_backward: float = 0.0, hooks: float = 0.0,
+                 window: float | None = None) -> Exposure:
         """What a step exposes of this communication beside ``compute`` seconds of phases, in
         which the device waits ``wait_forward`` and ``wait_backward`` seconds for the host
         (a GPU's prediction; 0 on a CPU and at the bound), by
@@ -202,12 +206,16 @@ class CommTime:
         step (its phases, blocking collectives and ``hooks``, FSDP2's host time on a CPU) less
         the part of it that the first gather held where it hid, and are exposed beyond that:
         the stream's work, the first gather and the rest, is never shorter than the step.
+        With ``window`` they run beside that much of the step at most (DDP's all-reduces:
+        the backward of the microbatch they run in).
 
         Args:
             compute: the phases' time (each the longer of its host and device times).
             wait_forward: the device's wait for the host in forward.
             wait_backward: the same in backward and recomputation.
             hooks: FSDP2's hooks on the rank's one timeline (seconds).
+            window: the most of the step's busy time the overlapped collectives run beside
+                (``None``: all of it).
 
         Returns:
             The :class:`Exposure`.
@@ -220,6 +228,8 @@ class CommTime:
         first_exposed = host_overlap(left, 0.0, first)[1]
         p2p = host_overlap(max(0.0, left - first), 0.0, self.p2p)[1]
         busy = compute + forward + backward + hooks
+        if window is not None:
+            busy = min(busy, window)
         # the rest share FSDP2's stream with the first gather: they overlap the step's busy
         # time but the part of it that the hidden first gather held
         rest = max(0.0, self.overlapped_rest - (busy - (first - first_exposed)))
@@ -269,9 +279,9 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
         dp: FSDP / data-parallel degree (an FSDP group spans ``tp x dp`` ranks).
         gpus: ranks in the job (a pipeline group's span; default ``tp x dp``).
         scale: the step's microbatches over the simulated ones (every time but the first
-            all-gather is per microbatch).
-        ddp: the all-reduces are DDP's gradient buckets (overlapped, one bucket exposed), not
-            tensor parallelism's.
+            all-gather and DDP's all-reduces is per microbatch).
+        ddp: the all-reduces are DDP's gradient buckets (overlapped, one bucket exposed, once
+            a step), not tensor parallelism's.
 
     Returns:
         The :class:`CommTime`.
@@ -293,7 +303,8 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
         else:
             span = r.group_size
         seconds = links.call_seconds(r.kind, r.bus_bytes, r.calls, span, r.group_size)
-        by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * scale
+        times = 1.0 if ddp and overlapped and r.kind in _TP_KINDS else scale  # DDP: once a step
+        by_kind[r.kind] = by_kind.get(r.kind, 0.0) + seconds * times
         overlapped = overlapped and links.overlap  # gloo: on the cores that compute
         if overlapped:
             if (not first_seen and r.calls > 0
@@ -303,13 +314,13 @@ def comm_time(records: Iterable[CommRecord], links: Links, *, tp: int = 1, dp: i
                 one = seconds / r.calls
                 first += one
                 rest -= one
-            rest += seconds * scale
+            rest += seconds * times
         elif r.kind in P2P_KINDS:
-            p2p += seconds * scale
+            p2p += seconds * times
         elif r.phase is Phase.FORWARD:
-            fwd += seconds * scale
+            fwd += seconds * times
         else:
-            bwd += seconds * scale
+            bwd += seconds * times
     return CommTime(fwd, bwd, first, rest, p2p, by_kind)
 
 

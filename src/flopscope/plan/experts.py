@@ -71,7 +71,8 @@ def expert_layouts(gpus: int, shape: ModelShape, experts: int, global_batch: int
 def decoder_layouts(gpus: int, shape: ModelShape, global_batch: int,
                     checkpointing: Sequence[str], sequence_parallel: str, *,
                     tp: int | None = None, pp: int | None = None,
-                    ep: int | None = None) -> list[Choice]:
+                    ep: int | None = None,
+                    data_parallel: Sequence[str] = ("fsdp",)) -> list[Choice]:
     """Every layout a decoder's training plan weighs: those of
     :func:`~flopscope.plan.space.enumerate_layouts` and, for a mixture of experts, its
     expert-parallel ones (:func:`expert_layouts`), kept where they have the degrees asked for.
@@ -86,11 +87,14 @@ def decoder_layouts(gpus: int, shape: ModelShape, global_batch: int,
         tp: only this tensor-parallel degree.
         pp: only this many stages.
         ep: only this expert-parallel degree (1: the layouts without).
+        data_parallel: the data-parallel kinds of the layouts without expert parallelism
+            (an expert-parallel layout's data parallelism is FSDP2).
 
     Returns:
         The layouts.
     """
-    every = enumerate_layouts(gpus, shape, global_batch, checkpointing, sequence_parallel)
+    every = enumerate_layouts(gpus, shape, global_batch, checkpointing, sequence_parallel,
+                              data_parallel)
     if shape.experts:
         every += expert_layouts(gpus, shape, shape.experts, global_batch, checkpointing)
     return [c for c in every if tp in (None, c.tp) and pp in (None, c.pp) and ep in (None, c.ep)]

@@ -56,5 +56,6 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
                            simulated, choice.checkpoint, mixed_precision, sp,
                            loss_parallel and choice.tp > 1 and choice.pp == 1, loss,
-                           peak if peak > simulated else 0))
+                           peak if peak > simulated else 0,
+                           choice.data_parallel == "ddp" and choice.dp > 1))
     return out

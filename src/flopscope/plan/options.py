@@ -10,7 +10,8 @@ __all__ = ["applied", "decoder_note"]
 
 
 def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: str,
-                 loss_parallel: bool, sequence_applies: bool = True) -> str:
+                 loss_parallel: bool, sequence_applies: bool = True,
+                 data_parallel: tuple[str, ...] = ("fsdp",)) -> str:
     """The plan's note on a decoder's training step.
 
     Args:
@@ -21,11 +22,16 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
         loss_parallel: loss parallelism asked for.
         sequence_applies: some layout of the plan is tensor-parallel without stages (where
             sequence parallelism applies).
+        data_parallel: the data-parallel kinds tried (``fsdp``, ``ddp``).
 
     Returns:
         One line.
     """
-    words = ["data parallelism is FSDP2 (fully_shard per decoder layer and the root); "
+    kinds = {"fsdp": "FSDP2 (fully_shard per decoder layer and the root)",
+             "ddp": ("DDP (DDP in the label: whole replicas, each decoder layer's gradients "
+                     "all-reduced in backward, once a step over its microbatches; built as "
+                     "FSDP2's hybrid sharding with shards of one)")}
+    words = [f"data parallelism is {' or '.join(kinds[k] for k in data_parallel)}; "
              "optimizer AdamW (two moments per parameter, in the parameters' dtype); loss: "
              "cross-entropy on the logits upcast to float32 (transformers' ForCausalLMLoss)"]
     if mixed is not None:

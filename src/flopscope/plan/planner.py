@@ -39,7 +39,7 @@ from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
-from flopscope.plan.space import Choice, ModelShape, sequence_parallel_mode
+from flopscope.plan.space import Choice, ModelShape, data_parallel_kinds, sequence_parallel_mode
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
@@ -199,6 +199,7 @@ def plan(
     screen: bool = False,
     confirm: int = 3,
     compiled: bool = False,
+    data_parallel: str | None = None,
 ) -> Plan | ServePlan:
     """Plan a training step of ``source`` on ``gpus`` devices: every layout, its memory and
     time, those that fit ranked (see :mod:`flopscope.plan`); with ``mode="serve"``, serving it
@@ -254,6 +255,12 @@ def plan(
             graphs): no host time per call, DTensor's dispatch included; the kernels as
             eager's (:func:`flopscope.estimate.profile.compiled_hardware`). Without a
             calibration the plan is at the bound either way.
+        data_parallel: training: how the data-parallel ranks hold the model: ``"fsdp"``
+            (FSDP2: parameters, gradients and AdamW's state sharded), ``"ddp"``
+            (DistributedDataParallel: whole replicas, gradients all-reduced once a step;
+            ``DDP`` in the label) or ``"search"`` (each layout with data parallelism both
+            ways, the plan choosing); ``None``: FSDP2 for a decoder, both for a vision model.
+            An expert-parallel layout's is FSDP2; a screened plan simulates its DDP layouts.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -271,6 +278,10 @@ def plan(
                          "plan simulates its roles")
     if not isinstance(confirm, int) or confirm < 1:
         raise UsageError(f"plan(): confirm must be a whole number >= 1, got {confirm!r}")
+    if mode == "serve" and data_parallel is not None:
+        raise UsageError("plan(mode='serve') does not take data_parallel: a serving layout's "
+                         "replicas share nothing (DP in its label)")
+    data_parallel_kinds(data_parallel)  # checked before the model is built
     if mode == "train" and (max_new_tokens is not None or batches is not None
                             or batching is not None):
         raise UsageError("plan(): max_new_tokens, batches and batching are serving options "
@@ -334,7 +345,7 @@ def plan(
             raise UsageError(f"{source} has no experts: --ep {ep} applies to a mixture of "
                              "experts (Mixtral, Qwen2-MoE)")
         choices = decoder_layouts(gpus, shape, batch, checkpointing, sp_mode, tp=tp, pp=pp,
-                                  ep=ep)
+                                  ep=ep, data_parallel=data_parallel_kinds(data_parallel))
         if not choices:
             raise UsageError(
                 f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
@@ -354,7 +365,7 @@ def plan(
         del probe
         check_vision_options(source, checkpointing, checkpointing is not CHECKPOINTING, tp, pp,
                              ep, why)
-        choices = data_parallel_layouts(gpus, batch)
+        choices = data_parallel_layouts(gpus, batch, data_parallel_kinds(data_parallel, False))
         if not choices:
             raise UsageError(f"a global batch of {batch} does not split over {gpus} devices: "
                              f"{source} is planned data parallel only (DDP or FSDP2 over the "
@@ -378,7 +389,7 @@ def plan(
         scr = Screen(roles, build, gpus)
 
         def screened(choice: Choice) -> Candidate:
-            if choice.ep > 1:
+            if choice.ep > 1 or choice.data_parallel == "ddp":  # the screen's are FSDP2's
                 return simulated(choice)
             keys = roles_of(choice, shape.layers, mixed, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,
@@ -397,7 +408,8 @@ def plan(
              f"({links.source}); MFU against the dense "
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
              decoder_note(stored, mixed, sp_mode, loss_parallel,
-                          any(c.sequence_parallel for c in choices)) if decoder else
+                          any(c.sequence_parallel for c in choices),
+                          data_parallel_kinds(data_parallel)) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s"

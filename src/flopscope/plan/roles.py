@@ -93,6 +93,8 @@ class RoleKey:
         peak_microbatches: the step's microbatches when more than ``microbatches`` (0: the
             same): the stage's peak memory is taken at that count
             (:mod:`flopscope.plan.microbatches`), its work at ``microbatches`` and scaled.
+        replicate: data parallelism by replicas (DDP: whole parameters, gradients
+            all-reduced) instead of FSDP2 shards (:attr:`flopscope.distributed.Layout.replicate`).
     """
 
     tp: int
@@ -107,6 +109,7 @@ class RoleKey:
     loss_parallel: bool = False
     loss: str = "sum"
     peak_microbatches: int = 0
+    replicate: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint, bool):  # one key per role, whichever way it was named
@@ -357,7 +360,7 @@ class Roles:
             return self.small(key, n, dims=dims), dims[0] if dims else None
 
         with fake_world(layout.world_size, layout.rank), shared_world(layout):
-            if self._degrees is None:
+            if self._degrees is None or key.replicate:  # replicas: nothing split by degree
                 a, b, c = (self.small(key, n) for n in SMALL)
             else:
                 a, b, c = self._degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
@@ -386,7 +389,7 @@ class Roles:
                               len(held), like=key, dims=dims)
             return small, dims[0] if dims else None
 
-        if self._degrees is None:
+        if self._degrees is None or key.replicate:
             a, b, c = (run(m)[0] for m in UNIT_SMALL)
         else:
             layout = layout_of(key)
@@ -474,7 +477,8 @@ def layout_of(key: RoleKey) -> Layout:
     """The layout of a role's rank (the first of its stage)."""
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
                   rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision,
-                  sequence_parallel=key.sequence_parallel, loss_parallel=key.loss_parallel)
+                  sequence_parallel=key.sequence_parallel, loss_parallel=key.loss_parallel,
+                  replicate=key.replicate)
 
 
 def _moved(path: str, frm: Frame, to: Frame) -> str:

@@ -17,13 +17,18 @@ from typing import Any
 from flopscope.errors import UsageError
 from flopscope.plan.checkpointing import CHECKPOINTING, KNOWN, LABEL_SUFFIX
 
-__all__ = ["SEQUENCE_PARALLEL", "Choice", "ModelShape", "divisors", "enumerate_layouts",
+__all__ = ["DATA_PARALLEL", "SEQUENCE_PARALLEL", "Choice", "ModelShape", "data_parallel_kinds", "divisors", "enumerate_layouts",
            "expert_count", "expert_degree", "parse_bytes", "sequence_parallel_mode"]
 
 #: How a training plan treats sequence parallelism on tensor-parallel layouts without stages:
 #: ``"off"``, ``"on"`` (every such layout has it) or ``"search"`` (each such layout with and
 #: without it, so the plan chooses).
 SEQUENCE_PARALLEL = ("off", "on", "search")
+
+#: How a layout's data-parallel ranks hold the model: ``"fsdp"`` (FSDP2: parameters, gradients
+#: and optimizer state sharded) or ``"ddp"`` (DistributedDataParallel: whole replicas,
+#: gradients all-reduced once a step)
+DATA_PARALLEL = ("fsdp", "ddp")
 
 
 
@@ -120,7 +125,8 @@ class Choice:
             ``"selective"`` (inside each block, what is not a matrix product, attention or a
             tensor-parallel collective recomputed: :mod:`flopscope.plan.checkpointing`).
         data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks) or
-            ``"ddp"`` (parameters replicated, gradients all-reduced; vision models).
+            ``"ddp"`` (parameters replicated, gradients all-reduced once a step:
+            :attr:`flopscope.distributed.Layout.replicate`).
         ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
             :mod:`flopscope.plan.experts`).
         sequence_parallel: the norms' activations sharded along the sequence over the
@@ -182,6 +188,31 @@ def sequence_parallel_mode(value: bool | str) -> str:
     return str(value)
 
 
+def data_parallel_kinds(value: str | None, decoder: bool = True) -> tuple[str, ...]:
+    """A plan's ``data_parallel`` argument as the kinds its layouts try.
+
+    Args:
+        value: ``"fsdp"``, ``"ddp"``, ``"search"`` (both) or ``None``: the model's default,
+            FSDP2 for a decoder (as before DDP was built for decoders; its layouts need no
+            simulation more) and both for a vision model.
+        decoder: the model is planned as a decoder.
+
+    Returns:
+        Kinds of :data:`DATA_PARALLEL`.
+
+    Raises:
+        UsageError: anything else.
+    """
+    if value is None:
+        return ("fsdp",) if decoder else DATA_PARALLEL
+    if value == "search":
+        return DATA_PARALLEL
+    if value not in DATA_PARALLEL:
+        raise UsageError(f"data_parallel must be one of {', '.join(map(repr, DATA_PARALLEL))} "
+                         f"or 'search' (both), got {value!r}")
+    return (value,)
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of ``n``, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -193,6 +224,7 @@ def enumerate_layouts(
     global_batch: int,
     checkpointing: Sequence[str] = CHECKPOINTING,
     sequence_parallel: str = "off",
+    data_parallel: Sequence[str] = ("fsdp",),
 ) -> list[Choice]:
     """Every layout of ``gpus`` devices for a model of ``shape`` and a step of ``global_batch``
     sequences.
@@ -203,7 +235,9 @@ def enumerate_layouts(
     data-parallel rank's ``global_batch / dp`` sequences, the rest being microbatches; with
     pipeline stages at least ``pp`` microbatches (torch's 1F1B schedule needs them); sequence
     parallelism on tensor-parallel layouts without stages, as ``sequence_parallel`` says
-    (``"search"``: each such layout without it, then with it).
+    (``"search"``: each such layout without it, then with it); a layout with data
+    parallelism in each of the ``data_parallel`` kinds (:data:`DATA_PARALLEL`; one without
+    has none to choose: ``fsdp``, as it is built).
 
     Args:
         gpus: devices.
@@ -211,9 +245,11 @@ def enumerate_layouts(
         global_batch: sequences per step.
         checkpointing: the checkpointing choices to try (:data:`CHECKPOINTING`).
         sequence_parallel: one of :data:`SEQUENCE_PARALLEL`.
+        data_parallel: the data-parallel kinds to try (``fsdp``, ``ddp``).
 
     Returns:
-        The layouts, by tp, pp, micro-batch, checkpointing (and sequence parallelism).
+        The layouts, by tp, pp, micro-batch, checkpointing (sequence parallelism, and the
+        data-parallel kind).
 
     Raises:
         UsageError: a bad checkpointing choice.
@@ -238,8 +274,9 @@ def enumerate_layouts(
                     continue
                 sp = ((False,) if tp == 1 or pp > 1 or sequence_parallel == "off"
                       else (True,) if sequence_parallel == "on" else (False, True))
-                out += [Choice(tp, pp, dp, micro, count, c, sequence_parallel=s)
-                        for c in checkpointing for s in sp]
+                kinds = data_parallel if dp > 1 else ("fsdp",)
+                out += [Choice(tp, pp, dp, micro, count, c, k, sequence_parallel=s)
+                        for c in checkpointing for s in sp for k in kinds]
     return out
 
 

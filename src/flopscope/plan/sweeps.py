@@ -35,7 +35,7 @@ from flopscope.plan.precision import mixed_precision
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.serve_time import micro_batch
-from flopscope.plan.space import ModelShape, sequence_parallel_mode
+from flopscope.plan.space import ModelShape, data_parallel_kinds, sequence_parallel_mode
 from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 from flopscope.sources import DEFAULT_SEQ_LEN
@@ -81,7 +81,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
                ep: int | None = None, param_dtype: str | None = None,
                reduce_dtype: str | None = None,
                sequence_parallel: bool | str = False,
-               loss_parallel: bool = True) -> list[RoleTask]:
+               loss_parallel: bool = True,
+               data_parallel: str | None = None) -> list[RoleTask]:
     """The role simulations :func:`flopscope.plan.plan` with these options will ask for (a
     serving plan's largest-batch roles aside).
 
@@ -105,6 +106,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         sequence_parallel: training: sequence parallelism on tensor-parallel layouts
             (``True``, or ``"search"``: with and without).
         loss_parallel: training: loss parallelism on tensor-parallel layouts.
+        data_parallel: training: the data-parallel kinds (``fsdp``, ``ddp``, ``search``;
+            :func:`~flopscope.plan.space.data_parallel_kinds`).
 
     Returns:
         The distinct tasks, in the order the plan meets them.
@@ -139,14 +142,15 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
     if not decoder:
         if max(tp or 1, pp or 1, ep or 1) > 1:
             return []  # refused by the plan itself, with its message
-        for choice in data_parallel_layouts(gpus, global_batch or gpus):
+        for choice in data_parallel_layouts(gpus, global_batch or gpus,
+                                            data_parallel_kinds(data_parallel, False)):
             tasks.append(task("vision", key=vision_role_key(choice),
                               data_parallel=choice.data_parallel))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
     for choice in decoder_layouts(gpus, shape, global_batch or gpus, checkpointing,
                                   sequence_parallel_mode(sequence_parallel), tp=tp, pp=pp,
-                                  ep=ep):
+                                  ep=ep, data_parallel=data_parallel_kinds(data_parallel)):
         if choice.ep > 1:
             tasks.append(task("experts", key=expert_role_key(choice), ep=choice.ep))
         else:
@@ -213,7 +217,7 @@ def sweep(
     keep = {k: options[k] for k in ("mode", "dtype", "config", "global_batch", "checkpointing",
                                      "batches", "max_new_tokens", "tp", "pp", "ep",
                                      "param_dtype", "reduce_dtype", "sequence_parallel",
-                                     "loss_parallel")
+                                     "loss_parallel", "data_parallel")
             if k in options}
     for point in points:
         source, count, seq = point

@@ -16,7 +16,8 @@ Parts (seconds per step, on the layout's slowest stage):
   ``--hardware`` report share it): tensor-parallel all-reduces exposed; FSDP2's all-gathers
   and reduce-scatters beside compute, only the first all-gather and what the rest need beyond
   the compute time exposed; DDP's gradient all-reduces (a vision model's
-  ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed;
+  ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed,
+  once a step and beside the last microbatch's backward only;
   pipeline point-to-point exposed; expert parallelism's all-to-alls (the tokens' dispatch to
   their experts' ranks and the results' return) exposed;
 - **the host's wait** (a GPU's prediction): the host issues every kernel, collective and send
@@ -151,11 +152,13 @@ class _Stage:
     hooks: float = 0.0
     wait_forward: float = 0.0  # the device's wait for the host in forward
     wait_backward: float = 0.0  # and in backward with recomputation
+    window: float | None = None  # DDP: the overlapped collectives beside this much at most
 
     def __post_init__(self) -> None:
         self.exposure = self.comm.exposure(self.forward + self.backward + self.recompute,
                                            wait_forward=self.wait_forward,
-                                           wait_backward=self.wait_backward, hooks=self.hooks)
+                                           wait_backward=self.wait_backward, hooks=self.hooks,
+                                           window=self.window)
 
     @property
     def exposed_forward(self) -> float:
@@ -194,8 +197,9 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
     # overlapped: comm_time tells them apart by the records' group
     records = run.report.communication
+    ddp = choice.data_parallel == "ddp"
     comm = comm_time(records, links, tp=choice.tp, dp=choice.dp, gpus=choice.gpus, scale=scale,
-                     ddp=choice.data_parallel == "ddp")
+                     ddp=ddp)
     hooks = 0.0
     if cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
@@ -203,8 +207,10 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     times = phase_times(estimate, scale=scale, bound=bound)
     (fwd, wait_f), (bwd, wait_b), (rec, wait_r) = (
         times.get(p.value, (0.0, 0.0)) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE))
+    # DDP all-reduces its gradients in the step's last backward, bucket by bucket
+    window = (bwd + rec) / choice.microbatches if ddp else None
     return _Stage(forward=fwd, backward=bwd, recompute=rec, comm=comm, hooks=hooks,
-                  wait_forward=wait_f, wait_backward=wait_b + wait_r)
+                  wait_forward=wait_f, wait_backward=wait_b + wait_r, window=window)
 
 
 def _after_backward(runs: Sequence[RoleRun], choice: Choice, links: Links,

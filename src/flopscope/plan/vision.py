@@ -30,13 +30,11 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
 from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
-from flopscope.plan.space import Choice, divisors
+from flopscope.plan.space import DATA_PARALLEL, Choice, divisors
 
-__all__ = ["DATA_PARALLEL", "VisionRoles", "blocks", "check_vision_options",
+__all__ = ["VisionRoles", "blocks", "check_vision_options",
            "data_parallel_layouts", "decoder_problem", "is_decoder", "remember", "vision_role_key"]
 
-#: the data-parallel kinds of a vision plan
-DATA_PARALLEL = ("fsdp", "ddp")
 
 
 def decoder_problem(model: nn.Module) -> str | None:
