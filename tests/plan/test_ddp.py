@@ -90,17 +90,19 @@ def test_layout_refuses_replicas_with_experts_and_names_its_mesh() -> None:
 
 def test_enumeration_adds_ddp_where_there_is_data_parallelism() -> None:
     fsdp = enumerate_layouts(4, SHAPE, 4)
-    both = enumerate_layouts(4, SHAPE, 4, data_parallel=DATA_PARALLEL)
+    both = enumerate_layouts(4, SHAPE, 4, data_parallel=("fsdp", "ddp"))
     with_dp = [c for c in fsdp if c.dp > 1]
     # every layout with data parallelism once more as DDP; TP4 / PP4 (dp 1) have none to choose
     assert len(both) == len(fsdp) + len(with_dp)
+    every = enumerate_layouts(4, SHAPE, 4, data_parallel=DATA_PARALLEL)
+    assert len(every) == len(fsdp) + 2 * len(with_dp)  # and as ZeRO-1
     assert {dataclasses.replace(c, data_parallel="fsdp") for c in both
             if c.data_parallel == "ddp"} == set(with_dp)
     ddp_only = enumerate_layouts(4, SHAPE, 4, data_parallel=("ddp",))
     assert {c.data_parallel for c in ddp_only if c.dp > 1} == {"ddp"}
     assert {c.data_parallel for c in ddp_only if c.dp == 1} == {"fsdp"}
     assert data_parallel_kinds(None) == ("fsdp",)
-    assert data_parallel_kinds(None, decoder=False) == DATA_PARALLEL
+    assert data_parallel_kinds(None, decoder=False) == ("fsdp", "ddp")
     assert data_parallel_kinds("search") == DATA_PARALLEL
     with pytest.raises(UsageError, match="data_parallel must be"):
         data_parallel_kinds("zero3")
@@ -148,6 +150,14 @@ def test_a_searched_plan_ranks_ddp_beside_fsdp(searched: Plan) -> None:
     d = ddp.to_dict()
     assert d["data_parallel"] == "ddp" and d["layout"] == "TP1 PP1 DDP2 mb1x1"
     assert "DDP" in searched.notes[1] and "once a step" in searched.notes[1]
+    # ZeRO-1: the same rank (DDP's simulation, shared), AdamW's moments split over the 2
+    # replicas (2 x 5,247,488 / 2) and its update over half the parameters
+    z1 = rows["TP1 PP1 DDP2 Z1 mb1x1"]
+    assert z1.at_peak["optimizer_state"] == 2 * 2 * PARAMS // 2
+    assert z1.memory_bytes == ddp.memory_bytes - 2 * PARAMS
+    assert 0 < z1.bound_step.optimizer < ddp.bound_step.optimizer
+    assert z1.bound_step.forward == ddp.bound_step.forward
+    assert "ZeRO-1" in searched.notes[1]
     # the pipeline (dp 1) has no data parallelism to choose: one row
     assert sum(1 for label in rows if label.startswith("TP1 PP2")) == len(
         [c for c in enumerate_layouts(2, SHAPE, 2) if c.pp == 2])

@@ -17,7 +17,7 @@ from flopscope.plan.space import Choice
 from flopscope.plan.timing import Links, StepTime, compare, step_time
 from flopscope.render.units import seconds
 
-__all__ = ["Candidate", "evaluate", "pareto", "part_name", "why_it_wins"]
+__all__ = ["DP_COMM", "Candidate", "evaluate", "pareto", "part_name", "why_it_wins"]
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,14 @@ class Candidate:
 
 def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int], str]:
     """The fullest stage's peak: the tracked step, AdamW's moments (two per parameter, in the
-    parameter's dtype, live through the whole step) and, when microbatches accumulate without
-    stages, the gradients the earlier microbatches left (the simulated first one starts
-    without)."""
+    parameter's dtype, live through the whole step; with ZeRO-1 a ``1 / dp`` share, rounded
+    up) and, when microbatches accumulate without stages, the gradients the earlier
+    microbatches left (the simulated first one starts without)."""
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
     for run in runs:
         at = dict(run.memory.at_peak)
-        at["optimizer_state"] = at.get("optimizer_state", 0) + 2 * run.parameter_bytes
+        at["optimizer_state"] = at.get("optimizer_state", 0) + -(
+            -2 * run.parameter_bytes // choice.optimizer_shards)
         if choice.pp == 1 and choice.microbatches > 1:
             missing = max(0, run.parameter_bytes - at.get("gradients", 0))
             at["gradients"] = at.get("gradients", 0) + missing
@@ -149,9 +150,15 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
                      applied(runs[0].key), screened, bound)
 
 
-def part_name(name: str, ddp: bool) -> str:
-    """A part's name for a DDP layout (its data-parallel communication is all-reduces)."""
-    return name.replace("FSDP gathers/reduce-scatters", "DDP all-reduces") if ddp else name
+#: what a layout's data-parallel communication is, by :attr:`Choice.data_parallel`
+DP_COMM = {"fsdp": "FSDP gathers/reduce-scatters", "ddp": "DDP all-reduces",
+           "zero1": "ZeRO-1 reduce-scatters/gathers"}
+
+
+def part_name(name: str, choice: Choice) -> str:
+    """A part's name for ``choice`` (a DDP layout's data-parallel communication is
+    all-reduces, a ZeRO-1 layout's reduce-scatters and gathers)."""
+    return name.replace(DP_COMM["fsdp"], DP_COMM[choice.data_parallel])
 
 
 def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
@@ -190,7 +197,7 @@ def why_it_wins(ranked: Sequence[Candidate], unit: str) -> list[str]:
                + (")" if unit == "tokens" else ", DDP or FSDP)") + ":"]
     for c in rivals[:4]:
         diffs = compare(best.time, c.time)[:2]
-        said = "; ".join(f"{part_name(name, c.choice.data_parallel == 'ddp')} "
+        said = "; ".join(f"{part_name(name, c.choice)} "
                          f"{'+' if d > 0 else '-'}{seconds(abs(d))}" for name, d in diffs)
         out.append(f"  {c.choice.label}: {seconds(c.time.total)} "
                    f"(+{c.time.total / best.time.total - 1:.0%}): {said}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flopscope.plan.candidate import Candidate, part_name, why_it_wins
+from flopscope.plan.candidate import DP_COMM, Candidate, part_name, why_it_wins
 from flopscope.plan.serve import ServePlan
 from flopscope.plan.serve_rows import ServeCandidate
 from flopscope.plan.time_words import compute_note, table_line
@@ -100,11 +100,11 @@ def plan_text(plan: Plan, top: int = 10) -> str:
                       f"{best.mfu:.1%} MFU{at_bound}, {human_bytes(best.memory_bytes)} at "
                       f"{best.peak_where}; where its time goes"
                       + (" (predicted)" if bound else "") + ":"]
-        ddp = best.choice.data_parallel == "ddp"
-        lines += [f"  {part_name(name, ddp):<40} {seconds(value):>10}  {share:6.1%}"
+        lines += [f"  {part_name(name, best.choice):<40} {seconds(value):>10}  {share:6.1%}"
                   for name, value, share in describe(best.time)]
         if best.time.fsdp_hidden:
-            lines.append(f"  ({'DDP' if ddp else 'FSDP'} communication hidden behind compute: "
+            kind = DP_COMM[best.choice.data_parallel].split()[0]
+            lines.append(f"  ({kind} communication hidden behind compute: "
                          f"{seconds(best.time.fsdp_hidden)})")
         lines += why_it_wins(plan.ranked, plan.unit)
     else:

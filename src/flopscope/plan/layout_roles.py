@@ -57,5 +57,5 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
                            simulated, choice.checkpoint, mixed_precision, sp,
                            loss_parallel and choice.tp > 1 and choice.pp == 1, loss,
                            peak if peak > simulated else 0,
-                           choice.data_parallel == "ddp" and choice.dp > 1))
+                           choice.replicas))
     return out

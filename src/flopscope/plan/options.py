@@ -30,7 +30,11 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
     kinds = {"fsdp": "FSDP2 (fully_shard per decoder layer and the root)",
              "ddp": ("DDP (DDP in the label: whole replicas, each decoder layer's gradients "
                      "all-reduced in backward, once a step over its microbatches; built as "
-                     "FSDP2's hybrid sharding with shards of one)")}
+                     "FSDP2's hybrid sharding with shards of one)"),
+             "zero1": ("ZeRO-1 (Z1 in the label: DDP with AdamW's moments and update split "
+                       "over the replicas, gradients reduce-scattered in the last backward and "
+                       "the parameters gathered beside the next forward, as Megatron-LM's "
+                       "distributed optimizer; the parameters and gradients whole)")}
     words = [f"data parallelism is {' or '.join(kinds[k] for k in data_parallel)}; "
              "optimizer AdamW (two moments per parameter, in the parameters' dtype); loss: "
              "cross-entropy on the logits upcast to float32 (transformers' ForCausalLMLoss)"]

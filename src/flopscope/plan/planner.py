@@ -258,9 +258,12 @@ def plan(
         data_parallel: training: how the data-parallel ranks hold the model: ``"fsdp"``
             (FSDP2: parameters, gradients and AdamW's state sharded), ``"ddp"``
             (DistributedDataParallel: whole replicas, gradients all-reduced once a step;
-            ``DDP`` in the label) or ``"search"`` (each layout with data parallelism both
-            ways, the plan choosing); ``None``: FSDP2 for a decoder, both for a vision model.
-            An expert-parallel layout's is FSDP2; a screened plan simulates its DDP layouts.
+            ``DDP`` in the label), ``"zero1"`` (DDP with AdamW's state and update sharded
+            over the replicas, Megatron-LM's distributed optimizer; ``DDP4 Z1``) or
+            ``"search"`` (each layout with data parallelism every way, the plan choosing;
+            DDP and ZeRO-1 share their simulations); ``None``: FSDP2 for a decoder, FSDP2 and
+            DDP for a vision model. An expert-parallel layout's is FSDP2; a screened plan
+            simulates its DDP and ZeRO-1 layouts.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -389,7 +392,7 @@ def plan(
         scr = Screen(roles, build, gpus)
 
         def screened(choice: Choice) -> Candidate:
-            if choice.ep > 1 or choice.data_parallel == "ddp":  # the screen's are FSDP2's
+            if choice.ep > 1 or choice.replicas:  # the screen's are FSDP2's
                 return simulated(choice)
             keys = roles_of(choice, shape.layers, mixed, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,

@@ -26,9 +26,13 @@ __all__ = ["DATA_PARALLEL", "SEQUENCE_PARALLEL", "Choice", "ModelShape", "data_p
 SEQUENCE_PARALLEL = ("off", "on", "search")
 
 #: How a layout's data-parallel ranks hold the model: ``"fsdp"`` (FSDP2: parameters, gradients
-#: and optimizer state sharded) or ``"ddp"`` (DistributedDataParallel: whole replicas,
-#: gradients all-reduced once a step)
-DATA_PARALLEL = ("fsdp", "ddp")
+#: and optimizer state sharded), ``"ddp"`` (DistributedDataParallel: whole replicas, gradients
+#: all-reduced once a step) or ``"zero1"`` (DDP with AdamW's state sharded over the replicas:
+#: ZeRO stage 1, Megatron-LM's distributed optimizer)
+DATA_PARALLEL = ("fsdp", "ddp", "zero1")
+
+#: the label's name of each kind's data-parallel degree (``DP4``, ``DDP4``, ``DDP4 Z1``)
+_DP_LABEL = {"fsdp": "DP{}", "ddp": "DDP{}", "zero1": "DDP{} Z1"}
 
 
 
@@ -124,9 +128,10 @@ class Choice:
         checkpoint: ``"none"``, ``"block"`` (every decoder block recomputed in backward) or
             ``"selective"`` (inside each block, what is not a matrix product, attention or a
             tensor-parallel collective recomputed: :mod:`flopscope.plan.checkpointing`).
-        data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks) or
+        data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks),
             ``"ddp"`` (parameters replicated, gradients all-reduced once a step:
-            :attr:`flopscope.distributed.Layout.replicate`).
+            :attr:`flopscope.distributed.Layout.replicate`) or ``"zero1"`` (DDP with AdamW's
+            state and update sharded over the replicas; :data:`DATA_PARALLEL`).
         ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
             :mod:`flopscope.plan.experts`).
         sequence_parallel: the norms' activations sharded along the sequence over the
@@ -150,13 +155,26 @@ class Choice:
         return self.tp * self.pp * self.dp
 
     @property
+    def replicas(self) -> bool:
+        """The data-parallel ranks hold whole parameters and all-reduce their gradients (DDP,
+        with or without ZeRO-1)."""
+        return self.data_parallel in ("ddp", "zero1") and self.dp > 1
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Over how many ranks AdamW's state and update are split beyond the parameters' own
+        sharding: the data-parallel degree with ZeRO-1, else 1."""
+        return self.dp if self.data_parallel == "zero1" else 1
+
+    @property
     def label(self) -> str:
-        """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP; ``EP4``:
-        experts over 4 ranks; ``SP``: sequence parallelism, ``TP2 PP1 DP4 SP mb2x4``)."""
-        dp = "DDP" if self.data_parallel == "ddp" else "DP"
+        """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP, ``DDP4
+        Z1`` with ZeRO-1; ``EP4``: experts over 4 ranks; ``SP``: sequence parallelism,
+        ``TP2 PP1 DP4 SP mb2x4``)."""
+        dp = _DP_LABEL[self.data_parallel].format(self.dp)
         ep = f" EP{self.ep}" if self.ep > 1 else ""
         sp = " SP" if self.sequence_parallel else ""
-        return (f"TP{self.tp} PP{self.pp} {dp}{self.dp}{ep}{sp} "
+        return (f"TP{self.tp} PP{self.pp} {dp}{ep}{sp} "
                 f"mb{self.micro_batch}x{self.microbatches}"
                 + LABEL_SUFFIX[self.checkpoint])
 
@@ -192,9 +210,9 @@ def data_parallel_kinds(value: str | None, decoder: bool = True) -> tuple[str, .
     """A plan's ``data_parallel`` argument as the kinds its layouts try.
 
     Args:
-        value: ``"fsdp"``, ``"ddp"``, ``"search"`` (both) or ``None``: the model's default,
-            FSDP2 for a decoder (as before DDP was built for decoders; its layouts need no
-            simulation more) and both for a vision model.
+        value: ``"fsdp"``, ``"ddp"``, ``"zero1"``, ``"search"`` (every one) or ``None``: the
+            model's default, FSDP2 for a decoder (as before DDP was built for decoders; its
+            layouts need no simulation more) and FSDP2 and DDP for a vision model.
         decoder: the model is planned as a decoder.
 
     Returns:
@@ -204,12 +222,12 @@ def data_parallel_kinds(value: str | None, decoder: bool = True) -> tuple[str, .
         UsageError: anything else.
     """
     if value is None:
-        return ("fsdp",) if decoder else DATA_PARALLEL
+        return ("fsdp",) if decoder else ("fsdp", "ddp")
     if value == "search":
         return DATA_PARALLEL
     if value not in DATA_PARALLEL:
         raise UsageError(f"data_parallel must be one of {', '.join(map(repr, DATA_PARALLEL))} "
-                         f"or 'search' (both), got {value!r}")
+                         f"or 'search' (every one), got {value!r}")
     return (value,)
 
 

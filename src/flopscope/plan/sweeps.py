@@ -106,7 +106,8 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         sequence_parallel: training: sequence parallelism on tensor-parallel layouts
             (``True``, or ``"search"``: with and without).
         loss_parallel: training: loss parallelism on tensor-parallel layouts.
-        data_parallel: training: the data-parallel kinds (``fsdp``, ``ddp``, ``search``;
+        data_parallel: training: the data-parallel kinds (``fsdp``, ``ddp``, ``zero1``,
+            ``search``;
             :func:`~flopscope.plan.space.data_parallel_kinds`).
 
     Returns:
@@ -145,7 +146,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         for choice in data_parallel_layouts(gpus, global_batch or gpus,
                                             data_parallel_kinds(data_parallel, False)):
             tasks.append(task("vision", key=vision_role_key(choice),
-                              data_parallel=choice.data_parallel))
+                              data_parallel="ddp" if choice.replicas else "fsdp"))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
     for choice in decoder_layouts(gpus, shape, global_batch or gpus, checkpointing,

@@ -17,7 +17,9 @@ Parts (seconds per step, on the layout's slowest stage):
   and reduce-scatters beside compute, only the first all-gather and what the rest need beyond
   the compute time exposed; DDP's gradient all-reduces (a vision model's
   ``data_parallel="ddp"`` layouts) the same way, one bucket (one block's gradients) exposed,
-  once a step and beside the last microbatch's backward only;
+  once a step and beside the last microbatch's backward only; ZeRO-1's (``"zero1"``: the
+  all-reduce's time stands for its reduce-scatter and gather, the same bus bytes) beside that
+  backward and the next step's first forward;
   pipeline point-to-point exposed; expert parallelism's all-to-alls (the tokens' dispatch to
   their experts' ranks and the results' return) exposed;
 - **the host's wait** (a GPU's prediction): the host issues every kernel, collective and send
@@ -33,7 +35,7 @@ Parts (seconds per step, on the layout's slowest stage):
 - **pipeline bubble**: 1F1B's idle time, replayed with each stage's forward and backward times
   (:func:`flopscope.distributed.pipeline.bubble`);
 - **after the backwards** (with the parameters' dtype, as a plan gives it): AdamW's update of
-  the rank's parameter shards and, without stages, the gradients' ``m - 1`` in-place
+  the rank's parameter shards (with ZeRO-1 a ``1 / dp`` share of them) and, without stages, the gradients' ``m - 1`` in-place
   additions, counted on fake tensors (:mod:`flopscope.plan.update`);
 - **FSDP2's hooks**: with a CPU calibration that measured it, FSDP2's host time per all-gather
   and reduce-scatter (:mod:`flopscope.estimate.framework`) for each of the rank's, on the rank's
@@ -197,9 +199,8 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     # are exposed, as the all-reduces they replace; FSDP2's (over the data-parallel group)
     # overlapped: comm_time tells them apart by the records' group
     records = run.report.communication
-    ddp = choice.data_parallel == "ddp"
     comm = comm_time(records, links, tp=choice.tp, dp=choice.dp, gpus=choice.gpus, scale=scale,
-                     ddp=ddp)
+                     ddp=choice.replicas)
     hooks = 0.0
     if cal is not None and not cal.device.startswith("cuda"):
         hooks = cal.fsdp_collective_s * scale * sum(
@@ -207,8 +208,13 @@ def _stage(run: RoleRun, choice: Choice, links: Links, scale: float, bound: bool
     times = phase_times(estimate, scale=scale, bound=bound)
     (fwd, wait_f), (bwd, wait_b), (rec, wait_r) = (
         times.get(p.value, (0.0, 0.0)) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.RECOMPUTE))
-    # DDP all-reduces its gradients in the step's last backward, bucket by bucket
-    window = (bwd + rec) / choice.microbatches if ddp else None
+    # DDP all-reduces its gradients in the step's last backward, bucket by bucket; ZeRO-1
+    # reduce-scatters them there and gathers the updated parameters beside the next step's
+    # first forward (Megatron-LM's overlapped gradient reduction and parameter gather)
+    window = None
+    if choice.replicas:
+        window = (bwd + rec + (fwd if choice.data_parallel == "zero1" else 0.0)) / \
+            choice.microbatches
     return _Stage(forward=fwd, backward=bwd, recompute=rec, comm=comm, hooks=hooks,
                   wait_forward=wait_f, wait_backward=wait_b + wait_r, window=window)
 
@@ -233,9 +239,10 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, links: Links,
     def seconds(est: Estimate) -> float:
         return sum(t for t, _ in phase_times(est, bound=bound).values())
 
-    size = param_dtype.itemsize
-    update = max(seconds(update_estimate(r.parameter_bytes // size, param_dtype,
-                                         r.estimate.hardware, max(1, r.parameter_tensors),
+    size, shards = param_dtype.itemsize, choice.optimizer_shards  # ZeRO-1: a 1 / dp share
+    update = max(seconds(update_estimate(-(-r.parameter_bytes // size // shards), param_dtype,
+                                         r.estimate.hardware,
+                                         max(1, r.parameter_tensors // shards),
                                          r.parameters_dtensor))
                  + links.seconds(update_collectives(r.partial_tensors, r.partial_elements,
                                                     param_dtype, r.estimate.hardware,

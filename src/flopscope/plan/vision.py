@@ -30,7 +30,7 @@ from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
 from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
-from flopscope.plan.space import DATA_PARALLEL, Choice, divisors
+from flopscope.plan.space import Choice, data_parallel_kinds, divisors
 
 __all__ = ["VisionRoles", "blocks", "check_vision_options",
            "data_parallel_layouts", "decoder_problem", "is_decoder", "remember", "vision_role_key"]
@@ -94,14 +94,15 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def data_parallel_layouts(gpus: int, global_batch: int,
-                          kinds: Iterable[str] = DATA_PARALLEL) -> list[Choice]:
+                          kinds: Iterable[str] | None = None) -> list[Choice]:
     """The data-parallel layouts of ``gpus`` devices for a step of ``global_batch`` samples:
     ``dp = gpus``, each micro-batch dividing a rank's ``global_batch / gpus`` samples.
 
     Args:
         gpus: devices.
         global_batch: samples per step.
-        kinds: ``fsdp`` and/or ``ddp``.
+        kinds: of :data:`~flopscope.plan.space.DATA_PARALLEL` (``None``: a vision model's
+            default, :func:`~flopscope.plan.space.data_parallel_kinds`).
 
     Returns:
         The layouts (none when the batch does not split over the devices).
@@ -110,7 +111,8 @@ def data_parallel_layouts(gpus: int, global_batch: int,
         return []
     per_rank = global_batch // gpus
     return [Choice(1, 1, gpus, micro, per_rank // micro, "none", kind)
-            for micro in divisors(per_rank) for kind in kinds]
+            for micro in divisors(per_rank)
+            for kind in (data_parallel_kinds(None, False) if kinds is None else kinds)]
 
 
 def vision_role_key(choice: Choice) -> RoleKey:
@@ -135,7 +137,7 @@ class VisionRoles(OneRole[str]):
 
     def role(self, choice: Choice) -> tuple[str, RoleKey, int]:
         """See :meth:`OneRole.role`."""
-        return choice.data_parallel, vision_role_key(choice), choice.dp
+        return ("ddp" if choice.replicas else "fsdp"), vision_role_key(choice), choice.dp
 
     def shard(self, variant: str, key: RoleKey) -> Shard:
         """See :meth:`OneRole.shard`."""

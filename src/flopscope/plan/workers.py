@@ -50,7 +50,8 @@ class RoleTask:
         config: config overrides, sorted ``(key, value)`` pairs.
         hardware: the profile the roofline estimates are for (not compared: a sweep has one).
         key: the role (``train`` and ``vision``).
-        data_parallel: ``fsdp`` or ``ddp`` (``vision``).
+        data_parallel: ``fsdp`` or ``ddp`` (``vision``: the simulation's; a ZeRO-1 layout's
+            is DDP's).
         serve: ``(tp, batch, prompt, new tokens)`` (``serve``).
         ep: the expert-parallel degree (``experts``).
     """
