@@ -124,7 +124,8 @@ def plans(hw: Any, ranks: int) -> dict[str, Any]:
 
     plan = flopscope.plan("hf:llama", gpus=ranks, hardware=hw, gpus_per_node=ranks,
                           global_batch=ranks, seq_len=SEQ, dtype="float32", config=CONFIG,
-                          memory_budget=1 << 40, sequence_parallel="search")
+                          memory_budget=1 << 40, sequence_parallel="search",
+                          data_parallel="search")
     return {c.choice.label: {"memory_bytes": c.memory_bytes, "at_peak": c.at_peak,
                              "peak_where": c.peak_where, "time_s": c.time.to_dict(),
                              "compute": c.time.compute}

@@ -63,6 +63,7 @@ class Job:
     microbatches: int
     checkpoint: bool
     sequence_parallel: bool = False
+    ddp: bool = False  # torch's DistributedDataParallel (whole replicas) instead of FSDP2
 
     @property
     def global_batch(self) -> int:
@@ -72,7 +73,8 @@ class Job:
     @property
     def label(self) -> str:
         """The planner's label of this layout (``Choice.label``)."""
-        return (f"TP{self.tp} PP{self.pp} DP{self.dp}" + (" SP" if self.sequence_parallel else "")
+        return (f"TP{self.tp} PP{self.pp} {'DDP' if self.ddp else 'DP'}{self.dp}"
+                + (" SP" if self.sequence_parallel else "")
                 + f" mb{self.micro_batch}x{self.microbatches}"
                 + (" ckpt" if self.checkpoint else ""))
 
@@ -94,6 +96,11 @@ JOBS = [
     Job("TP 2, SP", 2, 2, 1, 1, 2, 1, False, True),
     Job("TP 2, SP, checkpointing", 2, 2, 1, 1, 2, 1, True, True),
     Job("TP 2 x DP 2, SP", 4, 2, 1, 2, 2, 1, False, True),
+    # DDP (the planner's --data-parallel ddp, simulated as FSDP2's hybrid sharding with shards
+    # of one; here torch's own DistributedDataParallel, default buckets)
+    Job("DDP 2", 2, 1, 1, 2, 1, 1, False, ddp=True),
+    Job("DDP 2, checkpointing", 2, 1, 1, 2, 1, 1, True, ddp=True),
+    Job("DDP 4", 4, 1, 1, 4, 1, 1, False, ddp=True),
 ]
 
 
@@ -158,7 +165,14 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
         dp_rank = mesh["dp"].get_local_rank() if job.dp > 1 else 0
         per = job.micro_batch * job.microbatches
         local = ids[dp_rank * per:(dp_rank + 1) * per].contiguous()
-        if job.pp == 1:
+        if job.ddp:
+            from torch.nn.parallel import DistributedDataParallel
+
+            module = model = DistributedDataParallel(model)  # type: ignore[assignment]
+
+            def fwd_bwd() -> None:
+                causal_lm_loss(model(input_ids=local).logits, local).backward()
+        elif job.pp == 1:
             apply_layout(model, layout, mesh)
             module: torch.nn.Module = model
 

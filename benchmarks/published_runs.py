@@ -154,6 +154,7 @@ RUNS: list[dict[str, Any]] = [
                 "batch 192",
         "source": {**_MEGATRON, "table": "model table, row 1.7B"},
         "config": _gpt(2048, 16, 24), "gpus": 48, "tp": 1, "pp": 1, "global_batch": 192,
+        "data_parallel": "zero1",
         "micro_batch": None, "seq_len": 4096, "checkpointing": ("none", "block"),
         "param_dtype": "float32", "reduce_dtype": "float32", "memory_budget_gib": None,
         "device": "H100 80 GB (the h100-sxm profile)",
@@ -162,8 +163,11 @@ RUNS: list[dict[str, Any]] = [
             "the model: GPT (GeLU MLP of 4h, LayerNorm, learned positions) planned as a "
             "Llama shape of the same matrix FLOPs (SwiGLU of 8h/3, RMSNorm, rotary)",
             "Megatron's data parallelism is DDP with a distributed optimizer (ZeRO-1: bf16 "
-            "parameters whole, fp32 main parameters and moments sharded), planned as FSDP2 "
-            "(ZeRO-3: parameters gathered per layer)",
+            "parameters whole, fp32 main parameters and moments sharded), planned as ZeRO-1 "
+            "(data_parallel='zero1': moments sharded, the float32 parameters whole, as FSDP2's "
+            "mixed precision keeps them on replicas, so 2 bytes per parameter more than "
+            "Megatron's bf16 copy beside sharded main parameters); until 2026-11-30 as FSDP2 "
+            "(ZeRO-3: parameters gathered per layer and microbatch)",
             "micro-batch and recomputation not published: every micro-batch and both "
             "checkpointing choices planned, the fastest that fits shown",
             "fused kernels (Transformer Engine, FlashAttention) and Megatron's MFU formula "
@@ -178,6 +182,7 @@ RUNS: list[dict[str, Any]] = [
                 "batch 192",
         "source": {**_MEGATRON, "table": "model table, row 7.1B"},
         "config": _gpt(4096, 32, 30), "gpus": 96, "tp": 2, "pp": 1, "global_batch": 192,
+        "data_parallel": "zero1",
         "micro_batch": None, "seq_len": 4096, "checkpointing": ("none", "block"),
         "param_dtype": "float32", "reduce_dtype": "float32", "memory_budget_gib": None,
         "device": "H100 80 GB (the h100-sxm profile)",
@@ -192,6 +197,7 @@ RUNS.append({
     "what": "GPT 70B (64 heads, hidden 8192, 84 layers), TP 8 PP 2 DP 48 on 768 H100, batch 384",
     "source": {**_MEGATRON, "table": "model table, row 70B"},
     "config": _gpt(8192, 64, 84), "gpus": 768, "tp": 8, "pp": 2, "global_batch": 384,
+    "data_parallel": "zero1",
     "micro_batch": None, "seq_len": 4096, "checkpointing": ("none", "block"),
     "param_dtype": "float32", "reduce_dtype": "float32", "memory_budget_gib": None,
     "device": "H100 80 GB (the h100-sxm profile)",
@@ -269,6 +275,7 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
                           checkpointing=run["checkpointing"], param_dtype=run["param_dtype"],
                           reduce_dtype=run["reduce_dtype"], memory_budget=budget,
                           sequence_parallel=run.get("sequence_parallel", False),
+                          data_parallel=run.get("data_parallel"),
                           compiled=run.get("compiled", False))  # torch.compile: no host time
     assert isinstance(plan, Plan)
     capacity = plan.hardware.memory_bytes or 0
@@ -318,6 +325,7 @@ def compare(run: dict[str, Any]) -> dict[str, Any]:
         "seq_len": run["seq_len"], "micro_batch": run["micro_batch"],
         "config": run["config"], "precision": plan.precision,
         "sequence_parallel": run.get("sequence_parallel", False),
+        "data_parallel": run.get("data_parallel", "fsdp"),
         "compiled": run.get("compiled", False),
         "memory_budget_gib": None if budget is None else budget / 2**30,
         "capacity_gib": capacity / 2**30, "flops_per_token": flops_per_token,

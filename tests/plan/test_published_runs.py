@@ -60,6 +60,9 @@ def test_a_megatron_run_without_a_published_micro_batch(tmp_path: Path) -> None:
     # every micro-batch and both checkpointing choices; the fastest that fits compared
     assert {(p["micro_batch"], p["checkpointing"]) for p in row["planned"]} == {
         (1, "none"), (1, "block"), (2, "none"), (2, "block")}
+    # Megatron's distributed optimizer: DDP with ZeRO-1 (Z1 in the label)
+    assert row["data_parallel"] == "zero1"
+    assert all(" DDP2 Z1 " in p["layout"] for p in row["planned"])
     fastest = min((p for p in row["planned"] if p["fits_budget"]), key=lambda p: p["step_s"])
     assert row["compared"] == fastest
     assert row["ratios"]["mfu_predicted_over_published"] == pytest.approx(fastest["mfu"] / 0.41)
