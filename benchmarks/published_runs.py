@@ -205,8 +205,9 @@ RUNS.append({
     "gap": [*RUNS[-1]["gap"],
             "the pipeline: Megatron's interleaved 1F1B (virtual stages) against the planner's "
             "1F1B over 2 stages, whose bubble is larger",
-            "Megatron's vocabulary-parallel cross-entropy: loss parallelism is not built with "
-            "pipeline stages, so the last stage's head runs whole on every TP rank"],
+            "Megatron's vocabulary-parallel cross-entropy: planned as torch's loss "
+            "parallelism on the last stage (since 2026-11-30; before, the last stage's head "
+            "ran whole on every TP rank)"],
 })
 
 #: the runs not planned here, and why

@@ -117,12 +117,14 @@ def test_plan_applies_it_by_default_where_there_is_tensor_parallelism() -> None:
     header, row = [line.split() for line in plan_text(on).splitlines()[3:6:2]]
     assert header[-2:] == ["TP", "with"] and row[-1] == "loss"
     assert "TP with" not in plan_text(off)
-    # it applies to tensor parallelism without pipeline stages only
+    # it applies to tensor parallelism, with pipeline stages on the last (the head's)
     assert [k.loss_parallel for k in roles_of(Choice(2, 1, 1, 1, 1, "none"), 4,
                                               loss_parallel=True)] == [True]
     assert [k.loss_parallel for k in roles_of(Choice(1, 1, 2, 1, 1, "none"), 4,
                                               loss_parallel=True)] == [False]
     assert [k.loss_parallel for k in roles_of(Choice(2, 2, 1, 1, 2, "none"), 4,
+                                              loss_parallel=True)] == [False, True]
+    assert [k.loss_parallel for k in roles_of(Choice(1, 2, 2, 1, 2, "none"), 4,
                                               loss_parallel=True)] == [False, False]
 
 
@@ -133,6 +135,36 @@ def test_a_pipelines_last_stage_runs_the_cross_entropy() -> None:
     ops = {(r.op, r.calls) for r in last.report.records if r.module == ""}
     # one cross-entropy per microbatch (2)
     assert ("aten.nll_loss_forward.default", 2) in ops
+
+
+def test_a_pipelines_last_stage_shards_its_head() -> None:
+    build = build_model("hf:llama", TOKENS, "bfloat16", CONFIG)
+    roles = Roles(build, PROFILES["h100-sxm"], ("loss test", TOKENS))
+    whole, shards = (roles.get(RoleKey(2, 2, 1, 1, 1, 2, "none", loss="cross_entropy",
+                                       loss_parallel=lp)) for lp in (False, True))
+
+    def head(run: Any) -> dict[str, tuple[int, int]]:
+        return {op: (s.calls, s.cost.flops) for op, s in run.report.by_op(module="lm_head").items()
+                if op == "aten.mm.default"}
+
+    # the last stage of TP 2 x PP 2, two microbatches of one sequence: the head's products in
+    # forward and backward (3 a microbatch: logits, input and weight gradients) of 256 tokens x
+    # 256 x 512, 2 x 256 x 256 x 512 = 67,108,864 FLOPs each whole, half on vocabulary shards
+    assert head(whole) == {"aten.mm.default": (6, 6 * 67_108_864)}
+    assert head(shards) == {"aten.mm.default": (6, 6 * 67_108_864 // 2)}
+    # half of the head's 512 x 256 bfloat16 weight (262,144 bytes) fewer parameters
+    assert whole.parameter_bytes - shards.parameter_bytes == 131_072
+    # the loss on the shards (torch's loss_parallel): three all-reduces of its per-token
+    # reductions a microbatch, and the head's input gradient all-reduced in backward; whole,
+    # the loss is local (the stage's only collectives its sends and receives)
+    def comm(run: Any) -> set[tuple[str, str, int, str]]:
+        return {(c.module, c.kind, c.calls, c.phase.value) for c in run.report.communication
+                if "layers" not in c.module}
+
+    assert comm(whole) == {("", "recv", 2, "forward"), ("", "send", 2, "backward")}
+    assert comm(shards) == comm(whole) | {("", "all_reduce", 6, "forward"),
+                                          ("lm_head", "all_reduce", 2, "backward")}
+    assert shards.memory.peak_bytes < whole.memory.peak_bytes
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,8 +185,9 @@ def test_bad_use() -> None:
     with pytest.raises(UsageError, match="loss parallelism shards the logits over the "
                                          "tensor-parallel ranks: it needs --tp >= 2"):
         Layout(2, tp=1, loss_parallel=True)
-    with pytest.raises(UsageError, match="not built with --pp or --ep"):
-        Layout(4, tp=2, pp=2, loss_parallel=True)
+    with pytest.raises(UsageError, match="not built with --ep"):
+        Layout(4, tp=2, ep=4, loss_parallel=True)
+    Layout(4, tp=2, pp=2, loss_parallel=True)  # a pipeline's last stage shards its head
     with pytest.raises(UsageError, match="unknown loss 'mse': use one of sum, cross_entropy"):
         count_rank(build_model("hf:llama", 8, "float32", CONFIG)(1, "none")[0], backward=True,
                    loss="mse")

@@ -59,8 +59,9 @@ def add_subcommands(subparsers: Any) -> None:
                         "'search': plan each such layout with it (SP in the label) and without, "
                         "and rank both (default off)")
     p.add_argument("--loss-parallel", action=argparse.BooleanOptionalAction, default=None,
-                   help="training: tensor-parallel layouts without pipeline stages shard the "
-                        "head over the vocabulary and compute the cross-entropy on the shards "
+                   help="training: tensor-parallel layouts shard the head over the vocabulary "
+                        "(with pipeline stages, the last stage's) and compute the cross-entropy "
+                        "on the shards "
                         "(torch's loss_parallel), as torchtitan and Megatron-LM do (the default; "
                         "--no-loss-parallel: the head whole on every tensor-parallel rank)")
     # the choices are flopscope.plan.space.DATA_PARALLEL and "search" (held equal by

@@ -103,9 +103,9 @@ class Layout:
         if self.replicate and self.ep > 1:
             raise UsageError("data parallelism by replicas (DDP) is not built with expert "
                              "parallelism: use --ep 1 or FSDP2")
-        if self.loss_parallel and (self.tp < 2 or self.pp > 1 or self.ep > 1):
+        if self.loss_parallel and (self.tp < 2 or self.ep > 1):
             raise UsageError("loss parallelism shards the logits over the tensor-parallel ranks: "
-                             "it needs --tp >= 2 and is not built with --pp or --ep")
+                             "it needs --tp >= 2 and is not built with --ep")
         if self.mixed_precision is not None:
             if self.ep > 1:
                 raise UsageError("mixed precision (FSDP2's MixedPrecisionPolicy) is not built "
@@ -484,7 +484,7 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         if layout.sequence_parallel:
             parallelize_module(model, mesh["tp"],
                                sequence_parallel_model_plan(model, layout.loss_parallel))
-        elif layout.loss_parallel:
+        elif layout.loss_parallel and _has(model, "lm_head"):  # a pipeline's last stage
             parallelize_module(model, mesh["tp"], head_plan(model))
     if layout.dp > 1 or layout.mixed_precision is not None:
         from torch.distributed.fsdp import fully_shard

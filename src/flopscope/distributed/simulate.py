@@ -244,7 +244,8 @@ def _stage_run(
         apply_layout(stage, layout, mesh)
         run = dict(stage=layout.stage, stages=layout.pp, group=mesh["pp"].get_group(),
                    microbatches=microbatches or layout.pp, schedule=schedule,
-                   backward=backward, config=config, count_kwargs=count_kwargs, loss=loss)
+                   backward=backward, config=config, count_kwargs=count_kwargs, loss=loss,
+                   loss_parallel=layout.loss_parallel and layout.stage == layout.pp - 1)
         if not shape_only:
             if prepare is not None:
                 prepare(stage, (ids,), {})

@@ -183,6 +183,7 @@ def run_stage(
     config: Any,
     count_kwargs: dict[str, Any],
     loss: str = "sum",
+    loss_parallel: bool = False,
 ) -> StageRun:
     """Count one step of ``stage_module`` under torch's pipeline schedule (every rank of the
     pipeline group runs this with its own stage; on the fake process group only one does).
@@ -200,6 +201,10 @@ def run_stage(
         config: the model's config (``hidden_size``, ``vocab_size``).
         count_kwargs: options of :class:`flopscope.Counter` (an observer with ``on_action(kind,
             microbatch)`` is told when each action starts: ``F`` or ``B``, and its microbatch).
+        loss: what backward runs from.
+        loss_parallel: the last stage's logits are vocabulary shards: the step runs under
+            torch's :func:`~torch.distributed.tensor.parallel.loss_parallel` (the loss and its
+            backward on the shards).
 
     Returns:
         The stage's report (its point-to-point records labelled) and the order of its actions.
@@ -261,7 +266,12 @@ def run_stage(
             sched.step(**target)
         stage_module.zero_grad(set_to_none=True)
         pipe_stage.actions = []
-    with Counter(stage_module, **kwargs) as counter:
+    from contextlib import nullcontext
+
+    from torch.distributed.tensor.parallel import loss_parallel as on_shards
+
+    with Counter(stage_module, **kwargs) as counter, \
+            on_shards() if loss_parallel else nullcontext():
         if stage == 0:
             sched.step(inputs, **target)
         else:

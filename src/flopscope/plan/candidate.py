@@ -147,7 +147,7 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
     reason = None if fits else _reason(used, at, where, budget) + (
         " (screened estimate)" if screened else "")
     return Candidate(choice, used, at, where, t, per_gpu, mfu, fits, reason,
-                     applied(runs[0].key), screened, bound)
+                     applied([r.key for r in runs]), screened, bound)
 
 
 #: what a layout's data-parallel communication is, by :attr:`Choice.data_parallel`

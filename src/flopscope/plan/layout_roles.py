@@ -26,14 +26,15 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
     theirs: they share its role. A pipeline has at most four roles: the first stage, the
     last, and the earliest middle stage of each layer count (``split_layers`` gives the first
     ``layers % pp`` stages one layer more). Sequence parallelism is the layout's own
-    (:attr:`Choice.sequence_parallel`, where it applies: tensor parallelism without stages).
+    (:attr:`Choice.sequence_parallel`, where it applies: tensor parallelism without stages);
+    loss parallelism is the stage's that holds the head (the last, or the only one).
 
     Args:
         choice: the layout.
         layers: the model's decoder layers.
         mixed_precision: FSDP2's mixed precision (:attr:`RoleKey.mixed_precision`).
-        loss_parallel: loss parallelism where it applies: tensor parallelism without pipeline
-            stages (:attr:`RoleKey.loss_parallel`).
+        loss_parallel: loss parallelism where it applies: tensor parallelism, on the stage
+            with the head (:attr:`RoleKey.loss_parallel`).
         loss: the roles' loss (:attr:`RoleKey.loss`; a plan's: the cross-entropy).
 
     Returns:
@@ -55,7 +56,7 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
             stage = next(t for t in range(1, s + 1) if sizes[t] == sizes[s])
         out.append(RoleKey(choice.tp, choice.pp, stage, choice.dp, choice.micro_batch,
                            simulated, choice.checkpoint, mixed_precision, sp,
-                           loss_parallel and choice.tp > 1 and choice.pp == 1, loss,
+                           loss_parallel and choice.tp > 1 and s == choice.pp - 1, loss,
                            peak if peak > simulated else 0,
                            choice.replicas))
     return out

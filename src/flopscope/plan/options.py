@@ -4,6 +4,8 @@ layout had applied (:func:`applied`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flopscope.plan.roles import RoleKey
 
 __all__ = ["applied", "decoder_note"]
@@ -51,20 +53,21 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
         words.append("sequence parallelism searched: each tensor-parallel layout without "
                      "stages planned with it (SP in its label) and without")
     if loss_parallel:
-        words.append("loss parallelism on tensor-parallel layouts without stages (the head "
-                     "column-wise over the vocabulary, the loss on the shards)")
+        words.append("loss parallelism on tensor-parallel layouts (the head column-wise over "
+                     "the vocabulary, the loss on the shards; with stages, on the last)")
     return "; ".join(words)
 
 
-def applied(key: RoleKey) -> tuple[str, ...]:
-    """Which plan-wide parallelisms a layout's role ran with: each applies to tensor-parallel
-    layouts without pipeline stages (:func:`flopscope.plan.layout_roles.roles_of`).
+def applied(keys: Sequence[RoleKey]) -> tuple[str, ...]:
+    """Which plan-wide parallelisms a layout's roles ran with: sequence parallelism applies to
+    tensor-parallel layouts without pipeline stages, loss parallelism to tensor-parallel ones
+    on the stage with the head (:func:`flopscope.plan.layout_roles.roles_of`).
 
     Args:
-        key: the layout's (first) role.
+        keys: the layout's roles.
 
     Returns:
         ``("sequence", "loss")``, either, or neither.
     """
-    return tuple(name for name, on in (("sequence", key.sequence_parallel),
-                                       ("loss", key.loss_parallel)) if on)
+    return tuple(name for name, on in (("sequence", any(k.sequence_parallel for k in keys)),
+                                       ("loss", any(k.loss_parallel for k in keys))) if on)

@@ -82,8 +82,8 @@ class Plan:
         sequence_parallel: tensor-parallel layouts without stages shard the norms' activations
             along the sequence (``True``), or each such layout was planned with and without
             (``"search"``; the layout's own: :attr:`Choice.sequence_parallel`).
-        loss_parallel: tensor-parallel layouts without stages shard the head's logits over the
-            vocabulary, the cross-entropy computed on the shards.
+        loss_parallel: tensor-parallel layouts shard the head's logits over the vocabulary
+            (with stages, on the last), the cross-entropy computed on the shards.
         screening: a screened plan's screen (``None``: every layout simulated).
     """
 
@@ -242,9 +242,9 @@ def plan(
             parallelism; :attr:`flopscope.distributed.Layout.sequence_parallel`);
             ``"search"``: each such layout with and without it, the plan choosing
             (:attr:`Choice.sequence_parallel`, ``SP`` in its label).
-        loss_parallel: training: tensor-parallel layouts without pipeline stages shard the head
-            over the vocabulary and compute the loss (a decoder's cross-entropy, logits in
-            float32) on the shards (:attr:`flopscope.distributed.Layout.loss_parallel`), as
+        loss_parallel: training: tensor-parallel layouts shard the head over the vocabulary
+            (with pipeline stages, the last stage's) and compute the loss (a decoder's
+            cross-entropy, logits in float32) on the shards (:attr:`flopscope.distributed.Layout.loss_parallel`), as
             torchtitan and Megatron-LM do; ``False``: the head whole on every rank.
         screen: training a decoder: estimate every layout from a few small reference runs
             (:mod:`flopscope.plan.screen`), then simulate those that could win
