@@ -229,12 +229,14 @@ def test_sequence_parallel_stages_need_whole_shards() -> None:
                  logical=False, warn=False)
 
 
-def test_the_loss_parallel_hint_only_where_it_is_built() -> None:
+def test_the_loss_parallel_hint_and_the_pipelines_head() -> None:
     # the off line suggests --loss-parallel only for layouts that can take it
     from flopscope.distributed.display import loss_parallel_section
 
     (plain,) = loss_parallel_section(Layout(2, tp=2), "sum").text
     (staged,) = loss_parallel_section(Layout(4, tp=2, pp=2), "sum").text
-    assert "--loss-parallel shards it" in plain
-    assert "--loss-parallel shards it" not in staged
-    assert "loss parallelism is not built with --pp or --ep" in staged
+    (on,) = loss_parallel_section(Layout(4, tp=2, pp=2, loss_parallel=True),
+                                  "cross_entropy").text
+    assert "--loss-parallel shards it" in plain and "--loss-parallel shards it" in staged
+    assert "lm_head of the last pipeline stage whole" in staged
+    assert on.startswith("loss parallelism: on: lm_head of the last pipeline stage column-wise")

@@ -237,15 +237,16 @@ def loss_parallel_section(layout: Any, loss: str | None) -> Any:
 
     losses = {"sum": "the sum of the outputs", "cross_entropy": "the causal LM's cross-entropy",
               None: "no loss (forward only)"}
+    stage = " of the last pipeline stage" if layout.pp > 1 else ""
     if layout.loss_parallel:
-        line = (f"loss parallelism: on: lm_head column-wise over the vocabulary, its logits "
-                f"vocabulary shards on each of the {layout.tp} tensor-parallel ranks; backward "
+        line = (f"loss parallelism: on: lm_head{stage} column-wise over the vocabulary, its "
+                f"logits vocabulary shards on each of the {layout.tp} tensor-parallel ranks; "
+                f"backward "
                 f"from {losses[loss]}" + (" on the shards (torch's loss_parallel)"
                                           if loss == "cross_entropy" else ""))
-    else:  # the hint only where --loss-parallel is built (not with stages or experts)
+    else:  # the hint only where --loss-parallel is built (not with experts)
         hint = ("--loss-parallel shards it, as flopscope plan does by default"
-                if layout.pp == 1 and layout.ep == 1 else
-                "loss parallelism is not built with --pp or --ep")
-        line = (f"loss parallelism: off: lm_head whole on every tensor-parallel rank ({hint}); "
-                f"backward from {losses[loss]}")
+                if layout.ep == 1 else "loss parallelism is not built with --ep")
+        line = (f"loss parallelism: off: lm_head{stage} whole on every tensor-parallel rank "
+                f"({hint}); backward from {losses[loss]}")
     return DataSection("loss_parallel", {"on": layout.loss_parallel, "loss": loss}, (line,))
