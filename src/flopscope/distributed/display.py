@@ -241,9 +241,8 @@ def loss_parallel_section(layout: Any, loss: str | None) -> Any:
     if layout.loss_parallel:
         line = (f"loss parallelism: on: lm_head{stage} column-wise over the vocabulary, its "
                 f"logits vocabulary shards on each of the {layout.tp} tensor-parallel ranks; "
-                f"backward "
-                f"from {losses[loss]}" + (" on the shards (torch's loss_parallel)"
-                                          if loss == "cross_entropy" else ""))
+                f"backward from {losses[loss]}"
+                + (" on the shards (torch's loss_parallel)" if loss == "cross_entropy" else ""))
     else:  # the hint only where --loss-parallel is built (not with experts)
         hint = ("--loss-parallel shards it, as flopscope plan does by default"
                 if layout.ep == 1 else "loss parallelism is not built with --ep")
