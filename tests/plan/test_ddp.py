@@ -158,6 +158,10 @@ def test_a_searched_plan_ranks_ddp_beside_fsdp(searched: Plan) -> None:
     assert 0 < z1.bound_step.optimizer < ddp.bound_step.optimizer
     assert z1.bound_step.forward == ddp.bound_step.forward
     assert "ZeRO-1" in searched.notes[1]
+    # the page names the data-parallel part for every kind it shows
+    assert searched.page_data()["explain"]["part_names"]["fsdp_comm"] == (
+        "FSDP gathers/reduce-scatters or DDP all-reduces or ZeRO-1 reduce-scatters/gathers "
+        "(exposed)")
     # the pipeline (dp 1) has no data parallelism to choose: one row
     assert sum(1 for label in rows if label.startswith("TP1 PP2")) == len(
         [c for c in enumerate_layouts(2, SHAPE, 2) if c.pp == 2])

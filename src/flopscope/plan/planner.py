@@ -26,7 +26,7 @@ from flopscope.estimate import Hardware, get_hardware
 from flopscope.estimate.profile import compiled_hardware, dtype_key
 from flopscope.execution.inputs import token_ids
 from flopscope.plan.build import build_model, model_identity
-from flopscope.plan.candidate import Candidate, evaluate, pareto, why_it_wins
+from flopscope.plan.candidate import DP_COMM, Candidate, evaluate, pareto, why_it_wins
 from flopscope.plan.checkpointing import CHECKPOINTING, SELECTIVE_NOTE
 from flopscope.plan.confirm import Screening, confirm_best
 from flopscope.plan.degrees import sharing_degrees
@@ -39,7 +39,13 @@ from flopscope.plan.reuse import KeptRoles
 from flopscope.plan.roles import RoleRun, Roles
 from flopscope.plan.screen import Screen
 from flopscope.plan.serve import ServePlan
-from flopscope.plan.space import Choice, ModelShape, data_parallel_kinds, sequence_parallel_mode
+from flopscope.plan.space import (
+    DATA_PARALLEL,
+    Choice,
+    ModelShape,
+    data_parallel_kinds,
+    sequence_parallel_mode,
+)
 from flopscope.plan.time_words import compute_note, prediction_source, time_model
 from flopscope.plan.timing import PART_NAMES, Links
 from flopscope.plan.vision import (
@@ -122,11 +128,17 @@ class Plan:
 
     def page_data(self) -> dict[str, Any]:
         """What the plan's HTML page draws: :meth:`to_dict` and ``"explain"``, the words the
-        table uses: the parts of a step's time by name (``part_names``) and why the best layout
-        wins (``why``, the lines of the text's "Why it wins",
+        table uses: the parts of a step's time by name (``part_names``; the data-parallel
+        part named for the kinds the layouts have, :data:`~flopscope.plan.candidate.DP_COMM`)
+        and why the best layout wins (``why``, the lines of the text's "Why it wins",
         :func:`~flopscope.plan.candidate.why_it_wins`)."""
         why = [line.strip() for line in why_it_wins(self.ranked, self.unit)[2:]] if self.ranked else []
-        return {**self.to_dict(), "explain": {"part_names": dict(PART_NAMES), "why": why}}
+        held = {c.choice.data_parallel for c in (*self.ranked, *self.dropped)}
+        kinds = [k for k in DATA_PARALLEL if k in held] or ["fsdp"]
+        names = dict(PART_NAMES)
+        names["fsdp_comm"] = names["fsdp_comm"].replace(
+            DP_COMM["fsdp"], " or ".join(DP_COMM[k] for k in kinds))
+        return {**self.to_dict(), "explain": {"part_names": names, "why": why}}
 
     def to_html(self) -> str:
         """The plan as one self-contained HTML page: the ranked layouts, the Pareto front of
