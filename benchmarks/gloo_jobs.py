@@ -64,6 +64,7 @@ class Job:
     checkpoint: bool
     sequence_parallel: bool = False
     ddp: bool = False  # torch's DistributedDataParallel (whole replicas) instead of FSDP2
+    zero1: bool = False  # with ddp: torch's ZeroRedundancyOptimizer (AdamW's state sharded)
 
     @property
     def global_batch(self) -> int:
@@ -74,6 +75,7 @@ class Job:
     def label(self) -> str:
         """The planner's label of this layout (``Choice.label``)."""
         return (f"TP{self.tp} PP{self.pp} {'DDP' if self.ddp else 'DP'}{self.dp}"
+                + (" Z1" if self.zero1 else "")
                 + (" SP" if self.sequence_parallel else "")
                 + f" mb{self.micro_batch}x{self.microbatches}"
                 + (" ckpt" if self.checkpoint else ""))
@@ -101,6 +103,9 @@ JOBS = [
     Job("DDP 2", 2, 1, 1, 2, 1, 1, False, ddp=True),
     Job("DDP 2, checkpointing", 2, 1, 1, 2, 1, 1, True, ddp=True),
     Job("DDP 4", 4, 1, 1, 4, 1, 1, False, ddp=True),
+    # ZeRO-1 (the planner's --data-parallel zero1): DDP with torch's ZeroRedundancyOptimizer
+    Job("DDP 2, ZeRO-1", 2, 1, 1, 2, 1, 1, False, ddp=True, zero1=True),
+    Job("DDP 4, ZeRO-1", 4, 1, 1, 4, 1, 1, False, ddp=True, zero1=True),
 ]
 
 
@@ -116,7 +121,8 @@ def _live_bytes(*groups: Any) -> int:
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[Any]:
-    return [v for state in opt.state.values() for v in state.values()]
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer: this rank's shard's AdamW
+    return [v for state in inner.state.values() for v in state.values()]
 
 
 def _allocator_peak(prof: Any) -> int:
@@ -211,7 +217,12 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
                     sched.step(target=local)
                 else:
                     sched.step()
-        opt = torch.optim.AdamW(module.parameters(), lr=1e-5)
+        opt: Any = torch.optim.AdamW(module.parameters(), lr=1e-5)
+        if job.zero1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.AdamW,
+                                          lr=1e-5)
         times: list[tuple[float, float]] = []
         faults: list[int] = []  # minor page faults of each optimizer step (this process's)
         for i in range(warmup + steps):
