@@ -54,6 +54,20 @@ def test_role_tasks_are_the_roles_a_plan_asks_for(here: dict[int, Plan]) -> None
         (1, 1, 0, 1), (1, 2, 0, 1), (1, 2, 1, 1), (2, 1, 0, 1), (2, 1, 0, 2)]
 
 
+def test_role_tasks_of_every_data_parallel_kind() -> None:
+    # with DDP and ZeRO-1 searched the one layout with data parallelism (TP1 PP1 DP2) adds one
+    # role, the replica (ZeRO-1 shares DDP's): 6 tasks where FSDP2 alone gave 5
+    every = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], seq_len=64,
+                       config=CONFIG, global_batch=2, checkpointing=("none",),
+                       data_parallel="search")
+    ddp = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], seq_len=64,
+                     config=CONFIG, global_batch=2, checkpointing=("none",), data_parallel="ddp")
+    replicas = [t.key for t in every if t.key is not None and t.key.replicate]
+    assert len(every) == 6 and len(replicas) == 1
+    assert (replicas[0].tp, replicas[0].pp, replicas[0].dp) == (1, 1, 2)
+    assert set(ddp) < set(every)
+
+
 def test_worker_processes_give_the_same_plans(here: dict[int, Plan]) -> None:
     seen: list[tuple[int, int]] = []
     rows = list(sweep(["hf:llama"], gpus=[1, 2], seq_lens=[64], jobs=2,
