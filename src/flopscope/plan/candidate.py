@@ -85,8 +85,8 @@ def _memory(runs: Sequence[RoleRun], choice: Choice) -> tuple[int, dict[str, int
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
     for run in runs:
         at = dict(run.memory.at_peak)
-        at["optimizer_state"] = at.get("optimizer_state", 0) + -(
-            -2 * run.parameter_bytes // choice.optimizer_shards)
+        at["optimizer_state"] = (at.get("optimizer_state", 0)
+                                 + choice.optimizer_share(2 * run.parameter_bytes))
         if choice.pp == 1 and choice.microbatches > 1:
             missing = max(0, run.parameter_bytes - at.get("gradients", 0))
             at["gradients"] = at.get("gradients", 0) + missing

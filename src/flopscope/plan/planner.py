@@ -296,7 +296,7 @@ def plan(
     if mode == "serve" and data_parallel is not None:
         raise UsageError("plan(mode='serve') does not take data_parallel: a serving layout's "
                          "replicas share nothing (DP in its label)")
-    data_parallel_kinds(data_parallel)  # checked before the model is built
+    decoder_kinds = data_parallel_kinds(data_parallel)  # checked before the model is built
     if mode == "train" and (max_new_tokens is not None or batches is not None
                             or batching is not None):
         raise UsageError("plan(): max_new_tokens, batches and batching are serving options "
@@ -360,7 +360,7 @@ def plan(
             raise UsageError(f"{source} has no experts: --ep {ep} applies to a mixture of "
                              "experts (Mixtral, Qwen2-MoE)")
         choices = decoder_layouts(gpus, shape, batch, checkpointing, sp_mode, tp=tp, pp=pp,
-                                  ep=ep, data_parallel=data_parallel_kinds(data_parallel))
+                                  ep=ep, data_parallel=decoder_kinds)
         if not choices:
             raise UsageError(
                 f"no layout of {gpus} devices divides this model ({shape.heads} heads, "
@@ -424,7 +424,7 @@ def plan(
              f"{dtype_key(compute_dtype)} peak of {hw.name}",
              decoder_note(stored, mixed, sp_mode, loss_parallel,
                           any(c.sequence_parallel for c in choices),
-                          data_parallel_kinds(data_parallel)) if decoder else
+                          decoder_kinds) if decoder else
              "data parallel only: FSDP2 (fully_shard per block and the root) or DDP (DP/DDP in "
              "the label; whole parameters, gradients all-reduced by block); optimizer AdamW "
              "(two moments per parameter, in the parameters' dtype); tokens/s are samples/s"

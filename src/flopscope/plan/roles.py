@@ -360,10 +360,11 @@ class Roles:
             return self.small(key, n, dims=dims), dims[0] if dims else None
 
         with fake_world(layout.world_size, layout.rank), shared_world(layout):
-            if self._degrees is None or key.replicate:  # replicas: nothing split by degree
+            degrees = self._degrees_for(key)
+            if degrees is None:
                 a, b, c = (self.small(key, n) for n in SMALL)
             else:
-                a, b, c = self._degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
+                a, b, c = degrees.runs(("layers", dataclasses.replace(key, dp=0)), key.dp,
                                              SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, to)
@@ -389,14 +390,20 @@ class Roles:
                               len(held), like=key, dims=dims)
             return small, dims[0] if dims else None
 
-        if self._degrees is None or key.replicate:
+        degrees = self._degrees_for(key)
+        if degrees is None:
             a, b, c = (run(m)[0] for m in UNIT_SMALL)
         else:
             layout = layout_of(key)
-            a, b, c = self._degrees.runs(("stages", dataclasses.replace(key, dp=0)), key.dp,
+            a, b, c = degrees.runs(("stages", dataclasses.replace(key, dp=0)), key.dp,
                                          UNIT_SMALL, run, layout.world_size, layout.rank)
         check(a, b, c)
         return combine(a, b, c, Frame(UNITS, 0, key.microbatches))
+
+    def _degrees_for(self, key: RoleKey) -> Degrees | None:
+        """Where ``key``'s small runs may come from two other FSDP2 degrees (``None``: simulate
+        them): not for replicas, whose shards do not change with the degree."""
+        return None if key.replicate else self._degrees
 
     def decoder_layers(self) -> tuple[str, int]:
         """Where the model's decoder layers are (their module list's path) and how many."""

@@ -166,6 +166,11 @@ class Choice:
         sharding: the data-parallel degree with ZeRO-1, else 1."""
         return self.dp if self.data_parallel == "zero1" else 1
 
+    def optimizer_share(self, amount: int) -> int:
+        """A rank's share of ``amount`` (bytes, elements) of AdamW's state or update:
+        ``amount / optimizer_shards``, rounded up."""
+        return -(-amount // self.optimizer_shards)
+
     @property
     def label(self) -> str:
         """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP, ``DDP4

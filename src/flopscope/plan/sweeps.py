@@ -36,7 +36,12 @@ from flopscope.plan.serve import ServePlan
 from flopscope.plan.serve_rows import serve_layouts
 from flopscope.plan.serve_time import micro_batch
 from flopscope.plan.space import ModelShape, data_parallel_kinds, sequence_parallel_mode
-from flopscope.plan.vision import data_parallel_layouts, is_decoder, vision_role_key
+from flopscope.plan.vision import (
+    data_parallel_layouts,
+    is_decoder,
+    vision_role_key,
+    vision_variant,
+)
 from flopscope.plan.workers import RoleTask, TaskFailure, remember_result, results
 from flopscope.sources import DEFAULT_SEQ_LEN
 
@@ -146,7 +151,7 @@ def role_tasks(source: str, *, gpus: int, hardware: Hardware, mode: str = "train
         for choice in data_parallel_layouts(gpus, global_batch or gpus,
                                             data_parallel_kinds(data_parallel, False)):
             tasks.append(task("vision", key=vision_role_key(choice),
-                              data_parallel="ddp" if choice.replicas else "fsdp"))
+                              data_parallel=vision_variant(choice)))
         return list(dict.fromkeys(tasks))
     shape = ModelShape.from_config(model_config)
     for choice in decoder_layouts(gpus, shape, global_batch or gpus, checkpointing,

@@ -239,10 +239,10 @@ def _after_backward(runs: Sequence[RoleRun], choice: Choice, links: Links,
     def seconds(est: Estimate) -> float:
         return sum(t for t, _ in phase_times(est, bound=bound).values())
 
-    size, shards = param_dtype.itemsize, choice.optimizer_shards  # ZeRO-1: a 1 / dp share
-    update = max(seconds(update_estimate(-(-r.parameter_bytes // size // shards), param_dtype,
-                                         r.estimate.hardware,
-                                         max(1, r.parameter_tensors // shards),
+    size = param_dtype.itemsize
+    update = max(seconds(update_estimate(choice.optimizer_share(r.parameter_bytes // size),
+                                         param_dtype, r.estimate.hardware,
+                                         max(1, r.parameter_tensors // choice.optimizer_shards),
                                          r.parameters_dtensor))
                  + links.seconds(update_collectives(r.partial_tensors, r.partial_elements,
                                                     param_dtype, r.estimate.hardware,

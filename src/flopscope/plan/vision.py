@@ -32,9 +32,8 @@ from flopscope.plan.roles import RoleKey, RoleRun
 from flopscope.plan.sharded import OneRole, Shard
 from flopscope.plan.space import Choice, data_parallel_kinds, divisors
 
-__all__ = ["VisionRoles", "blocks", "check_vision_options",
-           "data_parallel_layouts", "decoder_problem", "is_decoder", "remember", "vision_role_key"]
-
+__all__ = ["VisionRoles", "blocks", "check_vision_options", "data_parallel_layouts",
+           "decoder_problem", "is_decoder", "remember", "vision_role_key", "vision_variant"]
 
 
 def decoder_problem(model: nn.Module) -> str | None:
@@ -115,6 +114,12 @@ def data_parallel_layouts(gpus: int, global_batch: int,
             for kind in (data_parallel_kinds(None, False) if kinds is None else kinds)]
 
 
+def vision_variant(choice: Choice) -> str:
+    """How a vision layout's rank is simulated (:class:`VisionRoles`' variant): ``ddp`` for
+    whole replicas (DDP, and ZeRO-1, which shares DDP's simulation), else ``fsdp``."""
+    return "ddp" if choice.replicas else "fsdp"
+
+
 def vision_role_key(choice: Choice) -> RoleKey:
     """The role of a vision model's data-parallel rank (every rank does the same work); with
     ``choice.data_parallel``, what :class:`VisionRoles` simulates.
@@ -137,7 +142,7 @@ class VisionRoles(OneRole[str]):
 
     def role(self, choice: Choice) -> tuple[str, RoleKey, int]:
         """See :meth:`OneRole.role`."""
-        return ("ddp" if choice.replicas else "fsdp"), vision_role_key(choice), choice.dp
+        return vision_variant(choice), vision_role_key(choice), choice.dp
 
     def shard(self, variant: str, key: RoleKey) -> Shard:
         """See :meth:`OneRole.shard`."""
