@@ -92,6 +92,10 @@ def count_rank(
                              and t.is_floating_point() and t.requires_grad]
                 if not roots:
                     raise UsageError("backward=True, but no floating-point output requires grad")
+                # a trainer drops the output once the loss is computed (torchtitan's `del pred`,
+                # transformers' Trainer.compute_loss returning the loss alone): the logits are
+                # not held through backward, only what autograd saved of them
+                del out
                 before = counter.report
                 torch.autograd.backward(roots)
     if before is None:
