@@ -65,6 +65,7 @@ class Job:
     sequence_parallel: bool = False
     ddp: bool = False  # torch's DistributedDataParallel (whole replicas) instead of FSDP2
     zero1: bool = False  # with ddp: torch's ZeroRedundancyOptimizer (AdamW's state sharded)
+    keep: bool = False  # FSDP2's reshard_after_forward=False (the planner's zero2, Z2)
 
     @property
     def global_batch(self) -> int:
@@ -75,7 +76,7 @@ class Job:
     def label(self) -> str:
         """The planner's label of this layout (``Choice.label``)."""
         return (f"TP{self.tp} PP{self.pp} {'DDP' if self.ddp else 'DP'}{self.dp}"
-                + (" Z1" if self.zero1 else "")
+                + (" Z1" if self.zero1 else "") + (" Z2" if self.keep else "")
                 + (" SP" if self.sequence_parallel else "")
                 + f" mb{self.micro_batch}x{self.microbatches}"
                 + (" ckpt" if self.checkpoint else ""))
@@ -106,6 +107,11 @@ JOBS = [
     # ZeRO-1 (the planner's --data-parallel zero1): DDP with torch's ZeroRedundancyOptimizer
     Job("DDP 2, ZeRO-1", 2, 1, 1, 2, 1, 1, False, ddp=True, zero1=True),
     Job("DDP 4, ZeRO-1", 4, 1, 1, 4, 1, 1, False, ddp=True, zero1=True),
+    # FSDP2 keeping each layer's gathered parameters from forward to backward (the planner's
+    # --data-parallel zero2)
+    Job("FSDP 2, kept", 2, 1, 1, 2, 1, 1, False, keep=True),
+    Job("FSDP 2, kept, checkpointing", 2, 1, 1, 2, 1, 1, True, keep=True),
+    Job("FSDP 4, kept", 4, 1, 1, 4, 1, 1, False, keep=True),
 ]
 
 
@@ -166,7 +172,8 @@ def _rank(rank: int, job: Job, store: str, out: str, steps: int, warmup: int) ->
         # vocabulary shards (loss parallelism) in tensor-parallel layouts without stages
         parallel_loss = job.tp > 1 and job.pp == 1
         layout = Layout(job.world, tp=job.tp, fsdp=job.dp, pp=job.pp, rank=rank,
-                        loss_parallel=parallel_loss, sequence_parallel=job.sequence_parallel)
+                        loss_parallel=parallel_loss, sequence_parallel=job.sequence_parallel,
+                        keep_gathered=job.keep)
         mesh = layout.mesh()
         dp_rank = mesh["dp"].get_local_rank() if job.dp > 1 else 0
         per = job.micro_batch * job.microbatches

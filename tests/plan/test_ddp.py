@@ -95,7 +95,7 @@ def test_enumeration_adds_ddp_where_there_is_data_parallelism() -> None:
     # every layout with data parallelism once more as DDP; TP4 / PP4 (dp 1) have none to choose
     assert len(both) == len(fsdp) + len(with_dp)
     every = enumerate_layouts(4, SHAPE, 4, data_parallel=DATA_PARALLEL)
-    assert len(every) == len(fsdp) + 2 * len(with_dp)  # and as ZeRO-1
+    assert len(every) == len(fsdp) + 3 * len(with_dp)  # and as ZeRO-1 and ZeRO-2
     assert {dataclasses.replace(c, data_parallel="fsdp") for c in both
             if c.data_parallel == "ddp"} == set(with_dp)
     ddp_only = enumerate_layouts(4, SHAPE, 4, data_parallel=("ddp",))

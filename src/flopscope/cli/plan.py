@@ -66,14 +66,15 @@ def add_subcommands(subparsers: Any) -> None:
                         "--no-loss-parallel: the head whole on every tensor-parallel rank)")
     # the choices are flopscope.plan.space.DATA_PARALLEL and "search" (held equal by
     # tests/plan/test_ddp.py)
-    p.add_argument("--data-parallel", choices=("fsdp", "ddp", "zero1", "search"),
-                   metavar="fsdp|ddp|zero1|search",
+    p.add_argument("--data-parallel", choices=("fsdp", "ddp", "zero1", "zero2", "search"),
+                   metavar="fsdp|ddp|zero1|zero2|search",
                    help="training: how the data-parallel ranks hold the model: fsdp (FSDP2: "
                         "parameters, gradients and AdamW's state sharded), ddp "
                         "(DistributedDataParallel: whole replicas, gradients all-reduced once a "
                         "step; DDP in the label), zero1 (DDP with AdamW's state sharded: "
-                        "Megatron-LM's distributed optimizer; DDP4 Z1) or search (every one, "
-                        "ranked together); default: fsdp for a decoder, fsdp and ddp for a "
+                        "Megatron-LM's distributed optimizer; DDP4 Z1), zero2 (FSDP2 keeping "
+                        "each layer's gathered parameters from forward to backward: no "
+                        "all-gather in backward; DP4 Z2) or search (every one, ranked together); default: fsdp for a decoder, fsdp and ddp for a "
                         "vision model")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "

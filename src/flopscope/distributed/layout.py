@@ -40,16 +40,17 @@ class Layout:
         ep: expert-parallel degree (1, the world size, or a divisor of it with
             ``fsdp = world_size``).
         mixed_precision: ``(compute dtype, reduce dtype)`` names (``("bfloat16", "float32")``):
-            FSDP2's :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` on every
-            ``fully_shard`` (its ``param_dtype`` and ``reduce_dtype``): the parameters stay in
-            the model's dtype (the shards, their gradients), the all-gathered ones are cast to
-            the compute dtype, gradients are reduced in the reduce dtype. Applied with
-            ``fully_shard`` over a data-parallel group of one as well (FSDP2 then casts
-            without a collective); not built with ``ep`` > 1. ``None``: the model's dtype
-            throughout.
+            FSDP2's :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` (``param_dtype``,
+            ``reduce_dtype``) on every ``fully_shard``: the shards and their gradients stay in
+            the model's dtype, the gathered parameters are cast to the compute dtype, gradients
+            reduced in the reduce dtype; also over a data-parallel group of one (FSDP2 then
+            casts without a collective); not with ``ep`` > 1. ``None``: the model's dtype.
         replicate: DDP instead of FSDP2 shards: whole parameters on every data-parallel
             rank, gradients all-reduced block by block in backward (``fully_shard`` over
             ``dp`` replicas of one shard: hybrid sharding); not built with ``ep`` > 1.
+        keep_gathered: FSDP2 keeps each layer's gathered parameters from its forward to its
+            backward (``reshard_after_forward=False``: no all-gather in backward; torchtitan's
+            choice with pipeline stages); not built with ``ep`` > 1.
         loss_parallel: the head column-wise over the vocabulary, its logits left sharded
             (``Shard(-1)``, no gather) and the loss computed on the shards under torch's
             :func:`~torch.distributed.tensor.parallel.loss_parallel` (torchtitan's and
@@ -71,6 +72,7 @@ class Layout:
     mixed_precision: tuple[str, str] | None = None
     loss_parallel: bool = False
     replicate: bool = False
+    keep_gathered: bool = False
 
     def __post_init__(self) -> None:
         for name in ("world_size", "tp", "pp", "ep"):
@@ -100,9 +102,11 @@ class Layout:
                 "ranks that divide the world with --fsdp = --world-size and no --tp (every "
                 "expert FSDP-sharded over its world / ep copies); not combined with --pp or "
                 "--sequence-parallel: pipeline stages with experts are not built")
-        if self.replicate and self.ep > 1:
-            raise UsageError("data parallelism by replicas (DDP) is not built with expert "
-                             "parallelism: use --ep 1 or FSDP2")
+        if (self.replicate or self.keep_gathered) and self.ep > 1:
+            raise UsageError("DDP and FSDP2 keeping gathered parameters are not built with "
+                             "expert parallelism: use --ep 1 or FSDP2's default")
+        if self.replicate and self.keep_gathered:
+            raise UsageError("keep_gathered is FSDP2's: DDP's parameters are whole already")
         if self.loss_parallel and (self.tp < 2 or self.ep > 1):
             raise UsageError("loss parallelism shards the logits over the tensor-parallel ranks: "
                              "it needs --tp >= 2 and is not built with --ep")
@@ -158,14 +162,10 @@ class Layout:
         return [s * self.dp * self.tp + inner for s in range(self.pp)]
 
     def mesh(self) -> Any:
-        """The device mesh on the CPU: (``dp``, ``tp``), or (``pp``, ``dp``, ``tp``) with
-        pipeline stages (dimensions of size 1 kept); with :attr:`replicate` a ``shard``
-        dimension of size 1 after ``dp`` (FSDP2's hybrid sharding: ``dp`` replicas of one
-        shard).
-
-        Returns:
-            A :class:`torch.distributed.device_mesh.DeviceMesh`.
-        """
+        """The CPU :class:`~torch.distributed.device_mesh.DeviceMesh`: (``dp``, ``tp``), or
+        (``pp``, ``dp``, ``tp``) with pipeline stages (dimensions of size 1 kept); with
+        :attr:`replicate` a ``shard`` dimension of size 1 after ``dp`` (FSDP2's hybrid sharding:
+        ``dp`` replicas of one shard)."""
         if self.ep > 1 and self.tp == 1 and self.ep == self.world_size:
             return named_mesh((self.ep, 1), ("ep", "tp"))
         if self.ep > 1 and self.tp == 1:
@@ -490,7 +490,9 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         dp_mesh, policy = layout.data_mesh(mesh), layout.policy()
-        extra = {} if policy is None else {"mp_policy": policy}
+        extra: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+        if layout.keep_gathered:
+            extra["reshard_after_forward"] = False
         for layer in layers:
             fully_shard(layer, mesh=dp_mesh, **extra)
         fully_shard(model, mesh=dp_mesh, **extra)

@@ -152,7 +152,7 @@ def evaluate(choice: Choice, runs: Sequence[RoleRun], links: Links, *, budget: i
 
 #: what a layout's data-parallel communication is, by :attr:`Choice.data_parallel`
 DP_COMM = {"fsdp": "FSDP gathers/reduce-scatters", "ddp": "DDP all-reduces",
-           "zero1": "ZeRO-1 reduce-scatters/gathers"}
+           "zero1": "ZeRO-1 reduce-scatters/gathers", "zero2": "FSDP gathers/reduce-scatters"}
 
 
 def part_name(name: str, choice: Choice) -> str:

@@ -58,5 +58,5 @@ def roles_of(choice: Choice, layers: int, mixed_precision: tuple[str, str] | Non
                            simulated, choice.checkpoint, mixed_precision, sp,
                            loss_parallel and choice.tp > 1 and s == choice.pp - 1, loss,
                            peak if peak > simulated else 0,
-                           choice.replicas))
+                           choice.replicas, choice.keeps_gathered))
     return out

@@ -36,7 +36,10 @@ def decoder_note(stored: str, mixed: tuple[str, str] | None, sequence_parallel: 
              "zero1": ("ZeRO-1 (Z1 in the label: DDP with AdamW's moments and update split "
                        "over the replicas, gradients reduce-scattered in the last backward and "
                        "the parameters gathered beside the next forward, as Megatron-LM's "
-                       "distributed optimizer; the parameters and gradients whole)")}
+                       "distributed optimizer; the parameters and gradients whole)"),
+             "zero2": ("FSDP2 keeping gathered parameters (Z2 in the label: each layer's "
+                       "all-gathered in forward and kept through its backward, "
+                       "reshard_after_forward=False; no all-gather in backward)")}
     words = [f"data parallelism is {' or '.join(kinds[k] for k in data_parallel)}; "
              "optimizer AdamW (two moments per parameter, in the parameters' dtype); loss: "
              "cross-entropy on the logits upcast to float32 (transformers' ForCausalLMLoss)"]

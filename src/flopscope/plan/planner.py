@@ -137,7 +137,7 @@ class Plan:
         kinds = [k for k in DATA_PARALLEL if k in held] or ["fsdp"]
         names = dict(PART_NAMES)
         names["fsdp_comm"] = names["fsdp_comm"].replace(
-            DP_COMM["fsdp"], " or ".join(DP_COMM[k] for k in kinds))
+            DP_COMM["fsdp"], " or ".join(dict.fromkeys(DP_COMM[k] for k in kinds)))
         return {**self.to_dict(), "explain": {"part_names": names, "why": why}}
 
     def to_html(self) -> str:
@@ -271,11 +271,13 @@ def plan(
             (FSDP2: parameters, gradients and AdamW's state sharded), ``"ddp"``
             (DistributedDataParallel: whole replicas, gradients all-reduced once a step;
             ``DDP`` in the label), ``"zero1"`` (DDP with AdamW's state and update sharded
-            over the replicas, Megatron-LM's distributed optimizer; ``DDP4 Z1``) or
+            over the replicas, Megatron-LM's distributed optimizer; ``DDP4 Z1``), ``"zero2"``
+            (FSDP2 keeping each layer's gathered parameters from its forward to its backward,
+            ``reshard_after_forward=False``: no all-gather in backward; ``DP4 Z2``) or
             ``"search"`` (each layout with data parallelism every way, the plan choosing;
             DDP and ZeRO-1 share their simulations); ``None``: FSDP2 for a decoder, FSDP2 and
             DDP for a vision model. An expert-parallel layout's is FSDP2; a screened plan
-            simulates its DDP and ZeRO-1 layouts.
+            simulates its DDP, ZeRO-1 and ZeRO-2 layouts.
 
     Returns:
         The :class:`Plan` (training) or :class:`~flopscope.plan.serve.ServePlan` (serving).
@@ -404,7 +406,8 @@ def plan(
         scr = Screen(roles, build, gpus)
 
         def screened(choice: Choice) -> Candidate:
-            if choice.ep > 1 or choice.replicas:  # the screen's are FSDP2's
+            if choice.ep > 1 or choice.replicas or choice.keeps_gathered:  # the screen's are
+                # FSDP2's, resharded after forward
                 return simulated(choice)
             keys = roles_of(choice, shape.layers, mixed, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,

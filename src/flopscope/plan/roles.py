@@ -68,8 +68,7 @@ Build = Callable[..., tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
 @dataclass(frozen=True)
 class RoleKey:
     """What a rank's work depends on: its shard shapes (tensor-parallel and FSDP2 degrees, its
-    pipeline stage among ``pp``) and its batch (micro-batch, microbatches simulated,
-    checkpointing).
+    pipeline stage among ``pp``) and its batch (micro-batch, microbatches, checkpointing).
 
     Attributes:
         tp: tensor-parallel degree.
@@ -82,8 +81,7 @@ class RoleKey:
             ``"selective"`` (:mod:`flopscope.plan.checkpointing`); ``False`` and ``True`` are
             taken as ``"none"`` and ``"block"``.
         mixed_precision: ``(compute dtype, reduce dtype)``: FSDP2's mixed precision policy
-            (:attr:`flopscope.distributed.Layout.mixed_precision`); ``None``: the model's dtype
-            throughout.
+            (:attr:`flopscope.distributed.Layout.mixed_precision`); ``None``: the model's dtype.
         sequence_parallel: the norms' activations sharded along the sequence over the
             tensor-parallel ranks (:attr:`flopscope.distributed.Layout.sequence_parallel`).
         loss_parallel: the head's logits vocabulary shards over the tensor-parallel ranks, the
@@ -93,8 +91,9 @@ class RoleKey:
         peak_microbatches: the step's microbatches when more than ``microbatches`` (0: the
             same): the stage's peak memory is taken at that count
             (:mod:`flopscope.plan.microbatches`), its work at ``microbatches`` and scaled.
-        replicate: data parallelism by replicas (DDP: whole parameters, gradients
-            all-reduced) instead of FSDP2 shards (:attr:`flopscope.distributed.Layout.replicate`).
+        replicate: DDP's whole replicas, not FSDP2 (:attr:`flopscope.distributed.Layout.replicate`).
+        keep_gathered: FSDP2 keeps the gathered parameters from forward to backward
+            (:attr:`flopscope.distributed.Layout.keep_gathered`).
     """
 
     tp: int
@@ -110,6 +109,7 @@ class RoleKey:
     loss: str = "sum"
     peak_microbatches: int = 0
     replicate: bool = False
+    keep_gathered: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint, bool):  # one key per role, whichever way it was named
@@ -402,8 +402,9 @@ class Roles:
 
     def _degrees_for(self, key: RoleKey) -> Degrees | None:
         """Where ``key``'s small runs may come from two other FSDP2 degrees (``None``: simulate
-        them): not for replicas, whose shards do not change with the degree."""
-        return None if key.replicate else self._degrees
+        them): not for replicas, whose shards do not change with the degree, nor for kept
+        gathered parameters (whole, whatever the degree)."""
+        return None if key.replicate or key.keep_gathered else self._degrees
 
     def decoder_layers(self) -> tuple[str, int]:
         """Where the model's decoder layers are (their module list's path) and how many."""
@@ -485,7 +486,7 @@ def layout_of(key: RoleKey) -> Layout:
     return Layout(key.tp * key.pp * key.dp, tp=key.tp, fsdp=key.dp, pp=key.pp,
                   rank=key.stage * key.dp * key.tp, mixed_precision=key.mixed_precision,
                   sequence_parallel=key.sequence_parallel, loss_parallel=key.loss_parallel,
-                  replicate=key.replicate)
+                  replicate=key.replicate, keep_gathered=key.keep_gathered)
 
 
 def _moved(path: str, frm: Frame, to: Frame) -> str:

@@ -27,12 +27,15 @@ SEQUENCE_PARALLEL = ("off", "on", "search")
 
 #: How a layout's data-parallel ranks hold the model: ``"fsdp"`` (FSDP2: parameters, gradients
 #: and optimizer state sharded), ``"ddp"`` (DistributedDataParallel: whole replicas, gradients
-#: all-reduced once a step) or ``"zero1"`` (DDP with AdamW's state sharded over the replicas:
-#: ZeRO stage 1, Megatron-LM's distributed optimizer)
-DATA_PARALLEL = ("fsdp", "ddp", "zero1")
+#: all-reduced once a step), ``"zero1"`` (DDP with AdamW's state sharded over the replicas:
+#: ZeRO stage 1, Megatron-LM's distributed optimizer) or ``"zero2"`` (FSDP2 keeping each
+#: layer's gathered parameters from its forward to its backward, ``reshard_after_forward=False``:
+#: no all-gather in backward; FSDP1's SHARD_GRAD_OP, ZeRO stage 2 from the forward on)
+DATA_PARALLEL = ("fsdp", "ddp", "zero1", "zero2")
 
-#: the label's name of each kind's data-parallel degree (``DP4``, ``DDP4``, ``DDP4 Z1``)
-_DP_LABEL = {"fsdp": "DP{}", "ddp": "DDP{}", "zero1": "DDP{} Z1"}
+#: the label's name of each kind's data-parallel degree (``DP4``, ``DDP4``, ``DDP4 Z1``,
+#: ``DP4 Z2``)
+_DP_LABEL = {"fsdp": "DP{}", "ddp": "DDP{}", "zero1": "DDP{} Z1", "zero2": "DP{} Z2"}
 
 
 
@@ -130,8 +133,10 @@ class Choice:
             tensor-parallel collective recomputed: :mod:`flopscope.plan.checkpointing`).
         data_parallel: ``"fsdp"`` (FSDP2: parameters sharded over the data-parallel ranks),
             ``"ddp"`` (parameters replicated, gradients all-reduced once a step:
-            :attr:`flopscope.distributed.Layout.replicate`) or ``"zero1"`` (DDP with AdamW's
-            state and update sharded over the replicas; :data:`DATA_PARALLEL`).
+            :attr:`flopscope.distributed.Layout.replicate`), ``"zero1"`` (DDP with AdamW's
+            state and update sharded over the replicas) or ``"zero2"`` (FSDP2 keeping the
+            gathered parameters from forward to backward:
+            :attr:`flopscope.distributed.Layout.keep_gathered`; :data:`DATA_PARALLEL`).
         ep: expert-parallel degree (a mixture of experts' experts over ``ep`` ranks;
             :mod:`flopscope.plan.experts`).
         sequence_parallel: the norms' activations sharded along the sequence over the
@@ -161,6 +166,12 @@ class Choice:
         return self.data_parallel in ("ddp", "zero1") and self.dp > 1
 
     @property
+    def keeps_gathered(self) -> bool:
+        """FSDP2 keeps each layer's gathered parameters from its forward to its backward
+        (``zero2``)."""
+        return self.data_parallel == "zero2" and self.dp > 1
+
+    @property
     def optimizer_shards(self) -> int:
         """Over how many ranks AdamW's state and update are split beyond the parameters' own
         sharding: the data-parallel degree with ZeRO-1, else 1."""
@@ -174,7 +185,7 @@ class Choice:
     @property
     def label(self) -> str:
         """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP, ``DDP4
-        Z1`` with ZeRO-1; ``EP4``: experts over 4 ranks; ``SP``: sequence parallelism,
+        Z1`` with ZeRO-1, ``DP4 Z2`` FSDP2 keeping gathered parameters; ``EP4``: experts over 4 ranks; ``SP``: sequence parallelism,
         ``TP2 PP1 DP4 SP mb2x4``)."""
         dp = _DP_LABEL[self.data_parallel].format(self.dp)
         ep = f" EP{self.ep}" if self.ep > 1 else ""
@@ -215,7 +226,7 @@ def data_parallel_kinds(value: str | None, decoder: bool = True) -> tuple[str, .
     """A plan's ``data_parallel`` argument as the kinds its layouts try.
 
     Args:
-        value: ``"fsdp"``, ``"ddp"``, ``"zero1"``, ``"search"`` (every one) or ``None``: the
+        value: one of :data:`DATA_PARALLEL`, ``"search"`` (every one) or ``None``: the
             model's default, FSDP2 for a decoder (as before DDP was built for decoders; its
             layouts need no simulation more) and FSDP2 and DDP for a vision model.
         decoder: the model is planned as a decoder.

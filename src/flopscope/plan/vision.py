@@ -116,8 +116,9 @@ def data_parallel_layouts(gpus: int, global_batch: int,
 
 def vision_variant(choice: Choice) -> str:
     """How a vision layout's rank is simulated (:class:`VisionRoles`' variant): ``ddp`` for
-    whole replicas (DDP, and ZeRO-1, which shares DDP's simulation), else ``fsdp``."""
-    return "ddp" if choice.replicas else "fsdp"
+    whole replicas (DDP, and ZeRO-1, which shares DDP's simulation), ``zero2`` for FSDP2 keeping
+    its gathered parameters, else ``fsdp``."""
+    return "ddp" if choice.replicas else "zero2" if choice.keeps_gathered else "fsdp"
 
 
 def vision_role_key(choice: Choice) -> RoleKey:
@@ -135,7 +136,7 @@ def vision_role_key(choice: Choice) -> RoleKey:
 
 class VisionRoles(OneRole[str]):
     """Data-parallel ranks of a vision model, each role simulated once per process (every rank
-    runs the same shapes); the variant is ``fsdp`` or ``ddp``.
+    runs the same shapes); the variant is ``fsdp``, ``ddp`` or ``zero2``.
     """
 
     cache: ClassVar[dict[tuple[Hashable, str, Any, RoleKey], RoleRun]] = {}
@@ -156,7 +157,7 @@ class VisionRoles(OneRole[str]):
             else:
                 mesh = init_device_mesh("cpu", (key.dp,), mesh_dim_names=("dp",))
             for block in blocks(model):
-                fully_shard(block, mesh=mesh)
+                fully_shard(block, mesh=mesh, reshard_after_forward=variant != "zero2")
             fully_shard(model, mesh=mesh)
 
         return shard
