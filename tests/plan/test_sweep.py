@@ -55,15 +55,17 @@ def test_role_tasks_are_the_roles_a_plan_asks_for(here: dict[int, Plan]) -> None
 
 
 def test_role_tasks_of_every_data_parallel_kind() -> None:
-    # with DDP and ZeRO-1 searched the one layout with data parallelism (TP1 PP1 DP2) adds one
-    # role, the replica (ZeRO-1 shares DDP's): 6 tasks where FSDP2 alone gave 5
+    # with DDP, ZeRO-1 and ZeRO-2 searched the one layout with data parallelism (TP1 PP1 DP2)
+    # adds two roles, the replica (ZeRO-1 shares DDP's) and FSDP2 keeping its gathered
+    # parameters: 7 tasks where FSDP2 alone gave 5
     every = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], seq_len=64,
                        config=CONFIG, global_batch=2, checkpointing=("none",),
                        data_parallel="search")
     ddp = role_tasks("hf:llama", gpus=2, hardware=PROFILES["h100-sxm"], seq_len=64,
                      config=CONFIG, global_batch=2, checkpointing=("none",), data_parallel="ddp")
     replicas = [t.key for t in every if t.key is not None and t.key.replicate]
-    assert len(every) == 6 and len(replicas) == 1
+    kept = [t.key for t in every if t.key is not None and t.key.keep_gathered]
+    assert len(every) == 7 and len(replicas) == len(kept) == 1
     assert (replicas[0].tp, replicas[0].pp, replicas[0].dp) == (1, 1, 2)
     assert set(ddp) < set(every)
 

@@ -74,8 +74,9 @@ def add_subcommands(subparsers: Any) -> None:
                         "step; DDP in the label), zero1 (DDP with AdamW's state sharded: "
                         "Megatron-LM's distributed optimizer; DDP4 Z1), zero2 (FSDP2 keeping "
                         "each layer's gathered parameters from forward to backward: no "
-                        "all-gather in backward; DP4 Z2) or search (every one, ranked together); default: fsdp for a decoder, fsdp and ddp for a "
-                        "vision model")
+                        "all-gather in backward; DP4 Z2) or search (every one, ranked "
+                        "together); default: fsdp for a decoder, fsdp and ddp for a vision "
+                        "model")
     p.add_argument("--batch", type=positive_int_list, metavar="N[,N...]",
                    help="--serve: batch sizes per replica to evaluate besides the largest "
                         "that fits (default 1); a training plan takes --global-batch")

@@ -406,8 +406,8 @@ def plan(
         scr = Screen(roles, build, gpus)
 
         def screened(choice: Choice) -> Candidate:
-            if choice.ep > 1 or choice.replicas or choice.keeps_gathered:  # the screen's are
-                # FSDP2's, resharded after forward
+            # the screen's references are FSDP2's, resharded after forward
+            if choice.ep > 1 or choice.replicas or choice.keeps_gathered:
                 return simulated(choice)
             keys = roles_of(choice, shape.layers, mixed, loss_parallel)
             return evaluate(choice, [scr.run(k) for k in keys], links, budget=budget,
