@@ -45,12 +45,13 @@ def test_a_ddp_rank_holds_whole_parameters_and_all_reduces_its_gradients_once() 
     roles = _roles()
     # DDP over 4 replicas: every rank holds the whole model, 2,623,744 bfloat16 parameters =
     # 5,247,488 bytes, and all-reduces all of its gradients over the 4 replicas once: one call
-    # per fully_shard unit (4 decoder layers and the root: 5), bus bytes 2 (n - 1) / n of the
-    # payload = 2 x 3/4 x 5,247,488 = 7,871,232; FSDP2's gathers and reduce-scatters over the
-    # shard dimension of one are not collectives (nothing recorded)
+    # per fully_shard unit (4 decoder layers, and the embedding, final norm and head, each a
+    # unit of its own so that FSDP2 holds no copy of them through the step: 7), bus bytes
+    # 2 (n - 1) / n of the payload = 2 x 3/4 x 5,247,488 = 7,871,232; FSDP2's gathers and
+    # reduce-scatters over the shard dimension of one are not collectives (nothing recorded)
     ddp = roles.get(RoleKey(1, 1, 0, 4, 1, 1, "none", loss="cross_entropy", replicate=True))
     assert ddp.parameter_bytes == 2 * PARAMS
-    assert _comm(ddp) == {("all_reduce", "dp", 4): (5, 7_871_232)}
+    assert _comm(ddp) == {("all_reduce", "dp", 4): (7, 7_871_232)}
     # FSDP2 over the same 4 ranks: a quarter of the parameters, gathered and reduce-scattered
     fsdp = roles.get(RoleKey(1, 1, 0, 4, 1, 1, "none", loss="cross_entropy"))
     assert fsdp.parameter_bytes == 2 * PARAMS // 4  # every dimension 0 divides by 4
@@ -72,14 +73,37 @@ def test_ddp_with_tensor_parallelism_and_stages() -> None:
     # all-reduces stay on "tp"
     tp = roles.get(RoleKey(2, 1, 0, 2, 1, 1, "none", loss="cross_entropy", replicate=True))
     comm = _comm(tp)
-    assert comm[("all_reduce", "dp", 2)] == (5, tp.parameter_bytes)
+    assert comm[("all_reduce", "dp", 2)] == (7, tp.parameter_bytes)
     assert ("all_reduce", "tp", 2) in comm
     # a pipeline of 2 stages over 2 microbatches: the schedule's last backward reduces, so the
-    # stage all-reduces its gradients once a step (3 units: 2 layers and the root)
-    for stage in (0, 1):
+    # stage all-reduces its gradients once a step, one call per unit: the first stage's 2
+    # layers and embedding (3), the last stage's 2 layers, final norm and head (4)
+    for stage, units in ((0, 3), (1, 4)):
         run = roles.get(RoleKey(1, 2, stage, 2, 1, 2, "none", loss="cross_entropy",
                                 replicate=True))
-        assert _comm(run)[("all_reduce", "dp", 2)] == (3, run.parameter_bytes)
+        assert _comm(run)[("all_reduce", "dp", 2)] == (units, run.parameter_bytes)
+
+
+def test_outside_units_leave_tied_parameters_to_the_root() -> None:
+    from torch import nn
+
+    from flopscope.distributed.fsdp_units import outside_units
+
+    class Tiny(nn.Module):
+        def __init__(self, tied: bool) -> None:
+            super().__init__()
+            self.embed, self.norm = nn.Embedding(8, 4), nn.LayerNorm(4)
+            self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+            self.head = nn.Linear(4, 8, bias=False)
+            if tied:
+                self.head.weight = self.embed.weight
+
+    untied = Tiny(False)
+    # children before parents (reverse model order); the layers are the blocks, left out
+    assert outside_units(untied, untied.layers) == [untied.head, untied.norm, untied.embed]
+    tied = Tiny(True)
+    # the head shares the embedding's weight: both stay in the root's unit
+    assert outside_units(tied, tied.layers) == [tied.norm]
 
 
 def test_layout_refuses_replicas_with_experts_and_names_its_mesh() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from flopscope.distributed.fsdp_units import fully_shard_units
 from flopscope.errors import UsageError
 
 __all__ = ["Layout", "apply_layout", "head_plan", "llama_tp_plan", "named_mesh",
@@ -156,8 +157,7 @@ class Layout:
         return self.rank // (self.dp * self.tp)
 
     def stage_ranks(self) -> list[int]:
-        """For every pipeline stage, the rank of the same data- and tensor-parallel position as
-        :attr:`rank` (the ranks of ``rank``'s pipeline group, in stage order)."""
+        """The ranks of :attr:`rank`'s pipeline group, in stage order."""
         inner = self.rank % (self.dp * self.tp)
         return [s * self.dp * self.tp + inner for s in range(self.pp)]
 
@@ -453,7 +453,9 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
     """Shard ``model`` in place: the standard tensor-parallel plan on every decoder layer over the
     mesh's ``tp`` dimension (when tp > 1), then FSDP2 (``fully_shard``) on every decoder layer and
     on the root over the ``dp`` dimension (when dp > 1, or with :attr:`Layout.mixed_precision`,
-    whose policy each ``fully_shard`` gets); with ``ep`` > 1 instead the experts of
+    whose policy each ``fully_shard`` gets; with :attr:`Layout.replicate` also on each module
+    with parameters outside the layers, :mod:`flopscope.distributed.fsdp_units`); with ``ep`` >
+    1 instead the experts of
     every MoE block over the ranks (:func:`~flopscope.distributed.experts.apply_expert_parallel`),
     and with ``fsdp = ep`` FSDP2 on every decoder layer and the root over the same ranks, the
     experts' parameters left out (``ignored_params``: each expert lives on one rank, so its
@@ -487,13 +489,9 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         elif layout.loss_parallel and _has(model, "lm_head"):  # a pipeline's last stage
             parallelize_module(model, mesh["tp"], head_plan(model))
     if layout.dp > 1 or layout.mixed_precision is not None:
-        from torch.distributed.fsdp import fully_shard
-
-        dp_mesh, policy = layout.data_mesh(mesh), layout.policy()
+        policy = layout.policy()
         extra: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
         if layout.keep_gathered:
             extra["reshard_after_forward"] = False
-        for layer in layers:
-            fully_shard(layer, mesh=dp_mesh, **extra)
-        fully_shard(model, mesh=dp_mesh, **extra)
+        fully_shard_units(model, layers, layout.data_mesh(mesh), layout.replicate, **extra)
     return model

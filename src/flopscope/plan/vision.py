@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from flopscope.distributed.fsdp_units import fully_shard_units
 from flopscope.distributed.layout import tp_plan_problem
 from flopscope.errors import UsageError
 from flopscope.estimate import Hardware
@@ -150,15 +151,13 @@ class VisionRoles(OneRole[str]):
 
         def shard(model: nn.Module) -> None:
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
 
             if variant == "ddp":  # N replicas of one shard: whole parameters, all-reduced grads
                 mesh = init_device_mesh("cpu", (key.dp, 1), mesh_dim_names=("replicate", "shard"))
             else:
                 mesh = init_device_mesh("cpu", (key.dp,), mesh_dim_names=("dp",))
-            for block in blocks(model):
-                fully_shard(block, mesh=mesh, reshard_after_forward=variant != "zero2")
-            fully_shard(model, mesh=mesh)
+            keep = {"reshard_after_forward": False} if variant == "zero2" else {}
+            fully_shard_units(model, blocks(model), mesh, variant == "ddp", **keep)
 
         return shard
 
