@@ -47,8 +47,9 @@ class Layout:
             reduced in the reduce dtype; also over a data-parallel group of one (FSDP2 then
             casts without a collective); not with ``ep`` > 1. ``None``: the model's dtype.
         replicate: DDP instead of FSDP2 shards: whole parameters on every data-parallel
-            rank, gradients all-reduced block by block in backward (``fully_shard`` over
-            ``dp`` replicas of one shard: hybrid sharding); not built with ``ep`` > 1.
+            rank, gradients all-reduced unit by unit in backward (``fully_shard`` over ``dp``
+            replicas of one shard, hybrid sharding: on each layer, each other module holding
+            parameters, :mod:`~flopscope.distributed.fsdp_units`, and the root); not with ``ep`` > 1.
         keep_gathered: FSDP2 keeps each layer's gathered parameters from its forward to its
             backward (``reshard_after_forward=False``: no all-gather in backward; torchtitan's
             choice with pipeline stages); not built with ``ep`` > 1.
