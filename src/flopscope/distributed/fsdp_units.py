@@ -21,10 +21,11 @@ from torch import nn
 __all__ = ["fully_shard_units", "outside_units"]
 
 
-def fully_shard_units(model: nn.Module, blocks: Sequence[nn.Module], mesh: Any,
-                      replicate: bool = False, **options: Any) -> None:
+def fully_shard_units(model: nn.Module, blocks: Sequence[nn.Module], mesh: Any, *,
+                      replicate: bool = False, keep_gathered: bool = False,
+                      mp_policy: Any = None) -> None:
     """``fully_shard`` every block, then (with ``replicate``) every :func:`outside_units`
-    module, then the root, all over ``mesh`` with the same ``options``.
+    module, then the root, all over ``mesh`` with the same options.
 
     Args:
         model: the model (or a pipeline stage).
@@ -32,10 +33,15 @@ def fully_shard_units(model: nn.Module, blocks: Sequence[nn.Module], mesh: Any,
         mesh: the data-parallel mesh (with ``replicate``, FSDP2's hybrid pair of ``dp``
             replicas of a shard of one).
         replicate: the mesh is DDP's replicas.
-        **options: ``fully_shard``'s options (``mp_policy``, ``reshard_after_forward``).
+        keep_gathered: keep each unit's gathered parameters from its forward to its backward
+            (``reshard_after_forward=False``).
+        mp_policy: FSDP2's :class:`~torch.distributed.fsdp.MixedPrecisionPolicy`, or ``None``.
     """
     from torch.distributed.fsdp import fully_shard
 
+    options: dict[str, Any] = {} if mp_policy is None else {"mp_policy": mp_policy}
+    if keep_gathered:
+        options["reshard_after_forward"] = False
     for block in blocks:
         fully_shard(block, mesh=mesh, **options)
     for unit in outside_units(model, blocks) if replicate else ():

@@ -49,7 +49,8 @@ class Layout:
         replicate: DDP instead of FSDP2 shards: whole parameters on every data-parallel
             rank, gradients all-reduced unit by unit in backward (``fully_shard`` over ``dp``
             replicas of one shard, hybrid sharding: on each layer, each other module holding
-            parameters, :mod:`~flopscope.distributed.fsdp_units`, and the root); not with ``ep`` > 1.
+            parameters, :mod:`~flopscope.distributed.fsdp_units`, and the root); not with
+            ``ep`` > 1.
         keep_gathered: FSDP2 keeps each layer's gathered parameters from its forward to its
             backward (``reshard_after_forward=False``: no all-gather in backward; torchtitan's
             choice with pipeline stages); not built with ``ep`` > 1.
@@ -490,9 +491,6 @@ def apply_layout(model: nn.Module, layout: Layout, mesh: Any) -> nn.Module:
         elif layout.loss_parallel and _has(model, "lm_head"):  # a pipeline's last stage
             parallelize_module(model, mesh["tp"], head_plan(model))
     if layout.dp > 1 or layout.mixed_precision is not None:
-        policy = layout.policy()
-        extra: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
-        if layout.keep_gathered:
-            extra["reshard_after_forward"] = False
-        fully_shard_units(model, layers, layout.data_mesh(mesh), layout.replicate, **extra)
+        fully_shard_units(model, layers, layout.data_mesh(mesh), replicate=layout.replicate,
+                          keep_gathered=layout.keep_gathered, mp_policy=layout.policy())
     return model

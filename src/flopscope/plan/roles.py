@@ -91,7 +91,8 @@ class RoleKey:
         peak_microbatches: the step's microbatches when more than ``microbatches`` (0: the
             same): the stage's peak memory is taken at that count
             (:mod:`flopscope.plan.microbatches`), its work at ``microbatches`` and scaled.
-        replicate: DDP's whole replicas, not FSDP2 (:attr:`flopscope.distributed.Layout.replicate`).
+        replicate: DDP's whole replicas, not FSDP2's shards
+            (:attr:`flopscope.distributed.Layout.replicate`).
         keep_gathered: FSDP2 keeps the gathered parameters from forward to backward
             (:attr:`flopscope.distributed.Layout.keep_gathered`).
     """

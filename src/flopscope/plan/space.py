@@ -185,7 +185,8 @@ class Choice:
     @property
     def label(self) -> str:
         """A short name: ``TP2 PP1 DP4 mb2x4 ckpt`` (``DDP4``: data parallel by DDP, ``DDP4
-        Z1`` with ZeRO-1, ``DP4 Z2`` FSDP2 keeping gathered parameters; ``EP4``: experts over 4 ranks; ``SP``: sequence parallelism,
+        Z1`` with ZeRO-1, ``DP4 Z2`` FSDP2 keeping gathered parameters; ``EP4``: experts over
+        4 ranks; ``SP``: sequence parallelism,
         ``TP2 PP1 DP4 SP mb2x4``)."""
         dp = _DP_LABEL[self.data_parallel].format(self.dp)
         ep = f" EP{self.ep}" if self.ep > 1 else ""

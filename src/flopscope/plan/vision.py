@@ -156,8 +156,8 @@ class VisionRoles(OneRole[str]):
                 mesh = init_device_mesh("cpu", (key.dp, 1), mesh_dim_names=("replicate", "shard"))
             else:
                 mesh = init_device_mesh("cpu", (key.dp,), mesh_dim_names=("dp",))
-            keep = {"reshard_after_forward": False} if variant == "zero2" else {}
-            fully_shard_units(model, blocks(model), mesh, variant == "ddp", **keep)
+            fully_shard_units(model, blocks(model), mesh, replicate=variant == "ddp",
+                              keep_gathered=variant == "zero2")
 
         return shard
 
